@@ -1,0 +1,67 @@
+"""Verify the kernels: run the test suite and write a machine-readable report.
+
+On a machine with a CUDA GPU the whole suite runs natively, the real-shape ``gpu`` tests included; without
+one every kernel runs under Triton's interpreter on small shapes and the ``gpu`` tests are reported as
+skipped. Exit status is pytest's: the report is written only when every selected test passed.
+
+    python -m experiments.verify --out results/<slug>/verify.json [-- extra pytest args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from experiments._io import write_json
+
+
+def _parse_junit(path: Path) -> dict:
+    root = ET.parse(path).getroot()
+    cases = []
+    for tc in root.iter("testcase"):
+        outcome = "passed"
+        for child in tc:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "skipped"
+        cases.append({"id": f"{tc.get('classname')}::{tc.get('name')}", "outcome": outcome,
+                      "seconds": float(tc.get("time", 0))})
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
+    return {"counts": counts, "cases": cases}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="the JSON report to write")
+    ap.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (after --)")
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}", *args.pytest_args]
+        t0 = time.time()
+        rc = subprocess.call(cmd)
+        wall = time.time() - t0
+        report = _parse_junit(junit) if junit.exists() else {"counts": {}, "cases": []}
+
+    from moegemm.bench.provenance import provenance
+
+    report.update(command=" ".join(cmd[2:]), exit_code=rc, wall_seconds=round(wall, 1),
+                  provenance=provenance(), mode=("native GPU" if provenance()["sm_count"] else
+                                                "CPU, Triton interpreter (gpu tests skipped)"))
+    print(f"verify: {report['counts']} in {wall:.0f}s ({report['mode']})")
+    if rc != 0 or report["counts"].get("failed", 0) or not report["counts"].get("passed", 0):
+        print("verify: FAILED; no report written", file=sys.stderr)
+        return rc or 1
+    write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

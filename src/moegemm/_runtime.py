@@ -1,0 +1,63 @@
+"""Where kernels run: the Triton interpreter on CPU, or a CUDA device.
+
+Triton decides at ``@triton.jit`` decoration time whether a kernel is interpreted, from the environment
+variable ``TRITON_INTERPRET``. We read it once, at import, the same way, so that the launchers agree with
+the kernels they launch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+import torch
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# The SM count used by heuristics when no GPU is present (the H100/H200 have 132).
+DEFAULT_SM_COUNT = 132
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``t`` lives where our kernels can run."""
+    if t.device.type == "cuda":
+        if INTERPRET:
+            raise ValueError(f"{name}: CUDA tensor given but TRITON_INTERPRET=1 runs kernels on the CPU")
+        return
+    if t.device.type == "cpu":
+        if not INTERPRET:
+            raise ValueError(
+                f"{name}: CPU tensor given; kernels need a CUDA tensor, or the Triton interpreter "
+                "(set TRITON_INTERPRET=1 before importing moegemm)"
+            )
+        return
+    raise ValueError(f"{name}: unsupported device {t.device}; expected a CUDA tensor")
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int | None) -> int:
+    if device_index is None or not torch.cuda.is_available():
+        return DEFAULT_SM_COUNT
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_sm_count(t: torch.Tensor) -> int:
+    return sm_count(t.device.index if t.device.type == "cuda" else None)
+
+
+def slugify(name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200' (the folder name for a GPU's results and tuning tables)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_slug(device_index: int) -> str:
+    return slugify(torch.cuda.get_device_name(device_index))
+
+
+def gpu_slug(t: torch.Tensor) -> str:
+    """The slug of the GPU a tensor lives on, or 'cpu-interpreter'."""
+    if t.device.type == "cuda":
+        return _gpu_slug(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return "cpu-interpreter"

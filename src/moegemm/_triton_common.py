@@ -1,0 +1,43 @@
+"""Small pieces shared by every Triton kernel: the tile product and dtype/precision plumbing."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import INTERPRET
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += a @ b with fp32 accumulation.
+
+    UPCAST is the one interpreter-only workaround in this project: Triton's CPU interpreter computes
+    ``tl.dot`` on bf16/fp16 operands by reinterpreting their bits (garbage results), so under the
+    interpreter we cast the tiles to fp32 first, which is exact (every 16-bit value is an fp32 value and
+    the products are accumulated in fp32 either way). It is never set on a GPU, where the native 16-bit
+    tensor-core path runs and is exercised by ``pytest -m gpu``.
+    """
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+def dot_meta(dtype: torch.dtype, allow_tf32: bool) -> dict:
+    """Constexpr arguments for :func:`mma` given the operand dtype."""
+    upcast = INTERPRET and dtype != torch.float32
+    if dtype == torch.float32 or upcast:
+        precision = "tf32" if (allow_tf32 and dtype == torch.float32) else "ieee"
+    else:
+        precision = "tf32"  # Triton's default; ignored for 16-bit operands
+    return {"PRECISION": precision, "UPCAST": upcast}
+
+
+def check_dtype(name: str, t: torch.Tensor, allowed=SUPPORTED_DTYPES) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name}: unsupported dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}")

@@ -1,0 +1,8 @@
+"""Decompose-K: skinny, long-K GEMMs split over K into an fp32 [S, M, N] buffer, reduced with a fused
+epilogue. See :func:`matmul`; the seed's PyTorch formulation is :func:`reference.decompose_k`."""
+
+from .api import matmul
+from .configs import KERNELS, DecomposeKConfig, heuristic_config
+from .reference import decompose_k
+
+__all__ = ["matmul", "decompose_k", "DecomposeKConfig", "KERNELS", "heuristic_config"]

@@ -1,0 +1,193 @@
+"""Decompose-K configurations: the config type, validated-operand bundle, the heuristic and the tuned table.
+
+Config search lives in ``experiments/tune_decompose_k.py``; its results are data, one JSON file per GPU
+under ``moegemm/tuned/decompose_k/<gpu-slug>.json``, read here. A shape missing from the table (or a GPU
+with no table) falls back to :func:`heuristic_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from importlib import resources
+
+import torch
+import triton
+
+from .._runtime import device_sm_count, gpu_slug
+from .._triton_common import dot_meta
+from ..epilogue import Epilogue
+
+KERNELS = ("two_stage", "flat", "single_launch")
+
+
+def alloc_partials(split_k: int, m: int, n: int, device: torch.device) -> torch.Tensor:
+    """The fp32 [S, M, N] partial buffer (uninitialised; every element is written by stage 1).
+    A module-level function so that tests can poison it."""
+    return torch.empty((split_k, m, n), dtype=torch.float32, device=device)
+
+
+def _pow2(name: str, v: int, lo: int, hi: int) -> None:
+    if not isinstance(v, int) or v < lo or v > hi or v & (v - 1):
+        raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecomposeKConfig:
+    """Tile and launch parameters. ``xblock``/``rblock``/``reduce_warps`` are the flat reducer's."""
+
+    split_k: int
+    block_m: int = 16
+    block_n: int = 16
+    block_k: int = 128
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    xblock: int = 64
+    rblock: int = 16
+    reduce_warps: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.split_k, int) or self.split_k < 1:
+            raise ValueError(f"config.split_k: expected an int >= 1, got {self.split_k!r}")
+        for name in ("block_m", "block_n", "block_k"):
+            _pow2(name, getattr(self, name), 16, 256)
+        _pow2("xblock", self.xblock, 1, 4096)
+        _pow2("rblock", self.rblock, 1, 1024)
+        _pow2("num_warps", self.num_warps, 1, 16)
+        _pow2("reduce_warps", self.reduce_warps, 1, 16)
+        if not isinstance(self.group_m, int) or self.group_m < 1:
+            raise ValueError(f"config.group_m: expected an int >= 1, got {self.group_m!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"config.num_stages: expected an int >= 1, got {self.num_stages!r}")
+
+    @classmethod
+    def coerce(cls, config: "DecomposeKConfig | dict") -> "DecomposeKConfig":
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, dict):
+            unknown = set(config) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"config: unknown keys {sorted(unknown)}")
+            if "split_k" not in config:
+                raise ValueError("config: missing key 'split_k'")
+            return cls(**config)
+        raise TypeError(f"config: expected DecomposeKConfig or dict, got {type(config).__name__}")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Prepared:
+    """Validated operands of one call, shared by the three launchers."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+    bias: torch.Tensor | None
+    epilogue: Epilogue
+    allow_tf32: bool
+
+    @property
+    def m(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.a.shape[1]
+
+    @property
+    def n(self) -> int:
+        return self.b.shape[1]
+
+    @property
+    def bias_arg(self) -> torch.Tensor:
+        return self.bias if self.bias is not None else self.out  # never read when HAS_BIAS is False
+
+    @property
+    def dot_meta(self) -> dict:
+        return dot_meta(self.a.dtype, self.allow_tf32)
+
+    def k_per_split(self, cfg: DecomposeKConfig) -> int:
+        return triton.cdiv(self.k, cfg.split_k)
+
+    def even_k(self, cfg: DecomposeKConfig) -> bool:
+        """True when every split is full and a whole number of BLOCK_K steps (no K masks needed)."""
+        kps = self.k_per_split(cfg)
+        return self.k % cfg.split_k == 0 and kps % cfg.block_k == 0
+
+    def stage1(self, cfg: DecomposeKConfig) -> torch.Tensor:
+        from ._partial import _partial_mm_kernel
+
+        partials = alloc_partials(cfg.split_k, self.m, self.n, self.a.device)
+        tiles = triton.cdiv(self.m, cfg.block_m) * triton.cdiv(self.n, cfg.block_n)
+        _partial_mm_kernel[(tiles, cfg.split_k)](
+            self.a, self.b, partials,
+            self.m, self.n, self.k, self.k_per_split(cfg),
+            self.a.stride(0), self.a.stride(1), self.b.stride(0), self.b.stride(1),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            EVEN_K=self.even_k(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **self.dot_meta,
+        )
+        return partials
+
+
+def _block(dim: int) -> int:
+    return 16 if dim <= 16 else 32 if dim <= 32 else 64 if dim <= 512 else 128
+
+
+def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int) -> DecomposeKConfig:
+    """The documented fallback when no tuned entry exists.
+
+    Blocks: 16/32/64 (128 past 512) to cover M and N with little waste; BLOCK_K 128 for 16-bit inputs,
+    64 for fp32. S: enough programs for about two waves over the SMs, as a power of two, but never so
+    many that a split holds less than one BLOCK_K step.
+    """
+    bm, bn = _block(m), _block(n)
+    bk = 64 if dtype == torch.float32 else 128
+    bk = min(bk, max(16, triton.next_power_of_2(k)))
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    want = max(1, (2 * sm_count) // tiles)
+    cap = max(1, k // bk)
+    s = min(want, cap)
+    s = 1 << (s.bit_length() - 1)  # largest power of two <= s
+    warps = 4 if bm * bn <= 64 * 64 else 8
+    return DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=warps)
+
+
+HEURISTIC_KERNEL = "single_launch"
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_table(slug: str) -> dict:
+    """{(dtype, m, n, k, epilogue): (kernel, config)} for one GPU; empty when none is packaged."""
+    try:
+        text = resources.files("moegemm.tuned").joinpath("decompose_k", f"{slug}.json").read_text()
+    except (FileNotFoundError, OSError):
+        return {}
+    table = {}
+    for e in json.loads(text)["entries"]:
+        key = (e["dtype"], e["m"], e["n"], e["k"], e["epilogue"])
+        table[key] = (e["kernel"], DecomposeKConfig.coerce(e["config"]))
+    return table
+
+
+def lookup(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, DecomposeKConfig] | None:
+    """The tuned (kernel, config) for this GPU and exact shape, or None."""
+    table = _tuned_table(gpu_slug(a))
+    dt = str(a.dtype).replace("torch.", "")
+    m, k = a.shape
+    hit = table.get((dt, m, n, k, epilogue.name.lower()))
+    if hit is None and epilogue is not Epilogue.NONE:
+        hit = table.get((dt, m, n, k, "none"))  # the epilogue barely moves the best tiling
+    return hit
+
+
+def choose(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, DecomposeKConfig]:
+    hit = lookup(a, n, epilogue)
+    if hit is not None:
+        return hit
+    m, k = a.shape
+    return HEURISTIC_KERNEL, heuristic_config(m, n, k, a.dtype, device_sm_count(a))

@@ -1,0 +1,57 @@
+"""Shared test helpers: random operands in every layout, poisoned outputs, float64 comparisons."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Per output dtype: relative tolerance (output rounding) and absolute tolerance per sqrt(K) of a
+# product of unit-variance operands (fp32-accumulation error, plus fp32 rounding of the partials).
+TOL = {
+    torch.float32: (2e-5, 2e-6),
+    torch.float16: (2e-3, 2e-4),
+    torch.bfloat16: (1.6e-2, 2e-3),
+}
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+LAYOUTS = ("contiguous", "transposed", "sliced")
+
+
+def make(shape: tuple[int, int], dtype: torch.dtype, layout: str, gen: torch.Generator, device) -> torch.Tensor:
+    """A fresh random [rows, cols] operand (never zeros) with the requested memory layout."""
+    rows, cols = shape
+    if layout == "contiguous":
+        t = torch.randn(rows, cols, generator=gen)
+    elif layout == "transposed":  # column-major: stride (1, rows)
+        t = torch.randn(cols, rows, generator=gen).t()
+    elif layout == "sliced":  # a view with padded leading stride and a non-zero offset
+        t = torch.randn(rows + 3, cols + 5, generator=gen)[2 : rows + 2, 1 : cols + 1]
+    else:
+        raise AssertionError(layout)
+    return t.to(dtype=dtype).to(device) if layout == "contiguous" else _keep_layout(t, dtype, device)
+
+
+def _keep_layout(t: torch.Tensor, dtype, device) -> torch.Tensor:
+    """Move/cast a view to (dtype, device) keeping its strides and storage offset."""
+    base = t._base if t._base is not None else t
+    base = base.to(dtype=dtype, device=device)
+    return base.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def poisoned(shape, dtype, device, layout: str = "contiguous") -> torch.Tensor:
+    if layout == "transposed":
+        return torch.full(tuple(reversed(shape)), float("nan"), dtype=dtype, device=device).t()
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def assert_close_to_ref(out: torch.Tensor, ref64: torch.Tensor, k: int, what: str = "") -> None:
+    """Every element finite-or-equal-to-ref, within tolerance of the float64 reference."""
+    rtol, atol_unit = TOL[out.dtype]
+    atol = atol_unit * math.sqrt(max(k, 1))
+    got = out.detach().double().cpu()
+    assert got.shape == ref64.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref64.shape)}"
+    assert not torch.isnan(got).any(), f"{what}: NaN in output ({int(torch.isnan(got).sum())} elements)"
+    torch.testing.assert_close(got, ref64, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    if ref64.numel():
+        rel = ((got - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+        assert rel < 4 * rtol, f"{what}: relative error {rel:.2e} >= {4 * rtol:.1e}"

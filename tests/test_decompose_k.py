@@ -1,0 +1,219 @@
+"""Decompose-K kernels against a float64 reference (interpreter on CPU, natively on a GPU)."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+import torch
+from helpers import DTYPES, LAYOUTS, assert_close_to_ref, make, poisoned
+
+from moegemm.decompose_k import KERNELS, DecomposeKConfig, decompose_k, heuristic_config, matmul
+from moegemm.decompose_k.reference import decompose_k_relu, reference_mm
+
+EPILOGUES = ("none", "relu", "sigmoid")
+
+
+def _case(m, n, k, dtype, device, seed, la="contiguous", lb="contiguous", bias=False):
+    gen = torch.Generator().manual_seed(seed)
+    a = make((m, k), dtype, la, gen, device)
+    b = make((k, n), dtype, lb, gen, device)
+    bias_t = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    return a, b, bias_t
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_every_kernel_epilogue_dtype(kernel, dtype, epilogue, bias, device, poison_partials):
+    m, n, k, s = 33, 47, 1031, 6  # ragged tiles, prime K, S not dividing K
+    a, b, bias_t = _case(m, n, k, dtype, device, seed=zlib.crc32(f"{kernel}{dtype}{epilogue}{bias}".encode()), bias=bias)
+    out = poisoned((m, n), dtype, device)
+    got = matmul(a, b, kernel=kernel, split_k=s, epilogue=epilogue, bias=bias_t, out=out,
+                 config=DecomposeKConfig(split_k=s, block_m=16, block_n=32, block_k=64))
+    assert got.data_ptr() == out.data_ptr()
+    assert_close_to_ref(got, reference_mm(a, b, epilogue, bias_t), k, f"{kernel}/{dtype}/{epilogue}")
+
+
+def _random_cases(n_cases: int, seed: int):
+    rng = random.Random(seed)
+    for i in range(n_cases):
+        m = rng.choice([1, 2, rng.randint(1, 70)])
+        n = rng.choice([1, rng.randint(1, 70)])
+        k = rng.choice([rng.randint(1, 64), rng.randint(65, 3000), 2039, 1024])  # 2039 is prime
+        s = rng.randint(1, min(k, 40))
+        yield pytest.param(
+            m, n, k, s, rng.choice(KERNELS), rng.choice(DTYPES), rng.choice(EPILOGUES),
+            rng.choice(LAYOUTS), rng.choice(LAYOUTS), rng.choice([True, False]),
+            rng.choice([16, 32, 64]), rng.choice([16, 32]), rng.choice([16, 32, 64, 128]),
+            id=f"c{i}-{m}x{n}x{k}-s{s}",
+        )
+
+
+@pytest.mark.parametrize(
+    "m,n,k,s,kernel,dtype,epilogue,la,lb,bias,bm,bn,bk", list(_random_cases(48, seed=20261130))
+)
+def test_random_shapes_layouts(m, n, k, s, kernel, dtype, epilogue, la, lb, bias, bm, bn, bk, device,
+                               poison_partials):
+    a, b, bias_t = _case(m, n, k, dtype, device, seed=m * 1_000_003 + n * 1009 + k, la=la, lb=lb, bias=bias)
+    out_layout = "transposed" if (m + n) % 3 == 0 else "contiguous"  # the generic strided store too
+    out = poisoned((m, n), dtype, device, out_layout)
+    cfg = DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, xblock=32, rblock=8)
+    got = matmul(a, b, kernel=kernel, epilogue=epilogue, bias=bias_t, config=cfg, out=out)
+    assert_close_to_ref(got, reference_mm(a, b, epilogue, bias_t), k, f"{kernel} {la}/{lb}->{out_layout}")
+
+
+@pytest.mark.parametrize("kernel", KERNELS + ("auto",))
+def test_default_allocation_and_auto(kernel, device):
+    a, b, _ = _case(5, 70, 777, torch.float32, device, seed=7)
+    got = matmul(a, b, kernel=kernel)
+    assert got.shape == (5, 70) and got.dtype == torch.float32 and got.is_contiguous()
+    assert_close_to_ref(got, reference_mm(a, b), 777, kernel)
+
+
+def test_split_override_and_empty_splits(device, poison_partials):
+    # K=5 with S=4: ceil(5/4)=2 per split, so split 3 starts at 6 > K and holds nothing.
+    a, b, _ = _case(3, 4, 5, torch.float32, device, seed=11)
+    for kernel in KERNELS:
+        got = matmul(a, b, kernel=kernel, split_k=4, out=poisoned((3, 4), torch.float32, device))
+        assert_close_to_ref(got, reference_mm(a, b), 5, kernel)
+    # split_k = K: one element of K per split.
+    got = matmul(a, b, kernel="flat", split_k=5)
+    assert_close_to_ref(got, reference_mm(a, b), 5, "S=K")
+
+
+def test_tf32_is_opt_in(device):
+    a, b, _ = _case(16, 16, 4096, torch.float32, device, seed=5)
+    ref = reference_mm(a, b)
+    ieee = matmul(a, b, kernel="two_stage", split_k=8)
+    assert ((ieee.double().cpu() - ref).norm() / ref.norm()).item() < 1e-6
+    tf32 = matmul(a, b, kernel="two_stage", split_k=8, allow_tf32=True)
+    assert ((tf32.double().cpu() - ref).norm() / ref.norm()).item() < 3e-3
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_deterministic_across_runs(kernel, device):
+    a, b, bias = _case(40, 24, 3001, torch.bfloat16, device, seed=3, bias=True)
+    cfg = DecomposeKConfig(split_k=13, block_m=16, block_n=16, block_k=64)
+    first = matmul(a, b, kernel=kernel, config=cfg, epilogue="relu", bias=bias)
+    for _ in range(3):
+        again = matmul(a, b, kernel=kernel, config=cfg, epilogue="relu", bias=bias)
+        assert torch.equal(first.view(torch.int16), again.view(torch.int16))
+
+
+def test_single_launch_resets_counters(device):
+    """After a launch every counter is back at zero, so the next launch (or a graph replay) is right."""
+    from moegemm.decompose_k import single_launch
+
+    a, b, _ = _case(48, 48, 512, torch.float32, device, seed=9)
+    for s in (1, 3, 8):
+        got = matmul(a, b, kernel="single_launch", split_k=s, config=DecomposeKConfig(split_k=s))
+        assert_close_to_ref(got, reference_mm(a, b), 512, f"S={s}")
+    for buf in single_launch._COUNTERS.values():
+        assert int(buf.abs().sum()) == 0
+
+
+def test_zero_size(device):
+    for m, n in ((0, 5), (5, 0), (0, 0)):
+        a = torch.randn(m, 32).to(device)
+        b = torch.randn(32, n).to(device)
+        for kernel in KERNELS:
+            assert matmul(a, b, kernel=kernel).shape == (m, n)
+    # K = 0: the empty sum, then the epilogue.
+    a, b = torch.randn(3, 0).to(device), torch.randn(0, 4).to(device)
+    bias = torch.randn(4).to(device)
+    got = matmul(a, b, epilogue="sigmoid", bias=bias)
+    torch.testing.assert_close(got.cpu(), torch.sigmoid(bias.cpu()).expand(3, 4))
+
+
+def test_relu_propagates_nan(device):
+    a, b, _ = _case(16, 16, 64, torch.float32, device, seed=2)
+    a[3, 7] = float("nan")
+    got = matmul(a, b, kernel="single_launch", split_k=2, epilogue="relu").cpu()
+    assert torch.isnan(got[3]).all() and not torch.isnan(got[:3]).any()
+
+
+def test_heuristic_config_is_valid():
+    for m in (1, 16, 64, 256, 4096):
+        for k in (16, 100, 7168, 32768):
+            for dt in DTYPES:
+                cfg = heuristic_config(m, 256, k, dt, 132)
+                assert 1 <= cfg.split_k <= k and cfg.split_k & (cfg.split_k - 1) == 0
+    assert heuristic_config(16, 16, 8192, torch.bfloat16, 132).split_k == 64
+
+
+# --- the seed's reference formulation --------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reference_decompose_k(dtype, device):
+    a, b, _ = _case(16, 24, 1024, dtype, device, seed=4)
+    assert_close_to_ref(decompose_k(a, b, 8), reference_mm(a, b), 1024, "reference")
+    assert_close_to_ref(decompose_k_relu(a, b, 16), reference_mm(a, b, "relu"), 1024, "reference relu")
+
+
+def test_reference_rejects_indivisible_k(device):
+    a, b = torch.randn(4, 100).to(device), torch.randn(100, 4).to(device)
+    with pytest.raises(ValueError, match="not divisible"):
+        decompose_k(a, b, 3)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        decompose_k(a, torch.randn(99, 4).to(device), 4)
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+def _ok(device, dtype=torch.float32):
+    return torch.randn(8, 64, dtype=dtype).to(device), torch.randn(64, 16, dtype=dtype).to(device)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (lambda a, b: dict(a=a[0], b=b), ValueError, "a: expected a 2-D"),
+        (lambda a, b: dict(a=a, b=b[None]), ValueError, "b: expected a 2-D"),
+        (lambda a, b: dict(a=a, b=b[:32]), ValueError, "b: inner dimensions differ"),
+        (lambda a, b: dict(a=a, b=b.half()), TypeError, "b: dtype"),
+        (lambda a, b: dict(a=a.double(), b=b.double()), TypeError, "a: unsupported dtype float64"),
+        (lambda a, b: dict(a=a.int(), b=b.int()), TypeError, "a: unsupported dtype int32"),
+        (lambda a, b: dict(a=a.tolist(), b=b), TypeError, "a: expected a torch.Tensor"),
+        (lambda a, b: dict(a=a, b=b, split_k=0), ValueError, "split_k: expected 1 <= split_k"),
+        (lambda a, b: dict(a=a, b=b, split_k=65), ValueError, "split_k: expected 1 <= split_k"),
+        (lambda a, b: dict(a=a, b=b, split_k=2.0), TypeError, "split_k: expected an int"),
+        (lambda a, b: dict(a=a, b=b, bias=torch.zeros(15, device=a.device)), ValueError, "bias: expected shape"),
+        (lambda a, b: dict(a=a, b=b, bias=torch.zeros(16, device=a.device).half()), TypeError, "bias: dtype"),
+        (lambda a, b: dict(a=a, b=b, bias=[0.0] * 16), TypeError, "bias: expected a torch.Tensor"),
+        (lambda a, b: dict(a=a, b=b, kernel="magic"), ValueError, "kernel: unknown kernel 'magic'"),
+        (lambda a, b: dict(a=a, b=b, epilogue="gelu"), ValueError, "epilogue: unknown epilogue 'gelu'"),
+        (lambda a, b: dict(a=a, b=b, out=torch.empty(8, 15, device=a.device)), ValueError, "out: expected shape"),
+        (lambda a, b: dict(a=a, b=b, out=torch.empty(8, 16, device=a.device).half()), TypeError, "out: dtype"),
+        (lambda a, b: dict(a=a, b=b, config={"block_m": 16}), ValueError, "config: missing key 'split_k'"),
+        (lambda a, b: dict(a=a, b=b, config={"split_k": 2, "blockm": 16}), ValueError, "config: unknown keys"),
+        (lambda a, b: dict(a=a, b=b, config={"split_k": 2, "block_m": 24}), ValueError, "config.block_m"),
+        (lambda a, b: dict(a=a, b=b, config={"split_k": 2, "block_k": 8}), ValueError, "config.block_k"),
+        (lambda a, b: dict(a=a, b=b, config=DecomposeKConfig(split_k=65)), ValueError, "config.split_k"),
+        (lambda a, b: dict(a=a, b=b, config=3), TypeError, "config: expected DecomposeKConfig"),
+    ],
+)
+def test_bad_input(mutate, exc, match, device):
+    a, b = _ok(device)
+    with pytest.raises(exc, match=match):
+        matmul(**mutate(a, b))
+
+
+def test_bad_device(device):
+    a, b = _ok(device)
+    meta = torch.empty(64, 16, device="meta")
+    with pytest.raises(ValueError, match="b: on meta"):
+        matmul(a, meta)
+    if device == "cpu":
+        import subprocess
+        import sys
+
+        # Without the interpreter a CPU tensor is refused with a clear message.
+        code = ("import torch; from moegemm.decompose_k import matmul\n"
+                "try:\n matmul(torch.randn(4, 8), torch.randn(8, 4))\n"
+                "except ValueError as e: print('ERR', e)")
+        env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert "ERR a: CPU tensor given" in res.stdout, res.stdout + res.stderr
