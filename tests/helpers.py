@@ -6,13 +6,8 @@ import math
 
 import torch
 
-# Per output dtype: relative tolerance (output rounding) and absolute tolerance per sqrt(K) of a
-# product of unit-variance operands (fp32-accumulation error, plus fp32 rounding of the partials).
-TOL = {
-    torch.float32: (2e-5, 2e-6),
-    torch.float16: (2e-3, 2e-4),
-    torch.bfloat16: (1.6e-2, 2e-3),
-}
+from moegemm.bench.correctness import TOL
+
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LAYOUTS = ("contiguous", "transposed", "sliced")
 

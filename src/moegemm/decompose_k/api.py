@@ -97,8 +97,7 @@ def matmul(
             acc = acc + bias.float()
         return out.copy_(epi.torch_apply(acc))
 
-    auto_kernel, cfg = choose(a, n, epi)
-    chosen = auto_kernel if kernel == "auto" else kernel
+    chosen, cfg, _ = choose(a, n, epi, kernel)
     if config is not None:
         cfg = DecomposeKConfig.coerce(config)
     if split_k is not None and split_k != cfg.split_k:

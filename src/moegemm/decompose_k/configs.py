@@ -162,7 +162,7 @@ HEURISTIC_KERNEL = "single_launch"
 
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
-    """{(dtype, m, n, k, epilogue): (kernel, config)} for one GPU; empty when none is packaged."""
+    """{(dtype, m, n, k, epilogue): (best kernel, {kernel: config})} for one GPU; {} when none is packaged."""
     try:
         text = resources.files("moegemm.tuned").joinpath("decompose_k", f"{slug}.json").read_text()
     except (FileNotFoundError, OSError):
@@ -170,12 +170,13 @@ def _tuned_table(slug: str) -> dict:
     table = {}
     for e in json.loads(text)["entries"]:
         key = (e["dtype"], e["m"], e["n"], e["k"], e["epilogue"])
-        table[key] = (e["kernel"], DecomposeKConfig.coerce(e["config"]))
+        per_kernel = {name: DecomposeKConfig.coerce(c) for name, c in e["per_kernel"].items()}
+        table[key] = (e["kernel"], per_kernel)
     return table
 
 
-def lookup(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, DecomposeKConfig] | None:
-    """The tuned (kernel, config) for this GPU and exact shape, or None."""
+def lookup(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, dict] | None:
+    """The tuned (best kernel, {kernel: config}) for this GPU and exact shape, or None."""
     table = _tuned_table(gpu_slug(a))
     dt = str(a.dtype).replace("torch.", "")
     m, k = a.shape
@@ -185,9 +186,15 @@ def lookup(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, DecomposeK
     return hit
 
 
-def choose(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, DecomposeKConfig]:
+def choose(a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto") -> tuple[str, DecomposeKConfig, str]:
+    """(kernel, config, source) where source is 'tuned' or 'heuristic'. An explicit kernel gets its own
+    tuned config when the table has one."""
     hit = lookup(a, n, epilogue)
     if hit is not None:
-        return hit
+        best, per_kernel = hit
+        name = best if kernel == "auto" else kernel
+        if name in per_kernel:
+            return name, per_kernel[name], "tuned"
     m, k = a.shape
-    return HEURISTIC_KERNEL, heuristic_config(m, n, k, a.dtype, device_sm_count(a))
+    name = HEURISTIC_KERNEL if kernel == "auto" else kernel
+    return name, heuristic_config(m, n, k, a.dtype, device_sm_count(a)), "heuristic"

@@ -1,0 +1,148 @@
+"""What every experiment CLI shares: config, output paths, resumable atomic CSV writing, inputs, floors."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from experiments._io import atomic_path, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def load_config(path: str | os.PathLike = ROOT / "experiments" / "config.yaml") -> dict:
+    cfg = yaml.safe_load(Path(path).read_text())
+    try:
+        import jsonschema
+    except ImportError:  # the GPU image may lack it; the pipeline validates with Snakemake first
+        return cfg
+    schema = yaml.safe_load((ROOT / "experiments" / "config.schema.yaml").read_text())
+    jsonschema.validate(cfg, schema)
+    return cfg
+
+
+def cli(description: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", required=True, help="CSV to write (atomically, when every row is done)")
+    ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
+    ap.add_argument("--quick", action="store_true", help="a small subset, for smoke tests")
+    return ap.parse_args()
+
+
+class ResultWriter:
+    """Long-form rows, appended to ``<out>.partial`` as each unit finishes (so a killed run resumes where
+    it stopped), renamed into place atomically by :meth:`finish` when all are done."""
+
+    def __init__(self, out: str | os.PathLike, key_fields: tuple[str, ...]):
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.key_fields = key_fields
+        self.rows: list[dict] = []
+        if self.partial.exists():
+            with self.partial.open() as f:
+                self.rows = [json.loads(line) for line in f if line.strip()]
+            print(f"resuming {self.out}: {len(self.rows)} rows already done", file=sys.stderr)
+        self._done = {self._key(r) for r in self.rows}
+
+    def _key(self, row: dict) -> tuple:
+        return tuple(str(row.get(k)) for k in self.key_fields)
+
+    def done(self, **key) -> bool:
+        return tuple(str(key.get(k)) for k in self.key_fields) in self._done
+
+    def add(self, rows: list[dict]) -> None:
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        with self.partial.open("a") as f:
+            for r in rows:
+                f.write(json.dumps(r, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.rows += rows
+        self._done |= {self._key(r) for r in rows}
+
+    def finish(self) -> None:
+        fields: list[str] = []
+        for r in self.rows:
+            fields += [k for k in r if k not in fields]
+        with atomic_path(self.out) as tmp, tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(self.rows)
+        self.partial.unlink(missing_ok=True)
+        print(f"wrote {self.out} ({len(self.rows)} rows)", file=sys.stderr)
+
+
+def provenance_fields() -> dict:
+    from moegemm.bench.provenance import provenance
+
+    p = provenance()
+    return {k: p[k] for k in ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "git_commit",
+                              "git_dirty", "utc")}
+
+
+def require_gpu() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("this experiment measures a GPU; none is visible here (no number is faked on a CPU)")
+
+
+def randn(shape, dtype, gen) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+
+def timing_settings(cfg: dict, quick: bool = False):
+    from moegemm.bench.runner import Settings
+
+    t = dict(cfg["timing"])
+    if quick:
+        t.update(rounds=1, launch_rep_ms=3, graph_replays=2)
+    return Settings(**t)
+
+
+def ref64(a: torch.Tensor, b: torch.Tensor, epilogue: str = "none", bias=None) -> torch.Tensor:
+    c = a.double() @ b.double()
+    if bias is not None:
+        c = c + bias.double()
+    return torch.relu(c) if epilogue == "relu" else torch.sigmoid(c) if epilogue == "sigmoid" else c
+
+
+def raise_recompile_limit(n: int) -> None:
+    """Dynamo's per-code-object recompile limit (``recompile_limit``; ``cache_size_limit`` before 2.6)."""
+    import torch._dynamo.config as dc
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(dc, name):
+            setattr(dc, name, max(n, getattr(dc, name)))
+
+
+class Progress:
+    """A progress bar (tqdm when present) on stderr."""
+
+    def __init__(self, total: int, desc: str):
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, file=sys.stderr, mininterval=2.0)
+        except ImportError:
+            self.bar = None
+        self.t0 = time.time()
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+__all__ = ["load_config", "cli", "ResultWriter", "provenance_fields", "require_gpu", "write_json"]

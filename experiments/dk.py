@@ -1,0 +1,186 @@
+"""Decompose-K contenders and shapes shared by the experiments E1-E6 and the tuner."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from moegemm.bench.runner import Contender
+from moegemm.decompose_k import DecomposeKConfig, matmul
+from moegemm.decompose_k.configs import KERNELS, choose
+from moegemm.decompose_k.reference import decompose_k
+from moegemm.epilogue import Epilogue
+
+
+def grid_shapes(cfg: dict) -> list[tuple[int, int, int]]:
+    d = cfg["decompose_k"]
+    return [(mn, mn, k) for mn in d["grid_mn"] for k in d["grid_k"]]
+
+
+def router_shapes(cfg: dict) -> list[tuple[int, int, int]]:
+    r = cfg["decompose_k"]["router"]
+    return [(t, r["n"], r["k"]) for t in r["tokens"]]
+
+
+def make_inputs(m, n, k, dtype, seed: int, n_sets: int = 1, bias: bool = False) -> list[tuple]:
+    """Fresh random operand sets (never zeros). B is [K, N] row-major like the seed's; bias optional."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sets = []
+    for _ in range(n_sets):
+        a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+        b = (torch.randn(k, n, device="cuda", generator=g) / 4).to(dtype)
+        bb = torch.randn(n, device="cuda", generator=g).to(dtype) if bias else None
+        sets.append((a, b, bb))
+    return sets
+
+
+def ours(kernel: str, epilogue: str, config: DecomposeKConfig | None = None, fused: bool = True,
+         name: str | None = None, **fields) -> Contender:
+    epi = Epilogue.parse(epilogue)
+
+    def bind(inp):
+        a, b, bias = inp
+        if fused:
+            return lambda: matmul(a, b, kernel=kernel, epilogue=epilogue, bias=bias, config=config)
+        return lambda: epi.torch_apply(matmul(a, b, kernel=kernel, bias=bias, config=config))
+
+    label = name or (f"ours:{kernel}" + ("" if fused or epi is Epilogue.NONE else "+unfused"))
+    return Contender(label, bind, config=config.as_dict() if config else "auto", fields=fields)
+
+
+def eager(epilogue: str, **fields) -> Contender:
+    epi = Epilogue.parse(epilogue)
+
+    def bind(inp):
+        a, b, bias = inp
+        if bias is None:
+            return lambda: epi.torch_apply(a @ b)
+        return lambda: epi.torch_apply(torch.addmm(bias, a, b))
+
+    return Contender("eager", bind, config="torch.mm", fields=fields)
+
+
+def seed_decompose_k(split: int, epilogue: str, **fields) -> Contender:
+    """The seed's PyTorch decomposeK (bmm to fp32, sum, cast) with the epilogue as a separate op."""
+    epi = Epilogue.parse(epilogue)
+
+    def bind(inp):
+        a, b, bias = inp
+        assert bias is None
+        return lambda: epi.torch_apply(decompose_k(a, b, split))
+
+    return Contender("pytorch:decompose_k", bind, config={"split_k": split}, fields=fields)
+
+
+def compiled(fn, mode: str, name: str, config="", inspect_mn: tuple[int, int] | None = None,
+             **fields) -> Contender:
+    """torch.compile(fn, mode). The first call (the correctness check) compiles; its wall time is recorded
+    as ``compile_s`` and, with ``inspect_mn``, what Inductor emitted (see moegemm.inductor.codegen)."""
+    import time
+
+    from moegemm.inductor.codegen import inspect, run_and_get_code
+
+    cf = torch.compile(fn, mode=mode, dynamic=False)
+    graph = mode in ("default", "max-autotune-no-cudagraphs")
+    contender = Contender(name, None, config=config or mode, graph=graph, fields=fields)
+    state = {"compiled": False}
+
+    def bind(inp):
+        a, b, bias = inp
+
+        def call():
+            if state["compiled"]:
+                return cf(a, b)
+            state["compiled"] = True
+            t0 = time.perf_counter()
+            if inspect_mn is None:
+                out = cf(a, b)
+            else:
+                out, code = run_and_get_code(cf, a, b)
+                info = inspect(code, *inspect_mn)
+                contender.fields.update(
+                    inductor_kernels=" ".join(info["kernels"]), inductor_externs=" ".join(info["extern_calls"]),
+                    inductor_decompose_k=info["decompose_k"], inductor_split_k=info["split_k"],
+                    inductor_relu=info["relu"], inductor_launches=info["n_kernel_launches"])
+            torch.cuda.synchronize()
+            contender.fields["compile_s"] = round(time.perf_counter() - t0, 2)
+            return out
+
+        return call
+
+    contender.bind = bind
+    return contender
+
+
+def epilogue_fn(epilogue: str):
+    epi = Epilogue.parse(epilogue)
+    return lambda a, b: epi.torch_apply(a @ b)
+
+
+def tuned_or_heuristic(a: torch.Tensor, n: int, epilogue: str, kernel: str) -> tuple[DecomposeKConfig, str]:
+    _, cfg, source = choose(a, n, Epilogue.parse(epilogue), kernel)
+    return cfg, source
+
+
+def _blocks(dim: int) -> list[int]:
+    return [16] if dim <= 16 else [16, 32] if dim <= 32 else [32, 64] if dim <= 64 else [64, 128]
+
+
+def candidates(m: int, n: int, k: int, dtype: torch.dtype, kernel: str, sm_count: int) -> list[DecomposeKConfig]:
+    """The tuner's search space for one shape and kernel (a few dozen configs)."""
+    bks = [32, 64, 128] if dtype == torch.float32 else [64, 128, 256]
+    out = []
+    for bm in _blocks(m):
+        for bn in _blocks(n):
+            tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+            warps = 8 if bm * bn >= 64 * 128 else 4
+            for bk in bks:
+                s = 1
+                while s <= 256:
+                    if k // s >= bk and tiles * s <= 8 * sm_count:
+                        reducers = [(64, 16)]
+                        if kernel == "flat":
+                            reducers = [(32, min(32, triton.next_power_of_2(s))), (128, min(16, triton.next_power_of_2(s)))]
+                        for xb, rb in reducers:
+                            out.append(DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
+                                                        num_warps=warps, num_stages=3 if bk <= 128 else 2,
+                                                        xblock=xb, rblock=rb))
+                    s *= 2
+    return out
+
+
+__all__ = ["KERNELS", "grid_shapes", "router_shapes", "make_inputs", "ours", "eager", "seed_decompose_k",
+           "compiled", "candidates", "tuned_or_heuristic", "epilogue_fn"]
+
+
+def tiny_kernel_us() -> float:
+    """One tiny kernel's GPU time inside a CUDA graph, measured now (the launch floor of any contender)."""
+    from moegemm.bench.timing import GraphTimer
+
+    x = torch.ones(1, device="cuda")
+    t = GraphTimer([lambda: x.add_(1)], calls_per_graph=200)
+    return sorted(t.sample(11))[5]
+
+
+def run_shape(experiment: str, contenders: list[Contender], m: int, n: int, k: int, dtype: torch.dtype,
+              epilogue: str, settings, prov: dict, tiny_us: float, seed: int, bias: bool = False,
+              **fields) -> list[dict]:
+    """Measure the contenders of one shape; rows carry shape, floor and provenance."""
+    from moegemm._runtime import slugify
+    from moegemm.bench.floors import gemm_bytes, gemm_floor_us
+    from moegemm.bench.runner import measure
+    from moegemm.bench.timing import input_sets_for
+
+    from experiments.common import ref64
+
+    elt = torch.tensor([], dtype=dtype).element_size()
+    sets = make_inputs(m, n, k, dtype, seed, n_sets=input_sets_for((m * k + k * n) * elt), bias=bias)
+    ref = ref64(sets[0][0], sets[0][1], epilogue, sets[0][2])
+    rows = measure(contenders, sets, ref, k, settings)
+    slug = slugify(prov["gpu"])
+    floor = gemm_floor_us(m, n, k, elt, slug, tiny_us, fp32=dtype == torch.float32)
+    for r in rows:
+        r.update(experiment=experiment, m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""),
+                 epilogue=epilogue, bytes=gemm_bytes(m, n, k, elt), flops=2 * m * n * k,
+                 floor_us=floor, tiny_kernel_us=tiny_us, **fields, **prov)
+    return rows

@@ -1,0 +1,61 @@
+"""E1 compile-modes: which torch.compile mode serves skinny large-K GEMMs best?
+
+For each configured shape, three functions -- mm, relu(mm), the seed's decomposeK (fixed S) + ReLU -- run
+eager and under each compile mode; latency on both clocks (modes that replay CUDA graphs of their own are
+timed on the launch-inclusive clock only) and the compile time of the first call. Dynamo is reset between
+exact shapes.
+
+    python -m experiments.e1_compile_modes --out results/<slug>/compile_modes.csv
+"""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import dk
+from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
+from experiments.common import timing_settings
+from moegemm.bench.runner import Contender
+from moegemm.inductor.custom_op import decompose_k_relu_impl
+
+
+def functions(split: int) -> dict:
+    return {
+        "mm": (lambda a, b: a @ b, "none"),
+        "relu(mm)": (lambda a, b: torch.relu(a @ b), "relu"),
+        "decompose_k+relu": (lambda a, b: decompose_k_relu_impl(a, b, split), "relu"),
+    }
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    d = cfg["decompose_k"]
+    settings = timing_settings(cfg, args.quick)
+    prov = provenance_fields()
+    tiny = dk.tiny_kernel_us()
+    writer = ResultWriter(args.out, ("function", "m", "n", "k"))
+    shapes = [tuple(s) for s in d["compile_shapes"]][: 1 if args.quick else None]
+    modes = d["compile_modes"][:1] if args.quick else d["compile_modes"]
+    fns = functions(d["seed_split"])
+    bar = Progress(len(shapes) * len(fns), "E1")
+    for m, n, k in shapes:
+        for fname, (fn, epilogue) in fns.items():
+            if writer.done(function=fname, m=m, n=n, k=k):
+                bar.update()
+                continue
+            torch._dynamo.reset()
+            eager = Contender("eager", lambda inp, fn=fn: (lambda: fn(inp[0], inp[1])), config="eager",
+                              fields={"mode": "eager"})
+            cs = [eager] + [dk.compiled(fn, mode, f"compiled:{mode}", inspect_mn=(m, n), mode=mode)
+                            for mode in modes]
+            writer.add(dk.run_shape("E1", cs, m, n, k, torch.bfloat16, epilogue, settings, prov, tiny,
+                                    seed=m + k, function=fname))
+            bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()

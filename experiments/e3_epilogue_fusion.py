@@ -1,0 +1,58 @@
+"""E3 epilogue-fusion: what does fusing ReLU into the reduction's store buy?
+
+For every Decompose-K variant, ReLU fused vs ReLU as a separate op with the same config: our three kernels
+(tuned config), the seed's PyTorch decomposeK (eager, ReLU separate) vs the same function compiled by
+Inductor (default mode; ReLU fuses into the sum's store), and Inductor's own lowering of relu(mm) under
+max-autotune-no-cudagraphs (with what it emitted). bf16, the M=N x K grid.
+
+    python -m experiments.e3_epilogue_fusion --out results/<slug>/epilogue_fusion.csv
+"""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import dk
+from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
+from experiments.common import timing_settings
+from moegemm.inductor.custom_op import decompose_k_relu_impl
+
+
+def contenders_for(a, n, cfg) -> list:
+    s = cfg["decompose_k"]["seed_split"]
+    cs = []
+    for kernel in dk.KERNELS:
+        c, _ = dk.tuned_or_heuristic(a, n, "relu", kernel)
+        cs.append(dk.ours(kernel, "relu", c, fused=True, variant=kernel, epilogue_fused=True, split_k=c.split_k))
+        cs.append(dk.ours(kernel, "relu", c, fused=False, variant=kernel, epilogue_fused=False, split_k=c.split_k))
+    cs.append(dk.seed_decompose_k(s, "relu", variant="pytorch:decompose_k", epilogue_fused=False, split_k=s))
+    cs.append(dk.compiled(lambda x, y: decompose_k_relu_impl(x, y, s), "default", "pytorch:decompose_k+compiled",
+                          inspect_mn=(a.shape[0], n), variant="pytorch:decompose_k", epilogue_fused=True, split_k=s))
+    cs.append(dk.compiled(dk.epilogue_fn("relu"), "max-autotune-no-cudagraphs", "inductor:relu(mm)",
+                          inspect_mn=(a.shape[0], n), variant="inductor", epilogue_fused="inductor's choice"))
+    return cs
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    settings = timing_settings(cfg, args.quick)
+    prov = provenance_fields()
+    tiny = dk.tiny_kernel_us()
+    writer = ResultWriter(args.out, ("m", "n", "k"))
+    shapes = dk.grid_shapes(cfg)[:2] if args.quick else dk.grid_shapes(cfg)
+    bar = Progress(len(shapes), "E3")
+    for m, n, k in shapes:
+        if not writer.done(m=m, n=n, k=k):
+            torch._dynamo.reset()
+            probe = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+            writer.add(dk.run_shape("E3", contenders_for(probe, n, cfg), m, n, k, torch.bfloat16, "relu",
+                                    settings, prov, tiny, seed=m * 17 + k))
+        bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""E5 decompose-k-grid: who wins on the full grid M=N in {16..64} x K in {8192..32768}, per suite
+(bf16+ReLU, bf16, fp16, fp32 with IEEE fp32 products)?
+
+Contenders: eager torch.mm (+ReLU), torch.compile(max-autotune-no-cudagraphs), the custom-op autotuned path
+(moegemm::mm / moegemm::mm_relu, candidates: mm and decomposeK at every valid split), the seed's PyTorch
+decomposeK, and each of our kernels at its tuned config, plus our `auto` dispatch.
+
+    python -m experiments.e5_decompose_k_grid --out results/<slug>/decompose_k_grid.csv
+"""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import dk
+from experiments.common import DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
+from experiments.common import timing_settings
+from moegemm.inductor import custom_op
+
+
+def contenders_for(a, n, dtype, epilogue, cfg, with_compiled: bool) -> list:
+    cs = [dk.eager(epilogue)]
+    if epilogue == "none" or epilogue == "relu":
+        cs.append(dk.seed_decompose_k(cfg["decompose_k"]["seed_split"], epilogue))
+    if with_compiled:
+        mn = (a.shape[0], n)
+        cs.append(dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled", inspect_mn=mn))
+        op = custom_op.mm_relu if epilogue == "relu" else custom_op.mm
+        cs.append(dk.compiled(lambda x, y: op(x, y), "max-autotune-no-cudagraphs", "custom-op-autotuned",
+                              inspect_mn=mn))
+    for kernel in dk.KERNELS:
+        c, src = dk.tuned_or_heuristic(a, n, epilogue, kernel)
+        cs.append(dk.ours(kernel, epilogue, c, config_source=src))
+    cs.append(dk.ours("auto", epilogue, None, name="ours:auto"))
+    return cs
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    torch.backends.cuda.matmul.allow_tf32 = False  # true IEEE fp32 for the fp32 suite
+    torch.backends.cudnn.allow_tf32 = False
+    custom_op.register()
+    settings = timing_settings(cfg, args.quick)
+    prov = provenance_fields()
+    tiny = dk.tiny_kernel_us()
+    writer = ResultWriter(args.out, ("suite", "m", "n", "k"))
+    shapes = dk.grid_shapes(cfg)
+    suites = cfg["decompose_k"]["suites"]
+    compiled_suites = set(cfg["decompose_k"].get("grid_compiled_suites", suites))
+    if args.quick:
+        shapes, suites = shapes[:2], dict(list(suites.items())[:1])
+    bar = Progress(len(shapes) * len(suites), "E5")
+    for suite, s in suites.items():
+        dtype = DTYPES[s["dtype"]]
+        for m, n, k in shapes:
+            if writer.done(suite=suite, m=m, n=n, k=k):
+                bar.update()
+                continue
+            torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit would degrade later ones)
+            probe = torch.empty(m, k, dtype=dtype, device="cuda")
+            cs = contenders_for(probe, n, dtype, s["epilogue"], cfg, suite in compiled_suites)
+            writer.add(dk.run_shape("E5", cs, m, n, k, dtype, s["epilogue"], settings, prov, tiny,
+                                    seed=m * 31 + k, suite=suite))
+            bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""E6 router-gemm: the DeepSeek-V3 router `[T,7168] @ [7168,256]`, decode T = 1..256 and prefill T = 1024,
+4096, epilogues none and sigmoid (logits -> scores), bf16.
+
+Contenders: eager, torch.compile(max-autotune-no-cudagraphs) per exact T, the custom-op autotuned path with
+range dispatch on T (one dynamic-T compile; Inductor benchmarks mm vs decomposeK per T range and emits a
+runtime dispatch), our kernels (tuned config) and our `auto`.
+
+    python -m experiments.e6_router_gemm --out results/<slug>/router_gemm.csv
+"""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import dk
+from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
+from experiments.common import raise_recompile_limit, timing_settings
+from moegemm.bench.runner import Contender
+from moegemm.epilogue import Epilogue
+from moegemm.inductor import custom_op
+
+DISPATCH_SPLITS = [16, 64, 256]  # T ranges [1,16], [17,64], [65,256], [257, inf)
+
+
+def range_dispatch(epilogue: str) -> Contender:
+    """One compiled function for every T (T marked dynamic); Inductor picks per range."""
+    epi = Epilogue.parse(epilogue)
+    cf = torch.compile(lambda x, w: epi.torch_apply(custom_op.mm(x, w)), mode="max-autotune-no-cudagraphs")
+
+    def bind(inp):
+        a, b, _ = inp
+        torch._dynamo.maybe_mark_dynamic(a, 0)  # T=1 stays a static specialisation
+        return lambda: cf(a, b)
+
+    return Contender("custom-op-range-dispatch", bind, config={"split_points": DISPATCH_SPLITS})
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    r = cfg["decompose_k"]["router"]
+    custom_op.register(dispatch_splits=DISPATCH_SPLITS)
+    # The per-T compiles share one code object; without this Dynamo would silently stop compiling after 8 T.
+    raise_recompile_limit(256)
+    settings = timing_settings(cfg, args.quick)
+    prov = provenance_fields()
+    tiny = dk.tiny_kernel_us()
+    writer = ResultWriter(args.out, ("epilogue", "m"))
+    tokens = r["tokens"][:2] if args.quick else r["tokens"]
+    bar = Progress(len(tokens) * len(r["epilogues"]), "E6")
+    for epilogue in r["epilogues"]:
+        dispatch = range_dispatch(epilogue)  # shared across T: its compile happens once per range
+        for t in tokens:
+            if not writer.done(epilogue=epilogue, m=t):
+                probe = torch.empty(t, r["k"], dtype=torch.bfloat16, device="cuda")
+                cs = [dk.eager(epilogue),
+                      dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled",
+                                  inspect_mn=(t, r["n"])),
+                      dispatch]
+                for kernel in dk.KERNELS:
+                    c, src = dk.tuned_or_heuristic(probe, r["n"], epilogue, kernel)
+                    cs.append(dk.ours(kernel, epilogue, c, config_source=src))
+                cs.append(dk.ours("auto", epilogue, None, name="ours:auto"))
+                writer.add(dk.run_shape("E6", cs, t, r["n"], r["k"], torch.bfloat16, epilogue, settings, prov,
+                                        tiny, seed=t))
+            bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Tune Decompose-K: for every grid and router shape, every dtype and each kernel, time the candidate
+configs on the GPU clock (CUDA-graph replay) and keep the best. Writes the per-GPU table the library reads
+(src/moegemm/tuned/decompose_k/<slug>.json) and every timed candidate as a CSV.
+
+    python -m experiments.tune_decompose_k --out results/<slug>/tune_decompose_k.csv
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from experiments import dk
+from experiments.common import (ROOT, DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields,
+                                ref64, require_gpu, write_json)
+from moegemm._runtime import slugify
+from moegemm.bench.correctness import check
+from moegemm.bench.timing import GraphTimer, input_sets_for
+from moegemm.decompose_k import matmul
+
+
+def shapes(cfg, quick):
+    grid = dk.grid_shapes(cfg)
+    router = dk.router_shapes(cfg)
+    out = [(s, dt) for dt in ("bfloat16", "float16", "float32") for s in grid]
+    out += [(s, dt) for dt in ("bfloat16",) for s in router]
+    if quick:
+        out = [out[0], out[-1]]
+    return out
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    slug = slugify(torch.cuda.get_device_name(0))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    writer = ResultWriter(args.out, ("m", "n", "k", "dtype", "kernel", "config"))
+    prov = provenance_fields()
+    todo = shapes(cfg, args.quick)
+    bar = Progress(len(todo), "tune")
+    for (m, n, k), dt in todo:
+        dtype = DTYPES[dt]
+        elt = torch.tensor([], dtype=dtype).element_size()
+        sets = dk.make_inputs(m, n, k, dtype, seed=m * 7 + n * 13 + k,
+                              n_sets=input_sets_for((m * k + k * n) * elt))
+        ref = ref64(sets[0][0], sets[0][1])
+        rows = []
+        for kernel in dk.KERNELS:
+            for c in dk.candidates(m, n, k, dtype, kernel, sms):
+                if writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict()):
+                    continue
+                calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
+                ok, rel, why = check(calls[0](), ref, k)
+                row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
+                       "split_k": c.split_k, "status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
+                if ok:
+                    t = GraphTimer(calls, calls_per_graph=cfg["timing"]["calls_per_graph"])
+                    row["graph_us"] = statistics.median(t.sample(3))
+                rows.append({**row, **prov})
+        writer.add(rows)
+        bar.update()
+    bar.close()
+    writer.finish()
+
+    # The table: for each shape and dtype the best config per kernel, and the best kernel overall.
+    best: dict = {}
+    for r in writer.rows:
+        if r["status"] != "ok":
+            continue
+        key = (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]))
+        per = best.setdefault(key, {})
+        cur = per.get(r["kernel"])
+        if cur is None or float(r["graph_us"]) < float(cur["graph_us"]):
+            per[r["kernel"]] = r
+    entries = []
+    for (dt, m, n, k), per in sorted(best.items()):
+        win = min(per.values(), key=lambda r: float(r["graph_us"]))
+        cfgs = {kn: (r["config"] if isinstance(r["config"], dict) else eval_config(r["config"]))
+                for kn, r in per.items()}
+        entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
+                        "graph_us": float(win["graph_us"]), "per_kernel": cfgs})
+    table = ROOT / "src" / "moegemm" / "tuned" / "decompose_k" / f"{slug}.json"
+    write_json(table, {"gpu": torch.cuda.get_device_name(0), "clock": "CUDA-graph replay",
+                       "provenance": provenance_fields(), "entries": entries})
+    print(f"wrote {table} ({len(entries)} shapes)")
+
+
+def eval_config(text: str) -> dict:
+    import ast
+
+    return ast.literal_eval(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Correctness gate shared by tests and experiments: a contender is timed only if it matches float64."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Per output dtype: relative tolerance (output rounding) and absolute tolerance per sqrt(K) of a product
+# of unit-variance operands (fp32 accumulation, fp32 rounding of partials).
+TOL = {
+    torch.float32: (2e-5, 2e-6),
+    torch.float16: (2e-3, 2e-4),
+    torch.bfloat16: (1.6e-2, 2e-3),
+}
+# The same for tf32 products (torch.compile/cuBLAS may use them for fp32 when allowed).
+TOL_TF32 = (2e-3, 1e-3)
+
+
+def check(out: torch.Tensor, ref64: torch.Tensor, k: int, tf32: bool = False) -> tuple[bool, float, str]:
+    """(ok, relative Frobenius error, reason). NaN anywhere is never ok."""
+    rtol, atol_unit = TOL_TF32 if tf32 else TOL[out.dtype]
+    atol = atol_unit * math.sqrt(max(k, 1))
+    got = out.detach().double()
+    ref = ref64.to(got.device)
+    if got.shape != ref.shape:
+        return False, math.inf, f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if torch.isnan(got).any():
+        return False, math.nan, "NaN in output"
+    err = (got - ref).abs()
+    rel = float((got - ref).norm() / ref.norm().clamp_min(1e-30)) if ref.numel() else 0.0
+    bad = err > atol + rtol * ref.abs()
+    if bad.any():
+        return False, rel, f"{int(bad.sum())} elements outside tolerance (max abs err {float(err.max()):.3g})"
+    if rel >= 4 * rtol:
+        return False, rel, f"relative error {rel:.2e}"
+    return True, rel, ""

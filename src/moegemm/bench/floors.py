@@ -1,0 +1,54 @@
+"""Physical floors: datasheet peaks, and the two ceilings plus the tiny-kernel time measured in the run."""
+
+from __future__ import annotations
+
+import torch
+
+# H100/H200 SXM datasheet peaks (the H200 datasheet: 4.8 TB/s HBM3e; dense bf16 989 TFLOP/s).
+DATASHEET = {
+    "nvidia-h200": {"hbm_tb_s": 4.8, "bf16_tflops": 989.0, "fp32_tflops": 67.0},
+    "nvidia-h100-80gb-hbm3": {"hbm_tb_s": 3.35, "bf16_tflops": 989.0, "fp32_tflops": 67.0},
+}
+
+
+def datasheet(slug: str) -> dict:
+    return DATASHEET.get(slug, DATASHEET["nvidia-h200"])
+
+
+def gemm_bytes(m: int, n: int, k: int, elt: int) -> int:
+    """Fewest bytes one GEMM must move: each input read once, the output written once."""
+    return (m * k + k * n + m * n) * elt
+
+
+def gemm_floor_us(m, n, k, elt, slug: str, tiny_kernel_us: float, fp32: bool = False) -> float:
+    d = datasheet(slug)
+    t_mem = gemm_bytes(m, n, k, elt) / (d["hbm_tb_s"] * 1e12) * 1e6
+    t_flop = 2 * m * n * k / ((d["fp32_tflops"] if fp32 else d["bf16_tflops"]) * 1e12) * 1e6
+    return max(t_mem, t_flop) + tiny_kernel_us
+
+
+def measure() -> dict:
+    """Tiny-kernel graph time, copy bandwidth and bf16 matmul rate, measured now on GPU 0."""
+    from .timing import GraphTimer
+
+    x = torch.ones(1, device="cuda")
+    tiny = GraphTimer([lambda: x.add_(1)], calls_per_graph=200)
+    tiny_us = sorted(tiny.sample(20))[10]
+
+    n = 1 << 30  # 1 GiB each way
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    copy = GraphTimer([lambda: dst.copy_(src)], calls_per_graph=5)
+    copy_us = sorted(copy.sample(10))[5]
+    copy_tb_s = 2 * n / (copy_us * 1e-6) / 1e12
+    del src, dst
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm = GraphTimer([lambda: a @ b], calls_per_graph=5)
+    mm_us = sorted(mm.sample(10))[5]
+    return {
+        "tiny_kernel_graph_us": tiny_us,
+        "copy_tb_s": copy_tb_s,
+        "bf16_matmul_tflops": 2 * 8192**3 / (mm_us * 1e-6) / 1e12,
+    }

@@ -1,0 +1,79 @@
+"""Measure the contenders of one shape side by side: correctness first, then both clocks, interleaved."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Callable
+
+import torch
+
+from .correctness import check
+from .timing import Clock, GraphTimer, launch_samples
+
+
+@dataclasses.dataclass
+class Contender:
+    """``bind(inputs)`` returns a zero-argument call computing the contender's output on that input set."""
+
+    name: str
+    bind: Callable[[tuple], Callable[[], torch.Tensor]]
+    config: dict | str | None = None
+    graph: bool = True  # False for contenders that replay CUDA graphs of their own (reduce-overhead)
+    tf32: bool = False
+    fields: dict = dataclasses.field(default_factory=dict)  # extra columns (variant, split, ...)
+
+
+@dataclasses.dataclass
+class Settings:
+    rounds: int = 3
+    launch_rep_ms: float = 10.0
+    launch_warmup_ms: float = 2.0
+    graph_replays: int = 5
+    calls_per_graph: int = 20
+
+
+def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int,
+            settings: Settings) -> list[dict]:
+    """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
+    rows, live = {}, []
+    for c in contenders:
+        try:
+            out = c.bind(input_sets[0])()  # the first call: compiles/autotunes where the contender does
+            torch.cuda.synchronize()
+            ok, rel, why = check(out, ref64, k, tf32=c.tf32)
+        except Exception as e:  # a contender that cannot run is recorded, not fatal
+            ok, rel, why = False, math.nan, f"error: {type(e).__name__}: {str(e)[:200]}"
+        row = {"contender": c.name, **c.fields,  # fields may have been filled in by the first call
+               "config": c.config if isinstance(c.config, str) else json.dumps(c.config or {}, sort_keys=True)}
+        row.update(status="ok" if ok else "wrong", rel_err=rel, note=why)
+        rows[c.name] = row
+        if ok:
+            live.append(c)
+
+    timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
+    for c in live:
+        calls = [c.bind(inp) for inp in input_sets]
+        if c.graph:
+            try:
+                timers[c.name] = GraphTimer(calls, settings.calls_per_graph)
+            except Exception as e:
+                rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
+        c._calls = calls  # noqa: SLF001 -- rotated inputs for the launch clock
+    for r in range(settings.rounds):
+        order = live[r % max(len(live), 1):] + live[: r % max(len(live), 1)]  # rotate who goes first
+        for c in order:
+            i = iter(range(1 << 30))
+            calls = c._calls
+            launch[c.name] += launch_samples(lambda: calls[next(i) % len(calls)](),
+                                             settings.launch_rep_ms, settings.launch_warmup_ms)
+            if c.name in timers:
+                graph[c.name] += timers[c.name].sample(settings.graph_replays)
+    for c in live:
+        for clock, samples in (("launch", launch[c.name]), ("graph", graph[c.name])):
+            cl = Clock.of(samples)
+            rows[c.name].update({f"{clock}_us": cl.median_us, f"{clock}_p20_us": cl.p20_us,
+                                 f"{clock}_p80_us": cl.p80_us, f"{clock}_n": cl.samples})
+    del timers
+    return [rows[c.name] for c in contenders]

@@ -1,0 +1,1 @@
+"""torch.compile and Inductor: compile modes, custom-op autotuning registration, output-code inspection."""
