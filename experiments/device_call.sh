@@ -11,10 +11,19 @@ SLUG=$(python3 -c "import torch; from moegemm._runtime import slugify; print(slu
 R=results/$SLUG
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
-step() { local name=$1; shift; local t0=$SECONDS; echo "=== $name: $*"; "$@"; local rc=$?; echo "=== $name rc=$rc $((SECONDS-t0))s"; }
+mkdir -p /tmp/logs
+# Each step's full output goes to a log that comes back; the reply shows only its last lines.
+# Steps stop at DEADLINE seconds (default 540) so that what was measured (resumable .partial files
+# included) is packed and comes back before the call's limit.
+DEADLINE=${DEADLINE:-540}
+step() { local name=$1; shift; local t0=$SECONDS left=$((DEADLINE - SECONDS)); echo "=== $name: $*"
+         if [ $left -le 10 ]; then echo "=== $name skipped: deadline"; return; fi
+         timeout -s INT $left "$@" > /tmp/logs/$name.log 2>&1; local rc=$?
+         grep -v "it/s]" /tmp/logs/$name.log | tail -4; echo "=== $name rc=$rc $((SECONDS-t0))s"; }
 for s in "$@"; do
   case $s in
-    tests) step tests python3 -m experiments.verify --out "$R/verify.json" -- -x -q -p no:cacheprovider ;;
+    tests) step tests python3 -m experiments.verify --out "$R/verify.json" -- -q -p no:cacheprovider ;;
+    gputests) step gputests python3 -m experiments.verify --out "$R/verify.json" -- -m gpu -q -p no:cacheprovider ;;
     smoke) for e in e1_compile_modes e2_inductor_codegen e3_epilogue_fusion e4_split_sweep e5_decompose_k_grid e6_router_gemm tune_decompose_k; do
              step "smoke-$e" python3 -m experiments.$e --quick --out "/tmp/smoke/$e.csv"; done ;;
     floors) step floors python3 -m experiments.floors --out "$R/floors.json" ;;
@@ -31,4 +40,5 @@ done
 # Bring back: results (one tarball), smoke CSVs, caches (if small enough).
 tar czf "$OUT/results.tgz" results src/moegemm/tuned 2>/dev/null
 [ -d /tmp/smoke ] && tar czf "$OUT/smoke.tgz" -C /tmp smoke
-tar czf "$OUT/cache.tgz" .cache 2>/dev/null; ls -la "$OUT"
+tar czf "$OUT/logs.tgz" -C /tmp logs
+tar czf /tmp/cache.tgz .cache 2>/dev/null && split -b 15M -d /tmp/cache.tgz "$OUT/cache.tgz.part"; ls -la "$OUT"

@@ -96,7 +96,7 @@ def compiled(fn, mode: str, name: str, config="", inspect_mn: tuple[int, int] | 
             if inspect_mn is None:
                 out = cf(a, b)
             else:
-                out, code = run_and_get_code(cf, a, b)
+                out, code, _ = run_and_get_code(cf, a, b)
                 info = inspect(code, *inspect_mn)
                 contender.fields.update(
                     inductor_kernels=" ".join(info["kernels"]), inductor_externs=" ".join(info["extern_calls"]),
@@ -123,29 +123,30 @@ def tuned_or_heuristic(a: torch.Tensor, n: int, epilogue: str, kernel: str) -> t
 
 
 def _blocks(dim: int) -> list[int]:
-    return [16] if dim <= 16 else [16, 32] if dim <= 32 else [32, 64] if dim <= 64 else [64, 128]
+    """The block that covers a small dimension in one tile (16/32/64), or two choices for large ones."""
+    return [min(64, max(16, 1 << (dim - 1).bit_length()))] if dim <= 64 else [64, 128]
 
 
 def candidates(m: int, n: int, k: int, dtype: torch.dtype, kernel: str, sm_count: int) -> list[DecomposeKConfig]:
-    """The tuner's search space for one shape and kernel (a few dozen configs)."""
-    bks = [32, 64, 128] if dtype == torch.float32 else [64, 128, 256]
+    """The tuner's search space for one shape and kernel (about a dozen configs for the skinny shapes)."""
+    bks = [64, 128] if dtype == torch.float32 else [128, 256]
+    elt = 4 if dtype == torch.float32 else 2
     out = []
     for bm in _blocks(m):
         for bn in _blocks(n):
             tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
             warps = 8 if bm * bn >= 64 * 128 else 4
             for bk in bks:
-                s = 1
-                while s <= 256:
-                    if k // s >= bk and tiles * s <= 8 * sm_count:
-                        reducers = [(64, 16)]
-                        if kernel == "flat":
-                            reducers = [(32, min(32, triton.next_power_of_2(s))), (128, min(16, triton.next_power_of_2(s)))]
-                        for xb, rb in reducers:
-                            out.append(DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                                        num_warps=warps, num_stages=3 if bk <= 128 else 2,
-                                                        xblock=xb, rblock=rb))
-                    s *= 2
+                stages = 3 if bk <= 128 else 2
+                if (bm * bk + bk * bn) * elt * stages > 160 * 1024:  # leave shared memory headroom
+                    continue
+                for s in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+                    if k // s < bk or tiles * s > 8 * sm_count or (s == 1 and kernel != "single_launch"):
+                        continue
+                    xb = 32 if m * n <= 4096 else 128
+                    out.append(DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
+                                                num_warps=warps, num_stages=stages,
+                                                xblock=xb, rblock=min(32, triton.next_power_of_2(s))))
     return out
 
 

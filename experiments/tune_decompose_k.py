@@ -23,7 +23,8 @@ from moegemm.decompose_k import matmul
 def shapes(cfg, quick):
     grid = dk.grid_shapes(cfg)
     router = dk.router_shapes(cfg)
-    out = [(s, dt) for dt in ("bfloat16", "float16", "float32") for s in grid]
+    # fp16 has bf16's element size and tensor-core rate: the library reuses bf16's entries for it.
+    out = [(s, dt) for dt in ("bfloat16", "float32") for s in grid]
     out += [(s, dt) for dt in ("bfloat16",) for s in router]
     if quick:
         out = [out[0], out[-1]]
@@ -52,7 +53,10 @@ def main():
                 if writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict()):
                     continue
                 calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
-                ok, rel, why = check(calls[0](), ref, k)
+                try:
+                    ok, rel, why = check(calls[0](), ref, k)
+                except Exception as e:  # e.g. a config that needs more shared memory than the GPU has
+                    ok, rel, why = False, float("nan"), f"error: {type(e).__name__}: {str(e)[:160]}"
                 row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
                        "split_k": c.split_k, "status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
                 if ok:

@@ -46,8 +46,9 @@ def apply_epilogue(acc, bias_ptr, bias_offs, bias_mask, HAS_BIAS: tl.constexpr, 
         bias = tl.load(bias_ptr + bias_offs, mask=bias_mask, other=0.0).to(tl.float32)
         acc = acc + bias
     if EPILOGUE == 1:
-        # Written as a select so that NaN propagates as in torch.relu (max.f32 would drop it).
-        acc = tl.where(acc < 0.0, 0.0, acc)
+        # NaN propagates as in torch.relu (a plain max.f32 would drop it). A select (where(acc < 0, 0, acc))
+        # is equivalent but crashes Triton 3.6's TritonGPUOptimizeThreadLocality pass after a tl.sum.
+        acc = tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
     elif EPILOGUE == 2:
         acc = tl.sigmoid(acc)
     return acc

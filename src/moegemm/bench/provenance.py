@@ -42,6 +42,8 @@ def _static(repo: str | None) -> dict:
     # built from in MOEGEMM_COMMIT.
     commit = _git("rev-parse", "HEAD", cwd=repo) or os.environ.get("MOEGEMM_COMMIT", "unknown")
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
+    if status is None and "MOEGEMM_DIRTY" in os.environ:  # recorded by whoever shipped the tree
+        status = "dirty" if os.environ["MOEGEMM_DIRTY"] == "1" else ""
     info = {
         "torch": torch.__version__,
         "triton": triton.__version__,

@@ -13,13 +13,20 @@ import json
 from importlib import resources
 
 import torch
-import triton
 
 from .._runtime import device_sm_count, gpu_slug
 from .._triton_common import dot_meta
 from ..epilogue import Epilogue
 
 KERNELS = ("two_stage", "flat", "single_launch")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
 
 
 def alloc_partials(split_k: int, m: int, n: int, device: torch.device) -> torch.Tensor:
@@ -111,7 +118,7 @@ class Prepared:
         return dot_meta(self.a.dtype, self.allow_tf32)
 
     def k_per_split(self, cfg: DecomposeKConfig) -> int:
-        return triton.cdiv(self.k, cfg.split_k)
+        return cdiv(self.k, cfg.split_k)
 
     def even_k(self, cfg: DecomposeKConfig) -> bool:
         """True when every split is full and a whole number of BLOCK_K steps (no K masks needed)."""
@@ -122,7 +129,7 @@ class Prepared:
         from ._partial import _partial_mm_kernel
 
         partials = alloc_partials(cfg.split_k, self.m, self.n, self.a.device)
-        tiles = triton.cdiv(self.m, cfg.block_m) * triton.cdiv(self.n, cfg.block_n)
+        tiles = cdiv(self.m, cfg.block_m) * cdiv(self.n, cfg.block_n)
         _partial_mm_kernel[(tiles, cfg.split_k)](
             self.a, self.b, partials,
             self.m, self.n, self.k, self.k_per_split(cfg),
@@ -147,8 +154,8 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int) 
     """
     bm, bn = _block(m), _block(n)
     bk = 64 if dtype == torch.float32 else 128
-    bk = min(bk, max(16, triton.next_power_of_2(k)))
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    bk = min(bk, max(16, next_pow2(k)))
+    tiles = cdiv(m, bm) * cdiv(n, bn)
     want = max(1, (2 * sm_count) // tiles)
     cap = max(1, k // bk)
     s = min(want, cap)
@@ -175,26 +182,26 @@ def _tuned_table(slug: str) -> dict:
     return table
 
 
-def lookup(a: torch.Tensor, n: int, epilogue: Epilogue) -> tuple[str, dict] | None:
-    """The tuned (best kernel, {kernel: config}) for this GPU and exact shape, or None."""
-    table = _tuned_table(gpu_slug(a))
-    dt = str(a.dtype).replace("torch.", "")
-    m, k = a.shape
-    hit = table.get((dt, m, n, k, epilogue.name.lower()))
-    if hit is None and epilogue is not Epilogue.NONE:
-        hit = table.get((dt, m, n, k, "none"))  # the epilogue barely moves the best tiling
-    return hit
-
-
 def choose(a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto") -> tuple[str, DecomposeKConfig, str]:
     """(kernel, config, source) where source is 'tuned' or 'heuristic'. An explicit kernel gets its own
     tuned config when the table has one."""
-    hit = lookup(a, n, epilogue)
+    m, k = a.shape
+    return _choose(gpu_slug(a), a.dtype, m, n, k, epilogue, kernel, device_sm_count(a))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(slug, dtype, m, n, k, epilogue, kernel, sms):
+    table = _tuned_table(slug)
+    dt = str(dtype).replace("torch.", "")
+    hit = table.get((dt, m, n, k, epilogue.name.lower()))
+    if hit is None and epilogue is not Epilogue.NONE:
+        hit = table.get((dt, m, n, k, "none"))  # the epilogue barely moves the best tiling
+    if hit is None and dt == "float16":  # same element size and tensor-core rate as bf16
+        hit = table.get(("bfloat16", m, n, k, "none"))
     if hit is not None:
         best, per_kernel = hit
         name = best if kernel == "auto" else kernel
         if name in per_kernel:
             return name, per_kernel[name], "tuned"
-    m, k = a.shape
     name = HEURISTIC_KERNEL if kernel == "auto" else kernel
-    return name, heuristic_config(m, n, k, a.dtype, device_sm_count(a)), "heuristic"
+    return name, heuristic_config(m, n, k, dtype, sms), "heuristic"

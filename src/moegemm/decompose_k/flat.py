@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ..epilogue import apply_epilogue
-from .configs import DecomposeKConfig, Prepared
+from .configs import DecomposeKConfig, Prepared, cdiv
 
 
 @triton.jit
@@ -42,7 +42,7 @@ def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
     partials = p.stage1(cfg)
     mn = p.m * p.n
     contiguous = p.out.stride(1) == 1 and (p.out.stride(0) == p.n or p.m == 1)
-    _reduce_flat_kernel[(triton.cdiv(mn, cfg.xblock),)](
+    _reduce_flat_kernel[(cdiv(mn, cfg.xblock),)](
         partials, p.out, p.bias_arg,
         mn, p.n, cfg.split_k,
         p.out.stride(0), p.out.stride(1),

@@ -11,7 +11,7 @@ import triton.language as tl
 from ..epilogue import apply_epilogue
 from ._partial import partial_tile, tile_coords
 from . import configs
-from .configs import DecomposeKConfig, Prepared
+from .configs import DecomposeKConfig, Prepared, cdiv
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
-    tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
+    tiles = cdiv(p.m, cfg.block_m) * cdiv(p.n, cfg.block_n)
     partials = configs.alloc_partials(cfg.split_k, p.m, p.n, p.a.device)
     counters = _counters(p.a.device, tiles)
     k_per_split = p.k_per_split(cfg)

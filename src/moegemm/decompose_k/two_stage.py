@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ..epilogue import apply_epilogue
 from ._partial import tile_coords
-from .configs import DecomposeKConfig, Prepared
+from .configs import DecomposeKConfig, Prepared, cdiv
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _reduce_tile_kernel(
 def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
     """Run stage 1 (into a fresh fp32 [S, M, N] buffer) and the per-tile reducer; returns ``p.out``."""
     partials = p.stage1(cfg)
-    tiles = triton.cdiv(p.m, cfg.block_m) * triton.cdiv(p.n, cfg.block_n)
+    tiles = cdiv(p.m, cfg.block_m) * cdiv(p.n, cfg.block_n)
     _reduce_tile_kernel[(tiles,)](
         partials, p.out, p.bias_arg,
         p.m, p.n, cfg.split_k,

@@ -1,0 +1,76 @@
+"""Compile every Triton kernel of moegemm for sm_90 with the installed Triton, without a GPU.
+
+Run as a script (not under TRITON_INTERPRET): ``python tests/compile_check.py``. Prints one line per
+variant and exits non-zero if any fails. test_compile_sm90.py runs it; it is also how we checked the GPU
+image's Triton (3.6) from a CPU machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run without TRITON_INTERPRET"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
+from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
+from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
+from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
+
+TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+
+
+def sig(kernel, ptrs: dict, consts: dict) -> tuple[dict, dict]:
+    names = kernel.arg_names
+    s = {}
+    for n in names:
+        if n in consts:
+            s[n] = "constexpr"
+        elif n in ptrs:
+            s[n] = ptrs[n]
+        else:
+            s[n] = "i32"
+    return s, consts
+
+
+def variants():
+    for dt, epi, bias in itertools.product(("bf16", "fp16", "fp32"), (0, 1, 2), (False, True)):
+        prec = "ieee" if dt == "fp32" else "tf32"
+        io = {"a_ptr": TY[dt], "b_ptr": TY[dt], "c_ptr": TY[dt], "bias_ptr": TY[dt], "p_ptr": "*fp32",
+              "counter_ptr": "*i32"}
+        for even in (True, False):
+            tile = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, GROUP_M=8, EVEN_K=even,
+                        PRECISION=prec, UPCAST=False)
+            if epi == 0 and not bias:
+                yield ("partial", dt, even), _partial_mm_kernel, io, tile
+            yield ("single_launch", dt, epi, bias, even), _single_launch_kernel, io, \
+                dict(tile, HAS_BIAS=bias, EPILOGUE=epi)
+        yield ("reduce_tile", dt, epi, bias), _reduce_tile_kernel, io, \
+            dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=bias, EPILOGUE=epi)
+        for contig in (True, False):
+            yield ("reduce_flat", dt, epi, bias, contig), _reduce_flat_kernel, io, \
+                dict(XBLOCK=64, RBLOCK=16, C_CONTIGUOUS=contig, HAS_BIAS=bias, EPILOGUE=epi)
+
+
+def main() -> int:
+    target = GPUTarget("cuda", 90, 32)
+    failed = 0
+    for name, kernel, io, consts in variants():
+        s, c = sig(kernel, io, consts)
+        try:
+            triton.compile(ASTSource(fn=kernel, signature=s, constexprs=c), target=target)
+            print("ok  ", name)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print("FAIL", name, str(e).splitlines()[0][:200])
+    print(f"{failed} failed, triton {triton.__version__}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The measuring harness's CPU-testable parts: resumable atomic CSVs, clocks, code inspection, pipeline."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from experiments.common import ResultWriter
+from experiments.pipeline import CPU_SLUG, machine_slug, results_slug
+from moegemm.bench.timing import Clock
+from moegemm.inductor.codegen import inspect
+
+
+def test_result_writer_resumes_and_writes_atomically(tmp_path):
+    out = tmp_path / "r" / "x.csv"
+    w = ResultWriter(out, ("m",))
+    w.add([{"m": 1, "v": 0.5}])
+    assert not out.exists(), "nothing is published before finish()"
+    # A killed run: a new writer resumes from the partial log and skips what is done.
+    w2 = ResultWriter(out, ("m",))
+    assert w2.done(m=1) and not w2.done(m=2)
+    w2.add([{"m": 2, "v": 0.25, "extra": "y"}])
+    w2.finish()
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["m"], r["v"], r["extra"]) for r in rows] == [("1", "0.5", ""), ("2", "0.25", "y")]
+    assert not (tmp_path / "r" / "x.csv.partial").exists()
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["x.csv"]  # no temp files left behind
+
+
+def test_atomic_path_leaves_old_file_on_failure(tmp_path):
+    from experiments._io import atomic_path
+
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_clock_quantiles():
+    c = Clock.of([float(x) for x in range(1, 11)])
+    assert c.median_us == 5.5 and c.samples == 10 and c.p20_us < c.median_us < c.p80_us
+    assert Clock.of([]).samples == 0
+
+
+GPU_DK = """
+def triton_per_fused_sum_0(in_ptr0, out_ptr0, xnumel, r0_numel):
+    pass
+def triton_poi_fused_relu_1(in_out_ptr0, xnumel):
+    pass
+def call(args):
+    buf0 = empty_strided_cuda((32, 16, 16), (256, 16, 1), torch.float32)
+    extern_kernels.bmm(reinterpret_tensor(arg0_1, (32, 16, 256), (256, 8192, 1), 0), arg1_1, out=buf0)
+    buf1 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+    triton_per_fused_sum_0.run(buf0, buf1, 256, 32, stream=stream0)
+    triton_poi_fused_relu_1.run(buf1, 256, stream=stream0)
+"""
+GPU_TEMPLATE = """
+def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr0):
+    pass
+def call(args):
+    buf0 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+    triton_tem_fused_mm_relu_0.run(arg0_1, arg1_1, buf0, stream=stream0)
+"""
+
+
+def test_inspect_inductor_code():
+    dk = inspect(GPU_DK, 16, 16)
+    assert dk["decompose_k"] and dk["split_k"] == 32 and dk["relu"] == "separate-kernel"
+    assert dk["kernels"] == ["triton_per_fused_sum_0", "triton_poi_fused_relu_1"]
+    assert dk["extern_calls"] == ["bmm"] and dk["n_kernel_launches"] == 3
+    t = inspect(GPU_TEMPLATE, 16, 16)
+    assert not t["decompose_k"] and t["mm_template"] and t["relu"] == "fused-into-mm-template"
+    assert t["n_kernel_launches"] == 1
+
+
+def test_inspect_real_cpu_compile():
+    """What Inductor really emits (CPU backend) for the seed's decomposeK + ReLU: bmm + one fused kernel."""
+    import torch
+
+    from moegemm.inductor.codegen import run_and_get_code
+    from moegemm.inductor.custom_op import decompose_k_relu_impl
+
+    torch._dynamo.reset()
+    a, b = torch.randn(16, 2048), torch.randn(2048, 8)
+    out, code, _ = run_and_get_code(torch.compile(lambda x, y: decompose_k_relu_impl(x, y, 16)), a, b)
+    torch.testing.assert_close(out, torch.relu(a @ b), rtol=1e-4, atol=1e-4)
+    info = inspect(code, 16, 8)
+    assert info["decompose_k"] and info["split_k"] == 16 and info["relu"] == "fused-into-reduction", info
+
+
+def test_pipeline_slugs():
+    assert machine_slug([]) == CPU_SLUG
+    assert machine_slug(["NVIDIA H200", "NVIDIA H200"]) == "nvidia-h200"
+    assert results_slug([], "nvidia-h200") == "nvidia-h200"
+    assert results_slug(["NVIDIA H100 80GB HBM3"], "nvidia-h200") == "nvidia-h100-80gb-hbm3"
+
+
+def test_config_validates():
+    from experiments.common import load_config
+
+    cfg = load_config()
+    assert cfg["committed_results"] and cfg["decompose_k"]["grid_k"][0] == 8192
+    import jsonschema
+    import yaml
+
+    from experiments.common import ROOT
+
+    schema = yaml.safe_load((ROOT / "experiments" / "config.schema.yaml").read_text())
+    bad = json.loads(json.dumps(cfg))
+    bad["timing"]["rounds"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
