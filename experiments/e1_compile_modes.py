@@ -47,8 +47,8 @@ def main():
                 continue
             torch._dynamo.reset()
             eager = Contender("eager", lambda inp, fn=fn: (lambda: fn(inp[0], inp[1])), config="eager",
-                              fields={"mode": "eager"})
-            cs = [eager] + [dk.compiled(fn, mode, f"compiled:{mode}", inspect_mn=(m, n), mode=mode)
+                              fields={"compile_mode": "eager"})
+            cs = [eager] + [dk.compiled(fn, mode, f"compiled:{mode}", inspect_mn=(m, n), compile_mode=mode)
                             for mode in modes]
             writer.add(dk.run_shape("E1", cs, m, n, k, torch.bfloat16, epilogue, settings, prov, tiny,
                                     seed=m + k, function=fname))

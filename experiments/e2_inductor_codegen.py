@@ -45,7 +45,13 @@ def main():
                 a = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
                 b = torch.randn(k, n, device="cuda", generator=g).to(torch.bfloat16)
                 t0 = time.perf_counter()
-                out, code, all_code = run_and_get_code(torch.compile(fn, mode=mode, dynamic=False), a, b)
+                try:
+                    out, code, all_code = run_and_get_code(torch.compile(fn, mode=mode, dynamic=False), a, b)
+                except Exception as e:  # recorded, not fatal: what fails to compile is itself a finding
+                    writer.add([{"experiment": "E2", "program": pname, "mode": mode, "m": m, "n": n, "k": k,
+                                 "dtype": "bfloat16", "status": "error",
+                                 "note": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", **prov}])
+                    continue
                 compile_s = time.perf_counter() - t0
                 ref = torch.relu(a.double() @ b.double())
                 rel = float((out.double() - ref).norm() / ref.norm())

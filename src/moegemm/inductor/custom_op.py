@@ -59,7 +59,10 @@ def _(a, b):
 
 
 def valid_splits(k: int) -> list[int]:
-    return [s for s in SPLITS if k % s == 0 and k // s >= MIN_CHUNK]
+    """Splits that divide K into chunks of at least MIN_CHUNK; for a short K, chunks of at least 16, so
+    that there is always a choice (torch 2.11's custom-op autotuning fails on a single candidate)."""
+    return ([s for s in SPLITS if k % s == 0 and k // s >= MIN_CHUNK]
+            or [s for s in SPLITS if k % s == 0 and k // s >= 16])
 
 
 def _configs(plain, decomposed, fake_tensors: dict) -> list:
