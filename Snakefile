@@ -1,11 +1,15 @@
 # moegemm: build and verify the kernels, run every GPU experiment, then rebuild figures, tables and paper.
 #
-#   snakemake --cores 1
+#   snakemake --cores 1                          one machine, one GPU (or none)
+#   snakemake --cores 8 --resources gpu=4        experiments spread over 4 GPUs of this host
+#   snakemake --profile experiments/profiles/slurm   one job per experiment on a SLURM cluster
 #
-# With a CUDA GPU every experiment runs fresh into results/<gpu-slug>/ and the write-up is built from those.
+# With a CUDA GPU every experiment runs into results/<gpu-slug>/ and the write-up is built from those.
 # Without one, the kernels are verified under Triton's interpreter and the write-up is rebuilt from the
 # committed results of config["committed_results"]; no GPU number is ever produced on such a machine.
+# Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures.
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,20 +26,59 @@ validate(config, "experiments/config.schema.yaml")
 
 PY = sys.executable  # the interpreter running Snakemake, so a venv need not be activated
 GPUS = local_gpus()
-HERE = machine_slug(GPUS)  # what this machine measures/verifies into
+HERE = machine_slug(GPUS)  # what this machine verifies (and, with a GPU, measures) into
+RES = results_slug(GPUS, config["committed_results"])  # what the write-up is built from
 SRC = sorted(str(p) for p in Path("src").rglob("*.py")) + sorted(str(p) for p in Path("tests").rglob("*.py"))
+TEX = shutil.which("latexmk") is not None
+SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
+
+EXPERIMENTS = {  # output CSV -> experiment module (E1..E6)
+    "compile_modes": "e1_compile_modes",
+    "inductor_codegen": "e2_inductor_codegen",
+    "epilogue_fusion": "e3_epilogue_fusion",
+    "split_sweep": "e4_split_sweep",
+    "decompose_k_grid": "e5_decompose_k_grid",
+    "router_gemm": "e6_router_gemm",
+}
+FIGURES = ["e1_compile_modes", "e3_epilogue_fusion", "e4_split_sweep", "e5_decompose_k_grid", "e6_router_gemm",
+           "hero"]
+FIGURE_INPUTS = {"e1_compile_modes": ["compile_modes"], "e3_epilogue_fusion": ["epilogue_fusion"],
+                 "e4_split_sweep": ["split_sweep"], "e5_decompose_k_grid": ["decompose_k_grid"],
+                 "e6_router_gemm": ["router_gemm"], "hero": ["decompose_k_grid"]}
 
 onstart:
     if GPUS:
-        print(f"moegemm: GPU found ({GPUS[0]}): measuring fresh into results/{HERE}/")
+        print(f"moegemm: {len(GPUS)} GPU(s) found ({GPUS[0]}): results go to results/{HERE}/; "
+              "the write-up is built from them.")
     else:
-        print(f"moegemm: no CUDA GPU here: verifying under the Triton interpreter; figures and paper are "
-              f"rebuilt from the committed results/{config['committed_results']}/ (measured on that GPU).")
+        print(f"moegemm: no CUDA GPU here. Verifying the kernels under the Triton interpreter; figures, "
+              f"tables and paper are rebuilt from the committed results/{RES}/ (measured on that GPU). "
+              "No GPU number is produced on this machine.")
+    if not TEX:
+        print("moegemm: latexmk not found: the paper PDF is skipped (install TeX Live and latexmk, e.g. "
+              "apt-get install latexmk texlive-latex-recommended texlive-latex-extra "
+              "texlive-fonts-recommended); everything else is built.")
 
 
 rule all:
     input:
         f"results/{HERE}/verify.json",
+        expand("figures/{res}/{fig}.pdf", res=RES, fig=FIGURES),
+        f"paper/build/{RES}/generated/numbers.tex",
+        [f"paper/build/{RES}/paper.pdf"] if TEX else [],
+        "figures/hero.png",
+
+
+rule readme_figure:
+    """The README's hero figure (committed, so that the README shows it), from the write-up's results."""
+    input:
+        f"figures/{RES}/hero.png",
+    output:
+        "figures/hero.png",
+    log:
+        "logs/figures/hero.log",
+    shell:
+        "cp {input} {output} 2> {log}"
 
 
 rule verify:
@@ -52,3 +95,116 @@ rule verify:
         gpu=1 if GPUS else 0,
     shell:
         "{params.py} -m experiments.verify --out {output} > {log} 2>&1"
+
+
+if GPUS:
+
+    rule floors:
+        """Tiny-kernel time, copy bandwidth and matmul rate of this GPU."""
+        input:
+            f"results/{HERE}/verify.json",
+        output:
+            f"results/{HERE}/floors.json",
+        log:
+            f"logs/{HERE}/floors.log",
+        params:
+            slot=SLOT,
+            py=PY,
+        resources:
+            gpu=1,
+        shell:
+            "{params.slot} {params.py} -m experiments.floors --out {output} > {log} 2>&1"
+
+    rule tune:
+        """Per-GPU Decompose-K config table (data read by the library)."""
+        input:
+            f"results/{HERE}/verify.json",
+        output:
+            csv=f"results/{HERE}/tune_decompose_k.csv",
+            table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
+        log:
+            f"logs/{HERE}/tune.log",
+        params:
+            slot=SLOT,
+            py=PY,
+        resources:
+            gpu=1,
+        shell:
+            "{params.slot} {params.py} -m experiments.tune_decompose_k --out {output.csv} > {log} 2>&1"
+
+    rule measure:
+        """One experiment E1..E6 on one GPU (independent jobs: they spread over GPUs)."""
+        input:
+            verify=f"results/{HERE}/verify.json",
+            table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
+            floors=f"results/{HERE}/floors.json",
+            config="experiments/config.yaml",
+        output:
+            f"results/{HERE}/{{experiment}}.csv",
+        wildcard_constraints:
+            experiment="|".join(EXPERIMENTS),
+        log:
+            f"logs/{HERE}/{{experiment}}.log",
+        params:
+            slot=SLOT,
+            py=PY,
+            module=lambda w: EXPERIMENTS[w.experiment],
+        resources:
+            gpu=1,
+        shell:
+            "{params.slot} {params.py} -m experiments.{params.module} --out {output} > {log} 2>&1"
+
+
+rule figure:
+    """One figure per question, PDF for the paper and PNG for the README."""
+    input:
+        lambda w: [f"results/{w.res}/{name}.csv" for name in FIGURE_INPUTS[w.fig]] + ["figures/common.py"],
+        script="figures/{fig}.py",
+    output:
+        pdf="figures/{res}/{fig}.pdf",
+        png="figures/{res}/{fig}.png",
+    wildcard_constraints:
+        fig="|".join(FIGURES),
+    log:
+        "logs/figures/{res}/{fig}.log",
+    params:
+        py=PY,
+    shell:
+        "{params.py} -m figures.{wildcards.fig} --results results/{wildcards.res} "
+        "--out figures/{wildcards.res}/{wildcards.fig} > {log} 2>&1"
+
+
+rule numbers:
+    """Every number and table the paper quotes, generated from the results."""
+    input:
+        [f"results/{{res}}/{name}.csv" for name in EXPERIMENTS] + ["paper/make_numbers.py"],
+        floors="results/{res}/floors.json",
+        verify="results/{res}/verify.json",
+    output:
+        "paper/build/{res}/generated/numbers.tex",
+        expand("paper/build/{{res}}/generated/table_{t}.tex", t=["e1", "e2", "e3", "e5", "e6"]),
+    log:
+        "logs/paper/{res}/numbers.log",
+    params:
+        py=PY,
+    shell:
+        "{params.py} -m paper.make_numbers --results results/{wildcards.res} "
+        "--out paper/build/{wildcards.res}/generated > {log} 2>&1"
+
+
+rule paper:
+    """The write-up: LaTeX with generated numbers, tables and figures, built with latexmk."""
+    input:
+        tex="paper/paper.tex",
+        numbers="paper/build/{res}/generated/numbers.tex",
+        figures=expand("figures/{{res}}/{fig}.pdf", fig=FIGURES),
+    output:
+        "paper/build/{res}/paper.pdf",
+    log:
+        "logs/paper/{res}/latexmk.log",
+    params:
+        build=lambda w: f"paper/build/{w.res}",
+    shell:
+        "mkdir -p {params.build}/figures && cp {input.figures} {params.build}/figures/ && "
+        "cp {input.tex} {params.build}/paper.tex && "
+        "(cd {params.build} && latexmk -pdf -interaction=nonstopmode -halt-on-error paper.tex) > {log} 2>&1"

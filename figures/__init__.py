@@ -1,0 +1,1 @@
+"""Figures: one script per experiment, reading results/<gpu>/ and writing PDF (paper) + PNG (README)."""

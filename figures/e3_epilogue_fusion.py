@@ -1,0 +1,55 @@
+"""E3: speedup of fusing ReLU into the reduction's store (unfused / fused) per variant over (M=N, K),
+beside the seed's H100 reference series."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from figures.common import CLOCKS, args, geomean, gpu_label, load, save, setup
+
+VARIANTS = ["two_stage", "flat", "single_launch", "pytorch:decompose_k"]
+
+
+def speedups(df: pd.DataFrame, clock: str) -> pd.DataFrame:
+    rows = []
+    for v in VARIANTS:
+        sub = df[df.variant == v]
+        f = sub[sub.epilogue_fused.astype(str) == "True"].set_index(["m", "k"])[clock]
+        u = sub[sub.epilogue_fused.astype(str) == "False"].set_index(["m", "k"])[clock]
+        for (m, k), s in (u / f).dropna().items():
+            rows.append({"variant": v, "m": m, "k": k, "speedup": s})
+    return pd.DataFrame(rows)
+
+
+def main():
+    a = args(__doc__)
+    setup()
+    df = load(a.results, "epilogue_fusion.csv")
+    seed = pd.read_csv(Path(a.results).parent / "reference" / "seed-h100" / "original_triton" / "epilogue_relu_bf16.csv")
+    sp = speedups(df, "graph_us")
+    fig, axes = plt.subplots(1, 5, figsize=(17, 3.6))
+    for ax, v in zip(axes, VARIANTS):
+        p = sp[sp.variant == v].pivot(index="m", columns="k", values="speedup")
+        sns.heatmap(p, ax=ax, annot=True, fmt=".2f", cmap="Blues", vmin=0.9, vmax=2.0, cbar=False,
+                    annot_kws={"fontsize": 6})
+        ax.set_title(f"ours, H200: {v}\ngeomean {geomean(p.values.ravel()):.2f}x", fontsize=8)
+        ax.set_xlabel("K")
+        ax.set_ylabel("M = N")
+    p = seed.pivot(index="m", columns="k", values="decompose_k_fused_vs_unfused_speedup")
+    sns.heatmap(p, ax=axes[-1], annot=True, fmt=".2f", cmap="Oranges", vmin=0.9, vmax=2.0, cbar=False,
+                annot_kws={"fontsize": 6})
+    axes[-1].set_title(f"seed, H100 (reference): two-stage\ngeomean {geomean(p.values.ravel()):.2f}x "
+                       "(launch-inclusive)", fontsize=8)
+    axes[-1].set_xlabel("K")
+    fig.suptitle(f"E3: fusing ReLU into the reduction's store is worth {geomean(sp.speedup):.2f}x (geomean over "
+                 f"variants and shapes; {CLOCKS['graph_us']}; {gpu_label(df)})", fontsize=9)
+    fig.tight_layout()
+    save(fig, a.out)
+
+
+if __name__ == "__main__":
+    main()
