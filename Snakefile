@@ -46,18 +46,18 @@ FIGURE_INPUTS = {"e1_compile_modes": ["compile_modes"], "e3_epilogue_fusion": ["
                  "e4_split_sweep": ["split_sweep"], "e5_decompose_k_grid": ["decompose_k_grid"],
                  "e6_router_gemm": ["router_gemm"], "hero": ["decompose_k_grid"]}
 
-onstart:
-    if GPUS:
-        print(f"moegemm: {len(GPUS)} GPU(s) found ({GPUS[0]}): results go to results/{HERE}/; "
-              "the write-up is built from them.")
-    else:
-        print(f"moegemm: no CUDA GPU here. Verifying the kernels under the Triton interpreter; figures, "
-              f"tables and paper are rebuilt from the committed results/{RES}/ (measured on that GPU). "
-              "No GPU number is produced on this machine.")
-    if not TEX:
-        print("moegemm: latexmk not found: the paper PDF is skipped (install TeX Live and latexmk, e.g. "
-              "apt-get install latexmk texlive-latex-recommended texlive-latex-extra "
-              "texlive-fonts-recommended); everything else is built.")
+# Said at every start (a dry run included), so that nobody mistakes which GPU the write-up shows.
+if GPUS:
+    print(f"moegemm: {len(GPUS)} GPU(s) found ({GPUS[0]}): results go to results/{HERE}/; "
+          "the write-up is built from them.", file=sys.stderr)
+else:
+    print(f"moegemm: no CUDA GPU here. Verifying the kernels under the Triton interpreter; figures, tables "
+          f"and paper are rebuilt from the committed results/{RES}/ (measured on that GPU). No GPU number is "
+          "produced on this machine.", file=sys.stderr)
+if not TEX:
+    print("moegemm: latexmk not found: the paper PDF is skipped (install TeX Live and latexmk, e.g. "
+          "apt-get install latexmk texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended); "
+          "everything else is built.", file=sys.stderr)
 
 
 rule all:

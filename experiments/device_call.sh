@@ -23,7 +23,7 @@ step() { local name=$1; shift; local t0=$SECONDS left=$((DEADLINE - SECONDS)); e
 for s in "$@"; do
   case $s in
     tests) step tests python3 -m experiments.verify --out "$R/verify.json" -- -q -p no:cacheprovider ;;
-    gputests) step gputests python3 -m experiments.verify --out "$R/verify.json" -- -m gpu -q -p no:cacheprovider ;;
+    gputests) step gputests python3 -m experiments.verify --out "$R/verify.json" -- -m gpu -p no:cacheprovider ;;
     smoke) for e in e1_compile_modes e2_inductor_codegen e3_epilogue_fusion e4_split_sweep e5_decompose_k_grid e6_router_gemm tune_decompose_k; do
              step "smoke-$e" python3 -m experiments.$e --quick --out "/tmp/smoke/$e.csv"; done ;;
     floors) step floors python3 -m experiments.floors --out "$R/floors.json" ;;

@@ -17,6 +17,8 @@ def local_gpus() -> list[str]:
     """Names of the CUDA GPUs visible here (``nvidia-smi -L``, honouring CUDA_VISIBLE_DEVICES), or []."""
     if os.environ.get("MOEGEMM_FORCE_CPU") == "1":
         return []
+    if os.environ.get("MOEGEMM_FAKE_GPUS"):  # for testing the DAG without a GPU: comma-separated names
+        return [g.strip() for g in os.environ["MOEGEMM_FAKE_GPUS"].split(",") if g.strip()]
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)

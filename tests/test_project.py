@@ -56,6 +56,7 @@ def test_pins_match_what_we_run():
         assert got.split("+")[0] == pins[name], f"{name}: installed {got}, pinned {pins[name]}"
 
 
+@pytest.mark.pipeline
 def test_snakemake_lint_is_clean():
     pytest.importorskip("snakemake")  # installed by the `pipeline` extra (CI has it; the bare GPU image not)
     res = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True,

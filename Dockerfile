@@ -1,0 +1,31 @@
+# moegemm: the pinned PyTorch nightly CUDA image with TeX and the project, running the whole pipeline.
+#
+#   docker build --build-arg MOEGEMM_COMMIT=$(git rev-parse HEAD) -t moegemm .
+#   docker run --rm --gpus all -v $PWD/results:/work/results moegemm
+#
+# Base: the PyTorch nightly the seed study measured with (torch 2.12.0.dev20260408, CUDA 12.8). Our
+# committed H200 results came from torch 2.11.0+cu130 / Triton 3.6.0 (the lent GPU machine's image); the
+# two differ, and every CSV row records the versions that produced it.
+FROM ghcr.io/pytorch/pytorch-nightly:2.12.0.dev20260408-cuda12.8-cudnn9-devel
+
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git latexmk texlive-latex-base texlive-latex-recommended \
+      texlive-latex-extra texlive-fonts-recommended \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /work
+COPY . /work
+
+# The image's torch and Triton stay as they are (the nightly ships Triton as `pytorch-triton`), so the
+# project installs without dependency resolution, and the pipeline/test tools install at the exact
+# versions pinned in pyproject.toml's `pipeline` and `test` extras.
+RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']; print('\n'.join(d['pipeline'] + d['test']))" > /tmp/pinned.txt \
+ && pip install -r /tmp/pinned.txt \
+ && pip install --no-deps -e .
+
+# The source tree has no .git inside the image: provenance records the commit passed at build time.
+ARG MOEGEMM_COMMIT=unknown
+ENV MOEGEMM_COMMIT=${MOEGEMM_COMMIT}
+
+CMD ["snakemake", "--cores", "1"]
