@@ -21,6 +21,7 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
+from moegemm.grouped.kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel  # noqa: E402
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -55,6 +56,12 @@ def variants():
         for contig in (True, False):
             yield ("reduce_flat", dt, epi, bias, contig), _reduce_flat_kernel, io, \
                 dict(XBLOCK=64, RBLOCK=16, C_CONTIGUOUS=contig, HAS_BIAS=bias, EPILOGUE=epi)
+        gio = {"a_ptr": TY[dt], "w_ptr": TY[dt], "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt],
+               "masked_m_ptr": "*i32"}
+        tiles = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False,
+                     EPILOGUE=epi)
+        yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias)
+        yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, tiles
 
 
 def main() -> int:

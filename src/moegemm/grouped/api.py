@@ -1,0 +1,186 @@
+"""``grouped_mm`` (contiguous layout) and ``grouped_mm_masked`` (masked layout): validation and launch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from .._runtime import check_device, device_sm_count
+from .._triton_common import check_dtype, dot_meta
+from ..epilogue import Epilogue
+from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedConfig:
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    persistent: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v > 256 or v & (v - 1):
+                raise ValueError(f"config.{name}: expected a power of two in [16, 256], got {v!r}")
+
+
+def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
+    """Row tiles sized to the mean rows per expert (decode: 16), N tiles of 128 (64 for small N)."""
+    mean = rows / max(num_experts, 1)
+    bm = 16 if mean <= 16 else 32 if mean <= 32 else 64 if mean <= 64 else 128
+    bn = 64 if n <= 64 else 128
+    return GroupedConfig(block_m=bm, block_n=bn, block_k=64, num_warps=4 if bm * bn <= 64 * 128 else 8)
+
+
+def _check_w(w: torch.Tensor, x: torch.Tensor, w_layout: str, k: int) -> tuple[int, int, int, int, int]:
+    """(E, N, stride_we, stride_wk, stride_wn) for w in either layout."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"w: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dim() != 3:
+        raise ValueError(f"w: expected a 3-D [E, K, N] or [E, N, K] tensor, got shape {tuple(w.shape)}")
+    if w.dtype != x.dtype:
+        raise TypeError(f"w: dtype {w.dtype} differs from x's {x.dtype}")
+    if w.device != x.device:
+        raise ValueError(f"w: on {w.device}, but x is on {x.device}")
+    if w_layout == "kn":
+        e, wk, n = w.shape
+        s_e, s_k, s_n = w.stride()
+    elif w_layout == "nk":
+        e, n, wk = w.shape
+        s_e, s_n, s_k = w.stride()
+    else:
+        raise ValueError(f"w_layout: expected 'kn' ([E, K, N]) or 'nk' ([E, N, K]), got {w_layout!r}")
+    if wk != k:
+        raise ValueError(f"w: K={wk} (layout {w_layout!r}) differs from x's K={k}")
+    return e, n, s_e, s_k, s_n
+
+
+def grouped_mm(
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    w_layout: str = "kn",
+    epilogue: str | Epilogue = "none",
+    row_scale: torch.Tensor | None = None,
+    config: GroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    allow_tf32: bool = False,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Y[rows of e] = epilogue(X[rows of e] @ W_e) * row_scale[rows], for every expert e, in ONE launch.
+
+    x_sorted: [M_total, K], rows grouped by expert; group_offsets: int [E + 1], non-decreasing, from 0 to
+    M_total (row range of each expert; m_e = 0 allowed). w: [E, K, N] (w_layout="kn") or [E, N, K] ("nk",
+    the nn.Linear convention). row_scale: optional [M_total] (e.g. the gating weights in sorted order).
+    ``validate`` checks the offsets' values (one host sync); pass False inside a CUDA graph capture.
+    """
+    if not isinstance(x_sorted, torch.Tensor):
+        raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
+    if x_sorted.dim() != 2:
+        raise ValueError(f"x_sorted: expected a 2-D [M_total, K] tensor, got shape {tuple(x_sorted.shape)}")
+    check_dtype("x_sorted", x_sorted)
+    check_device("x_sorted", x_sorted)
+    m_total, k = x_sorted.shape
+    e, n, s_e, s_k, s_n = _check_w(w, x_sorted, w_layout, k)
+    epi = Epilogue.parse(epilogue)
+    if not isinstance(group_offsets, torch.Tensor) or group_offsets.dim() != 1:
+        raise ValueError("group_offsets: expected a 1-D int tensor of length E + 1")
+    if group_offsets.numel() != e + 1:
+        raise ValueError(f"group_offsets: expected length E + 1 = {e + 1}, got {group_offsets.numel()}")
+    if group_offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"group_offsets: expected int32 or int64, got {group_offsets.dtype}")
+    if group_offsets.device != x_sorted.device:
+        raise ValueError(f"group_offsets: on {group_offsets.device}, but x_sorted is on {x_sorted.device}")
+    if validate:
+        off = group_offsets.tolist()
+        if off[0] != 0 or off[-1] != m_total:
+            raise ValueError(f"group_offsets: must start at 0 and end at M_total={m_total}, got {off[0]}..{off[-1]}")
+        if any(b < a for a, b in zip(off, off[1:])):
+            raise ValueError("group_offsets: must be non-decreasing (offsets not monotone)")
+    if row_scale is not None:
+        if not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != (m_total,):
+            raise ValueError(f"row_scale: expected shape ({m_total},), got {getattr(row_scale, 'shape', None)}")
+        if row_scale.device != x_sorted.device:
+            raise ValueError(f"row_scale: on {row_scale.device}, but x_sorted is on {x_sorted.device}")
+        row_scale = row_scale.contiguous()
+    if out is None:
+        out = torch.empty((m_total, n), dtype=x_sorted.dtype, device=x_sorted.device)
+    elif tuple(out.shape) != (m_total, n) or out.dtype != x_sorted.dtype or out.device != x_sorted.device:
+        raise ValueError(f"out: expected a ({m_total}, {n}) {x_sorted.dtype} tensor on {x_sorted.device}")
+    if m_total == 0 or n == 0:
+        return out
+    if k == 0:
+        acc = torch.zeros((m_total, n), dtype=torch.float32, device=x_sorted.device)
+        acc = epi.torch_apply(acc)
+        return out.copy_(acc * row_scale.float()[:, None] if row_scale is not None else acc)
+    cfg = config or heuristic_config(m_total, e, n)
+    offsets = group_offsets.to(torch.int32).contiguous()
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    max_tiles = (triton.cdiv(m_total, cfg.block_m) + e) * n_tiles  # an upper bound known without a sync
+    grid = min(max_tiles, 2 * device_sm_count(x_sorted)) if cfg.persistent else max_tiles
+    _grouped_mm_kernel[(grid,)](
+        x_sorted, w, out, offsets, row_scale if row_scale is not None else out,
+        n, k, e, max_tiles,
+        x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        E_BLOCK=max(16, triton.next_power_of_2(e)), EVEN_K=k % cfg.block_k == 0,
+        HAS_SCALE=row_scale is not None, EPILOGUE=int(epi),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dot_meta(x_sorted.dtype, allow_tf32),
+    )
+    return out
+
+
+def grouped_mm_masked(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    masked_m: torch.Tensor,
+    *,
+    w_layout: str = "kn",
+    epilogue: str | Epilogue = "none",
+    config: GroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
+    """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
+    nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
+    on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max])."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    check_dtype("x", x)
+    check_device("x", x)
+    ex, m_max, k = x.shape
+    e, n, s_e, s_k, s_n = _check_w(w, x, w_layout, k)
+    if e != ex:
+        raise ValueError(f"w: has {e} experts but x has {ex}")
+    if not isinstance(masked_m, torch.Tensor) or tuple(masked_m.shape) != (e,):
+        raise ValueError(f"masked_m: expected an int tensor of shape ({e},), got {getattr(masked_m, 'shape', None)}")
+    if masked_m.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"masked_m: expected int32 or int64, got {masked_m.dtype}")
+    if masked_m.device != x.device:
+        raise ValueError(f"masked_m: on {masked_m.device}, but x is on {x.device}")
+    epi = Epilogue.parse(epilogue)
+    if out is None:
+        out = torch.empty((e, m_max, n), dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != (e, m_max, n) or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out: expected an ({e}, {m_max}, {n}) {x.dtype} tensor on {x.device}")
+    if e == 0 or m_max == 0 or n == 0 or k == 0:
+        if k == 0 and e and m_max and n:
+            raise ValueError("x: K = 0 is not supported by the masked layout")
+        return out
+    cfg = config or heuristic_config(m_max * e, e, n)
+    cfg = dataclasses.replace(cfg, block_m=min(cfg.block_m, max(16, triton.next_power_of_2(m_max))))
+    grid = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    _grouped_mm_masked_kernel[(grid,)](
+        x, w, out, masked_m,
+        m_max, n, k,
+        x.stride(0), x.stride(1), x.stride(2), s_e, s_k, s_n, out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
+        EPILOGUE=int(epi), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dot_meta(x.dtype, allow_tf32),
+    )
+    return out

@@ -1,0 +1,108 @@
+"""Grouped GEMM Triton kernels: contiguous layout (rows grouped by expert, run-time tile -> expert mapping
+from the group offsets, no host sync, no padding) and masked layout (static [E, m_max, K], decode)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .._triton_common import mma
+from ..epilogue import apply_epilogue
+
+
+@triton.jit
+def _tile_mm(a_ptr, w_ptr, rows, offs_n, K, stride_am, stride_ak, stride_wk, stride_wn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] = A[rows, :] @ W[:, offs_n] (rows/offs_n already clamped into range)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = (k + offs_k) < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = mma(a, w, acc, PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
+def _grouped_mm_kernel(
+    a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr,
+    N, K, E, max_tiles,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Contiguous layout. Tiles are numbered expert by expert (ceil(m_e / BLOCK_M) row tiles each, times
+    the N tiles); each program walks tiles pid, pid + nprog, ... (one tile when the grid covers them all,
+    a persistent loop when the grid is the SM count) and finds its expert from the offsets in-kernel."""
+    e_offs = tl.arange(0, E_BLOCK)
+    lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
+    hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
+    m_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(m_tiles, axis=0)  # inclusive prefix of row tiles per expert
+    total_m_tiles = tl.sum(m_tiles, axis=0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), max_tiles, tl.num_programs(0)):
+        tm = tile // n_tiles
+        tn = tile % n_tiles
+        if tm < total_m_tiles:
+            expert = tl.sum((cum <= tm).to(tl.int32), axis=0)
+            sel = e_offs == expert
+            row_start = tl.sum(tl.where(sel, lo, 0), axis=0)
+            row_end = tl.sum(tl.where(sel, hi, 0), axis=0)
+            first_tile = tl.sum(tl.where(sel, cum - m_tiles, 0), axis=0)
+            rows = row_start + (tm - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < row_end
+            rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)  # re-read a valid row; the store masks it
+            offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_c = offs_n % N
+            acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, K,
+                           stride_am, stride_ak, stride_wk, stride_wn,
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+            acc = apply_epilogue(acc, scale_ptr, offs_n[None, :], offs_n[None, :] < N, False, EPILOGUE)
+            if HAS_SCALE:
+                s = tl.load(scale_ptr + rows_c, mask=row_ok, other=0.0).to(tl.float32)
+                acc = acc * s[:, None]
+            y_ptrs = y_ptr + rows_c[:, None] * stride_ym + offs_n[None, :] * stride_yn
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _grouped_mm_masked_kernel(
+    a_ptr, w_ptr, y_ptr, masked_m_ptr,
+    M_MAX, N, K,
+    stride_ae, stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ye, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    EPILOGUE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Masked layout: grid (E * ceil(m_max / BLOCK_M) * N tiles). Rows at or past masked_m[e] are neither
+    read nor written, so a CUDA graph captured once is right for any masked_m on replay."""
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    m_tiles = tl.cdiv(M_MAX, BLOCK_M)
+    tn = pid % n_tiles
+    tm = (pid // n_tiles) % m_tiles
+    e = pid // (n_tiles * m_tiles)
+    m_e = tl.minimum(tl.maximum(tl.load(masked_m_ptr + e), 0), M_MAX)
+    if tm * BLOCK_M < m_e:
+        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < m_e
+        rows_c = tl.minimum(rows, m_e - 1).to(tl.int64)  # only rows below masked_m[e] are ever read
+        offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        e64 = e.to(tl.int64)
+        acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, offs_n % N, K,
+                       stride_am, stride_ak, stride_wk, stride_wn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+        acc = apply_epilogue(acc, y_ptr, offs_n[None, :], offs_n[None, :] < N, False, EPILOGUE)
+        y_ptrs = y_ptr + e64 * stride_ye + rows_c[:, None] * stride_ym + offs_n[None, :] * stride_yn
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))

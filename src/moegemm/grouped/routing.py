@@ -1,0 +1,113 @@
+"""Routing for the expert GEMMs: group token copies by expert, and scatter results back.
+
+All on the device with torch ops and no host synchronisation (except the optional value checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingPlan:
+    """Token copies grouped by expert (stable: within an expert, in token order).
+
+    sorted_token_ids[i]: the token whose copy sits at row i of the permuted activations.
+    sorted_slot[i]: its flat (token, k) slot, t * top_k + j, i.e. where row i's result goes back.
+    group_sizes[e]: rows of expert e; group_offsets: [E + 1] prefix sums (row ranges per expert).
+    """
+
+    sorted_token_ids: torch.Tensor
+    sorted_slot: torch.Tensor
+    group_sizes: torch.Tensor
+    group_offsets: torch.Tensor
+    num_tokens: int
+    top_k: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.group_sizes.numel()
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_tokens * self.top_k
+
+
+def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> RoutingPlan:
+    """Plan for ``topk_ids`` [T, k] (int) over ``num_experts`` experts.
+
+    ``validate=True`` checks that the ids lie in [0, num_experts) (one host sync). Pass False inside a CUDA
+    graph capture; the ids must then be valid by the caller's contract.
+    """
+    if not isinstance(topk_ids, torch.Tensor):
+        raise TypeError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids: expected a 2-D [T, top_k] tensor, got shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64, torch.int16, torch.uint8):
+        raise TypeError(f"topk_ids: expected an integer tensor, got {topk_ids.dtype}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
+    t, k = topk_ids.shape
+    if k > num_experts:
+        raise ValueError(f"topk_ids: top_k={k} exceeds num_experts={num_experts}")
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    if validate and flat.numel():
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
+    order = torch.sort(flat, stable=True).indices  # flat slots grouped by expert, token order kept
+    # scatter_add, not bincount: bincount sizes its output from the data (a host sync on CUDA).
+    sizes = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    sizes.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
+    offsets[1:] = torch.cumsum(sizes, 0)
+    return RoutingPlan(
+        sorted_token_ids=(order // max(k, 1)).to(torch.int32),
+        sorted_slot=order.to(torch.int32),
+        group_sizes=sizes,
+        group_offsets=offsets,
+        num_tokens=t,
+        top_k=k,
+    )
+
+
+def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
+    """x [T, K] -> x_sorted [T * top_k, K]: each token copied once per chosen expert, grouped by expert."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if x.shape[0] != plan.num_tokens:
+        raise ValueError(f"x: has {x.shape[0]} rows but the plan routes {plan.num_tokens} tokens")
+    if x.device != plan.sorted_token_ids.device:
+        raise ValueError(f"x: on {x.device}, but the plan is on {plan.sorted_token_ids.device}")
+    return x.index_select(0, plan.sorted_token_ids)
+
+
+def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Tensor | None) -> torch.Tensor:
+    """y_sorted [T * top_k, N] -> y [T, N] = sum_j weight[t, j] * (row of slot (t, j)), in fp32, cast back.
+
+    Deterministic (a scatter to slots, then a fixed-order sum over top_k). ``topk_weights=None`` means the
+    gating weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
+    """
+    if not isinstance(y_sorted, torch.Tensor) or y_sorted.dim() != 2:
+        raise ValueError(f"y_sorted: expected a 2-D tensor, got {getattr(y_sorted, 'shape', None)}")
+    if y_sorted.shape[0] != plan.num_rows:
+        raise ValueError(f"y_sorted: has {y_sorted.shape[0]} rows, expected T*top_k = {plan.num_rows}")
+    t, k, n = plan.num_tokens, plan.top_k, y_sorted.shape[1]
+    slots = torch.empty((t * k, n), dtype=torch.float32, device=y_sorted.device)
+    slots[plan.sorted_slot.to(torch.int64)] = y_sorted.float()
+    slots = slots.view(t, k, n)
+    if topk_weights is not None:
+        if tuple(topk_weights.shape) != (t, k):
+            raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {tuple(topk_weights.shape)}")
+        slots = slots * topk_weights.float().unsqueeze(-1)
+    return slots.sum(dim=1).to(y_sorted.dtype)
+
+
+def sorted_weights(topk_weights: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
+    """Gating weights in permuted row order, for ``grouped_mm(..., row_scale=...)``."""
+    if tuple(topk_weights.shape) != (plan.num_tokens, plan.top_k):
+        raise ValueError(f"topk_weights: expected shape ({plan.num_tokens}, {plan.top_k}), "
+                         f"got {tuple(topk_weights.shape)}")
+    return topk_weights.reshape(-1).index_select(0, plan.sorted_slot)

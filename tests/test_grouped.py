@@ -1,0 +1,232 @@
+"""Grouped GEMM: routing, contiguous and masked kernels, baselines, against float64 (interpreter on CPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from helpers import TOL
+
+from moegemm.grouped import (GroupedConfig, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
+                             unpermute)
+from moegemm.grouped.baselines import capacity, dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
+
+SENTINEL = 12345.0
+
+
+def _ref(xs, w_kn, offsets, epilogue="none", scale=None):
+    off = offsets.tolist()
+    out = torch.zeros(xs.shape[0], w_kn.shape[2], dtype=torch.float64)
+    for e in range(w_kn.shape[0]):
+        out[off[e]:off[e + 1]] = xs[off[e]:off[e + 1]].double().cpu() @ w_kn[e].double().cpu()
+    if epilogue == "relu":
+        out = torch.relu(out)
+    elif epilogue == "sigmoid":
+        out = torch.sigmoid(out)
+    if scale is not None:
+        out = out * scale.double().cpu()[:, None]
+    return out
+
+
+def _sizes(rng: random.Random, e: int, kind: str) -> list[int]:
+    if kind == "one-holds-all":
+        sizes = [0] * e
+        sizes[rng.randrange(e)] = rng.randint(1, 90)
+        return sizes
+    return [rng.choice([0, 0, 1, rng.randint(1, 40)]) for _ in range(e)]
+
+
+def _cases(n, seed):
+    rng = random.Random(seed)
+    for i in range(n):
+        e = rng.randint(1, 16)
+        yield pytest.param(e, _sizes(rng, e, rng.choice(["random", "random", "one-holds-all"])),
+                           rng.choice([16, 40, 64, 97]), rng.choice([8, 33, 64, 130]), rng.choice(["kn", "nk"]),
+                           rng.choice(["none", "relu", "sigmoid"]), rng.choice([True, False]),
+                           rng.choice([torch.bfloat16, torch.float16, torch.float32]), rng.choice([True, False]),
+                           rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)]), id=f"g{i}-E{e}")
+
+
+@pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
+def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device):
+    g = torch.Generator().manual_seed(sum(sizes) * 131 + k * 7 + n)
+    m = sum(sizes)
+    offsets = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0).tolist()), dtype=torch.int32)
+    xs = torch.randn(m, k, generator=g).to(dtype)
+    w_kn = (torch.randn(e, k, n, generator=g) / k**0.5).to(dtype)
+    w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
+    rs = torch.rand(m, generator=g).to(dtype) if scale else None
+    # Output with guard rows before and after, all at a sentinel: nothing may be written outside [M, N].
+    buf = torch.full((m + 4, n + 3), SENTINEL, dtype=dtype, device=device)
+    out = buf[2 : m + 2, 1 : n + 1]
+    out.fill_(float("nan"))
+    bm, bn, bk = blocks
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent)
+    d = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    got = grouped_mm(d(xs), d(w), d(offsets), w_layout=layout, epilogue=epilogue, row_scale=d(rs), config=cfg,
+                     out=out)
+    assert got.data_ptr() == out.data_ptr()
+    ref = _ref(xs, w_kn, offsets, epilogue, rs)
+    rtol, atol = TOL[dtype]
+    assert not torch.isnan(got.cpu().double()).any()
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=rtol, atol=atol * (k**0.5) + rtol)
+    guard = buf.cpu().clone()
+    guard[2 : m + 2, 1 : n + 1] = SENTINEL
+    assert (guard == SENTINEL).all(), "wrote outside the output"
+
+
+def test_route_permute_unpermute_roundtrip(device):
+    torch.manual_seed(1)
+    t, k, e = 37, 4, 9
+    ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]).to(device)
+    plan = route(ids, e)
+    sizes = torch.bincount(ids.flatten().cpu(), minlength=e)
+    assert plan.group_sizes.cpu().tolist() == sizes.tolist()
+    assert plan.group_offsets.cpu().tolist() == [0] + sizes.cumsum(0).tolist()
+    # grouped by expert, and stable (token order kept within an expert)
+    flat = ids.flatten().cpu()
+    experts_in_order = flat[plan.sorted_slot.cpu().long()]
+    assert (experts_in_order[1:] >= experts_in_order[:-1]).all()
+    for ex in range(e):
+        toks = plan.sorted_token_ids.cpu()[experts_in_order == ex]
+        assert (toks[1:] > toks[:-1]).all()
+    x = torch.randn(t, 24, device=device)
+    xs = permute(x, plan)
+    assert torch.equal(xs.cpu(), x.cpu()[plan.sorted_token_ids.cpu().long()])
+    wts = torch.rand(t, k, device=device)
+    y = unpermute(xs, plan, wts)  # identity "GEMM": y = x * sum_j w[t, j]
+    torch.testing.assert_close(y.cpu(), x.cpu() * wts.cpu().sum(1, keepdim=True), rtol=1e-6, atol=1e-6)
+    # the fused-gating path: row_scale in sorted order, then unpermute without weights
+    y2 = unpermute(xs * sorted_weights(wts, plan)[:, None], plan, None)
+    torch.testing.assert_close(y2.cpu(), y.cpu(), rtol=1e-6, atol=1e-6)
+
+
+def test_moe_expert_path_end_to_end(device):
+    """route -> permute -> grouped_mm with fused gating -> unpermute equals the dense float64 MoE sum."""
+    torch.manual_seed(2)
+    t, k, e, hidden, n = 21, 2, 6, 48, 40
+    logits = torch.randn(t, e)
+    wts, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+    x = torch.randn(t, hidden)
+    w = torch.randn(e, n, hidden) / hidden**0.5  # nn.Linear layout [E, N, K]
+    plan = route(ids.to(device), e)
+    xs = permute(x.to(device), plan)
+    ys = grouped_mm(xs, w.to(device), plan.group_offsets, w_layout="nk",
+                    row_scale=sorted_weights(wts.to(device), plan), config=GroupedConfig(16, 16, 16))
+    y = unpermute(ys, plan, None).cpu().double()
+    ref = torch.zeros(t, n, dtype=torch.float64)
+    for ti in range(t):
+        for j in range(k):
+            ref[ti] += wts[ti, j].double() * (x[ti].double() @ w[ids[ti, j]].double().T)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, device):
+    torch.manual_seed(3)
+    e, m_max, k, n = 5, 20, 40, 24
+    x = torch.randn(e, m_max, k).to(dtype)
+    w_kn = (torch.randn(e, k, n) / k**0.5).to(dtype)
+    w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
+    masked = torch.tensor([0, 20, 7, 1, 16], dtype=torch.int32)
+    # Poison the rows past masked_m in x too: they must not be read.
+    for ex, mm in enumerate(masked.tolist()):
+        x[ex, mm:] = float("nan")
+    out = torch.full((e, m_max, n), SENTINEL, dtype=dtype)
+    got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout=layout, epilogue="relu",
+                            out=out.to(device), config=GroupedConfig(16, 16, 16)).cpu()
+    rtol, atol = TOL[dtype]
+    for ex, mm in enumerate(masked.tolist()):
+        ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
+        torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
+        assert (got[ex, mm:] == SENTINEL).all(), f"expert {ex}: rows past masked_m were written"
+
+
+def test_baselines(device):
+    torch.manual_seed(4)
+    t, k, e, hidden, n = 16, 2, 4, 32, 16
+    ids = torch.tensor([[0, 1]] * 10 + [[2, 3]] * 6).to(device)
+    plan = route(ids, e)
+    xs = permute(torch.randn(t, hidden).to(device), plan)
+    w = torch.randn(e, hidden, n).to(device)
+    ref = _ref(xs.cpu(), w.cpu(), plan.group_offsets.cpu())
+    torch.testing.assert_close(per_expert_loop(xs, w, plan.group_offsets).cpu().double(), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(torch_grouped_mm(xs, w, plan.group_offsets).cpu().double(), ref, rtol=1e-5,
+                               atol=1e-4)
+    torch.testing.assert_close(dense_reference(xs, w).cpu(), (xs @ w[0]).cpu())
+    y, dropped = padded_bmm(xs, w, plan, 1.0)
+    c = capacity(t * k, e, 1.0)  # 8 rows per expert: experts 0 and 1 hold 10 each -> 2 + 2 dropped
+    assert c == 8 and int(dropped) == 4
+    off = plan.group_offsets.tolist()
+    kept = torch.cat([torch.arange(off[ex], min(off[ex + 1], off[ex] + c)) for ex in range(e)])
+    torch.testing.assert_close(y.cpu().double()[kept], ref[kept], rtol=1e-5, atol=1e-4)
+    dropped_rows = torch.tensor(sorted(set(range(t * k)) - set(kept.tolist())))
+    assert (y.cpu()[dropped_rows] == 0).all()
+    y2, d2 = padded_bmm(xs, w, plan, 2.0)
+    assert int(d2) == 0
+    torch.testing.assert_close(y2.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def _ok(device):
+    xs = torch.randn(10, 16).to(device)
+    w = torch.randn(3, 16, 8).to(device)
+    off = torch.tensor([0, 4, 4, 10], dtype=torch.int32).to(device)
+    return xs, w, off
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda xs, w, off: dict(x_sorted=xs[0], w=w, group_offsets=off), ValueError, "x_sorted: expected a 2-D"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w[0], group_offsets=off), ValueError, "w: expected a 3-D"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w.half(), group_offsets=off), TypeError, "w: dtype"),
+    (lambda xs, w, off: dict(x_sorted=xs.double(), w=w.double(), group_offsets=off), TypeError, "x_sorted: unsupported"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w[:, :8], group_offsets=off), ValueError, "w: K=8"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="nk"), ValueError, "w: K=8"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kk"), ValueError, "w_layout"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off[:3]), ValueError, "group_offsets: expected length"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off.float()), TypeError, "group_offsets: expected int32"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=torch.tensor([0, 6, 4, 10], device=off.device)),
+     ValueError, "not monotone"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=torch.tensor([0, 4, 4, 9], device=off.device)),
+     ValueError, "end at M_total=10"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=torch.tensor([1, 4, 4, 10], device=off.device)),
+     ValueError, "start at 0"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, row_scale=torch.ones(9, device=off.device)),
+     ValueError, "row_scale: expected shape"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, epilogue="gelu"), ValueError, "epilogue"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=torch.empty(3, 16, 8, device="meta"), group_offsets=off),
+     ValueError, "w: on meta"),
+])
+def test_grouped_mm_bad_input(mutate, exc, match, device):
+    with pytest.raises(exc, match=match):
+        grouped_mm(**mutate(*_ok(device)))
+
+
+def test_routing_and_masked_bad_input(device):
+    ids = torch.tensor([[0, 1], [2, 3]]).to(device)
+    with pytest.raises(ValueError, match="expert ids must be in \\[0, 3\\)"):
+        route(ids, 3)
+    with pytest.raises(ValueError, match="expert ids"):
+        route(torch.tensor([[0, -1]]).to(device), 4)
+    with pytest.raises(ValueError, match="top_k=3 exceeds num_experts=2"):
+        route(torch.zeros(2, 3, dtype=torch.int64).to(device), 2)
+    with pytest.raises(TypeError, match="topk_ids: expected an integer"):
+        route(ids.float(), 4)
+    with pytest.raises(ValueError, match="topk_ids: expected a 2-D"):
+        route(ids[0], 4)
+    plan = route(ids, 4)
+    with pytest.raises(ValueError, match="x: has 3 rows"):
+        permute(torch.randn(3, 8).to(device), plan)
+    with pytest.raises(ValueError, match="y_sorted: has 3 rows"):
+        unpermute(torch.randn(3, 8).to(device), plan, None)
+    with pytest.raises(ValueError, match="topk_weights: expected shape"):
+        unpermute(torch.randn(4, 8).to(device), plan, torch.ones(2, 3).to(device))
+    x = torch.randn(2, 4, 8).to(device)
+    w = torch.randn(2, 8, 8).to(device)
+    with pytest.raises(ValueError, match="masked_m: expected an int tensor of shape"):
+        grouped_mm_masked(x, w, torch.tensor([1], dtype=torch.int32).to(device))
+    with pytest.raises(TypeError, match="masked_m: expected int32"):
+        grouped_mm_masked(x, w, torch.tensor([1.0, 2.0]).to(device))
+    with pytest.raises(ValueError, match="w: has 3 experts but x has 2"):
+        grouped_mm_masked(x, torch.randn(3, 8, 8).to(device), torch.tensor([1, 2]).to(device))
