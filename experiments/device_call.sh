@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine that has torch/triton but no Snakemake: run the given steps with the
 # Triton and Inductor caches kept under .cache/ (carried between calls), and bring the results back.
-#   bash experiments/device_call.sh STEP...      STEP in: tests smoke floors tune e1 e2 e3 e4 e5 e6
+#   bash experiments/device_call.sh STEP...      STEP in: tests gputests smoke floors tune e1 .. e7
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.cache/triton TORCHINDUCTOR_CACHE_DIR=$PWD/.cache/inductor
@@ -24,7 +24,7 @@ for s in "$@"; do
   case $s in
     tests) step tests python3 -m experiments.verify --out "$R/verify.json" -- -q -p no:cacheprovider ;;
     gputests) step gputests python3 -m experiments.verify --out "$R/verify.json" -- -m gpu -p no:cacheprovider ;;
-    smoke) for e in e1_compile_modes e2_inductor_codegen e3_epilogue_fusion e4_split_sweep e5_decompose_k_grid e6_router_gemm tune_decompose_k; do
+    smoke) for e in e1_compile_modes e2_inductor_codegen e3_epilogue_fusion e4_split_sweep e5_decompose_k_grid e6_router_gemm e7_grouped_skew tune_decompose_k; do
              step "smoke-$e" python3 -m experiments.$e --quick --out "/tmp/smoke/$e.csv"; done ;;
     floors) step floors python3 -m experiments.floors --out "$R/floors.json" ;;
     tune) step tune python3 -m experiments.tune_decompose_k --out "$R/tune_decompose_k.csv" ;;
@@ -34,6 +34,7 @@ for s in "$@"; do
     e4) step e4 python3 -m experiments.e4_split_sweep --out "$R/split_sweep.csv" ;;
     e5) step e5 python3 -m experiments.e5_decompose_k_grid --out "$R/decompose_k_grid.csv" ;;
     e6) step e6 python3 -m experiments.e6_router_gemm --out "$R/router_gemm.csv" ;;
+    e7) step e7 python3 -m experiments.e7_grouped_skew --out "$R/grouped_skew.csv" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
 done

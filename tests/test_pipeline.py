@@ -51,7 +51,7 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    assert counts.get("measure") == 6 and counts.get("tune") == 1 and counts.get("floors") == 1, counts
+    assert counts.get("measure") == 7 and counts.get("tune") == 1 and counts.get("floors") == 1, counts
     assert "results/nvidia-h100-80gb-hbm3/router_gemm.csv" in out
     # Every GPU job runs through the pinning wrapper and asks for one GPU.
     for block in out.split("\nrule ")[1:]:

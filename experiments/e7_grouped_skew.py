@@ -1,0 +1,194 @@
+"""E7 grouped-skew: grouped GEMM vs its alternatives under skewed expert loads, real MoE shapes.
+
+Per model (DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B), projection (gate/up, down; w as [E, N, K]), token
+count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...): our contiguous kernel
+(plain and persistent grid), our masked kernel (decode), torch._grouped_mm, a per-expert loop of torch.mm,
+capacity padding + bmm at several capacity factors (dropped rows recorded: a correctness cost, so those
+rows are checked only where kept), and a dense GEMM with one expert's weights as a yardstick. Both clocks;
+TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s) on every row. Also the whole expert
+path (route + permute + grouped GEMM with fused gating + unpermute) against the same path on
+torch._grouped_mm.
+
+    python -m experiments.e7_grouped_skew --out results/<slug>/grouped_skew.csv
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
+                                timing_settings)
+from moegemm._runtime import slugify
+from moegemm.bench.correctness import check
+from moegemm.bench.floors import datasheet
+from moegemm.bench.moe_loads import sample_topk, skew_stats
+from moegemm.bench.runner import Contender, measure
+from moegemm.grouped import (grouped_mm, grouped_mm_masked, heuristic_config, permute, route, sorted_weights,
+                             unpermute)
+from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
+
+
+def loads(cfg: dict, t: int) -> list[str]:
+    g = cfg["grouped"]
+    every = (["uniform"] + [f"zipf{a}" for a in g["zipf_alphas"]] + [f"hot{f}" for f in g["hot_fractions"]])
+    if t in g["decode_tokens"] or t == g["prefill_all_loads_at"]:
+        return every
+    return ["uniform", "zipf1.2"]
+
+
+def floor_us(rows: int, k: int, n: int, active: int, slug: str) -> tuple[float, int, int]:
+    d = datasheet(slug)
+    nbytes = 2 * (active * k * n + rows * k + rows * n)  # bf16: active experts' weights, x in, y out
+    flops = 2 * rows * k * n
+    return max(nbytes / (d["hbm_tb_s"] * 1e12), flops / (d["bf16_tflops"] * 1e12)) * 1e6, nbytes, flops
+
+
+def ref_rows(xs, w, offsets) -> torch.Tensor:
+    """float64 per-expert reference on the GPU (w as [E, N, K])."""
+    out = torch.empty(xs.shape[0], w.shape[1], dtype=torch.float64, device=xs.device)
+    off = offsets.tolist()
+    for e in range(w.shape[0]):
+        if off[e + 1] > off[e]:
+            out[off[e]:off[e + 1]] = xs[off[e]:off[e + 1]].double() @ w[e].double().T
+    return out
+
+
+def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
+    off = plan.group_offsets
+    base = heuristic_config(xs.shape[0], w.shape[0], w.shape[1])
+    pers = dataclasses.replace(base, persistent=True)
+    cs = [
+        Contender("ours:contiguous", lambda inp: (lambda: grouped_mm(xs, w, off, w_layout="nk", config=base,
+                                                                      validate=False)),
+                  config=dataclasses.asdict(base)),
+        Contender("ours:persistent", lambda inp: (lambda: grouped_mm(xs, w, off, w_layout="nk", config=pers,
+                                                                      validate=False)),
+                  config=dataclasses.asdict(pers)),
+        Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(xs, w, off, w_layout="nk"))),
+        Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(xs, w, off, w_layout="nk")), graph=False),
+        Contender("dense-reference", lambda inp: (lambda: dense_reference(xs, w, w_layout="nk")),
+                  check=lambda out: (True, math.nan, "yardstick: one expert's weights, not the grouped result")),
+    ]
+    for cf in cfg["grouped"]["capacity_factors"]:
+        dropped_box = {}
+
+        def bind(inp, cf=cf, box=dropped_box):
+            def call():
+                y, dropped = padded_bmm(xs, w, plan, cf, w_layout="nk")
+                box["dropped"] = dropped
+                return y
+            return call
+
+        def check_kept(out, box=dropped_box):
+            kept = out.double().abs().sum(1) != 0  # dropped rows come back as exact zeros
+            ok, rel, why = check(out[kept], ref[kept], k)
+            return ok, rel, f"{int(box['dropped'])} rows dropped; kept rows checked. {why}"
+
+        cs.append(Contender(f"padded-bmm:cf{cf}", bind, config={"capacity_factor": cf}, check=check_kept))
+    if decode:
+        e, n = w.shape[0], w.shape[1]
+        sizes = plan.group_sizes
+        m_max = max(1, int(sizes.max()))
+        pos = torch.arange(xs.shape[0], device=xs.device) - off.long()[
+            torch.bucketize(torch.arange(xs.shape[0], device=xs.device), off[1:].long(), right=True)]
+        expert = torch.bucketize(torch.arange(xs.shape[0], device=xs.device), off[1:].long(), right=True)
+        xm = torch.zeros(e, m_max, xs.shape[1], dtype=xs.dtype, device=xs.device)
+        xm[expert, pos] = xs
+        ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
+
+        def masked_call():
+            grouped_mm_masked(xm, w, sizes, w_layout="nk", out=ym)
+            return ym[expert, pos]  # gathered back for the check; timing includes this gather
+
+        cs.append(Contender("ours:masked", lambda inp: masked_call, config={"m_max": m_max}))
+    return cs
+
+
+def path_contenders(x, w, ids, wts, e) -> list[Contender]:
+    """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable)."""
+    def ours():
+        plan = route(ids, e, validate=False)
+        xs = permute(x, plan)
+        ys = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
+                        validate=False)
+        return unpermute(ys, plan, None)
+
+    def theirs():
+        plan = route(ids, e, validate=False)
+        ys = torch_grouped_mm(permute(x, plan), w, plan.group_offsets, w_layout="nk")
+        return unpermute(ys, plan, wts)
+
+    return [Contender("path:ours", lambda inp: ours), Contender("path:torch._grouped_mm", lambda inp: theirs)]
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    g = cfg["grouped"]
+    settings = timing_settings(cfg, args.quick)
+    prov = provenance_fields()
+    slug = slugify(prov["gpu"])
+    writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
+    cells = []
+    for model, m in g["models"].items():
+        for proj in ("up", "down"):
+            for t in g["decode_tokens"] + g["prefill_tokens"]:
+                for load in loads(cfg, t):
+                    cells.append((model, proj, t, load))
+            if proj == "up":
+                cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
+    if args.quick:
+        cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
+    bar = Progress(len(cells), "E7")
+    weights: dict = {}
+    for model, proj, t, load in cells:
+        if writer.done(model=model, proj=proj, tokens=t, load=load):
+            bar.update()
+            continue
+        m = g["models"][model]
+        e, top_k = m["experts"], m["top_k"]
+        k, n = m["up"] if proj.startswith("up") or proj.startswith("path") else m["down"]
+        key = (model, proj.replace("path(up)", "up"))
+        if key not in weights:
+            weights.clear()  # one projection's weights on the GPU at a time (DeepSeek-V3 up: 15 GB)
+            gw = torch.Generator(device="cuda").manual_seed(g["seed"])
+            weights[key] = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+        w = weights[key]
+        seed = g["seed"] + t * 1009 + sum(map(ord, load))  # fixed per (T, load), the same every run
+        ids = sample_topk(t, e, top_k, load, seed)
+        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
+        x = torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+        plan = route(ids, e)
+        stats = skew_stats(plan.group_sizes)
+        rows = t * top_k
+        fl, nbytes, flops = floor_us(rows, k, n, stats["active_experts"], slug)
+        if proj.startswith("path"):
+            wts = torch.rand(t, top_k, device="cuda", generator=gx)
+            xs = permute(x, plan)
+            ref = torch.zeros(t, n, dtype=torch.float64, device="cuda")
+            ys = ref_rows(xs, w, plan.group_offsets) * sorted_weights(wts, plan).double()[:, None]
+            ref.index_add_(0, plan.sorted_token_ids.long(), ys)
+            cs = path_contenders(x, w, ids, wts, e)
+        else:
+            xs = permute(x, plan)
+            ref = ref_rows(xs, w, plan.group_offsets)
+            cs = contenders(xs, w, plan, ref, k, t in g["decode_tokens"], cfg)
+        out = measure(cs, [()], ref, k, settings)
+        for r in out:
+            gus = r.get("graph_us", math.nan)
+            r.update(experiment="E7", model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k, k=k,
+                     n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl,
+                     tflops_graph=flops / (gus * 1e-6) / 1e12 if gus == gus and gus else math.nan,
+                     pct_floor_graph=100 * fl / gus if gus == gus and gus else math.nan, **prov)
+        writer.add(out)
+        bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()
