@@ -41,14 +41,15 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E6)
     "router_gemm": "e6_router_gemm",
     "grouped_skew": "e7_grouped_skew",
 }
-# The write-up reads the experiments whose results exist (or will, on a GPU). E7 is not yet measured on the
-# committed GPU; its figure and numbers join the write-up once results/<gpu>/grouped_skew.csv exists.
-WRITEUP = [e for e in EXPERIMENTS if e != "grouped_skew"]
-FIGURES = ["e1_compile_modes", "e3_epilogue_fusion", "e4_split_sweep", "e5_decompose_k_grid", "e6_router_gemm",
-           "hero"]
-FIGURE_INPUTS = {"e1_compile_modes": ["compile_modes"], "e3_epilogue_fusion": ["epilogue_fusion"],
-                 "e4_split_sweep": ["split_sweep"], "e5_decompose_k_grid": ["decompose_k_grid"],
-                 "e6_router_gemm": ["router_gemm"], "hero": ["decompose_k_grid"]}
+# The write-up reads every experiment measured for RES (on a GPU: all of them). E7 is not yet measured on
+# the committed GPU; its figure and numbers join the write-up once results/<gpu>/grouped_skew.csv exists.
+WRITEUP = [e for e in EXPERIMENTS if GPUS or Path(f"results/{RES}/{e}.csv").exists()]
+FIGURE_INPUTS = {  # figure script -> the results it draws
+    "e1_compile_modes": ["compile_modes"], "e3_epilogue_fusion": ["epilogue_fusion"],
+    "e4_split_sweep": ["split_sweep"], "e5_decompose_k_grid": ["decompose_k_grid"],
+    "e6_router_gemm": ["router_gemm"], "e7_grouped_skew": ["grouped_skew"], "hero": ["decompose_k_grid"],
+}
+FIGURES = [f for f, needs in FIGURE_INPUTS.items() if all(n in WRITEUP for n in needs)]
 
 # Said at every start (a dry run included), so that nobody mistakes which GPU the write-up shows.
 if GPUS:
@@ -169,7 +170,7 @@ rule figure:
         pdf="figures/{res}/{fig}.pdf",
         png="figures/{res}/{fig}.png",
     wildcard_constraints:
-        fig="|".join(FIGURES),
+        fig="|".join(FIGURE_INPUTS),
     log:
         "logs/figures/{res}/{fig}.log",
     params:
