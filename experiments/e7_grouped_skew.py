@@ -134,7 +134,7 @@ def main():
     slug = slugify(prov["gpu"])
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
     cells = []
-    for model, m in g["models"].items():
+    for model in g["models"]:
         for proj in ("up", "down"):
             for t in g["decode_tokens"] + g["prefill_tokens"]:
                 for load in loads(cfg, t):

@@ -217,3 +217,26 @@ def test_bad_device(device):
         env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         assert "ERR a: CPU tensor given" in res.stdout, res.stdout + res.stderr
+
+
+def test_packaged_tuned_table_is_valid_and_used():
+    """The H200 table parses into valid configs; `auto` uses it (fp16 and epilogues fall back to the bf16,
+    no-epilogue entry); a shape it lacks falls back to the heuristic."""
+    from moegemm.decompose_k import configs
+    from moegemm.epilogue import Epilogue
+
+    table = configs._tuned_table("nvidia-h200")
+    assert len(table) >= 28
+    for (dt, m, n, k, epi), (best, per_kernel) in table.items():
+        assert best in KERNELS and best in per_kernel and set(per_kernel) <= set(KERNELS)
+        for cfg in per_kernel.values():
+            assert 1 <= cfg.split_k <= k
+    best, per_kernel = table[("bfloat16", 16, 16, 8192, "none")]
+    got = configs._choose("nvidia-h200", torch.bfloat16, 16, 16, 8192, Epilogue.NONE, "auto", 132)
+    assert got == (best, per_kernel[best], "tuned")
+    assert configs._choose("nvidia-h200", torch.float16, 16, 16, 8192, Epilogue.RELU, "auto", 132) == got
+    explicit = configs._choose("nvidia-h200", torch.bfloat16, 16, 16, 8192, Epilogue.NONE, "two_stage", 132)
+    assert explicit == ("two_stage", per_kernel["two_stage"], "tuned")
+    miss = configs._choose("nvidia-h200", torch.bfloat16, 17, 16, 8192, Epilogue.NONE, "auto", 132)
+    assert miss[0] == configs.HEURISTIC_KERNEL and miss[2] == "heuristic"
+    assert configs._tuned_table("no-such-gpu") == {}

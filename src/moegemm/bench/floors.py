@@ -41,7 +41,6 @@ def measure() -> dict:
     copy = GraphTimer([lambda: dst.copy_(src)], calls_per_graph=5)
     copy_us = sorted(copy.sample(10))[5]
     copy_tb_s = 2 * n / (copy_us * 1e-6) / 1e12
-    del src, dst
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

@@ -56,20 +56,19 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
             live.append(c)
 
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
+    calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
     for c in live:
-        calls = [c.bind(inp) for inp in input_sets]
         if c.graph:
             try:
-                timers[c.name] = GraphTimer(calls, settings.calls_per_graph)
+                timers[c.name] = GraphTimer(calls[c.name], settings.calls_per_graph)
             except Exception as e:
                 rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
-        c._calls = calls  # noqa: SLF001 -- rotated inputs for the launch clock
     for r in range(settings.rounds):
         order = live[r % max(len(live), 1):] + live[: r % max(len(live), 1)]  # rotate who goes first
         for c in order:
-            i = iter(range(1 << 30))
-            calls = c._calls
-            launch[c.name] += launch_samples(lambda: calls[next(i) % len(calls)](),
+            rotation = iter(range(1 << 30))
+            cs = calls[c.name]
+            launch[c.name] += launch_samples(lambda cs=cs, it=rotation: cs[next(it) % len(cs)](),
                                              settings.launch_rep_ms, settings.launch_warmup_ms)
             if c.name in timers:
                 graph[c.name] += timers[c.name].sample(settings.graph_replays)
