@@ -138,11 +138,29 @@ if GPUS:
         shell:
             "{params.slot} {params.py} -m experiments.tune_decompose_k --out {output.csv} > {log} 2>&1"
 
+    rule tune_grouped:
+        """Per-GPU grouped-GEMM tile table (data read by the library)."""
+        input:
+            f"results/{HERE}/verify.json",
+        output:
+            csv=f"results/{HERE}/tune_grouped.csv",
+            table=f"src/moegemm/tuned/grouped/{HERE}.json",
+        log:
+            f"logs/{HERE}/tune_grouped.log",
+        params:
+            slot=SLOT,
+            py=PY,
+        resources:
+            gpu=1,
+        shell:
+            "{params.slot} {params.py} -m experiments.tune_grouped --out {output.csv} > {log} 2>&1"
+
     rule measure:
-        """One experiment E1..E6 on one GPU (independent jobs: they spread over GPUs)."""
+        """One experiment E1..E7 on one GPU (independent jobs: they spread over GPUs)."""
         input:
             verify=f"results/{HERE}/verify.json",
             table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
+            grouped_table=f"src/moegemm/tuned/grouped/{HERE}.json",
             floors=f"results/{HERE}/floors.json",
             config="experiments/config.yaml",
         output:

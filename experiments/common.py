@@ -81,6 +81,14 @@ class ResultWriter:
         print(f"wrote {self.out} ({len(self.rows)} rows)", file=sys.stderr)
 
 
+def config_cell(value) -> dict:
+    """A config column as a dict: rows resumed from a .partial log hold dicts, rows read back from a CSV
+    hold their Python repr."""
+    import ast
+
+    return value if isinstance(value, dict) else ast.literal_eval(value)
+
+
 def provenance_fields() -> dict:
     from moegemm.bench.provenance import provenance
 

@@ -28,6 +28,7 @@ for s in "$@"; do
              step "smoke-$e" python3 -m experiments.$e --quick --out "/tmp/smoke/$e.csv"; done ;;
     floors) step floors python3 -m experiments.floors --out "$R/floors.json" ;;
     tune) step tune python3 -m experiments.tune_decompose_k --out "$R/tune_decompose_k.csv" ;;
+    tunegrouped) step tunegrouped python3 -m experiments.tune_grouped --out "$R/tune_grouped.csv" ;;
     e1) step e1 python3 -m experiments.e1_compile_modes --out "$R/compile_modes.csv" ;;
     e2) step e2 python3 -m experiments.e2_inductor_codegen --out "$R/inductor_codegen.csv" ;;
     e3) step e3 python3 -m experiments.e3_epilogue_fusion --out "$R/epilogue_fusion.csv" ;;

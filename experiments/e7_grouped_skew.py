@@ -26,7 +26,7 @@ from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
 from moegemm.bench.moe_loads import sample_topk, skew_stats
 from moegemm.bench.runner import Contender, measure
-from moegemm.grouped import (grouped_mm, grouped_mm_masked, heuristic_config, permute, route, sorted_weights,
+from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
@@ -58,15 +58,16 @@ def ref_rows(xs, w, offsets) -> torch.Tensor:
 
 def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
     off = plan.group_offsets
-    base = heuristic_config(xs.shape[0], w.shape[0], w.shape[1])
+    base, source = choose_config(xs, w.shape[0], w.shape[1], "nk")  # tuned for this GPU, else heuristic
+    base = dataclasses.replace(base, persistent=False)
     pers = dataclasses.replace(base, persistent=True)
     cs = [
         Contender("ours:contiguous", lambda inp: (lambda: grouped_mm(xs, w, off, w_layout="nk", config=base,
                                                                       validate=False)),
-                  config=dataclasses.asdict(base)),
+                  config=dataclasses.asdict(base), fields={"config_source": source}),
         Contender("ours:persistent", lambda inp: (lambda: grouped_mm(xs, w, off, w_layout="nk", config=pers,
                                                                       validate=False)),
-                  config=dataclasses.asdict(pers)),
+                  config=dataclasses.asdict(pers), fields={"config_source": source}),
         Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(xs, w, off, w_layout="nk"))),
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(xs, w, off, w_layout="nk")), graph=False),
         Contender("dense-reference", lambda inp: (lambda: dense_reference(xs, w, w_layout="nk")),

@@ -12,8 +12,8 @@ import statistics
 import torch
 
 from experiments import dk
-from experiments.common import (ROOT, DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields,
-                                ref64, require_gpu, write_json)
+from experiments.common import (ROOT, DTYPES, Progress, ResultWriter, cli, config_cell, load_config,
+                                provenance_fields, ref64, require_gpu, write_json)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.timing import GraphTimer, input_sets_for
@@ -81,7 +81,7 @@ def main():
     entries = []
     for (dt, m, n, k), per in sorted(best.items()):
         win = min(per.values(), key=lambda r: float(r["graph_us"]))
-        cfgs = {kn: (r["config"] if isinstance(r["config"], dict) else eval_config(r["config"]))
+        cfgs = {kn: config_cell(r["config"])
                 for kn, r in per.items()}
         entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
                         "graph_us": float(win["graph_us"]), "per_kernel": cfgs})
@@ -90,11 +90,6 @@ def main():
                        "provenance": provenance_fields(), "entries": entries})
     print(f"wrote {table} ({len(entries)} shapes)")
 
-
-def eval_config(text: str) -> dict:
-    import ast
-
-    return ast.literal_eval(text)
 
 
 if __name__ == "__main__":

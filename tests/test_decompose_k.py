@@ -227,7 +227,7 @@ def test_packaged_tuned_table_is_valid_and_used():
 
     table = configs._tuned_table("nvidia-h200")
     assert len(table) >= 28
-    for (dt, m, n, k, epi), (best, per_kernel) in table.items():
+    for (_dt, _m, _n, k, _epi), (best, per_kernel) in table.items():
         assert best in KERNELS and best in per_kernel and set(per_kernel) <= set(KERNELS)
         for cfg in per_kernel.values():
             assert 1 <= cfg.split_k <= k

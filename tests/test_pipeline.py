@@ -51,12 +51,12 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    assert counts.get("measure") == 7 and counts.get("tune") == 1 and counts.get("floors") == 1, counts
+    assert counts.get("measure") == 7 and counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
     assert "results/nvidia-h100-80gb-hbm3/router_gemm.csv" in out
     # Every GPU job runs through the pinning wrapper and asks for one GPU.
     for block in out.split("\nrule ")[1:]:
         name = block.split(":", 1)[0]
-        if name in ("measure", "tune", "floors"):
+        if name in ("measure", "tune", "tune_grouped", "floors"):
             assert "gpu=1" in block, block
 
 

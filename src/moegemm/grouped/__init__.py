@@ -1,8 +1,8 @@
 """Grouped GEMM for MoE expert layers: routing (permute / unpermute), one-launch grouped kernels in the
 contiguous and masked layouts, and the baselines they are measured against."""
 
-from .api import GroupedConfig, grouped_mm, grouped_mm_masked, heuristic_config
+from .api import GroupedConfig, choose_config, grouped_mm, grouped_mm_masked, heuristic_config
 from .routing import RoutingPlan, permute, route, sorted_weights, unpermute
 
 __all__ = ["route", "permute", "unpermute", "sorted_weights", "RoutingPlan", "grouped_mm", "grouped_mm_masked",
-           "GroupedConfig", "heuristic_config"]
+           "GroupedConfig", "heuristic_config", "choose_config"]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+from importlib import resources
 
 import torch
 import triton
 
-from .._runtime import check_device, device_sm_count
+from .._runtime import check_device, device_sm_count, gpu_slug
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel
@@ -27,6 +30,31 @@ class GroupedConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 16 or v > 256 or v & (v - 1):
                 raise ValueError(f"config.{name}: expected a power of two in [16, 256], got {v!r}")
+
+
+def rows_bucket(rows: int, num_experts: int) -> int:
+    """Mean rows per expert rounded up to a power of two: the key the tuned table is indexed by."""
+    mean = max(1, -(-rows // max(num_experts, 1)))
+    return 1 << (mean - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_table(slug: str) -> dict:
+    """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} written by experiments/tune_grouped.py."""
+    try:
+        text = resources.files("moegemm.tuned").joinpath("grouped", f"{slug}.json").read_text()
+    except (FileNotFoundError, OSError):
+        return {}
+    return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig(**e["config"])
+            for e in json.loads(text)["entries"]}
+
+
+def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str) -> tuple[GroupedConfig, str]:
+    """(config, 'tuned' | 'heuristic') for this GPU, shape and mean rows per expert."""
+    rows, k = x.shape
+    key = (str(x.dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
+    hit = _tuned_table(gpu_slug(x)).get(key)
+    return (hit, "tuned") if hit is not None else (heuristic_config(rows, num_experts, n), "heuristic")
 
 
 def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
@@ -119,7 +147,7 @@ def grouped_mm(
         acc = torch.zeros((m_total, n), dtype=torch.float32, device=x_sorted.device)
         acc = epi.torch_apply(acc)
         return out.copy_(acc * row_scale.float()[:, None] if row_scale is not None else acc)
-    cfg = config or heuristic_config(m_total, e, n)
+    cfg = config or choose_config(x_sorted, e, n, w_layout)[0]
     offsets = group_offsets.to(torch.int32).contiguous()
     n_tiles = triton.cdiv(n, cfg.block_n)
     max_tiles = (triton.cdiv(m_total, cfg.block_m) + e) * n_tiles  # an upper bound known without a sync
