@@ -89,6 +89,27 @@ def config_cell(value) -> dict:
     return value if isinstance(value, dict) else ast.literal_eval(value)
 
 
+def best_rows(rows: list[dict], key) -> dict:
+    """{key(row): the fastest correct row on the GPU clock} over a tuner's rows."""
+    best: dict = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        k = key(r)
+        if k not in best or float(r["graph_us"]) < float(best[k]["graph_us"]):
+            best[k] = r
+    return best
+
+
+def write_table(family: str, slug: str, entries: list[dict]) -> Path:
+    """Write a tuned table the library reads (src/moegemm/tuned/<family>/<slug>.json), with provenance."""
+    table = ROOT / "src" / "moegemm" / "tuned" / family / f"{slug}.json"
+    write_json(table, {"gpu": torch.cuda.get_device_name(0), "clock": "CUDA-graph replay",
+                       "provenance": provenance_fields(), "entries": entries})
+    print(f"wrote {table} ({len(entries)} entries)")
+    return table
+
+
 def provenance_fields() -> dict:
     from moegemm.bench.provenance import provenance
 

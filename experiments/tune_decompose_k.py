@@ -12,8 +12,8 @@ import statistics
 import torch
 
 from experiments import dk
-from experiments.common import (ROOT, DTYPES, Progress, ResultWriter, cli, config_cell, load_config,
-                                provenance_fields, ref64, require_gpu, write_json)
+from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, cli, config_cell, load_config,
+                                provenance_fields, ref64, require_gpu, write_table)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.timing import GraphTimer, input_sets_for
@@ -69,26 +69,17 @@ def main():
     writer.finish()
 
     # The table: for each shape and dtype the best config per kernel, and the best kernel overall.
-    best: dict = {}
-    for r in writer.rows:
-        if r["status"] != "ok":
-            continue
-        key = (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]))
-        per = best.setdefault(key, {})
-        cur = per.get(r["kernel"])
-        if cur is None or float(r["graph_us"]) < float(cur["graph_us"]):
-            per[r["kernel"]] = r
+    best = best_rows(writer.rows, lambda r: (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]), r["kernel"]))
+    by_shape: dict = {}
+    for (dt, m, n, k, kernel), r in best.items():
+        by_shape.setdefault((dt, m, n, k), {})[kernel] = r
     entries = []
-    for (dt, m, n, k), per in sorted(best.items()):
+    for (dt, m, n, k), per in sorted(by_shape.items()):
         win = min(per.values(), key=lambda r: float(r["graph_us"]))
-        cfgs = {kn: config_cell(r["config"])
-                for kn, r in per.items()}
         entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
-                        "graph_us": float(win["graph_us"]), "per_kernel": cfgs})
-    table = ROOT / "src" / "moegemm" / "tuned" / "decompose_k" / f"{slug}.json"
-    write_json(table, {"gpu": torch.cuda.get_device_name(0), "clock": "CUDA-graph replay",
-                       "provenance": provenance_fields(), "entries": entries})
-    print(f"wrote {table} ({len(entries)} shapes)")
+                        "graph_us": float(win["graph_us"]),
+                        "per_kernel": {kn: config_cell(r["config"]) for kn, r in per.items()}})
+    write_table("decompose_k", slug, entries)
 
 
 

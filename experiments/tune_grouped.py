@@ -13,8 +13,8 @@ import statistics
 
 import torch
 
-from experiments.common import ROOT, Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
-from experiments.common import config_cell, write_json
+from experiments.common import (Progress, ResultWriter, best_rows, cli, config_cell, load_config,
+                                provenance_fields, require_gpu, write_table)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.moe_loads import sample_topk
@@ -84,21 +84,12 @@ def main():
         bar.update()
     bar.close()
     writer.finish()
-    best: dict = {}
-    for r in writer.rows:
-        if r["status"] != "ok":
-            continue
-        key = ("bfloat16", int(r["experts"]), int(r["k"]), int(r["n"]), "nk", int(r["rows_bucket"]))
-        if key not in best or float(r["graph_us"]) < float(best[key]["graph_us"]):
-            best[key] = r
-    entries = [{"dtype": d, "experts": e, "k": k, "n": n, "w_layout": lay, "rows_bucket": b,
-                "graph_us": float(r["graph_us"]),
-                "config": config_cell(r["config"])}
-               for (d, e, k, n, lay, b), r in sorted(best.items())]
-    table = ROOT / "src" / "moegemm" / "tuned" / "grouped" / f"{slug}.json"
-    write_json(table, {"gpu": torch.cuda.get_device_name(0), "clock": "CUDA-graph replay",
-                       "provenance": provenance_fields(), "entries": entries})
-    print(f"wrote {table} ({len(entries)} entries)")
+    best = best_rows(writer.rows, lambda r: ("bfloat16", int(r["experts"]), int(r["k"]), int(r["n"]), "nk",
+                                             int(r["rows_bucket"])))
+    write_table("grouped", slug, [
+        {"dtype": d, "experts": e, "k": k, "n": n, "w_layout": lay, "rows_bucket": b,
+         "graph_us": float(r["graph_us"]), "config": config_cell(r["config"])}
+        for (d, e, k, n, lay, b), r in sorted(best.items())])
 
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from importlib import resources
 
 import torch
 
+from .. import tuned
 from .._runtime import device_sm_count, gpu_slug
 from .._triton_common import dot_meta
 from ..epilogue import Epilogue
@@ -170,12 +169,8 @@ HEURISTIC_KERNEL = "single_launch"
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
     """{(dtype, m, n, k, epilogue): (best kernel, {kernel: config})} for one GPU; {} when none is packaged."""
-    try:
-        text = resources.files("moegemm.tuned").joinpath("decompose_k", f"{slug}.json").read_text()
-    except (FileNotFoundError, OSError):
-        return {}
     table = {}
-    for e in json.loads(text)["entries"]:
+    for e in tuned.entries("decompose_k", slug):
         key = (e["dtype"], e["m"], e["n"], e["k"], e["epilogue"])
         per_kernel = {name: DecomposeKConfig.coerce(c) for name, c in e["per_kernel"].items()}
         table[key] = (e["kernel"], per_kernel)

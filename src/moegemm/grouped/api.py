@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from importlib import resources
 
 import torch
 import triton
 
+from .. import tuned
 from .._runtime import check_device, device_sm_count, gpu_slug
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
@@ -41,12 +40,8 @@ def rows_bucket(rows: int, num_experts: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
     """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} written by experiments/tune_grouped.py."""
-    try:
-        text = resources.files("moegemm.tuned").joinpath("grouped", f"{slug}.json").read_text()
-    except (FileNotFoundError, OSError):
-        return {}
     return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig(**e["config"])
-            for e in json.loads(text)["entries"]}
+            for e in tuned.entries("grouped", slug)}
 
 
 def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str) -> tuple[GroupedConfig, str]:
