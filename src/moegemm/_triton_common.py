@@ -27,6 +27,28 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
+@triton.jit
+def k_loop(a_ptrs, b_ptrs, k_start, k_end, stride_ak, stride_bk,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 sum over k in [k_start, k_end) of A-tile x B-tile, the pointers at k_start. EVEN_K: the range
+    is a whole number of BLOCK_K steps (no K masks)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = (k + offs_k) < k_end
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = mma(a, b, acc, PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
 def dot_meta(dtype: torch.dtype, allow_tf32: bool) -> dict:
     """Constexpr arguments for :func:`mma` given the operand dtype."""
     upcast = INTERPRET and dtype != torch.float32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton_common import mma
+from .._triton_common import k_loop
 
 
 @triton.jit
@@ -43,18 +43,8 @@ def partial_tile(
     k_end = tl.minimum(k_start + k_per_split, K)
     a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + (k_start + offs_k)[:, None] * stride_bk + rn[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_ok = (k + offs_k) < k_end
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = mma(a, b, acc, PRECISION, UPCAST)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    acc = k_loop(a_ptrs, b_ptrs, k_start, k_end, stride_ak, stride_bk,
+                 BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
     return acc, offs_m, offs_n
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton_common import mma
+from .._triton_common import k_loop
 from ..epilogue import apply_epilogue
 
 
@@ -18,19 +18,7 @@ def _tile_mm(a_ptr, w_ptr, rows, offs_n, K, stride_am, stride_ak, stride_wk, str
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            k_ok = (k + offs_k) < K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = mma(a, w, acc, PRECISION, UPCAST)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
-    return acc
+    return k_loop(a_ptrs, w_ptrs, 0, K, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
 
 
 @triton.jit
