@@ -37,6 +37,19 @@ class Settings:
     calls_per_graph: int = 20
 
 
+def quiesce() -> bool:
+    """Stop Inductor's compile-worker pools (if any) before timing, so that their processes do not load the
+    CPU while launch-inclusive latencies are measured; they respawn at the next compile. True if done."""
+    import sys
+
+    mod = sys.modules.get("torch._inductor.async_compile")
+    shutdown = getattr(mod, "shutdown_compile_workers", None)
+    if shutdown is None:
+        return False
+    shutdown()
+    return True
+
+
 def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int,
             settings: Settings) -> list[dict]:
     """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
@@ -55,6 +68,7 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
         if ok:
             live.append(c)
 
+    quiesce()  # every compile happened in the first calls above; nothing compiles while we time
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
     calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
     for c in live:
