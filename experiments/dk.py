@@ -185,3 +185,33 @@ def run_shape(experiment: str, contenders: list[Contender], m: int, n: int, k: i
                  epilogue=epilogue, bytes=gemm_bytes(m, n, k, elt), flops=2 * m * n * k,
                  floor_us=floor, tiny_kernel_us=tiny_us, **fields, **prov)
     return rows
+
+
+def run_grid(experiment: str, description: str, epilogue: str, contenders_for, seed, quick: int,
+             reset_dynamo: bool) -> None:
+    """The CLI body of a bf16 experiment over the M=N x K grid: one measured unit per shape, resumable.
+
+    contenders_for(probe, n, k, cfg) -> contenders, where probe is an empty [M, K] bf16 tensor (for config
+    lookup); seed(m, k) -> the shape's input seed; quick: how many shapes --quick keeps."""
+    from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
+                                    timing_settings)
+
+    args = cli(description)
+    require_gpu()
+    cfg = load_config(args.config)
+    settings = timing_settings(cfg, args.quick)
+    prov = provenance_fields()
+    tiny = tiny_kernel_us()
+    writer = ResultWriter(args.out, ("m", "n", "k"))
+    shapes = grid_shapes(cfg)[:quick] if args.quick else grid_shapes(cfg)
+    bar = Progress(len(shapes), experiment)
+    for m, n, k in shapes:
+        if not writer.done(m=m, n=n, k=k):
+            if reset_dynamo:
+                torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit degrades later ones)
+            probe = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+            writer.add(run_shape(experiment, contenders_for(probe, n, k, cfg), m, n, k, torch.bfloat16, epilogue,
+                                 settings, prov, tiny, seed=seed(m, k)))
+        bar.update()
+    bar.close()
+    writer.finish()

@@ -10,15 +10,11 @@ max-autotune-no-cudagraphs (with what it emitted). bf16, the M=N x K grid.
 
 from __future__ import annotations
 
-import torch
-
 from experiments import dk
-from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
-from experiments.common import timing_settings
 from moegemm.inductor.custom_op import decompose_k_relu_impl
 
 
-def contenders_for(a, n, cfg) -> list:
+def contenders_for(a, n, k, cfg) -> list:
     s = cfg["decompose_k"]["seed_split"]
     cs = []
     for kernel in dk.KERNELS:
@@ -34,24 +30,7 @@ def contenders_for(a, n, cfg) -> list:
 
 
 def main():
-    args = cli(__doc__)
-    require_gpu()
-    cfg = load_config(args.config)
-    settings = timing_settings(cfg, args.quick)
-    prov = provenance_fields()
-    tiny = dk.tiny_kernel_us()
-    writer = ResultWriter(args.out, ("m", "n", "k"))
-    shapes = dk.grid_shapes(cfg)[:2] if args.quick else dk.grid_shapes(cfg)
-    bar = Progress(len(shapes), "E3")
-    for m, n, k in shapes:
-        if not writer.done(m=m, n=n, k=k):
-            torch._dynamo.reset()
-            probe = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
-            writer.add(dk.run_shape("E3", contenders_for(probe, n, cfg), m, n, k, torch.bfloat16, "relu",
-                                    settings, prov, tiny, seed=m * 17 + k))
-        bar.update()
-    bar.close()
-    writer.finish()
+    dk.run_grid("E3", __doc__, "relu", contenders_for, seed=lambda m, k: m * 17 + k, quick=2, reset_dynamo=True)
 
 
 if __name__ == "__main__":

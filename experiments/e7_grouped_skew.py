@@ -28,6 +28,7 @@ from moegemm.bench.moe_loads import sample_topk, skew_stats
 from moegemm.bench.runner import Contender, measure
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
+from moegemm.grouped.routing import row_positions
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
 
@@ -93,9 +94,7 @@ def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
         e, n = w.shape[0], w.shape[1]
         sizes = plan.group_sizes
         m_max = max(1, int(sizes.max()))
-        pos = torch.arange(xs.shape[0], device=xs.device) - off.long()[
-            torch.bucketize(torch.arange(xs.shape[0], device=xs.device), off[1:].long(), right=True)]
-        expert = torch.bucketize(torch.arange(xs.shape[0], device=xs.device), off[1:].long(), right=True)
+        expert, pos = row_positions(off, xs.shape[0])
         xm = torch.zeros(e, m_max, xs.shape[1], dtype=xs.dtype, device=xs.device)
         xm[expert, pos] = xs
         ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)

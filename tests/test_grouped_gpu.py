@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import assert_close_to_ref
 
+from moegemm.bench.moe_loads import sample_topk
 from moegemm.grouped import (grouped_mm, grouped_mm_masked, heuristic_config, permute, route, sorted_weights,
                              unpermute)
 
@@ -18,15 +19,6 @@ MODELS = [
     ("deepseek-v3-up", 256, 8, 7168, 4096), ("deepseek-v3-down", 256, 8, 2048, 7168),
     ("mixtral-up", 8, 2, 4096, 14336), ("qwen3-30b-a3b-up", 128, 8, 2048, 1536),
 ]
-
-
-def _ids(t: int, e: int, k: int, skew: str, g: torch.Generator) -> torch.Tensor:
-    """top-k distinct experts per token: uniform, or Zipf(1.2)-weighted (a few hot experts)."""
-    if skew == "uniform":
-        p = torch.ones(e, device="cuda")
-    else:
-        p = 1.0 / torch.arange(1, e + 1, device="cuda", dtype=torch.float32) ** 1.2
-    return torch.multinomial(p.expand(t, e), k, replacement=False, generator=g)
 
 
 def _ref(xs, w_nk, offsets, scale=None):
@@ -41,11 +33,11 @@ def _ref(xs, w_nk, offsets, scale=None):
 
 
 @pytest.mark.parametrize("t", [1, 64, 4096])
-@pytest.mark.parametrize("skew", ["uniform", "zipf1.2"])
+@pytest.mark.parametrize("skew", ["uniform", "zipf1.2", "hot0.9"])
 @pytest.mark.parametrize("name,e,k,hidden,n", MODELS, ids=[m[0] for m in MODELS])
 def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     g = torch.Generator(device="cuda").manual_seed(t * 7 + e)
-    ids = _ids(t, e, k, skew, g)
+    ids = sample_topk(t, e, k, skew, seed=t * 7 + e)
     wts = torch.rand(t, k, device="cuda", generator=g)
     plan = route(ids, e)
     x = torch.randn(t, hidden, device="cuda", generator=g).to(torch.bfloat16)

@@ -47,11 +47,14 @@ def reference_mm(
     b: torch.Tensor,
     epilogue: str = "none",
     bias: torch.Tensor | None = None,
+    on_cpu: bool = True,
 ) -> torch.Tensor:
-    """float64 ground truth of ``epilogue(a @ b + bias)``, on the CPU."""
+    """float64 ground truth of ``epilogue(a @ b + bias)``: on the CPU, or where the operands live
+    (``on_cpu=False``, e.g. a GPU's float64 matmul for the large experiment shapes)."""
     from ..epilogue import Epilogue
 
-    c = a.detach().double().cpu() @ b.detach().double().cpu()
+    dev = torch.device("cpu") if on_cpu else a.device
+    c = a.detach().to(dev, torch.float64) @ b.detach().to(dev, torch.float64)
     if bias is not None:
-        c = c + bias.detach().double().cpu()
+        c = c + bias.detach().to(dev, torch.float64)
     return Epilogue.parse(epilogue).torch_apply(c)

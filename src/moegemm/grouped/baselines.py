@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .routing import RoutingPlan
+from .routing import RoutingPlan, row_positions
 
 
 def _w_kn(w: torch.Tensor, w_layout: str) -> torch.Tensor:
@@ -37,9 +37,7 @@ def padded_bmm(x_sorted: torch.Tensor, w: torch.Tensor, plan: RoutingPlan, capac
     e, k, n = wk.shape
     m = x_sorted.shape[0]
     c = capacity(m, e, capacity_factor)
-    rows = torch.arange(m, device=x_sorted.device, dtype=torch.int64)
-    expert = torch.bucketize(rows, plan.group_offsets[1:].to(torch.int64), right=True)
-    pos = rows - plan.group_offsets.to(torch.int64)[expert]
+    expert, pos = row_positions(plan.group_offsets, m)
     keep = pos < c
     slot = torch.where(keep, expert * c + pos, torch.full_like(pos, e * c))  # dropped rows -> a spill slot
     buf = torch.zeros((e * c + 1, k), dtype=x_sorted.dtype, device=x_sorted.device)

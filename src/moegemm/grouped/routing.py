@@ -105,6 +105,14 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
     return slots.sum(dim=1).to(y_sorted.dtype)
 
 
+def row_positions(group_offsets: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert, position within that expert's rows) of every permuted row, int64, on the device."""
+    rows = torch.arange(num_rows, device=group_offsets.device, dtype=torch.int64)
+    offsets = group_offsets.to(torch.int64)
+    expert = torch.bucketize(rows, offsets[1:], right=True)
+    return expert, rows - offsets[expert]
+
+
 def sorted_weights(topk_weights: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """Gating weights in permuted row order, for ``grouped_mm(..., row_scale=...)``."""
     if tuple(topk_weights.shape) != (plan.num_tokens, plan.top_k):
