@@ -126,13 +126,23 @@ def randn(shape, dtype, gen) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
 
 
-def timing_settings(cfg: dict, quick: bool = False):
+def timing_settings(cfg: dict, quick: bool = False, section: str | None = None):
+    """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its own."""
     from moegemm.bench.runner import Settings
 
-    t = dict(cfg["timing"])
+    t = dict((cfg.get(section) or {}).get("timing") or cfg["timing"]) if section else dict(cfg["timing"])
     if quick:
         t.update(rounds=1, launch_rep_ms=3, graph_replays=2)
     return Settings(**t)
+
+
+def weight_sets(w: torch.Tensor, active: int, rows: int, k: int, n: int) -> list[torch.Tensor]:
+    """w and enough copies of it that one pass over the active experts' weights (plus the activations)
+    exceeds twice the L2."""
+    from moegemm.bench.timing import input_sets_for
+
+    sets = input_sets_for(2 * (active * k * n + rows * (k + n)))
+    return [w] + [w.clone() for _ in range(sets - 1)]
 
 
 def ref64(a: torch.Tensor, b: torch.Tensor, epilogue: str = "none", bias=None) -> torch.Tensor:

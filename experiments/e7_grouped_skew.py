@@ -15,12 +15,13 @@ torch._grouped_mm.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import torch
 
 from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
-                                timing_settings)
+                                timing_settings, weight_sets)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
@@ -35,7 +36,7 @@ from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_lo
 def loads(cfg: dict, t: int) -> list[str]:
     g = cfg["grouped"]
     every = (["uniform"] + [f"zipf{a}" for a in g["zipf_alphas"]] + [f"hot{f}" for f in g["hot_fractions"]])
-    if t in g["decode_tokens"] or t == g["prefill_all_loads_at"]:
+    if t in g["all_loads_at"]:
         return every
     return ["uniform", "zipf1.2"]
 
@@ -57,21 +58,28 @@ def ref_rows(xs, w, offsets) -> torch.Tensor:
     return out
 
 
-def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
+def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int) -> list[Contender]:
+    """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
+    the weights, rotated so that back-to-back calls do not find the active experts' weights in L2."""
     off = plan.group_offsets
-    base, source = choose_config(xs, w.shape[0], w.shape[1], "nk")  # tuned for this GPU, else heuristic
+    base, source = choose_config(xs, e, n, "nk")  # tuned for this GPU, else heuristic
     base = dataclasses.replace(base, persistent=False)
     pers = dataclasses.replace(base, persistent=True)
+
+    def ours(c):
+        return lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False))
+
+    def dense(inp):  # one expert's weights per call, a different expert each call (no L2 reuse either)
+        turn = itertools.count()
+        return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
+
     cs = [
-        Contender("ours:contiguous", lambda inp: (lambda: grouped_mm(xs, w, off, w_layout="nk", config=base,
-                                                                      validate=False)),
-                  config=dataclasses.asdict(base), fields={"config_source": source}),
-        Contender("ours:persistent", lambda inp: (lambda: grouped_mm(xs, w, off, w_layout="nk", config=pers,
-                                                                      validate=False)),
-                  config=dataclasses.asdict(pers), fields={"config_source": source}),
-        Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(xs, w, off, w_layout="nk"))),
-        Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(xs, w, off, w_layout="nk")), graph=False),
-        Contender("dense-reference", lambda inp: (lambda: dense_reference(xs, w, w_layout="nk")),
+        Contender("ours:contiguous", ours(base), config=dataclasses.asdict(base), fields={"config_source": source}),
+        Contender("ours:persistent", ours(pers), config=dataclasses.asdict(pers), fields={"config_source": source}),
+        Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
+        Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
+                  graph=False),
+        Contender("dense-reference", dense,
                   check=lambda out: (True, math.nan, "yardstick: one expert's weights, not the grouped result")),
     ]
     for cf in cfg["grouped"]["capacity_factors"]:
@@ -79,7 +87,7 @@ def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
 
         def bind(inp, cf=cf, box=dropped_box):
             def call():
-                y, dropped = padded_bmm(xs, w, plan, cf, w_layout="nk")
+                y, dropped = padded_bmm(inp[0], inp[1], plan, cf, w_layout="nk")
                 box["dropped"] = dropped
                 return y
             return call
@@ -91,7 +99,6 @@ def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
 
         cs.append(Contender(f"padded-bmm:cf{cf}", bind, config={"capacity_factor": cf}, check=check_kept))
     if decode:
-        e, n = w.shape[0], w.shape[1]
         sizes = plan.group_sizes
         m_max = max(1, int(sizes.max()))
         expert, pos = row_positions(off, xs.shape[0])
@@ -99,29 +106,40 @@ def contenders(xs, w, plan, ref, k, decode: bool, cfg: dict) -> list[Contender]:
         xm[expert, pos] = xs
         ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
 
-        def masked_call():
-            grouped_mm_masked(xm, w, sizes, w_layout="nk", out=ym)
-            return ym[expert, pos]  # gathered back for the check; timing includes this gather
+        def masked(inp):
+            def call():
+                grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym)
+                return ym[expert, pos]  # gathered back for the check; timing includes this gather
+            return call
 
-        cs.append(Contender("ours:masked", lambda inp: masked_call, config={"m_max": m_max}))
+        cs.append(Contender("ours:masked", masked, config={"m_max": m_max}))
     return cs
 
 
-def path_contenders(x, w, ids, wts, e) -> list[Contender]:
-    """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable)."""
-    def ours():
-        plan = route(ids, e, validate=False)
-        xs = permute(x, plan)
-        ys = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
-                        validate=False)
-        return unpermute(ys, plan, None)
+def path_contenders(ids, wts, e) -> list[Contender]:
+    """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable); input
+    sets (x, w)."""
+    def ours(inp):
+        x, w = inp
 
-    def theirs():
-        plan = route(ids, e, validate=False)
-        ys = torch_grouped_mm(permute(x, plan), w, plan.group_offsets, w_layout="nk")
-        return unpermute(ys, plan, wts)
+        def call():
+            plan = route(ids, e, validate=False)
+            xs = permute(x, plan)
+            ys = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
+                            validate=False)
+            return unpermute(ys, plan, None)
+        return call
 
-    return [Contender("path:ours", lambda inp: ours), Contender("path:torch._grouped_mm", lambda inp: theirs)]
+    def theirs(inp):
+        x, w = inp
+
+        def call():
+            plan = route(ids, e, validate=False)
+            ys = torch_grouped_mm(permute(x, plan), w, plan.group_offsets, w_layout="nk")
+            return unpermute(ys, plan, wts)
+        return call
+
+    return [Contender("path:ours", ours), Contender("path:torch._grouped_mm", theirs)]
 
 
 def main():
@@ -129,7 +147,7 @@ def main():
     require_gpu()
     cfg = load_config(args.config)
     g = cfg["grouped"]
-    settings = timing_settings(cfg, args.quick)
+    settings = timing_settings(cfg, args.quick, "grouped")
     prov = provenance_fields()
     slug = slugify(prov["gpu"])
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
@@ -166,22 +184,25 @@ def main():
         stats = skew_stats(plan.group_sizes)
         rows = t * top_k
         fl, nbytes, flops = floor_us(rows, k, n, stats["active_experts"], slug)
+        ws = weight_sets(w, stats["active_experts"], rows, k, n)
         if proj.startswith("path"):
             wts = torch.rand(t, top_k, device="cuda", generator=gx)
             xs = permute(x, plan)
             ref = torch.zeros(t, n, dtype=torch.float64, device="cuda")
             ys = ref_rows(xs, w, plan.group_offsets) * sorted_weights(wts, plan).double()[:, None]
             ref.index_add_(0, plan.sorted_token_ids.long(), ys)
-            cs = path_contenders(x, w, ids, wts, e)
+            cs, sets = path_contenders(ids, wts, e), [(x, wi) for wi in ws]
         else:
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
-            cs = contenders(xs, w, plan, ref, k, t in g["decode_tokens"], cfg)
-        out = measure(cs, [()], ref, k, settings)
+            cs, sets = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n), [(xs, wi) for wi in ws]
+        out = measure(cs, sets, ref, k, settings)
+        n_sets = len(sets)
+        del ws, sets
         for r in out:
             gus = r.get("graph_us", math.nan)
             r.update(experiment="E7", model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k, k=k,
-                     n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl,
+                     n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl, input_sets=n_sets,
                      tflops_graph=flops / (gus * 1e-6) / 1e12 if gus == gus and gus else math.nan,
                      pct_floor_graph=100 * fl / gus if gus == gus and gus else math.nan, **prov)
         writer.add(out)

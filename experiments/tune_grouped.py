@@ -14,7 +14,8 @@ import statistics
 import torch
 
 from experiments.common import (Progress, ResultWriter, best_rows, cli, config_cell, load_config,
-                                provenance_fields, require_gpu, write_table)
+                                provenance_fields, require_gpu, weight_sets, write_table)
+from experiments.e7_grouped_skew import ref_rows
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.moe_loads import sample_topk
@@ -24,18 +25,29 @@ from moegemm.grouped.api import rows_bucket
 
 
 def candidates(mean_rows: float) -> list[GroupedConfig]:
-    """Row tiles around the mean rows per expert, wide N tiles, two K depths, both grid kinds."""
-    bms = [b for b in (16, 32, 64, 128) if b <= max(16, 4 * mean_rows)][-2:]
+    """Tile configs by regime of the mean rows per expert (each with the plain and the persistent grid).
+
+    - decode (<= 16 rows): the weights are streamed once; 16-row tiles, narrow N tiles and deep K steps,
+      several stages, for many loads in flight per multiprocessor.
+    - middle (<= 64 rows): row tiles of 32/64, N tiles of 64/128.
+    - prefill: 64/128 x 128/256 tiles on the tensor cores, 8 warps for the largest, the row tiles of an
+      expert walked together (group_m) so that they share its weights in L2.
+    Configs needing more than 200 KB of shared memory (the H100/H200 limit is 227 KB) are left out."""
+    raw = []
+    if mean_rows <= 16:
+        raw += [(16, bn, bk, 4, st, 1) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 5)]
+    elif mean_rows <= 64:
+        raw += [(bm, bn, bk, 4, 4 if bk == 64 else 3, 8) for bm in (32, 64) for bn in (64, 128) for bk in (64, 128)]
+    else:
+        raw += [(bm, bn, 64, w, st, 8) for bm in (64, 128) for bn in (128, 256) for w in (4, 8) for st in (3, 4)
+                if not (bm * bn >= 128 * 256 and w == 4)]
     out = []
-    for bm in bms:
-        for bn in (64, 128, 256):
-            for bk in (64, 128):
-                if (bm * bk + bk * bn) * 2 * 3 > 200 * 1024:
-                    continue
-                for warps in (4, 8):
-                    for persistent in (False, True):
-                        out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
-                                                 num_stages=3 if bk == 64 else 2, persistent=persistent))
+    for bm, bn, bk, warps, stages, gm in raw:
+        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:
+            continue
+        for persistent in (False, True):
+            out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+                                     persistent=persistent, group_m=gm))
     return out
 
 
@@ -48,38 +60,42 @@ def main():
     prov = provenance_fields()
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "config"))
     cells = [(model, proj, t) for model in g["models"] for proj in ("up", "down")
-             for t in g["decode_tokens"] + [g["prefill_all_loads_at"]]]
+             for t in g["tune_tokens"]]
     if args.quick:
         cells = cells[:1]
     bar = Progress(len(cells), "tune-grouped")
+    weights: dict = {}
     for model, proj, t in cells:
         m = g["models"][model]
         e, top_k = m["experts"], m["top_k"]
         k, n = m[proj]
-        gw = torch.Generator(device="cuda").manual_seed(g["seed"])
-        w = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+        if (model, proj) not in weights:
+            weights.clear()  # one projection's weights on the GPU at a time
+            gw = torch.Generator(device="cuda").manual_seed(g["seed"])
+            weights[model, proj] = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+        w = weights[model, proj]
         plan = route(sample_topk(t, e, top_k, "uniform", g["seed"] + t), e)
-        xs = permute(torch.randn(t, k, device="cuda", generator=gw).to(torch.bfloat16), plan)
-        off = plan.group_offsets.tolist()
-        ref = torch.empty(xs.shape[0], n, dtype=torch.float64, device="cuda")
-        for ex in range(e):
-            if off[ex + 1] > off[ex]:
-                ref[off[ex]:off[ex + 1]] = xs[off[ex]:off[ex + 1]].double() @ w[ex].double().T
+        gx = torch.Generator(device="cuda").manual_seed(g["seed"] + t)
+        xs = permute(torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16), plan)
+        ref = ref_rows(xs, w, plan.group_offsets)
+        ws = weight_sets(w, int((plan.group_sizes > 0).sum()), xs.shape[0], k, n)
         rows = []
         for c in candidates(xs.shape[0] / e):
             if writer.done(model=model, proj=proj, tokens=t, config=dataclasses.asdict(c)):
                 continue
-            call = lambda c=c: grouped_mm(xs, w, plan.group_offsets, w_layout="nk", config=c, validate=False)  # noqa: E731
+            calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, plan.group_offsets, w_layout="nk", config=c,
+                                                   validate=False) for wi in ws]
             try:
-                ok, rel, why = check(call(), ref, k)
+                ok, rel, why = check(calls[0](), ref, k)
             except Exception as ex:  # e.g. a tile that needs more shared memory than the GPU has
                 ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
             row = {"model": model, "proj": proj, "tokens": t, "experts": e, "k": k, "n": n,
                    "rows_bucket": rows_bucket(xs.shape[0], e), "config": dataclasses.asdict(c),
-                   "status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
+                   "status": "ok" if ok else "wrong", "rel_err": rel, "note": why, "input_sets": len(ws)}
             if ok:
-                row["graph_us"] = statistics.median(GraphTimer([call], 10).sample(3))
+                row["graph_us"] = statistics.median(GraphTimer(calls, 10).sample(3))
             rows.append({**row, **prov})
+        del ws
         writer.add(rows)
         bar.update()
     bar.close()

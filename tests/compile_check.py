@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+from pathlib import Path
 
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run without TRITON_INTERPRET"
 
@@ -60,17 +61,35 @@ def variants():
                "masked_m_ptr": "*i32"}
         tiles = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False,
                      EPILOGUE=epi)
-        yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias)
+        yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias,
+                                                                           GROUP_M=8)
         yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, tiles
+    # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from experiments.tune_grouped import candidates
+
+    gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
+    seen = set()
+    for mean_rows in (1, 64, 512):
+        for c in candidates(mean_rows):
+            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m)
+            if key in seen:
+                continue
+            seen.add(key)
+            yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
+                   dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
+                        EVEN_K=True, HAS_SCALE=False, EPILOGUE=0, PRECISION="tf32", UPCAST=False),
+                   {"num_warps": c.num_warps, "num_stages": c.num_stages})
 
 
 def main() -> int:
     target = GPUTarget("cuda", 90, 32)
     failed = 0
-    for name, kernel, io, consts in variants():
+    for name, kernel, io, consts, *opts in variants():
         s, c = sig(kernel, io, consts)
         try:
-            triton.compile(ASTSource(fn=kernel, signature=s, constexprs=c), target=target)
+            triton.compile(ASTSource(fn=kernel, signature=s, constexprs=c), target=target,
+                           options=opts[0] if opts else None)
             print("ok  ", name)
         except Exception as e:  # noqa: BLE001
             failed += 1

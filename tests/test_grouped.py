@@ -45,7 +45,8 @@ def _cases(n, seed):
                            rng.choice([16, 40, 64, 97]), rng.choice([8, 33, 64, 130]), rng.choice(["kn", "nk"]),
                            rng.choice(["none", "relu", "sigmoid"]), rng.choice([True, False]),
                            rng.choice([torch.bfloat16, torch.float16, torch.float32]), rng.choice([True, False]),
-                           rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)]), id=f"g{i}-E{e}")
+                           rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)]) + (rng.choice([1, 2, 3, 8]),),
+                           id=f"g{i}-E{e}")
 
 
 @pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
@@ -61,8 +62,8 @@ def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persi
     buf = torch.full((m + 4, n + 3), SENTINEL, dtype=dtype, device=device)
     out = buf[2 : m + 2, 1 : n + 1]
     out.fill_(float("nan"))
-    bm, bn, bk = blocks
-    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent)
+    bm, bn, bk, gm = blocks  # gm: row tiles of an expert walked together (partial bands included)
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm)
     d = lambda t: t.to(device) if t is not None else None  # noqa: E731
     got = grouped_mm(d(xs), d(w), d(offsets), w_layout=layout, epilogue=epilogue, row_scale=d(rs), config=cfg,
                      out=out)
@@ -230,3 +231,21 @@ def test_routing_and_masked_bad_input(device):
         grouped_mm_masked(x, w, torch.tensor([1.0, 2.0]).to(device))
     with pytest.raises(ValueError, match="w: has 3 experts but x has 2"):
         grouped_mm_masked(x, torch.randn(3, 8, 8).to(device), torch.tensor([1, 2]).to(device))
+
+
+def test_config_lookup_exact_nearest_heuristic(monkeypatch):
+    import moegemm.grouped.api as api
+
+    a, b = GroupedConfig(16, 64, 256), GroupedConfig(128, 128, 64, num_warps=8)
+    table = {("bfloat16", 8, 64, 32, "nk", 1): a, ("bfloat16", 8, 64, 32, "nk", 128): b}
+    monkeypatch.setattr(api, "_tuned_table", lambda slug: table)
+    monkeypatch.setattr(api, "gpu_slug", lambda x: "test-gpu")
+    x = lambda rows: torch.empty(rows, 64, dtype=torch.bfloat16)  # noqa: E731
+    assert api.choose_config(x(8), 8, 32, "nk") == (a, "tuned")  # 1 row per expert
+    assert api.choose_config(x(8 * 100), 8, 32, "nk") == (b, "tuned")  # bucket 128
+    assert api.choose_config(x(8 * 3), 8, 32, "nk") == (a, "tuned-nearest")  # bucket 4: nearer to 1
+    assert api.choose_config(x(8 * 40), 8, 32, "kn") == (b, "tuned-nearest")  # bucket 64, other layout
+    cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N
+    assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
+    with pytest.raises(ValueError, match="group_m"):
+        GroupedConfig(group_m=0)

@@ -23,12 +23,15 @@ class GroupedConfig:
     num_warps: int = 4
     num_stages: int = 3
     persistent: bool = False
+    group_m: int = 8  # row tiles of one expert walked together, column by column (1: row by row)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 16 or v > 256 or v & (v - 1):
                 raise ValueError(f"config.{name}: expected a power of two in [16, 256], got {v!r}")
+        if not isinstance(self.group_m, int) or self.group_m < 1:
+            raise ValueError(f"config.group_m: expected a positive int, got {self.group_m!r}")
 
 
 def rows_bucket(rows: int, num_experts: int) -> int:
@@ -45,17 +48,32 @@ def _tuned_table(slug: str) -> dict:
 
 
 def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str) -> tuple[GroupedConfig, str]:
-    """(config, 'tuned' | 'heuristic') for this GPU, shape and mean rows per expert."""
+    """(config, source) for this GPU, shape and mean rows per expert. source is 'tuned' for an exact entry
+    of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K, N) whose rows bucket is
+    nearest (log scale; the same w layout preferred), else 'heuristic'."""
     rows, k = x.shape
-    key = (str(x.dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
-    hit = _tuned_table(gpu_slug(x)).get(key)
-    return (hit, "tuned") if hit is not None else (heuristic_config(rows, num_experts, n), "heuristic")
+    dtype = str(x.dtype).replace("torch.", "")
+    bucket = rows_bucket(rows, num_experts)
+    table = _tuned_table(gpu_slug(x))
+    hit = table.get((dtype, num_experts, k, n, w_layout, bucket))
+    if hit is not None:
+        return hit, "tuned"
+    near = [(abs(b.bit_length() - bucket.bit_length()), lay != w_layout, b, lay)
+            for (d, e, kk, nn, lay, b) in table if (d, e, kk, nn) == (dtype, num_experts, k, n)]
+    if near:
+        _, _, b, lay = min(near)
+        return table[(dtype, num_experts, k, n, lay, b)], "tuned-nearest"
+    return heuristic_config(rows, num_experts, n), "heuristic"
 
 
 def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
-    """Row tiles sized to the mean rows per expert (decode: 16), N tiles of 128 (64 for small N)."""
+    """Row tiles sized to the mean rows per expert. Decode (<= 16 rows per expert) streams the weights:
+    16-row tiles, narrow N tiles and deep K steps for many loads in flight. Otherwise 128-wide N tiles,
+    with the row tiles of an expert walked together (group_m) so that they share its weights in L2."""
     mean = rows / max(num_experts, 1)
-    bm = 16 if mean <= 16 else 32 if mean <= 32 else 64 if mean <= 64 else 128
+    if mean <= 16:
+        return GroupedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    bm = 32 if mean <= 32 else 64 if mean <= 64 else 128
     bn = 64 if n <= 64 else 128
     return GroupedConfig(block_m=bm, block_n=bn, block_k=64, num_warps=4 if bm * bn <= 64 * 128 else 8)
 
@@ -145,14 +163,19 @@ def grouped_mm(
     cfg = config or choose_config(x_sorted, e, n, w_layout)[0]
     offsets = group_offsets.to(torch.int32).contiguous()
     n_tiles = triton.cdiv(n, cfg.block_n)
-    max_tiles = (triton.cdiv(m_total, cfg.block_m) + e) * n_tiles  # an upper bound known without a sync
+    # An upper bound on the tiles known without a sync: at most min(E, M_total) experts hold rows, and
+    # each adds at most one partly filled row tile to ceil(M_total / BLOCK_M).
+    max_tiles = (triton.cdiv(m_total, cfg.block_m) + min(e, m_total)) * n_tiles
+    if max_tiles >= 2**31:
+        raise ValueError(f"x_sorted: {m_total} rows x N={n} need {max_tiles} tiles of "
+                         f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
     grid = min(max_tiles, 2 * device_sm_count(x_sorted)) if cfg.persistent else max_tiles
     _grouped_mm_kernel[(grid,)](
         x_sorted, w, out, offsets, row_scale if row_scale is not None else out,
         n, k, e, max_tiles,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        E_BLOCK=max(16, triton.next_power_of_2(e)), EVEN_K=k % cfg.block_k == 0,
+        E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0,
         HAS_SCALE=row_scale is not None, EPILOGUE=int(epi),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dot_meta(x_sorted.dtype, allow_tf32),
     )

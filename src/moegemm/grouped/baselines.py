@@ -55,7 +55,7 @@ def torch_grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: tor
     return torch._grouped_mm(x_sorted, _w_kn(w, w_layout), offs=group_offsets[1:].to(torch.int32))
 
 
-def dense_reference(x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str = "kn") -> torch.Tensor:
-    """One ordinary GEMM over all M_total rows with expert 0's weights: the yardstick of a dense GEMM that
+def dense_reference(x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str = "kn", expert: int = 0) -> torch.Tensor:
+    """One ordinary GEMM over all M_total rows with one expert's weights: the yardstick of a dense GEMM that
     moves the activations but only one expert's weights."""
-    return x_sorted @ _w_kn(w, w_layout)[0]
+    return x_sorted @ _w_kn(w, w_layout)[expert]

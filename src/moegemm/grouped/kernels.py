@@ -27,29 +27,36 @@ def _grouped_mm_kernel(
     N, K, E, max_tiles,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Contiguous layout. Tiles are numbered expert by expert (ceil(m_e / BLOCK_M) row tiles each, times
-    the N tiles); each program walks tiles pid, pid + nprog, ... (one tile when the grid covers them all,
-    a persistent loop when the grid is the SM count) and finds its expert from the offsets in-kernel."""
+    """Contiguous layout. Tiles are numbered expert by expert (ceil(m_e / BLOCK_M) row tiles times the N
+    tiles each); inside an expert, bands of GROUP_M row tiles are walked column by column (row tile
+    fastest), so the programs running together share the expert's weight columns in L2 (GROUP_M = 1:
+    row by row, sharing the activation rows instead). Each program walks tiles pid, pid + nprog, ... (one
+    tile when the grid covers them all, a persistent loop when the grid is the SM count) and finds its
+    expert from the offsets in-kernel: no host sync, no padding."""
     e_offs = tl.arange(0, E_BLOCK)
     lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
     m_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
-    cum = tl.cumsum(m_tiles, axis=0)  # inclusive prefix of row tiles per expert
-    total_m_tiles = tl.sum(m_tiles, axis=0)
     n_tiles = tl.cdiv(N, BLOCK_N)
+    cum = tl.cumsum(m_tiles, axis=0) * n_tiles  # inclusive prefix of tiles per expert
+    total_tiles = tl.sum(m_tiles, axis=0) * n_tiles
     for tile in range(tl.program_id(0), max_tiles, tl.num_programs(0)):
-        tm = tile // n_tiles
-        tn = tile % n_tiles
-        if tm < total_m_tiles:
-            expert = tl.sum((cum <= tm).to(tl.int32), axis=0)
+        if tile < total_tiles:
+            expert = tl.sum((cum <= tile).to(tl.int32), axis=0)
             sel = e_offs == expert
             row_start = tl.sum(tl.where(sel, lo, 0), axis=0)
             row_end = tl.sum(tl.where(sel, hi, 0), axis=0)
-            first_tile = tl.sum(tl.where(sel, cum - m_tiles, 0), axis=0)
-            rows = row_start + (tm - first_tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+            local = tile - tl.sum(tl.where(sel, cum - m_tiles * n_tiles, 0), axis=0)
+            mt = (row_end - row_start + BLOCK_M - 1) // BLOCK_M
+            band = local // (GROUP_M * n_tiles)
+            in_band = local % (GROUP_M * n_tiles)
+            band_rows = tl.minimum(mt - band * GROUP_M, GROUP_M)
+            tm = band * GROUP_M + in_band % band_rows
+            tn = in_band // band_rows
+            rows = row_start + tm * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < row_end
             rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)  # re-read a valid row; the store masks it
             offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
