@@ -25,29 +25,34 @@ from moegemm.grouped.api import rows_bucket
 
 
 def candidates(mean_rows: float) -> list[GroupedConfig]:
-    """Tile configs by regime of the mean rows per expert (each with the plain and the persistent grid).
+    """Tile configs by regime of the mean rows per expert, each with pointer loads and with TMA loads, on
+    the plain and the persistent grid; the row tiles of an expert are walked together (group_m = 8) so
+    that they share its weights in L2.
 
     - decode (<= 16 rows): the weights are streamed once; 16-row tiles, narrow N tiles and deep K steps,
       several stages, for many loads in flight per multiprocessor.
     - middle (<= 64 rows): row tiles of 32/64, N tiles of 64/128.
-    - prefill: 64/128 x 128/256 tiles on the tensor cores, 8 warps for the largest, the row tiles of an
-      expert walked together (group_m) so that they share its weights in L2.
+    - prefill: 64/128 x 128/256 tiles on the tensor cores (wgmma), 8 warps for the larger ones; with TMA
+      also Triton's warp-specialized persistent loop.
     Configs needing more than 200 KB of shared memory (the H100/H200 limit is 227 KB) are left out."""
-    raw = []
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize)
     if mean_rows <= 16:
-        raw += [(16, bn, bk, 4, st, 1) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 5)]
+        raw += [(16, bn, bk, 4, st, False, False) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 5)]
+        raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
     elif mean_rows <= 64:
-        raw += [(bm, bn, bk, 4, 4 if bk == 64 else 3, 8) for bm in (32, 64) for bn in (64, 128) for bk in (64, 128)]
+        raw += [(bm, bn, bk, 4, 4 if bk == 64 else 3, tma, False) for bm in (32, 64) for bn in (64, 128)
+                for bk in (64, 128) for tma in (False, True)]
     else:
-        raw += [(bm, bn, 64, w, st, 8) for bm in (64, 128) for bn in (128, 256) for w in (4, 8) for st in (3, 4)
-                if not (bm * bn >= 128 * 256 and w == 4)]
+        shapes = [(64, 128, 4), (64, 256, 8), (128, 128, 8), (128, 256, 8)]
+        raw += [(bm, bn, 64, w, st, tma, False) for bm, bn, w in shapes for st in (3, 4) for tma in (False, True)]
+        raw += [(128, bn, 64, 8, st, True, True) for bn in (128, 256) for st in (3, 4)]
     out = []
-    for bm, bn, bk, warps, stages, gm in raw:
+    for bm, bn, bk, warps, stages, tma, ws in raw:
         if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:
             continue
-        for persistent in (False, True):
+        for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                                     persistent=persistent, group_m=gm))
+                                     persistent=persistent, group_m=8, tma=tma, warp_specialize=ws))
     return out
 
 

@@ -22,7 +22,8 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
-from moegemm.grouped.kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel  # noqa: E402
+from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
+                                     _grouped_mm_tma_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -64,6 +65,14 @@ def variants():
         yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias,
                                                                            GROUP_M=8)
         yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, tiles
+        if dt != "fp32":
+            for ws, kn in itertools.product((False, True), (False, True)):
+                box = "[128,64]" if not kn else "[64,128]"
+                tio = {"a_desc": f"tensordesc<{dt}[64,64]>", "w_desc": f"tensordesc<{dt}{box}>",
+                       "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt]}
+                yield (("grouped_tma", dt, epi, bias, ws, kn), _grouped_mm_tma_kernel, tio,
+                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
+                            WARP_SPECIALIZE=ws, FLATTEN=ws, HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates
@@ -72,14 +81,22 @@ def variants():
     seen = set()
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
-            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m)
+            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize)
             if key in seen:
                 continue
             seen.add(key)
-            yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
-                   dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
-                        EVEN_K=True, HAS_SCALE=False, EPILOGUE=0, PRECISION="tf32", UPCAST=False),
-                   {"num_warps": c.num_warps, "num_stages": c.num_stages})
+            opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
+            tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
+                         HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
+            if c.tma:
+                tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
+                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
+                       "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
+                yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
+                       dict(tiles, W_KN=False, WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.warp_specialize), opts)
+            else:
+                yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
+                       dict(tiles, EVEN_K=True, PRECISION="tf32"), opts)
 
 
 def main() -> int:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from moegemm.bench.correctness import TOL
+from moegemm.bench.correctness import TOL, atol_for  # noqa: F401 (TOL re-exported to tests)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LAYOUTS = ("contiguous", "transposed", "sliced")
@@ -41,8 +39,7 @@ def poisoned(shape, dtype, device, layout: str = "contiguous") -> torch.Tensor:
 
 def assert_close_to_ref(out: torch.Tensor, ref64: torch.Tensor, k: int, what: str = "") -> None:
     """Every element finite-or-equal-to-ref, within tolerance of the float64 reference."""
-    rtol, atol_unit = TOL[out.dtype]
-    atol = atol_unit * math.sqrt(max(k, 1))
+    rtol, atol = atol_for(out.dtype, k)
     got = out.detach().double().cpu()
     assert got.shape == ref64.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref64.shape)}"
     assert not torch.isnan(got).any(), f"{what}: NaN in output ({int(torch.isnan(got).sum())} elements)"

@@ -45,8 +45,8 @@ def _cases(n, seed):
                            rng.choice([16, 40, 64, 97]), rng.choice([8, 33, 64, 130]), rng.choice(["kn", "nk"]),
                            rng.choice(["none", "relu", "sigmoid"]), rng.choice([True, False]),
                            rng.choice([torch.bfloat16, torch.float16, torch.float32]), rng.choice([True, False]),
-                           rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)]) + (rng.choice([1, 2, 3, 8]),),
-                           id=f"g{i}-E{e}")
+                           rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)]) + (rng.choice([1, 2, 3, 8]),)
+                           + (rng.choice([False, True]),), id=f"g{i}-E{e}")
 
 
 @pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
@@ -62,8 +62,8 @@ def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persi
     buf = torch.full((m + 4, n + 3), SENTINEL, dtype=dtype, device=device)
     out = buf[2 : m + 2, 1 : n + 1]
     out.fill_(float("nan"))
-    bm, bn, bk, gm = blocks  # gm: row tiles of an expert walked together (partial bands included)
-    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm)
+    bm, bn, bk, gm, tma = blocks  # gm: row tiles of an expert walked together (partial bands included)
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, tma=tma)
     d = lambda t: t.to(device) if t is not None else None  # noqa: E731
     got = grouped_mm(d(xs), d(w), d(offsets), w_layout=layout, epilogue=epilogue, row_scale=d(rs), config=cfg,
                      out=out)
@@ -249,3 +249,46 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
     with pytest.raises(ValueError, match="group_m"):
         GroupedConfig(group_m=0)
+
+
+@pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
+@pytest.mark.parametrize("persistent,ws", [(False, False), (True, False), (True, True)])
+def test_tma_path_matches_reference(layout, k, n, persistent, ws, device):
+    """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
+    expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows."""
+    import moegemm.grouped.api as api
+
+    g = torch.Generator().manual_seed(k * 31 + n)
+    sizes = [5, 0, 37, 1, 18]
+    e, m = len(sizes), sum(sizes)
+    offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32)
+    xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w_kn = (torch.randn(e, k, n, generator=g) / k**0.5).to(torch.bfloat16)
+    w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
+    rs = torch.rand(m, generator=g).to(torch.bfloat16)
+    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
+                        warp_specialize=ws)
+    assert api._tma_descriptors(xs, w, layout, e, n, k, cfg) is not None, "expected the TMA path"
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    got = grouped_mm(xs.to(device), w.to(device), offsets.to(device), w_layout=layout, epilogue="relu",
+                     row_scale=rs.to(device), config=cfg, out=out)
+    ref = _ref(xs, w_kn, offsets, "relu", rs)
+    rtol, atol = TOL[torch.bfloat16]
+    assert not torch.isnan(got.cpu().double()).any()
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
+
+
+def test_tma_path_declines_unsuitable_inputs():
+    import moegemm.grouped.api as api
+
+    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, tma=True)
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    w = torch.randn(3, 64, 32).to(torch.bfloat16)
+    assert api._tma_descriptors(x, w, "kn", 3, 32, 64, cfg) is not None
+    assert api._tma_descriptors(x.float(), w.float(), "kn", 3, 32, 64, cfg) is None  # fp32
+    assert api._tma_descriptors(x[:, :40], w[:, :40], "kn", 3, 32, 40, cfg) is None  # kn with a K tail
+    x97 = torch.randn(8, 97).to(torch.bfloat16)
+    assert api._tma_descriptors(x97, torch.randn(3, 8, 97).to(torch.bfloat16), "nk", 3, 8, 97, cfg) is None
+    assert api._tma_descriptors(x, w.transpose(1, 2).contiguous().transpose(1, 2), "kn", 3, 32, 64, cfg) is None
+    with pytest.raises(ValueError, match="warp_specialize"):
+        GroupedConfig(warp_specialize=True)

@@ -45,8 +45,11 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     xs = permute(x, plan)
     rs = sorted_weights(wts, plan).to(torch.bfloat16)
     heur = heuristic_config(xs.shape[0], e, n)
-    # the heuristic config on both grids, and config=None: the tuned table's choice on this GPU
-    for cfg in (heur, dataclasses.replace(heur, persistent=True), None):
+    # the heuristic config on both grids, with TMA loads (and warp specialization), and config=None: the
+    # tuned table's choice on this GPU
+    tma = dataclasses.replace(heur, tma=True, num_stages=3)
+    for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
+                dataclasses.replace(tma, persistent=True, warp_specialize=True), None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")

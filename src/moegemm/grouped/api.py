@@ -12,7 +12,12 @@ from .. import tuned
 from .._runtime import check_device, device_sm_count, gpu_slug
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
-from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel
+from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_tma_kernel
+
+try:  # host-side tensor descriptors (Triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the pointer kernel serves every config
+    TensorDescriptor = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +29,8 @@ class GroupedConfig:
     num_stages: int = 3
     persistent: bool = False
     group_m: int = 8  # row tiles of one expert walked together, column by column (1: row by row)
+    tma: bool = False  # tiles loaded by the tensor-memory accelerator (16-bit, TMA-compatible strides)
+    warp_specialize: bool = False  # with tma: Triton's producer/consumer warp specialization of the K loop
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -32,6 +39,8 @@ class GroupedConfig:
                 raise ValueError(f"config.{name}: expected a power of two in [16, 256], got {v!r}")
         if not isinstance(self.group_m, int) or self.group_m < 1:
             raise ValueError(f"config.group_m: expected a positive int, got {self.group_m!r}")
+        if self.warp_specialize and not self.tma:
+            raise ValueError("config.warp_specialize: needs tma=True")
 
 
 def rows_bucket(rows: int, num_experts: int) -> int:
@@ -170,16 +179,47 @@ def grouped_mm(
         raise ValueError(f"x_sorted: {m_total} rows x N={n} need {max_tiles} tiles of "
                          f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
     grid = min(max_tiles, 2 * device_sm_count(x_sorted)) if cfg.persistent else max_tiles
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m,
+                  HAS_SCALE=row_scale is not None, EPILOGUE=int(epi), num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    scale = row_scale if row_scale is not None else out
+    descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
+    if descs is not None:
+        _grouped_mm_tma_kernel[(grid,)](
+            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
+            W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.warp_specialize,
+            UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common,
+        )
+        return out
     _grouped_mm_kernel[(grid,)](
-        x_sorted, w, out, offsets, row_scale if row_scale is not None else out,
-        n, k, e, max_tiles,
+        x_sorted, w, out, offsets, scale,
+        n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0,
-        HAS_SCALE=row_scale is not None, EPILOGUE=int(epi),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dot_meta(x_sorted.dtype, allow_tf32),
+        EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32),
     )
     return out
+
+
+def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
+                     cfg: GroupedConfig):
+    """(x descriptor, w descriptor) for the TMA kernel, or None where the inputs do not allow it: 16-bit
+    dtypes; x and w contiguous along their last dimension with 16-byte aligned rows and base; w's experts
+    stacked densely (so that it is one 2-D [E*N, K] or [E*K, N] matrix); for "kn", K a multiple of BLOCK_K
+    (a K tail would read the next expert's rows). The pointer kernel, same tiles, serves the rest."""
+    if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16 or w.stride(2) != 1 or w.data_ptr() % 16:
+        return None
+    rows_w, cols_w = (e * n, k) if w_layout == "nk" else (e * k, n)
+    if (w.stride(1) * 2) % 16 or (e > 1 and w.stride(0) != w.shape[1] * w.stride(1)):
+        return None
+    if w_layout == "kn" and k % cfg.block_k:
+        return None
+    a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
+    box = [cfg.block_n, cfg.block_k] if w_layout == "nk" else [cfg.block_k, cfg.block_n]
+    b = TensorDescriptor(w, [rows_w, cols_w], [w.stride(1), 1], box)
+    return a, b
 
 
 def grouped_mm_masked(

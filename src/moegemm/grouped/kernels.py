@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton_common import k_loop
+from .._triton_common import k_loop, mma
 from ..epilogue import apply_epilogue
 
 
@@ -22,54 +22,109 @@ def _tile_mm(a_ptr, w_ptr, rows, offs_n, K, stride_am, stride_ak, stride_wk, str
 
 
 @triton.jit
-def _grouped_mm_kernel(
-    a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr,
-    N, K, E, max_tiles,
-    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """Contiguous layout. Tiles are numbered expert by expert (ceil(m_e / BLOCK_M) row tiles times the N
-    tiles each); inside an expert, bands of GROUP_M row tiles are walked column by column (row tile
-    fastest), so the programs running together share the expert's weight columns in L2 (GROUP_M = 1:
-    row by row, sharing the activation rows instead). Each program walks tiles pid, pid + nprog, ... (one
-    tile when the grid covers them all, a persistent loop when the grid is the SM count) and finds its
-    expert from the offsets in-kernel: no host sync, no padding."""
+def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
+    """Per-expert row ranges and the inclusive prefix of tiles per expert (row tiles x N tiles)."""
     e_offs = tl.arange(0, E_BLOCK)
     lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
     m_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
     n_tiles = tl.cdiv(N, BLOCK_N)
-    cum = tl.cumsum(m_tiles, axis=0) * n_tiles  # inclusive prefix of tiles per expert
-    total_tiles = tl.sum(m_tiles, axis=0) * n_tiles
-    for tile in range(tl.program_id(0), max_tiles, tl.num_programs(0)):
-        if tile < total_tiles:
-            expert = tl.sum((cum <= tile).to(tl.int32), axis=0)
-            sel = e_offs == expert
-            row_start = tl.sum(tl.where(sel, lo, 0), axis=0)
-            row_end = tl.sum(tl.where(sel, hi, 0), axis=0)
-            local = tile - tl.sum(tl.where(sel, cum - m_tiles * n_tiles, 0), axis=0)
-            mt = (row_end - row_start + BLOCK_M - 1) // BLOCK_M
-            band = local // (GROUP_M * n_tiles)
-            in_band = local % (GROUP_M * n_tiles)
-            band_rows = tl.minimum(mt - band * GROUP_M, GROUP_M)
-            tm = band * GROUP_M + in_band % band_rows
-            tn = in_band // band_rows
-            rows = row_start + tm * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < row_end
-            rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)  # re-read a valid row; the store masks it
-            offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_c = offs_n % N
-            acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, K,
-                           stride_am, stride_ak, stride_wk, stride_wn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
-            acc = apply_epilogue(acc, scale_ptr, offs_n[None, :], offs_n[None, :] < N, False, EPILOGUE)
-            if HAS_SCALE:
-                s = tl.load(scale_ptr + rows_c, mask=row_ok, other=0.0).to(tl.float32)
-                acc = acc * s[:, None]
-            y_ptrs = y_ptr + rows_c[:, None] * stride_ym + offs_n[None, :] * stride_yn
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
+    return e_offs, lo, hi, cum, tl.sum(m_tiles, axis=0) * n_tiles
+
+
+@triton.jit
+def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """(expert, first row, end row, first row of the tile, first column of the tile) of tile number
+    ``tile``. Tiles are numbered expert by expert; inside an expert, bands of GROUP_M row tiles are walked
+    column by column (row tile fastest), so the programs running together share the expert's weight
+    columns in L2 (GROUP_M = 1: row by row, sharing the activation rows instead)."""
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    expert = tl.sum((cum <= tile).to(tl.int32), axis=0)
+    sel = e_offs == expert
+    row_start = tl.sum(tl.where(sel, lo, 0), axis=0)
+    row_end = tl.sum(tl.where(sel, hi, 0), axis=0)
+    mt = (row_end - row_start + BLOCK_M - 1) // BLOCK_M
+    local = tile - (tl.sum(tl.where(sel, cum, 0), axis=0) - mt * n_tiles)
+    band = local // (GROUP_M * n_tiles)
+    in_band = local % (GROUP_M * n_tiles)
+    band_rows = tl.minimum(mt - band * GROUP_M, GROUP_M)
+    tm = band * GROUP_M + in_band % band_rows
+    tn = in_band // band_rows
+    return expert, row_start, row_end, row_start + tm * BLOCK_M, tn * BLOCK_N
+
+
+@triton.jit
+def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
+    """epilogue(acc) * row_scale into the rows [row0, min(row0 + BLOCK_M, row_end)) and columns < N."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
+    offs_n = col0 + tl.arange(0, BLOCK_N)
+    acc = apply_epilogue(acc, scale_ptr, offs_n[None, :], offs_n[None, :] < N, False, EPILOGUE)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + rows_c, mask=row_ok, other=0.0).to(tl.float32)
+        acc = acc * s[:, None]
+    y_ptrs = y_ptr + rows_c[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _grouped_mm_kernel(
+    a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr,
+    N, K, E,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Contiguous layout, pointer loads (any strides, any dtype). Each program walks tiles pid, pid + nprog,
+    ... up to the tile count it computes from the offsets (one tile when the grid covers an upper bound of
+    them, a persistent loop when the grid is the SM count) and finds each tile's expert in-kernel: no host
+    sync, no padding."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M)
+        rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # the store masks them
+        n_c = (col0 + tl.arange(0, BLOCK_N)) % N
+        acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, K,
+                       stride_am, stride_ak, stride_wk, stride_wn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+        _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+
+
+@triton.jit
+def _grouped_mm_tma_kernel(
+    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
+    N, K, E, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
+    HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
+    An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
+    descriptor (rows past the expert's end are computed and not stored; past M_total the box reads zeros).
+    w is a 2-D [E*N, K] descriptor ("nk": rows past N belong to the next expert and are not stored; past
+    K the box reads zeros) or [E*K, N] ("kn": only with K a multiple of BLOCK_K, checked by the caller)."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
+    for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([row0, k])
+            if W_KN:
+                b = w_desc.load([expert * K + k, col0])
+            else:
+                b = w_desc.load([expert * N + col0, k]).T
+            acc = mma(a, b, acc, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
+        _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
 
 
 @triton.jit
