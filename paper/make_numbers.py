@@ -60,6 +60,21 @@ def table(df: pd.DataFrame, caption: str, label: str, colfmt: str | None = None)
     return "\n".join(out) + "\n"
 
 
+def commits_of(csv_path: Path) -> pd.Series:
+    """The git_commit column of a results CSV, with the documented corrections of
+    ``provenance_corrections.csv`` beside it applied (rows matched by file and UTC start time; the CSV
+    itself is left as measured)."""
+    df = pd.read_csv(csv_path)
+    commits = df["git_commit"].astype(str)
+    fix = csv_path.parent / "provenance_corrections.csv"
+    if fix.exists():
+        for _, c in pd.read_csv(fix).iterrows():
+            if c["file"] == csv_path.name:
+                hit = (df["utc"].astype(str) == c["utc"]) & (commits == c["recorded_commit"])
+                commits = commits.where(~hit, c["actual_commit"])
+    return commits
+
+
 def provenance(n: Numbers, results: Path) -> None:
     df = pd.read_csv(results / "decompose_k_grid.csv")
     r = df.iloc[0]
@@ -69,7 +84,7 @@ def provenance(n: Numbers, results: Path) -> None:
     n.add("CudaVersion", str(r["cuda"]))
     n.add("TorchVersion", str(r["torch"]))
     n.add("TritonVersion", str(r["triton"]))
-    commits = sorted(set().union(*[set(pd.read_csv(p)["git_commit"].astype(str)) for p in results.glob("*.csv")
+    commits = sorted(set().union(*[set(commits_of(p)) for p in results.glob("*.csv")
                                    if "git_commit" in pd.read_csv(p, nrows=1).columns]))
     n.add("Commits", ", ".join(c[:7] for c in commits))
     fl = json.loads((results / "floors.json").read_text())
@@ -250,6 +265,15 @@ def headline(results: Path) -> str:
     lines += ["", f"Fusing ReLU into the reduction's store (flat kernel, GPU time): {gm(u / f):.2f}x. "
               f"DeepSeek-V3 router sigmoid(x @ W), T = 1..16 tokens, GPU time: {gm(r.loc[dec, 'eager'] / ours_r[dec]):.2f}x "
               "faster than cuBLAS; for prefill cuBLAS is faster."]
+    o = e7_frame(results)
+    if o is not None:
+        dec, pre = o[o.tokens <= 256], o[o.tokens > 256]
+        lines += ["", "Grouped GEMM (E7: DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B; gate/up and down; uniform, Zipf "
+                  "and hot-expert loads), % of the physical floor, GPU time, geomean over cells:", "",
+                  "| tokens | ours | torch._grouped_mm | ours vs torch._grouped_mm |", "|---|---|---|---|"]
+        for label, c in (("decode (T <= 256)", dec), ("prefill (T >= 1024)", pre)):
+            lines.append(f"| {label} | {gm(c.pct):.0f}% ({c.pct.min():.0f}-{c.pct.max():.0f}) | "
+                         f"{gm(c.tg_pct):.0f}% | {gm(c.tg_us / c.us):.2f}x |")
     return "\n".join(lines)
 
 
@@ -259,39 +283,142 @@ def update_readme(readme: Path, block: str) -> None:
     write_text(readme, text[:start] + "\n" + block + "\n" + text[end:])
 
 
+OURS_GROUPED = ["ours:contiguous", "ours:persistent"]  # the same tuned tiles on the two grids we ship
+
+
+def e7_frame(results: Path) -> pd.DataFrame | None:
+    """Per (model, proj, tokens, load): our best-grid time and % of floor, and torch._grouped_mm's."""
+    path = results / "grouped_skew.csv"
+    return e7_frame_of(pd.read_csv(path)) if path.exists() else None
+
+
+def e7_frame_of(df: pd.DataFrame) -> pd.DataFrame:
+    g = df[(df.status == "ok") & df.proj.isin(["up", "down"])]
+    key = ["model", "proj", "tokens", "load"]
+    ours = g[g.contender.isin(OURS_GROUPED)].groupby(key).agg(us=("graph_us", "min"), pct=("pct_floor_graph", "max"))
+    tg = g[g.contender == "torch._grouped_mm"].set_index(key)
+    ours["tg_us"], ours["tg_pct"] = tg.graph_us, tg.pct_floor_graph
+    return ours.reset_index()
+
+
 def e7(n: Numbers, results: Path, gen: Path) -> None:
     """Grouped GEMM under skew, when measured (the paper shows its section only if these exist)."""
-    path = results / "grouped_skew.csv"
-    if not path.exists():
+    o = e7_frame(results)
+    if o is None:
         return
-    df = pd.read_csv(path)
+    df = pd.read_csv(results / "grouped_skew.csv")
     ok = df[df.status == "ok"]
     g = ok[ok.proj.isin(["up", "down"])]
-    decode = g.tokens <= 256
     rows = []
     for c in ("ours:contiguous", "ours:persistent", "ours:masked", "torch._grouped_mm", "per-expert-loop",
-              "padded-bmm:cf1.25"):
+              "padded-bmm:cf1.0", "padded-bmm:cf1.25", "padded-bmm:cf2.0"):
         sub = g[g.contender == c]
         if len(sub):
+            launch_pct = 100 * sub.floor_us / sub.launch_us
             rows.append({"contender": c, "decode % floor": gm(sub[sub.tokens <= 256].pct_floor_graph),
-                         "prefill % floor": gm(sub[sub.tokens > 256].pct_floor_graph)})
-    write_text(gen / "table_e7.tex", table(pd.DataFrame(rows), "E7: geomean \\% of the physical floor (GPU time) "
-                                         "over models, projections and loads.", "tab:e7", "lrr"))
-    ours = g[g.contender == "ours:contiguous"]
-    n.add("ESevenDecodePct", gm(ours[decode[ours.index]].pct_floor_graph), "{:.0f}")
-    n.add("ESevenPrefillPct", gm(ours[~decode[ours.index]].pct_floor_graph), "{:.0f}")
-    tgm = g[g.contender == "torch._grouped_mm"]
-    if len(tgm):
-        n.add("ESevenTorchDecodePct", gm(tgm[decode[tgm.index]].pct_floor_graph), "{:.0f}")
-        n.add("ESevenTorchPrefillPct", gm(tgm[~decode[tgm.index]].pct_floor_graph), "{:.0f}")
-    p = ours.pivot_table(index=["model", "proj", "tokens"], columns="load", values="graph_us")
-    if {"uniform", "zipf1.2"} <= set(p.columns):
-        n.add("ESevenSkewPenalty", gm(p["zipf1.2"] / p["uniform"]))
-        n.add("ESevenSkewAlpha", "1.2")  # the load compared above (a setting, not a measurement)
+                         "prefill % floor": gm(sub[sub.tokens > 256].pct_floor_graph),
+                         "decode, launch clock": gm(launch_pct[sub.tokens <= 256]),
+                         "prefill, launch clock": gm(launch_pct[sub.tokens > 256]),
+                         "rows dropped": int(pd.to_numeric(sub.note.str.extract(r"^(\d+) rows dropped")[0],
+                                                           errors="coerce").fillna(0).sum())
+                         if c.startswith("padded") else "--"})
+    write_text(gen / "table_e7.tex", table(pd.DataFrame(rows), "E7: geomean \\% of the physical floor over models, "
+                                         "projections, token counts and loads, GPU time and launch-inclusive "
+                                         "(the per-expert loop syncs with the host, so it has only the latter); "
+                                         "rows dropped by capacity padding summed over all cells.", "tab:e7",
+                                         "lrrrrr"))
+    dec, pre = o[o.tokens <= 256], o[o.tokens > 256]
+    n.add("ESevenDecodePct", gm(dec.pct), "{:.0f}")
+    n.add("ESevenPrefillPct", gm(pre.pct), "{:.0f}")
+    n.add("ESevenTorchDecodePct", gm(dec.tg_pct), "{:.0f}")
+    n.add("ESevenTorchPrefillPct", gm(pre.tg_pct), "{:.0f}")
+    n.add("ESevenDecodeVsTorch", gm(dec.tg_us / dec.us))
+    n.add("ESevenPrefillVsTorch", gm(pre.tg_us / pre.us))
+    n.add("ESevenPrefillVsTorchMin", float((pre.tg_us / pre.us).min()))
+    n.add("ESevenPrefillSlowerCells", int((pre.tg_us < pre.us).sum()), "{}")
+    n.add("ESevenPrefillCells", len(pre), "{}")
+    p = o.pivot_table(index=["model", "proj", "tokens"], columns="load", values="us")
+    pen = (p["zipf1.2"] / p["uniform"]).dropna()
+    n.add("ESevenSkewPenalty", gm(pen))
+    n.add("ESevenSkewPenaltyMax", float(pen.max()))
+    n.add("ESevenSkewAlpha", "1.2")  # the load compared above (a setting, not a measurement)
     path_rows = ok[ok.proj == "path(up)"].pivot_table(index=["model", "tokens"], columns="contender",
                                                       values="graph_us")
     if {"path:ours", "path:torch._grouped_mm"} <= set(path_rows.columns):
         n.add("ESevenPathSpeedup", gm(path_rows["path:torch._grouped_mm"] / path_rows["path:ours"]))
+    # Targets set in issue 5 (settings, not measurements), quoted by the paper through these macros.
+    n.add("ESevenTargetDecode", "92")
+    n.add("ESevenTargetPrefill", "70")
+    # The dense yardstick against its own floor (one expert's weights, all rows), prefill cells.
+    dn = g[(g.contender == "dense-reference") & (g.tokens > 256)].copy()
+    if len(dn):
+        fl = json.loads((results / "floors.json").read_text())["datasheet"]
+        dense_floor = np.maximum(2 * (dn.k * dn.n + dn.rows * (dn.k + dn.n)) / (fl["hbm_tb_s"] * 1e12),
+                                 2 * dn.rows * dn.k * dn.n / (fl["bf16_tflops"] * 1e12)) * 1e6
+        dpct = 100 * dense_floor / dn.graph_us
+        n.add("ESevenDensePctLo", float(dpct.min()), "{:.0f}")
+        n.add("ESevenDensePctHi", float(dpct.max()), "{:.0f}")
+    small = o[(o.model == "qwen3-30b-a3b") & (o.tokens == 1)]
+    if len(small):
+        n.add("ESevenSmallUsLo", float(small.us.min()), "{:.0f}")
+        n.add("ESevenSmallUsHi", float(small.us.max()), "{:.0f}")
+        n.add("ESevenSmallPctHi", float(small.pct.max()), "{:.0f}")
+    big = g[(g.model == "deepseek-v3") & (g.proj == "up")]
+    if len(big):
+        n.add("ESevenDeepSeekExpertMB", float(big.k.iloc[0] * big.n.iloc[0] * 2 / 1e6), "{:.0f}")
+    # Before/after the band order inside an expert (results/<gpu>/history: the first version, row by row).
+    hist = sorted((results / "history").glob("grouped_skew_*.csv")) if (results / "history").exists() else []
+    if hist:
+        h = e7_frame_of(pd.read_csv(hist[0]))
+        cell = lambda f: f[(f.model == "mixtral-8x7b") & (f.tokens == 64) & (f.load == "uniform")].pct  # noqa: E731
+        if len(cell(h)) and len(cell(o)):
+            n.add("ESevenBandBefore", gm(cell(h)), "{:.0f}")
+            n.add("ESevenBandAfter", gm(cell(o)), "{:.0f}")
+            n.add("ESevenBandCommit", hist[0].stem.rsplit("_", 1)[1])
+    # The issue's targets, each against what we measured (GPU clock, ours = the better of our two grids).
+    pct_pen = (o.pivot_table(index=["model", "proj", "tokens"], columns="load", values="pct")
+               .pipe(lambda q: q["uniform"] / q["zipf1.2"]).dropna())
+    targets = [
+        ("decode: at least 92% of floor, every model x load", f"{dec.pct.min():.0f}-{dec.pct.max():.0f}% "
+         f"(median {dec.pct.median():.0f}%)", f"{int((dec.pct >= 92).sum())} of {len(dec)} cells"),
+        ("prefill: at least 70% of floor, every cell", f"{pre.pct.min():.0f}-{pre.pct.max():.0f}% "
+         f"(median {pre.pct.median():.0f}%)", f"{int((pre.pct >= 70).sum())} of {len(pre)} cells"),
+        ("prefill: at least 1.4x torch._grouped_mm (geomean)", f"{gm(pre.tg_us / pre.us):.2f}x "
+         f"(min {(pre.tg_us / pre.us).min():.2f}x)", f"slower in {int((pre.tg_us < pre.us).sum())} of {len(pre)} cells"),
+        ("decode vs torch._grouped_mm (geomean)", f"{gm(dec.tg_us / dec.us):.2f}x "
+         f"(min {(dec.tg_us / dec.us).min():.2f}x)", f"slower in {int((dec.tg_us < dec.us).sum())} of {len(dec)} cells"),
+        ("skew: Zipf 1.2 / uniform time at most 1.05x", f"geomean {gm(pen):.2f}x, max {pen.max():.2f}x",
+         f"{int((pen <= 1.05).sum())} of {len(pen)} (model, proj, T)"),
+        ("skew in % of floor (uniform / Zipf 1.2)", f"geomean {gm(pct_pen):.2f}x, max {pct_pen.max():.2f}x",
+         f"{int((pct_pen <= 1.05).sum())} of {len(pct_pen)} (model, proj, T)"),
+    ]
+    write_text(gen / "table_e7_targets.tex", table(
+        pd.DataFrame(targets, columns=["target (issue 5)", "measured", "met in"]),
+        "E7 against the targets (GPU time; ours = the better of our two grids, same tuned tiles). Zipf 1.2 "
+        "activates fewer experts than uniform at decode, so its time ratio can be below 1; the \\% of floor "
+        "ratio accounts for that.", "tab:e7targets", "lll"))
+    quoted = results.parent / "reference" / "issue5-h200" / "quoted.csv"
+    if quoted.exists():
+        q_rows = []
+        for _, q in pd.read_csv(quoted).iterrows():
+            cell = o[(o.proj == "up") & (o.tokens == q.tokens) & o.model.isin(q.models.split(";"))
+                     & o.load.isin(q.loads.split(";"))]
+            if not len(cell):
+                continue
+            mid_v = (q.vllm_fused_moe_pct_lo + q.vllm_fused_moe_pct_hi) / 2
+            models = q.models.split(";")
+            q_rows.append({"case": f"{q.case} T={q.tokens}, " + (f"{len(models)} models" if len(models) > 1
+                                                                   else models[0]),
+                           "ours": f"{cell.pct.min():.0f}-{cell.pct.max():.0f}",
+                           "torch._grouped_mm (measured)": f"{cell.tg_pct.min():.0f}-{cell.tg_pct.max():.0f}",
+                           "torch._grouped_mm (quoted)": f"{q.torch_grouped_mm_pct_lo:.0f}-{q.torch_grouped_mm_pct_hi:.0f}",
+                           "vLLM fused_moe (quoted)": f"{q.vllm_fused_moe_pct_lo:.0f}-{q.vllm_fused_moe_pct_hi:.0f}",
+                           "ours / vLLM mid": f"{gm(cell.pct) / mid_v:.2f}x"})
+        write_text(gen / "table_e7_quoted.tex", table(
+            pd.DataFrame(q_rows), "E7 gate/up cells beside the figures issue 5 quotes (\\% of floor, GPU "
+            "time). The quoted columns are not our measurements (vLLM is not installed on our GPU machine); "
+            "ours / vLLM mid is the geomean of our cells over the midpoint of the quoted range.",
+            "tab:e7quoted", "llllll"))
 
 
 def main():

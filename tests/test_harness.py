@@ -129,3 +129,25 @@ def test_quiesce_stops_inductor_compile_workers():
 
     assert quiesce() is True
     assert len(getattr(async_compile, "_pool_set", ())) == 0
+
+
+def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
+    """A commit recorded by whoever shipped the tree wins over a (possibly stale) .git found there."""
+    from moegemm.bench import provenance as prov
+
+    prov._static.cache_clear()
+    monkeypatch.setenv("MOEGEMM_COMMIT", "abc1234")
+    monkeypatch.setenv("MOEGEMM_DIRTY", "0")
+    try:
+        info = prov.provenance()
+        assert info["git_commit"] == "abc1234" and info["git_dirty"] is False
+        prov._static.cache_clear()
+        monkeypatch.setenv("MOEGEMM_DIRTY", "1")
+        assert prov.provenance()["git_dirty"] is True
+        prov._static.cache_clear()
+        monkeypatch.delenv("MOEGEMM_COMMIT")
+        monkeypatch.delenv("MOEGEMM_DIRTY")
+        head = prov._git("rev-parse", "HEAD")
+        assert prov.provenance()["git_commit"] == (head or "unknown")
+    finally:
+        prov._static.cache_clear()

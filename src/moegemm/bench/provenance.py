@@ -38,12 +38,17 @@ def _driver() -> str:
 def _static(repo: str | None) -> dict:
     import triton
 
-    # A source tree shipped without .git (the Docker build context, a tarball) records the commit it was
-    # built from in MOEGEMM_COMMIT.
-    commit = _git("rev-parse", "HEAD", cwd=repo) or os.environ.get("MOEGEMM_COMMIT", "unknown")
-    status = _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
-    if status is None and "MOEGEMM_DIRTY" in os.environ:  # recorded by whoever shipped the tree
-        status = "dirty" if os.environ["MOEGEMM_DIRTY"] == "1" else ""
+    # Whoever ships a source tree elsewhere (the Docker build context, a tarball, a copy on a lent GPU
+    # machine) records the commit it was built from in MOEGEMM_COMMIT (and MOEGEMM_DIRTY); that record
+    # wins over a .git found there, which can be stale (on 2026-11-30 the lent machine's copy carried the
+    # session's first commit and reported it, dirty, for later code; see results/nvidia-h200/RUNS.md).
+    if os.environ.get("MOEGEMM_COMMIT"):
+        commit = os.environ["MOEGEMM_COMMIT"]
+        status = ("dirty" if os.environ.get("MOEGEMM_DIRTY") == "1" else "") if "MOEGEMM_DIRTY" in os.environ \
+            else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
+    else:
+        commit = _git("rev-parse", "HEAD", cwd=repo) or "unknown"
+        status = _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
     info = {
         "torch": torch.__version__,
         "triton": triton.__version__,
