@@ -7,7 +7,8 @@
 # With a CUDA GPU every experiment runs into results/<gpu-slug>/ and the write-up is built from those.
 # Without one, the kernels are verified under Triton's interpreter and the write-up is rebuilt from the
 # committed results of config["committed_results"]; no GPU number is ever produced on such a machine.
-# Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures.
+# Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures
+# (add `tune tune_grouped floors` to re-tune and re-measure the floors too).
 
 import shutil
 import sys

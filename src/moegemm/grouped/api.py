@@ -129,6 +129,10 @@ def grouped_mm(
     M_total (row range of each expert; m_e = 0 allowed). w: [E, K, N] (w_layout="kn") or [E, N, K] ("nk",
     the nn.Linear convention). row_scale: optional [M_total] (e.g. the gating weights in sorted order).
     ``validate`` checks the offsets' values (one host sync); pass False inside a CUDA graph capture.
+    config: tiles, grid and load path; default: this GPU's tuned table (nearest rows-per-expert bucket of
+    the same E, K, N), else :func:`heuristic_config`. A config with ``tma=True`` uses the TMA kernel where
+    the inputs allow it (16-bit, rows 16-byte aligned, experts stacked densely; "kn" needs K % block_k == 0)
+    and the pointer kernel with the same tiles elsewhere.
     """
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
