@@ -1,7 +1,10 @@
 """README hero: our best Decompose-K kernel vs eager, torch.compile and custom-op autotuning on the
-bf16+ReLU grid, GPU time (CUDA-graph replay)."""
+bf16+ReLU grid, and (once E7 is measured) the grouped GEMM's % of the physical floor against
+torch._grouped_mm and capacity padding; GPU time (CUDA-graph replay)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -17,7 +20,11 @@ def main():
     p = df.pivot_table(index=["m", "k"], columns="contender", values="graph_us")
     ours = p[[c for c in OURS if c in p]].min(axis=1)
     rivals = [c for c in ("eager", "compiled", "custom-op-autotuned") if c in p]
-    fig, axes = plt.subplots(1, len(rivals), figsize=(5 * len(rivals), 3.2))
+    grouped = (Path(a.results) / "grouped_skew.csv").exists()
+    fig, axes = plt.subplots(1, len(rivals) + grouped, figsize=(5 * (len(rivals) + grouped), 3.2), squeeze=False)
+    axes = axes[0]
+    if grouped:
+        grouped_panel(axes[-1], load(a.results, "grouped_skew.csv"))
     for ax, c in zip(axes, rivals):
         sp = (p[c] / ours).unstack("k")
         sns.heatmap(sp, ax=ax, annot=True, fmt=".2f", cmap="RdBu", center=1.0, vmin=0.5, vmax=2.0, cbar=False,
@@ -25,10 +32,34 @@ def main():
         ax.set_title(f"vs {c}: geomean {geomean(sp.values.ravel()):.2f}x", fontsize=9)
         ax.set_xlabel("K")
         ax.set_ylabel("M = N")
-    fig.suptitle("Speedup of our best Decompose-K kernel, relu(A@B) bf16, GPU time (CUDA-graph replay); "
-                 f"> 1 means ours is faster\n{gpu_label(df)}", fontsize=9)
+    fig.suptitle("Speedup of our best Decompose-K kernel, relu(A@B) bf16 (> 1: ours is faster)"
+                 + ("; grouped expert GEMM, % of the physical floor" if grouped else "")
+                 + f"\nGPU time (CUDA-graph replay); {gpu_label(df)}", fontsize=9)
     fig.tight_layout()
     save(fig, a.out)
+
+
+def grouped_panel(ax, df) -> None:
+    """Geomean % of floor over E7's cells (models, projections, loads): decode and prefill."""
+    df = df[(df.status == "ok") & df.proj.isin(["up", "down"])].copy()
+    df["phase"] = ["decode (T<=256)" if t <= 256 else "prefill (T>=1024)" for t in df.tokens]
+    key = ["model", "proj", "tokens", "load", "phase"]
+    series = {"ours": df[df.contender.isin(["ours:contiguous", "ours:persistent"])].groupby(key).pct_floor_graph.max(),
+              "torch._grouped_mm": df[df.contender == "torch._grouped_mm"].groupby(key).pct_floor_graph.max(),
+              "padded bmm, cf 1.25 (drops rows)": df[df.contender == "padded-bmm:cf1.25"].groupby(key)
+              .pct_floor_graph.max()}
+    phases = ["decode (T<=256)", "prefill (T>=1024)"]
+    width = 0.8 / len(series)
+    for i, (name, s) in enumerate(series.items()):
+        vals = [geomean(s.xs(ph, level="phase").values) for ph in phases]
+        bars = ax.bar([x + i * width for x in range(len(phases))], vals, width, label=name)
+        ax.bar_label(bars, fmt="%.0f%%", fontsize=7)
+    ax.set_xticks([x + width for x in range(len(phases))], phases, fontsize=8)
+    ax.set_ylabel("% of floor, geomean")
+    ax.set_ylim(0, 135)  # room for the legend above the bars
+    ax.set_yticks(range(0, 101, 20))
+    ax.legend(fontsize=7, loc="upper right", ncol=1)
+    ax.set_title("grouped GEMM (E7): 3 models, skewed loads", fontsize=9)
 
 
 if __name__ == "__main__":
