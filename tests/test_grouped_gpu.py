@@ -82,3 +82,23 @@ def test_masked_cuda_graph_replay_with_changing_masked_m():
             ref = (x[ex, :mm].double() @ w[ex].double().T).cpu()
             assert_close_to_ref(out[ex, :mm], ref, hidden, f"replay {i} expert {ex}")
             assert torch.isnan(out[ex, mm:]).all(), f"replay {i}: rows past masked_m written"
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("tma,ws,persistent", [(False, False, False), (True, False, False), (True, True, True)])
+def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent):
+    """w as [E, K, N] and [E, N, K], pointer and TMA loads, Zipf load, fused gating; K = 4100 has rows that
+    are not 16-byte aligned, so there a TMA config must fall back to the pointer kernel and stay right."""
+    for hidden in (4096, 4100):
+        e, top_k, t, n = 8, 2, 96, 1536
+        g = torch.Generator(device="cuda").manual_seed(hidden + 3)
+        plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=hidden), e)
+        xs = permute(torch.randn(t, hidden, device="cuda", generator=g).to(torch.bfloat16), plan)
+        w_nk = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
+        w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
+        rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
+        cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, warp_specialize=ws,
+                                  persistent=persistent, num_stages=3)
+        out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
+        assert_close_to_ref(y, _ref(xs, w_nk, plan.group_offsets, rs), hidden, f"{layout} K={hidden} {cfg}")
