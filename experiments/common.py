@@ -130,7 +130,7 @@ def timing_settings(cfg: dict, quick: bool = False, section: str | None = None):
     """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its own."""
     from moegemm.bench.runner import Settings
 
-    t = dict((cfg.get(section) or {}).get("timing") or cfg["timing"]) if section else dict(cfg["timing"])
+    t = dict(cfg.get(section, {}).get("timing") or cfg["timing"])
     if quick:
         t.update(rounds=1, launch_rep_ms=3, graph_replays=2)
     return Settings(**t)

@@ -60,11 +60,13 @@ def table(df: pd.DataFrame, caption: str, label: str, colfmt: str | None = None)
     return "\n".join(out) + "\n"
 
 
-def commits_of(csv_path: Path) -> pd.Series:
-    """The git_commit column of a results CSV, with the documented corrections of
+def commits_of(csv_path: Path) -> pd.Series | None:
+    """The git_commit column of a results CSV (None if it has none), with the documented corrections of
     ``provenance_corrections.csv`` beside it applied (rows matched by file and UTC start time; the CSV
     itself is left as measured)."""
     df = pd.read_csv(csv_path)
+    if "git_commit" not in df.columns:
+        return None
     commits = df["git_commit"].astype(str)
     fix = csv_path.parent / "provenance_corrections.csv"
     if fix.exists():
@@ -84,8 +86,8 @@ def provenance(n: Numbers, results: Path) -> None:
     n.add("CudaVersion", str(r["cuda"]))
     n.add("TorchVersion", str(r["torch"]))
     n.add("TritonVersion", str(r["triton"]))
-    commits = sorted(set().union(*[set(commits_of(p)) for p in results.glob("*.csv")
-                                   if "git_commit" in pd.read_csv(p, nrows=1).columns]))
+    per_file = [commits_of(p) for p in results.glob("*.csv")]
+    commits = sorted(set().union(*[set(c) for c in per_file if c is not None]))
     n.add("Commits", ", ".join(c[:7] for c in commits))
     fl = json.loads((results / "floors.json").read_text())
     n.add("TinyKernelUs", fl["measured"]["tiny_kernel_graph_us"])
@@ -303,10 +305,11 @@ def e7_frame_of(df: pd.DataFrame) -> pd.DataFrame:
 
 def e7(n: Numbers, results: Path, gen: Path) -> None:
     """Grouped GEMM under skew, when measured (the paper shows its section only if these exist)."""
-    o = e7_frame(results)
-    if o is None:
+    path = results / "grouped_skew.csv"
+    if not path.exists():
         return
-    df = pd.read_csv(results / "grouped_skew.csv")
+    df = pd.read_csv(path)
+    o = e7_frame_of(df)
     ok = df[df.status == "ok"]
     g = ok[ok.proj.isin(["up", "down"])]
     rows = []

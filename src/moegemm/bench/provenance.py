@@ -42,13 +42,12 @@ def _static(repo: str | None) -> dict:
     # machine) records the commit it was built from in MOEGEMM_COMMIT (and MOEGEMM_DIRTY); that record
     # wins over a .git found there, which can be stale (on 2026-11-30 the lent machine's copy carried the
     # session's first commit and reported it, dirty, for later code; see results/nvidia-h200/RUNS.md).
-    if os.environ.get("MOEGEMM_COMMIT"):
-        commit = os.environ["MOEGEMM_COMMIT"]
-        status = ("dirty" if os.environ.get("MOEGEMM_DIRTY") == "1" else "") if "MOEGEMM_DIRTY" in os.environ \
-            else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
-    else:
-        commit = _git("rev-parse", "HEAD", cwd=repo) or "unknown"
-        status = _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
+    shipped = os.environ.get("MOEGEMM_COMMIT")
+    commit = shipped or _git("rev-parse", "HEAD", cwd=repo) or "unknown"
+    recorded_dirty = "MOEGEMM_DIRTY" in os.environ
+    status = None if shipped and recorded_dirty else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
+    if status is None and recorded_dirty:  # recorded by whoever shipped the tree (or no git here)
+        status = "dirty" if os.environ["MOEGEMM_DIRTY"] == "1" else ""
     info = {
         "torch": torch.__version__,
         "triton": triton.__version__,

@@ -145,14 +145,12 @@ def _grouped_mm_masked_kernel(
     e = pid // (n_tiles * m_tiles)
     m_e = tl.minimum(tl.maximum(tl.load(masked_m_ptr + e), 0), M_MAX)
     if tm * BLOCK_M < m_e:
-        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < m_e
-        rows_c = tl.minimum(rows, m_e - 1).to(tl.int64)  # only rows below masked_m[e] are ever read
-        offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        row0 = tm * BLOCK_M
+        rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), m_e - 1).to(tl.int64)  # only rows < masked_m[e] read
+        n_c = (tn * BLOCK_N + tl.arange(0, BLOCK_N)) % N
         e64 = e.to(tl.int64)
-        acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, offs_n % N, K,
+        acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, n_c, K,
                        stride_am, stride_ak, stride_wk, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
-        acc = apply_epilogue(acc, y_ptr, offs_n[None, :], offs_n[None, :] < N, False, EPILOGUE)
-        y_ptrs = y_ptr + e64 * stride_ye + rows_c[:, None] * stride_ym + offs_n[None, :] * stride_yn
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+        _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, m_e, tn * BLOCK_N, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, False, EPILOGUE)
