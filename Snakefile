@@ -97,6 +97,8 @@ rule verify:
         f"results/{HERE}/verify.json",
     log:
         f"logs/{HERE}/verify.log",
+    benchmark:
+        f"results/{HERE}/benchmarks/verify.tsv"
     params:
         py=PY,
     resources:
@@ -115,6 +117,8 @@ if GPUS:
             f"results/{HERE}/floors.json",
         log:
             f"logs/{HERE}/floors.log",
+        benchmark:
+            f"results/{HERE}/benchmarks/floors.tsv"
         params:
             slot=SLOT,
             py=PY,
@@ -132,6 +136,8 @@ if GPUS:
             table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
         log:
             f"logs/{HERE}/tune.log",
+        benchmark:
+            f"results/{HERE}/benchmarks/tune.tsv"
         params:
             slot=SLOT,
             py=PY,
@@ -149,6 +155,8 @@ if GPUS:
             table=f"src/moegemm/tuned/grouped/{HERE}.json",
         log:
             f"logs/{HERE}/tune_grouped.log",
+        benchmark:
+            f"results/{HERE}/benchmarks/tune_grouped.tsv"
         params:
             slot=SLOT,
             py=PY,
@@ -171,6 +179,8 @@ if GPUS:
             experiment="|".join(EXPERIMENTS),
         log:
             f"logs/{HERE}/{{experiment}}.log",
+        benchmark:
+            f"results/{HERE}/benchmarks/{{experiment}}.tsv"
         params:
             slot=SLOT,
             py=PY,
@@ -193,6 +203,8 @@ rule figure:
         fig="|".join(FIGURE_INPUTS),
     log:
         "logs/figures/{res}/{fig}.log",
+    benchmark:
+        "logs/benchmarks/{res}/figure_{fig}.tsv"
     params:
         py=PY,
     shell:
@@ -215,6 +227,8 @@ rule numbers:
         expand("paper/build/{{res}}/generated/table_{t}.tex", t=["e1", "e2", "e3", "e5", "e6"]),
     log:
         "logs/paper/{res}/numbers.log",
+    benchmark:
+        "logs/benchmarks/{res}/numbers.tsv"
     params:
         py=PY,
     shell:
@@ -232,6 +246,8 @@ rule paper:
         "paper/build/{res}/paper.pdf",
     log:
         "logs/paper/{res}/latexmk.log",
+    benchmark:
+        "logs/benchmarks/{res}/paper.tsv"
     params:
         build=lambda w: f"paper/build/{w.res}",
     shell:

@@ -12,14 +12,16 @@ from moegemm.decompose_k.reference import decompose_k
 from moegemm.epilogue import Epilogue
 
 
-def grid_shapes(cfg: dict) -> list[tuple[int, int, int]]:
+def grid_shapes(cfg: dict, ks: str = "grid_k") -> list[tuple[int, int, int]]:
+    """The M=N x K grid; ``ks`` names the config list of K (E3 uses its own, ``fusion_grid_k``)."""
     d = cfg["decompose_k"]
-    return [(mn, mn, k) for mn in d["grid_mn"] for k in d["grid_k"]]
+    return [(mn, mn, k) for mn in d["grid_mn"] for k in d.get(ks, d["grid_k"])]
 
 
-def router_shapes(cfg: dict) -> list[tuple[int, int, int]]:
+def router_shapes(cfg: dict, key: str = "tokens") -> list[tuple[int, int, int]]:
+    """The router shapes of E6 (``tokens``) or of the tuner (``tune_tokens``, default: E6's)."""
     r = cfg["decompose_k"]["router"]
-    return [(t, r["n"], r["k"]) for t in r["tokens"]]
+    return [(t, r["n"], r["k"]) for t in r.get(key, r["tokens"])]
 
 
 def make_inputs(m, n, k, dtype, seed: int, n_sets: int = 1, bias: bool = False) -> list[tuple]:
@@ -45,7 +47,8 @@ def ours(kernel: str, epilogue: str, config: DecomposeKConfig | None = None, fus
         return lambda: epi.torch_apply(matmul(a, b, kernel=kernel, bias=bias, config=config))
 
     label = name or (f"ours:{kernel}" + ("" if fused or epi is Epilogue.NONE else "+unfused"))
-    return Contender(label, bind, config=config.as_dict() if config else "auto", fields=fields)
+    return Contender(label, bind, config=config.as_dict() if config else "auto", fields=fields,
+                     parallel_compile=True)
 
 
 def eager(epilogue: str, **fields) -> Contender:
@@ -188,7 +191,7 @@ def run_shape(experiment: str, contenders: list[Contender], m: int, n: int, k: i
 
 
 def run_grid(experiment: str, description: str, epilogue: str, contenders_for, seed, quick: int,
-             reset_dynamo: bool) -> None:
+             reset_dynamo: bool, ks: str = "grid_k") -> None:
     """The CLI body of a bf16 experiment over the M=N x K grid: one measured unit per shape, resumable.
 
     contenders_for(probe, n, k, cfg) -> contenders, where probe is an empty [M, K] bf16 tensor (for config
@@ -203,7 +206,7 @@ def run_grid(experiment: str, description: str, epilogue: str, contenders_for, s
     prov = provenance_fields()
     tiny = tiny_kernel_us()
     writer = ResultWriter(args.out, ("m", "n", "k"))
-    shapes = grid_shapes(cfg)[:quick] if args.quick else grid_shapes(cfg)
+    shapes = grid_shapes(cfg, ks)[:quick] if args.quick else grid_shapes(cfg, ks)
     bar = Progress(len(shapes), experiment)
     for m, n, k in shapes:
         if not writer.done(m=m, n=n, k=k):

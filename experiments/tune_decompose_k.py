@@ -16,13 +16,14 @@ from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, cli, 
                                 provenance_fields, ref64, require_gpu, write_table)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
+from moegemm.bench.runner import prewarm
 from moegemm.bench.timing import GraphTimer, input_sets_for
 from moegemm.decompose_k import matmul
 
 
 def shapes(cfg, quick):
     grid = dk.grid_shapes(cfg)
-    router = dk.router_shapes(cfg)
+    router = dk.router_shapes(cfg, "tune_tokens")
     # fp16 has bf16's element size and tensor-core rate: the library reuses bf16's entries for it.
     out = [(s, dt) for dt in ("bfloat16", "float32") for s in grid]
     out += [(s, dt) for dt in ("bfloat16",) for s in router]
@@ -48,21 +49,22 @@ def main():
                               n_sets=input_sets_for((m * k + k * n) * elt))
         ref = ref64(sets[0][0], sets[0][1])
         rows = []
-        for kernel in dk.KERNELS:
-            for c in dk.candidates(m, n, k, dtype, kernel, sms):
-                if writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict()):
-                    continue
-                calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
-                try:
-                    ok, rel, why = check(calls[0](), ref, k)
-                except Exception as e:  # e.g. a config that needs more shared memory than the GPU has
-                    ok, rel, why = False, float("nan"), f"error: {type(e).__name__}: {str(e)[:160]}"
-                row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
-                       "split_k": c.split_k, "status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
-                if ok:
-                    t = GraphTimer(calls, calls_per_graph=cfg["timing"]["calls_per_graph"])
-                    row["graph_us"] = statistics.median(t.sample(3))
-                rows.append({**row, **prov})
+        todo_c = [(kernel, c) for kernel in dk.KERNELS for c in dk.candidates(m, n, k, dtype, kernel, sms)
+                  if not writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict())]
+        a0, b0, _ = sets[0]
+        prewarm([(lambda kernel=kernel, c=c: matmul(a0, b0, kernel=kernel, config=c)) for kernel, c in todo_c])
+        for kernel, c in todo_c:
+            calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
+            try:
+                ok, rel, why = check(calls[0](), ref, k)
+            except Exception as e:  # e.g. a config that needs more shared memory than the GPU has
+                ok, rel, why = False, float("nan"), f"error: {type(e).__name__}: {str(e)[:160]}"
+            row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
+                   "split_k": c.split_k, "status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
+            if ok:
+                t = GraphTimer(calls, calls_per_graph=cfg["timing"]["calls_per_graph"])
+                row["graph_us"] = statistics.median(t.sample(3))
+            rows.append({**row, **prov})
         writer.add(rows)
         bar.update()
     bar.close()

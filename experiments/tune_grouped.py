@@ -19,6 +19,7 @@ from experiments.e7_grouped_skew import ref_rows
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.moe_loads import sample_topk
+from moegemm.bench.runner import prewarm
 from moegemm.bench.timing import GraphTimer
 from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.api import rows_bucket
@@ -85,9 +86,11 @@ def main():
         ref = ref_rows(xs, w, plan.group_offsets)
         ws = weight_sets(w, int((plan.group_sizes > 0).sum()), xs.shape[0], k, n)
         rows = []
-        for c in candidates(xs.shape[0] / e):
-            if writer.done(model=model, proj=proj, tokens=t, config=dataclasses.asdict(c)):
-                continue
+        todo = [c for c in candidates(xs.shape[0] / e)
+                if not writer.done(model=model, proj=proj, tokens=t, config=dataclasses.asdict(c))]
+        prewarm([(lambda c=c, w0=ws[0]: grouped_mm(xs, w0, plan.group_offsets, w_layout="nk", config=c,
+                                                   validate=False)) for c in todo])
+        for c in todo:
             calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, plan.group_offsets, w_layout="nk", config=c,
                                                    validate=False) for wi in ws]
             try:

@@ -36,6 +36,22 @@ def _parse_junit(path: Path) -> dict:
     return {"counts": counts, "cases": cases}
 
 
+def workers(has_gpu: bool) -> int:
+    """pytest-xdist processes to spread the tests over (1: none). Most of the suite's time is Triton and
+    Inductor compiling, one CPU core per process, so on a GPU machine several processes share the GPU;
+    MOEGEMM_TEST_WORKERS overrides (1 turns it off)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("xdist") is None:
+        return 1
+    if os.environ.get("MOEGEMM_TEST_WORKERS"):
+        return max(1, int(os.environ["MOEGEMM_TEST_WORKERS"]))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # on a GPU at most 8: the real-shape grouped tests hold up to ~10 GB of GPU memory each
+    return max(1, min(8, cpus // 2) if has_gpu else min(4, cpus))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the JSON report to write")
@@ -45,8 +61,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
         # The pipeline's own tests run Snakemake, which cannot nest inside the Snakemake running this step.
+        import torch
+
+        n = workers(torch.cuda.is_available())
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not pipeline", f"--junitxml={junit}",
-               *args.pytest_args]
+               *(["-n", str(n)] if n > 1 else []), *args.pytest_args]
         t0 = time.time()
         rc = subprocess.call(cmd)
         wall = time.time() - t0
@@ -54,7 +73,7 @@ def main(argv=None) -> int:
 
     from moegemm.bench.provenance import provenance
 
-    report.update(command=" ".join(cmd[2:]), exit_code=rc, wall_seconds=round(wall, 1),
+    report.update(command=" ".join(cmd[2:]), workers=n, exit_code=rc, wall_seconds=round(wall, 1),
                   provenance=provenance(), mode=("native GPU" if provenance()["sm_count"] else
                                                 "CPU, Triton interpreter (gpu tests skipped)"))
     print(f"verify: {report['counts']} in {wall:.0f}s ({report['mode']})")

@@ -64,7 +64,8 @@ def variants():
                      EPILOGUE=epi)
         yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias,
                                                                            GROUP_M=8)
-        yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, tiles
+        yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, dict(tiles, E_BLOCK=256,
+                                                                                     GROUP_M=8)
         if dt != "fp32":
             for ws, kn in itertools.product((False, True), (False, True)):
                 box = "[128,64]" if not kn else "[64,128]"

@@ -40,7 +40,8 @@ def poisoned(shape, dtype, device, layout: str = "contiguous") -> torch.Tensor:
 def assert_close_to_ref(out: torch.Tensor, ref64: torch.Tensor, k: int, what: str = "") -> None:
     """Every element finite-or-equal-to-ref, within tolerance of the float64 reference."""
     rtol, atol = atol_for(out.dtype, k)
-    got = out.detach().double().cpu()
+    got = out.detach().double()  # compared where the output lives: on a GPU, the real shapes are large
+    ref64 = ref64.to(got.device)
     assert got.shape == ref64.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref64.shape)}"
     assert not torch.isnan(got).any(), f"{what}: NaN in output ({int(torch.isnan(got).sum())} elements)"
     torch.testing.assert_close(got, ref64, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")

@@ -125,7 +125,10 @@ def test_moe_expert_path_end_to_end(device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, device):
+@pytest.mark.parametrize("cfg", [GroupedConfig(16, 16, 16), GroupedConfig(16, 16, 16, persistent=True, group_m=2),
+                                 GroupedConfig(16, 16, 16, group_m=1), None], ids=["grid", "persistent", "rowwise",
+                                                                                   "default"])
+def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, device):
     torch.manual_seed(3)
     e, m_max, k, n = 5, 20, 40, 24
     x = torch.randn(e, m_max, k).to(dtype)
@@ -137,12 +140,29 @@ def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, device):
         x[ex, mm:] = float("nan")
     out = torch.full((e, m_max, n), SENTINEL, dtype=dtype)
     got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout=layout, epilogue="relu",
-                            out=out.to(device), config=GroupedConfig(16, 16, 16)).cpu()
+                            out=out.to(device), config=cfg).cpu()
     rtol, atol = TOL[dtype]
     for ex, mm in enumerate(masked.tolist()):
         ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
         torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
         assert (got[ex, mm:] == SENTINEL).all(), f"expert {ex}: rows past masked_m were written"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_masked_m_values_are_clamped(persistent, device):
+    """masked_m below 0 reads as 0 and above m_max as m_max (no row outside x is touched)."""
+    torch.manual_seed(5)
+    e, m_max, k, n = 3, 18, 32, 40
+    x = torch.randn(e, m_max, k).to(device)
+    w = (torch.randn(e, k, n) / k**0.5).to(device)
+    cfg = GroupedConfig(16, 16, 16, persistent=persistent)
+    out = torch.full((e, m_max, n), SENTINEL).to(device)
+    got = grouped_mm_masked(x, w, torch.tensor([-3, 25, 5], dtype=torch.int32).to(device), out=out, config=cfg)
+    assert (got[0] == SENTINEL).all()
+    ref = x[1].double() @ w[1].double()
+    torch.testing.assert_close(got[1].double(), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[2, :5].double(), x[2, :5].double() @ w[2].double(), rtol=1e-5, atol=1e-4)
+    assert (got[2, 5:] == SENTINEL).all()
 
 
 def test_baselines(device):

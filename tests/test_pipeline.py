@@ -128,13 +128,30 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
 
 
 def test_readme_headline_is_generated_from_committed_results():
-    from paper.make_numbers import README_END, README_START, headline
+    from paper.make_numbers import README_END, README_START, RUNTIME_END, RUNTIME_START, headline, runtime_block
 
     text = (ROOT / "README.md").read_text()
+    fix = ("run python -m paper.make_numbers --results results/nvidia-h200 --out paper/build/nvidia-h200/generated "
+           "--readme README.md")
     block = text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
-    assert block == headline(ROOT / "results" / "nvidia-h200").strip(), (
-        "README headline differs from results/: run python -m paper.make_numbers --results results/nvidia-h200 "
-        "--out paper/build/nvidia-h200/generated --readme README.md")
+    assert block == headline(ROOT / "results" / "nvidia-h200").strip(), f"README headline differs from results/: {fix}"
+    block = text.split(RUNTIME_START, 1)[1].split(RUNTIME_END, 1)[0].strip()
+    assert block == runtime_block(ROOT / "results" / "nvidia-h200").strip(), f"README run time differs: {fix}"
+
+
+def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
+    from paper.make_numbers import run_times, runtime_block
+
+    (tmp_path / "benchmarks").mkdir()
+    assert run_times(tmp_path) is None
+    for step, s in (("grouped_skew", 200.5), ("verify", 61.0), ("tune", 40.0)):
+        (tmp_path / "benchmarks" / f"{step}.tsv").write_text(
+            "s\th:m:s\tmax_rss\n" + f"{s}\t0:00:00\t1.0\n")
+    df = run_times(tmp_path)
+    assert list(df.step) == ["verify", "tune", "grouped_skew"]  # pipeline order
+    assert abs(df.seconds.sum() - 301.5) < 1e-9
+    (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
+    assert "5.0 minutes" in runtime_block(tmp_path) and "Test GPU" in runtime_block(tmp_path)
 
 
 def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):

@@ -26,6 +26,8 @@ class Contender:
     # Optional own correctness check, out -> (ok, rel_err, why), for contenders whose contract differs
     # from the shared reference (e.g. capacity padding, which drops rows by design).
     check: Callable[[torch.Tensor], tuple[bool, float, str]] | None = None
+    # Our Triton kernels: their first calls (compiles) may run from a thread pool, see prewarm().
+    parallel_compile: bool = False
 
 
 @dataclasses.dataclass
@@ -50,10 +52,46 @@ def quiesce() -> bool:
     return True
 
 
+def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> int:
+    """Make each call once, from a pool of threads, so that the Triton kernels they need compile in
+    parallel: Triton's compiler drops the GIL in its MLIR passes and in ptxas, and a tuner's or an
+    experiment's candidates are otherwise compiled one after another. Launches from the threads go to the
+    same stream and run in order. Errors are swallowed here: the caller's own first call, made afterwards
+    one at a time, meets them again and records them. MOEGEMM_COMPILE_THREADS=1 turns this off. Returns
+    the number of threads used (0: not used)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    if workers is None:
+        env = os.environ.get("MOEGEMM_COMPILE_THREADS")
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = int(env) if env else min(8, cpus)
+    workers = min(workers, len(calls))
+    if workers <= 1 or not torch.cuda.is_available():
+        return 0
+    device = torch.cuda.current_device()
+
+    def one(call):
+        try:
+            torch.cuda.set_device(device)
+            call()
+        except Exception:  # noqa: BLE001 (met again by the caller's sequential first call)
+            pass
+
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(one, calls))
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        pass
+    return workers
+
+
 def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int,
             settings: Settings) -> list[dict]:
     """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
     rows, live = {}, []
+    prewarm([c.bind(input_sets[0]) for c in contenders if c.parallel_compile])
     for c in contenders:
         try:
             out = c.bind(input_sets[0])()  # the first call: compiles/autotunes where the contender does

@@ -61,9 +61,14 @@ def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str) -> t
     of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K, N) whose rows bucket is
     nearest (log scale; the same w layout preferred), else 'heuristic'."""
     rows, k = x.shape
-    dtype = str(x.dtype).replace("torch.", "")
+    return _choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout)
+
+
+def _choose(rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n: int,
+            w_layout: str) -> tuple[GroupedConfig, str]:
+    dtype = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
-    table = _tuned_table(gpu_slug(x))
+    table = _tuned_table(slug)
     hit = table.get((dtype, num_experts, k, n, w_layout, bucket))
     if hit is not None:
         return hit, "tuned"
@@ -239,7 +244,9 @@ def grouped_mm_masked(
 ) -> torch.Tensor:
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
-    on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max])."""
+    on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
+    config: tiles and grid (``tma`` is not used: a TMA box would read rows past masked_m); default: this
+    GPU's tuned tiles for m_max rows per expert, on the persistent grid."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)
@@ -263,14 +270,23 @@ def grouped_mm_masked(
         if k == 0 and e and m_max and n:
             raise ValueError("x: K = 0 is not supported by the masked layout")
         return out
-    cfg = config or heuristic_config(m_max * e, e, n)
-    cfg = dataclasses.replace(cfg, block_m=min(cfg.block_m, max(16, triton.next_power_of_2(m_max))))
-    grid = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if config is None:
+        # this GPU's tuned tiles for the most rows an expert can hold (m_max per expert), on the persistent
+        # grid: at decode most of the E * m_max rows are usually past masked_m
+        config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
+                                     persistent=True)
+    cfg = dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))))
+    max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if max_tiles >= 2**31:
+        raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
+                         "more than the kernel's int32 tile index holds")
+    grid = min(max_tiles, 2 * device_sm_count(x)) if cfg.persistent else max_tiles
     _grouped_mm_masked_kernel[(grid,)](
         x, w, out, masked_m,
-        m_max, n, k,
+        e, m_max, n, k,
         x.stride(0), x.stride(1), x.stride(2), s_e, s_k, s_n, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0,
-        EPILOGUE=int(epi), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dot_meta(x.dtype, allow_tf32),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, E_BLOCK=max(16, triton.next_power_of_2(e)),
+        GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0, EPILOGUE=int(epi), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **dot_meta(x.dtype, allow_tf32),
     )
     return out

@@ -130,27 +130,34 @@ def _grouped_mm_tma_kernel(
 @triton.jit
 def _grouped_mm_masked_kernel(
     a_ptr, w_ptr, y_ptr, masked_m_ptr,
-    M_MAX, N, K,
+    E, M_MAX, N, K,
     stride_ae, stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ye, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    EPILOGUE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """Masked layout: grid (E * ceil(m_max / BLOCK_M) * N tiles). Rows at or past masked_m[e] are neither
-    read nor written, so a CUDA graph captured once is right for any masked_m on replay."""
-    pid = tl.program_id(0)
+    """Masked layout, x: [E, m_max, K]. The tiles are those of rows below masked_m[e] only, numbered as in
+    the contiguous layout (expert by expert, GROUP_M bands column by column) from masked_m read in-kernel,
+    so a fixed grid -- a persistent one of a few programs per SM, or one covering E * ceil(m_max / BLOCK_M)
+    row tiles -- serves any masked_m: capturable in a CUDA graph, right on replay with new values, and the
+    persistent grid launches no programs for the rows past masked_m. Those rows are neither read nor
+    written."""
+    e_offs = tl.arange(0, E_BLOCK)
+    hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
+    hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
+    lo = tl.zeros_like(hi)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    m_tiles = tl.cdiv(M_MAX, BLOCK_M)
-    tn = pid % n_tiles
-    tm = (pid // n_tiles) % m_tiles
-    e = pid // (n_tiles * m_tiles)
-    m_e = tl.minimum(tl.maximum(tl.load(masked_m_ptr + e), 0), M_MAX)
-    if tm * BLOCK_M < m_e:
-        row0 = tm * BLOCK_M
-        rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), m_e - 1).to(tl.int64)  # only rows < masked_m[e] read
-        n_c = (tn * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        e64 = e.to(tl.int64)
+    m_tiles = (hi + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
+    total_tiles = tl.sum(m_tiles, axis=0) * n_tiles
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M)
+        e64 = expert.to(tl.int64)
+        rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # only rows < masked_m[e]
+        n_c = (col0 + tl.arange(0, BLOCK_N)) % N
         acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, n_c, K,
                        stride_am, stride_ak, stride_wk, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
-        _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, m_e, tn * BLOCK_N, N, stride_ym, stride_yn,
+        _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, False, EPILOGUE)
