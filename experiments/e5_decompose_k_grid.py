@@ -49,6 +49,7 @@ def main():
     shapes = dk.grid_shapes(cfg)
     suites = cfg["decompose_k"]["suites"]
     compiled_suites = set(cfg["decompose_k"].get("grid_compiled_suites", suites))
+    compiled_k = set(cfg["decompose_k"].get("grid_compiled_k", cfg["decompose_k"]["grid_k"]))
     if args.quick:
         shapes, suites = shapes[:2], dict(list(suites.items())[:1])
     bar = Progress(len(shapes) * len(suites), "E5")
@@ -60,7 +61,7 @@ def main():
                 continue
             torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit would degrade later ones)
             probe = torch.empty(m, k, dtype=dtype, device="cuda")
-            cs = contenders_for(probe, n, dtype, s["epilogue"], cfg, suite in compiled_suites)
+            cs = contenders_for(probe, n, dtype, s["epilogue"], cfg, suite in compiled_suites and k in compiled_k)
             writer.add(dk.run_shape("E5", cs, m, n, k, dtype, s["epilogue"], settings, prov, tiny,
                                     seed=m * 31 + k, suite=suite))
             bar.update()

@@ -189,6 +189,7 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "decompose_k_grid.csv")
     df = df[df.status == "ok"]
     n.add("EFiveRows", len(df), "{}")
+    n.add("EFiveCompiledShapes", len(df[df.contender == "compiled"].drop_duplicates(["suite", "m", "k"])), "{}")
     rows = []
     for suite, g in df.groupby("suite", sort=False):
         for clock in ("graph_us", "launch_us"):
@@ -306,6 +307,10 @@ def headline(results: Path) -> str:
             cells = [f"{gm(p[c] / ours):.2f}x" if c in p else "--"
                      for c in ("eager", "pytorch:decompose_k", "compiled", "custom-op-autotuned")]
             lines.append(f"| {suite} | {label} | {ours.median():.1f} us | " + " | ".join(cells) + " |")
+    comp = d[d.contender == "compiled"].drop_duplicates(["m", "k"])
+    if 0 < len(comp) < len(d.drop_duplicates(["m", "k"])):
+        lines += ["", f"torch.compile and custom-op autotuning: geometric means over the {len(comp)} shapes where "
+                  f"they were measured (K in {{{','.join(map(str, sorted(comp.k.unique())))}}})."]
     e = pd.read_csv(results / "epilogue_fusion.csv")
     f = e[(e.variant == "flat") & (e.epilogue_fused.astype(str) == "True")].set_index(["m", "k"])["graph_us"]
     u = e[(e.variant == "flat") & (e.epilogue_fused.astype(str) == "False")].set_index(["m", "k"])["graph_us"]

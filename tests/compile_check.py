@@ -100,10 +100,16 @@ def variants():
                        dict(tiles, EVEN_K=True, PRECISION="tf32"), opts)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    """``--shard I/N``: compile only the variants whose index is I modulo N (the test runs N shards in
+    parallel processes)."""
+    args = sys.argv[1:] if argv is None else argv
+    i, n = (int(v) for v in args[1].split("/")) if args[:1] == ["--shard"] else (0, 1)
     target = GPUTarget("cuda", 90, 32)
-    failed = 0
-    for name, kernel, io, consts, *opts in variants():
+    failed = done = 0
+    every = list(variants())
+    for name, kernel, io, consts, *opts in every[i::n]:
+        done += 1
         s, c = sig(kernel, io, consts)
         try:
             triton.compile(ASTSource(fn=kernel, signature=s, constexprs=c), target=target,
@@ -112,7 +118,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             failed += 1
             print("FAIL", name, str(e).splitlines()[0][:200])
-    print(f"{failed} failed, triton {triton.__version__}")
+    print(f"{failed} failed of {done} (shard {i}/{n} of {len(every)} variants), triton {triton.__version__}")
     return 1 if failed else 0
 
 
