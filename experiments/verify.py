@@ -10,6 +10,7 @@ skipped. Exit status is pytest's: the report is written only when every selected
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,6 @@ def workers(has_gpu: bool) -> int:
     Inductor compiling, one CPU core per process, so on a GPU machine several processes share the GPU;
     MOEGEMM_TEST_WORKERS overrides (1 turns it off)."""
     import importlib.util
-    import os
 
     if importlib.util.find_spec("xdist") is None:
         return 1
@@ -50,6 +50,14 @@ def workers(has_gpu: bool) -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # on a GPU at most 8: the real-shape grouped tests hold up to ~10 GB of GPU memory each
     return max(1, min(8, cpus // 2) if has_gpu else min(4, cpus))
+
+
+def xdist_dist() -> list[str]:
+    """Work stealing (pytest-xdist >= 3.2): a few long tests otherwise hold up the process they were dealt to."""
+    from importlib.metadata import version
+
+    major, minor = (int(v) for v in version("pytest-xdist").split(".")[:2])
+    return ["--dist", "worksteal"] if (major, minor) >= (3, 2) else []
 
 
 def main(argv=None) -> int:
@@ -65,9 +73,12 @@ def main(argv=None) -> int:
 
         n = workers(torch.cuda.is_available())
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not pipeline", f"--junitxml={junit}",
-               *(["-n", str(n)] if n > 1 else []), *args.pytest_args]
+               *(["-n", str(n), *xdist_dist()] if n > 1 else []), *args.pytest_args]
+        env = dict(os.environ)
+        if n > 1:  # the test processes already share the CPUs: no Inductor compile pool inside each
+            env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         t0 = time.time()
-        rc = subprocess.call(cmd)
+        rc = subprocess.call(cmd, env=env)
         wall = time.time() - t0
         report = _parse_junit(junit) if junit.exists() else {"counts": {}, "cases": []}
 

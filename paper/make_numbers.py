@@ -261,7 +261,9 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
         n.add("FullRunText", "were not timed (no benchmark files)")
         (gen / "table_runtime.tex").unlink(missing_ok=True)
         return
-    n.add("FullRunText", f"took {df.seconds.sum() / 60:.1f} minutes")
+    missing = missing_steps(df)
+    n.add("FullRunText", f"took {df.seconds.sum() / 60:.1f} minutes" + (
+        f" ({len(df)} of {len(STEP_ORDER)} steps; not timed in that run: {', '.join(missing)})" if missing else ""))
     t = pd.concat([df, pd.DataFrame([{"step": "all GPU steps", "seconds": df.seconds.sum()}])])
     write_text(gen / "table_runtime.tex", table(
         t.assign(seconds=t.seconds.round(0)), "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
@@ -274,9 +276,16 @@ def runtime_block(results: Path) -> str:
     if df is None:
         return "GPU run time: not recorded for these results (no benchmark files)."
     steps = ", ".join(f"{r.step} {r.seconds:.0f} s" for r in df.itertuples())
+    missing = missing_steps(df)
+    what = (f"the {len(df)} of {len(STEP_ORDER)} GPU steps timed in the last run (not timed there, results from "
+            f"earlier runs: {', '.join(missing)})" if missing else "GPU steps")
     return (f"Full GPU run of `snakemake --cores 1` on one {gpu_name(results)}: **{df.seconds.sum() / 60:.1f} "
-            f"minutes** of GPU steps, from Snakemake's benchmark files in `{results}/benchmarks/` ({steps}). "
+            f"minutes** for {what}, from Snakemake's benchmark files in `results/{results.name}/benchmarks/` ({steps}). "
             "Figures, numbers and the PDF add about a minute on a CPU.")
+
+
+def missing_steps(df: pd.DataFrame) -> list[str]:
+    return [s for s in STEP_ORDER if s not in set(df.step)]
 
 
 def gpu_name(results: Path) -> str:

@@ -117,20 +117,6 @@ def test_config_validates():
         jsonschema.validate(bad, schema)
 
 
-def test_quiesce_stops_inductor_compile_workers():
-    """After a compile, the runner's quiesce() shuts Inductor's worker pools down (a no-op otherwise)."""
-    import torch
-
-    from moegemm.bench.runner import quiesce
-
-    torch._dynamo.reset()
-    torch.compile(lambda x: torch.relu(x) + 1)(torch.randn(8))
-    from torch._inductor import async_compile
-
-    assert quiesce() is True
-    assert len(getattr(async_compile, "_pool_set", ())) == 0
-
-
 def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
     """A commit recorded by whoever shipped the tree wins over a (possibly stale) .git found there."""
     from moegemm.bench import provenance as prov

@@ -151,7 +151,8 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert list(df.step) == ["verify", "tune", "grouped_skew"]  # pipeline order
     assert abs(df.seconds.sum() - 301.5) < 1e-9
     (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
-    assert "5.0 minutes" in runtime_block(tmp_path) and "Test GPU" in runtime_block(tmp_path)
+    text = runtime_block(tmp_path)
+    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 11" in text and "router_gemm" in text
 
 
 def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):

@@ -39,19 +39,6 @@ class Settings:
     calls_per_graph: int = 20
 
 
-def quiesce() -> bool:
-    """Stop Inductor's compile-worker pools (if any) before timing, so that their processes do not load the
-    CPU while launch-inclusive latencies are measured; they respawn at the next compile. True if done."""
-    import sys
-
-    mod = sys.modules.get("torch._inductor.async_compile")
-    shutdown = getattr(mod, "shutdown_compile_workers", None)
-    if shutdown is None:
-        return False
-    shutdown()
-    return True
-
-
 def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> int:
     """Make each call once, from a pool of threads, so that the Triton kernels they need compile in
     parallel: Triton's compiler drops the GIL in its MLIR passes and in ptxas, and a tuner's or an
@@ -106,7 +93,6 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
         if ok:
             live.append(c)
 
-    quiesce()  # every compile happened in the first calls above; nothing compiles while we time
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
     calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
     for c in live:
