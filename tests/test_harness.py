@@ -137,3 +137,43 @@ def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
         assert prov.provenance()["git_commit"] == (head or "unknown")
     finally:
         prov._static.cache_clear()
+
+
+def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path, monkeypatch, device):
+    """tune_grouped's cell: every plain-grid tile config checked against float64 and timed, configs done
+    already skipped, then the fastest few again on the persistent grid (GPU clock faked on the CPU)."""
+    import dataclasses
+
+    import torch
+
+    import experiments.tune_grouped as tg
+    from experiments.e7_grouped_skew import ref_rows
+    from moegemm.grouped import GroupedConfig, permute, route
+
+    fake = iter(range(100, 1000))
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.calls = calls
+
+        def sample(self, n):
+            return [float(next(fake))] * n
+
+    monkeypatch.setattr(tg, "GraphTimer", FakeTimer)
+    torch.manual_seed(0)
+    e, k, n = 4, 32, 48
+    plan = route(torch.stack([torch.randperm(e)[:2] for _ in range(12)]).to(device), e)
+    xs = permute(torch.randn(12, k).to(device), plan)
+    w = torch.randn(e, n, k).to(device)
+    ref = ref_rows(xs, w, plan.group_offsets)
+    writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
+    base = {"model": "m", "proj": "up", "tokens": 12}
+    cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32, group_m=1)]
+    writer.add(tg.time_configs(cfgs[:1], writer, base, xs, [w], plan.group_offsets, ref))
+    rows = tg.time_configs(cfgs, writer, base, xs, [w], plan.group_offsets, ref)
+    assert [tg.config_of(r) for r in rows] == cfgs[1:]  # the first was done already
+    assert all(r["status"] == "ok" and r["graph_us"] >= 100 for r in rows)
+    best = sorted(writer.rows + rows, key=lambda r: r["graph_us"])[: tg.PERSISTENT_TRIES - 1]
+    more = tg.time_configs([dataclasses.replace(tg.config_of(r), persistent=True) for r in best], writer, base,
+                           xs, [w], plan.group_offsets, ref)
+    assert [tg.config_of(r).persistent for r in more] == [True, True]
