@@ -36,11 +36,15 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     - middle (<= 64 rows): row tiles of 32/64, N tiles of 64/128.
     - prefill: 64/128 x 128/256 tiles on the tensor cores (wgmma), 8 warps for the larger ones; with TMA
       also Triton's warp-specialized persistent loop.
+    At a handful of rows per expert (<= 4: decode of the many-expert models, T=1 of all) also split-K
+    tiles (Decompose-K inside the tile), for more programs than experts x N tiles.
     Configs needing more than 200 KB of shared memory (the H100/H200 limit is 227 KB) are left out."""
-    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize)
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
+        if mean_rows <= 4:  # a handful of rows per expert: K split inside each tile for more programs
+            raw += [(16, bn, 128, 4, 4, False, False, sk) for bn in (64, 128) for sk in (2, 4)]
     elif mean_rows <= 64:
         raw += [(bm, bn, bk, 4, 4 if bk == 64 else 3, tma, False) for bm in (32, 64) for bn in (64, 128)
                 for bk in (64, 128) for tma in (False, True)]
@@ -49,12 +53,13 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(bm, bn, 64, w, st, tma, False) for bm, bn, w in shapes for st in (3, 4) for tma in (False, True)]
         raw += [(128, bn, 64, 8, st, True, True) for bn in (128, 256) for st in (3, 4)]
     out = []
-    for bm, bn, bk, warps, stages, tma, ws in raw:
+    for bm, bn, bk, warps, stages, tma, ws, *sk in raw:
         if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                                     persistent=persistent, group_m=8, tma=tma, warp_specialize=ws))
+                                     persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
+                                     split_k=sk[0] if sk else 1))
     return out
 
 

@@ -23,7 +23,7 @@ from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
-                                     _grouped_mm_tma_kernel)
+                                     _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -66,6 +66,10 @@ def variants():
                                                                            GROUP_M=8)
         yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, dict(tiles, E_BLOCK=256,
                                                                                      GROUP_M=8)
+        sio = dict(gio, p_ptr="*fp32", counter_ptr="*i32")
+        yield ("grouped_splitk", dt, epi, bias), _grouped_mm_splitk_kernel, sio, \
+            dict(tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, E_BLOCK=256, GROUP_M=8,
+                 HAS_SCALE=bias, SPLIT_K=4)
         if dt != "fp32":
             for ws, kn in itertools.product((False, True), (False, True)):
                 box = "[128,64]" if not kn else "[64,128]"
@@ -82,7 +86,8 @@ def variants():
     seen = set()
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
-            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize)
+            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
+                   c.split_k)
             if key in seen:
                 continue
             seen.add(key)
@@ -95,6 +100,10 @@ def variants():
                        "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
                        dict(tiles, W_KN=False, WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.warp_specialize), opts)
+            elif c.split_k > 1:
+                yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
+                       dict(gio, p_ptr="*fp32", counter_ptr="*i32"),
+                       dict(tiles, EVEN_K=True, PRECISION="tf32", SPLIT_K=c.split_k), opts)
             else:
                 yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
                        dict(tiles, EVEN_K=True, PRECISION="tf32"), opts)

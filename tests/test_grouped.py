@@ -51,6 +51,25 @@ def _cases(n, seed):
 
 @pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
 def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device):
+    bm, bn, bk, gm, tma = blocks  # gm: row tiles of an expert walked together (partial bands included)
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, tma=tma)
+    _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
+
+
+@pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(10, 11)))
+@pytest.mark.parametrize("split_k", [2, 3, 7])
+def test_grouped_mm_split_k_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, split_k,
+                                   device, poison_partials):
+    """Decompose-K inside each tile (decode): any K (splits capped at K's BLOCK_K steps), every epilogue and
+    row scale applied once, by the last split to arrive; called twice, so the tile counters must be reset.
+    The fp32 partials start as NaN, so a split that stored nothing shows up."""
+    bm, bn, bk, gm, _ = blocks
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, split_k=split_k)
+    for _ in range(2):
+        _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
+
+
+def _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device):
     g = torch.Generator().manual_seed(sum(sizes) * 131 + k * 7 + n)
     m = sum(sizes)
     offsets = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0).tolist()), dtype=torch.int32)
@@ -62,8 +81,6 @@ def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persi
     buf = torch.full((m + 4, n + 3), SENTINEL, dtype=dtype, device=device)
     out = buf[2 : m + 2, 1 : n + 1]
     out.fill_(float("nan"))
-    bm, bn, bk, gm, tma = blocks  # gm: row tiles of an expert walked together (partial bands included)
-    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, tma=tma)
     d = lambda t: t.to(device) if t is not None else None  # noqa: E731
     got = grouped_mm(d(xs), d(w), d(offsets), w_layout=layout, epilogue=epilogue, row_scale=d(rs), config=cfg,
                      out=out)
@@ -269,6 +286,16 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
     with pytest.raises(ValueError, match="group_m"):
         GroupedConfig(group_m=0)
+    with pytest.raises(ValueError, match="config.split_k: expected an int"):
+        GroupedConfig(split_k=0)
+    with pytest.raises(ValueError, match="config.split_k: splits are served by the pointer kernel"):
+        GroupedConfig(split_k=2, tma=True)
+
+
+def test_masked_layout_rejects_split_k(device):
+    x, w = torch.randn(2, 4, 16).to(device), torch.randn(2, 16, 8).to(device)
+    with pytest.raises(ValueError, match="config.split_k: the masked layout"):
+        grouped_mm_masked(x, w, torch.tensor([1, 2]).to(device), config=GroupedConfig(16, 16, 16, split_k=2))
 
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])

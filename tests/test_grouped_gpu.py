@@ -49,8 +49,10 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     # the heuristic config on both grids, with TMA loads (and warp specialization), and config=None: the
     # tuned table's choice on this GPU
     tma = dataclasses.replace(heur, tma=True, num_stages=3)
+    splitk = [dataclasses.replace(heur, split_k=4), dataclasses.replace(heur, split_k=3, persistent=True)] \
+        if t <= 64 else []  # decode: K split inside each tile
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
-                dataclasses.replace(tma, persistent=True, warp_specialize=True), None):
+                dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")
@@ -103,3 +105,25 @@ def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w_nk, plan.group_offsets, rs), hidden, f"{layout} K={hidden} {cfg}")
+
+
+def test_split_k_cuda_graph_replay():
+    """Split-K tiles inside a CUDA graph: the tile counters reset themselves, so every replay (new inputs,
+    same routing) is right; the partial buffer is allocated at capture."""
+    torch.manual_seed(7)
+    e, top_k, t, hidden, n = 16, 4, 8, 2048, 1536
+    plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=7), e)
+    xs = torch.randn(t * top_k, hidden, device="cuda").to(torch.bfloat16)  # rows in expert order (random)
+    w = (torch.randn(e, n, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
+    cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), split_k=4, persistent=True)
+    out = torch.empty(xs.shape[0], n, dtype=torch.bfloat16, device="cuda")
+    grouped_mm(xs, w, plan.group_offsets, w_layout="nk", config=cfg, out=out, validate=False)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_mm(xs, w, plan.group_offsets, w_layout="nk", config=cfg, out=out, validate=False)
+    for i in range(3):
+        xs.copy_(torch.randn(xs.shape, device="cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_ref(out, _ref(xs, w, plan.group_offsets), hidden, f"replay {i}")

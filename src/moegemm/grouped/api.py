@@ -12,7 +12,9 @@ from .. import tuned
 from .._runtime import check_device, device_sm_count, gpu_slug
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
-from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_tma_kernel
+from ..decompose_k import configs as dk_configs
+from ..decompose_k.single_launch import _counters
+from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel
 
 try:  # host-side tensor descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -31,6 +33,7 @@ class GroupedConfig:
     group_m: int = 8  # row tiles of one expert walked together, column by column (1: row by row)
     tma: bool = False  # tiles loaded by the tensor-memory accelerator (16-bit, TMA-compatible strides)
     warp_specialize: bool = False  # with tma: Triton's producer/consumer warp specialization of the K loop
+    split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert), pointer loads
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -41,6 +44,10 @@ class GroupedConfig:
             raise ValueError(f"config.group_m: expected a positive int, got {self.group_m!r}")
         if self.warp_specialize and not self.tma:
             raise ValueError("config.warp_specialize: needs tma=True")
+        if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
+            raise ValueError(f"config.split_k: expected an int in [1, 64], got {self.split_k!r}")
+        if self.split_k > 1 and self.tma:
+            raise ValueError("config.split_k: splits are served by the pointer kernel; use tma=False")
 
 
 def rows_bucket(rows: int, num_experts: int) -> int:
@@ -193,6 +200,23 @@ def grouped_mm(
                   HAS_SCALE=row_scale is not None, EPILOGUE=int(epi), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
     scale = row_scale if row_scale is not None else out
+    if cfg.split_k > 1:
+        # never more splits than BLOCK_K steps of K: every split gets at least one
+        kps = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+        splits = triton.cdiv(k, kps)
+        if splits * m_total * n >= 2**31:
+            raise ValueError(f"config.split_k: {splits} fp32 partials of {m_total}x{n} exceed the kernel's int32 "
+                             "indexing; split_k is meant for decode (few rows)")
+        items = max_tiles * splits
+        grid = min(items, 2 * device_sm_count(x_sorted)) if cfg.persistent else items
+        partials = dk_configs.alloc_partials(splits, m_total, n, x_sorted.device)
+        _grouped_mm_splitk_kernel[(grid,)](
+            x_sorted, w, out, offsets, scale, partials, _counters(x_sorted.device, max_tiles),
+            m_total, n, k, e, kps,
+            x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
+            SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32),
+        )
+        return out
     descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
     if descs is not None:
         _grouped_mm_tma_kernel[(grid,)](
@@ -274,7 +298,9 @@ def grouped_mm_masked(
         # this GPU's tuned tiles for the most rows an expert can hold (m_max per expert), on the persistent
         # grid: at decode most of the E * m_max rows are usually past masked_m
         config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
-                                     persistent=True)
+                                     persistent=True, split_k=1)  # the masked kernel has no splits
+    elif config.split_k > 1:
+        raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
     cfg = dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))))
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:

@@ -98,6 +98,55 @@ def _grouped_mm_kernel(
 
 
 @triton.jit
+def _grouped_mm_splitk_kernel(
+    a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr, p_ptr, counter_ptr,
+    M_TOTAL, N, K, E, k_per_split,
+    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """The contiguous layout with Decompose-K inside each tile, for decode, where few rows per expert
+    leave few tiles to spread over the GPU: work item w is split (w % SPLIT_K) of tile (w // SPLIT_K), the
+    splits of a tile next to each other. Each stores its fp32 partial to p[split] and takes a ticket from
+    the tile's counter; the last to arrive sums the SPLIT_K partials in split order (deterministic),
+    applies epilogue and row scale, stores, and resets the counter (so CUDA-graph replays stay right)."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
+    for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
+        tile = item // SPLIT_K
+        split = item % SPLIT_K
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
+        cols = col0 + tl.arange(0, BLOCK_N)
+        n_c = cols % N
+        k0 = split * k_per_split
+        k1 = tl.minimum(k0 + k_per_split, K)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rows_c[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
+        w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we + (k0 + offs_k)[:, None] * stride_wk
+                  + n_c[None, :] * stride_wn)
+        acc = k_loop(a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                     PRECISION, UPCAST)
+        mask = (rows < row_end)[:, None] & (cols < N)[None, :]
+        p_tile = p_ptr + rows_c[:, None] * N + cols[None, :]
+        tl.store(p_tile + split.to(tl.int64) * M_TOTAL * N, acc, mask=mask)
+        # partial stores before the ticket (CTA barrier, gpu-scope release); the last program's acquire
+        # orders its loads of the other partials after their releases
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            tl.debug_barrier()
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, SPLIT_K):
+                total += tl.load(p_tile + s * M_TOTAL * N, mask=mask, other=0.0, cache_modifier=".cg")
+            _store_tile(total, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _grouped_mm_tma_kernel(
     a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
     N, K, E, stride_ym, stride_yn,
