@@ -144,7 +144,9 @@ def grouped_mm(
     config: tiles, grid and load path; default: this GPU's tuned table (nearest rows-per-expert bucket of
     the same E, K, N), else :func:`heuristic_config`. A config with ``tma=True`` uses the TMA kernel where
     the inputs allow it (16-bit, rows 16-byte aligned, experts stacked densely; "kn" needs K % block_k == 0)
-    and the pointer kernel with the same tiles elsewhere.
+    and the pointer kernel with the same tiles elsewhere. A config with ``split_k > 1`` splits K inside each
+    tile (fp32 partials; the last split of a tile to finish reduces them in split order and stores), for
+    decode, where few rows per expert leave few tiles.
     """
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
