@@ -47,7 +47,9 @@ def workers(has_gpu: bool) -> int:
         return 1
     if os.environ.get("MOEGEMM_TEST_WORKERS"):
         return max(1, int(os.environ["MOEGEMM_TEST_WORKERS"]))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from moegemm._runtime import usable_cpus
+
+    cpus = usable_cpus()
     # on a GPU at most 8: the real-shape grouped tests hold up to ~10 GB of GPU memory each
     return max(1, min(8, cpus // 2) if has_gpu else min(4, cpus))
 

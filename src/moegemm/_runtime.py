@@ -42,6 +42,11 @@ def sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def device_sm_count(t: torch.Tensor) -> int:
     return sm_count(t.device.index if t.device.type == "cuda" else None)
 

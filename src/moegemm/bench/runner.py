@@ -49,10 +49,11 @@ def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> in
     import os
     from concurrent.futures import ThreadPoolExecutor
 
+    from .._runtime import usable_cpus
+
     if workers is None:
         env = os.environ.get("MOEGEMM_COMPILE_THREADS")
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        workers = int(env) if env else min(8, cpus)
+        workers = int(env) if env else min(8, usable_cpus())
     workers = min(workers, len(calls))
     if workers <= 1 or not torch.cuda.is_available():
         return 0

@@ -196,7 +196,7 @@ def grouped_mm(
     if max_tiles >= 2**31:
         raise ValueError(f"x_sorted: {m_total} rows x N={n} need {max_tiles} tiles of "
                          f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
-    grid = min(max_tiles, 2 * device_sm_count(x_sorted)) if cfg.persistent else max_tiles
+    grid = _grid(max_tiles, cfg, x_sorted)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m,
                   HAS_SCALE=row_scale is not None, EPILOGUE=int(epi), num_warps=cfg.num_warps,
@@ -209,8 +209,7 @@ def grouped_mm(
         if splits * m_total * n >= 2**31:
             raise ValueError(f"config.split_k: {splits} fp32 partials of {m_total}x{n} exceed the kernel's int32 "
                              "indexing; split_k is meant for decode (few rows)")
-        items = max_tiles * splits
-        grid = min(items, 2 * device_sm_count(x_sorted)) if cfg.persistent else items
+        grid = _grid(max_tiles * splits, cfg, x_sorted)
         partials = dk_configs.alloc_partials(splits, m_total, n, x_sorted.device)
         _grouped_mm_splitk_kernel[(grid,)](
             x_sorted, w, out, offsets, scale, partials, _counters(x_sorted.device, max_tiles),
@@ -234,6 +233,12 @@ def grouped_mm(
         EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32),
     )
     return out
+
+
+def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor) -> int:
+    """Programs to launch: one per work item (an upper bound; extra programs exit at once), or on the
+    persistent grid two per SM, each looping over the items."""
+    return min(work_items, 2 * device_sm_count(x)) if cfg.persistent else work_items
 
 
 def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
@@ -308,7 +313,7 @@ def grouped_mm_masked(
     if max_tiles >= 2**31:
         raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
                          "more than the kernel's int32 tile index holds")
-    grid = min(max_tiles, 2 * device_sm_count(x)) if cfg.persistent else max_tiles
+    grid = _grid(max_tiles, cfg, x)
     _grouped_mm_masked_kernel[(grid,)](
         x, w, out, masked_m,
         e, m_max, n, k,

@@ -11,14 +11,14 @@ from ..epilogue import apply_epilogue
 
 
 @triton.jit
-def _tile_mm(a_ptr, w_ptr, rows, offs_n, K, stride_am, stride_ak, stride_wk, stride_wn,
+def _tile_mm(a_ptr, w_ptr, rows, offs_n, k0, k1, stride_am, stride_ak, stride_wk, stride_wn,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N] = A[rows, :] @ W[:, offs_n] (rows/offs_n already clamped into range)."""
-    offs_k = tl.arange(0, BLOCK_K)
+    """fp32 [BLOCK_M, BLOCK_N] = A[rows, k0:k1] @ W[k0:k1, offs_n] (rows/offs_n already clamped into range)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-    return k_loop(a_ptrs, w_ptrs, 0, K, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+    return k_loop(a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -90,7 +90,7 @@ def _grouped_mm_kernel(
                                                               BLOCK_M, BLOCK_N, GROUP_M)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # the store masks them
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
-        acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, K,
+        acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, 0, K,
                        stride_am, stride_ak, stride_wk, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
         _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
@@ -122,13 +122,9 @@ def _grouped_mm_splitk_kernel(
         cols = col0 + tl.arange(0, BLOCK_N)
         n_c = cols % N
         k0 = split * k_per_split
-        k1 = tl.minimum(k0 + k_per_split, K)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + rows_c[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
-        w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we + (k0 + offs_k)[:, None] * stride_wk
-                  + n_c[None, :] * stride_wn)
-        acc = k_loop(a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                     PRECISION, UPCAST)
+        acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, k0,
+                       tl.minimum(k0 + k_per_split, K), stride_am, stride_ak, stride_wk, stride_wn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
         mask = (rows < row_end)[:, None] & (cols < N)[None, :]
         p_tile = p_ptr + rows_c[:, None] * N + cols[None, :]
         tl.store(p_tile + split.to(tl.int64) * M_TOTAL * N, acc, mask=mask)
@@ -205,7 +201,7 @@ def _grouped_mm_masked_kernel(
         e64 = expert.to(tl.int64)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # only rows < masked_m[e]
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
-        acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, n_c, K,
+        acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, n_c, 0, K,
                        stride_am, stride_ak, stride_wk, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
         _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
