@@ -145,6 +145,25 @@ def weight_sets(w: torch.Tensor, active: int, rows: int, k: int, n: int) -> list
     return [w] + [w.clone() for _ in range(sets - 1)]
 
 
+def check_and_time(calls: list, ref: torch.Tensor, k: int, calls_per_graph: int) -> dict:
+    """A tuner's verdict on one candidate: its first call checked against the float64 reference (an error,
+    e.g. a tile that needs more shared memory than the GPU has, is recorded), then, if right, the median of
+    3 CUDA-graph samples of ``calls`` (one call per rotated input set)."""
+    import statistics
+
+    from moegemm.bench.correctness import check
+    from moegemm.bench.timing import GraphTimer
+
+    try:
+        ok, rel, why = check(calls[0](), ref, k)
+    except Exception as ex:
+        ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
+    row = {"status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
+    if ok:
+        row["graph_us"] = statistics.median(GraphTimer(calls, calls_per_graph).sample(3))
+    return row
+
+
 def ref64(a: torch.Tensor, b: torch.Tensor, epilogue: str = "none", bias=None) -> torch.Tensor:
     """The float64 reference, computed on the operands' device."""
     from moegemm.decompose_k.reference import reference_mm

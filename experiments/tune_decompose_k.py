@@ -7,17 +7,14 @@ configs on the GPU clock (CUDA-graph replay) and keep the best. Writes the per-G
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from experiments import dk
-from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, cli, config_cell, load_config,
-                                provenance_fields, ref64, require_gpu, write_table)
+from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
+                                load_config, provenance_fields, ref64, require_gpu, write_table)
 from moegemm._runtime import slugify
-from moegemm.bench.correctness import check
 from moegemm.bench.runner import prewarm
-from moegemm.bench.timing import GraphTimer, input_sets_for
+from moegemm.bench.timing import input_sets_for
 from moegemm.decompose_k import matmul
 
 
@@ -55,15 +52,8 @@ def main():
         prewarm([(lambda kernel=kernel, c=c: matmul(a0, b0, kernel=kernel, config=c)) for kernel, c in todo_c])
         for kernel, c in todo_c:
             calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
-            try:
-                ok, rel, why = check(calls[0](), ref, k)
-            except Exception as e:  # e.g. a config that needs more shared memory than the GPU has
-                ok, rel, why = False, float("nan"), f"error: {type(e).__name__}: {str(e)[:160]}"
             row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
-                   "split_k": c.split_k, "status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
-            if ok:
-                t = GraphTimer(calls, calls_per_graph=cfg["timing"]["calls_per_graph"])
-                row["graph_us"] = statistics.median(t.sample(3))
+                   "split_k": c.split_k, **check_and_time(calls, ref, k, cfg["timing"]["calls_per_graph"])}
             rows.append({**row, **prov})
         writer.add(rows)
         bar.update()

@@ -10,18 +10,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import statistics
 
 import torch
 
-from experiments.common import (Progress, ResultWriter, best_rows, cli, config_cell, load_config,
-                                provenance_fields, require_gpu, weight_sets, write_table)
+from experiments.common import (Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
+                                load_config, provenance_fields, require_gpu, weight_sets, write_table)
 from experiments.e7_grouped_skew import ref_rows
 from moegemm._runtime import slugify
-from moegemm.bench.correctness import check
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import prewarm
-from moegemm.bench.timing import GraphTimer
 from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.api import rows_bucket
 
@@ -82,15 +79,7 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref) -> list[dict
     for c in todo:
         calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=c, validate=False)
                  for wi in ws]
-        try:
-            ok, rel, why = check(calls[0](), ref, k)
-        except Exception as ex:  # e.g. a tile that needs more shared memory than the GPU has
-            ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
-        row = {**base, "config": dataclasses.asdict(c), "status": "ok" if ok else "wrong", "rel_err": rel,
-               "note": why}
-        if ok:
-            row["graph_us"] = statistics.median(GraphTimer(calls, 10).sample(3))
-        rows.append(row)
+        rows.append({**base, "config": dataclasses.asdict(c), **check_and_time(calls, ref, k, 10)})
     return rows
 
 

@@ -159,7 +159,7 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
         def sample(self, n):
             return [float(next(fake))] * n
 
-    monkeypatch.setattr(tg, "GraphTimer", FakeTimer)
+    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
     torch.manual_seed(0)
     e, k, n = 4, 32, 48
     plan = route(torch.stack([torch.randperm(e)[:2] for _ in range(12)]).to(device), e)
