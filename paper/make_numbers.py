@@ -185,6 +185,24 @@ def e4(n: Numbers, results: Path, gen: Path) -> None:
         n.add("EFourFixedSixtyFourPenalty", gm(p[64] / p.min(axis=1)))
 
 
+E5_RIVALS = ("eager", "pytorch:decompose_k", "compiled", "custom-op-autotuned")
+
+
+def vs_ours(g: pd.DataFrame, clock: str) -> tuple[pd.DataFrame, pd.Series, dict]:
+    """One suite of E5 on one clock: the (m, k) x contender times, our best kernel's per shape, and each
+    rival's geomean of (its time / ours) where it was measured."""
+    p = g.pivot_table(index=["m", "k"], columns="contender", values=clock)
+    ours = p[OURS].min(axis=1)
+    return p, ours, {c: gm(p[c] / ours) for c in E5_RIVALS if c in p}
+
+
+def router_vs_eager(df: pd.DataFrame, epilogue: str) -> tuple[pd.DataFrame, pd.Series]:
+    """E6, one epilogue: the T x contender GPU times and our best kernel's per T."""
+    p = df[(df.status == "ok") & (df.epilogue == epilogue)].pivot_table(index="m", columns="contender",
+                                                                        values="graph_us")
+    return p, p[OURS].min(axis=1)
+
+
 def e5(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "decompose_k_grid.csv")
     df = df[df.status == "ok"]
@@ -193,17 +211,14 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
     rows = []
     for suite, g in df.groupby("suite", sort=False):
         for clock in ("graph_us", "launch_us"):
-            p = g.pivot_table(index=["m", "k"], columns="contender", values=clock)
-            ours = p[OURS].min(axis=1)
+            p, ours, vs = vs_ours(g, clock)
             row = {"suite": suite, "clock": "GPU" if clock == "graph_us" else "launch", "ours med [us]": ours.median()}
-            for c in ("eager", "pytorch:decompose_k", "compiled", "custom-op-autotuned"):
-                row[c] = gm(p[c] / ours) if c in p else float("nan")
-            rows.append(row)
+            rows.append({**row, **{c: vs.get(c, float("nan")) for c in E5_RIVALS}})
             tag = {"bf16-relu": "BfRelu", "bf16": "Bf", "fp16": "Fp", "fp32": "FpThirtyTwo"}[suite]
             ctag = "Graph" if clock == "graph_us" else "Launch"
             for c, ct in (("eager", "Eager"), ("compiled", "Compiled"), ("custom-op-autotuned", "CustomOp")):
-                if c in p:
-                    n.add(f"EFive{tag}{ctag}Vs{ct}", gm(p[c] / ours))
+                if c in vs:
+                    n.add(f"EFive{tag}{ctag}Vs{ct}", vs[c])
             if clock == "graph_us":
                 floor = g.drop_duplicates(["m", "k"]).set_index(["m", "k"])["floor_us"]
                 n.add(f"EFive{tag}PctFloor", 100 * gm(floor / ours), "{:.0f}")
@@ -222,8 +237,7 @@ def e6(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "router_gemm.csv")
     df = df[df.status == "ok"]
     for epi, tag in (("none", "None"), ("sigmoid", "Sigmoid")):
-        p = df[df.epilogue == epi].pivot_table(index="m", columns="contender", values="graph_us")
-        ours = p[OURS].min(axis=1)
+        p, ours = router_vs_eager(df, epi)
         wins = p.index[ours < p["eager"]]
         n.add(f"ESix{tag}MaxWinT", int(max(wins)) if len(wins) else 0, "{}")
         dec = p.index[p.index <= 16]
@@ -311,10 +325,8 @@ def headline(results: Path) -> str:
              "|---|---|---|---|---|---|---|"]
     for suite, g in d.groupby("suite", sort=False):
         for clock, label in (("graph_us", "GPU time (CUDA graph)"), ("launch_us", "launch-inclusive")):
-            p = g.pivot_table(index=["m", "k"], columns="contender", values=clock)
-            ours = p[OURS].min(axis=1)
-            cells = [f"{gm(p[c] / ours):.2f}x" if c in p else "--"
-                     for c in ("eager", "pytorch:decompose_k", "compiled", "custom-op-autotuned")]
+            _, ours, vs = vs_ours(g, clock)
+            cells = [f"{vs[c]:.2f}x" if c in vs else "--" for c in E5_RIVALS]
             lines.append(f"| {suite} | {label} | {ours.median():.1f} us | " + " | ".join(cells) + " |")
     comp = d[d.contender == "compiled"].drop_duplicates(["m", "k"])
     if 0 < len(comp) < len(d.drop_duplicates(["m", "k"])):
@@ -323,9 +335,7 @@ def headline(results: Path) -> str:
     e = pd.read_csv(results / "epilogue_fusion.csv")
     f = e[(e.variant == "flat") & (e.epilogue_fused.astype(str) == "True")].set_index(["m", "k"])["graph_us"]
     u = e[(e.variant == "flat") & (e.epilogue_fused.astype(str) == "False")].set_index(["m", "k"])["graph_us"]
-    r = pd.read_csv(results / "router_gemm.csv")
-    r = r[(r.status == "ok") & (r.epilogue == "sigmoid")].pivot_table(index="m", columns="contender", values="graph_us")
-    ours_r = r[OURS].min(axis=1)
+    r, ours_r = router_vs_eager(pd.read_csv(results / "router_gemm.csv"), "sigmoid")
     dec = r.index <= 16
     lines += ["", f"Fusing ReLU into the reduction's store (flat kernel, GPU time): {gm(u / f):.2f}x. "
               f"DeepSeek-V3 router sigmoid(x @ W), T = 1..16 tokens, GPU time: {gm(r.loc[dec, 'eager'] / ours_r[dec]):.2f}x "
