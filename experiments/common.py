@@ -122,10 +122,6 @@ def require_gpu() -> None:
         sys.exit("this experiment measures a GPU; none is visible here (no number is faked on a CPU)")
 
 
-def randn(shape, dtype, gen) -> torch.Tensor:
-    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
-
-
 def timing_settings(cfg: dict, quick: bool = False, section: str | None = None):
     """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its own."""
     from moegemm.bench.runner import Settings
