@@ -31,12 +31,16 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     - decode (<= 16 rows): the weights are streamed once; 16-row tiles, narrow N tiles and deep K steps,
       several stages, for many loads in flight per multiprocessor.
     - middle (<= 64 rows): row tiles of 32/64, N tiles of 64/128.
-    - prefill: 64/128 x 128/256 tiles on the tensor cores (wgmma), 8 warps for the larger ones; with TMA
-      also Triton's warp-specialized persistent loop.
+    - prefill: 64/128 x 128/256 tiles on the tensor cores (wgmma), 8 warps for the larger ones, TMA loads
+      (pointer loads never won a prefill cell in the session-3 table: results/<gpu>/tune_grouped.csv);
+      also Triton's warp-specialized persistent loop, and tail tiles: an expert's last row tile holding at
+      most tail_m rows computed as a transposed tail_m-row tile (at about BLOCK_M rows per expert, half the
+      experts end in a row tile of a few rows).
+    - middle: also 64-row TMA tiles with 32-row tails (an expert of at most 32 rows costs a 32-row tile).
     At a handful of rows per expert (<= 4: decode of the many-expert models, T=1 of all) also split-K
     tiles (Decompose-K inside the tile), for more programs than experts x N tiles.
     Configs needing more than 200 KB of shared memory (the H100/H200 limit is 227 KB) are left out."""
-    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k])
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k[, tail_m]])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
@@ -45,18 +49,23 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     elif mean_rows <= 64:
         raw += [(bm, bn, bk, 4, 4 if bk == 64 else 3, tma, False) for bm in (32, 64) for bn in (64, 128)
                 for bk in (64, 128) for tma in (False, True)]
+        raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32) for bk in (64, 128)]
     else:
         shapes = [(64, 128, 4), (64, 256, 8), (128, 128, 8), (128, 256, 8)]
-        raw += [(bm, bn, 64, w, st, tma, False) for bm, bn, w in shapes for st in (3, 4) for tma in (False, True)]
+        raw += [(bm, bn, 64, w, st, True, False) for bm, bn, w in shapes for st in (3, 4)]
         raw += [(128, bn, 64, 8, st, True, True) for bn in (128, 256) for st in (3, 4)]
+        raw += [(128, 256, 64, 8, st, True, False, 1, tail) for st in (3, 4) for tail in (32, 64)]
+        raw += [(128, 128, 64, 8, 4, True, False, 1, tail) for tail in (32, 64)]
+        raw += [(64, 128, 64, 4, 4, True, False, 1, 32)]
     out = []
-    for bm, bn, bk, warps, stages, tma, ws, *sk in raw:
+    for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
+        split_k, tail_m = [*extra, *(1, 0)[len(extra):]]  # defaults: no splits, no tail tiles
         if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=sk[0] if sk else 1))
+                                     split_k=split_k, tail_m=tail_m))
     return out
 
 

@@ -71,12 +71,13 @@ def variants():
             dict(tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, E_BLOCK=256, GROUP_M=8,
                  HAS_SCALE=bias, SPLIT_K=4)
         if dt != "fp32":
-            for ws, kn in itertools.product((False, True), (False, True)):
+            for ws, kn, tail in itertools.product((False, True), (False, True), (0, 32)):
                 box = "[128,64]" if not kn else "[64,128]"
                 tio = {"a_desc": f"tensordesc<{dt}[64,64]>", "w_desc": f"tensordesc<{dt}{box}>",
-                       "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt]}
-                yield (("grouped_tma", dt, epi, bias, ws, kn), _grouped_mm_tma_kernel, tio,
-                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
+                       "at_desc": f"tensordesc<{dt}[{tail or 64},64]>", "y_ptr": TY[dt], "offsets_ptr": "*i32",
+                       "scale_ptr": TY[dt]}
+                yield (("grouped_tma", dt, epi, bias, ws, kn, tail), _grouped_mm_tma_kernel, tio,
+                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
                             WARP_SPECIALIZE=ws, FLATTEN=ws, HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -87,7 +88,7 @@ def variants():
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k)
+                   c.split_k, c.tail_m)
             if key in seen:
                 continue
             seen.add(key)
@@ -96,10 +97,12 @@ def variants():
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
             if c.tma:
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
-                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
+                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
+                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>", "y_ptr": "*bf16",
                        "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
-                       dict(tiles, W_KN=False, WARP_SPECIALIZE=c.warp_specialize, FLATTEN=c.warp_specialize), opts)
+                       dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
+                            FLATTEN=c.warp_specialize), opts)
             elif c.split_k > 1:
                 yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
                        dict(gio, p_ptr="*fp32", counter_ptr="*i32"),

@@ -299,10 +299,13 @@ def test_masked_layout_rejects_split_k(device):
 
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
-@pytest.mark.parametrize("persistent,ws", [(False, False), (True, False), (True, True)])
-def test_tma_path_matches_reference(layout, k, n, persistent, ws, device):
+@pytest.mark.parametrize("persistent,ws,tail", [(False, False, 0), (True, False, 0), (True, True, 0),
+                                                (False, False, 16), (True, True, 16)])
+def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, device):
     """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
-    expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows."""
+    expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows. With
+    tail tiles (32-row tiles, 16-row tails): experts of 5 and 1 rows are tails only, 37 rows are a full tile
+    and a tail of 5, 18 rows a full tile (more than the tail holds)."""
     import moegemm.grouped.api as api
 
     g = torch.Generator().manual_seed(k * 31 + n)
@@ -313,8 +316,8 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, device):
     w_kn = (torch.randn(e, k, n, generator=g) / k**0.5).to(torch.bfloat16)
     w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
     rs = torch.rand(m, generator=g).to(torch.bfloat16)
-    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
-                        warp_specialize=ws)
+    cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent, group_m=2,
+                        tma=True, warp_specialize=ws, tail_m=tail)
     assert api._tma_descriptors(xs, w, layout, e, n, k, cfg) is not None, "expected the TMA path"
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     got = grouped_mm(xs.to(device), w.to(device), offsets.to(device), w_layout=layout, epilogue="relu",
@@ -339,3 +342,8 @@ def test_tma_path_declines_unsuitable_inputs():
     assert api._tma_descriptors(x, w.transpose(1, 2).contiguous().transpose(1, 2), "kn", 3, 32, 64, cfg) is None
     with pytest.raises(ValueError, match="warp_specialize"):
         GroupedConfig(warp_specialize=True)
+    for bad in (8, 24, 64, 128):
+        with pytest.raises(ValueError, match=r"config.tail_m: expected 0 or a power of two in \[16, block_m\)"):
+            GroupedConfig(block_m=64, tma=True, tail_m=bad)
+    with pytest.raises(ValueError, match="config.tail_m: tail tiles are a TMA-kernel feature"):
+        GroupedConfig(block_m=64, tail_m=32)

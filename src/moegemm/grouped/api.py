@@ -34,6 +34,7 @@ class GroupedConfig:
     tma: bool = False  # tiles loaded by the tensor-memory accelerator (16-bit, TMA-compatible strides)
     warp_specialize: bool = False  # with tma: Triton's producer/consumer warp specialization of the K loop
     split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert), pointer loads
+    tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -48,6 +49,12 @@ class GroupedConfig:
             raise ValueError(f"config.split_k: expected an int in [1, 64], got {self.split_k!r}")
         if self.split_k > 1 and self.tma:
             raise ValueError("config.split_k: splits are served by the pointer kernel; use tma=False")
+        if self.tail_m:
+            t = self.tail_m
+            if not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m:
+                raise ValueError(f"config.tail_m: expected 0 or a power of two in [16, block_m), got {t!r}")
+            if not self.tma:
+                raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
 
 
 def rows_bucket(rows: int, num_experts: int) -> int:
@@ -144,9 +151,10 @@ def grouped_mm(
     config: tiles, grid and load path; default: this GPU's tuned table (nearest rows-per-expert bucket of
     the same E, K, N), else :func:`heuristic_config`. A config with ``tma=True`` uses the TMA kernel where
     the inputs allow it (16-bit, rows 16-byte aligned, experts stacked densely; "kn" needs K % block_k == 0)
-    and the pointer kernel with the same tiles elsewhere. A config with ``split_k > 1`` splits K inside each
-    tile (fp32 partials; the last split of a tile to finish reduces them in split order and stores), for
-    decode, where few rows per expert leave few tiles.
+    and the pointer kernel with the same tiles elsewhere; with ``tail_m`` it computes a tile holding at most
+    tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts).
+    A config with ``split_k > 1`` splits K inside each tile (fp32 partials; the last split of a tile to
+    finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles.
     """
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
@@ -221,7 +229,7 @@ def grouped_mm(
     descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
     if descs is not None:
         _grouped_mm_tma_kernel[(grid,)](
-            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
+            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1), TAIL_M=cfg.tail_m,
             W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.warp_specialize,
             UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common,
         )
@@ -243,10 +251,11 @@ def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor) -> int:
 
 def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
                      cfg: GroupedConfig):
-    """(x descriptor, w descriptor) for the TMA kernel, or None where the inputs do not allow it: 16-bit
-    dtypes; x and w contiguous along their last dimension with 16-byte aligned rows and base; w's experts
-    stacked densely (so that it is one 2-D [E*N, K] or [E*K, N] matrix); for "kn", K a multiple of BLOCK_K
-    (a K tail would read the next expert's rows). The pointer kernel, same tiles, serves the rest."""
+    """(x descriptor, w descriptor, x descriptor of tail_m-row boxes) for the TMA kernel, or None where the
+    inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension with 16-byte aligned
+    rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or [E*K, N] matrix); for
+    "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The pointer kernel, same
+    tiles, serves the rest. Without tail_m the third descriptor is the first (the kernel does not use it)."""
     if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
         return None
     if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16 or w.stride(2) != 1 or w.data_ptr() % 16:
@@ -259,7 +268,8 @@ def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n:
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
     box = [cfg.block_n, cfg.block_k] if w_layout == "nk" else [cfg.block_k, cfg.block_n]
     b = TensorDescriptor(w, [rows_w, cols_w], [w.stride(1), 1], box)
-    return a, b
+    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
+    return a, b, at
 
 
 def grouped_mm_masked(

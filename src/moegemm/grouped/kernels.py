@@ -143,33 +143,65 @@ def _grouped_mm_splitk_kernel(
 
 
 @triton.jit
+def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N] over all of K, the tiles
+    brought in by TMA. SWAP_AB computes the transpose, W-tile^T @ A-tile^T, so that the weight columns
+    fill the tensor cores' M side (at least 64 rows per warp group) and the few rows of the tile are
+    their N side (any multiple of 8): the cheap way to compute a tile of only a few rows."""
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = a_desc.load([row0, k])
+        if W_KN:
+            b = w_desc.load([expert * K + k, col0])
+        else:
+            b = w_desc.load([expert * N + col0, k]).T
+        if SWAP_AB:
+            acc = mma(b.T, a.T, acc, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
+        else:
+            acc = mma(a, b, acc, "tf32", UPCAST)
+    if SWAP_AB:  # (one return: the compiler sees both returns of a constexpr if)
+        res = acc.T
+    else:
+        res = acc
+    return res
+
+
+@triton.jit
 def _grouped_mm_tma_kernel(
-    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
+    a_desc, w_desc, at_desc, y_ptr, offsets_ptr, scale_ptr,
     N, K, E, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
-    HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+    GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
     descriptor (rows past the expert's end are computed and not stored; past M_total the box reads zeros).
     w is a 2-D [E*N, K] descriptor ("nk": rows past N belong to the next expert and are not stored; past
-    K the box reads zeros) or [E*K, N] ("kn": only with K a multiple of BLOCK_K, checked by the caller)."""
+    K the box reads zeros) or [E*K, N] ("kn": only with K a multiple of BLOCK_K, checked by the caller).
+    TAIL_M > 0: a tile holding at most TAIL_M of its expert's rows (the last row tile of an expert, or all
+    of a small expert) is computed as a TAIL_M-row tile, transposed (see _tma_k_loop), through ``at_desc``
+    (x with [TAIL_M, BLOCK_K] boxes): with about as many rows per expert as BLOCK_M, half of the experts
+    end in a row tile of a few rows, which would otherwise cost a whole tile of tensor-core work."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a = a_desc.load([row0, k])
-            if W_KN:
-                b = w_desc.load([expert * K + k, col0])
-            else:
-                b = w_desc.load([expert * N + col0, k]).T
-            acc = mma(a, b, acc, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
-        _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        if TAIL_M > 0 and row_end - row0 <= TAIL_M:
+            tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
+                               True, UPCAST)  # (its own name: a variable of both branches needs one shape)
+            _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                        TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        else:
+            acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
+                              False, UPCAST)
+            _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
 
 
 @triton.jit
