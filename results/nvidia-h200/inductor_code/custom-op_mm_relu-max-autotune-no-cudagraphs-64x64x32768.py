@@ -1,4 +1,4 @@
-# AOT ID: ['8_inference']
+# AOT ID: ['11_inference']
 from ctypes import c_void_p, c_long, c_int
 import torch
 import math
@@ -34,7 +34,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /work/main/.cache/inductor/g5/cg54ee4uajyhqeligl3h7efw3reandc5kyqv3iwamtijoo6g5f3x.py
+# kernel path: /tmp/torchinductor_root/g5/cg54ee4uajyhqeligl3h7efw3reandc5kyqv3iwamtijoo6g5f3x.py
 # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
 # Source node to ATen node mapping:
 #   mm_relu_default => mm_relu

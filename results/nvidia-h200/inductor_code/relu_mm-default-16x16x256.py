@@ -34,7 +34,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /work/main/.cache/inductor/5c/c5cgm57qkmyt3frx764jdhw3yqitatwq4g3w5nqklrc6tpqlrzdz.py
+# kernel path: /tmp/torchinductor_root/5c/c5cgm57qkmyt3frx764jdhw3yqitatwq4g3w5nqklrc6tpqlrzdz.py
 # Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
 # Source node to ATen node mapping:
 #   relu => relu

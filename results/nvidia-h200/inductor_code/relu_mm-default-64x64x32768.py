@@ -1,4 +1,4 @@
-# AOT ID: ['5_inference']
+# AOT ID: ['8_inference']
 from ctypes import c_void_p, c_long, c_int
 import torch
 import math
@@ -34,7 +34,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /work/main/.cache/inductor/ak/cakpd33gpkql5vljkiqnhmztddzekqv7kzcd2njkxmmxbbiquvns.py
+# kernel path: /tmp/torchinductor_root/ak/cakpd33gpkql5vljkiqnhmztddzekqv7kzcd2njkxmmxbbiquvns.py
 # Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
 # Source node to ATen node mapping:
 #   relu => relu
