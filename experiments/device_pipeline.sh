@@ -7,6 +7,11 @@
 # for that step are removed first, so every step measures afresh, and Snakemake records its wall time in
 # results/<gpu>/benchmarks/<step>.tsv. Caches (Triton, Inductor) start cold on a fresh machine and are
 # shared by the steps of one call, as in one `snakemake --cores 1`.
+# Each call's checkout replaces the tracked files, among them the tuned tables and the results of the
+# calls before (session 4 found E3-E7 running on the previous session's tables that way). So every call
+# saves what the run has produced so far in $STATE (outside the checkout; the same machine keeps it while
+# warm) and the next call puts it back before its first step. On a fresh machine $STATE is empty: copy the
+# returned results.tgz into the checkout before the next call.
 #   MOEGEMM_COMMIT=<sha> MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh STEP:SECONDS...
 #   STEP: verify floors tune tune_grouped, or an experiment's CSV name (grouped_skew, router_gemm, ...).
 # Figures, numbers and the paper are then built from the results that come back, on any machine.
@@ -20,7 +25,12 @@ SLUG=$(python3 -c "import torch; from moegemm._runtime import slugify; print(slu
 R=results/$SLUG
 DEADLINE=${DEADLINE:-540}
 OUT=${OUT:-/tmp/out}
+STATE=${STATE:-/tmp/moegemm-run-${MOEGEMM_COMMIT:-nocommit}}  # one per run (per commit)
 mkdir -p "$OUT" "$R/benchmarks"
+if [ -d "$STATE/results" ]; then
+  cp -a "$STATE/results/." results/ && cp -a "$STATE/tuned/." src/moegemm/tuned/ \
+    && echo "restored this run's results and tuned tables from $STATE"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 echo "setup $((SECONDS - t_start))s"
 outputs() {
@@ -47,6 +57,7 @@ for spec in "$@"; do
   grep -v "it/s]" "/tmp/smk-$step.log" | tail -3
   echo "=== $step rc=$rc $((SECONDS - t0))s (estimate ${est}s)"
 done
+rm -rf "$STATE" && mkdir -p "$STATE" && cp -a results "$STATE/results" && cp -a src/moegemm/tuned "$STATE/tuned"
 tar czf "$OUT/results.tgz" results src/moegemm/tuned 2>/dev/null
 tar czf "$OUT/logs.tgz" logs /tmp/smk-*.log .snakemake/log 2>/dev/null
 echo "call total $((SECONDS - t_start))s"
