@@ -24,39 +24,39 @@ from moegemm.grouped.api import rows_bucket
 
 
 def candidates(mean_rows: float) -> list[GroupedConfig]:
-    """Tile configs by regime of the mean rows per expert, each with pointer loads and with TMA loads, on
-    the plain and the persistent grid; the row tiles of an expert are walked together (group_m = 8) so
-    that they share its weights in L2.
+    """Tile configs by regime of the mean rows per expert, on the plain and the persistent grid; the row
+    tiles of an expert are walked together (group_m = 8) so that they share its weights in L2.
 
-    - decode (<= 16 rows): the weights are streamed once; 16-row tiles, narrow N tiles and deep K steps,
-      several stages, for many loads in flight per multiprocessor.
-    - middle (<= 64 rows): row tiles of 32/64, N tiles of 64/128.
-    - prefill: 64/128 x 128/256 tiles on the tensor cores (wgmma), 8 warps for the larger ones, TMA loads
-      (pointer loads never won a prefill cell in the session-3 table: results/<gpu>/tune_grouped.csv);
-      also Triton's warp-specialized persistent loop, and tail tiles: an expert's last row tile holding at
-      most tail_m rows computed as a transposed tail_m-row tile (at about BLOCK_M rows per expert, half the
+    - decode (<= 16 rows): the weights are streamed once; 16-row tiles, N tiles of 64/128 (32 with TMA
+      loads), deep K steps, several stages, for many loads in flight per multiprocessor. At <= 4 rows per
+      expert (decode of the many-expert models, T=1 of all) also split-K tiles in two (Decompose-K inside
+      the tile), for more programs than experts x N tiles.
+    - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
+      at most 32 rows costs a 32-row tile).
+    - prefill: 128 x 128/256 and 64 x 256 tiles on the tensor cores (wgmma), 8 warps, TMA loads; also
+      Triton's warp-specialized persistent loop, and tail tiles: an expert's last row tile holding at most
+      tail_m rows computed as a transposed tail_m-row tile (at about BLOCK_M rows per expert, half the
       experts end in a row tile of a few rows).
-    - middle: also 64-row TMA tiles with 32-row tails (an expert of at most 32 rows costs a 32-row tile).
-    At a handful of rows per expert (<= 4: decode of the many-expert models, T=1 of all) also split-K
-    tiles (Decompose-K inside the tile), for more programs than experts x N tiles.
+    The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
+    regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
+    out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
+    64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
     Configs needing more than 200 KB of shared memory (the H100/H200 limit is 227 KB) are left out."""
     raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k[, tail_m]])
     if mean_rows <= 16:
-        raw += [(16, bn, bk, 4, st, False, False) for bn in (32, 64, 128) for bk in (128, 256) for st in (3, 5)]
+        raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
         if mean_rows <= 4:  # a handful of rows per expert: K split inside each tile for more programs
-            raw += [(16, bn, 128, 4, 4, False, False, sk) for bn in (64, 128) for sk in (2, 4)]
+            raw += [(16, bn, 128, 4, 4, False, False, 2) for bn in (64, 128)]
     elif mean_rows <= 64:
-        raw += [(bm, bn, bk, 4, 4 if bk == 64 else 3, tma, False) for bm in (32, 64) for bn in (64, 128)
-                for bk in (64, 128) for tma in (False, True)]
+        raw += [(64, 128, 64, 4, 4, tma, False) for tma in (False, True)]
+        raw += [(64, 64, 64, 4, 4, True, False), (64, 128, 128, 4, 3, True, False)]
         raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32) for bk in (64, 128)]
     else:
-        shapes = [(64, 128, 4), (64, 256, 8), (128, 128, 8), (128, 256, 8)]
-        raw += [(bm, bn, 64, w, st, True, False) for bm, bn, w in shapes for st in (3, 4)]
-        raw += [(128, bn, 64, 8, st, True, True) for bn in (128, 256) for st in (3, 4)]
+        raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
         raw += [(128, 256, 64, 8, st, True, False, 1, tail) for st in (3, 4) for tail in (32, 64)]
-        raw += [(128, 128, 64, 8, 4, True, False, 1, tail) for tail in (32, 64)]
-        raw += [(64, 128, 64, 4, 4, True, False, 1, 32)]
+        raw += [(128, 128, 64, 8, 4, True, False, 1, tail) for tail in (0, 32, 64)]
+        raw += [(64, 256, 64, 8, 4, True, False)]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
         split_k, tail_m = [*extra, *(1, 0)[len(extra):]]  # defaults: no splits, no tail tiles

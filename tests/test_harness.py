@@ -177,3 +177,28 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     more = tg.time_configs([dataclasses.replace(tg.config_of(r), persistent=True) for r in best], writer, base,
                            xs, [w], plan.group_offsets, ref)
     assert [tg.config_of(r).persistent for r in more] == [True, True]
+
+
+def test_grouped_tuner_candidates_by_regime():
+    """Every candidate is a valid config within the shared-memory budget, none twice; split-K only at a
+    handful of rows per expert, tail tiles only with TMA loads and past decode, both grids offered (the
+    warp-specialized loop exists on the persistent one only)."""
+    import dataclasses
+
+    from experiments.tune_grouped import candidates
+
+    for mean in (1, 4, 8, 16, 32, 64, 128, 512, 4096):
+        cs = candidates(mean)
+        keys = [tuple(sorted(dataclasses.asdict(c).items())) for c in cs]
+        assert len(set(keys)) == len(keys) > 0, mean
+        for c in cs:
+            assert (c.block_m * c.block_k + c.block_k * c.block_n) * 2 * c.num_stages <= 200 * 1024
+            assert c.split_k == 1 or mean <= 4, (mean, c)
+            assert c.tail_m == 0 or (c.tma and mean > 16), (mean, c)
+            assert c.block_m <= max(16, mean) or mean > 16, (mean, c)  # decode: 16-row tiles
+            assert not c.warp_specialize or c.persistent
+        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
+        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
+        assert plain == pers, mean  # every tile config on both grids
+    assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
+    assert any(c.tail_m for c in candidates(32)) and any(c.tail_m for c in candidates(512))
