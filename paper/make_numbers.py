@@ -505,6 +505,31 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
             "tab:e7quoted", "llllll"))
 
 
+def tails(n: Numbers, results: Path, gen: Path) -> None:
+    """Tail tiles in the grouped tuner's table (side by side, same process and data): in how many of the
+    cells where they were offered one won, and the time saved against the best config without them."""
+    path = results / "tune_grouped.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"].copy()
+    df["tail_m"] = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int)
+    gains = []
+    for key, g in df.groupby(["model", "proj", "tokens"]):
+        with_tail, without = g[g.tail_m > 0], g[g.tail_m == 0]
+        if len(with_tail) and len(without):
+            gains.append((key, 100 * (1 - g.graph_us.min() / without.graph_us.min()),
+                          with_tail.graph_us.min() < without.graph_us.min()))
+    if not gains:
+        return
+    best = max(gains, key=lambda x: x[1])
+    n.add("TailCells", len(gains), "{}")
+    n.add("TailWins", sum(w for *_, w in gains), "{}")
+    n.add("TailGainMax", best[1], "{:.0f}")
+    n.add("TailGainCell", f"{best[0][0]} {best[0][1]}, $T={best[0][2]}$")
+    n.add("TailGainMedian", float(np.median([gn for _, gn, w in gains if w])), "{:.1f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", required=True)
@@ -514,7 +539,7 @@ def main():
     results, gen = Path(a.results), Path(a.out)
     n = Numbers()
     provenance(n, results)
-    for f in (e1, e2, e3, e4, e5, e6, e7, runtime):
+    for f in (e1, e2, e3, e4, e5, e6, e7, tails, runtime):
         f(n, results, gen)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
