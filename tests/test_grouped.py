@@ -143,9 +143,12 @@ def test_moe_expert_path_end_to_end(device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("cfg", [GroupedConfig(16, 16, 16), GroupedConfig(16, 16, 16, persistent=True, group_m=2),
-                                 GroupedConfig(16, 16, 16, group_m=1), None], ids=["grid", "persistent", "rowwise",
-                                                                                   "default"])
+                                 GroupedConfig(16, 16, 16, group_m=1), None,
+                                 GroupedConfig(64, 16, 16, tma=True, warp_specialize=True, tail_m=32)],
+                         ids=["grid", "persistent", "rowwise", "default", "prefill-tiles"])
 def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, device):
+    """prefill-tiles: a tuned prefill config (TMA, tail tiles) given to the masked layout, whose row tiles
+    shrink to m_max (20 rows: 32) below the config's tail_m; its TMA settings are not used."""
     torch.manual_seed(3)
     e, m_max, k, n = 5, 20, 40, 24
     x = torch.randn(e, m_max, k).to(dtype)
@@ -290,6 +293,26 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
         GroupedConfig(split_k=0)
     with pytest.raises(ValueError, match="config.split_k: splits are served by the pointer kernel"):
         GroupedConfig(split_k=2, tma=True)
+
+
+def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, device):
+    """E7 (session 4) found this: the tuned table's choice for the masked layout (here a middle-regime
+    config, 64-row tiles with 32-row tails) shrinks its row tiles to m_max; that must not trip over the
+    tail setting the masked kernel does not use."""
+    import moegemm.grouped.api as api
+
+    tuned = GroupedConfig(64, 32, 16, tma=True, tail_m=32)
+    monkeypatch.setattr(api, "_choose", lambda *a, **k: (tuned, "tuned"))
+    torch.manual_seed(11)
+    e, m_max, k, n = 4, 12, 32, 40
+    x, w = torch.randn(e, m_max, k), torch.randn(e, n, k) / k**0.5
+    masked = torch.tensor([12, 0, 5, 9], dtype=torch.int32)
+    out = torch.full((e, m_max, n), SENTINEL)
+    got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout="nk", out=out.to(device)).cpu()
+    for ex, mm in enumerate(masked.tolist()):
+        torch.testing.assert_close(got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5,
+                                   atol=1e-4)
+        assert (got[ex, mm:] == SENTINEL).all()
 
 
 def test_masked_layout_rejects_split_k(device):

@@ -286,8 +286,8 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles and grid (``tma`` is not used: a TMA box would read rows past masked_m); default: this
-    GPU's tuned tiles for m_max rows per expert, on the persistent grid."""
+    config: tiles and grid (``tma``, ``warp_specialize`` and ``tail_m`` are not used: a TMA box would read
+    rows past masked_m); default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)
@@ -318,7 +318,9 @@ def grouped_mm_masked(
                                      persistent=True, split_k=1)  # the masked kernel has no splits
     elif config.split_k > 1:
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
-    cfg = dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))))
+    # pointer loads only (no TMA, so no tail tiles either); row tiles no taller than m_max needs
+    cfg = dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
+                              tma=False, warp_specialize=False, tail_m=0)
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
         raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
