@@ -12,6 +12,7 @@ import pytest
 SHARDS = 6  # compiled in parallel processes where pytest-xdist spreads the tests
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_all_kernels_compile_for_sm90(shard):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

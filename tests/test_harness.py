@@ -78,6 +78,7 @@ def test_inspect_inductor_code():
     assert t["n_kernel_launches"] == 1
 
 
+@pytest.mark.long
 def test_inspect_real_cpu_compile():
     """What Inductor really emits (CPU backend) for the seed's decomposeK + ReLU: bmm + one fused kernel."""
     import torch
@@ -202,3 +203,24 @@ def test_grouped_tuner_candidates_by_regime():
         assert plain == pers, mean  # every tile config on both grids
     assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
     assert any(c.tail_m for c in candidates(32)) and any(c.tail_m for c in candidates(512))
+
+
+def test_long_tests_head_the_chunks_xdist_deals_out():
+    """conftest.spread_long_tests: each test marked long heads one worker's first chunk; the others keep
+    their order; no test is lost or doubled; without workers nothing moves."""
+    from types import SimpleNamespace
+
+    from tests.conftest import spread_long_tests
+
+    items = [SimpleNamespace(name=f"t{i}", keywords={"long"} if i in (0, 1, 2, 40, 97) else set())
+             for i in range(100)]
+    names = [it.name for it in items]
+    spread_long_tests(items, 1)
+    assert [it.name for it in items] == names
+    spread_long_tests(items, 8)
+    got = [it.name for it in items]
+    assert sorted(got) == sorted(names)
+    heads = [got[round(j * 100 / 8)] for j in range(5)]
+    assert heads == ["t0", "t1", "t2", "t40", "t97"]
+    rest = [n for n in got if n not in heads]
+    assert rest == [n for n in names if n not in heads]
