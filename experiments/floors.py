@@ -1,5 +1,6 @@
-"""Floors measured on this GPU: one tiny kernel's CUDA-graph time, device copy bandwidth (read+write) and a
-large bf16 matmul rate, beside the datasheet peaks that the figures draw.
+"""Floors measured on this GPU: one tiny kernel's CUDA-graph time, device copy bandwidth (read+write), the
+bandwidth of a streaming read (a sum over 4 GiB) and a large bf16 matmul rate, beside the datasheet peaks
+that the figures draw.
 
     python -m experiments.floors --out results/<slug>/floors.json
 """

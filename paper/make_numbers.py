@@ -92,6 +92,9 @@ def provenance(n: Numbers, results: Path) -> None:
     fl = json.loads((results / "floors.json").read_text())
     n.add("TinyKernelUs", fl["measured"]["tiny_kernel_graph_us"])
     n.add("CopyTBs", fl["measured"]["copy_tb_s"])
+    if "read_tb_s" in fl["measured"]:  # measured since session 5's floors step
+        n.add("ReadTBs", fl["measured"]["read_tb_s"], "{:.2f}")
+        n.add("ReadPct", 100 * fl["measured"]["read_tb_s"] / fl["datasheet"]["hbm_tb_s"], "{:.0f}")
     n.add("MatmulTflops", fl["measured"]["bf16_matmul_tflops"], "{:.0f}")
     n.add("PeakTBs", fl["datasheet"]["hbm_tb_s"], "{:.1f}")
     n.add("PeakTflops", fl["datasheet"]["bf16_tflops"], "{:.0f}")
@@ -377,6 +380,8 @@ def e7_frame_of(df: pd.DataFrame) -> pd.DataFrame:
     ours = g[g.contender.isin(OURS_GROUPED)].groupby(key).agg(us=("graph_us", "min"), pct=("pct_floor_graph", "max"))
     tg = g[g.contender == "torch._grouped_mm"].set_index(key)
     ours["tg_us"], ours["tg_pct"] = tg.graph_us, tg.pct_floor_graph
+    if "bytes" in g:
+        ours["bytes"] = g.groupby(key)["bytes"].first()
     return ours.reset_index()
 
 
@@ -417,6 +422,9 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     n.add("ESevenPrefillVsTorchMin", float((pre.tg_us / pre.us).min()))
     n.add("ESevenPrefillSlowerCells", int((pre.tg_us < pre.us).sum()), "{}")
     n.add("ESevenPrefillCells", len(pre), "{}")
+    floors = json.loads((results / "floors.json").read_text())["measured"]
+    if "read_tb_s" in floors and "bytes" in dec and len(dec):  # decode vs a streaming read on this GPU
+        n.add("ESevenDecodePctRead", gm(100 * dec.bytes / (floors["read_tb_s"] * 1e6) / dec.us), "{:.0f}")
     p = o.pivot_table(index=["model", "proj", "tokens"], columns="load", values="us")
     pen = (p["zipf1.2"] / p["uniform"]).dropna()
     n.add("ESevenSkewPenalty", gm(pen))

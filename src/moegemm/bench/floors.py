@@ -28,7 +28,8 @@ def gemm_floor_us(m, n, k, elt, slug: str, tiny_kernel_us: float, fp32: bool = F
 
 
 def measure() -> dict:
-    """Tiny-kernel graph time, copy bandwidth and bf16 matmul rate, measured now on GPU 0."""
+    """Tiny-kernel graph time, copy bandwidth (read + write), streaming-read bandwidth and bf16 matmul rate,
+    measured now on GPU 0."""
     from .timing import GraphTimer
 
     x = torch.ones(1, device="cuda")
@@ -42,6 +43,13 @@ def measure() -> dict:
     copy_us = sorted(copy.sample(10))[5]
     copy_tb_s = 2 * n / (copy_us * 1e-6) / 1e12
 
+    # Streaming read: a sum over 4 GiB, what a weight-streaming (decode) kernel at best can do on this GPU.
+    big = torch.rand(1 << 30, device="cuda")
+    read = GraphTimer([lambda: big.sum()], calls_per_graph=5)
+    read_us = sorted(read.sample(10))[5]
+    read_tb_s = big.numel() * big.element_size() / (read_us * 1e-6) / 1e12
+    del big
+
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm = GraphTimer([lambda: a @ b], calls_per_graph=5)
@@ -49,5 +57,6 @@ def measure() -> dict:
     return {
         "tiny_kernel_graph_us": tiny_us,
         "copy_tb_s": copy_tb_s,
+        "read_tb_s": read_tb_s,
         "bf16_matmul_tflops": 2 * 8192**3 / (mm_us * 1e-6) / 1e12,
     }
