@@ -23,7 +23,8 @@ from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
-                                     _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel)
+                                     _grouped_mm_masked_tma_kernel, _grouped_mm_splitk_kernel,
+                                     _grouped_mm_tma_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -76,6 +77,12 @@ def variants():
                 tio = {"a_desc": f"tensordesc<{dt}[64,64]>", "w_desc": f"tensordesc<{dt}{box}>",
                        "at_desc": f"tensordesc<{dt}[{tail or 64},64]>", "y_ptr": TY[dt], "offsets_ptr": "*i32",
                        "scale_ptr": TY[dt]}
+                if not ws and not tail:
+                    mio = {"a_ptr": TY[dt], "w_desc": f"tensordesc<{dt}{box}>", "y_ptr": TY[dt],
+                           "masked_m_ptr": "*i32"}
+                    yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
+                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
+                                EPILOGUE=epi, UPCAST=False))
                 yield (("grouped_tma", dt, epi, bias, ws, kn, tail), _grouped_mm_tma_kernel, tio,
                        dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
                             WARP_SPECIALIZE=ws, FLATTEN=ws, HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
@@ -95,6 +102,12 @@ def variants():
             opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
             tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
+            if c.tma and not c.warp_specialize and not c.tail_m:  # the masked layout's TMA kernel, same tiles
+                mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
+                       "masked_m_ptr": "*i32"}
+                yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
+                       dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
+                            GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
             if c.tma:
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",

@@ -295,6 +295,48 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
         GroupedConfig(split_k=2, tma=True)
 
 
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("persistent,group_m", [(False, 8), (True, 2)])
+def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
+    """The masked layout's TMA kernel (taken: 16-bit, aligned rows, K a multiple of BLOCK_K): an empty
+    expert, a full one, one row, counts that are not multiples of the tile; rows past masked_m are NaN in x
+    and must not reach a stored row, and are not written. (That they are not read at all rests on the
+    in-kernel descriptor ending at masked_m[e]: a row past it could only reach a row that is not stored.)"""
+    import moegemm.grouped.api as api
+
+    launches = []
+    real = api._grouped_mm_masked_tma_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(api, "_grouped_mm_masked_tma_kernel", Spy())
+    torch.manual_seed(13)
+    e, m_max, k, n = 5, 40, 64, 40
+    x = torch.randn(e, m_max, k).to(torch.bfloat16)
+    w_kn = (torch.randn(e, k, n) / k**0.5).to(torch.bfloat16)
+    w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
+    masked = torch.tensor([0, 40, 7, 1, 33], dtype=torch.int32)
+    for ex, mm in enumerate(masked.tolist()):
+        x[ex, mm:] = float("nan")
+    out = torch.full((e, m_max, n), SENTINEL, dtype=torch.bfloat16)
+    cfg = GroupedConfig(16, 16, 32, persistent=persistent, group_m=group_m, tma=True, tail_m=0)
+    got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout=layout, epilogue="relu",
+                            out=out.to(device), config=cfg).cpu()
+    assert len(launches) == 1, "expected the TMA kernel"
+    rtol, atol = TOL[torch.bfloat16]
+    for ex, mm in enumerate(masked.tolist()):
+        ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
+        torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
+        assert (got[ex, mm:] == SENTINEL).all(), f"expert {ex}: rows past masked_m were written"
+    # fp32, or a K tail with "kn": the pointer kernel, same tiles
+    launches.clear()
+    grouped_mm_masked(x.float().to(device), w.float().to(device), masked.to(device), w_layout=layout, config=cfg)
+    assert not launches
+
+
 def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, device):
     """E7 (session 4) found this: the tuned table's choice for the masked layout (here a middle-regime
     config, 64-row tiles with 32-row tails) shrinks its row tiles to m_max; that must not trip over the

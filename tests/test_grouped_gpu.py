@@ -9,8 +9,8 @@ import torch
 from helpers import assert_close_to_ref
 
 from moegemm.bench.moe_loads import sample_topk
-from moegemm.grouped import (grouped_mm, grouped_mm_masked, heuristic_config, permute, route, sorted_weights,
-                             unpermute)
+from moegemm.grouped import (GroupedConfig, grouped_mm, grouped_mm_masked, heuristic_config, permute, route,
+                             sorted_weights, unpermute)
 
 pytestmark = pytest.mark.gpu
 
@@ -63,7 +63,13 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     assert yt.shape == (t, n) and not torch.isnan(yt).any()
 
 
-def test_masked_cuda_graph_replay_with_changing_masked_m():
+@pytest.mark.parametrize("config", [None, GroupedConfig(16, 128, 128, num_stages=4, persistent=True, tma=True),
+                                    GroupedConfig(64, 128, 64, num_stages=4, tma=True)],
+                         ids=["default", "tma-decode", "tma-64"])
+def test_masked_cuda_graph_replay_with_changing_masked_m(config):
+    """Captured once, replayed with new masked_m and x: pointer loads (the default here: no tuned entry for
+    16 experts) and TMA loads through the in-kernel descriptors (their scratch memory comes from the
+    graph's pool at capture)."""
     torch.manual_seed(0)
     e, m_max, hidden, n = 16, 64, 2048, 1536
     x = torch.randn(e, m_max, hidden, device="cuda").to(torch.bfloat16)
@@ -73,10 +79,10 @@ def test_masked_cuda_graph_replay_with_changing_masked_m():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        grouped_mm_masked(x, w, masked, w_layout="nk", out=out)
+        grouped_mm_masked(x, w, masked, w_layout="nk", out=out, config=config)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s):
-            grouped_mm_masked(x, w, masked, w_layout="nk", out=out)
+            grouped_mm_masked(x, w, masked, w_layout="nk", out=out, config=config)
     torch.cuda.current_stream().wait_stream(s)
     for i in range(4):
         masked.copy_(torch.randint(0, m_max + 1, (e,), device="cuda", dtype=torch.int32))

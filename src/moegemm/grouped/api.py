@@ -14,7 +14,8 @@ from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from ..decompose_k import configs as dk_configs
 from ..decompose_k.single_launch import _counters
-from .kernels import _grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel
+from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
+                      _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel)
 
 try:  # host-side tensor descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -258,18 +259,48 @@ def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n:
     tiles, serves the rest. Without tail_m the third descriptor is the first (the kernel does not use it)."""
     if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
         return None
-    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16 or w.stride(2) != 1 or w.data_ptr() % 16:
+    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
         return None
-    rows_w, cols_w = (e * n, k) if w_layout == "nk" else (e * k, n)
-    if (w.stride(1) * 2) % 16 or (e > 1 and w.stride(0) != w.shape[1] * w.stride(1)):
+    b = _w_descriptor(w, w_layout, e, n, k, cfg)
+    if b is None:
+        return None
+    a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
+    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
+    return a, b, at
+
+
+def _w_descriptor(w: torch.Tensor, w_layout: str, e: int, n: int, k: int, cfg: GroupedConfig):
+    """w as one 2-D TMA descriptor, [E*N, K] ("nk") or [E*K, N] ("kn"), or None where it cannot be: not
+    16-bit, last dimension not contiguous, rows or base not 16-byte aligned, experts not stacked densely,
+    or "kn" with K not a multiple of BLOCK_K (a K tail would read the next expert's rows)."""
+    if TensorDescriptor is None or w.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if w.stride(2) != 1 or w.data_ptr() % 16 or (w.stride(1) * 2) % 16:
+        return None
+    if e > 1 and w.stride(0) != w.shape[1] * w.stride(1):
         return None
     if w_layout == "kn" and k % cfg.block_k:
         return None
-    a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
+    rows_w, cols_w = (e * n, k) if w_layout == "nk" else (e * k, n)
     box = [cfg.block_n, cfg.block_k] if w_layout == "nk" else [cfg.block_k, cfg.block_n]
-    b = TensorDescriptor(w, [rows_w, cols_w], [w.stride(1), 1], box)
-    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
-    return a, b, at
+    return TensorDescriptor(w, [rows_w, cols_w], [w.stride(1), 1], box)
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory for descriptors made in-kernel (Triton calls this at launch; inside a CUDA-graph
+    capture the tensor comes from the graph's pool and stays with the graph)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Triton's allocator for in-kernel descriptors, unless the caller set one. It lives in a context
+    variable, which a new thread does not inherit, so this runs before every such launch."""
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+    except ImportError:  # pragma: no cover - a Triton without the allocator API has no in-kernel descriptors
+        return
+    if isinstance(_allocator.get(), NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def grouped_mm_masked(
@@ -286,8 +317,11 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles and grid (``tma``, ``warp_specialize`` and ``tail_m`` are not used: a TMA box would read
-    rows past masked_m); default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid."""
+    config: tiles, grid and load path (``warp_specialize`` and ``tail_m`` are not used); default: this GPU's
+    tuned tiles for m_max rows per expert, on the persistent grid. With ``tma=True`` and 16-bit inputs whose
+    rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows come in by TMA through a descriptor
+    made in-kernel for each expert's first masked_m[e] rows, so rows past them are still not read; other
+    inputs take the pointer kernel with the same tiles."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)
@@ -318,20 +352,32 @@ def grouped_mm_masked(
                                      persistent=True, split_k=1)  # the masked kernel has no splits
     elif config.split_k > 1:
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
-    # pointer loads only (no TMA, so no tail tiles either); row tiles no taller than m_max needs
+    # row tiles no taller than m_max needs; no tail tiles or warp-specialized loop in the masked kernels
     cfg = dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                              tma=False, warp_specialize=False, tail_m=0)
+                              warp_specialize=False, tail_m=0)
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
         raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
                          "more than the kernel's int32 tile index holds")
     grid = _grid(max_tiles, cfg, x)
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m, EPILOGUE=int(epi),
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    x_tma = (x.dtype in (torch.bfloat16, torch.float16) and x.stride(2) == 1 and x.data_ptr() % 16 == 0
+             and (x.stride(0) * 2) % 16 == 0 and (x.stride(1) * 2) % 16 == 0)
+    w_desc = _w_descriptor(w, w_layout, e, n, k, cfg) if cfg.tma and x_tma else None
+    if w_desc is not None:
+        _ensure_allocator()
+        _grouped_mm_masked_tma_kernel[(grid,)](
+            x, w_desc, out, masked_m, e, m_max, n, k,
+            x.stride(0), x.stride(1), out.stride(0), out.stride(1), out.stride(2),
+            W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, allow_tf32)["UPCAST"], **common,
+        )
+        return out
     _grouped_mm_masked_kernel[(grid,)](
         x, w, out, masked_m,
         e, m_max, n, k,
         x.stride(0), x.stride(1), x.stride(2), s_e, s_k, s_n, out.stride(0), out.stride(1), out.stride(2),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, E_BLOCK=max(16, triton.next_power_of_2(e)),
-        GROUP_M=cfg.group_m, EVEN_K=k % cfg.block_k == 0, EPILOGUE=int(epi), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **dot_meta(x.dtype, allow_tf32),
+        EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, allow_tf32),
     )
     return out

@@ -238,3 +238,35 @@ def _grouped_mm_masked_kernel(
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
         _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, False, EPILOGUE)
+
+
+@triton.jit
+def _grouped_mm_masked_tma_kernel(
+    a_ptr, w_desc, y_ptr, masked_m_ptr,
+    E, M_MAX, N, K,
+    stride_ae, stride_am, stride_ye, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr, W_KN: tl.constexpr, EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """The masked layout with TMA loads (16-bit). Same tiles and order as _grouped_mm_masked_kernel; each
+    tile's rows come through a descriptor made in-kernel for its expert's first masked_m[e] rows only, so
+    the box reads zeros past them instead of memory: rows past masked_m are still neither read nor
+    written. w is the contiguous TMA kernel's 2-D descriptor."""
+    e_offs = tl.arange(0, E_BLOCK)
+    hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
+    hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
+    lo = tl.zeros_like(hi)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    m_tiles = (hi + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
+    total_tiles = tl.sum(m_tiles, axis=0) * n_tiles
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M)
+        e64 = expert.to(tl.int64)
+        a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
+                          UPCAST)
+        _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, False, EPILOGUE)
