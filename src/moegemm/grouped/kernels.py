@@ -205,6 +205,20 @@ def _grouped_mm_tma_kernel(
 
 
 @triton.jit
+def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
+    """_tile_plan for the masked layout: each expert's rows are [0, masked_m[e]) of its own block, the
+    counts clamped to [0, m_max]."""
+    e_offs = tl.arange(0, E_BLOCK)
+    hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
+    hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
+    lo = tl.zeros_like(hi)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    m_tiles = (hi + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
+    return e_offs, lo, hi, cum, tl.sum(m_tiles, axis=0) * n_tiles
+
+
+@triton.jit
 def _grouped_mm_masked_kernel(
     a_ptr, w_ptr, y_ptr, masked_m_ptr,
     E, M_MAX, N, K,
@@ -219,14 +233,7 @@ def _grouped_mm_masked_kernel(
     row tiles -- serves any masked_m: capturable in a CUDA graph, right on replay with new values, and the
     persistent grid launches no programs for the rows past masked_m. Those rows are neither read nor
     written."""
-    e_offs = tl.arange(0, E_BLOCK)
-    hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
-    hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
-    lo = tl.zeros_like(hi)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    m_tiles = (hi + BLOCK_M - 1) // BLOCK_M
-    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
-    total_tiles = tl.sum(m_tiles, axis=0) * n_tiles
+    e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M)
@@ -252,14 +259,7 @@ def _grouped_mm_masked_tma_kernel(
     tile's rows come through a descriptor made in-kernel for its expert's first masked_m[e] rows only, so
     the box reads zeros past them instead of memory: rows past masked_m are still neither read nor
     written. w is the contiguous TMA kernel's 2-D descriptor."""
-    e_offs = tl.arange(0, E_BLOCK)
-    hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
-    hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
-    lo = tl.zeros_like(hi)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    m_tiles = (hi + BLOCK_M - 1) // BLOCK_M
-    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
-    total_tiles = tl.sum(m_tiles, axis=0) * n_tiles
+    e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M)
