@@ -29,6 +29,7 @@ from moegemm.bench.moe_loads import sample_topk, skew_stats
 from moegemm.bench.runner import Contender, measure
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
+from moegemm.grouped.api import masked_config
 from moegemm.grouped.routing import row_positions
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
@@ -116,8 +117,9 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
         def check_masked(out):  # the rows below masked_m, gathered back into sorted order (not timed)
             return check(out[expert, pos], ref, k)
 
-        cs.append(Contender("ours:masked", masked, config={"m_max": m_max}, parallel_compile=True,
-                            check=check_masked))
+        mcfg = masked_config(xm, n, "nk")  # what grouped_mm_masked runs with (TMA where the inputs allow)
+        cs.append(Contender("ours:masked", masked, config={"m_max": m_max, **dataclasses.asdict(mcfg)},
+                            parallel_compile=True, check=check_masked))
     return cs
 
 

@@ -48,7 +48,6 @@ def measure() -> dict:
     read = GraphTimer([lambda: big.sum()], calls_per_graph=5)
     read_us = sorted(read.sample(10))[5]
     read_tb_s = big.numel() * big.element_size() / (read_us * 1e-6) / 1e12
-    del big
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

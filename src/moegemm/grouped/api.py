@@ -303,6 +303,21 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
+def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig | None = None) -> GroupedConfig:
+    """The config grouped_mm_masked runs x ([E, m_max, K]) with: ``config``, or this GPU's tuned tiles for
+    m_max rows per expert on the persistent grid (at decode most of the E * m_max rows are usually past
+    masked_m); row tiles no taller than m_max needs; no tail tiles or warp-specialized loop (the masked
+    kernels have neither). Whether TMA loads are taken also depends on the inputs (see grouped_mm_masked)."""
+    e, m_max, k = x.shape
+    if config is None:
+        config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
+                                     persistent=True, split_k=1)  # the masked kernel has no splits
+    elif config.split_k > 1:
+        raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
+    return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
+                               warp_specialize=False, tail_m=0)
+
+
 def grouped_mm_masked(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -345,16 +360,7 @@ def grouped_mm_masked(
         if k == 0 and e and m_max and n:
             raise ValueError("x: K = 0 is not supported by the masked layout")
         return out
-    if config is None:
-        # this GPU's tuned tiles for the most rows an expert can hold (m_max per expert), on the persistent
-        # grid: at decode most of the E * m_max rows are usually past masked_m
-        config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
-                                     persistent=True, split_k=1)  # the masked kernel has no splits
-    elif config.split_k > 1:
-        raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
-    # row tiles no taller than m_max needs; no tail tiles or warp-specialized loop in the masked kernels
-    cfg = dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                              warp_specialize=False, tail_m=0)
+    cfg = masked_config(x, n, w_layout, config)
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
         raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
