@@ -412,3 +412,37 @@ def test_tma_path_declines_unsuitable_inputs():
             GroupedConfig(block_m=64, tma=True, tail_m=bad)
     with pytest.raises(ValueError, match="config.tail_m: tail tiles are a TMA-kernel feature"):
         GroupedConfig(block_m=64, tail_m=32)
+
+
+def test_persistent_programs_per_sm():
+    """The persistent grid's programs per SM from a compiled kernel's shared memory and registers (numbers
+    of the kind Triton 3.6 reports for sm_90): a 128x256 tile in four stages fits once, a 64x128 tile in four
+    stages twice, never more than two, never fewer than one."""
+    from moegemm.grouped.api import fit_per_sm
+
+    smem = 228 * 1024
+    assert fit_per_sm(196640, 168, 8, smem) == 1
+    assert fit_per_sm(98336, 128, 4, smem) == 2
+    assert fit_per_sm(36888, 64, 4, smem) == 2  # would fit more; capped
+    assert fit_per_sm(60000, 255, 8, smem) == 1  # registers: 255 x 256 threads
+    assert fit_per_sm(300000, 32, 4, smem) == 1
+
+
+def test_persistent_grid_size(monkeypatch):
+    """_launch sizes a persistent grid by _per_sm (capped by the work), a plain grid by the work."""
+    import moegemm.grouped.api as api
+
+    seen = []
+
+    class K:
+        def __getitem__(self, grid):
+            seen.append(grid[0])
+            return lambda *a, **k: None
+
+    monkeypatch.setattr(api, "device_sm_count", lambda x: 132)
+    monkeypatch.setattr(api, "_per_sm", lambda *a: 1)
+    x = torch.zeros(4, 8)
+    api._launch(K(), 1000, GroupedConfig(persistent=True), x, (), {})
+    api._launch(K(), 100, GroupedConfig(persistent=True), x, (), {})
+    api._launch(K(), 1000, GroupedConfig(persistent=False), x, (), {})
+    assert seen == [132, 100, 1000]

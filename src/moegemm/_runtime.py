@@ -42,6 +42,22 @@ def sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+DEFAULT_SMEM_PER_SM = 228 * 1024  # Hopper (H100/H200); used without a GPU (the interpreter)
+
+
+@functools.lru_cache(maxsize=None)
+def smem_per_sm(device_index: int | None) -> int:
+    """Shared memory per multiprocessor in bytes (feature-detected: older torch lacks the property)."""
+    if device_index is None or not torch.cuda.is_available():
+        return DEFAULT_SMEM_PER_SM
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_multiprocessor", DEFAULT_SMEM_PER_SM))
+
+
+def device_smem_per_sm(t: torch.Tensor) -> int:
+    return smem_per_sm(t.device.index if t.device.type == "cuda" else None)
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -9,7 +9,7 @@ import torch
 import triton
 
 from .. import tuned
-from .._runtime import check_device, device_sm_count, gpu_slug
+from .._runtime import check_device, device_sm_count, device_smem_per_sm, gpu_slug
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from ..decompose_k import configs as dk_configs
@@ -205,7 +205,6 @@ def grouped_mm(
     if max_tiles >= 2**31:
         raise ValueError(f"x_sorted: {m_total} rows x N={n} need {max_tiles} tiles of "
                          f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
-    grid = _grid(max_tiles, cfg, x_sorted)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m,
                   HAS_SCALE=row_scale is not None, EPILOGUE=int(epi), num_warps=cfg.num_warps,
@@ -218,36 +217,77 @@ def grouped_mm(
         if splits * m_total * n >= 2**31:
             raise ValueError(f"config.split_k: {splits} fp32 partials of {m_total}x{n} exceed the kernel's int32 "
                              "indexing; split_k is meant for decode (few rows)")
-        grid = _grid(max_tiles * splits, cfg, x_sorted)
         partials = dk_configs.alloc_partials(splits, m_total, n, x_sorted.device)
-        _grouped_mm_splitk_kernel[(grid,)](
+        _launch(_grouped_mm_splitk_kernel, max_tiles * splits, cfg, x_sorted, (
             x_sorted, w, out, offsets, scale, partials, _counters(x_sorted.device, max_tiles),
             m_total, n, k, e, kps,
             x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-            SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32),
-        )
+        ), dict(SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
         return out
     descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
     if descs is not None:
-        _grouped_mm_tma_kernel[(grid,)](
-            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1), TAIL_M=cfg.tail_m,
-            W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.warp_specialize,
-            UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common,
-        )
+        _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
+            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
+        ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
+                FLATTEN=cfg.warp_specialize, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
         return out
-    _grouped_mm_kernel[(grid,)](
+    _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
         x_sorted, w, out, offsets, scale,
         n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-        EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32),
-    )
+    ), dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
     return out
 
 
-def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor) -> int:
+def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2) -> int:
     """Programs to launch: one per work item (an upper bound; extra programs exit at once), or on the
-    persistent grid two per SM, each looping over the items."""
-    return min(work_items, 2 * device_sm_count(x)) if cfg.persistent else work_items
+    persistent grid ``per_sm`` per SM (as many as can be resident at once, see _per_sm), each looping over
+    the items."""
+    return min(work_items, per_sm * device_sm_count(x)) if cfg.persistent else work_items
+
+
+_PER_SM: dict = {}
+
+
+def _launch(kernel, work_items: int, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    """Launch ``kernel`` on the grid _grid gives, the persistent one sized by _per_sm."""
+    per_sm = _per_sm(kernel, cfg, x, args, kwargs) if cfg.persistent else 2
+    kernel[(_grid(work_items, cfg, x, per_sm),)](*args, **kwargs)
+
+
+def _per_sm(kernel, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> int:
+    """Programs of this compiled kernel that fit on one multiprocessor together, capped at two: by its
+    shared memory and registers as compiled (Triton's metadata, read once per kernel variant), one for the
+    warp-specialized loop. Programs beyond what fits only wait for a resident one to finish all its tiles,
+    and in session 4's table the persistent grid of two per SM took up to 25% longer than the plain grid for
+    tiles of which only one fits per SM (DeepSeek-V3 prefill; why so much is not established). Where the
+    metadata cannot be had (the interpreter), two."""
+    if cfg.warp_specialize:
+        return 1
+    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel), x.dtype, x.device.index,
+           tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, str)))))
+    hit = _PER_SM.get(key)
+    if hit is None:
+        hit = 2
+        if torch.cuda.is_available() and x.is_cuda and hasattr(kernel, "warmup"):
+            try:
+                compiled = kernel.warmup(*args, grid=(1,), **kwargs)  # compiles (cached), no launch
+                if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
+                    compiled = compiled.result()
+                compiled._init_handles()  # loads it; sets n_regs
+                hit = fit_per_sm(compiled.metadata.shared, compiled.n_regs, cfg.num_warps, device_smem_per_sm(x))
+            except Exception:  # noqa: BLE001 - an API this Triton lacks: the grid of two per SM, as before
+                hit = 2
+        _PER_SM[key] = hit
+    return hit
+
+
+def fit_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, smem_per_sm: int) -> int:
+    """Programs that fit on one multiprocessor together (1 KB of shared memory reserved per program, 64K
+    registers), capped at two; at least one."""
+    by_smem = smem_per_sm // (shared_bytes + 1024)
+    by_regs = 65536 // max(1, regs_per_thread * 32 * num_warps)
+    return max(1, min(2, by_smem, by_regs))
 
 
 def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
@@ -365,7 +405,6 @@ def grouped_mm_masked(
     if max_tiles >= 2**31:
         raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
                          "more than the kernel's int32 tile index holds")
-    grid = _grid(max_tiles, cfg, x)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m, EPILOGUE=int(epi),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -374,16 +413,14 @@ def grouped_mm_masked(
     w_desc = _w_descriptor(w, w_layout, e, n, k, cfg) if cfg.tma and x_tma else None
     if w_desc is not None:
         _ensure_allocator()
-        _grouped_mm_masked_tma_kernel[(grid,)](
+        _launch(_grouped_mm_masked_tma_kernel, max_tiles, cfg, x, (
             x, w_desc, out, masked_m, e, m_max, n, k,
             x.stride(0), x.stride(1), out.stride(0), out.stride(1), out.stride(2),
-            W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, allow_tf32)["UPCAST"], **common,
-        )
+        ), dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, allow_tf32)["UPCAST"], **common))
         return out
-    _grouped_mm_masked_kernel[(grid,)](
+    _launch(_grouped_mm_masked_kernel, max_tiles, cfg, x, (
         x, w, out, masked_m,
         e, m_max, n, k,
         x.stride(0), x.stride(1), x.stride(2), s_e, s_k, s_n, out.stride(0), out.stride(1), out.stride(2),
-        EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, allow_tf32),
-    )
+    ), dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, allow_tf32)))
     return out
