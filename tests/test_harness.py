@@ -224,3 +224,19 @@ def test_long_tests_head_the_chunks_xdist_deals_out():
     assert heads == ["t0", "t1", "t2", "t40", "t97"]
     rest = [n for n in got if n not in heads]
     assert rest == [n for n in names if n not in heads]
+
+
+def test_calls_per_graph_shrink_only_for_long_kernels():
+    """Settings.min_graph_us: a kernel of milliseconds gets as few calls per graph as give min_graph_us per
+    replay, but never fewer than two or than the input sets it rotates through; short kernels keep
+    calls_per_graph; without the setting nothing changes."""
+    from moegemm.bench.runner import Settings, fewest_calls, graph_calls
+
+    s = Settings(calls_per_graph=10, min_graph_us=3000)
+    assert fewest_calls(2600.0, 1, s) == 2
+    assert fewest_calls(10.0, 1, s) == 10
+    assert fewest_calls(1000.0, 4, s) == 4
+    assert fewest_calls(1000.0, 1, s) == 3
+    assert fewest_calls(50_000.0, 1, s) == 2
+    assert fewest_calls(1000.0, 16, s) == 10  # more sets than calls: as many calls as before, rotating
+    assert graph_calls([lambda: None], Settings(calls_per_graph=7)) == 7  # no CUDA needed without the setting

@@ -37,6 +37,30 @@ class Settings:
     launch_warmup_ms: float = 2.0
     graph_replays: int = 5
     calls_per_graph: int = 20
+    # None: every graph holds calls_per_graph calls. A number: a contender whose one call takes longer than
+    # min_graph_us / calls_per_graph gets fewer calls per graph, enough for min_graph_us per replay (never
+    # fewer than the input sets, so every replay still rotates through all of them): milliseconds-long
+    # kernels gain nothing from averaging over more calls, and cost seconds per cell.
+    min_graph_us: float | None = None
+
+
+def graph_calls(calls: list[Callable[[], object]], settings: Settings) -> int:
+    """Calls per CUDA graph for these calls (one per input set): settings.calls_per_graph, or fewer where
+    settings.min_graph_us allows (see Settings), from one call timed with CUDA events."""
+    if not settings.min_graph_us:
+        return settings.calls_per_graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    calls[0]()
+    end.record()
+    end.synchronize()
+    one_us = max(start.elapsed_time(end) * 1000.0, 1e-3)
+    return fewest_calls(one_us, len(calls), settings)
+
+
+def fewest_calls(one_us: float, input_sets: int, settings: Settings) -> int:
+    need = math.ceil(settings.min_graph_us / one_us)
+    return int(min(settings.calls_per_graph, max(need, input_sets, 2)))
 
 
 def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> int:
@@ -99,7 +123,9 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
     for c in live:
         if c.graph:
             try:
-                timers[c.name] = GraphTimer(calls[c.name], settings.calls_per_graph)
+                n = graph_calls(calls[c.name], settings)
+                timers[c.name] = GraphTimer(calls[c.name], n)
+                rows[c.name]["graph_calls"] = n
             except Exception as e:
                 rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
     for r in range(settings.rounds):
