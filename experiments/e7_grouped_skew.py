@@ -2,9 +2,10 @@
 
 Per model (DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B), projection (gate/up, down; w as [E, N, K]), token
 count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...): our contiguous kernel
-(plain and persistent grid), our masked kernel (decode), torch._grouped_mm, a per-expert loop of torch.mm,
-capacity padding + bmm at several capacity factors (dropped rows recorded: a correctness cost, so those
-rows are checked only where kept), and a dense GEMM with one expert's weights as a yardstick (at the
+(plain and persistent grid), our masked kernel (decode; where it takes TMA loads, also the same tiles on
+pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
+capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
+and a dense GEMM with one expert's weights as a yardstick (at the
 uniform load only: it depends on the row count, not on the load). Both clocks; TFLOP/s and % of the floor
 max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s) on every row. Also the whole expert path (route + permute +
 grouped GEMM with fused gating + unpermute) against the same path on torch._grouped_mm.
@@ -111,15 +112,19 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
         xm[expert, pos] = xs
         ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
 
-        def masked(inp):
-            return lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym)
+        def masked(c=None):
+            return lambda inp: (lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym, config=c))
 
         def check_masked(out):  # the rows below masked_m, gathered back into sorted order (not timed)
             return check(out[expert, pos], ref, k)
 
         mcfg = masked_config(xm, n, "nk")  # what grouped_mm_masked runs with (TMA where the inputs allow)
-        cs.append(Contender("ours:masked", masked, config={"m_max": m_max, **dataclasses.asdict(mcfg)},
+        cs.append(Contender("ours:masked", masked(), config={"m_max": m_max, **dataclasses.asdict(mcfg)},
                             parallel_compile=True, check=check_masked))
+        if mcfg.tma:  # the same tiles on pointer loads, side by side: what the TMA loads bring
+            ptr = dataclasses.replace(mcfg, tma=False)
+            cs.append(Contender("ours:masked-pointer", masked(ptr), config={"m_max": m_max, **dataclasses.asdict(ptr)},
+                                parallel_compile=True, check=check_masked))
     return cs
 
 

@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 from figures.common import args, geomean, gpu_label, load, save, setup
 
 STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"), "ours:masked": ("#2ca02c", "-"),
+         "ours:masked-pointer": ("#98df8a", "--"),
          "torch._grouped_mm": ("#d62728", "--"), "per-expert-loop": ("#555555", "--"),
          "padded-bmm:cf1.0": ("#c7a0cb", ":"), "padded-bmm:cf1.25": ("#9467bd", ":"),
          "padded-bmm:cf2.0": ("#6a3d9a", ":")}

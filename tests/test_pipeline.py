@@ -175,7 +175,8 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
                     if proj == "path(up)" and load != "uniform":
                         continue
                     names = (["path:ours", "path:torch._grouped_mm"] if proj.startswith("path") else
-                             ["ours:contiguous", "ours:persistent", "torch._grouped_mm", "per-expert-loop"])
+                             ["ours:contiguous", "ours:persistent", "torch._grouped_mm", "per-expert-loop"]
+                             + (["ours:masked", "ours:masked-pointer"] if t <= 64 else []))
                     for c in names:
                         g = float(rng.uniform(5, 50))
                         rows.append({"contender": c, "status": "ok", "model": model, "proj": proj, "tokens": t,
@@ -196,6 +197,6 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
     assert out.returncode == 0, out.stderr
     numbers = (tmp_path / "gen" / "numbers.tex").read_text()
     for macro in ("ESevenDecodePct", "ESevenPrefillPct", "ESevenTorchDecodePct", "ESevenSkewPenalty",
-                  "ESevenPathSpeedup", "ReadTBs", "ESevenDecodePctRead"):
+                  "ESevenPathSpeedup", "ReadTBs", "ESevenDecodePctRead", "ESevenMaskedTmaGain"):
         assert f"\\newcommand{{\\{macro}}}" in numbers, macro
     assert (tmp_path / "gen" / "table_e7.tex").exists()
