@@ -14,7 +14,8 @@ import math
 import torch
 
 from experiments.common import (Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
-                                load_config, provenance_fields, require_gpu, weight_sets, write_table)
+                                load_config, provenance_fields, require_gpu, timing_settings, weight_sets,
+                                write_table)
 from experiments.e7_grouped_skew import ref_rows
 from moegemm._runtime import slugify
 from moegemm.bench.moe_loads import sample_topk
@@ -77,8 +78,12 @@ def config_of(row: dict) -> GroupedConfig:
     return GroupedConfig(**(json.loads(c) if isinstance(c, str) else c))
 
 
-def time_configs(configs, writer, base: dict, xs, ws, offsets, ref) -> list[dict]:
-    """One row per config not yet in ``writer``: checked against float64, then timed on the GPU clock."""
+def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=None) -> list[dict]:
+    """One row per config not yet in ``writer``: checked against float64, then timed on the GPU clock
+    (``settings``: config.yaml's grouped timing, whose calls_per_graph and min_graph_us apply; default 10
+    calls per graph)."""
+    per_graph = settings.calls_per_graph if settings is not None else 10
+    min_graph_us = settings.min_graph_us if settings is not None else None
     k = xs.shape[1]
     todo = [c for c in configs if not writer.done(model=base["model"], proj=base["proj"], tokens=base["tokens"],
                                                   config=dataclasses.asdict(c))]
@@ -88,7 +93,8 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref) -> list[dict
     for c in todo:
         calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=c, validate=False)
                  for wi in ws]
-        rows.append({**base, "config": dataclasses.asdict(c), **check_and_time(calls, ref, k, 10)})
+        rows.append({**base, "config": dataclasses.asdict(c),
+                     **check_and_time(calls, ref, k, per_graph, min_graph_us)})
     return rows
 
 
@@ -97,6 +103,7 @@ def main():
     require_gpu()
     cfg = load_config(args.config)
     g = cfg["grouped"]
+    settings = timing_settings(cfg, args.quick, "grouped")
     slug = slugify(torch.cuda.get_device_name(0))
     prov = provenance_fields()
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "config"))
@@ -127,12 +134,12 @@ def main():
         # on the persistent grid -- half the timing of trying both grids for every tile.
         cands = candidates(xs.shape[0] / e)
         rows = time_configs([c for c in cands if not c.persistent or c.warp_specialize], writer, base, xs, ws,
-                            plan.group_offsets, ref)
+                            plan.group_offsets, ref, settings)
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
                 and r["status"] == "ok" and not config_of(r).persistent]
         best = sorted(here, key=lambda r: float(r["graph_us"]))[:PERSISTENT_TRIES]
         rows += time_configs([dataclasses.replace(config_of(r), persistent=True) for r in best], writer, base,
-                             xs, ws, plan.group_offsets, ref)
+                             xs, ws, plan.group_offsets, ref, settings)
         del ws
         writer.add(rows)
         bar.update()
