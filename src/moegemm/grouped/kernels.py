@@ -22,15 +22,22 @@ def _tile_mm(a_ptr, w_ptr, rows, offs_n, k0, k1, stride_am, stride_ak, stride_wk
 
 
 @triton.jit
-def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
-    """Per-expert row ranges and the inclusive prefix of tiles per expert (row tiles x N tiles)."""
-    e_offs = tl.arange(0, E_BLOCK)
-    lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
-    hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
+def _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(e_offs, lo, hi, inclusive prefix of tiles per expert, total tiles) for experts whose rows are
+    [lo, hi): row tiles x N tiles each. Both layouts number their tiles from this."""
     m_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
     n_tiles = tl.cdiv(N, BLOCK_N)
     cum = tl.cumsum(m_tiles, axis=0) * n_tiles
     return e_offs, lo, hi, cum, tl.sum(m_tiles, axis=0) * n_tiles
+
+
+@triton.jit
+def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
+    """Per-expert row ranges from the group offsets and the inclusive prefix of tiles per expert."""
+    e_offs = tl.arange(0, E_BLOCK)
+    lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
+    hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
+    return _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -211,11 +218,7 @@ def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
     e_offs = tl.arange(0, E_BLOCK)
     hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
-    lo = tl.zeros_like(hi)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    m_tiles = (hi + BLOCK_M - 1) // BLOCK_M
-    cum = tl.cumsum(m_tiles, axis=0) * n_tiles
-    return e_offs, lo, hi, cum, tl.sum(m_tiles, axis=0) * n_tiles
+    return _plan_of_ranges(e_offs, tl.zeros_like(hi), hi, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
