@@ -297,9 +297,7 @@ def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n:
     rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or [E*K, N] matrix); for
     "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The pointer kernel, same
     tiles, serves the rest. Without tail_m the third descriptor is the first (the kernel does not use it)."""
-    if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
+    if not _tma_rows_ok(x):
         return None
     b = _w_descriptor(w, w_layout, e, n, k, cfg)
     if b is None:
@@ -307,6 +305,15 @@ def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n:
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
     at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
     return a, b, at
+
+
+def _tma_rows_ok(x: torch.Tensor) -> bool:
+    """x can be read by TMA boxes along its last dimension: 16-bit, that dimension contiguous, base and
+    every other stride 16-byte aligned (x of the contiguous layout [M_total, K], or of the masked one)."""
+    if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+            and all((s * x.element_size()) % 16 == 0 for s in x.stride()[:-1]))
 
 
 def _w_descriptor(w: torch.Tensor, w_layout: str, e: int, n: int, k: int, cfg: GroupedConfig):
@@ -408,9 +415,7 @@ def grouped_mm_masked(
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m, EPILOGUE=int(epi),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    x_tma = (x.dtype in (torch.bfloat16, torch.float16) and x.stride(2) == 1 and x.data_ptr() % 16 == 0
-             and (x.stride(0) * 2) % 16 == 0 and (x.stride(1) * 2) % 16 == 0)
-    w_desc = _w_descriptor(w, w_layout, e, n, k, cfg) if cfg.tma and x_tma else None
+    w_desc = _w_descriptor(w, w_layout, e, n, k, cfg) if cfg.tma and _tma_rows_ok(x) else None
     if w_desc is not None:
         _ensure_allocator()
         _launch(_grouped_mm_masked_tma_kernel, max_tiles, cfg, x, (
