@@ -141,16 +141,16 @@ def weight_sets(w: torch.Tensor, active: int, rows: int, k: int, n: int) -> list
     return [w] + [w.clone() for _ in range(sets - 1)]
 
 
-def check_and_time(calls: list, ref: torch.Tensor, k: int, calls_per_graph: int,
-                   min_graph_us: float | None = None) -> dict:
+def check_and_time(calls: list, ref: torch.Tensor, k: int, settings) -> dict:
     """A tuner's verdict on one candidate: its first call checked against the float64 reference (an error,
     e.g. a tile that needs more shared memory than the GPU has, is recorded), then, if right, the median of
-    3 CUDA-graph samples of ``calls`` (one call per rotated input set), calls_per_graph calls per graph or,
-    with min_graph_us, fewer for a kernel of milliseconds (moegemm.bench.runner.Settings)."""
+    3 CUDA-graph samples of ``calls`` (one call per rotated input set), as many calls per graph as
+    ``settings`` (a moegemm.bench.runner.Settings) gives: calls_per_graph, fewer for a kernel of
+    milliseconds where it has min_graph_us."""
     import statistics
 
     from moegemm.bench.correctness import check
-    from moegemm.bench.runner import Settings, graph_calls
+    from moegemm.bench.runner import graph_calls
     from moegemm.bench.timing import GraphTimer
 
     try:
@@ -159,7 +159,7 @@ def check_and_time(calls: list, ref: torch.Tensor, k: int, calls_per_graph: int,
         ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
     row = {"status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
     if ok:
-        n = graph_calls(calls, Settings(calls_per_graph=calls_per_graph, min_graph_us=min_graph_us))
+        n = graph_calls(calls, settings)
         row["graph_us"] = statistics.median(GraphTimer(calls, n).sample(3))
         row["graph_calls"] = n
     return row

@@ -11,7 +11,7 @@ import torch
 
 from experiments import dk
 from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
-                                load_config, provenance_fields, ref64, require_gpu, write_table)
+                                load_config, provenance_fields, ref64, require_gpu, timing_settings, write_table)
 from moegemm._runtime import slugify
 from moegemm.bench.runner import prewarm
 from moegemm.bench.timing import input_sets_for
@@ -33,6 +33,7 @@ def main():
     args = cli(__doc__)
     require_gpu()
     cfg = load_config(args.config)
+    settings = timing_settings(cfg)  # its calls_per_graph (config.yaml's timing) for every candidate
     slug = slugify(torch.cuda.get_device_name(0))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     writer = ResultWriter(args.out, ("m", "n", "k", "dtype", "kernel", "config"))
@@ -53,7 +54,7 @@ def main():
         for kernel, c in todo_c:
             calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
             row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
-                   "split_k": c.split_k, **check_and_time(calls, ref, k, cfg["timing"]["calls_per_graph"])}
+                   "split_k": c.split_k, **check_and_time(calls, ref, k, settings)}
             rows.append({**row, **prov})
         writer.add(rows)
         bar.update()

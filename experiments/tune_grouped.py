@@ -19,7 +19,7 @@ from experiments.common import (Progress, ResultWriter, best_rows, check_and_tim
 from experiments.e7_grouped_skew import ref_rows
 from moegemm._runtime import slugify
 from moegemm.bench.moe_loads import sample_topk
-from moegemm.bench.runner import prewarm
+from moegemm.bench.runner import Settings, prewarm
 from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.api import rows_bucket
 
@@ -82,8 +82,7 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=Non
     """One row per config not yet in ``writer``: checked against float64, then timed on the GPU clock
     (``settings``: config.yaml's grouped timing, whose calls_per_graph and min_graph_us apply; default 10
     calls per graph)."""
-    per_graph = settings.calls_per_graph if settings is not None else 10
-    min_graph_us = settings.min_graph_us if settings is not None else None
+    settings = settings or Settings(calls_per_graph=10)
     k = xs.shape[1]
     todo = [c for c in configs if not writer.done(model=base["model"], proj=base["proj"], tokens=base["tokens"],
                                                   config=dataclasses.asdict(c))]
@@ -93,8 +92,7 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=Non
     for c in todo:
         calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=c, validate=False)
                  for wi in ws]
-        rows.append({**base, "config": dataclasses.asdict(c),
-                     **check_and_time(calls, ref, k, per_graph, min_graph_us)})
+        rows.append({**base, "config": dataclasses.asdict(c), **check_and_time(calls, ref, k, settings)})
     return rows
 
 
