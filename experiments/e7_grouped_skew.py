@@ -5,9 +5,9 @@ count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...):
 (plain and persistent grid), our masked kernel (decode; where it takes TMA loads, also the same tiles on
 pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
-and a dense GEMM with one expert's weights as a yardstick (at the
-uniform load only: it depends on the row count, not on the load). Both clocks; TFLOP/s and % of the floor
-max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s) on every row. Also the whole expert path (route + permute +
+and a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
+count, not on the load). Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s)
+on every row. Also the whole expert path (route + permute +
 grouped GEMM with fused gating + unpermute) against the same path on torch._grouped_mm.
 
     python -m experiments.e7_grouped_skew --out results/<slug>/grouped_skew.csv
