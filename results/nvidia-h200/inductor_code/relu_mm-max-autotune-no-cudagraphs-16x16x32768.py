@@ -1235,7 +1235,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/torchinductor_root/or/cor3bm4tqfwac2gw5743bjf3t3hb7y37ukdj2tebno5xiawbr3p3.py
+# kernel path: /tmp/torchinductor_root/5n/c5njb4flyu3a33n3uogbouhdsubtypirq5tbf5rxzmthjblqfxfs.py
 # Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
 # Source node to ATen node mapping:
 #   relu => relu
@@ -1243,7 +1243,7 @@ empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2
 #   %mm : Tensor "bf16[16, 16][16, 1]cuda:0" = PlaceHolder[target=mm]
 #   %relu : Tensor "bf16[16, 16][16, 1]cuda:0"[num_users=1] = call_function[target=torch.ops.aten.relu.default](args = (%mm,), kwargs = {})
 #   return %relu
-triton_poi_fused_relu_0 = async_compile.triton('triton_poi_fused_relu_0', '''
+triton_poi_fused_relu_1 = async_compile.triton('triton_poi_fused_relu_1', '''
 import triton
 import triton.language as tl
 
@@ -1256,11 +1256,11 @@ triton_helpers.set_driver_to_gpu()
     size_hints={'x': 256}, 
     filename=__file__,
     triton_meta={'signature': {'in_out_ptr0': '*bf16', 'xnumel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]}]},
-    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_poi_fused_relu_0', 'mutated_arg_names': ['in_out_ptr0'], 'optimize_mem': True, 'no_x_dim': False, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 0, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 1536}},
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_poi_fused_relu_1', 'mutated_arg_names': ['in_out_ptr0'], 'optimize_mem': True, 'no_x_dim': False, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 0, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 1536}},
     min_elem_per_thread=0
 )
 @triton.jit
-def triton_poi_fused_relu_0(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
+def triton_poi_fused_relu_1(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
     xnumel = 256
     xoffset = tl.program_id(0) * XBLOCK
     xindex = xoffset + tl.arange(0, XBLOCK)[:]
@@ -1271,6 +1271,73 @@ def triton_poi_fused_relu_0(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
     tmp2 = triton_helpers.maximum(tmp1, tmp0)
     tl.store(in_out_ptr0 + (x0), tmp2, xmask)
 ''', device_str='cuda')
+from torch._C import _cuda_getCurrentRawStream as get_raw_stream
+
+
+
+# kernel path: /tmp/torchinductor_root/zy/czyyqldjj7vhxkukeogwdxfi2bqmnsfocl5k2haebveybgihndeh.py
+# Unsorted Source Nodes: [matmul], Original ATen: [aten.mm]
+# Source node to ATen node mapping:
+#   matmul => mm
+triton_per_fused_mm_0 = async_compile.triton('triton_per_fused_mm_0', '''
+import triton
+import triton.language as tl
+
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
+triton_helpers.set_driver_to_gpu()
+
+@triton_heuristics.persistent_reduction(
+    size_hints={'x': 256, 'r0_': 8},
+    reduction_hint=ReductionHint.DEFAULT,
+    filename=__file__,
+    triton_meta={'signature': {'in_ptr0': '*fp32', 'out_ptr1': '*bf16', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]]}]},
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused_mm_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 9216, 'r0_': 0}}
+)
+@triton.jit
+def triton_per_fused_mm_0(in_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.constexpr):
+    xnumel = 256
+    r0_numel = 8
+    R0_BLOCK: tl.constexpr = 8
+    rnumel = r0_numel
+    RBLOCK: tl.constexpr = R0_BLOCK
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    r0_index = tl.arange(0, R0_BLOCK)[None, :]
+    r0_offset = 0
+    r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :]
+    roffset = r0_offset
+    rindex = r0_index
+    r0_1 = r0_index
+    x0 = xindex
+    tmp0 = tl.load(in_ptr0 + (x0 + 256*r0_1), xmask, other=0.0)
+    tmp1 = tl.broadcast_to(tmp0, [XBLOCK, R0_BLOCK])
+    tmp3 = tl.where(xmask, tmp1, 0)
+    tmp4 = tl.sum(tmp3, 1)[:, None].to(tl.float32)
+    tmp5 = tmp4.to(tl.float32)
+    tl.store(out_ptr1 + (x0), tmp5, xmask)
+''', device_str='cuda')
+
+def decompose_k_mm_8_split_8(args):
+    decompose_k_mm_8_split_8_arg0_1, decompose_k_mm_8_split_8_arg1_1 = args
+    args.clear()
+    assert_size_stride(decompose_k_mm_8_split_8_arg0_1, (16, 32768), (32768, 1))
+    assert_size_stride(decompose_k_mm_8_split_8_arg1_1, (32768, 16), (16, 1))
+    with torch.cuda._DeviceGuard(0):
+        torch.cuda.set_device(0)
+        decompose_k_mm_8_split_8_buf0 = empty_strided_cuda((8, 16, 16), (256, 16, 1), torch.float32)
+        # Unsorted Source Nodes: [matmul], Original ATen: [aten.mm]
+        extern_kernels.bmm_dtype(reinterpret_tensor(decompose_k_mm_8_split_8_arg0_1, (8, 16, 4096), (4096, 32768, 1), 0), reinterpret_tensor(decompose_k_mm_8_split_8_arg1_1, (8, 4096, 16), (65536, 16, 1), 0), out_dtype=torch.float32, out=decompose_k_mm_8_split_8_buf0)
+        del decompose_k_mm_8_split_8_arg0_1
+        del decompose_k_mm_8_split_8_arg1_1
+        decompose_k_mm_8_split_8_buf2 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+        # Unsorted Source Nodes: [matmul], Original ATen: [aten.mm]
+        stream0 = get_raw_stream(0)
+        triton_per_fused_mm_0.run(decompose_k_mm_8_split_8_buf0, decompose_k_mm_8_split_8_buf2, 256, 8, stream=stream0)
+        del decompose_k_mm_8_split_8_buf0
+    return (decompose_k_mm_8_split_8_buf2, )
 
 
 async_compile.wait(globals())
@@ -1293,15 +1360,16 @@ class Runner:
         assert_size_stride(arg1_1, (32768, 16), (16, 1))
         with torch.cuda._DeviceGuard(0):
             torch.cuda.set_device(0)
-            buf0 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
-            # Topologically Sorted Source Nodes: [matmul], Original ATen: [aten.mm]
-            extern_kernels.mm(arg0_1, arg1_1, out=buf0)
+
+            # subgraph: decompose_k_mm_8_split_8
+            decompose_k_mm_8_split_8_args = [arg0_1, arg1_1]
+            (buf0,) = decompose_k_mm_8_split_8(decompose_k_mm_8_split_8_args)
             del arg0_1
             del arg1_1
             buf1 = buf0; del buf0  # reuse
             # Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
             stream0 = get_raw_stream(0)
-            triton_poi_fused_relu_0.run(buf1, 256, stream=stream0)
+            triton_poi_fused_relu_1.run(buf1, 256, stream=stream0)
         return (buf1, )
 
 runner = Runner(partitions=[])

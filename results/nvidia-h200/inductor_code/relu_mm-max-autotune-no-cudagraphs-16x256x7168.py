@@ -13,6 +13,7 @@ from torch._inductor.codegen.memory_planning import _align as align
 from torch import device, empty_strided
 from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.select_algorithm import extern_kernels
+from torch._C import _cuda_getCurrentRawStream as get_raw_stream
 import triton
 import triton.language as tl
 from torch._inductor.runtime.triton_heuristics import start_graph, end_graph
@@ -34,41 +35,117 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/torchinductor_root/wo/cwohjsiary2k2q7f34rlhp6pzgjzow6dluel5rwjh66szmokv2ki.py
-# Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
+# kernel path: /tmp/torchinductor_root/c2/cc267g37rdeqpju3fwo44ojmeyehwyk2r3yfgon2cau3k5keekxq.py
+# Topologically Sorted Source Nodes: [matmul, relu], Original ATen: [aten.mm, aten.relu]
 # Source node to ATen node mapping:
+#   matmul => mm
 #   relu => relu
 # Graph fragment:
+#   %arg0_1 : Tensor "bf16[16, 7168][7168, 1]cuda:0" = PlaceHolder[target=arg0_1]
+#   %arg1_1 : Tensor "bf16[7168, 256][256, 1]cuda:0" = PlaceHolder[target=arg1_1]
 #   %mm : Tensor "bf16[16, 256][256, 1]cuda:0" = PlaceHolder[target=mm]
+#   %mm : Tensor "bf16[16, 256][256, 1]cuda:0"[num_users=1] = call_function[target=torch.ops.aten.mm.default](args = (%arg0_1, %arg1_1), kwargs = {})
 #   %relu : Tensor "bf16[16, 256][256, 1]cuda:0"[num_users=1] = call_function[target=torch.ops.aten.relu.default](args = (%mm,), kwargs = {})
-#   return %relu
-triton_poi_fused_relu_0 = async_compile.triton('triton_poi_fused_relu_0', '''
+#   return %mm,%relu
+triton_tem_fused_mm_relu_0 = async_compile.triton('triton_tem_fused_mm_relu_0', '''
 import triton
 import triton.language as tl
 
 from torch._inductor.runtime import triton_helpers, triton_heuristics
 from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
 from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
-triton_helpers.set_driver_to_gpu()
 
-@triton_heuristics.pointwise(
-    size_hints={'x': 4096}, 
-    filename=__file__,
-    triton_meta={'signature': {'in_out_ptr0': '*bf16', 'xnumel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]}]},
-    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_poi_fused_relu_0', 'mutated_arg_names': ['in_out_ptr0'], 'optimize_mem': True, 'no_x_dim': False, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 0, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 24576}},
-    min_elem_per_thread=0
+@triton_heuristics.template(
+
+num_stages=5,
+num_warps=4,
+triton_meta={'signature': {'arg_A': '*bf16', 'arg_B': '*bf16', 'out_ptr1': '*bf16'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]]}]},
+inductor_meta={'kernel_name': 'triton_tem_fused_mm_relu_0', 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'grid_type': 'FixedGrid', 'fixed_grid': ['_grid_0', '_grid_1', '_grid_2'], 'extra_launcher_args': ['_grid_0', '_grid_1', '_grid_2'], 'config_args': {'EVEN_K': True, 'USE_FAST_ACCUM': False, 'ACC_TYPE': 'tl.float32', 'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'GROUP_M': 8, 'ALLOW_TF32': False}},
+
 )
 @triton.jit
-def triton_poi_fused_relu_0(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
-    xnumel = 4096
-    xoffset = tl.program_id(0) * XBLOCK
-    xindex = xoffset + tl.arange(0, XBLOCK)[:]
-    xmask = tl.full([XBLOCK], True, tl.int1)[:]
-    x0 = xindex
-    tmp0 = tl.load(in_out_ptr0 + (x0), None).to(tl.float32)
-    tmp1 = tl.full([1], 0, tl.int32)
-    tmp2 = triton_helpers.maximum(tmp1, tmp0)
-    tl.store(in_out_ptr0 + (x0), tmp2, None)
+def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr1):
+    EVEN_K : tl.constexpr = True
+    USE_FAST_ACCUM : tl.constexpr = False
+    ACC_TYPE : tl.constexpr = tl.float32
+    BLOCK_M : tl.constexpr = 16
+    BLOCK_N : tl.constexpr = 64
+    BLOCK_K : tl.constexpr = 128
+    GROUP_M : tl.constexpr = 8
+    ALLOW_TF32 : tl.constexpr = False
+    INDEX_DTYPE : tl.constexpr = tl.int32
+    A = arg_A
+    B = arg_B
+
+    M = 16
+    N = 256
+    K = 7168
+    if M * N == 0:
+        # early exit due to zero-size input(s)
+        return
+    stride_am = 7168
+    stride_ak = 1
+    stride_bk = 256
+    stride_bn = 1
+
+    # based on triton.ops.matmul
+    pid = tl.program_id(0).to(INDEX_DTYPE)
+    grid_m = (M + BLOCK_M - 1) // BLOCK_M
+    grid_n = (N + BLOCK_N - 1) // BLOCK_N
+
+    # re-order program ID for better L2 performance
+    width = GROUP_M * grid_n
+    group_id = pid // width
+    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
+    pid_m = group_id * GROUP_M + (pid % group_size)
+    pid_n = (pid % width) // (group_size)
+    tl.assume(pid_m >= 0)
+    tl.assume(pid_n >= 0)
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ((stride_am == 1 and stride_ak == M) or (stride_am == K and stride_ak == 1)) and (M >= BLOCK_M and K > 1):
+        offs_a_m = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M)
+    else:
+        offs_a_m = rm % M
+    if ((stride_bk == 1 and stride_bn == K) or (stride_bk == N and stride_bn == 1)) and (N >= BLOCK_N and K > 1):
+        offs_b_n = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N)
+    else:
+        offs_b_n = rn % N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_TYPE)
+
+    for k_idx in range(0, tl.cdiv(K, BLOCK_K)):
+
+        a_k_idx_vals = offs_k[None, :] + (k_idx * BLOCK_K)
+        b_k_idx_vals = offs_k[:, None] + (k_idx * BLOCK_K)
+
+        idx_m = offs_a_m[:, None]
+        idx_n = a_k_idx_vals
+        xindex = idx_n + 7168*idx_m
+        a = tl.load(A + (xindex))
+
+        idx_m = b_k_idx_vals
+        idx_n = offs_b_n[None, :]
+        xindex = idx_n + 256*idx_m
+        b = tl.load(B + (xindex))
+
+
+        acc += tl.dot(a, b, allow_tf32=ALLOW_TF32, out_dtype=ACC_TYPE)
+
+
+    # rematerialize rm and rn to save registers
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    idx_m = rm[:, None]
+    idx_n = rn[None, :]
+    mask = (idx_m < M) & (idx_n < N)
+
+    # inductor generates a suffix
+    xindex = idx_n + 256*idx_m
+    tmp0 = tl.full([1], 0, tl.int32)
+    tmp1 = triton_helpers.maximum(tmp0, acc)
+    tl.store(out_ptr1 + (tl.broadcast_to(xindex, [BLOCK_M, BLOCK_N])), tmp1, mask)
 ''', device_str='cuda')
 
 
@@ -92,15 +169,12 @@ class Runner:
         assert_size_stride(arg1_1, (7168, 256), (256, 1))
         with torch.cuda._DeviceGuard(0):
             torch.cuda.set_device(0)
-            buf0 = empty_strided_cuda((16, 256), (256, 1), torch.bfloat16)
-            # Topologically Sorted Source Nodes: [matmul], Original ATen: [aten.mm]
-            extern_kernels.mm(arg0_1, arg1_1, out=buf0)
+            buf1 = empty_strided_cuda((16, 256), (256, 1), torch.bfloat16)
+            # Topologically Sorted Source Nodes: [matmul, relu], Original ATen: [aten.mm, aten.relu]
+            stream0 = get_raw_stream(0)
+            triton_tem_fused_mm_relu_0.run(arg0_1, arg1_1, buf1, 4, 1, 1, stream=stream0)
             del arg0_1
             del arg1_1
-            buf1 = buf0; del buf0  # reuse
-            # Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
-            stream0 = get_raw_stream(0)
-            triton_poi_fused_relu_0.run(buf1, 4096, stream=stream0)
         return (buf1, )
 
 runner = Runner(partitions=[])
