@@ -1,0 +1,138 @@
+"""Probe (not a pipeline step): how many programs per SM the persistent grid of the grouped kernels should
+launch, measured side by side in one process.
+
+Session 5's E7 ran the persistent grid sized by the compiled kernel (as many programs per SM as fit at
+once, at most two; one for DeepSeek-V3's prefill tiles of 192 KB of shared memory) where session 4 had
+launched two per SM; against the plain grid the persistent one took up to 1.43x (session 4: 1.24x) the
+time in those cells, but the two runs were on different machines. Here the same tiles run on the plain
+grid and on persistent grids of one, two and the sized number ("auto") of programs per SM, for the same
+inputs, interleaved (moegemm.bench.runner.measure, E7's timing settings), at E7's seeds and loads; decode
+cells also with the masked layout, which always walks a persistent grid.
+
+    python -m experiments.probe_persistent_grid --out results/<slug>/probe_persistent_grid.csv
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
+                                timing_settings, weight_sets)
+from experiments.e7_grouped_skew import floor_us, ref_rows
+from moegemm._runtime import slugify
+from moegemm.bench.correctness import check
+from moegemm.bench.moe_loads import sample_topk, skew_stats
+from moegemm.bench.runner import Contender, measure
+from moegemm.grouped import api, choose_config, grouped_mm, grouped_mm_masked, permute, route
+from moegemm.grouped.api import masked_config
+from moegemm.grouped.routing import row_positions
+
+CELLS = [  # (model, projection, tokens, load): E7's cells where the grids differed most, and a few others
+    ("deepseek-v3", "up", 4096, "uniform"), ("deepseek-v3", "down", 4096, "uniform"),
+    ("deepseek-v3", "up", 4096, "hot0.25"), ("deepseek-v3", "up", 4096, "zipf1.2"),
+    ("deepseek-v3", "up", 16384, "uniform"), ("mixtral-8x7b", "down", 4096, "uniform"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"), ("deepseek-v3", "up", 64, "uniform"),
+    ("mixtral-8x7b", "up", 256, "uniform"), ("qwen3-30b-a3b", "down", 256, "zipf1.2"),
+]
+SHIPPED = api._per_sm
+
+
+def with_per_sm(per_sm, fn, fields: dict):
+    """``fn`` with the persistent grid forced to ``per_sm`` programs per SM ("auto": what the library
+    decides, recorded in ``fields``). Graph capture records the grid of the launch it captures."""
+    def forced(kernel, cfg, x, args, kwargs):
+        got = SHIPPED(kernel, cfg, x, args, kwargs) if per_sm == "auto" else per_sm
+        fields["per_sm"] = got
+        return got
+
+    def call():
+        api._per_sm = forced
+        try:
+            return fn()
+        finally:
+            api._per_sm = SHIPPED
+    return call
+
+
+def contenders(xs, plan, ref, k, decode: bool, e: int, n: int) -> list[Contender]:
+    off = plan.group_offsets
+    base, source = choose_config(xs, e, n, "nk")
+    plain, pers = dataclasses.replace(base, persistent=False), dataclasses.replace(base, persistent=True)
+    cs = [Contender("plain", lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=plain,
+                                                             validate=False)),
+                    config=dataclasses.asdict(plain), fields={"config_source": source, "per_sm": ""})]
+    for v in (1, 2, "auto"):
+        f = {"config_source": source}
+        cs.append(Contender(f"persistent:{v}", lambda inp, v=v, f=f: with_per_sm(v, lambda: grouped_mm(
+            inp[0], inp[1], off, w_layout="nk", config=pers, validate=False), f), config=dataclasses.asdict(pers),
+            fields=f))
+    if decode:
+        sizes = plan.group_sizes
+        m_max = max(1, int(sizes.max()))
+        expert, pos = row_positions(off, xs.shape[0])
+        xm = torch.zeros(e, m_max, xs.shape[1], dtype=xs.dtype, device=xs.device)
+        xm[expert, pos] = xs
+        ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
+        mcfg = masked_config(xm, n, "nk")
+        for v in (1, 2, "auto"):
+            f = {"config_source": "masked_config"}
+            cs.append(Contender(f"masked:{v}", lambda inp, v=v, f=f: with_per_sm(v, lambda: grouped_mm_masked(
+                xm, inp[1], sizes, w_layout="nk", out=ym), f), config={"m_max": m_max, **dataclasses.asdict(mcfg)},
+                fields=f, check=lambda out: check(out[expert, pos], ref, k)))
+    return cs
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    g = cfg["grouped"]
+    settings = timing_settings(cfg, args.quick, "grouped")
+    prov = provenance_fields()
+    slug = slugify(prov["gpu"])
+    writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
+    cells = CELLS[:1] if args.quick else CELLS
+    bar = Progress(len(cells), "probe")
+    for model, proj, t, load in cells:
+        if writer.done(model=model, proj=proj, tokens=t, load=load):
+            bar.update()
+            continue
+        m = g["models"][model]
+        e, top_k = m["experts"], m["top_k"]
+        k, n = m[proj]
+        gw = torch.Generator(device="cuda").manual_seed(g["seed"])
+        w = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+        seed = g["seed"] + t * 1009 + sum(map(ord, load))  # E7's seed for (T, load)
+        ids = sample_topk(t, e, top_k, load, seed)
+        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
+        x = torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+        plan = route(ids, e)
+        stats = skew_stats(plan.group_sizes)
+        rows = t * top_k
+        fl, nbytes, flops = floor_us(rows, k, n, stats["active_experts"], slug)
+        xs = permute(x, plan)
+        ref = ref_rows(xs, w, plan.group_offsets)
+        ws = weight_sets(w, stats["active_experts"], rows, k, n)
+        out = measure(contenders(xs, plan, ref, k, t in g["decode_tokens"], e, n), [(xs, wi) for wi in ws], ref, k,
+                      settings)
+        for r in out:
+            gus = r.get("graph_us", math.nan)
+            r.update(experiment="probe_persistent_grid", model=model, proj=proj, tokens=t, load=load, experts=e,
+                     top_k=top_k, k=k, n=n, rows=rows, **stats, floor_us=fl, input_sets=len(ws),
+                     pct_floor_graph=100 * fl / gus if gus == gus and gus else math.nan, **prov)
+        writer.add(out)
+        del w, ws
+        bar.update()
+        base = next(r for r in out if r["contender"] == "plain").get("graph_us", math.nan)
+        print(f"{model} {proj} T={t} {load}: " + ", ".join(
+            f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}" + (f"[{r['per_sm']}]" if r.get("per_sm") else "")
+            for r in out), flush=True)
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()
