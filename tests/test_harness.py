@@ -240,3 +240,37 @@ def test_calls_per_graph_shrink_only_for_long_kernels():
     assert fewest_calls(50_000.0, 1, s) == 2
     assert fewest_calls(1000.0, 16, s) == 10  # more sets than calls: as many calls as before, rotating
     assert graph_calls([lambda: None], Settings(calls_per_graph=7)) == 7  # no CUDA needed without the setting
+
+
+def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device):
+    """The probe's contenders (plain grid, persistent and masked grids of 1, 2 and the library's number of
+    programs per SM) each compute the grouped product (checked against float64 on fresh data), record the
+    programs per SM they launched with, and leave the library's own sizing in place afterwards."""
+    import torch
+
+    from experiments import probe_persistent_grid as probe
+    from experiments.e7_grouped_skew import ref_rows
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import api, permute, route
+
+    g = torch.Generator().manual_seed(5)
+    e, k, n, t, top_k = 4, 64, 48, 7, 2
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(device)
+    plan = route(ids, e)
+    x = torch.randn(t, k, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16).to(device)
+    xs = permute(x, plan)
+    ref = ref_rows(xs, w, plan.group_offsets)
+    cs = probe.contenders(xs, plan, ref, k, True, e, n)
+    assert [c.name for c in cs] == ["plain", "persistent:1", "persistent:2", "persistent:auto",
+                                    "masked:1", "masked:2", "masked:auto"]
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+        forced = c.name.rsplit(":", 1)[-1]
+        if forced in ("1", "2"):
+            assert c.fields["per_sm"] == int(forced)
+        elif forced == "auto":
+            assert c.fields["per_sm"] in (1, 2)
+        assert api._per_sm is probe.SHIPPED
