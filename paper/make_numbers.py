@@ -28,7 +28,7 @@ def gm(x) -> float:
 
 def tex_escape(s: str) -> str:
     return (str(s).replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("&", r"\&")
-            .replace("%", r"\%").replace("#", r"\#"))
+            .replace("%", r"\%").replace("#", r"\#").replace("<", r"\textless{}").replace(">", r"\textgreater{}"))
 
 
 class Numbers:
@@ -232,7 +232,7 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
     t = t.rename(columns={"pytorch:decompose_k": "seed decomposeK", "custom-op-autotuned": "custom-op"})
     shapes = df.groupby("suite").apply(lambda g: len(g.drop_duplicates(["m", "k"]))).max()
     write_text(gen / "table_e5.tex", table(t, "E5: geomean of each contender's time over our best kernel's "
-                                         f"(> 1: ours is faster), {shapes} shapes per suite; compiled contenders "
+                                         f"($>$ 1: ours is faster), {shapes} shapes per suite; compiled contenders "
                                          "only where measured.", "tab:e5", "llrrrrr"))
 
 
@@ -283,7 +283,7 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
         f" ({len(df)} of {len(STEP_ORDER)} steps; not timed in that run: {', '.join(missing)})" if missing else ""))
     t = pd.concat([df, pd.DataFrame([{"step": "all GPU steps", "seconds": df.seconds.sum()}])])
     write_text(gen / "table_runtime.tex", table(
-        t.assign(seconds=t.seconds.round(0)), "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
+        t.assign(seconds=t.seconds.round(0).astype(int).astype(str)), "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
         "(Snakemake's benchmark files; cold caches at the run's start).", "tab:runtime", "lr"))
 
 
