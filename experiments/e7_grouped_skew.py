@@ -50,6 +50,34 @@ def floor_us(rows: int, k: int, n: int, active: int, slug: str) -> tuple[float, 
     return max(nbytes / (d["hbm_tb_s"] * 1e12), flops / (d["bf16_tflops"] * 1e12)) * 1e6, nbytes, flops
 
 
+def expert_weights(seed: int, e: int, n: int, k: int) -> torch.Tensor:
+    """One projection's expert weights, [E, N, K] bf16 (the nn.Linear layout), scaled by 1/sqrt(K); fixed seed."""
+    gw = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+
+
+def cell_tokens(g: dict, t: int, e: int, top_k: int, k: int, load: str):
+    """(top-k expert ids [T, top_k], activations x [T, K] bf16, the generator that drew x) of the cell
+    (T, load), from seeds fixed per (T, load): the same every run."""
+    seed = g["seed"] + t * 1009 + sum(map(ord, load))
+    ids = sample_topk(t, e, top_k, load, seed)
+    gx = torch.Generator(device="cuda").manual_seed(seed + 1)
+    return ids, torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16), gx
+
+
+def masked_inputs(xs, plan, e: int, n: int):
+    """The masked layout's view of the same rows: (x [E, m_max, K] with each expert's rows first and zeros
+    past them, an output [E, m_max, N], masked_m, and each sorted row's (expert, position) to gather the
+    output back into sorted order)."""
+    sizes = plan.group_sizes
+    m_max = max(1, int(sizes.max()))
+    expert, pos = row_positions(plan.group_offsets, xs.shape[0])
+    xm = torch.zeros(e, m_max, xs.shape[1], dtype=xs.dtype, device=xs.device)
+    xm[expert, pos] = xs
+    ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
+    return xm, ym, sizes, expert, pos
+
+
 def ref_rows(xs, w, offsets) -> torch.Tensor:
     """float64 per-expert reference on the GPU (w as [E, N, K])."""
     out = torch.empty(xs.shape[0], w.shape[1], dtype=torch.float64, device=xs.device)
@@ -105,12 +133,8 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
 
         cs.append(Contender(f"padded-bmm:cf{cf}", bind, config={"capacity_factor": cf}, check=check_kept))
     if decode:
-        sizes = plan.group_sizes
-        m_max = max(1, int(sizes.max()))
-        expert, pos = row_positions(off, xs.shape[0])
-        xm = torch.zeros(e, m_max, xs.shape[1], dtype=xs.dtype, device=xs.device)
-        xm[expert, pos] = xs
-        ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
+        xm, ym, sizes, expert, pos = masked_inputs(xs, plan, e, n)
+        m_max = xm.shape[1]
 
         def masked(c=None):
             return lambda inp: (lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym, config=c))
@@ -185,13 +209,9 @@ def main():
         key = (model, proj.replace("path(up)", "up"))
         if key not in weights:
             weights.clear()  # one projection's weights on the GPU at a time (DeepSeek-V3 up: 15 GB)
-            gw = torch.Generator(device="cuda").manual_seed(g["seed"])
-            weights[key] = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+            weights[key] = expert_weights(g["seed"], e, n, k)
         w = weights[key]
-        seed = g["seed"] + t * 1009 + sum(map(ord, load))  # fixed per (T, load), the same every run
-        ids = sample_topk(t, e, top_k, load, seed)
-        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
-        x = torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+        ids, x, gx = cell_tokens(g, t, e, top_k, k, load)
         plan = route(ids, e)
         stats = skew_stats(plan.group_sizes)
         rows = t * top_k

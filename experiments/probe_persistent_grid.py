@@ -17,18 +17,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
 
 from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
                                 timing_settings, weight_sets)
-from experiments.e7_grouped_skew import floor_us, ref_rows
+from experiments.e7_grouped_skew import cell_tokens, expert_weights, floor_us, masked_inputs, ref_rows
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
-from moegemm.bench.moe_loads import sample_topk, skew_stats
+from moegemm.bench.moe_loads import skew_stats
 from moegemm.bench.runner import Contender, measure
 from moegemm.grouped import api, choose_config, grouped_mm, grouped_mm_masked, permute, route
 from moegemm.grouped.api import masked_config
-from moegemm.grouped.routing import row_positions
 
 CELLS = [  # (model, projection, tokens, load): E7's cells where the grids differed most, and a few others
     ("deepseek-v3", "up", 4096, "uniform"), ("deepseek-v3", "down", 4096, "uniform"),
@@ -70,17 +68,12 @@ def contenders(xs, plan, ref, k, decode: bool, e: int, n: int) -> list[Contender
             inp[0], inp[1], off, w_layout="nk", config=pers, validate=False), f), config=dataclasses.asdict(pers),
             fields=f))
     if decode:
-        sizes = plan.group_sizes
-        m_max = max(1, int(sizes.max()))
-        expert, pos = row_positions(off, xs.shape[0])
-        xm = torch.zeros(e, m_max, xs.shape[1], dtype=xs.dtype, device=xs.device)
-        xm[expert, pos] = xs
-        ym = torch.empty(e, m_max, n, dtype=xs.dtype, device=xs.device)
-        mcfg = masked_config(xm, n, "nk")
+        xm, ym, sizes, expert, pos = masked_inputs(xs, plan, e, n)
+        mcfg = {"m_max": xm.shape[1], **dataclasses.asdict(masked_config(xm, n, "nk"))}
         for v in (1, 2, "auto"):
             f = {"config_source": "masked_config"}
             cs.append(Contender(f"masked:{v}", lambda inp, v=v, f=f: with_per_sm(v, lambda: grouped_mm_masked(
-                xm, inp[1], sizes, w_layout="nk", out=ym), f), config={"m_max": m_max, **dataclasses.asdict(mcfg)},
+                xm, inp[1], sizes, w_layout="nk", out=ym), f), config=mcfg,
                 fields=f, check=lambda out: check(out[expert, pos], ref, k)))
     return cs
 
@@ -103,12 +96,8 @@ def main():
         m = g["models"][model]
         e, top_k = m["experts"], m["top_k"]
         k, n = m[proj]
-        gw = torch.Generator(device="cuda").manual_seed(g["seed"])
-        w = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
-        seed = g["seed"] + t * 1009 + sum(map(ord, load))  # E7's seed for (T, load)
-        ids = sample_topk(t, e, top_k, load, seed)
-        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
-        x = torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+        w = expert_weights(g["seed"], e, n, k)
+        ids, x, _ = cell_tokens(g, t, e, top_k, k, load)  # E7's routing and activations for (T, load)
         plan = route(ids, e)
         stats = skew_stats(plan.group_sizes)
         rows = t * top_k
@@ -127,9 +116,9 @@ def main():
         del w, ws
         bar.update()
         base = next(r for r in out if r["contender"] == "plain").get("graph_us", math.nan)
-        print(f"{model} {proj} T={t} {load}: " + ", ".join(
-            f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}" + (f"[{r['per_sm']}]" if r.get("per_sm") else "")
-            for r in out), flush=True)
+        ratios = (f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}"
+                  + (f"[{r['per_sm']}]" if r.get("per_sm") else "") for r in out)
+        print(f"{model} {proj} T={t} {load}: " + ", ".join(ratios), flush=True)
     bar.close()
     writer.finish()
 

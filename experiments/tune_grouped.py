@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import torch
 
 from experiments.common import (Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
                                 load_config, provenance_fields, require_gpu, timing_settings, weight_sets,
                                 write_table)
-from experiments.e7_grouped_skew import ref_rows
+from experiments.e7_grouped_skew import expert_weights, ref_rows
 from moegemm._runtime import slugify
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Settings, prewarm
@@ -117,8 +116,7 @@ def main():
         k, n = m[proj]
         if (model, proj) not in weights:
             weights.clear()  # one projection's weights on the GPU at a time
-            gw = torch.Generator(device="cuda").manual_seed(g["seed"])
-            weights[model, proj] = (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
+            weights[model, proj] = expert_weights(g["seed"], e, n, k)
         w = weights[model, proj]
         plan = route(sample_topk(t, e, top_k, "uniform", g["seed"] + t), e)
         gx = torch.Generator(device="cuda").manual_seed(g["seed"] + t)
