@@ -78,6 +78,61 @@ def masked_inputs(xs, plan, e: int, n: int):
     return xm, ym, sizes, expert, pos
 
 
+def start(doc: str):
+    """(args, config, its grouped section, timing settings, provenance, GPU slug, a resumable writer keyed by
+    cell) for a run of E7 or a probe on this GPU."""
+    args = cli(doc)
+    require_gpu()
+    cfg = load_config(args.config)
+    g = cfg["grouped"]
+    settings = timing_settings(cfg, args.quick, "grouped")
+    prov = provenance_fields()
+    slug = slugify(prov["gpu"])
+    writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
+    return args, cfg, g, settings, prov, slug, writer
+
+
+def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) -> None:
+    """The loop the probes share (experiments/probe_*.py, not pipeline steps): per cell (model, projection,
+    tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
+    sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g)`` (g: config.yaml's grouped section) gives the
+    contenders, measured side by side with E7's timing settings; one row each with the cell's columns, the floor and provenance (resumable, written
+    atomically); ``summary(rows)`` returns the line printed per cell."""
+    args, cfg, g, settings, prov, slug, writer = start(doc)
+    cells = cells[:1] if args.quick else cells
+    bar = Progress(len(cells), "probe")
+    for model, proj, t, load in cells:
+        if writer.done(model=model, proj=proj, tokens=t, load=load):
+            bar.update()
+            continue
+        m = g["models"][model]
+        e, top_k = m["experts"], m["top_k"]
+        k, n = m[proj]
+        w = expert_weights(g["seed"], e, n, k)
+        ids, x, _ = cell_tokens(g, t, e, top_k, k, load)  # E7's routing and activations for (T, load)
+        plan = route(ids, e)
+        stats = skew_stats(plan.group_sizes)
+        rows = t * top_k
+        fl, nbytes, flops = floor_us(rows, k, n, stats["active_experts"], slug)
+        xs = permute(x, plan)
+        ref = ref_rows(xs, w, plan.group_offsets)
+        ws = weight_sets(w, stats["active_experts"], rows, k, n)
+        out = measure(contenders_of(xs, plan, ref, w, t, e, k, n, g), [(xs, wi) for wi in ws], ref, k, settings)
+        for r in out:
+            gus = r.get("graph_us", math.nan)
+            ok = gus == gus and gus
+            r.update(experiment=experiment, model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k,
+                     k=k, n=n, rows=rows, **stats, floor_us=fl, flops=flops, input_sets=len(ws),
+                     tflops_graph=flops / gus / 1e6 if ok else math.nan,
+                     pct_floor_graph=100 * fl / gus if ok else math.nan, **prov)
+        writer.add(out)
+        del w, ws, ref
+        bar.update()
+        print(f"{model} {proj} T={t} {load}: {summary(out)}", flush=True)
+    bar.close()
+    writer.finish()
+
+
 def ref_rows(xs, w, offsets) -> torch.Tensor:
     """float64 per-expert reference on the GPU (w as [E, N, K])."""
     out = torch.empty(xs.shape[0], w.shape[1], dtype=torch.float64, device=xs.device)
@@ -179,14 +234,7 @@ def path_contenders(ids, wts, e) -> list[Contender]:
 
 
 def main():
-    args = cli(__doc__)
-    require_gpu()
-    cfg = load_config(args.config)
-    g = cfg["grouped"]
-    settings = timing_settings(cfg, args.quick, "grouped")
-    prov = provenance_fields()
-    slug = slugify(prov["gpu"])
-    writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
+    args, cfg, g, settings, prov, slug, writer = start(__doc__)
     cells = []
     for model in g["models"]:
         for proj in ("up", "down"):

@@ -17,15 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-
-from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
-                                timing_settings, weight_sets)
-from experiments.e7_grouped_skew import cell_tokens, expert_weights, floor_us, masked_inputs, ref_rows
-from moegemm._runtime import slugify
+from experiments.e7_grouped_skew import masked_inputs, run_probe
 from moegemm.bench.correctness import check
-from moegemm.bench.moe_loads import skew_stats
-from moegemm.bench.runner import Contender, measure
-from moegemm.grouped import api, choose_config, grouped_mm, grouped_mm_masked, permute, route
+from moegemm.bench.runner import Contender
+from moegemm.grouped import api, choose_config, grouped_mm, grouped_mm_masked
 from moegemm.grouped.api import masked_config
 
 CELLS = [  # (model, projection, tokens, load): E7's cells where the grids differed most, and a few others
@@ -78,49 +73,17 @@ def contenders(xs, plan, ref, k, decode: bool, e: int, n: int) -> list[Contender
     return cs
 
 
+def ratios(out: list[dict]) -> str:
+    """Each contender's GPU time over the plain grid's, with the programs per SM it launched."""
+    base = next(r for r in out if r["contender"] == "plain").get("graph_us", math.nan)
+    return ", ".join(f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}"
+                     + (f"[{r['per_sm']}]" if r.get("per_sm") else "") for r in out)
+
+
 def main():
-    args = cli(__doc__)
-    require_gpu()
-    cfg = load_config(args.config)
-    g = cfg["grouped"]
-    settings = timing_settings(cfg, args.quick, "grouped")
-    prov = provenance_fields()
-    slug = slugify(prov["gpu"])
-    writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
-    cells = CELLS[:1] if args.quick else CELLS
-    bar = Progress(len(cells), "probe")
-    for model, proj, t, load in cells:
-        if writer.done(model=model, proj=proj, tokens=t, load=load):
-            bar.update()
-            continue
-        m = g["models"][model]
-        e, top_k = m["experts"], m["top_k"]
-        k, n = m[proj]
-        w = expert_weights(g["seed"], e, n, k)
-        ids, x, _ = cell_tokens(g, t, e, top_k, k, load)  # E7's routing and activations for (T, load)
-        plan = route(ids, e)
-        stats = skew_stats(plan.group_sizes)
-        rows = t * top_k
-        fl, nbytes, flops = floor_us(rows, k, n, stats["active_experts"], slug)
-        xs = permute(x, plan)
-        ref = ref_rows(xs, w, plan.group_offsets)
-        ws = weight_sets(w, stats["active_experts"], rows, k, n)
-        out = measure(contenders(xs, plan, ref, k, t in g["decode_tokens"], e, n), [(xs, wi) for wi in ws], ref, k,
-                      settings)
-        for r in out:
-            gus = r.get("graph_us", math.nan)
-            r.update(experiment="probe_persistent_grid", model=model, proj=proj, tokens=t, load=load, experts=e,
-                     top_k=top_k, k=k, n=n, rows=rows, **stats, floor_us=fl, input_sets=len(ws),
-                     pct_floor_graph=100 * fl / gus if gus == gus and gus else math.nan, **prov)
-        writer.add(out)
-        del w, ws
-        bar.update()
-        base = next(r for r in out if r["contender"] == "plain").get("graph_us", math.nan)
-        ratios = (f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}"
-                  + (f"[{r['per_sm']}]" if r.get("per_sm") else "") for r in out)
-        print(f"{model} {proj} T={t} {load}: " + ", ".join(ratios), flush=True)
-    bar.close()
-    writer.finish()
+    run_probe(__doc__, "probe_persistent_grid", CELLS,
+              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, ref, k, t in g["decode_tokens"], e, n),
+              ratios)
 
 
 if __name__ == "__main__":

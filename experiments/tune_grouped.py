@@ -41,7 +41,8 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
     64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
-    Configs needing more than 200 KB of shared memory (the H100/H200 limit is 227 KB) are left out."""
+    Configs whose stages need more than 200 KB of shared memory are left out, and those whose stages and
+    TMA-store staging need more than the 227 KB an H100/H200 block may have (smem_bytes)."""
     raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k[, tail_m]])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
@@ -57,16 +58,35 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 256, 64, 8, st, True, False, 1, tail) for st in (3, 4) for tail in (32, 64)]
         raw += [(128, 128, 64, 8, 4, True, False, 1, tail) for tail in (0, 32, 64)]
         raw += [(64, 256, 64, 8, 4, True, False)]
+        # TMA stores of the tiles whose rows all belong to their expert (in two column slices, or whole where
+        # the staging fits beside the stages), and 256 x 128 tiles (an expert of up to 256 rows in one row
+        # tile: its weights read by one program)
+        raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
+        raw += [(128, 256, 64, 8, 3, True, True, 1, 0, 1)]
+        raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
+        raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
-        split_k, tail_m = [*extra, *(1, 0)[len(extra):]]  # defaults: no splits, no tail tiles
-        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:
+        split_k, tail_m, tma_store = [*extra, *(1, 0, 0)[len(extra):]]  # defaults: no splits, tails, TMA stores
+        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024 or smem_bytes(bm, bn, bk, stages, ws, tma_store) > SMEM:
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=split_k, tail_m=tail_m))
+                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store))
     return out
+
+
+SMEM = 227 * 1024  # shared memory one block may have on an H100/H200
+
+
+def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False, tma_store: int = 0) -> int:
+    """Shared memory of a 16-bit TMA tile config as Triton 3.6 lays it out for sm_90 (within 32 bytes of
+    the compiled kernels' metadata for the prefill configs below): the stages of A and W tiles (the tail
+    tiles' stages reuse them), the staging of one TMA-store slice, and 4 KB more in the flattened
+    (warp_specialize) loop."""
+    store = bm * bn * 2 // tma_store if tma_store else 0
+    return (bm * bk + bn * bk) * 2 * stages + store + (4128 if warp_specialize else 0)
 
 
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid

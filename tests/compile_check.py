@@ -75,17 +75,19 @@ def variants():
             for ws, kn, tail in itertools.product((False, True), (False, True), (0, 32)):
                 box = "[128,64]" if not kn else "[64,128]"
                 tio = {"a_desc": f"tensordesc<{dt}[64,64]>", "w_desc": f"tensordesc<{dt}{box}>",
-                       "at_desc": f"tensordesc<{dt}[{tail or 64},64]>", "y_ptr": TY[dt], "offsets_ptr": "*i32",
-                       "scale_ptr": TY[dt]}
+                       "at_desc": f"tensordesc<{dt}[{tail or 64},64]>", "y_desc": f"tensordesc<{dt}[64,64]>",
+                       "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt]}
                 if not ws and not tail:
                     mio = {"a_ptr": TY[dt], "w_desc": f"tensordesc<{dt}{box}>", "y_ptr": TY[dt],
                            "masked_m_ptr": "*i32"}
                     yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
                                 EPILOGUE=epi, UPCAST=False))
-                yield (("grouped_tma", dt, epi, bias, ws, kn, tail), _grouped_mm_tma_kernel, tio,
-                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
-                            WARP_SPECIALIZE=ws, FLATTEN=ws, HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
+                for split in (0, 2) if not kn else (0,):  # TMA stores: y in two [64, 64] column slices
+                    yield (("grouped_tma", dt, epi, bias, ws, kn, tail, split), _grouped_mm_tma_kernel, tio,
+                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
+                                WARP_SPECIALIZE=ws, FLATTEN=ws, STORE_SPLIT=split, HAS_SCALE=bias, EPILOGUE=epi,
+                                UPCAST=False))
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates
@@ -95,7 +97,7 @@ def variants():
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k, c.tail_m)
+                   c.split_k, c.tail_m, c.tma_store)
             if key in seen:
                 continue
             seen.add(key)
@@ -109,13 +111,15 @@ def variants():
                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
                             GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
             if c.tma:
+                y_box = f"[{c.block_m},{c.block_n // c.tma_store}]" if c.tma_store else f"[{c.block_m},{c.block_k}]"
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
-                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>", "y_ptr": "*bf16",
-                       "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
+                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
+                       "y_desc": f"tensordesc<bf16{y_box}>", "y_ptr": "*bf16", "offsets_ptr": "*i32",
+                       "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
                        dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
-                            FLATTEN=c.warp_specialize), opts)
+                            FLATTEN=c.warp_specialize, STORE_SPLIT=c.tma_store), opts)
             elif c.split_k > 1:
                 yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
                        dict(gio, p_ptr="*fp32", counter_ptr="*i32"),

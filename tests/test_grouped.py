@@ -364,13 +364,16 @@ def test_masked_layout_rejects_split_k(device):
 
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
-@pytest.mark.parametrize("persistent,ws,tail", [(False, False, 0), (True, False, 0), (True, True, 0),
-                                                (False, False, 16), (True, True, 16)])
-def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, device):
+@pytest.mark.parametrize("persistent,ws,tail,store", [(False, False, 0, 0), (True, False, 0, 0), (True, True, 0, 0),
+                                                      (False, False, 16, 0), (True, True, 16, 0), (False, False, 0, 1),
+                                                      (True, True, 16, 2), (True, False, 0, 2)])
+def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, store, device):
     """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
     expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows. With
     tail tiles (32-row tiles, 16-row tails): experts of 5 and 1 rows are tails only, 37 rows are a full tile
-    and a tail of 5, 18 rows a full tile (more than the tail holds)."""
+    and a tail of 5, 18 rows a full tile (more than the tail holds). With TMA stores (whole tiles or two
+    column slices): 37 rows hold one tile stored by TMA (two with 16-row tiles), the rest go by pointers,
+    and the box clips the N tail; the NaN-poisoned output shows any row or column left unwritten."""
     import moegemm.grouped.api as api
 
     g = torch.Generator().manual_seed(k * 31 + n)
@@ -382,9 +385,11 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, device):
     w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
     rs = torch.rand(m, generator=g).to(torch.bfloat16)
     cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent, group_m=2,
-                        tma=True, warp_specialize=ws, tail_m=tail)
-    assert api._tma_descriptors(xs, w, layout, e, n, k, cfg) is not None, "expected the TMA path"
+                        tma=True, warp_specialize=ws, tail_m=tail, tma_store=store)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    descs = api._tma_descriptors(xs, w, layout, e, n, k, cfg, out)
+    assert descs is not None, "expected the TMA path"
+    assert (descs[3] is not descs[0]) == bool(store), "expected TMA stores exactly when asked for"
     got = grouped_mm(xs.to(device), w.to(device), offsets.to(device), w_layout=layout, epilogue="relu",
                      row_scale=rs.to(device), config=cfg, out=out)
     ref = _ref(xs, w_kn, offsets, "relu", rs)
@@ -412,6 +417,17 @@ def test_tma_path_declines_unsuitable_inputs():
             GroupedConfig(block_m=64, tma=True, tail_m=bad)
     with pytest.raises(ValueError, match="config.tail_m: tail tiles are a TMA-kernel feature"):
         GroupedConfig(block_m=64, tail_m=32)
+    for bad in (3, -1, True, 4):
+        with pytest.raises(ValueError, match=r"config.tma_store: expected 0, 1 or 2"):
+            GroupedConfig(tma=True, tma_store=bad)
+    with pytest.raises(ValueError, match="config.tma_store: TMA stores are a TMA-kernel feature"):
+        GroupedConfig(tma_store=1)
+    # an output TMA cannot write (rows not 16-byte aligned): the kernel stores by pointers instead
+    store = GroupedConfig(block_m=16, block_n=16, block_k=32, tma=True, tma_store=1)
+    odd = torch.empty(8, 37).to(torch.bfloat16)[:, :32]
+    descs = api._tma_descriptors(x, w, "kn", 3, 32, 64, store, odd)
+    assert descs is not None and descs[3] is descs[0]
+    assert api._tma_descriptors(x, w, "kn", 3, 32, 64, store, torch.empty(8, 32).to(torch.bfloat16))[3] is not descs[0]
 
 
 def test_persistent_programs_per_sm():

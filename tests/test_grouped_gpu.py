@@ -54,8 +54,10 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
                                                                       warp_specialize=True)] \
         if heur.block_m > 32 else []  # tiles of an expert's last few rows computed as smaller tiles
+    stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
+              dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
-                dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, None):
+                dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, *stores, None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")
@@ -97,9 +99,10 @@ def test_masked_cuda_graph_replay_with_changing_masked_m(config):
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("tma,ws,persistent,tail", [(False, False, False, 0), (True, False, False, 0),
-                                                     (True, True, True, 0), (True, False, True, 16)])
-def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail):
+@pytest.mark.parametrize("tma,ws,persistent,tail,store", [(False, False, False, 0, 0), (True, False, False, 0, 0),
+                                                           (True, True, True, 0, 0), (True, False, True, 16, 0),
+                                                           (True, True, True, 16, 2)])
+def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, store):
     """w as [E, K, N] and [E, N, K], pointer and TMA loads, Zipf load, fused gating; K = 4100 has rows that
     are not 16-byte aligned, so there a TMA config must fall back to the pointer kernel and stay right."""
     for hidden in (4096, 4100):
@@ -111,7 +114,7 @@ def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail):
         w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
         rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
         cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, warp_specialize=ws,
-                                  persistent=persistent, num_stages=3, tail_m=tail)
+                                  persistent=persistent, num_stages=3, tail_m=tail, tma_store=store)
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w_nk, plan.group_offsets, rs), hidden, f"{layout} K={hidden} {cfg}")

@@ -242,25 +242,33 @@ def test_calls_per_graph_shrink_only_for_long_kernels():
     assert graph_calls([lambda: None], Settings(calls_per_graph=7)) == 7  # no CUDA needed without the setting
 
 
-def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device):
-    """The probe's contenders (plain grid, persistent and masked grids of 1, 2 and the library's number of
-    programs per SM) each compute the grouped product (checked against float64 on fresh data), record the
-    programs per SM they launched with, and leave the library's own sizing in place afterwards."""
+def _small_moe_cell(device, seed: int, e: int, k: int, n: int, t: int, top_k: int = 2):
+    """(routing plan, sorted bf16 rows, bf16 weights [E, N, K], float64 reference) of a small random MoE cell."""
     import torch
 
-    from experiments import probe_persistent_grid as probe
     from experiments.e7_grouped_skew import ref_rows
-    from moegemm.bench.correctness import check
-    from moegemm.grouped import api, permute, route
+    from moegemm.grouped import permute, route
 
-    g = torch.Generator().manual_seed(5)
-    e, k, n, t, top_k = 4, 64, 48, 7, 2
+    g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(device)
     plan = route(ids, e)
     x = torch.randn(t, k, generator=g).to(torch.bfloat16).to(device)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16).to(device)
     xs = permute(x, plan)
-    ref = ref_rows(xs, w, plan.group_offsets)
+    return plan, xs, w, ref_rows(xs, w, plan.group_offsets)
+
+
+def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device):
+    """The probe's contenders (plain grid, persistent and masked grids of 1, 2 and the library's number of
+    programs per SM) each compute the grouped product (checked against float64 on fresh data), record the
+    programs per SM they launched with, and leave the library's own sizing in place afterwards."""
+
+    from experiments import probe_persistent_grid as probe
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import api
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = _small_moe_cell(device, 5, e, k, n, t=7)
     cs = probe.contenders(xs, plan, ref, k, True, e, n)
     assert [c.name for c in cs] == ["plain", "persistent:1", "persistent:2", "persistent:auto",
                                     "masked:1", "masked:2", "masked:auto"]
@@ -274,3 +282,30 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
         elif forced == "auto":
             assert c.fields["per_sm"] in (1, 2)
         assert api._per_sm is probe.SHIPPED
+
+
+def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
+    """The prefill probe's contenders: the tuned tiles with pointer stores and TMA stores (whole tiles, two
+    column slices) compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one
+    expert) the product with expert 0's weights, each checked against float64 on fresh data; a store
+    variant gives up a stage where its staging would not fit, and a pointer-load config has none."""
+
+    from experiments import probe_prefill_tiles as probe
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = _small_moe_cell(device, 11, e, k, n, t=9)
+    dense = xs.double() @ w[0].double().T
+    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
+    cs = probe.contenders(xs, plan, dense, k, e, n)
+    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "dense:cublas", "dense:ours"]
+    assert [c.config["tma_store"] for c in cs if c.name.startswith("tuned")] == [0, 1, 2]
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, warp_specialize=True)
+    assert probe.store_variant(big, 2).num_stages == 3 and probe.store_variant(big, 0) == big
+    assert probe.store_variant(GroupedConfig(), 1) is None

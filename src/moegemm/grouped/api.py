@@ -36,6 +36,8 @@ class GroupedConfig:
     warp_specialize: bool = False  # with tma: Triton's producer/consumer warp specialization of the K loop
     split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert), pointer loads
     tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
+    tma_store: int = 0  # with tma: tiles whose rows all belong to their expert stored by TMA, in this many
+    #                     column slices (1 or 2; 0: pointer stores)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -56,6 +58,10 @@ class GroupedConfig:
                 raise ValueError(f"config.tail_m: expected 0 or a power of two in [16, block_m), got {t!r}")
             if not self.tma:
                 raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
+        if self.tma_store not in (0, 1, 2) or isinstance(self.tma_store, bool):
+            raise ValueError(f"config.tma_store: expected 0, 1 or 2 (column slices), got {self.tma_store!r}")
+        if self.tma_store and not self.tma:
+            raise ValueError("config.tma_store: TMA stores are a TMA-kernel feature; needs tma=True")
 
 
 def rows_bucket(rows: int, num_experts: int) -> int:
@@ -153,7 +159,8 @@ def grouped_mm(
     the same E, K, N), else :func:`heuristic_config`. A config with ``tma=True`` uses the TMA kernel where
     the inputs allow it (16-bit, rows 16-byte aligned, experts stacked densely; "kn" needs K % block_k == 0)
     and the pointer kernel with the same tiles elsewhere; with ``tail_m`` it computes a tile holding at most
-    tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts).
+    tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts);
+    with ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting).
     A config with ``split_k > 1`` splits K inside each tile (fp32 partials; the last split of a tile to
     finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles.
     """
@@ -224,12 +231,13 @@ def grouped_mm(
             x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
         ), dict(SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
         return out
-    descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
+    descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg, out) if cfg.tma else None
     if descs is not None:
         _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.warp_specialize, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
+                FLATTEN=cfg.warp_specialize, STORE_SPLIT=cfg.tma_store if descs[3] is not descs[0] else 0,
+                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
         return out
     _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
         x_sorted, w, out, offsets, scale,
@@ -293,12 +301,14 @@ def fit_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, smem_per
 
 
 def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
-                     cfg: GroupedConfig):
-    """(x descriptor, w descriptor, x descriptor of tail_m-row boxes) for the TMA kernel, or None where the
-    inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension with 16-byte aligned
-    rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or [E*K, N] matrix); for
-    "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The pointer kernel, same
-    tiles, serves the rest. Without tail_m the third descriptor is the first (the kernel does not use it)."""
+                     cfg: GroupedConfig, out: torch.Tensor | None = None):
+    """(x descriptor, w descriptor, x descriptor of tail_m-row boxes, y descriptor) for the TMA kernel, or
+    None where the inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension
+    with 16-byte aligned rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or
+    [E*K, N] matrix); for "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The
+    pointer kernel, same tiles, serves the rest. Without tail_m the third descriptor is the first, and
+    without tma_store (or an ``out`` TMA cannot write: strides, alignment) the fourth is the first too (the
+    kernel does not use them; it then stores by pointers)."""
     if not _tma_rows_ok(x):
         return None
     b = _w_descriptor(w, w_layout, e, n, k, cfg)
@@ -306,7 +316,10 @@ def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n:
         return None
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
     at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
-    return a, b, at
+    y = a
+    if cfg.tma_store and out is not None and _tma_rows_ok(out):
+        y = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.tma_store])
+    return a, b, at, y
 
 
 def _tma_rows_ok(x: torch.Tensor) -> bool:
@@ -355,8 +368,8 @@ def _ensure_allocator() -> None:
 def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig | None = None) -> GroupedConfig:
     """The config grouped_mm_masked runs x ([E, m_max, K]) with: ``config``, or this GPU's tuned tiles for
     m_max rows per expert on the persistent grid (at decode most of the E * m_max rows are usually past
-    masked_m); row tiles no taller than m_max needs; no tail tiles or warp-specialized loop (the masked
-    kernels have neither). Whether TMA loads are taken also depends on the inputs (see grouped_mm_masked)."""
+    masked_m); row tiles no taller than m_max needs; no tail tiles, TMA stores or warp-specialized loop
+    (the masked kernels have none of them). Whether TMA loads are taken also depends on the inputs (see grouped_mm_masked)."""
     e, m_max, k = x.shape
     if config is None:
         config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
@@ -364,7 +377,7 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
     elif config.split_k > 1:
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
     return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                               warp_specialize=False, tail_m=0)
+                               warp_specialize=False, tail_m=0, tma_store=0)
 
 
 def grouped_mm_masked(
@@ -381,11 +394,11 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles, grid and load path (``warp_specialize`` and ``tail_m`` are not used); default: this GPU's
-    tuned tiles for m_max rows per expert, on the persistent grid. With ``tma=True`` and 16-bit inputs whose
-    rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows come in by TMA through a descriptor
-    made in-kernel for each expert's first masked_m[e] rows, so rows past them are still not read; other
-    inputs take the pointer kernel with the same tiles."""
+    config: tiles, grid and load path (``warp_specialize``, ``tail_m`` and ``tma_store`` are not used);
+    default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With ``tma=True``
+    and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows come in by TMA
+    through a descriptor made in-kernel for each expert's first masked_m[e] rows, so rows past them are
+    still not read; other inputs take the pointer kernel with the same tiles."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)

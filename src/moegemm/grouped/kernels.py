@@ -63,19 +63,47 @@ def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
-def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
-    """epilogue(acc) * row_scale into the rows [row0, min(row0 + BLOCK_M, row_end)) and columns < N."""
+def _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
+    """epilogue(acc) * row_scale[rows] (rows past row_end get the last row's scale; they are not stored)."""
     rows = row0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
     rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
     offs_n = col0 + tl.arange(0, BLOCK_N)
     acc = apply_epilogue(acc, scale_ptr, offs_n[None, :], offs_n[None, :] < N, False, EPILOGUE)
     if HAS_SCALE:
-        s = tl.load(scale_ptr + rows_c, mask=row_ok, other=0.0).to(tl.float32)
+        s = tl.load(scale_ptr + rows_c, mask=rows < row_end, other=0.0).to(tl.float32)
         acc = acc * s[:, None]
+    return acc
+
+
+@triton.jit
+def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
+    """epilogue(acc) * row_scale into the rows [row0, min(row0 + BLOCK_M, row_end)) and columns < N."""
+    acc = _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
+    offs_n = col0 + tl.arange(0, BLOCK_N)
     y_ptrs = y_ptr + rows_c[:, None] * stride_ym + offs_n[None, :] * stride_yn
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _tma_store_tile(acc, y_desc, y_ptr, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
+                    STORE_SPLIT: tl.constexpr):
+    """epilogue(acc) * row_scale of a tile whose BLOCK_M rows all belong to its expert, stored by TMA in
+    STORE_SPLIT column slices (the box clips columns past N; a slice stages less shared memory)."""
+    out = _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N, HAS_SCALE,
+                       EPILOGUE).to(y_ptr.dtype.element_ty)
+    if STORE_SPLIT == 1:
+        y_desc.store([row0, col0], out)
+    else:
+        halves = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        y_desc.store([row0, col0], left)
+        y_desc.store([row0, col0 + BLOCK_N // 2], right)
 
 
 @triton.jit
@@ -179,11 +207,12 @@ def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def _grouped_mm_tma_kernel(
-    a_desc, w_desc, at_desc, y_ptr, offsets_ptr, scale_ptr,
+    a_desc, w_desc, at_desc, y_desc, y_ptr, offsets_ptr, scale_ptr,
     N, K, E, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+    FLATTEN: tl.constexpr, STORE_SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
@@ -193,7 +222,9 @@ def _grouped_mm_tma_kernel(
     TAIL_M > 0: a tile holding at most TAIL_M of its expert's rows (the last row tile of an expert, or all
     of a small expert) is computed as a TAIL_M-row tile, transposed (see _tma_k_loop), through ``at_desc``
     (x with [TAIL_M, BLOCK_K] boxes): with about as many rows per expert as BLOCK_M, half of the experts
-    end in a row tile of a few rows, which would otherwise cost a whole tile of tensor-core work."""
+    end in a row tile of a few rows, which would otherwise cost a whole tile of tensor-core work.
+    STORE_SPLIT > 0: a tile whose rows all belong to its expert is stored by TMA through ``y_desc`` (y with
+    [BLOCK_M, BLOCK_N // STORE_SPLIT] boxes); a tile overrunning its expert's rows by pointer stores."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
@@ -207,8 +238,12 @@ def _grouped_mm_tma_kernel(
         else:
             acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
                               False, UPCAST)
-            _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+            if STORE_SPLIT > 0 and row0 + BLOCK_M <= row_end:
+                _tma_store_tile(acc, y_desc, y_ptr, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N,
+                                HAS_SCALE, EPILOGUE, STORE_SPLIT)
+            else:
+                _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                            BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
 
 
 @triton.jit

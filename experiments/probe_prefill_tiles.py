@@ -1,0 +1,89 @@
+"""Probe (not a pipeline step): where the grouped kernel's prefill time goes, measured side by side in one
+process, in E7's prefill cells that stay furthest below 70% of the floor.
+
+Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.measure, E7's timing settings):
+- ``tuned``: what the library picks (the tuned table's tiles and grid);
+- ``tuned:store0/1/2``: the same tiles with pointer stores, or the tiles whose rows all belong to their
+  expert stored by TMA whole or in two column slices (stages reduced by one where the staging would not fit);
+- ``dense:cublas``: one GEMM over all the cell's rows with one expert's weights (torch.mm, cuBLAS): what
+  the same FLOPs cost without the expert structure;
+- ``dense:ours``: our kernel on that dense problem (E = 1, the tuned tiles): the Triton tile loop's own rate
+  for this shape, so that the grouped kernel's gap to cuBLAS splits into the tile loop's share and the
+  share of the expert structure (ragged row tiles, E weight matrices streamed from memory).
+
+    python -m experiments.probe_prefill_tiles --out results/<slug>/probe_prefill_tiles.csv
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from experiments.e7_grouped_skew import run_probe
+from experiments.tune_grouped import SMEM, smem_bytes
+from moegemm.bench.correctness import check
+from moegemm.bench.runner import Contender
+from moegemm.grouped import choose_config, grouped_mm
+
+CELLS = [  # (model, projection, tokens, load): E7's prefill cells furthest below 70% of the floor, and two others
+    ("mixtral-8x7b", "up", 1024, "uniform"), ("mixtral-8x7b", "down", 1024, "uniform"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"), ("qwen3-30b-a3b", "down", 4096, "uniform"),
+    ("qwen3-30b-a3b", "up", 4096, "zipf1.2"), ("deepseek-v3", "up", 4096, "uniform"),
+    ("deepseek-v3", "down", 4096, "zipf1.2"), ("mixtral-8x7b", "up", 16384, "uniform"),
+]
+
+
+def store_variant(cfg, store: int):
+    """``cfg`` with ``store`` TMA-store slices (0: pointer stores), one stage fewer where the staging would
+    not fit beside the stages; None where it cannot be (a pointer-load config, or it never fits)."""
+    if not cfg.tma:
+        return None
+    c = dataclasses.replace(cfg, tma_store=store)
+    while store and smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize, store) > SMEM:
+        if c.num_stages <= 2:
+            return None
+        c = dataclasses.replace(c, num_stages=c.num_stages - 1)
+    return c
+
+
+def contenders(xs, plan, dense_ref, k: int, e: int, n: int) -> list[Contender]:
+    """dense_ref: xs @ w[0]^T in float64 (every input set's w is a copy of the same weights)."""
+    off = plan.group_offsets
+    m = xs.shape[0]
+    tuned, source = choose_config(xs, e, n, "nk")
+    one = torch.tensor([0, m], dtype=torch.int32, device=xs.device)
+
+    def ours(c):
+        return lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False))
+
+    cs = [Contender("tuned", ours(tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
+                    parallel_compile=True)]
+    for store in (0, 1, 2):
+        c = store_variant(tuned, store)
+        if c is not None and c != tuned:
+            cs.append(Contender(f"tuned:store{store}", ours(c), config=dataclasses.asdict(c),
+                                fields={"config_source": "tuned, stores changed"}, parallel_compile=True))
+    cs.append(Contender("dense:cublas", lambda inp: (lambda: torch.mm(inp[0], inp[1][0].T)),
+                        config={"torch.mm": "cuBLAS"}, fields={"config_source": ""},
+                        check=lambda out: check(out, dense_ref, k)))
+    cs.append(Contender("dense:ours", lambda inp: (lambda: grouped_mm(inp[0], inp[1][:1], one, w_layout="nk",
+                                                                      config=tuned, validate=False)),
+                        config=dataclasses.asdict(tuned), fields={"config_source": "tuned (of the grouped cell)"},
+                        check=lambda out: check(out, dense_ref, k), parallel_compile=True))
+    return cs
+
+
+def tflops(out: list[dict]) -> str:
+    return "TFLOP/s " + ", ".join(f"{r['contender']}={r.get('tflops_graph', math.nan):.0f}" for r in out)
+
+
+def main():
+    run_probe(__doc__, "probe_prefill_tiles", CELLS,
+              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, xs.double() @ w[0].double().T, k, e, n),
+              tflops)
+
+
+if __name__ == "__main__":
+    main()
