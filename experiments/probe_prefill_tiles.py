@@ -9,7 +9,11 @@ Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.meas
   the same FLOPs cost without the expert structure;
 - ``dense:ours``: our kernel on that dense problem (E = 1, the tuned tiles): the Triton tile loop's own rate
   for this shape, so that the grouped kernel's gap to cuBLAS splits into the tile loop's share and the
-  share of the expert structure (ragged row tiles, E weight matrices streamed from memory).
+  share of the expert structure;
+- ``even:ours``: our kernel (tuned tiles) on the same rows dealt out evenly, M_total / E rows to each expert
+  (a whole number of row tiles in every cell here): E weight matrices streamed as in the cell, but no
+  ragged row tiles, which splits the expert structure's share into that of streaming E weight matrices
+  and that of the ragged (routed) row counts.
 
     python -m experiments.probe_prefill_tiles --out results/<slug>/probe_prefill_tiles.csv
 """
@@ -21,7 +25,7 @@ import math
 
 import torch
 
-from experiments.e7_grouped_skew import run_probe
+from experiments.e7_grouped_skew import ref_rows, run_probe
 from experiments.tune_grouped import SMEM, smem_bytes
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
@@ -48,12 +52,14 @@ def store_variant(cfg, store: int):
     return c
 
 
-def contenders(xs, plan, dense_ref, k: int, e: int, n: int) -> list[Contender]:
-    """dense_ref: xs @ w[0]^T in float64 (every input set's w is a copy of the same weights)."""
+def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Contender]:
+    """dense_ref: xs @ w[0]^T in float64 (every input set's w is a copy of the same weights); with ``w``
+    also the even deal of the rows (checked against its own float64 reference)."""
     off = plan.group_offsets
     m = xs.shape[0]
     tuned, source = choose_config(xs, e, n, "nk")
     one = torch.tensor([0, m], dtype=torch.int32, device=xs.device)
+    even = torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=xs.device)
 
     def ours(c):
         return lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False))
@@ -72,6 +78,12 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int) -> list[Contender]:
                                                                       config=tuned, validate=False)),
                         config=dataclasses.asdict(tuned), fields={"config_source": "tuned (of the grouped cell)"},
                         check=lambda out: check(out, dense_ref, k), parallel_compile=True))
+    if w is not None:
+        even_ref = ref_rows(xs, w, even)
+        cs.append(Contender("even:ours", lambda inp: (lambda: grouped_mm(inp[0], inp[1], even, w_layout="nk",
+                                                                         config=tuned, validate=False)),
+                            config=dataclasses.asdict(tuned), fields={"config_source": "tuned (of the grouped cell)"},
+                            check=lambda out: check(out, even_ref, k), parallel_compile=True))
     return cs
 
 
@@ -81,7 +93,7 @@ def tflops(out: list[dict]) -> str:
 
 def main():
     run_probe(__doc__, "probe_prefill_tiles", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, xs.double() @ w[0].double().T, k, e, n),
+              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, xs.double() @ w[0].double().T, k, e, n, w),
               tflops)
 
 

@@ -34,16 +34,17 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
       at most 32 rows costs a 32-row tile).
     - prefill: 128 x 128/256 and 64 x 256 tiles on the tensor cores (wgmma), 8 warps, TMA loads; also
-      Triton's warp-specialized persistent loop, and tail tiles: an expert's last row tile holding at most
-      tail_m rows computed as a transposed tail_m-row tile (at about BLOCK_M rows per expert, half the
-      experts end in a row tile of a few rows).
+      the persistent loop with Triton's warp_specialize flag (on sm_90: flattened, see GroupedConfig), and
+      tail tiles on either loop: an expert's last row tile holding at most tail_m rows computed as a
+      transposed tail_m-row tile (at about BLOCK_M rows per expert, half the experts end in a row tile of
+      a few rows).
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
     64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
     Configs whose stages need more than 200 KB of shared memory are left out, and those whose stages and
     TMA-store staging need more than the 227 KB an H100/H200 block may have (smem_bytes)."""
-    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k[, tail_m]])
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k[, tail_m[, tma_store]]])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
@@ -55,7 +56,7 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32) for bk in (64, 128)]
     else:
         raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
-        raw += [(128, 256, 64, 8, st, True, False, 1, tail) for st in (3, 4) for tail in (32, 64)]
+        raw += [(128, 256, 64, 8, st, True, ws, 1, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
         raw += [(128, 128, 64, 8, 4, True, False, 1, tail) for tail in (0, 32, 64)]
         raw += [(64, 256, 64, 8, 4, True, False)]
         # TMA stores of the tiles whose rows all belong to their expert (in two column slices, or whole where

@@ -287,7 +287,8 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
     """The prefill probe's contenders: the tuned tiles with pointer stores and TMA stores (whole tiles, two
     column slices) compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one
-    expert) the product with expert 0's weights, each checked against float64 on fresh data; a store
+    expert) the product with expert 0's weights, and the even deal of the rows (9 x 2 rows, 4 per expert
+    and the last expert 6) its own grouped product, each checked against float64 on fresh data; a store
     variant gives up a stage where its staging would not fit, and a pointer-load config has none."""
 
     from experiments import probe_prefill_tiles as probe
@@ -299,8 +300,9 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     dense = xs.double() @ w[0].double().T
     tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
     monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
-    cs = probe.contenders(xs, plan, dense, k, e, n)
-    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "dense:cublas", "dense:ours"]
+    cs = probe.contenders(xs, plan, dense, k, e, n, w)
+    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "dense:cublas", "dense:ours",
+                                    "even:ours"]
     assert [c.config["tma_store"] for c in cs if c.name.startswith("tuned")] == [0, 1, 2]
     for c in cs:
         out = c.bind((xs, w))()

@@ -33,7 +33,10 @@ class GroupedConfig:
     persistent: bool = False
     group_m: int = 8  # row tiles of one expert walked together, column by column (1: row by row)
     tma: bool = False  # tiles loaded by the tensor-memory accelerator (16-bit, TMA-compatible strides)
-    warp_specialize: bool = False  # with tma: Triton's producer/consumer warp specialization of the K loop
+    # with tma: Triton's warp_specialize flag on the persistent loop; on sm_90 Triton 3.6 flattens the tile
+    # and K loops into one software pipeline instead of splitting warps (the next tile's loads overlap the
+    # epilogue; seen in the compiled TTGIR)
+    warp_specialize: bool = False
     split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert), pointer loads
     tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
     tma_store: int = 0  # with tma: tiles whose rows all belong to their expert stored by TMA, in this many
