@@ -10,6 +10,10 @@ Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.meas
 - ``dense:ours``: our kernel on that dense problem (E = 1, the tuned tiles): the Triton tile loop's own rate
   for this shape, so that the grouped kernel's gap to cuBLAS splits into the tile loop's share and the
   share of the expert structure;
+- ``tuned:kn``: the tuned tiles on the weights laid out [E, K, N] (a copy): each weight box row is then
+  BLOCK_N contiguous elements instead of BLOCK_K, longer runs of HBM reads;
+- ``tile:128x128x128``: 128 x 128 tiles with 128-deep K steps in three stages (the tuned grid, loop and
+  tails): 256-byte weight box rows in the [E, N, K] layout;
 - ``even:ours``: our kernel (tuned tiles) on the same rows dealt out evenly, M_total / E rows to each expert
   (a whole number of row tiles in every cell here): E weight matrices streamed as in the cell, but no
   ragged row tiles, which splits the expert structure's share into that of streaming E weight matrices
@@ -71,6 +75,21 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
         if c is not None and c != tuned:
             cs.append(Contender(f"tuned:store{store}", ours(c), config=dataclasses.asdict(c),
                                 fields={"config_source": "tuned, stores changed"}, parallel_compile=True))
+    kn: dict = {}
+
+    def as_kn(wi):  # the [E, K, N] copy of an input set's weights, made once
+        if wi.data_ptr() not in kn:
+            kn[wi.data_ptr()] = wi.transpose(1, 2).contiguous()
+        return kn[wi.data_ptr()]
+
+    cs.append(Contender("tuned:kn", lambda inp: (lambda wk=as_kn(inp[1]): grouped_mm(
+        inp[0], wk, off, w_layout="kn", config=tuned, validate=False)), config=dataclasses.asdict(tuned),
+        fields={"config_source": "tuned (nk), w as [E, K, N]"}, parallel_compile=True))
+    deep = dataclasses.replace(tuned, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=True,
+                               tail_m=min(tuned.tail_m, 64), tma_store=0)
+    if deep != tuned:
+        cs.append(Contender("tile:128x128x128", ours(deep), config=dataclasses.asdict(deep),
+                            fields={"config_source": "tuned grid, loop and tails"}, parallel_compile=True))
     cs.append(Contender("dense:cublas", lambda inp: (lambda: torch.mm(inp[0], inp[1][0].T)),
                         config={"torch.mm": "cuBLAS"}, fields={"config_source": ""},
                         check=lambda out: check(out, dense_ref, k)))

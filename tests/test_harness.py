@@ -286,7 +286,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
 
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
     """The prefill probe's contenders: the tuned tiles with pointer stores and TMA stores (whole tiles, two
-    column slices) compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one
+    column slices), on [E, K, N] weights, and 128 x 128 x 128 tiles compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one
     expert) the product with expert 0's weights, and the even deal of the rows (9 x 2 rows, 4 per expert
     and the last expert 6) its own grouped product, each checked against float64 on fresh data; a store
     variant gives up a stage where its staging would not fit, and a pointer-load config has none."""
@@ -301,9 +301,9 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
     monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
     cs = probe.contenders(xs, plan, dense, k, e, n, w)
-    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "dense:cublas", "dense:ours",
-                                    "even:ours"]
-    assert [c.config["tma_store"] for c in cs if c.name.startswith("tuned")] == [0, 1, 2]
+    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "tuned:kn", "tile:128x128x128",
+                                    "dense:cublas", "dense:ours", "even:ours"]
+    assert [c.config["tma_store"] for c in cs if c.name.startswith("tuned")] == [0, 1, 2, 0]
     for c in cs:
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
