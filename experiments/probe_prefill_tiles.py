@@ -10,6 +10,9 @@ Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.meas
 - ``dense:ours``: our kernel on that dense problem (E = 1, the tuned tiles): the Triton tile loop's own rate
   for this shape, so that the grouped kernel's gap to cuBLAS splits into the tile loop's share and the
   share of the expert structure;
+- ``tuned:separate-tails`` / ``tuned:merged-tails``: the same tiles with an expert's last few rows (at most
+  tail_m, 32 where the tuned config has none) computed as a transposed tile of their own, or by the program
+  of the row tile before them from its weight tiles (stages reduced where they would not fit);
 - ``tuned:kn``: the tuned tiles on the weights laid out [E, K, N] (a copy): each weight box row is then
   BLOCK_N contiguous elements instead of BLOCK_K, longer runs of HBM reads;
 - ``tile:128x128x128``: 128 x 128 tiles with 128-deep K steps in three stages (the tuned grid, loop and
@@ -43,13 +46,14 @@ CELLS = [  # (model, projection, tokens, load): E7's prefill cells furthest belo
 ]
 
 
-def store_variant(cfg, store: int):
-    """``cfg`` with ``store`` TMA-store slices (0: pointer stores), one stage fewer where the staging would
-    not fit beside the stages; None where it cannot be (a pointer-load config, or it never fits)."""
+def variant(cfg, **changes):
+    """``cfg`` with ``changes``, one stage fewer at a time where its shared memory would not fit; None where
+    it cannot be (a pointer-load config, or it never fits)."""
     if not cfg.tma:
         return None
-    c = dataclasses.replace(cfg, tma_store=store)
-    while store and smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize, store) > SMEM:
+    c = dataclasses.replace(cfg, **changes)
+    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize, c.tma_store,
+                     c.tail_m if c.merge_tail else 0) > SMEM:
         if c.num_stages <= 2:
             return None
         c = dataclasses.replace(c, num_stages=c.num_stages - 1)
@@ -71,10 +75,17 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
     cs = [Contender("tuned", ours(tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
                     parallel_compile=True)]
     for store in (0, 1, 2):
-        c = store_variant(tuned, store)
+        c = variant(tuned, tma_store=store)
         if c is not None and c != tuned:
             cs.append(Contender(f"tuned:store{store}", ours(c), config=dataclasses.asdict(c),
                                 fields={"config_source": "tuned, stores changed"}, parallel_compile=True))
+    if tuned.block_m >= 64:  # tails as tiles of their own, and merged into the row tile before them
+        for merge in (False, True):
+            c = variant(tuned, tail_m=tuned.tail_m or 32, merge_tail=merge)
+            if c is not None and c != tuned:
+                cs.append(Contender(f"tuned:{'merged' if merge else 'separate'}-tails", ours(c),
+                                    config=dataclasses.asdict(c), fields={"config_source": "tuned, tails changed"},
+                                    parallel_compile=True))
     kn: dict = {}
 
     def as_kn(wi):  # the [E, K, N] copy of an input set's weights, made once

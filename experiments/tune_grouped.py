@@ -28,32 +28,35 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     tiles of an expert are walked together (group_m = 8) so that they share its weights in L2.
 
     - decode (<= 16 rows): the weights are streamed once; 16-row tiles, N tiles of 64/128 (32 with TMA
-      loads), deep K steps, several stages, for many loads in flight per multiprocessor. At <= 4 rows per
+      loads), deep K steps, several stages, for many loads in flight per multiprocessor; also 32-row TMA
+      tiles (an expert of up to 32 rows in one row tile). At <= 4 rows per
       expert (decode of the many-expert models, T=1 of all) also split-K tiles in two (Decompose-K inside
       the tile), for more programs than experts x N tiles.
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
-      at most 32 rows costs a 32-row tile).
+      at most 32 rows costs a 32-row tile), also merged into the row tile before them.
     - prefill: 128 x 128/256 and 64 x 256 tiles on the tensor cores (wgmma), 8 warps, TMA loads; also
       the persistent loop with Triton's warp_specialize flag (on sm_90: flattened, see GroupedConfig), and
       tail tiles on either loop: an expert's last row tile holding at most tail_m rows computed as a
       transposed tail_m-row tile (at about BLOCK_M rows per expert, half the experts end in a row tile of
-      a few rows).
+      a few rows), or merged: computed by the program of the row tile before it, from its weight tiles.
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
     64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
     Configs whose stages need more than 200 KB of shared memory are left out, and those whose stages and
     TMA-store staging need more than the 227 KB an H100/H200 block may have (smem_bytes)."""
-    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k[, tail_m[, tma_store]]])
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k, tail_m, tma_store, merge])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
+        raw += [(32, 128, 128, 4, 4, True, False), (32, 64, 256, 4, 4, True, False)]  # an expert of <= 32 rows: one tile
         if mean_rows <= 4:  # a handful of rows per expert: K split inside each tile for more programs
             raw += [(16, bn, 128, 4, 4, False, False, 2) for bn in (64, 128)]
     elif mean_rows <= 64:
         raw += [(64, 128, 64, 4, 4, tma, False) for tma in (False, True)]
         raw += [(64, 64, 64, 4, 4, True, False), (64, 128, 128, 4, 3, True, False)]
         raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32) for bk in (64, 128)]
+        raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32, 0, True) for bk in (64, 128)]
     else:
         raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
         raw += [(128, 256, 64, 8, st, True, ws, 1, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
@@ -66,28 +69,34 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 256, 64, 8, 3, True, True, 1, 0, 1)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
+        # tails merged into the row tile before them (computed from its weight tiles, no tile of their own)
+        raw += [(128, 256, 64, 8, st, True, ws, 1, tail, 0, True) for st in (3, 4) for tail in (32, 64)
+                for ws in (False, True)]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
-        split_k, tail_m, tma_store = [*extra, *(1, 0, 0)[len(extra):]]  # defaults: no splits, tails, TMA stores
-        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024 or smem_bytes(bm, bn, bk, stages, ws, tma_store) > SMEM:
+        # defaults: no splits, tails, TMA stores or merged tails
+        split_k, tail_m, tma_store, merge = [*extra, *(1, 0, 0, False)[len(extra):]]
+        if ((bm * bk + bk * bn) * 2 * stages > 200 * 1024
+                or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else 0) > SMEM):
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store))
+                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge))
     return out
 
 
 SMEM = 227 * 1024  # shared memory one block may have on an H100/H200
 
 
-def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False, tma_store: int = 0) -> int:
+def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False, tma_store: int = 0,
+               merged_tail: int = 0) -> int:
     """Shared memory of a 16-bit TMA tile config as Triton 3.6 lays it out for sm_90 (within 32 bytes of
-    the compiled kernels' metadata for the prefill configs below): the stages of A and W tiles (the tail
-    tiles' stages reuse them), the staging of one TMA-store slice, and 4 KB more in the flattened
-    (warp_specialize) loop."""
+    the compiled kernels' metadata for the prefill configs below, compiled without a GPU): the stages of A
+    and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows beside
+    them, the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop."""
     store = bm * bn * 2 // tma_store if tma_store else 0
-    return (bm * bk + bn * bk) * 2 * stages + store + (4128 if warp_specialize else 0)
+    return (bm * bk + bn * bk + merged_tail * bk) * 2 * stages + store + (4128 if warp_specialize else 0)
 
 
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid

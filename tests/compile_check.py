@@ -83,11 +83,14 @@ def variants():
                     yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
                                 EPILOGUE=epi, UPCAST=False))
-                for split in (0, 2) if not kn else (0,):  # TMA stores: y in two [64, 64] column slices
-                    yield (("grouped_tma", dt, epi, bias, ws, kn, tail, split), _grouped_mm_tma_kernel, tio,
+                # TMA stores (y in two [64, 64] column slices); tails merged into the row tile before them
+                for split, merge in ((0, False), (2, False), (0, True)) if not kn else ((0, False), (0, True)):
+                    if merge and not tail:
+                        continue
+                    yield (("grouped_tma", dt, epi, bias, ws, kn, tail, split, merge), _grouped_mm_tma_kernel, tio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
-                                WARP_SPECIALIZE=ws, FLATTEN=ws, STORE_SPLIT=split, HAS_SCALE=bias, EPILOGUE=epi,
-                                UPCAST=False))
+                                WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=merge, STORE_SPLIT=split, HAS_SCALE=bias,
+                                EPILOGUE=epi, UPCAST=False))
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates
@@ -97,7 +100,7 @@ def variants():
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k, c.tail_m, c.tma_store)
+                   c.split_k, c.tail_m, c.tma_store, c.merge_tail)
             if key in seen:
                 continue
             seen.add(key)
@@ -119,7 +122,7 @@ def variants():
                        "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
                        dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
-                            FLATTEN=c.warp_specialize, STORE_SPLIT=c.tma_store), opts)
+                            FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, STORE_SPLIT=c.tma_store), opts)
             elif c.split_k > 1:
                 yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
                        dict(gio, p_ptr="*fp32", counter_ptr="*i32"),

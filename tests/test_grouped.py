@@ -364,20 +364,23 @@ def test_masked_layout_rejects_split_k(device):
 
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
-@pytest.mark.parametrize("persistent,ws,tail,store", [(False, False, 0, 0), (True, False, 0, 0), (True, True, 0, 0),
-                                                      (False, False, 16, 0), (True, True, 16, 0), (False, False, 0, 1),
-                                                      (True, True, 16, 2), (True, False, 0, 2)])
-def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, store, device):
+@pytest.mark.parametrize("persistent,ws,tail,store,merge", [
+    (False, False, 0, 0, False), (True, False, 0, 0, False), (True, True, 0, 0, False), (False, False, 16, 0, False),
+    (True, True, 16, 0, False), (False, False, 0, 1, False), (True, True, 16, 2, False), (True, False, 0, 2, False),
+    (False, False, 16, 0, True), (True, True, 16, 2, True), (True, False, 16, 1, True)])
+def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, store, merge, device):
     """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
     expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows. With
     tail tiles (32-row tiles, 16-row tails): experts of 5 and 1 rows are tails only, 37 rows are a full tile
-    and a tail of 5, 18 rows a full tile (more than the tail holds). With TMA stores (whole tiles or two
-    column slices): 37 rows hold one tile stored by TMA (two with 16-row tiles), the rest go by pointers,
-    and the box clips the N tail; the NaN-poisoned output shows any row or column left unwritten."""
+    and a tail of 5, 70 two and a tail of 6, 18 rows a full tile (more than the tail holds), 56 two full
+    tiles (the second of 24 rows). Merged, the tails of 5 and 6 rows ride with the row tile before them
+    (the last expert's past M_total, where the box reads zeros). With TMA stores (whole tiles or two column
+    slices): the tiles whose rows all belong to their expert are stored by TMA, the rest by pointers, and
+    the box clips the N tail; the NaN-poisoned output shows any row or column left unwritten."""
     import moegemm.grouped.api as api
 
     g = torch.Generator().manual_seed(k * 31 + n)
-    sizes = [5, 0, 37, 1, 18]
+    sizes = [5, 0, 37, 1, 18, 56, 70]
     e, m = len(sizes), sum(sizes)
     offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32)
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
@@ -385,7 +388,7 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, store, d
     w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
     rs = torch.rand(m, generator=g).to(torch.bfloat16)
     cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent, group_m=2,
-                        tma=True, warp_specialize=ws, tail_m=tail, tma_store=store)
+                        tma=True, warp_specialize=ws, tail_m=tail, tma_store=store, merge_tail=merge)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     descs = api._tma_descriptors(xs, w, layout, e, n, k, cfg, out)
     assert descs is not None, "expected the TMA path"
@@ -422,6 +425,8 @@ def test_tma_path_declines_unsuitable_inputs():
             GroupedConfig(tma=True, tma_store=bad)
     with pytest.raises(ValueError, match="config.tma_store: TMA stores are a TMA-kernel feature"):
         GroupedConfig(tma_store=1)
+    with pytest.raises(ValueError, match="config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0"):
+        GroupedConfig(tma=True, merge_tail=True)
     # an output TMA cannot write (rows not 16-byte aligned): the kernel stores by pointers instead
     store = GroupedConfig(block_m=16, block_n=16, block_k=32, tma=True, tma_store=1)
     odd = torch.empty(8, 37).to(torch.bfloat16)[:, :32]

@@ -52,8 +52,9 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     splitk = [dataclasses.replace(heur, split_k=4), dataclasses.replace(heur, split_k=3, persistent=True)] \
         if t <= 64 else []  # decode: K split inside each tile
     tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
-                                                                      warp_specialize=True)] \
-        if heur.block_m > 32 else []  # tiles of an expert's last few rows computed as smaller tiles
+                                                                      warp_specialize=True),
+             dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, warp_specialize=True)] \
+        if heur.block_m > 32 else []  # an expert's last few rows as smaller tiles, or with the tile before them
     stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
               dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
@@ -99,10 +100,10 @@ def test_masked_cuda_graph_replay_with_changing_masked_m(config):
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("tma,ws,persistent,tail,store", [(False, False, False, 0, 0), (True, False, False, 0, 0),
-                                                           (True, True, True, 0, 0), (True, False, True, 16, 0),
-                                                           (True, True, True, 16, 2)])
-def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, store):
+@pytest.mark.parametrize("tma,ws,persistent,tail,store,merge", [
+    (False, False, False, 0, 0, False), (True, False, False, 0, 0, False), (True, True, True, 0, 0, False),
+    (True, False, True, 16, 0, False), (True, True, True, 16, 2, False), (True, False, False, 16, 0, True)])
+def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, store, merge):
     """w as [E, K, N] and [E, N, K], pointer and TMA loads, Zipf load, fused gating; K = 4100 has rows that
     are not 16-byte aligned, so there a TMA config must fall back to the pointer kernel and stay right."""
     for hidden in (4096, 4100):
@@ -114,7 +115,8 @@ def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, s
         w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
         rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
         cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, warp_specialize=ws,
-                                  persistent=persistent, num_stages=3, tail_m=tail, tma_store=store)
+                                  persistent=persistent, num_stages=3, tail_m=tail, tma_store=store,
+                                  merge_tail=merge)
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w_nk, plan.group_offsets, rs), hidden, f"{layout} K={hidden} {cfg}")

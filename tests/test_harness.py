@@ -182,8 +182,8 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
 
 def test_grouped_tuner_candidates_by_regime():
     """Every candidate is a valid config within the shared-memory budget, none twice; split-K only at a
-    handful of rows per expert, tail tiles only with TMA loads and past decode, both grids offered (the
-    warp-specialized loop exists on the persistent one only)."""
+    handful of rows per expert, tail tiles (merged or not) only with TMA loads and past decode, both grids
+    offered (the warp-specialized loop exists on the persistent one only)."""
     import dataclasses
 
     from experiments.tune_grouped import candidates
@@ -196,13 +196,15 @@ def test_grouped_tuner_candidates_by_regime():
             assert (c.block_m * c.block_k + c.block_k * c.block_n) * 2 * c.num_stages <= 200 * 1024
             assert c.split_k == 1 or mean <= 4, (mean, c)
             assert c.tail_m == 0 or (c.tma and mean > 16), (mean, c)
-            assert c.block_m <= max(16, mean) or mean > 16, (mean, c)  # decode: 16-row tiles
+            assert not c.merge_tail or c.tail_m, (mean, c)
+            assert c.block_m <= (32 if c.tma else 16) or mean > 16, (mean, c)  # decode: 16-row tiles (32: TMA)
             assert not c.warp_specialize or c.persistent
         plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
         pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
         assert plain == pers, mean  # every tile config on both grids
     assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
     assert any(c.tail_m for c in candidates(32)) and any(c.tail_m for c in candidates(512))
+    assert any(c.merge_tail for c in candidates(32)) and any(c.merge_tail for c in candidates(512))
 
 
 def test_long_tests_head_the_chunks_xdist_deals_out():
@@ -298,16 +300,20 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     e, k, n = 4, 64, 48
     plan, xs, w, ref = _small_moe_cell(device, 11, e, k, n, t=9)
     dense = xs.double() @ w[0].double().T
-    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
+    tuned = GroupedConfig(64, 16, 32, num_stages=3, tma=True)
     monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
     cs = probe.contenders(xs, plan, dense, k, e, n, w)
-    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "tuned:kn", "tile:128x128x128",
-                                    "dense:cublas", "dense:ours", "even:ours"]
-    assert [c.config["tma_store"] for c in cs if c.name.startswith("tuned")] == [0, 1, 2, 0]
+    assert [c.name for c in cs] == ["tuned", "tuned:store1", "tuned:store2", "tuned:separate-tails",
+                                    "tuned:merged-tails", "tuned:kn", "tile:128x128x128", "dense:cublas",
+                                    "dense:ours", "even:ours"]
+    assert [c.config["tma_store"] for c in cs if c.name.startswith("tuned")] == [0, 1, 2, 0, 0, 0]
+    assert [(c.config["tail_m"], c.config["merge_tail"]) for c in cs if "tails" in c.name] == [(32, False),
+                                                                                            (32, True)]
     for c in cs:
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
         assert ok, (c.name, why)
     big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, warp_specialize=True)
-    assert probe.store_variant(big, 2).num_stages == 3 and probe.store_variant(big, 0) == big
-    assert probe.store_variant(GroupedConfig(), 1) is None
+    assert probe.variant(big, tma_store=2).num_stages == 3 and probe.variant(big, tma_store=0) == big
+    assert probe.variant(big, tail_m=64, merge_tail=True).num_stages == 3
+    assert probe.variant(GroupedConfig(), tma_store=1) is None

@@ -41,6 +41,8 @@ class GroupedConfig:
     tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
     tma_store: int = 0  # with tma: tiles whose rows all belong to their expert stored by TMA, in this many
     #                     column slices (1 or 2; 0: pointer stores)
+    merge_tail: bool = False  # with tail_m: an expert's last <= tail_m rows after a whole row tile computed by
+    #                           that tile's program from the same weight tiles (no tile of their own)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -61,6 +63,8 @@ class GroupedConfig:
                 raise ValueError(f"config.tail_m: expected 0 or a power of two in [16, block_m), got {t!r}")
             if not self.tma:
                 raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
+        if self.merge_tail and not self.tail_m:
+            raise ValueError("config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0")
         if self.tma_store not in (0, 1, 2) or isinstance(self.tma_store, bool):
             raise ValueError(f"config.tma_store: expected 0, 1 or 2 (column slices), got {self.tma_store!r}")
         if self.tma_store and not self.tma:
@@ -162,8 +166,9 @@ def grouped_mm(
     the same E, K, N), else :func:`heuristic_config`. A config with ``tma=True`` uses the TMA kernel where
     the inputs allow it (16-bit, rows 16-byte aligned, experts stacked densely; "kn" needs K % block_k == 0)
     and the pointer kernel with the same tiles elsewhere; with ``tail_m`` it computes a tile holding at most
-    tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts);
-    with ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting).
+    tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts), or
+    with ``merge_tail`` beside the expert's previous row tile, from the same weight tiles; with
+    ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting).
     A config with ``split_k > 1`` splits K inside each tile (fp32 partials; the last split of a tile to
     finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles.
     """
@@ -239,7 +244,8 @@ def grouped_mm(
         _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.warp_specialize, STORE_SPLIT=cfg.tma_store if descs[3] is not descs[0] else 0,
+                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail,
+                STORE_SPLIT=cfg.tma_store if descs[3] is not descs[0] else 0,
                 UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
         return out
     _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
@@ -371,8 +377,8 @@ def _ensure_allocator() -> None:
 def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig | None = None) -> GroupedConfig:
     """The config grouped_mm_masked runs x ([E, m_max, K]) with: ``config``, or this GPU's tuned tiles for
     m_max rows per expert on the persistent grid (at decode most of the E * m_max rows are usually past
-    masked_m); row tiles no taller than m_max needs; no tail tiles, TMA stores or warp-specialized loop
-    (the masked kernels have none of them). Whether TMA loads are taken also depends on the inputs (see grouped_mm_masked)."""
+    masked_m); row tiles no taller than m_max needs; no tail tiles (merged or not), TMA stores or
+    warp-specialized loop (the masked kernels have none of them). Whether TMA loads are taken also depends on the inputs (see grouped_mm_masked)."""
     e, m_max, k = x.shape
     if config is None:
         config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
@@ -380,7 +386,7 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
     elif config.split_k > 1:
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
     return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                               warp_specialize=False, tail_m=0, tma_store=0)
+                               warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False)
 
 
 def grouped_mm_masked(
@@ -397,7 +403,8 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles, grid and load path (``warp_specialize``, ``tail_m`` and ``tma_store`` are not used);
+    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail`` and ``tma_store`` are
+    not used);
     default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With ``tma=True``
     and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows come in by TMA
     through a descriptor made in-kernel for each expert's first masked_m[e] rows, so rows past them are

@@ -22,27 +22,39 @@ def _tile_mm(a_ptr, w_ptr, rows, offs_n, k0, k1, stride_am, stride_ak, stride_wk
 
 
 @triton.jit
-def _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _row_tiles(m, BLOCK_M: tl.constexpr, ABSORB: tl.constexpr):
+    """Row tiles of an expert of m rows. ABSORB > 0: a remainder of at most ABSORB rows after a whole row
+    tile has no tile of its own (it rides with that tile, see _grouped_mm_tma_kernel's MERGE_TAIL)."""
+    if ABSORB > 0:
+        t = tl.where(m > 0, tl.maximum((m - ABSORB + BLOCK_M - 1) // BLOCK_M, 1), 0)
+    else:
+        t = (m + BLOCK_M - 1) // BLOCK_M
+    return t
+
+
+@triton.jit
+def _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ABSORB: tl.constexpr):
     """(e_offs, lo, hi, inclusive prefix of tiles per expert, total tiles) for experts whose rows are
     [lo, hi): row tiles x N tiles each. Both layouts number their tiles from this."""
-    m_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+    m_tiles = _row_tiles(hi - lo, BLOCK_M, ABSORB)
     n_tiles = tl.cdiv(N, BLOCK_N)
     cum = tl.cumsum(m_tiles, axis=0) * n_tiles
     return e_offs, lo, hi, cum, tl.sum(m_tiles, axis=0) * n_tiles
 
 
 @triton.jit
-def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
+def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr,
+               ABSORB: tl.constexpr):
     """Per-expert row ranges from the group offsets and the inclusive prefix of tiles per expert."""
     e_offs = tl.arange(0, E_BLOCK)
     lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
-    return _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M, BLOCK_N)
+    return _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, ABSORB)
 
 
 @triton.jit
 def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 GROUP_M: tl.constexpr):
+                 GROUP_M: tl.constexpr, ABSORB: tl.constexpr):
     """(expert, first row, end row, first row of the tile, first column of the tile) of tile number
     ``tile``. Tiles are numbered expert by expert; inside an expert, bands of GROUP_M row tiles are walked
     column by column (row tile fastest), so the programs running together share the expert's weight
@@ -52,7 +64,7 @@ def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: t
     sel = e_offs == expert
     row_start = tl.sum(tl.where(sel, lo, 0), axis=0)
     row_end = tl.sum(tl.where(sel, hi, 0), axis=0)
-    mt = (row_end - row_start + BLOCK_M - 1) // BLOCK_M
+    mt = _row_tiles(row_end - row_start, BLOCK_M, ABSORB)
     local = tile - (tl.sum(tl.where(sel, cum, 0), axis=0) - mt * n_tiles)
     band = local // (GROUP_M * n_tiles)
     in_band = local % (GROUP_M * n_tiles)
@@ -119,10 +131,10 @@ def _grouped_mm_kernel(
     ... up to the tile count it computes from the offsets (one tile when the grid covers an upper bound of
     them, a persistent loop when the grid is the SM count) and finds each tile's expert in-kernel: no host
     sync, no padding."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M)
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # the store masks them
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
         acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, 0, K,
@@ -146,12 +158,12 @@ def _grouped_mm_splitk_kernel(
     splits of a tile next to each other. Each stores its fp32 partial to p[split] and takes a ticket from
     the tile's counter; the last to arrive sums the SPLIT_K partials in split order (deterministic),
     applies epilogue and row scale, stores, and resets the counter (so CUDA-graph replays stay right)."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
         tile = item // SPLIT_K
         split = item % SPLIT_K
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M)
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
         rows = row0 + tl.arange(0, BLOCK_M)
         rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
         cols = col0 + tl.arange(0, BLOCK_N)
@@ -178,6 +190,33 @@ def _grouped_mm_splitk_kernel(
 
 
 @triton.jit
+def _w_tile(w_desc, expert, k, col0, N, K, W_KN: tl.constexpr):
+    """The [BLOCK_K, BLOCK_N] weight tile of ``expert`` at (k, col0) from the 2-D TMA descriptor of w."""
+    if W_KN:
+        b = w_desc.load([expert * K + k, col0])
+    else:
+        b = w_desc.load([expert * N + col0, k]).T
+    return b
+
+
+@triton.jit
+def _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr,
+                       UPCAST: tl.constexpr):
+    """(fp32 [BLOCK_M, BLOCK_N] of the rows row0.., fp32 [TAIL_M, BLOCK_N] of the TAIL_M rows after them)
+    over all of K, both from one weight tile per K step: the second product transposed (see _tma_k_loop)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    extra = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = a_desc.load([row0, k])
+        a2 = at_desc.load([row0 + BLOCK_M, k])
+        b = _w_tile(w_desc, expert, k, col0, N, K, W_KN)
+        acc = mma(a, b, acc, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
+        extra = mma(b.T, a2.T, extra, "tf32", UPCAST)
+    return acc, extra.T
+
+
+@triton.jit
 def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr, UPCAST: tl.constexpr):
     """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N] over all of K, the tiles
@@ -190,10 +229,7 @@ def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         a = a_desc.load([row0, k])
-        if W_KN:
-            b = w_desc.load([expert * K + k, col0])
-        else:
-            b = w_desc.load([expert * N + col0, k]).T
+        b = _w_tile(w_desc, expert, k, col0, N, K, W_KN)
         if SWAP_AB:
             acc = mma(b.T, a.T, acc, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
         else:
@@ -211,8 +247,8 @@ def _grouped_mm_tma_kernel(
     N, K, E, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, STORE_SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    FLATTEN: tl.constexpr, MERGE_TAIL: tl.constexpr, STORE_SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
@@ -223,21 +259,32 @@ def _grouped_mm_tma_kernel(
     of a small expert) is computed as a TAIL_M-row tile, transposed (see _tma_k_loop), through ``at_desc``
     (x with [TAIL_M, BLOCK_K] boxes): with about as many rows per expert as BLOCK_M, half of the experts
     end in a row tile of a few rows, which would otherwise cost a whole tile of tensor-core work.
+    MERGE_TAIL (with TAIL_M): such a remainder after a whole row tile gets no tile of its own; the program of
+    that row tile computes it beside, from the same weight tiles (_tma_k_loop_merged), where a tile of its
+    own would stream the expert's weight columns once more for a few rows. Only experts of at most TAIL_M
+    rows still take a tail tile.
     STORE_SPLIT > 0: a tile whose rows all belong to its expert is stored by TMA through ``y_desc`` (y with
     [BLOCK_M, BLOCK_N // STORE_SPLIT] boxes); a tile overrunning its expert's rows by pointer stores."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK)
+    ABSORB: tl.constexpr = TAIL_M if MERGE_TAIL else 0
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, ABSORB)
     for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M)
+                                                              BLOCK_M, BLOCK_N, GROUP_M, ABSORB)
         if TAIL_M > 0 and row_end - row0 <= TAIL_M:
             tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
                                True, UPCAST)  # (its own name: a variable of both branches needs one shape)
             _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                         TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
         else:
-            acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
-                              False, UPCAST)
+            if ABSORB > 0 and row_end - row0 > BLOCK_M:  # a whole row tile and the <= TAIL_M rows after it
+                acc, extra = _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M,
+                                                BLOCK_N, BLOCK_K, TAIL_M, W_KN, UPCAST)
+                _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
+                            TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+            else:
+                acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
+                                  False, UPCAST)
             if STORE_SPLIT > 0 and row0 + BLOCK_M <= row_end:
                 _tma_store_tile(acc, y_desc, y_ptr, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N,
                                 HAS_SCALE, EPILOGUE, STORE_SPLIT)
@@ -253,7 +300,7 @@ def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
     e_offs = tl.arange(0, E_BLOCK)
     hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
-    return _plan_of_ranges(e_offs, tl.zeros_like(hi), hi, N, BLOCK_M, BLOCK_N)
+    return _plan_of_ranges(e_offs, tl.zeros_like(hi), hi, N, BLOCK_M, BLOCK_N, 0)
 
 
 @triton.jit
@@ -274,7 +321,7 @@ def _grouped_mm_masked_kernel(
     e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M)
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
         e64 = expert.to(tl.int64)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # only rows < masked_m[e]
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
@@ -300,7 +347,7 @@ def _grouped_mm_masked_tma_kernel(
     e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M)
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
         e64 = expert.to(tl.int64)
         a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K], strides=[stride_am, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
