@@ -38,7 +38,9 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       the persistent loop with Triton's warp_specialize flag (on sm_90: flattened, see GroupedConfig), and
       tail tiles on either loop: an expert's last row tile holding at most tail_m rows computed as a
       transposed tail_m-row tile (at about BLOCK_M rows per expert, half the experts end in a row tile of
-      a few rows), or merged: computed by the program of the row tile before it, from its weight tiles.
+      a few rows). Merged tails (computed by the program of the row tile before them, from its weight
+      tiles) only with 64-row tiles: on 128 x 256 tiles they made every cell slower in session 6's tuning
+      (1.2-1.6x wherever an expert holds several row tiles; RUNS.md, session 6).
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
@@ -69,9 +71,6 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 256, 64, 8, 3, True, True, 1, 0, 1)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
-        # tails merged into the row tile before them (computed from its weight tiles, no tile of their own)
-        raw += [(128, 256, 64, 8, st, True, ws, 1, tail, 0, True) for st in (3, 4) for tail in (32, 64)
-                for ws in (False, True)]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
         # defaults: no splits, tails, TMA stores or merged tails
