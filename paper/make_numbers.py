@@ -562,6 +562,69 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
     n.add("TailGainMedian", float(np.median([gn for _, gn, w in gains if w])), "{:.1f}")
 
 
+def merged_tails(n: Numbers, results: Path) -> None:
+    """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
+    with them won, and by how much against the best config without them."""
+    path = results / "tune_grouped.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"].copy()
+    df["merged"] = df.config.str.contains("'merge_tail': True", regex=False)
+    gains = [g[~g.merged].graph_us.min() / g[g.merged].graph_us.min()
+             for _, g in df.groupby(["model", "proj", "tokens"]) if g.merged.any() and (~g.merged).any()]
+    if gains:
+        n.add("MergedCells", len(gains), "{}")
+        n.add("MergedWins", sum(x > 1 for x in gains), "{}")
+        n.add("MergedGainMax", 100 * (max(gains) - 1), "{:.0f}")
+
+
+PROBE_COLUMNS = [("tuned", "grouped"), ("tuned:merged-tails", "tails merged"), ("tuned:kn", "w as [E,K,N]"),
+                 ("even:ours", "rows even"), ("dense:ours", "dense, ours"), ("dense:cublas", "dense, cuBLAS")]
+
+
+def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
+    """Where the prefill time goes (experiments/probe_prefill_tiles.py, when its CSV is committed): per cell
+    the TFLOP/s of our grouped kernel, its variants and the dense yardsticks, side by side; geomean ratios."""
+    path = results / "probe_prefill_tiles.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    ok = df[df.status == "ok"]
+    key = ["model", "proj", "tokens", "load"]
+    tf = ok.pivot_table(index=key, columns="contender", values="tflops_graph")
+    pct = ok.pivot_table(index=key, columns="contender", values="pct_floor_graph")
+    rows = []
+    for cell, r in tf.iterrows():
+        row = {"cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}"}
+        for c, label in PROBE_COLUMNS:
+            row[label] = f"{r[c]:.0f}" if c in r and r[c] == r[c] else "--"
+        row["grouped / even, % floor"] = f"{pct.loc[cell, 'tuned']:.0f} / {pct.loc[cell, 'even:ours']:.0f}"
+        rows.append(row)
+    write_text(gen / "table_probe.tex", table(
+        pd.DataFrame(rows), "Where the prefill time goes (probe, TFLOP/s on the GPU clock, side by side in one "
+        "process at E7's seeds): our grouped kernel with the tuned tiles; the same tiles with the tails merged "
+        "into the row tile before them; on weights laid out [E, K, N]; on the same rows dealt out evenly over "
+        "the experts (no ragged row tiles); one GEMM over all rows with one expert's weights, by our kernel "
+        "and by cuBLAS. Last column: \\% of the cell's floor, grouped and even (the even deal activates every "
+        "expert, so under Zipf it streams more weights than the cell).", "tab:probe", "lrrrrrrr"))
+    uni = tf.xs("uniform", level="load")
+    n.add("ProbeCells", len(tf), "{}")
+    n.add("ProbeUniformCells", len(uni), "{}")
+    n.add("ProbeDenseOursVsCublas", gm(uni["dense:ours"] / uni["dense:cublas"]))
+    n.add("ProbeEvenVsDense", gm(uni["even:ours"] / uni["dense:ours"]))
+    n.add("ProbeGroupedVsEven", gm(uni["tuned"] / uni["even:ours"]))
+    n.add("ProbeGroupedVsEvenLo", float((uni["tuned"] / uni["even:ours"]).min()))
+    n.add("ProbeEvenPct", gm(pct.xs("uniform", level="load")["even:ours"]), "{:.0f}")
+    n.add("ProbeGroupedPct", gm(pct.xs("uniform", level="load")["tuned"]), "{:.0f}")
+    n.add("ProbeKnVsNk", gm(tf["tuned:kn"] / tf["tuned"]))
+    stores = tf[[c for c in ("tuned:store1", "tuned:store2") if c in tf]].max(axis=1)
+    n.add("ProbeStoreVsPointer", gm((stores / tf["tuned"]).dropna()))
+    merged = (tf["tuned:merged-tails"] / tf["tuned"]).dropna()
+    n.add("ProbeMergedLo", float(merged.min()))
+    n.add("ProbeMergedHi", float(merged.max()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", required=True)
@@ -571,8 +634,9 @@ def main():
     results, gen = Path(a.results), Path(a.out)
     n = Numbers()
     provenance(n, results)
-    for f in (e1, e2, e3, e4, e5, e6, e7, tails, runtime):
+    for f in (e1, e2, e3, e4, e5, e6, e7, tails, prefill_probe, runtime):
         f(n, results, gen)
+    merged_tails(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:
