@@ -538,13 +538,14 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
 
 
 def tails(n: Numbers, results: Path, gen: Path) -> None:
-    """Tail tiles in the grouped tuner's table (side by side, same process and data): in how many of the
-    cells where they were offered one won, and the time saved against the best config without them."""
+    """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
+    with merged tails left out): in how many of the cells where they were offered one won, and the time
+    saved against the best config without them."""
     path = results / "tune_grouped.csv"
     if not path.exists():
         return
     df = pd.read_csv(path)
-    df = df[df.status == "ok"].copy()
+    df = df[(df.status == "ok") & ~df.config.str.contains("'merge_tail': True", regex=False)].copy()  # see merged_tails
     df["tail_m"] = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int)
     gains = []
     for key, g in df.groupby(["model", "proj", "tokens"]):
