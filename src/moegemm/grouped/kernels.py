@@ -277,7 +277,9 @@ def _grouped_mm_tma_kernel(
             _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                         TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
         else:
-            if ABSORB > 0 and row_end - row0 > BLOCK_M:  # a whole row tile and the <= TAIL_M rows after it
+            # the expert's last tile, holding a whole row tile and the <= TAIL_M rows after it (a tile before
+            # it holds more than BLOCK_M + TAIL_M rows of the expert: see _row_tiles)
+            if ABSORB > 0 and row_end - row0 > BLOCK_M and row_end - row0 <= BLOCK_M + TAIL_M:
                 acc, extra = _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M,
                                                 BLOCK_N, BLOCK_K, TAIL_M, W_KN, UPCAST)
                 _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
