@@ -77,7 +77,7 @@ def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: t
 @triton.jit
 def _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
-    """epilogue(acc) * row_scale[rows] (rows past row_end get the last row's scale; they are not stored)."""
+    """epilogue(acc) * row_scale[rows] (rows past row_end, which are not stored, are scaled by 0)."""
     rows = row0 + tl.arange(0, BLOCK_M)
     rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
     offs_n = col0 + tl.arange(0, BLOCK_N)
