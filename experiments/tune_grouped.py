@@ -29,9 +29,9 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
 
     - decode (<= 16 rows): the weights are streamed once; 16-row tiles, N tiles of 64/128 (32 with TMA
       loads), deep K steps, several stages, for many loads in flight per multiprocessor; also 32-row TMA
-      tiles (an expert of up to 32 rows in one row tile). At <= 4 rows per
-      expert (decode of the many-expert models, T=1 of all) also split-K tiles in two (Decompose-K inside
-      the tile), for more programs than experts x N tiles.
+      tiles (an expert of up to 32 rows in one row tile). At <= 4 rows per expert (decode of the
+      many-expert models, T=1 of all) also split-K tiles in two (Decompose-K inside the tile), for more
+      programs than experts x N tiles.
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
       at most 32 rows costs a 32-row tile), also merged into the row tile before them.
     - prefill: 128 x 128/256 and 64 x 256 tiles on the tensor cores (wgmma), 8 warps, TMA loads; also
@@ -39,8 +39,9 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       tail tiles on either loop: an expert's last row tile holding at most tail_m rows computed as a
       transposed tail_m-row tile (at about BLOCK_M rows per expert, half the experts end in a row tile of
       a few rows). Merged tails (computed by the program of the row tile before them, from its weight
-      tiles) only with 64-row tiles: on 128 x 256 tiles they made every cell slower in session 6's tuning
-      (1.2-1.6x wherever an expert holds several row tiles; RUNS.md, session 6).
+      tiles) only with 64-row tiles: on the prefill tiles they were slower wherever an expert holds several
+      row tiles (session 6: 1.14-1.60x in the tuner before a fix of the merged path, 0.75-1.03x the tuned
+      configs' rate after it; RUNS.md, session 6).
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
@@ -51,7 +52,8 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
-        raw += [(32, 128, 128, 4, 4, True, False), (32, 64, 256, 4, 4, True, False)]  # an expert of <= 32 rows: one tile
+        # 32-row TMA tiles: an expert of up to 32 rows in one row tile
+        raw += [(32, 128, 128, 4, 4, True, False), (32, 64, 256, 4, 4, True, False)]
         if mean_rows <= 4:  # a handful of rows per expert: K split inside each tile for more programs
             raw += [(16, bn, 128, 4, 4, False, False, 2) for bn in (64, 128)]
     elif mean_rows <= 64:
@@ -68,7 +70,6 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         # the staging fits beside the stages), and 256 x 128 tiles (an expert of up to 256 rows in one row
         # tile: its weights read by one program)
         raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
-        raw += [(128, 256, 64, 8, 3, True, True, 1, 0, 1)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
     out = []
@@ -93,7 +94,9 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
     """Shared memory of a 16-bit TMA tile config as Triton 3.6 lays it out for sm_90 (within 32 bytes of
     the compiled kernels' metadata for the prefill configs below, compiled without a GPU): the stages of A
     and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows beside
-    them, the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop."""
+    them, the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop. The
+    GPU's own compile can need more: whole-tile TMA stores on the 3-stage flattened 128 x 256 loop took
+    245,784 bytes there against 217,112 here (session 6), so that config is not a candidate."""
     store = bm * bn * 2 // tma_store if tma_store else 0
     return (bm * bk + bn * bk + merged_tail * bk) * 2 * stages + store + (4128 if warp_specialize else 0)
 
