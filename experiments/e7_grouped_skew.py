@@ -7,8 +7,8 @@ pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity paddi
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
 and a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
 count, not on the load). Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s)
-on every row. Also the whole expert path (route + permute +
-grouped GEMM with fused gating + unpermute) against the same path on torch._grouped_mm.
+on every row. Also the whole expert path (route + permute + grouped GEMM with fused gating + unpermute)
+against the same path on torch._grouped_mm.
 
     python -m experiments.e7_grouped_skew --out results/<slug>/grouped_skew.csv
 """
@@ -96,8 +96,9 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) ->
     """The loop the probes share (experiments/probe_*.py, not pipeline steps): per cell (model, projection,
     tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
     sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g)`` (g: config.yaml's grouped section) gives the
-    contenders, measured side by side with E7's timing settings; one row each with the cell's columns, the floor and provenance (resumable, written
-    atomically); ``summary(rows)`` returns the line printed per cell."""
+    contenders, measured side by side with E7's timing settings; one row each with the cell's columns, the
+    floor and provenance (resumable, written atomically); ``summary(rows)`` returns the line printed per
+    cell."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
     cells = cells[:1] if args.quick else cells
     bar = Progress(len(cells), "probe")

@@ -470,8 +470,9 @@ def test_persistent_grid_size(monkeypatch):
     assert seen == [132, 100, 1000]
 
 
-@pytest.mark.parametrize("tail,merge,store,persistent", [(0, False, 0, False), (16, False, 0, True), (16, True, 0, False),
-                                                         (16, True, 2, True), (16, True, 1, False)])
+@pytest.mark.parametrize("tail,merge,store,persistent", [(0, False, 0, False), (16, False, 0, True),
+                                                         (16, True, 0, False), (16, True, 2, True),
+                                                         (16, True, 1, False)])
 def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persistent):
     """Under the interpreter, every store of the TMA kernel is counted per output element: each element of y
     is written exactly once, whatever path its tile takes (whole tiles, partial ones, tail tiles of their

@@ -288,10 +288,11 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
 
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
     """The prefill probe's contenders: the tuned tiles with pointer stores and TMA stores (whole tiles, two
-    column slices), on [E, K, N] weights, and 128 x 128 x 128 tiles compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one
-    expert) the product with expert 0's weights, and the even deal of the rows (9 x 2 rows, 4 per expert
-    and the last expert 6) its own grouped product, each checked against float64 on fresh data; a store
-    variant gives up a stage where its staging would not fit, and a pointer-load config has none."""
+    column slices), with tails of their own and merged, on [E, K, N] weights, and 128 x 128 x 128 tiles
+    compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one expert) the product
+    with expert 0's weights, and the even deal of the rows (9 x 2 rows, 4 per expert and the last expert 6)
+    its own grouped product, each checked against float64 on fresh data; a variant gives up a stage where
+    its shared memory would not fit, and a pointer-load config has none."""
 
     from experiments import probe_prefill_tiles as probe
     from moegemm.bench.correctness import check

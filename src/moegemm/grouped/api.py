@@ -378,7 +378,8 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
     """The config grouped_mm_masked runs x ([E, m_max, K]) with: ``config``, or this GPU's tuned tiles for
     m_max rows per expert on the persistent grid (at decode most of the E * m_max rows are usually past
     masked_m); row tiles no taller than m_max needs; no tail tiles (merged or not), TMA stores or
-    warp-specialized loop (the masked kernels have none of them). Whether TMA loads are taken also depends on the inputs (see grouped_mm_masked)."""
+    warp-specialized loop (the masked kernels have none of them). Whether TMA loads are taken also depends
+    on the inputs (see grouped_mm_masked)."""
     e, m_max, k = x.shape
     if config is None:
         config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
