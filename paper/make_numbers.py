@@ -537,6 +537,46 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
             "tab:e7quoted", "llllll"))
 
 
+def tune_cell(df: pd.DataFrame) -> list[str]:
+    """The grouped tuner's unit of comparison: a (model, projection, T) cell, under one load where the
+    tuner timed several (its CSVs before session 7 hold the uniform load only, without a load column)."""
+    return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
+
+
+def robust_tuning(n: Numbers, results: Path) -> None:
+    """The grouped tuner keeps per cell the config of the least geometric-mean time over its loads: in how
+    many cells tuned on several loads that differs from the uniform load's fastest, and what the choice
+    costs on the uniform load and saves on the others, against that config (same process, same inputs)."""
+    path = results / "tune_grouped.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    if "load" not in df.columns:
+        return
+    df = df[df.status == "ok"]
+    cost, save, differ, cells, loads = [], [], 0, 0, set()
+    for _, g in df.groupby(["model", "proj", "tokens"]):
+        t = g.pivot_table(index="config", columns="load", values="graph_us").dropna()
+        if t.shape[1] < 2 or "uniform" not in t.columns or t.empty:
+            continue
+        cells += 1
+        loads |= set(t.columns)
+        robust = np.exp(np.log(t).mean(axis=1)).idxmin()
+        fastest = t["uniform"].idxmin()
+        if robust != fastest:
+            differ += 1
+        cost.append(t.loc[robust, "uniform"] / t.loc[fastest, "uniform"])
+        save += [t.loc[fastest, c] / t.loc[robust, c] for c in t.columns if c != "uniform"]
+    if not cells:
+        return
+    n.add("TuneCells", cells, "{}")
+    n.add("TuneLoads", ", ".join(sorted(loads - {"uniform"})))
+    n.add("TuneDiffers", differ, "{}")
+    n.add("TuneUniformCostMax", 100 * (max(cost) - 1), "{:.1f}")
+    n.add("TuneSkewGainMax", 100 * (max(save) - 1), "{:.0f}")
+    n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
+
+
 def tails(n: Numbers, results: Path, gen: Path) -> None:
     """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
     with merged tails left out): in how many of the cells where they were offered one won, and the time
@@ -548,7 +588,7 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
     df = df[(df.status == "ok") & ~df.config.str.contains("'merge_tail': True", regex=False)].copy()  # see merged_tails
     df["tail_m"] = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int)
     gains = []
-    for key, g in df.groupby(["model", "proj", "tokens"]):
+    for key, g in df.groupby(tune_cell(df)):
         with_tail, without = g[g.tail_m > 0], g[g.tail_m == 0]
         if len(with_tail) and len(without):
             gains.append((key, 100 * (1 - g.graph_us.min() / without.graph_us.min()),
@@ -573,7 +613,7 @@ def merged_tails(n: Numbers, results: Path) -> None:
     df = df[df.status == "ok"].copy()
     df["merged"] = df.config.str.contains("'merge_tail': True", regex=False)
     gains = [g[~g.merged].graph_us.min() / g[g.merged].graph_us.min()
-             for _, g in df.groupby(["model", "proj", "tokens"]) if g.merged.any() and (~g.merged).any()]
+             for _, g in df.groupby(tune_cell(df)) if g.merged.any() and (~g.merged).any()]
     if gains:
         n.add("MergedCells", len(gains), "{}")
         n.add("MergedWins", sum(x > 1 for x in gains), "{}")
@@ -638,6 +678,7 @@ def main():
     for f in (e1, e2, e3, e4, e5, e6, e7, tails, prefill_probe, runtime):
         f(n, results, gen)
     merged_tails(n, results)
+    robust_tuning(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:

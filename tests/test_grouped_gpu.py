@@ -54,7 +54,10 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
                                                                       warp_specialize=True),
              dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, warp_specialize=True)] \
-        if heur.block_m > 32 else []  # an expert's last few rows as smaller tiles, or with the tile before them
+        if heur.block_m > 32 else [  # an expert's last few rows as smaller tiles, or with the tile before them
+            # decode: a hot expert's rows in one 64-row tile, the others' as 16-row tiles
+            GroupedConfig(64, 128, 128, num_stages=4, tma=True, tail_m=16),
+            GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True)]
     stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
               dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,

@@ -180,10 +180,33 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     assert [tg.config_of(r).persistent for r in more] == [True, True]
 
 
+def test_grouped_tuner_keeps_the_config_best_over_the_loads():
+    """The tuner ranks a cell's configs by their geometric-mean time over the tuning loads: a config fastest
+    on the uniform load but slow under skew loses to one good on both; a config wrong (or not timed) under
+    one load is not ranked; T=1 is tuned on the uniform load alone; the loads must start with uniform."""
+    import experiments.tune_grouped as tg
+
+    def row(cfg, load, us, status="ok"):
+        return {"config": {"block_m": cfg}, "load": load, "graph_us": us, "status": status}
+
+    rows = [row(16, "uniform", 100.0), row(16, "zipf1.2", 200.0),   # geomean 141
+            row(64, "uniform", 110.0), row(64, "zipf1.2", 120.0),   # geomean 115
+            row(32, "uniform", 90.0), row(32, "zipf1.2", 1.0, "wrong"),
+            row(128, "uniform", 95.0)]
+    order = tg.robust_order(rows, ("uniform", "zipf1.2"))
+    assert [json.loads(c)["block_m"] for _, c in order] == [64, 16]
+    assert abs(order[0][0] - (110.0 * 120.0) ** 0.5) < 1e-9
+    assert [json.loads(c)["block_m"] for _, c in tg.robust_order(rows, ("uniform",))] == [32, 128, 16, 64]
+    g = {"tune_loads": ["uniform", "zipf1.2"]}
+    assert tg.tune_loads(g, 1) == ("uniform",) and tg.tune_loads(g, 64) == ("uniform", "zipf1.2")
+    with pytest.raises(ValueError, match="tune_loads"):
+        tg.tune_loads({"tune_loads": ["zipf1.2"]}, 64)
+
+
 def test_grouped_tuner_candidates_by_regime():
     """Every candidate is a valid config within the shared-memory budget, none twice; split-K only at a
-    handful of rows per expert, tail tiles (merged or not) only with TMA loads and past decode, both grids
-    offered (the warp-specialized loop exists on the persistent one only)."""
+    handful of rows per expert, tail tiles only with TMA loads (16-row ones at decode, merged ones past
+    it), both grids offered (the warp-specialized loop exists on the persistent one only)."""
     import dataclasses
 
     from experiments.tune_grouped import candidates
@@ -195,15 +218,17 @@ def test_grouped_tuner_candidates_by_regime():
         for c in cs:
             assert (c.block_m * c.block_k + c.block_k * c.block_n) * 2 * c.num_stages <= 200 * 1024
             assert c.split_k == 1 or mean <= 4, (mean, c)
-            assert c.tail_m == 0 or (c.tma and mean > 16), (mean, c)
-            assert not c.merge_tail or c.tail_m, (mean, c)
-            assert c.block_m <= (32 if c.tma else 16) or mean > 16, (mean, c)  # decode: 16-row tiles (32: TMA)
+            assert c.tail_m == 0 or c.tma, (mean, c)
+            assert not c.merge_tail or (c.tail_m and mean > 16), (mean, c)
+            # decode: 16-row tiles (32 with TMA loads; 64 with TMA loads and 16-row tails for hot experts)
+            assert c.block_m <= (16 if not c.tma else 32 if not c.tail_m else 64) or mean > 16, (mean, c)
+            assert c.tail_m <= 16 or mean > 16, (mean, c)
             assert not c.warp_specialize or c.persistent
         plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
         pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
         assert plain == pers, mean  # every tile config on both grids
     assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
-    assert any(c.tail_m for c in candidates(32)) and any(c.tail_m for c in candidates(512))
+    assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32)) and not any(c.merge_tail for c in candidates(512))
 
 

@@ -200,3 +200,33 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
                   "ESevenPathSpeedup", "ReadTBs", "ESevenDecodePctRead", "ESevenMaskedTmaGain"):
         assert f"\\newcommand{{\\{macro}}}" in numbers, macro
     assert (tmp_path / "gen" / "table_e7.tex").exists()
+
+
+def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.make_numbers.robust_tuning on a tuner CSV with loads (synthetic test data made here): cells
+    counted where both loads were timed, the chosen config is the least geometric mean, its cost on the
+    uniform load and its gain on the skewed one against the uniform load's fastest; a CSV without a load
+    column (the tuner before session 7) gives no numbers."""
+    import pandas as pd
+
+    from paper.make_numbers import Numbers, robust_tuning
+
+    rows = []
+    for tokens, times in ((64, {"a": (100, 200), "b": (110, 120)}),   # b chosen: +10% uniform, 1.67x zipf
+                          (256, {"a": (100, 100), "b": (120, 90)})):  # a chosen (both: 100 vs 103.9)
+        for cfg, (uni, zipf) in times.items():
+            for load, us in (("uniform", uni), ("zipf1.2", zipf)):
+                rows.append({"model": "m", "proj": "up", "tokens": tokens, "load": load, "config": cfg,
+                             "status": "ok", "graph_us": float(us)})
+    rows.append({"model": "m", "proj": "up", "tokens": 1, "load": "uniform", "config": "a", "status": "ok",
+                 "graph_us": 5.0})
+    pd.DataFrame(rows).to_csv(tmp_path / "tune_grouped.csv", index=False)
+    n = Numbers()
+    robust_tuning(n, tmp_path)
+    assert n.items["TuneCells"] == "2" and n.items["TuneDiffers"] == "1"
+    assert n.items["TuneUniformCostMax"] == "10.0" and n.items["TuneSkewGainMax"] == "67"
+    assert n.items["TuneLoads"] == "zipf1.2"
+    pd.DataFrame(rows).drop(columns="load").to_csv(tmp_path / "tune_grouped.csv", index=False)
+    n = Numbers()
+    robust_tuning(n, tmp_path)
+    assert not n.items
