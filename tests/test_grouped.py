@@ -286,6 +286,14 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     assert api.choose_config(x(8 * 100), 8, 32, "nk") == (b, "tuned")  # bucket 128
     assert api.choose_config(x(8 * 3), 8, 32, "nk") == (a, "tuned-nearest")  # bucket 4: nearer to 1
     assert api.choose_config(x(8 * 40), 8, 32, "kn") == (b, "tuned-nearest")  # bucket 64, other layout
+    assert api.choose_config(x(1), 8, 32, "nk") == (a, "tuned-nearest")  # bucket 1/8: nearest is 1
+    # below a row per expert the bucket is a fraction: 1 and 8 tokens of a 256-expert top-8 model apart
+    assert [api.rows_bucket(r, 256) for r in (8, 64, 256, 257, 512, 513)] == [1 / 32, 1 / 4, 1, 2, 2, 4]
+    assert [api.rows_bucket(r, 128) for r in (0, 9, 127)] == [1 / 128, 1 / 8, 1]
+    c = GroupedConfig(32, 32, 32)
+    table[("bfloat16", 256, 64, 32, "nk", 1 / 32)] = c
+    assert api.choose_config(x(8), 256, 32, "nk") == (c, "tuned")
+    assert api.choose_config(x(64), 256, 32, "nk") == (c, "tuned-nearest")  # 1/4: the only entry of E=256
     cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N
     assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
     with pytest.raises(ValueError, match="group_m"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 import triton
@@ -71,10 +72,14 @@ class GroupedConfig:
             raise ValueError("config.tma_store: TMA stores are a TMA-kernel feature; needs tma=True")
 
 
-def rows_bucket(rows: int, num_experts: int) -> int:
-    """Mean rows per expert rounded up to a power of two: the key the tuned table is indexed by."""
-    mean = max(1, -(-rows // max(num_experts, 1)))
-    return 1 << (mean - 1).bit_length()
+def rows_bucket(rows: int, num_experts: int) -> int | float:
+    """Mean rows per expert rounded up to a power of two, the key the tuned table is indexed by. Below one
+    row per expert it is a fraction (1/16: a row for every 16 experts), so that decode of the many-expert
+    models at one token (8 of 256 experts busy) and at eight (64 of them) are tuned apart."""
+    e, rows = max(num_experts, 1), max(rows, 1)
+    if rows >= e:
+        return 1 << (-(-rows // e) - 1).bit_length()
+    return 2.0 ** -((e // rows).bit_length() - 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,7 +105,7 @@ def _choose(rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, 
     hit = table.get((dtype, num_experts, k, n, w_layout, bucket))
     if hit is not None:
         return hit, "tuned"
-    near = [(abs(b.bit_length() - bucket.bit_length()), lay != w_layout, b, lay)
+    near = [(abs(math.log2(b) - math.log2(bucket)), lay != w_layout, b, lay)
             for (d, e, kk, nn, lay, b) in table if (d, e, kk, nn) == (dtype, num_experts, k, n)]
     if near:
         _, _, b, lay = min(near)
