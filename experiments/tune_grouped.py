@@ -27,7 +27,7 @@ from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.api import rows_bucket
 
 
-def candidates(mean_rows: float) -> list[GroupedConfig]:
+def candidates(mean_rows: float, waves: float | None = None) -> list[GroupedConfig]:
     """Tile configs by regime of the mean rows per expert, on the plain and the persistent grid; the row
     tiles of an expert are walked together (group_m = 8) so that they share its weights in L2.
 
@@ -48,6 +48,9 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       tiles) only with 64-row tiles: on the prefill tiles they were slower wherever an expert holds several
       row tiles (session 6: 1.14-1.60x in the tuner before a fix of the merged path, 0.75-1.03x the tuned
       configs' rate after it; RUNS.md, session 6).
+    - few big tiles (``waves``, the 128 x 256 tiles of the cell over the SM count, below 4; past decode):
+      K split in two or three inside each tile (TMA loads, fp32 partials reduced by a tile's last split),
+      so that the last wave of a long K (Mixtral's down projection) is not left mostly idle.
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
@@ -84,6 +87,8 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
+    if waves is not None and waves < 4 and mean_rows > 16:
+        raw += [(128, 256, 64, 8, 4, True, False, sk) for sk in (2, 3)] + [(128, 128, 64, 8, 4, True, False, 2)]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
         # defaults: no splits, tails, TMA stores or merged tails
@@ -206,7 +211,10 @@ def main():
         # The grid is not part of the compiled kernel, only of the launch: every tile config is timed on the
         # plain grid (the warp-specialized ones exist only on the persistent one), then the best few (by
         # the geometric mean over the loads) also on the persistent grid -- half the timing of both grids.
-        cands = candidates(t * top_k / e)
+        # 128 x 256 tiles (about half the experts with a partial row tile more) over the SMs
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        waves = (t * top_k / 128 + e / 2) * -(-n // 256) / sms
+        cands = candidates(t * top_k / e, waves)
         rows = []
         for ld, (xs, offsets, ref, _) in inputs.items():
             rows += time_configs([c for c in cands if not c.persistent or c.warp_specialize], writer,

@@ -24,7 +24,7 @@ from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E40
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
                                      _grouped_mm_masked_tma_kernel, _grouped_mm_splitk_kernel,
-                                     _grouped_mm_tma_kernel)
+                                     _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -78,6 +78,10 @@ def variants():
                        "at_desc": f"tensordesc<{dt}[{tail or 64},64]>", "y_desc": f"tensordesc<{dt}[64,64]>",
                        "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt]}
                 if not ws and not tail:
+                    yield (("grouped_tma_splitk", dt, epi, bias, kn), _grouped_mm_tma_splitk_kernel,
+                           dict(tio, p_ptr="*fp32", counter_ptr="*i32"),
+                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn, SPLIT_K=3,
+                                HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
                     mio = {"a_ptr": TY[dt], "w_desc": f"tensordesc<{dt}{box}>", "y_ptr": TY[dt],
                            "masked_m_ptr": "*i32"}
                     yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
@@ -98,7 +102,7 @@ def variants():
     gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
     seen = set()
     for mean_rows in (1, 64, 512):
-        for c in candidates(mean_rows):
+        for c in candidates(mean_rows, waves=1.0):  # few waves: the split-K candidates too
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
                    c.split_k, c.tail_m, c.tma_store, c.merge_tail)
             if key in seen:
@@ -113,7 +117,13 @@ def variants():
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
                             GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
-            if c.tma:
+            if c.tma and c.split_k > 1:
+                sio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
+                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
+                       "offsets_ptr": "*i32", "scale_ptr": "*bf16", "p_ptr": "*fp32", "counter_ptr": "*i32"}
+                yield (("grouped_tune", *key), _grouped_mm_tma_splitk_kernel, sio,
+                       dict(tiles, W_KN=False, SPLIT_K=c.split_k), opts)
+            elif c.tma:
                 y_box = f"[{c.block_m},{c.block_n // c.tma_store}]" if c.tma_store else f"[{c.block_m},{c.block_k}]"
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",

@@ -61,13 +61,34 @@ def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persi
 @pytest.mark.parametrize("split_k", [2, 3, 7])
 def test_grouped_mm_split_k_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, split_k,
                                    device, poison_partials):
-    """Decompose-K inside each tile (decode): any K (splits capped at K's BLOCK_K steps), every epilogue and
-    row scale applied once, by the last split to arrive; called twice, so the tile counters must be reset.
-    The fp32 partials start as NaN, so a split that stored nothing shows up."""
-    bm, bn, bk, gm, _ = blocks
-    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, split_k=split_k)
+    """Decompose-K inside each tile (decode; with TMA loads also prefill): any K (splits capped at K's
+    BLOCK_K steps), every epilogue and row scale applied once, by the last split to arrive; called twice, so
+    the tile counters must be reset. The fp32 partials start as NaN, so a split that stored nothing shows
+    up."""
+    bm, bn, bk, gm, tma = blocks
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, split_k=split_k,
+                        tma=tma)
     for _ in range(2):
         _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("persistent,split_k", [(False, 2), (True, 3)])
+def test_tma_split_k(layout, persistent, split_k, device, poison_partials, monkeypatch):
+    """The TMA kernel's split-K path (bf16, aligned rows, so the descriptors exist and the TMA split kernel
+    runs, not the pointer one): empty experts, one expert of several row tiles, N not a multiple of the
+    tile, ReLU and row scale; twice, so the tile counters must be reset."""
+    import moegemm.grouped.api as api
+    from moegemm.grouped.kernels import _grouped_mm_tma_splitk_kernel
+
+    launched = []
+    real = api._launch
+    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (launched.append(kernel), real(kernel, *a)))
+    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
+                        split_k=split_k)
+    for _ in range(2):
+        _check_grouped(5, [0, 37, 3, 0, 12], 96, 40, layout, "relu", True, torch.bfloat16, cfg, device)
+    assert launched == [_grouped_mm_tma_splitk_kernel] * 2
 
 
 def _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device):
@@ -300,8 +321,9 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
         GroupedConfig(group_m=0)
     with pytest.raises(ValueError, match="config.split_k: expected an int"):
         GroupedConfig(split_k=0)
-    with pytest.raises(ValueError, match="config.split_k: splits are served by the pointer kernel"):
-        GroupedConfig(split_k=2, tma=True)
+    for bad in (dict(tail_m=32), dict(tma_store=1), dict(warp_specialize=True)):
+        with pytest.raises(ValueError, match="config.split_k: the split kernels have no tail tiles"):
+            GroupedConfig(split_k=2, tma=True, **bad)
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])

@@ -51,6 +51,7 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     tma = dataclasses.replace(heur, tma=True, num_stages=3)
     splitk = [dataclasses.replace(heur, split_k=4), dataclasses.replace(heur, split_k=3, persistent=True)] \
         if t <= 64 else []  # decode: K split inside each tile
+    splitk.append(dataclasses.replace(tma, split_k=2, persistent=t > 64))  # K split in TMA tiles
     tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
                                                                       warp_specialize=True),
              dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, warp_specialize=True)] \

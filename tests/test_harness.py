@@ -228,6 +228,10 @@ def test_grouped_tuner_candidates_by_regime():
         pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
         assert plain == pers, mean  # every tile config on both grids
     assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
+    # K split in TMA tiles only where few big tiles are left (waves), past decode
+    for mean, waves, want in ((64, 2.0, True), (512, 3.9, True), (64, 8.0, False), (8, 1.0, False)):
+        splits = [c for c in candidates(mean, waves) if c.split_k > 1]
+        assert bool(splits) == want and all(c.tma and not c.tail_m for c in splits), (mean, waves)
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32)) and not any(c.merge_tail for c in candidates(512))
 

@@ -16,7 +16,7 @@ from ..epilogue import Epilogue
 from ..decompose_k import configs as dk_configs
 from ..decompose_k.single_launch import _counters
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
-                      _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel)
+                      _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel)
 
 try:  # host-side tensor descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -38,7 +38,8 @@ class GroupedConfig:
     # and K loops into one software pipeline instead of splitting warps (the next tile's loads overlap the
     # epilogue; seen in the compiled TTGIR)
     warp_specialize: bool = False
-    split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert), pointer loads
+    split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert; with tma, also a long K
+    #                   that leaves few big tiles); with tma not with tails, TMA stores or warp_specialize
     tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
     tma_store: int = 0  # with tma: tiles whose rows all belong to their expert stored by TMA, in this many
     #                     column slices (1 or 2; 0: pointer stores)
@@ -56,8 +57,9 @@ class GroupedConfig:
             raise ValueError("config.warp_specialize: needs tma=True")
         if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
             raise ValueError(f"config.split_k: expected an int in [1, 64], got {self.split_k!r}")
-        if self.split_k > 1 and self.tma:
-            raise ValueError("config.split_k: splits are served by the pointer kernel; use tma=False")
+        if self.split_k > 1 and (self.tail_m or self.tma_store or self.warp_specialize):
+            raise ValueError("config.split_k: the split kernels have no tail tiles, TMA stores or "
+                             "warp_specialize; use split_k=1 with them")
         if self.tail_m:
             t = self.tail_m
             if not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m:
@@ -175,7 +177,8 @@ def grouped_mm(
     with ``merge_tail`` beside the expert's previous row tile, from the same weight tiles; with
     ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting).
     A config with ``split_k > 1`` splits K inside each tile (fp32 partials; the last split of a tile to
-    finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles.
+    finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles,
+    and (with ``tma``) where a long K leaves few big tiles for the GPU's multiprocessors.
     """
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
@@ -236,10 +239,19 @@ def grouped_mm(
         splits = triton.cdiv(k, kps)
         if splits * m_total * n >= 2**31:
             raise ValueError(f"config.split_k: {splits} fp32 partials of {m_total}x{n} exceed the kernel's int32 "
-                             "indexing; split_k is meant for decode (few rows)")
+                             "indexing; split_k is meant for few rows or a long K over few tiles")
         partials = dk_configs.alloc_partials(splits, m_total, n, x_sorted.device)
+        counters = _counters(x_sorted.device, max_tiles)
+        descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
+        if descs is not None:
+            _launch(_grouped_mm_tma_splitk_kernel, max_tiles * splits, cfg, x_sorted, (
+                descs[0], descs[1], out, offsets, scale, partials, counters, m_total, n, k, e, kps,
+                out.stride(0), out.stride(1),
+            ), dict(SPLIT_K=splits, W_KN=w_layout == "kn", UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
+                    **common))
+            return out
         _launch(_grouped_mm_splitk_kernel, max_tiles * splits, cfg, x_sorted, (
-            x_sorted, w, out, offsets, scale, partials, _counters(x_sorted.device, max_tiles),
+            x_sorted, w, out, offsets, scale, partials, counters,
             m_total, n, k, e, kps,
             x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
         ), dict(SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))

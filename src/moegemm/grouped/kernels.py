@@ -155,38 +155,50 @@ def _grouped_mm_splitk_kernel(
 ):
     """The contiguous layout with Decompose-K inside each tile, for decode, where few rows per expert
     leave few tiles to spread over the GPU: work item w is split (w % SPLIT_K) of tile (w // SPLIT_K), the
-    splits of a tile next to each other. Each stores its fp32 partial to p[split] and takes a ticket from
-    the tile's counter; the last to arrive sums the SPLIT_K partials in split order (deterministic),
-    applies epilogue and row scale, stores, and resets the counter (so CUDA-graph replays stay right)."""
+    splits of a tile next to each other, each handing its fp32 partial to _split_partial (the last split
+    of a tile to arrive reduces and stores it)."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
         tile = item // SPLIT_K
         split = item % SPLIT_K
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M, 0)
-        rows = row0 + tl.arange(0, BLOCK_M)
-        rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
-        cols = col0 + tl.arange(0, BLOCK_N)
-        n_c = cols % N
+        rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)
+        n_c = (col0 + tl.arange(0, BLOCK_N)) % N
         k0 = split * k_per_split
         acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, k0,
                        tl.minimum(k0 + k_per_split, K), stride_am, stride_ak, stride_wk, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
-        mask = (rows < row_end)[:, None] & (cols < N)[None, :]
-        p_tile = p_ptr + rows_c[:, None] * N + cols[None, :]
-        tl.store(p_tile + split.to(tl.int64) * M_TOTAL * N, acc, mask=mask)
-        # partial stores before the ticket (CTA barrier, gpu-scope release); the last program's acquire
-        # orders its loads of the other partials after their releases
+        _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
+                       stride_ym, stride_yn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+
+
+@triton.jit
+def _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
+                   stride_ym, stride_yn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
+    """Split ``split`` of a tile hands in its fp32 partial: stored to p[split], then a ticket from the
+    tile's counter; the last split to arrive sums the SPLIT_K partials in split order (deterministic),
+    applies epilogue and row scale, stores the tile, and resets the counter (CUDA-graph replays stay
+    right)."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    mask = (rows < row_end)[:, None] & (cols < N)[None, :]
+    p_tile = p_ptr + rows_c[:, None] * N + cols[None, :]
+    tl.store(p_tile + split.to(tl.int64) * M_TOTAL * N, acc, mask=mask)
+    # partial stores before the ticket (CTA barrier, gpu-scope release); the last program's acquire
+    # orders its loads of the other partials after their releases
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT_K - 1:
         tl.debug_barrier()
-        ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
-            tl.debug_barrier()
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, SPLIT_K):
-                total += tl.load(p_tile + s * M_TOTAL * N, mask=mask, other=0.0, cache_modifier=".cg")
-            _store_tile(total, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(0, SPLIT_K):
+            total += tl.load(p_tile + s * M_TOTAL * N, mask=mask, other=0.0, cache_modifier=".cg")
+        _store_tile(total, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -217,17 +229,18 @@ def _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_
 
 
 @triton.jit
-def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N] over all of K, the tiles
-    brought in by TMA. SWAP_AB computes the transpose, W-tile^T @ A-tile^T, so that the weight columns
+def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k_lo, k_hi, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, k_lo:k_hi] @ W_expert[k_lo:k_hi, col0:+BLOCK_N] (k_lo a
+    multiple of BLOCK_K; all of K: 0, K), the tiles brought in by TMA. SWAP_AB computes the transpose, W-tile^T @ A-tile^T, so that the weight columns
     fill the tensor cores' M side (at least 64 rows per warp group) and the few rows of the tile are
     their N side (any multiple of 8): the cheap way to compute a tile of only a few rows."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
         a = a_desc.load([row0, k])
         b = _w_tile(w_desc, expert, k, col0, N, K, W_KN)
         if SWAP_AB:
@@ -272,7 +285,7 @@ def _grouped_mm_tma_kernel(
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M, ABSORB)
         if TAIL_M > 0 and row_end - row0 <= TAIL_M:
-            tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
+            tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, 0, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
                                True, UPCAST)  # (its own name: a variable of both branches needs one shape)
             _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                         TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
@@ -285,7 +298,7 @@ def _grouped_mm_tma_kernel(
                 _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
                             TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
             else:
-                acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
+                acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
                                   False, UPCAST)
             if STORE_SPLIT > 0 and row0 + BLOCK_M <= row_end:
                 _tma_store_tile(acc, y_desc, y_ptr, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N,
@@ -293,6 +306,32 @@ def _grouped_mm_tma_kernel(
             else:
                 _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                             BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+
+
+@triton.jit
+def _grouped_mm_tma_splitk_kernel(
+    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr, p_ptr, counter_ptr,
+    M_TOTAL, N, K, E, k_per_split, stride_ym, stride_yn,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr, GROUP_M: tl.constexpr, W_KN: tl.constexpr, HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """_grouped_mm_splitk_kernel's work items (split ``item % SPLIT_K`` of tile ``item // SPLIT_K``) with the
+    tiles brought in by TMA, for prefill too: where a long K leaves few tiles of a big tile shape (Mixtral's
+    down projection: K = 14336, a few hundred 128 x 256 tiles, two and a bit waves on 132 SMs), splitting
+    K evens out the last wave at the price of the fp32 partials' traffic (k_per_split: a multiple of
+    BLOCK_K)."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
+        tile = item // SPLIT_K
+        split = item % SPLIT_K
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        k0 = split * k_per_split
+        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k0, tl.minimum(k0 + k_per_split, K),
+                          BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST)
+        _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
+                       stride_ym, stride_yn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
 
 
 @triton.jit
@@ -353,7 +392,7 @@ def _grouped_mm_masked_tma_kernel(
         e64 = expert.to(tl.int64)
         a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K], strides=[stride_am, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
-        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
+        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
                           UPCAST)
         _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, False, EPILOGUE)
