@@ -159,10 +159,8 @@ def _grouped_mm_splitk_kernel(
     of a tile to arrive reduces and stores it)."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
-        tile = item // SPLIT_K
-        split = item % SPLIT_K
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        tile, split, expert, row_end, row0, col0 = _split_item(item, e_offs, lo, hi, cum, N, SPLIT_K, BLOCK_M,
+                                                               BLOCK_N, GROUP_M)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
         k0 = split * k_per_split
@@ -171,6 +169,17 @@ def _grouped_mm_splitk_kernel(
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
         _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
                        stride_ym, stride_yn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+
+
+@triton.jit
+def _split_item(item, e_offs, lo, hi, cum, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(tile, split, expert, end row, first row, first column) of work item ``item`` of a split kernel:
+    split ``item % SPLIT_K`` of tile ``item // SPLIT_K`` (the splits of a tile next to each other)."""
+    tile = item // SPLIT_K
+    expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N,
+                                                          GROUP_M, 0)
+    return tile, item % SPLIT_K, expert, row_end, row0, col0
 
 
 @triton.jit
@@ -186,7 +195,7 @@ def _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0,
     cols = col0 + tl.arange(0, BLOCK_N)
     mask = (rows < row_end)[:, None] & (cols < N)[None, :]
     p_tile = p_ptr + rows_c[:, None] * N + cols[None, :]
-    tl.store(p_tile + split.to(tl.int64) * M_TOTAL * N, acc, mask=mask)
+    tl.store(p_tile + tl.cast(split, tl.int64) * M_TOTAL * N, acc, mask=mask)
     # partial stores before the ticket (CTA barrier, gpu-scope release); the last program's acquire
     # orders its loads of the other partials after their releases
     tl.debug_barrier()
@@ -323,10 +332,8 @@ def _grouped_mm_tma_splitk_kernel(
     BLOCK_K)."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
-        tile = item // SPLIT_K
-        split = item % SPLIT_K
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        tile, split, expert, row_end, row0, col0 = _split_item(item, e_offs, lo, hi, cum, N, SPLIT_K, BLOCK_M,
+                                                               BLOCK_N, GROUP_M)
         k0 = split * k_per_split
         acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k0, tl.minimum(k0 + k_per_split, K),
                           BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST)
