@@ -577,6 +577,25 @@ def robust_tuning(n: Numbers, results: Path) -> None:
     n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
 
 
+def tma_splits(n: Numbers, results: Path) -> None:
+    """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
+    unsplit one, per tuning cell where both were timed (same process, same inputs)."""
+    path = results / "tune_grouped.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"].copy()
+    df["split"] = df.config.str.contains("'tma': True", regex=False) & ~df.config.str.contains("'split_k': 1,",
+                                                                                                 regex=False)
+    ratios = [g[~g.split].graph_us.min() / g[g.split].graph_us.min()
+              for _, g in df.groupby(tune_cell(df)) if g.split.any() and (~g.split).any()]
+    if ratios:
+        n.add("SplitCells", len(ratios), "{}")
+        n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
+        n.add("SplitLo", min(ratios))
+        n.add("SplitHi", max(ratios))
+
+
 def tails(n: Numbers, results: Path, gen: Path) -> None:
     """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
     with merged tails left out): in how many of the cells where they were offered one won, and the time
@@ -679,6 +698,7 @@ def main():
         f(n, results, gen)
     merged_tails(n, results)
     robust_tuning(n, results)
+    tma_splits(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:

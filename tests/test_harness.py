@@ -347,3 +347,38 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     assert probe.variant(big, tma_store=2).num_stages == 3 and probe.variant(big, tma_store=0) == big
     assert probe.variant(big, tail_m=64, merge_tail=True).num_stages == 3
     assert probe.variant(GroupedConfig(), tma_store=1) is None
+
+
+def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, device):
+    """The robust-tuning probe: from a tuner CSV (synthetic rows made here) it takes the cells tuned on
+    both loads where the config kept differs from the uniform load's fastest (not the others, nor T=1),
+    three E7 loads per cell, and its two contenders compute the grouped product (checked against float64)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from experiments import probe_robust_tuning as probe
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    a, b = GroupedConfig(16, 16, 32), GroupedConfig(32, 16, 16, persistent=True)
+    rows = []
+    for t, times in ((64, {a: (100, 300), b: (110, 120)}), (256, {a: (100, 100), b: (120, 90)})):
+        for cfg, (uni, zipf) in times.items():
+            for load, us in (("uniform", uni), ("zipf1.2", zipf)):
+                rows.append({"model": "m", "proj": "up", "tokens": t, "load": load, "status": "ok",
+                             "config": repr(dataclasses.asdict(cfg)), "graph_us": float(us)})
+    rows.append({"model": "m", "proj": "up", "tokens": 1, "load": "uniform", "status": "ok",
+                 "config": repr(dataclasses.asdict(a)), "graph_us": 5.0})
+    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
+    picks = probe.choices(tmp_path / "t.csv")
+    assert picks == {("m", "up", 64): (dataclasses.asdict(b), dataclasses.asdict(a))}
+    assert probe.cells_of(picks) == [("m", "up", 64, ld) for ld in probe.LOADS]
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = _small_moe_cell(device, 13, e, k, n, t=9)
+    cs = probe.contenders(xs, plan, 64, "m", "up", picks)
+    assert [c.name for c in cs] == ["tuned:both-loads", "tuned:uniform-only"]
+    for c in cs:
+        ok, rel, why = check(c.bind((xs, w))(), ref, k)
+        assert ok, (c.name, why)
+    assert probe.model_proj({"models": {"m": {"experts": e, "up": [k, n], "down": [n, k]}}}, e, n, k) == ("m", "down")
