@@ -577,6 +577,28 @@ def robust_tuning(n: Numbers, results: Path) -> None:
     n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
 
 
+def robust_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_robust_tuning.py (when its CSV is committed): on E7's inputs, the uniform-only
+    choice's time over the both-loads choice's, side by side, per load (geomeans, lowest and highest)."""
+    path = results / "probe_robust_tuning.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    t = df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
+                                          values="graph_us").dropna()
+    r = t["tuned:uniform-only"] / t["tuned:both-loads"]
+    loads = r.index.get_level_values("load")
+    n.add("RobustProbeCells", len(r.xs("uniform", level="load")), "{}")
+    best = r.idxmax()
+    n.add("RobustProbeBestCell", f"{best[0]} {best[1]}, $T={best[2]}$, {best[3]}")
+    for load, tag in (("uniform", "Uniform"), ("zipf1.2", "Zipf"), ("hot0.5", "Hot")):
+        x = r[loads == load]
+        if len(x):
+            n.add(f"RobustProbe{tag}", gm(x))
+            n.add(f"RobustProbe{tag}Lo", float(x.min()))
+            n.add(f"RobustProbe{tag}Hi", float(x.max()))
+
+
 def tma_splits(n: Numbers, results: Path) -> None:
     """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
     unsplit one, per tuning cell where both were timed (same process, same inputs)."""
@@ -699,6 +721,7 @@ def main():
     merged_tails(n, results)
     robust_tuning(n, results)
     tma_splits(n, results)
+    robust_probe(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:
