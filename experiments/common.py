@@ -149,7 +149,7 @@ def check_and_time(calls: list, ref: torch.Tensor, k: int, settings) -> dict:
     milliseconds where it has min_graph_us."""
     import statistics
 
-    from moegemm.bench.correctness import check
+    from moegemm.bench.correctness import check, status_of
     from moegemm.bench.runner import graph_calls
     from moegemm.bench.timing import GraphTimer
 
@@ -157,7 +157,7 @@ def check_and_time(calls: list, ref: torch.Tensor, k: int, settings) -> dict:
         ok, rel, why = check(calls[0](), ref, k)
     except Exception as ex:
         ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
-    row = {"status": "ok" if ok else "wrong", "rel_err": rel, "note": why}
+    row = {"status": status_of(ok, why), "rel_err": rel, "note": why}
     if ok:
         n = graph_calls(calls, settings)
         row["graph_us"] = statistics.median(GraphTimer(calls, n).sample(3))

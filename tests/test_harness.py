@@ -382,3 +382,25 @@ def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, dev
         ok, rel, why = check(c.bind((xs, w))(), ref, k)
         assert ok, (c.name, why)
     assert probe.model_proj({"models": {"m": {"experts": e, "up": [k, n], "down": [n, k]}}}, e, n, k) == ("m", "down")
+
+
+def test_tuner_verdict_tells_an_error_from_wrong_values(device):
+    """check_and_time: a candidate that raises (e.g. out of shared memory) is recorded as "error" with the
+    exception, one whose values fail the float64 check (NaN too) as "wrong"; neither is timed."""
+    import torch
+
+    from experiments.common import check_and_time
+    from moegemm.bench.correctness import status_of
+    from moegemm.bench.runner import Settings
+
+    ref = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def boom():
+        raise RuntimeError("out of resource: shared memory")
+
+    rows = [check_and_time([fn], ref, 16, Settings(calls_per_graph=1))
+            for fn in (boom, lambda: (ref + 1).float(), lambda: torch.full((8, 4), float("nan")))]
+    assert [r["status"] for r in rows] == ["error", "wrong", "wrong"]
+    assert rows[0]["note"].startswith("error: RuntimeError: out of resource")
+    assert all("graph_us" not in r for r in rows)
+    assert status_of(True, "") == "ok"

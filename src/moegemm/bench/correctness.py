@@ -45,3 +45,10 @@ def check(out: torch.Tensor, ref64: torch.Tensor, k: int, tf32: bool = False) ->
     if rel >= 4 * rtol:
         return False, rel, f"relative error {rel:.2e}"
     return True, rel, ""
+
+
+def status_of(ok: bool, why: str) -> str:
+    """A result row's status: "ok"; "error" where the contender could not run (an exception, e.g. a tile
+    that needs more shared memory than the GPU has; ``why`` starts with "error:"); "wrong" where it ran and
+    its values failed the check against float64 (NaN included)."""
+    return "ok" if ok else "error" if why.startswith("error:") else "wrong"

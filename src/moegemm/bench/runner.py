@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from .correctness import check
+from .correctness import check, status_of
 from .timing import Clock, GraphTimer, launch_samples
 
 
@@ -113,7 +113,7 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
             ok, rel, why = False, math.nan, f"error: {type(e).__name__}: {str(e)[:200]}"
         row = {"contender": c.name, **c.fields,  # fields may have been filled in by the first call
                "config": c.config if isinstance(c.config, str) else json.dumps(c.config or {}, sort_keys=True)}
-        row.update(status="ok" if ok else "wrong", rel_err=rel, note=why)
+        row.update(status=status_of(ok, why), rel_err=rel, note=why)
         rows[c.name] = row
         if ok:
             live.append(c)
