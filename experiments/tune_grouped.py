@@ -34,7 +34,8 @@ def candidates(mean_rows: float, waves: float | None = None) -> list[GroupedConf
     - decode (<= 16 rows): the weights are streamed once; 16-row tiles, N tiles of 64/128 (32 with TMA
       loads), deep K steps, several stages, for many loads in flight per multiprocessor; also 32-row TMA
       tiles (an expert of up to 32 rows in one row tile), and 64-row TMA tiles with 16-row tail tiles (a
-      skewed load's hot expert in one row tile, the others in 16-row tiles). At <= 4 rows per expert
+      skewed load's hot expert in one row tile, the others in 16-row tiles); 16-row tiles on the flattened
+      persistent loop (warp_specialize) too, for many short tiles. At <= 4 rows per expert
       (decode of the many-expert models, T=1 of all) also split-K tiles in two (Decompose-K inside the
       tile), for more programs than experts x N tiles.
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
@@ -67,6 +68,9 @@ def candidates(mean_rows: float, waves: float | None = None) -> list[GroupedConf
         # at most 16 in a transposed 16-row tile: the tile count, and so each expert's weight traffic, does
         # not grow with the skew
         raw += [(64, 128, 128, 4, 4, True, False, 1, 16), (64, 64, 256, 4, 3, True, False, 1, 16)]
+        # the flattened persistent loop (warp_specialize on sm_90): many short tiles (a few rows of many
+        # experts, a short K) with the next tile's loads overlapping this one's epilogue
+        raw += [(16, 128, 128, 4, 4, True, True), (16, 64, 256, 4, 4, True, True)]
         if mean_rows <= 4:  # a handful of rows per expert: K split inside each tile for more programs
             raw += [(16, bn, 128, 4, 4, False, False, 2) for bn in (64, 128)]
     elif mean_rows <= 64:
