@@ -164,11 +164,12 @@ def config_key(row: dict) -> str:
 
 def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, str]]:
     """(geometric-mean time over ``loads``, config JSON) of every config right and timed under all of them,
-    fastest first: the tuner's ranking of one cell."""
+    fastest first: the tuner's ranking of one cell. A row without a load (resumed from a tuner log of
+    before session 7, which tuned on the uniform load alone) counts as uniform."""
     times: dict = {}
     for r in rows:
         if r["status"] == "ok":
-            times.setdefault(config_key(r), {})[r["load"]] = float(r["graph_us"])
+            times.setdefault(config_key(r), {})[r.get("load") or "uniform"] = float(r["graph_us"])
     out = [(math.exp(sum(math.log(t[ld]) for ld in loads) / len(loads)), c)
            for c, t in times.items() if all(ld in t for ld in loads)]
     return sorted(out)
@@ -248,7 +249,7 @@ def main():
             continue  # two token counts in one rows bucket (not so in config.yaml): the faster cell's choice
         entries[key] = {"dtype": "bfloat16", "experts": key[0], "k": k, "n": n, "w_layout": "nk",
                         "rows_bucket": key[3], "graph_us": best_us,
-                        "graph_us_by_load": {r["load"]: float(r["graph_us"]) for r in here
+                        "graph_us_by_load": {r.get("load") or "uniform": float(r["graph_us"]) for r in here
                                              if r["status"] == "ok" and config_key(r) == best},
                         "config": json.loads(best)}
     write_table("grouped", slug, [entries[key] for key in sorted(entries)])

@@ -197,6 +197,8 @@ def test_grouped_tuner_keeps_the_config_best_over_the_loads():
     assert [json.loads(c)["block_m"] for _, c in order] == [64, 16]
     assert abs(order[0][0] - (110.0 * 120.0) ** 0.5) < 1e-9
     assert [json.loads(c)["block_m"] for _, c in tg.robust_order(rows, ("uniform",))] == [32, 128, 16, 64]
+    old = [{k: v for k, v in r.items() if k != "load"} for r in rows if r["load"] == "uniform"]  # pre-load rows
+    assert [json.loads(c)["block_m"] for _, c in tg.robust_order(old, ("uniform",))] == [32, 128, 16, 64]
     g = {"tune_loads": ["uniform", "zipf1.2"]}
     assert tg.tune_loads(g, 1) == ("uniform",) and tg.tune_loads(g, 64) == ("uniform", "zipf1.2")
     with pytest.raises(ValueError, match="tune_loads"):
