@@ -543,17 +543,29 @@ def tune_cell(df: pd.DataFrame) -> list[str]:
     return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
 
 
+def tuner_rows(results: Path) -> pd.DataFrame | None:
+    """The grouped tuner's correct, timed rows (results/<gpu>/tune_grouped.csv), or None without it."""
+    path = results / "tune_grouped.csv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df[df.status == "ok"].copy()
+
+
+def with_against_without(df: pd.DataFrame, has: pd.Series) -> list[tuple[tuple, float]]:
+    """(tuning cell, best time without the feature / best time with it) for every tuning cell where the
+    tuner timed configs with the feature (``has``) and without it, side by side: > 1 where it won."""
+    return [(key, g[~has[g.index]].graph_us.min() / g[has[g.index]].graph_us.min())
+            for key, g in df.groupby(tune_cell(df)) if has[g.index].any() and (~has[g.index]).any()]
+
+
 def robust_tuning(n: Numbers, results: Path) -> None:
     """The grouped tuner keeps per cell the config of the least geometric-mean time over its loads: in how
     many cells tuned on several loads that differs from the uniform load's fastest, and what the choice
     costs on the uniform load and saves on the others, against that config (same process, same inputs)."""
-    path = results / "tune_grouped.csv"
-    if not path.exists():
+    df = tuner_rows(results)
+    if df is None or "load" not in df.columns:
         return
-    df = pd.read_csv(path)
-    if "load" not in df.columns:
-        return
-    df = df[df.status == "ok"]
     cost, save, differ, cells, loads = [], [], 0, 0, set()
     for _, g in df.groupby(["model", "proj", "tokens"]):
         t = g.pivot_table(index="config", columns="load", values="graph_us").dropna()
@@ -602,15 +614,12 @@ def robust_probe(n: Numbers, results: Path) -> None:
 def tma_splits(n: Numbers, results: Path) -> None:
     """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
     unsplit one, per tuning cell where both were timed (same process, same inputs)."""
-    path = results / "tune_grouped.csv"
-    if not path.exists():
+    df = tuner_rows(results)
+    if df is None:
         return
-    df = pd.read_csv(path)
-    df = df[df.status == "ok"].copy()
-    df["split"] = df.config.str.contains("'tma': True", regex=False) & ~df.config.str.contains("'split_k': 1,",
-                                                                                                 regex=False)
-    ratios = [g[~g.split].graph_us.min() / g[g.split].graph_us.min()
-              for _, g in df.groupby(tune_cell(df)) if g.split.any() and (~g.split).any()]
+    split = df.config.str.contains("'tma': True", regex=False) & ~df.config.str.contains("'split_k': 1,",
+                                                                                           regex=False)
+    ratios = [r for _, r in with_against_without(df, split)]
     if ratios:
         n.add("SplitCells", len(ratios), "{}")
         n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
@@ -622,18 +631,12 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
     """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
     with merged tails left out): in how many of the cells where they were offered one won, and the time
     saved against the best config without them."""
-    path = results / "tune_grouped.csv"
-    if not path.exists():
+    df = tuner_rows(results)
+    if df is None:
         return
-    df = pd.read_csv(path)
-    df = df[(df.status == "ok") & ~df.config.str.contains("'merge_tail': True", regex=False)].copy()  # see merged_tails
-    df["tail_m"] = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int)
-    gains = []
-    for key, g in df.groupby(tune_cell(df)):
-        with_tail, without = g[g.tail_m > 0], g[g.tail_m == 0]
-        if len(with_tail) and len(without):
-            gains.append((key, 100 * (1 - g.graph_us.min() / without.graph_us.min()),
-                          with_tail.graph_us.min() < without.graph_us.min()))
+    df = df[~df.config.str.contains("'merge_tail': True", regex=False)]  # see merged_tails
+    tail = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int) > 0
+    gains = [(key, 100 * max(0.0, 1 - 1 / r), r > 1) for key, r in with_against_without(df, tail)]
     if not gains:
         return
     best = max(gains, key=lambda x: x[1])
@@ -647,14 +650,10 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
 def merged_tails(n: Numbers, results: Path) -> None:
     """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
     with them won, and by how much against the best config without them."""
-    path = results / "tune_grouped.csv"
-    if not path.exists():
+    df = tuner_rows(results)
+    if df is None:
         return
-    df = pd.read_csv(path)
-    df = df[df.status == "ok"].copy()
-    df["merged"] = df.config.str.contains("'merge_tail': True", regex=False)
-    gains = [g[~g.merged].graph_us.min() / g[g.merged].graph_us.min()
-             for _, g in df.groupby(tune_cell(df)) if g.merged.any() and (~g.merged).any()]
+    gains = [r for _, r in with_against_without(df, df.config.str.contains("'merge_tail': True", regex=False))]
     if gains:
         n.add("MergedCells", len(gains), "{}")
         n.add("MergedWins", sum(x > 1 for x in gains), "{}")
