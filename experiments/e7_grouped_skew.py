@@ -95,10 +95,10 @@ def start(doc: str):
 def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) -> None:
     """The loop the probes share (experiments/probe_*.py, not pipeline steps): per cell (model, projection,
     tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
-    sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g)`` (g: config.yaml's grouped section) gives the
-    contenders, measured side by side with E7's timing settings; one row each with the cell's columns, the
-    floor and provenance (resumable, written atomically); ``summary(rows)`` returns the line printed per
-    cell."""
+    sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g, cell)`` (g: config.yaml's grouped section; cell:
+    (model, projection, tokens, load)) gives the contenders, measured side by side with E7's timing
+    settings; one row each with the cell's columns, the floor and provenance (resumable, written
+    atomically); ``summary(rows)`` returns the line printed per cell."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
     cells = cells[:1] if args.quick else cells
     bar = Progress(len(cells), "probe")
@@ -118,7 +118,8 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) ->
         xs = permute(x, plan)
         ref = ref_rows(xs, w, plan.group_offsets)
         ws = weight_sets(w, stats["active_experts"], rows, k, n)
-        out = measure(contenders_of(xs, plan, ref, w, t, e, k, n, g), [(xs, wi) for wi in ws], ref, k, settings)
+        out = measure(contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load)),
+                      [(xs, wi) for wi in ws], ref, k, settings)
         for r in out:
             gus = r.get("graph_us", math.nan)
             ok = gus == gus and gus

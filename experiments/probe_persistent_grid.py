@@ -82,7 +82,8 @@ def ratios(out: list[dict]) -> str:
 
 def main():
     run_probe(__doc__, "probe_persistent_grid", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, ref, k, t in g["decode_tokens"], e, n),
+              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, ref, k, t in g["decode_tokens"],
+                                                                       e, n),
               ratios)
 
 

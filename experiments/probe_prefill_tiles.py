@@ -123,7 +123,8 @@ def tflops(out: list[dict]) -> str:
 
 def main():
     run_probe(__doc__, "probe_prefill_tiles", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, xs.double() @ w[0].double().T, k, e, n, w),
+              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, xs.double() @ w[0].double().T,
+                                                                       k, e, n, w),
               tflops)
 
 

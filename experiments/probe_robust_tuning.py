@@ -78,17 +78,8 @@ def main():
     require_gpu()
     picks = choices(ROOT / "results" / slugify(torch.cuda.get_device_name(0)) / "tune_grouped.csv")
     run_probe(__doc__, "probe_robust_tuning", cells_of(picks),
-              lambda xs, plan, ref, w, t, e, k, n, g: contenders(xs, plan, t, *model_proj(g, e, k, n), picks),
+              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, t, cell[0], cell[1], picks),
               speedup)
-
-
-def model_proj(g: dict, e: int, k: int, n: int) -> tuple[str, str]:
-    """The (model, projection) of config.yaml's grouped section with these experts and [K, N]."""
-    for model, m in g["models"].items():
-        for proj in ("up", "down"):
-            if m["experts"] == e and tuple(m[proj]) == (k, n):
-                return model, proj
-    raise ValueError(f"no model with E={e}, K={k}, N={n} in config.yaml's grouped section")
 
 
 if __name__ == "__main__":
