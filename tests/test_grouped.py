@@ -544,3 +544,23 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persist
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
     ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * k**0.5)
+
+
+def test_committed_grouped_table_serves_every_tuned_cell_exactly():
+    """The committed H200 table (written by tune_grouped) and the library's lookup agree on the key: every
+    (model, projection, T) that config.yaml has the tuner tune finds its own entry ("tuned", not the
+    nearest), T=1 and T=8 of the many-expert models included (buckets below one row per expert)."""
+    import moegemm.grouped.api as api
+    from experiments.common import load_config
+
+    g = load_config()["grouped"]
+    table = api._tuned_table("nvidia-h200")
+    assert table, "no committed grouped table for nvidia-h200"
+    for model, m in g["models"].items():
+        for proj in ("up", "down"):
+            k, n = m[proj]
+            for t in g["tune_tokens"]:
+                cfg, source = api._choose(t * m["top_k"], k, torch.bfloat16, "nvidia-h200", m["experts"], n, "nk")
+                assert source == "tuned", (model, proj, t, api.rows_bucket(t * m["top_k"], m["experts"]))
+                assert cfg == table[("bfloat16", m["experts"], k, n, "nk",
+                                     api.rows_bucket(t * m["top_k"], m["experts"]))]
