@@ -135,6 +135,13 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) ->
     writer.finish()
 
 
+def ours(offsets, config):
+    """A contender's binder: our contiguous kernel with ``config`` on an input set (x_sorted, w as [E, N, K])
+    with these group offsets."""
+    return lambda inp: (lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk", config=config,
+                                           validate=False))
+
+
 def ref_rows(xs, w, offsets) -> torch.Tensor:
     """float64 per-expert reference on the GPU (w as [E, N, K])."""
     out = torch.empty(xs.shape[0], w.shape[1], dtype=torch.float64, device=xs.device)
@@ -154,18 +161,15 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
     base = dataclasses.replace(base, persistent=False)
     pers = dataclasses.replace(base, persistent=True)
 
-    def ours(c):
-        return lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False))
-
     def dense(inp):  # one expert's weights per call, a different expert each call (no L2 reuse either)
         turn = itertools.count()
         return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
 
     cs = [
-        Contender("ours:contiguous", ours(base), config=dataclasses.asdict(base), fields={"config_source": source},
-                  parallel_compile=True),
-        Contender("ours:persistent", ours(pers), config=dataclasses.asdict(pers), fields={"config_source": source},
-                  parallel_compile=True),
+        Contender("ours:contiguous", ours(off, base), config=dataclasses.asdict(base),
+                  fields={"config_source": source}, parallel_compile=True),
+        Contender("ours:persistent", ours(off, pers), config=dataclasses.asdict(pers),
+                  fields={"config_source": source}, parallel_compile=True),
         Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
                   graph=False),

@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from experiments.e7_grouped_skew import masked_inputs, run_probe
+from experiments.e7_grouped_skew import masked_inputs, ours, run_probe
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
-from moegemm.grouped import api, choose_config, grouped_mm, grouped_mm_masked
+from moegemm.grouped import api, choose_config, grouped_mm_masked
 from moegemm.grouped.api import masked_config
 
 CELLS = [  # (model, projection, tokens, load): E7's cells where the grids differed most, and a few others
@@ -54,14 +54,12 @@ def contenders(xs, plan, ref, k, decode: bool, e: int, n: int) -> list[Contender
     off = plan.group_offsets
     base, source = choose_config(xs, e, n, "nk")
     plain, pers = dataclasses.replace(base, persistent=False), dataclasses.replace(base, persistent=True)
-    cs = [Contender("plain", lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=plain,
-                                                             validate=False)),
-                    config=dataclasses.asdict(plain), fields={"config_source": source, "per_sm": ""})]
+    cs = [Contender("plain", ours(off, plain), config=dataclasses.asdict(plain),
+                    fields={"config_source": source, "per_sm": ""})]
     for v in (1, 2, "auto"):
         f = {"config_source": source}
-        cs.append(Contender(f"persistent:{v}", lambda inp, v=v, f=f: with_per_sm(v, lambda: grouped_mm(
-            inp[0], inp[1], off, w_layout="nk", config=pers, validate=False), f), config=dataclasses.asdict(pers),
-            fields=f))
+        cs.append(Contender(f"persistent:{v}", lambda inp, v=v, f=f: with_per_sm(v, ours(off, pers)(inp), f),
+                            config=dataclasses.asdict(pers), fields=f))
     if decode:
         xm, ym, sizes, expert, pos = masked_inputs(xs, plan, e, n)
         mcfg = {"m_max": xm.shape[1], **dataclasses.asdict(masked_config(xm, n, "nk"))}

@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from experiments.e7_grouped_skew import ref_rows, run_probe
+from experiments.e7_grouped_skew import ours, ref_rows, run_probe
 from experiments.tune_grouped import SMEM, smem_bytes
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
@@ -69,21 +69,18 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
     one = torch.tensor([0, m], dtype=torch.int32, device=xs.device)
     even = torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=xs.device)
 
-    def ours(c):
-        return lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False))
-
-    cs = [Contender("tuned", ours(tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
+    cs = [Contender("tuned", ours(off, tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
                     parallel_compile=True)]
     for store in (0, 1, 2):
         c = variant(tuned, tma_store=store)
         if c is not None and c != tuned:
-            cs.append(Contender(f"tuned:store{store}", ours(c), config=dataclasses.asdict(c),
+            cs.append(Contender(f"tuned:store{store}", ours(off, c), config=dataclasses.asdict(c),
                                 fields={"config_source": "tuned, stores changed"}, parallel_compile=True))
     if tuned.block_m >= 64:  # tails as tiles of their own, and merged into the row tile before them
         for merge in (False, True):
             c = variant(tuned, tail_m=tuned.tail_m or 32, merge_tail=merge)
             if c is not None and c != tuned:
-                cs.append(Contender(f"tuned:{'merged' if merge else 'separate'}-tails", ours(c),
+                cs.append(Contender(f"tuned:{'merged' if merge else 'separate'}-tails", ours(off, c),
                                     config=dataclasses.asdict(c), fields={"config_source": "tuned, tails changed"},
                                     parallel_compile=True))
     kn: dict = {}
@@ -99,7 +96,7 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
     deep = dataclasses.replace(tuned, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=True,
                                tail_m=min(tuned.tail_m, 64), tma_store=0)
     if deep != tuned:
-        cs.append(Contender("tile:128x128x128", ours(deep), config=dataclasses.asdict(deep),
+        cs.append(Contender("tile:128x128x128", ours(off, deep), config=dataclasses.asdict(deep),
                             fields={"config_source": "tuned grid, loop and tails"}, parallel_compile=True))
     cs.append(Contender("dense:cublas", lambda inp: (lambda: torch.mm(inp[0], inp[1][0].T)),
                         config={"torch.mm": "cuBLAS"}, fields={"config_source": ""},
@@ -110,10 +107,8 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
                         check=lambda out: check(out, dense_ref, k), parallel_compile=True))
     if w is not None:
         even_ref = ref_rows(xs, w, even)
-        cs.append(Contender("even:ours", lambda inp: (lambda: grouped_mm(inp[0], inp[1], even, w_layout="nk",
-                                                                         config=tuned, validate=False)),
-                            config=dataclasses.asdict(tuned), fields={"config_source": "tuned (of the grouped cell)"},
-                            check=lambda out: check(out, even_ref, k), parallel_compile=True))
+        cs.append(Contender("even:ours", ours(even, tuned), config=dataclasses.asdict(tuned),
+                            fields={"config_source": "tuned (of the grouped cell)"}, check=lambda out: check(out, even_ref, k), parallel_compile=True))
     return cs
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.common import ROOT, require_gpu
-from experiments.e7_grouped_skew import run_probe
+from experiments.e7_grouped_skew import ours, run_probe
 from experiments.tune_grouped import robust_order
 from moegemm.bench.runner import Contender
-from moegemm.grouped import GroupedConfig, grouped_mm
+from moegemm.grouped import GroupedConfig
 
 LOADS = ("uniform", "zipf1.2", "hot0.5")
 
@@ -54,14 +54,9 @@ def cells_of(picks: dict, skip_tokens=(1, 16384)) -> list[tuple]:
 
 
 def contenders(xs, plan, t: int, model: str, proj: str, picks: dict) -> list[Contender]:
-    off = plan.group_offsets
     both, uni = picks[model, proj, t]
-
-    def ours(c):
-        cfg = GroupedConfig(**c)
-        return lambda inp: (lambda: grouped_mm(inp[0], inp[1], off, w_layout="nk", config=cfg, validate=False))
-
-    return [Contender(name, ours(c), config=c, fields={"config_source": "tune_grouped.csv"}, parallel_compile=True)
+    return [Contender(name, ours(plan.group_offsets, GroupedConfig(**c)), config=c,
+                      fields={"config_source": "tune_grouped.csv"}, parallel_compile=True)
             for name, c in (("tuned:both-loads", both), ("tuned:uniform-only", uni))]
 
 

@@ -125,11 +125,6 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid
 
 
-def config_of(row: dict) -> GroupedConfig:
-    c = row["config"]
-    return GroupedConfig(**(json.loads(c) if isinstance(c, str) else c))
-
-
 def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=None) -> list[dict]:
     """One row per config not yet in ``writer``: checked against float64, then timed on the GPU clock
     (``settings``: config.yaml's grouped timing, whose calls_per_graph and min_graph_us apply; default 10

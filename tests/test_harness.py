@@ -172,12 +172,12 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32, group_m=1)]
     writer.add(tg.time_configs(cfgs[:1], writer, base, xs, [w], plan.group_offsets, ref))
     rows = tg.time_configs(cfgs, writer, base, xs, [w], plan.group_offsets, ref)
-    assert [tg.config_of(r) for r in rows] == cfgs[1:]  # the first was done already
+    assert [GroupedConfig(**r["config"]) for r in rows] == cfgs[1:]  # the first was done already
     assert all(r["status"] == "ok" and r["graph_us"] >= 100 for r in rows)
     best = sorted(writer.rows + rows, key=lambda r: r["graph_us"])[: tg.PERSISTENT_TRIES - 1]
-    more = tg.time_configs([dataclasses.replace(tg.config_of(r), persistent=True) for r in best], writer, base,
-                           xs, [w], plan.group_offsets, ref)
-    assert [tg.config_of(r).persistent for r in more] == [True, True]
+    more = tg.time_configs([dataclasses.replace(GroupedConfig(**r["config"]), persistent=True) for r in best],
+                           writer, base, xs, [w], plan.group_offsets, ref)
+    assert [GroupedConfig(**r["config"]).persistent for r in more] == [True, True]
 
 
 def test_grouped_tuner_keeps_the_config_best_over_the_loads():

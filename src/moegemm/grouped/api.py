@@ -422,11 +422,10 @@ def grouped_mm_masked(
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
     config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail`` and ``tma_store`` are
-    not used);
-    default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With ``tma=True``
-    and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows come in by TMA
-    through a descriptor made in-kernel for each expert's first masked_m[e] rows, so rows past them are
-    still not read; other inputs take the pointer kernel with the same tiles."""
+    not used); default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With
+    ``tma=True`` and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows
+    come in by TMA through a descriptor made in-kernel for each expert's first masked_m[e] rows, so rows
+    past them are still not read; other inputs take the pointer kernel with the same tiles."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)

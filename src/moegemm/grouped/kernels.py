@@ -242,9 +242,10 @@ def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k_lo, k_hi, BLOCK_M: t
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr,
                 UPCAST: tl.constexpr):
     """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, k_lo:k_hi] @ W_expert[k_lo:k_hi, col0:+BLOCK_N] (k_lo a
-    multiple of BLOCK_K; all of K: 0, K), the tiles brought in by TMA. SWAP_AB computes the transpose, W-tile^T @ A-tile^T, so that the weight columns
-    fill the tensor cores' M side (at least 64 rows per warp group) and the few rows of the tile are
-    their N side (any multiple of 8): the cheap way to compute a tile of only a few rows."""
+    multiple of BLOCK_K; all of K: 0, K), the tiles brought in by TMA. SWAP_AB computes the transpose,
+    W-tile^T @ A-tile^T, so that the weight columns fill the tensor cores' M side (at least 64 rows per
+    warp group) and the few rows of the tile are their N side (any multiple of 8): the cheap way to compute
+    a tile of only a few rows."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
