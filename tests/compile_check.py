@@ -24,7 +24,8 @@ from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E40
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
                                      _grouped_mm_masked_tma_kernel, _grouped_mm_splitk_kernel,
-                                     _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel)
+                                     _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel,
+                                     _grouped_mm_tma_streamk_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -82,6 +83,10 @@ def variants():
                            dict(tio, p_ptr="*fp32", counter_ptr="*i32"),
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn, SPLIT_K=3,
                                 HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
+                    yield (("grouped_tma_streamk", dt, epi, bias, kn), _grouped_mm_tma_streamk_kernel,
+                           dict(tio, p_ptr="*fp32", counter_ptr="*i32"),
+                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
+                                HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
                     mio = {"a_ptr": TY[dt], "w_desc": f"tensordesc<{dt}{box}>", "y_ptr": TY[dt],
                            "masked_m_ptr": "*i32"}
                     yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
@@ -104,7 +109,7 @@ def variants():
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows, waves=1.0):  # few waves: the split-K candidates too
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k, c.tail_m, c.tma_store, c.merge_tail)
+                   c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k)
             if key in seen:
                 continue
             seen.add(key)
@@ -117,7 +122,12 @@ def variants():
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
                             GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
-            if c.tma and c.split_k > 1:
+            if c.stream_k:
+                sio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
+                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
+                       "offsets_ptr": "*i32", "scale_ptr": "*bf16", "p_ptr": "*fp32", "counter_ptr": "*i32"}
+                yield (("grouped_tune", *key), _grouped_mm_tma_streamk_kernel, sio, dict(tiles, W_KN=False), opts)
+            elif c.tma and c.split_k > 1:
                 sio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
                        "offsets_ptr": "*i32", "scale_ptr": "*bf16", "p_ptr": "*fp32", "counter_ptr": "*i32"}

@@ -91,6 +91,28 @@ def test_tma_split_k(layout, persistent, split_k, device, poison_partials, monke
     assert launched == [_grouped_mm_tma_splitk_kernel] * 2
 
 
+@pytest.mark.parametrize("layout,k", [("nk", 96), ("nk", 200), ("kn", 224)])
+@pytest.mark.parametrize("sms", [1, 3, 5, 8])
+def test_tma_stream_k(layout, k, sms, device, poison_partials, monkeypatch):
+    """The Stream-K kernel (bf16, aligned rows: the TMA descriptors exist) with 15 tiles on a grid of
+    2 x ``sms`` programs (the interpreter's two per SM): many whole tiles and two waves dealt out (1 SM),
+    one wave whole and the rest dealt (3), all dealt (5), fewer tiles than programs (8); K of 3, 7 (a K
+    tail) and 7 steps, so that tiles are shared by two programs in all but the last. Empty experts, N not
+    a multiple of the tile, ReLU and row scale; twice, so the counters must be reset; the fp32 parts start
+    as NaN, so a part never stored shows up."""
+    import moegemm.grouped.api as api
+    from moegemm.grouped.kernels import _grouped_mm_tma_streamk_kernel
+
+    launched = []
+    real = api._launch
+    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (launched.append(kernel), real(kernel, *a)))
+    monkeypatch.setattr(api, "device_sm_count", lambda x: sms)
+    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=True, group_m=2, tma=True, stream_k=True)
+    for _ in range(2):
+        _check_grouped(5, [0, 37, 3, 0, 12], k, 40, layout, "relu", True, torch.bfloat16, cfg, device)
+    assert launched == [_grouped_mm_tma_streamk_kernel] * 2
+
+
 def _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device):
     g = torch.Generator().manual_seed(sum(sizes) * 131 + k * 7 + n)
     m = sum(sizes)
@@ -324,6 +346,12 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     for bad in (dict(tail_m=32), dict(tma_store=1), dict(warp_specialize=True)):
         with pytest.raises(ValueError, match="config.split_k: the split kernels have no tail tiles"):
             GroupedConfig(split_k=2, tma=True, **bad)
+    for bad in (dict(tma=False), dict(persistent=False)):
+        with pytest.raises(ValueError, match="config.stream_k: deals tiles out .* needs tma=True and persistent"):
+            GroupedConfig(**{**dict(tma=True, persistent=True, stream_k=True), **bad})
+    for bad in (dict(split_k=2), dict(tail_m=32), dict(tma_store=1), dict(warp_specialize=True)):
+        with pytest.raises(ValueError, match="config.stream_k: the Stream-K kernel has no split_k"):
+            GroupedConfig(tma=True, persistent=True, stream_k=True, block_m=64, **bad)
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])

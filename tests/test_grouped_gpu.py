@@ -59,10 +59,12 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
             # decode: a hot expert's rows in one 64-row tile, the others' as 16-row tiles
             GroupedConfig(64, 128, 128, num_stages=4, tma=True, tail_m=16),
             GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True)]
+    streamk = [dataclasses.replace(tma, persistent=True, stream_k=True)]  # the last waves dealt out by K steps
     stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
               dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
-                dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, *stores, None):
+                dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, *stores, *streamk,
+                None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")
@@ -146,3 +148,35 @@ def test_split_k_cuda_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert_close_to_ref(out, _ref(xs, w, plan.group_offsets), hidden, f"replay {i}")
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("bm,bn,warps", [(128, 128, 8), (64, 128, 4)])
+def test_stream_k_cuda_graph_replay_with_new_routing(layout, bm, bn, warps):
+    """Stream-K inside a CUDA graph, replayed with a new routing each time (new offsets in the same buffer):
+    the tile count, and so which tiles are whole and where the dealt runs cut them, is worked out in-kernel
+    on every replay; the counters reset themselves; the fp32 parts' buffer is the graph's. A few waves of
+    tiles on the H200's SMs: some dealt, shared by two programs."""
+    torch.manual_seed(11)
+    e, top_k, t, hidden, n = 8, 2, 512, 4096, 1536
+    plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=11), e)
+    offsets = plan.group_offsets.clone()
+    xs = torch.randn(t * top_k, hidden, device="cuda").to(torch.bfloat16)
+    w_nk = (torch.randn(e, n, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
+    w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
+    cfg = GroupedConfig(bm, bn, 64, num_warps=warps, num_stages=4, persistent=True, tma=True, stream_k=True)
+    rs = torch.rand(xs.shape[0], device="cuda").to(torch.bfloat16)
+    out = torch.empty(xs.shape[0], n, dtype=torch.bfloat16, device="cuda")
+    grouped_mm(xs, w, offsets, w_layout=layout, row_scale=rs, epilogue="relu", config=cfg, out=out)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_mm(xs, w, offsets, w_layout=layout, row_scale=rs, epilogue="relu", config=cfg, out=out,
+                   validate=False)
+    for i, load in enumerate(["uniform", "hot0.9", "zipf1.5", "uniform"]):
+        offsets.copy_(route(sample_topk(t, e, top_k, load, seed=100 + i), e).group_offsets)
+        xs.copy_(torch.randn(xs.shape, device="cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_ref(out, torch.relu(_ref(xs, w_nk, offsets)) * rs.double()[:, None], hidden,
+                            f"replay {i} {load}")

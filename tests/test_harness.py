@@ -226,14 +226,18 @@ def test_grouped_tuner_candidates_by_regime():
             assert c.block_m <= (16 if not c.tma else 32 if not c.tail_m else 64) or mean > 16, (mean, c)
             assert c.tail_m <= 16 or mean > 16, (mean, c)
             assert not c.warp_specialize or c.persistent
-        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
-        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
+        plain = {dataclasses.replace(c, persistent=False) for c in cs if not (c.warp_specialize or c.stream_k)}
+        pers = {dataclasses.replace(c, persistent=False) for c in cs
+                if c.persistent and not (c.warp_specialize or c.stream_k)}
         assert plain == pers, mean  # every tile config on both grids
     assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
-    # K split in TMA tiles only where few big tiles are left (waves), past decode
-    for mean, waves, want in ((64, 2.0, True), (512, 3.9, True), (64, 8.0, False), (8, 1.0, False)):
-        splits = [c for c in candidates(mean, waves) if c.split_k > 1]
-        assert bool(splits) == want and all(c.tma and not c.tail_m for c in splits), (mean, waves)
+    # Stream-K only where few waves of tiles are left, past decode; 128 x 256 tiles only past the middle
+    mid, big = {(64, 128), (128, 128)}, {(64, 128), (128, 128), (128, 256)}
+    for mean, waves, want in ((64, 2.0, mid), (512, 7.9, big), (64, 8.0, set()), (8, 1.0, set()), (512, None, set())):
+        sk = [c for c in candidates(mean, waves) if c.stream_k]
+        assert {(c.block_m, c.block_n) for c in sk} == want, (mean, waves)
+        assert all(c.tma and c.persistent and c.split_k == 1 and not c.tail_m for c in sk)
+    assert not any(c.tma and c.split_k > 1 for mean in (1, 64, 512) for c in candidates(mean, 1.0))
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32)) and not any(c.merge_tail for c in candidates(512))
 
@@ -383,6 +387,29 @@ def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, dev
     for c in cs:
         ok, rel, why = check(c.bind((xs, w))(), ref, k)
         assert ok, (c.name, why)
+
+
+def test_stream_k_probe_contenders_compute_their_products(device, monkeypatch):
+    """The Stream-K probe: the library's tiles, then each probe tile shape dealt out by K steps and whole on
+    the same persistent grid (only the stream_k flag differs), all computing the grouped product (checked
+    against float64 on fresh data); its cells have few waves of tiles, past decode, both loads."""
+    import dataclasses
+
+    from experiments import probe_stream_k as probe
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = _small_moe_cell(device, 17, e, k, n, t=9)
+    monkeypatch.setattr(probe, "TILES", {"16x16": GroupedConfig(16, 16, 32, persistent=True, tma=True)})
+    cs = probe.contenders(xs, plan, e, n)
+    assert [c.name for c in cs] == ["tuned", "stream-k:16x16", "whole:16x16"]
+    assert [c.config["stream_k"] for c in cs[1:]] == [True, False]
+    assert dataclasses.replace(GroupedConfig(**cs[1].config), stream_k=False) == GroupedConfig(**cs[2].config)
+    for c in cs:
+        ok, rel, why = check(c.bind((xs, w))(), ref, k)
+        assert ok, (c.name, why)
+    assert {ld for *_, ld in probe.CELLS} == {"uniform", "zipf1.2"} and all(t >= 256 for _, _, t, _ in probe.CELLS)
 
 
 def test_tuner_verdict_tells_an_error_from_wrong_values(device):

@@ -16,7 +16,8 @@ from ..epilogue import Epilogue
 from ..decompose_k import configs as dk_configs
 from ..decompose_k.single_launch import _counters
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
-                      _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel)
+                      _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel,
+                      _grouped_mm_tma_streamk_kernel)
 
 try:  # host-side tensor descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -45,6 +46,9 @@ class GroupedConfig:
     #                     column slices (1 or 2; 0: pointer stores)
     merge_tail: bool = False  # with tail_m: an expert's last <= tail_m rows after a whole row tile computed by
     #                           that tile's program from the same weight tiles (no tile of their own)
+    stream_k: bool = False  # with tma and persistent: the last one to two waves of tiles dealt out to the
+    #                         programs by K steps (Stream-K), not as whole tiles; no splits, tails, TMA stores
+    #                         or warp_specialize
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -68,6 +72,13 @@ class GroupedConfig:
                 raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
         if self.merge_tail and not self.tail_m:
             raise ValueError("config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0")
+        if self.stream_k:
+            if not (self.tma and self.persistent):
+                raise ValueError("config.stream_k: deals tiles out over the persistent grid's TMA kernel; needs "
+                                 "tma=True and persistent=True")
+            if self.split_k > 1 or self.tail_m or self.tma_store or self.warp_specialize:
+                raise ValueError("config.stream_k: the Stream-K kernel has no split_k, tail tiles, TMA stores or "
+                                 "warp_specialize")
         if self.tma_store not in (0, 1, 2) or isinstance(self.tma_store, bool):
             raise ValueError(f"config.tma_store: expected 0, 1 or 2 (column slices), got {self.tma_store!r}")
         if self.tma_store and not self.tma:
@@ -176,6 +187,9 @@ def grouped_mm(
     tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts), or
     with ``merge_tail`` beside the expert's previous row tile, from the same weight tiles; with
     ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting).
+    A config with ``stream_k`` (TMA, persistent grid) deals the last one to two waves of tiles out to the
+    programs by K steps, so that each does the same number of K steps (fp32 parts of a tile shared by two
+    programs added by the second to finish).
     A config with ``split_k > 1`` splits K inside each tile (fp32 partials; the last split of a tile to
     finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles,
     and (with ``tma``) where a long K leaves few big tiles for the GPU's multiprocessors.
@@ -257,6 +271,16 @@ def grouped_mm(
         ), dict(SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
         return out
     descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg, out) if cfg.tma else None
+    if descs is not None and cfg.stream_k:
+        # a program ends at most one tile it shares and starts at most one: two fp32 slots per program
+        counters = _counters(x_sorted.device, 2 * device_sm_count(x_sorted))
+        _launch(_grouped_mm_tma_streamk_kernel, max_tiles, cfg, x_sorted, lambda grid: (
+            descs[0], descs[1], out, offsets, scale,
+            dk_configs.alloc_partials(2 * grid + 2, cfg.block_m, cfg.block_n, x_sorted.device) if grid else
+            torch.empty(1, dtype=torch.float32, device=x_sorted.device),  # (to compile: the signature only)
+            counters, n, k, e, out.stride(0), out.stride(1),
+        ), dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
+        return out
     if descs is not None:
         _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
@@ -283,10 +307,14 @@ def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2)
 _PER_SM: dict = {}
 
 
-def _launch(kernel, work_items: int, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> None:
-    """Launch ``kernel`` on the grid _grid gives, the persistent one sized by _per_sm."""
-    per_sm = _per_sm(kernel, cfg, x, args, kwargs) if cfg.persistent else 2
-    kernel[(_grid(work_items, cfg, x, per_sm),)](*args, **kwargs)
+def _launch(kernel, work_items: int, cfg: GroupedConfig, x: torch.Tensor, args, kwargs: dict) -> None:
+    """Launch ``kernel`` on the grid _grid gives, the persistent one sized by _per_sm. ``args``: the
+    kernel's arguments, or a function of the grid size giving them (of None: arguments to compile with),
+    for a workspace sized by the grid."""
+    of = args if callable(args) else (lambda grid: args)
+    per_sm = _per_sm(kernel, cfg, x, of(None), kwargs) if cfg.persistent else 2
+    grid = _grid(work_items, cfg, x, per_sm)
+    kernel[(grid,)](*of(grid), **kwargs)
 
 
 def _per_sm(kernel, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> int:
@@ -404,7 +432,7 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
     elif config.split_k > 1:
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
     return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                               warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False)
+                               warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False, stream_k=False)
 
 
 def grouped_mm_masked(
@@ -421,8 +449,8 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail`` and ``tma_store`` are
-    not used); default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With
+    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail``, ``tma_store`` and
+    ``stream_k`` are not used); default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With
     ``tma=True`` and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows
     come in by TMA through a descriptor made in-kernel for each expert's first masked_m[e] rows, so rows
     past them are still not read; other inputs take the pointer kernel with the same tiles."""

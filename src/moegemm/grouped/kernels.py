@@ -343,6 +343,85 @@ def _grouped_mm_tma_splitk_kernel(
 
 
 @triton.jit
+def _grouped_mm_tma_streamk_kernel(
+    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr, p_ptr, counter_ptr,
+    N, K, E, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr, W_KN: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """The TMA kernel's tiles on the persistent grid, the last waves dealt out by K steps (Stream-K, after
+    Osama et al., PPoPP 2023): where the tile count is a few waves of the grid and not a whole number of
+    them (Mixtral's prefill: 8 experts, a few row tiles each, a long K), a whole-tile schedule leaves most
+    programs idle in the last wave. Here the tiles up to the last one to two waves go round robin, whole;
+    the rest, from one to two waves' worth, are cut into equal runs of K steps, one run per program, so
+    every program does the same number of K steps. A run covers whole tiles and at most two parts of
+    tiles; a tile is split between at most two programs (each run is at least a tile long), which hand
+    their fp32 parts to _stream_partial. The tile count comes from the offsets in-kernel, so the cut is
+    made there too: no host sync."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    pid = tl.program_id(0)
+    progs = tl.num_programs(0)
+    iters = tl.cdiv(K, BLOCK_K)
+    if total_tiles < progs:
+        whole = total_tiles  # fewer tiles than programs: one each, nothing to deal out
+    else:
+        whole = (total_tiles // progs - 1) * progs
+    for tile in range(pid, whole, progs):
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
+                          UPCAST)
+        _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+    dealt = (total_tiles - whole) * iters  # K steps of the dealt tiles, numbered tile by tile
+    per = tl.cdiv(dealt, progs)  # >= iters: between one and two waves of tiles are dealt
+    it = pid * per
+    it_end = tl.minimum(it + per, dealt)
+    while it < it_end:
+        t_lo = (it // iters) * iters  # first K step of the tile holding step ``it``
+        end = tl.minimum(it_end, t_lo + iters)
+        tile = whole + it // iters
+        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, (it - t_lo) * BLOCK_K,
+                          tl.minimum((end - t_lo) * BLOCK_K, K), BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST)
+        if it == t_lo and end == t_lo + iters:
+            _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        else:
+            _stream_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, t_lo // per, (it != t_lo).to(tl.int32),
+                            row0, row_end, col0, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        it = end
+
+
+@triton.jit
+def _stream_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, first, part, row0, row_end, col0, N,
+                    stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr,
+                    EPILOGUE: tl.constexpr):
+    """Part ``part`` of a tile that programs ``first`` (part 0, its first K steps, at the end of that
+    program's run) and ``first + 1`` (part 1, the rest, at the start of its run) share: stored to slot
+    2 * first + 1 + part of p ([slots, BLOCK_M, BLOCK_N] fp32; the two parts of a tile in adjacent slots, as
+    each program ends at most one shared tile and starts at most one), then a ticket from counter[first];
+    the second to arrive adds the other part to its own (fp32 addition commutes: the same result either
+    way), applies epilogue and row scale, stores the tile and resets the counter (CUDA-graph replays stay
+    right)."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(p_ptr + (2 * first + 1 + part).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+    # the part stored before the ticket (CTA barrier, gpu-scope release); the second program's acquire
+    # orders its load of the other part after the first's release
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr + first, 1, sem="acq_rel", scope="gpu")
+    if ticket == 1:
+        tl.debug_barrier()
+        other = tl.load(p_ptr + (2 * first + 2 - part).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                        cache_modifier=".cg")
+        _store_tile(acc + other, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        tl.atomic_xchg(counter_ptr + first, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
     """_tile_plan for the masked layout: each expert's rows are [0, masked_m[e]) of its own block, the
     counts clamped to [0, m_max]."""
