@@ -27,7 +27,7 @@ from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.api import rows_bucket
 
 
-def candidates(mean_rows: float, waves: float | None = None) -> list[GroupedConfig]:
+def candidates(mean_rows: float) -> list[GroupedConfig]:
     """Tile configs by regime of the mean rows per expert, on the plain and the persistent grid; the row
     tiles of an expert are walked together (group_m = 8) so that they share its weights in L2.
 
@@ -49,19 +49,17 @@ def candidates(mean_rows: float, waves: float | None = None) -> list[GroupedConf
       tiles) only with 64-row tiles: on the prefill tiles they were slower wherever an expert holds several
       row tiles (session 6: 1.14-1.60x in the tuner before a fix of the merged path, 0.75-1.03x the tuned
       configs' rate after it; RUNS.md, session 6).
-    - few waves of tiles (``waves``, the 128 x 256 tiles of the cell over the SM count, below 8; past
-      decode): the persistent grid with its last one to two waves dealt out by K steps (Stream-K, TMA
-      loads), 128 x 256, 128 x 128 and 64 x 128 tiles, so that the last wave of a long K (Mixtral's down
-      projection) is not left mostly idle. (They replace K split in two or three inside every tile, which
-      lost in all six cells where it was tried: 0.86-0.99x the best config without it, sessions 7.)
+    Not offered, measured slower where they were meant to help: K split inside every TMA tile where few
+    big tiles are left (0.86-0.99x the best config without it in all 6 cells, session 7), and the last
+    waves of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.84-0.99x the tuned config in all 14
+    cells of experiments/probe_stream_k.py, session 8): both stay as configs one can ask for.
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
     64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
     Configs whose stages need more than 200 KB of shared memory are left out, and those whose stages and
     TMA-store staging need more than the 227 KB an H100/H200 block may have (smem_bytes)."""
-    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k, tail_m, tma_store, merge,
-    #          stream_k])
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k, tail_m, tma_store, merge])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
@@ -94,21 +92,17 @@ def candidates(mean_rows: float, waves: float | None = None) -> list[GroupedConf
         raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
-    if waves is not None and waves < 8 and mean_rows > 16:
-        tiles = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 4)] + ([(128, 256, 64, 8, 4)] if mean_rows > 64 else [])
-        raw += [(*t, True, False, 1, 0, 0, False, True) for t in tiles]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
-        # defaults: no splits, tails, TMA stores, merged tails or Stream-K
-        split_k, tail_m, tma_store, merge, stream = [*extra, *(1, 0, 0, False, False)[len(extra):]]
+        # defaults: no splits, tails, TMA stores or merged tails
+        split_k, tail_m, tma_store, merge = [*extra, *(1, 0, 0, False)[len(extra):]]
         if ((bm * bk + bk * bn) * 2 * stages > 200 * 1024
                 or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else 0) > SMEM):
             continue
-        for persistent in (False, True) if not (ws or stream) else (True,):
+        for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge,
-                                     stream_k=stream))
+                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge))
     return out
 
 
@@ -215,15 +209,11 @@ def main():
                 "rows_bucket": rows_bucket(t * top_k, e), "input_sets": len(ws), **prov}
         # The grid is not part of the compiled kernel, only of the launch: every tile config is timed on the
         # plain grid (the warp-specialized ones exist only on the persistent one), then the best few (by
-        # the geometric mean over the loads) also on the persistent grid -- half the timing of both grids
-        # (the Stream-K ones, too, exist only there).
-        # 128 x 256 tiles (about half the experts with a partial row tile more) over the SMs
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        waves = (t * top_k / 128 + e / 2) * -(-n // 256) / sms
-        cands = candidates(t * top_k / e, waves)
+        # the geometric mean over the loads) also on the persistent grid -- half the timing of both grids.
+        cands = candidates(t * top_k / e)
         rows = []
         for ld, (xs, offsets, ref, _) in inputs.items():
-            rows += time_configs([c for c in cands if not c.persistent or c.warp_specialize or c.stream_k], writer,
+            rows += time_configs([c for c in cands if not c.persistent or c.warp_specialize], writer,
                                  {**base, "load": ld}, xs, ws, offsets, ref, settings)
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)]
         plain = [c for _, c in robust_order(here, loads) if not json.loads(c)["persistent"]]

@@ -7,6 +7,7 @@ image's Triton (3.6) from a CPU machine.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -106,8 +107,11 @@ def variants():
 
     gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
     seen = set()
-    for mean_rows in (1, 64, 512):
-        for c in candidates(mean_rows, waves=1.0):  # few waves: the split-K candidates too
+    from experiments.probe_stream_k import TILES
+
+    stream = [dataclasses.replace(c, stream_k=True) for c in TILES.values()]  # the Stream-K probe's tiles
+    for mean_rows in (1, 64, 512, None):
+        for c in candidates(mean_rows) if mean_rows else stream:
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
                    c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k)
             if key in seen:
@@ -116,7 +120,7 @@ def variants():
             opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
             tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
-            if c.tma and not c.warp_specialize and not c.tail_m:  # the masked layout's TMA kernel, same tiles
+            if c.tma and not (c.warp_specialize or c.tail_m or c.stream_k):  # the masked layout's TMA kernel, same tiles
                 mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
                        "masked_m_ptr": "*i32"}
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,

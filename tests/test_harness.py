@@ -226,18 +226,12 @@ def test_grouped_tuner_candidates_by_regime():
             assert c.block_m <= (16 if not c.tma else 32 if not c.tail_m else 64) or mean > 16, (mean, c)
             assert c.tail_m <= 16 or mean > 16, (mean, c)
             assert not c.warp_specialize or c.persistent
-        plain = {dataclasses.replace(c, persistent=False) for c in cs if not (c.warp_specialize or c.stream_k)}
-        pers = {dataclasses.replace(c, persistent=False) for c in cs
-                if c.persistent and not (c.warp_specialize or c.stream_k)}
+        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
+        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
         assert plain == pers, mean  # every tile config on both grids
     assert any(c.split_k > 1 for c in candidates(1)) and not any(c.split_k > 1 for c in candidates(8))
-    # Stream-K only where few waves of tiles are left, past decode; 128 x 256 tiles only past the middle
-    mid, big = {(64, 128), (128, 128)}, {(64, 128), (128, 128), (128, 256)}
-    for mean, waves, want in ((64, 2.0, mid), (512, 7.9, big), (64, 8.0, set()), (8, 1.0, set()), (512, None, set())):
-        sk = [c for c in candidates(mean, waves) if c.stream_k]
-        assert {(c.block_m, c.block_n) for c in sk} == want, (mean, waves)
-        assert all(c.tma and c.persistent and c.split_k == 1 and not c.tail_m for c in sk)
-    assert not any(c.tma and c.split_k > 1 for mean in (1, 64, 512) for c in candidates(mean, 1.0))
+    # neither K split in TMA tiles nor Stream-K: measured slower where they were meant to help
+    assert not any(c.stream_k or (c.tma and c.split_k > 1) for mean in (1, 64, 512, 4096) for c in candidates(mean))
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32)) and not any(c.merge_tail for c in candidates(512))
 
