@@ -120,7 +120,8 @@ def variants():
             opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
             tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
-            if c.tma and not (c.warp_specialize or c.tail_m or c.stream_k):  # the masked layout's TMA kernel, same tiles
+            # the masked layout's TMA kernel, same tiles
+            if c.tma and not (c.warp_specialize or c.tail_m or c.stream_k):
                 mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
                        "masked_m_ptr": "*i32"}
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
