@@ -51,7 +51,7 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       configs' rate after it; RUNS.md, session 6).
     Not offered, measured slower where they were meant to help: K split inside every TMA tile where few
     big tiles are left (0.86-0.99x the best config without it in all 6 cells, session 7), and the last
-    waves of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.84-0.99x the tuned config in all 14
+    waves of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.77-0.99x the tuned config in all 14
     cells of experiments/probe_stream_k.py, session 8): both stay as configs one can ask for.
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left

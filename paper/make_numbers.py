@@ -627,6 +627,32 @@ def tma_splits(n: Numbers, results: Path) -> None:
         n.add("SplitHi", max(ratios))
 
 
+def stream_k_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
+    persistent grid whole against dealt out by K steps (time whole / time dealt: > 1 where dealing won),
+    and the library's tuned config against the fastest Stream-K tiles (time tuned / time Stream-K)."""
+    path = results / "probe_stream_k.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    t = df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
+                                          values="graph_us")
+    sk = [c for c in t.columns if c.startswith("stream-k:")]
+    if not sk or "tuned" not in t:
+        return
+    whole = pd.concat([t[c.replace("stream-k:", "whole:")] / t[c] for c in sk]).dropna()
+    vs_tuned = (t["tuned"] / t[sk].min(axis=1)).dropna()
+    n.add("StreamKCells", len(vs_tuned), "{}")
+    n.add("StreamKShapes", len(sk), "{}")
+    n.add("StreamKWins", int((whole > 1).sum()), "{}")
+    n.add("StreamKPairs", len(whole), "{}")
+    n.add("StreamKVsWhole", gm(whole))
+    n.add("StreamKVsWholeLo", float(whole.min()))
+    n.add("StreamKVsWholeHi", float(whole.max()))
+    n.add("StreamKVsTunedLo", float(vs_tuned.min()))
+    n.add("StreamKVsTunedHi", float(vs_tuned.max()))
+
+
 def tails(n: Numbers, results: Path, gen: Path) -> None:
     """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
     with merged tails left out): in how many of the cells where they were offered one won, and the time
@@ -720,6 +746,7 @@ def main():
     merged_tails(n, results)
     robust_tuning(n, results)
     tma_splits(n, results)
+    stream_k_probe(n, results)
     robust_probe(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")

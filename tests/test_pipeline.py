@@ -230,3 +230,29 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
     n = Numbers()
     robust_tuning(n, tmp_path)
     assert not n.items
+
+
+def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.make_numbers.stream_k_probe on a probe CSV (synthetic test data made here): whole against
+    dealt for each tile shape and cell (a failed row left out), the tuned config against the fastest
+    dealt shape per cell; no CSV, no numbers."""
+    import pandas as pd
+
+    from paper.make_numbers import Numbers, stream_k_probe
+
+    times = {("m", "up", 1024, "uniform"): {"tuned": 90, "stream-k:a": 100, "whole:a": 80, "stream-k:b": 120,
+                                             "whole:b": 132},
+             ("m", "up", 1024, "zipf1.2"): {"tuned": 100, "stream-k:a": 125, "whole:a": 100, "stream-k:b": 200,
+                                            "whole:b": 100}}
+    rows = [{"model": m, "proj": p, "tokens": t, "load": ld, "contender": c, "status": "ok", "graph_us": float(us)}
+            for (m, p, t, ld), cs in times.items() for c, us in cs.items()]
+    rows.append({"model": "m", "proj": "up", "tokens": 4096, "load": "uniform", "contender": "stream-k:a",
+                 "status": "wrong", "graph_us": float("nan")})
+    n = Numbers()
+    stream_k_probe(n, tmp_path)
+    assert not n.items
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_stream_k.csv", index=False)
+    stream_k_probe(n, tmp_path)
+    assert n.items["StreamKCells"] == "2" and n.items["StreamKPairs"] == "4" and n.items["StreamKWins"] == "1"
+    assert n.items["StreamKVsWholeLo"] == "0.50" and n.items["StreamKVsWholeHi"] == "1.10"
+    assert n.items["StreamKVsTunedLo"] == "0.80" and n.items["StreamKVsTunedHi"] == "0.90"
