@@ -41,6 +41,9 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
       at most 32 rows costs a 32-row tile), also merged into the row tile before them; 128 x 128 tiles
       with 32-row tails (hot experts in fewer row tiles).
+    - middle and prefill, also: row tiles with extra rows (``extra_m``: 64 + 16/32, 128 + 16/32), every
+      tile computing the rows after its first block_m beside them from the same weight tiles, so an expert
+      ending a few rows past a multiple of block_m takes no row tile more; on the flattened loop too.
     - prefill: 128 x 128/256 and 64 x 256 tiles on the tensor cores (wgmma), 8 warps, TMA loads; also
       the persistent loop with Triton's warp_specialize flag (on sm_90: flattened, see GroupedConfig), and
       tail tiles on either loop: an expert's last row tile holding at most tail_m rows computed as a
@@ -81,6 +84,10 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32, 0, True) for bk in (64, 128)]
         # 128-row tiles with 32-row tails: a skewed load's hot experts in fewer row tiles
         raw += [(128, 128, 64, 8, 4, True, False, 1, 32)]
+        # row tiles with extra rows (64 + 16/32, 128 + 32): an expert just past a multiple of the tile's
+        # rows in one row tile fewer, every tile on the same path
+        raw += [(64, 128, 64, 4, 4, True, False, 1, 0, 0, False, x) for x in (16, 32)]
+        raw += [(128, 128, 64, 8, 4, True, False, 1, 0, 0, False, 32)]
     else:
         raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
         raw += [(128, 256, 64, 8, st, True, ws, 1, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
@@ -92,17 +99,24 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
+        # row tiles with 16 or 32 extra rows beside their 128 (at about 256 rows per expert, 2 x 144 rows hold
+        # nearly every expert, where 128-row tiles need a third for half of them); unlike tails, on the
+        # flattened loop too
+        raw += [(128, 256, 64, 8, st, True, ws, 1, 0, 0, False, 16) for st in (3, 4) for ws in (False, True)]
+        raw += [(128, 256, 64, 8, 3, True, ws, 1, 0, 0, False, 32) for ws in (False, True)]
+        raw += [(128, 128, 64, 8, 4, True, False, 1, 0, 0, False, x) for x in (16, 32)]
     out = []
-    for bm, bn, bk, warps, stages, tma, ws, *extra in raw:
-        # defaults: no splits, tails, TMA stores or merged tails
-        split_k, tail_m, tma_store, merge = [*extra, *(1, 0, 0, False)[len(extra):]]
+    for bm, bn, bk, warps, stages, tma, ws, *more in raw:
+        # defaults: no splits, tails, TMA stores, merged tails or extra rows
+        split_k, tail_m, tma_store, merge, extra = [*more, *(1, 0, 0, False, 0)[len(more):]]
         if ((bm * bk + bk * bn) * 2 * stages > 200 * 1024
-                or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else 0) > SMEM):
+                or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else extra) > SMEM):
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge))
+                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge,
+                                     extra_m=extra))
     return out
 
 
@@ -113,8 +127,9 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
                merged_tail: int = 0) -> int:
     """Shared memory of a 16-bit TMA tile config as Triton 3.6 lays it out for sm_90 (within 32 bytes of
     the compiled kernels' metadata for the prefill configs below, compiled without a GPU): the stages of A
-    and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows beside
-    them, the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop. The
+    and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows or of a row
+    tile's extra rows beside them (``merged_tail``; on the flattened loop with extra rows the compile took
+    4 KB more than this), the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop. The
     GPU's own compile can need more: whole-tile TMA stores on the 3-stage flattened 128 x 256 loop took
     245,784 bytes there against 217,112 here (session 6), so that config is not a candidate."""
     store = bm * bn * 2 // tma_store if tma_store else 0

@@ -543,9 +543,10 @@ def tune_cell(df: pd.DataFrame) -> list[str]:
     return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
 
 
-def tuner_rows(results: Path) -> pd.DataFrame | None:
-    """The grouped tuner's correct, timed rows (results/<gpu>/tune_grouped.csv), or None without it."""
-    path = results / "tune_grouped.csv"
+def tuner_rows(results: Path, path: Path | None = None) -> pd.DataFrame | None:
+    """The grouped tuner's correct, timed rows (results/<gpu>/tune_grouped.csv, or ``path``), or None
+    without it."""
+    path = path or results / "tune_grouped.csv"
     if not path.exists():
         return None
     df = pd.read_csv(path)
@@ -613,18 +614,26 @@ def robust_probe(n: Numbers, results: Path) -> None:
 
 def tma_splits(n: Numbers, results: Path) -> None:
     """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
-    unsplit one, per tuning cell where both were timed (same process, same inputs)."""
-    df = tuner_rows(results)
-    if df is None:
-        return
-    split = df.config.str.contains("'tma': True", regex=False) & ~df.config.str.contains("'split_k': 1,",
-                                                                                           regex=False)
-    ratios = [r for _, r in with_against_without(df, split)]
-    if ratios:
-        n.add("SplitCells", len(ratios), "{}")
-        n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
-        n.add("SplitLo", min(ratios))
-        n.add("SplitHi", max(ratios))
+    unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
+    offering it in session 8; then the newest kept run that timed it (results/<gpu>/runs/<run>/) is read,
+    and SplitRun names it."""
+    runs = sorted((results / "runs").glob("*/tune_grouped.csv"), reverse=True,
+                  key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)])
+    for path in [results / "tune_grouped.csv", *runs]:
+        df = tuner_rows(results, path)
+        if df is None:
+            continue
+        split = df.config.str.contains("'tma': True", regex=False) & ~df.config.str.contains("'split_k': 1,",
+                                                                                               regex=False)
+        ratios = [r for _, r in with_against_without(df, split)]
+        if ratios:
+            n.add("SplitCells", len(ratios), "{}")
+            n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
+            n.add("SplitLo", min(ratios))
+            n.add("SplitHi", max(ratios))
+            if path.parent != results:
+                n.add("SplitRun", path.parent.name)
+            return
 
 
 def stream_k_probe(n: Numbers, results: Path) -> None:

@@ -100,7 +100,13 @@ def variants():
                     yield (("grouped_tma", dt, epi, bias, ws, kn, tail, split, merge), _grouped_mm_tma_kernel, tio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
                                 WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=merge, STORE_SPLIT=split, HAS_SCALE=bias,
-                                EPILOGUE=epi, UPCAST=False))
+                                EXTRA_M=0, EPILOGUE=epi, UPCAST=False))
+                if not tail:  # every row tile with 16 extra rows beside its 64
+                    yield (("grouped_tma_extra", dt, epi, bias, ws, kn), _grouped_mm_tma_kernel,
+                           dict(tio, at_desc=f"tensordesc<{dt}[16,64]>"),
+                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=0, W_KN=kn,
+                                WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=False, STORE_SPLIT=0, HAS_SCALE=bias,
+                                EXTRA_M=16, EPILOGUE=epi, UPCAST=False))
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates
@@ -113,7 +119,7 @@ def variants():
     for mean_rows in (1, 64, 512, None):
         for c in candidates(mean_rows) if mean_rows else stream:
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k)
+                   c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k, c.extra_m)
             if key in seen:
                 continue
             seen.add(key)
@@ -121,7 +127,7 @@ def variants():
             tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
             # the masked layout's TMA kernel, same tiles
-            if c.tma and not (c.warp_specialize or c.tail_m or c.stream_k):
+            if c.tma and not (c.warp_specialize or c.tail_m or c.stream_k or c.extra_m):
                 mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
                        "masked_m_ptr": "*i32"}
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
@@ -142,12 +148,13 @@ def variants():
                 y_box = f"[{c.block_m},{c.block_n // c.tma_store}]" if c.tma_store else f"[{c.block_m},{c.block_k}]"
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
-                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
+                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.extra_m or c.block_m},{c.block_k}]>",
                        "y_desc": f"tensordesc<bf16{y_box}>", "y_ptr": "*bf16", "offsets_ptr": "*i32",
                        "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
                        dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
-                            FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, STORE_SPLIT=c.tma_store), opts)
+                            FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, STORE_SPLIT=c.tma_store,
+                            EXTRA_M=c.extra_m), opts)
             elif c.split_k > 1:
                 yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
                        dict(gio, p_ptr="*fp32", counter_ptr="*i32"),

@@ -346,6 +346,13 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     for bad in (dict(tail_m=32), dict(tma_store=1), dict(warp_specialize=True)):
         with pytest.raises(ValueError, match="config.split_k: the split kernels have no tail tiles"):
             GroupedConfig(split_k=2, tma=True, **bad)
+    with pytest.raises(ValueError, match=r"config.extra_m: expected 0 or a power of two in \[16, block_m\)"):
+        GroupedConfig(block_m=64, tma=True, extra_m=64)
+    with pytest.raises(ValueError, match="config.extra_m: extra rows are a TMA-kernel feature"):
+        GroupedConfig(block_m=64, extra_m=16)
+    for bad in (dict(tail_m=32), dict(tma_store=2), dict(split_k=2), dict(stream_k=True, persistent=True)):
+        with pytest.raises(ValueError, match="config.extra_m: not with tail_m"):
+            GroupedConfig(block_m=64, tma=True, extra_m=16, **bad)
     for bad in (dict(tma=False), dict(persistent=False)):
         with pytest.raises(ValueError, match="config.stream_k: deals tiles out .* needs tma=True and persistent"):
             GroupedConfig(**{**dict(tma=True, persistent=True, stream_k=True), **bad})
@@ -528,15 +535,36 @@ def test_persistent_grid_size(monkeypatch):
     assert seen == [132, 100, 1000]
 
 
-@pytest.mark.parametrize("tail,merge,store,persistent", [(0, False, 0, False), (16, False, 0, True),
-                                                         (16, True, 0, False), (16, True, 2, True),
-                                                         (16, True, 1, False)])
-def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persistent):
+@pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("kn", 64, 40)])
+@pytest.mark.parametrize("persistent,ws", [(False, False), (True, False), (True, True)])
+def test_tma_extra_rows_match_reference(layout, k, n, persistent, ws, monkeypatch, device):
+    """Row tiles of 32 + 16 extra rows (TMA kernel, extra rows computed transposed beside the 32): experts of
+    0 rows, 5 (in the main part only), 40 (into the extra rows), 48 (exactly one row tile), 49 (one more
+    row tile for one row), 100 and 96 (several row tiles, the last partial or whole), with NaN-poisoned
+    output (a row left unwritten shows), ReLU and row scale; on the flattened loop too."""
+    import moegemm.grouped.api as api
+    from moegemm.grouped.kernels import _grouped_mm_tma_kernel
+
+    launched = []
+    real = api._launch
+    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (launched.append(kernel), real(kernel, *a)))
+    sizes = [0, 5, 40, 48, 49, 100, 96]
+    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
+                        warp_specialize=ws, extra_m=16)
+    _check_grouped(len(sizes), sizes, k, n, layout, "relu", True, torch.bfloat16, cfg, device)
+    assert launched == [_grouped_mm_tma_kernel]
+
+
+@pytest.mark.parametrize("tail,merge,store,persistent,extra", [(0, False, 0, False, 0), (16, False, 0, True, 0),
+                                                               (16, True, 0, False, 0), (16, True, 2, True, 0),
+                                                               (16, True, 1, False, 0), (0, False, 0, True, 16),
+                                                               (0, False, 0, False, 16)])
+def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persistent, extra):
     """Under the interpreter, every store of the TMA kernel is counted per output element: each element of y
     is written exactly once, whatever path its tile takes (whole tiles, partial ones, tail tiles of their
-    own, tails merged into the row tile before them, TMA stores). A tile computing rows that another tile
-    also stores would still give right values; this catches it. Experts of 70 and 101 rows hold several
-    32-row tiles before their last (merged or not)."""
+    own, tails merged into the row tile before them, row tiles with extra rows, TMA stores). A tile
+    computing rows that another tile also stores would still give right values; this catches it. Experts
+    of 70 and 101 rows hold several 32-row tiles before their last (merged or not)."""
     interp = pytest.importorskip("triton.runtime.interpreter")
     import moegemm.grouped.api as api
     from moegemm._runtime import INTERPRET
@@ -551,7 +579,7 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persist
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
     cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True, tail_m=tail,
-                        merge_tail=merge, tma_store=store)
+                        merge_tail=merge, tma_store=store, extra_m=extra)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg, out) is not None
     lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()

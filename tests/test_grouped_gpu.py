@@ -60,11 +60,15 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
             GroupedConfig(64, 128, 128, num_stages=4, tma=True, tail_m=16),
             GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True)]
     streamk = [dataclasses.replace(tma, persistent=True, stream_k=True)]  # the last waves dealt out by K steps
+    # row tiles with extra rows beside their block_m (plain grid, and the flattened loop)
+    extras = [dataclasses.replace(tma, extra_m=16),
+              dataclasses.replace(tma, extra_m=32, persistent=True, warp_specialize=True)] if heur.block_m > 32 \
+        else [GroupedConfig(64, 128, 64, num_stages=4, tma=True, extra_m=16)]
     stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
               dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
                 dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, *stores, *streamk,
-                None):
+                *extras, None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")

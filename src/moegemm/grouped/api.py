@@ -46,6 +46,8 @@ class GroupedConfig:
     #                     column slices (1 or 2; 0: pointer stores)
     merge_tail: bool = False  # with tail_m: an expert's last <= tail_m rows after a whole row tile computed by
     #                           that tile's program from the same weight tiles (no tile of their own)
+    extra_m: int = 0  # with tma: every row tile holds block_m + extra_m rows, the last extra_m computed beside
+    #                   the first block_m from the same weight tiles (transposed); not with tail_m or tma_store
     stream_k: bool = False  # with tma and persistent: the last one to two waves of tiles dealt out to the
     #                         programs by K steps (Stream-K), not as whole tiles; no splits, tails, TMA stores
     #                         or warp_specialize
@@ -72,6 +74,14 @@ class GroupedConfig:
                 raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
         if self.merge_tail and not self.tail_m:
             raise ValueError("config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0")
+        if self.extra_m:
+            t = self.extra_m
+            if not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m:
+                raise ValueError(f"config.extra_m: expected 0 or a power of two in [16, block_m), got {t!r}")
+            if not self.tma:
+                raise ValueError("config.extra_m: extra rows are a TMA-kernel feature; needs tma=True")
+            if self.tail_m or self.tma_store or self.split_k > 1 or self.stream_k:
+                raise ValueError("config.extra_m: not with tail_m (tail tiles), tma_store, split_k or stream_k")
         if self.stream_k:
             if not (self.tma and self.persistent):
                 raise ValueError("config.stream_k: deals tiles out over the persistent grid's TMA kernel; needs "
@@ -186,7 +196,10 @@ def grouped_mm(
     and the pointer kernel with the same tiles elsewhere; with ``tail_m`` it computes a tile holding at most
     tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts), or
     with ``merge_tail`` beside the expert's previous row tile, from the same weight tiles; with
-    ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting).
+    ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting);
+    with ``extra_m`` every row tile holds block_m + extra_m rows, the last extra_m computed beside the
+    others from the same weight tiles (an expert of a few rows past a multiple of block_m needs no row
+    tile more for them, and every tile takes the same path).
     A config with ``stream_k`` (TMA, persistent grid) deals the last one to two waves of tiles out to the
     programs by K steps, so that each does the same number of K steps (fp32 parts of a tile shared by two
     programs added by the second to finish).
@@ -285,7 +298,7 @@ def grouped_mm(
         _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail,
+                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail, EXTRA_M=cfg.extra_m,
                 STORE_SPLIT=cfg.tma_store if descs[3] is not descs[0] else 0,
                 UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
         return out
@@ -360,16 +373,17 @@ def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n:
     None where the inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension
     with 16-byte aligned rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or
     [E*K, N] matrix); for "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The
-    pointer kernel, same tiles, serves the rest. Without tail_m the third descriptor is the first, and
-    without tma_store (or an ``out`` TMA cannot write: strides, alignment) the fourth is the first too (the
-    kernel does not use them; it then stores by pointers)."""
+    pointer kernel, same tiles, serves the rest. Without tail_m or extra_m the third descriptor is the first,
+    and without tma_store (or an ``out`` TMA cannot write: strides, alignment) the fourth is the first too
+    (the kernel does not use them; it then stores by pointers)."""
     if not _tma_rows_ok(x):
         return None
     b = _w_descriptor(w, w_layout, e, n, k, cfg)
     if b is None:
         return None
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
-    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
+    rows = cfg.tail_m or cfg.extra_m  # the rows of a tail tile's or of a row tile's extra boxes
+    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [rows, cfg.block_k]) if rows else a
     y = a
     if cfg.tma_store and out is not None and _tma_rows_ok(out):
         y = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.tma_store])
@@ -432,7 +446,8 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
     elif config.split_k > 1:
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
     return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                               warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False, stream_k=False)
+                               warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False, stream_k=False,
+                               extra_m=0)
 
 
 def grouped_mm_masked(
@@ -449,11 +464,12 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail``, ``tma_store`` and
-    ``stream_k`` are not used); default: this GPU's tuned tiles for m_max rows per expert, on the persistent grid. With
-    ``tma=True`` and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`grouped_mm`), x's rows
-    come in by TMA through a descriptor made in-kernel for each expert's first masked_m[e] rows, so rows
-    past them are still not read; other inputs take the pointer kernel with the same tiles."""
+    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail``, ``tma_store``,
+    ``stream_k`` and ``extra_m`` are not used); default: this GPU's tuned tiles for m_max rows per expert,
+    on the persistent grid. With ``tma=True`` and 16-bit inputs whose rows are 16-byte aligned (w as for
+    :func:`grouped_mm`), x's rows come in by TMA through a descriptor made in-kernel for each expert's first
+    masked_m[e] rows, so rows past them are still not read; other inputs take the pointer kernel with the
+    same tiles."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)

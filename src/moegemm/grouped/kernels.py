@@ -271,7 +271,7 @@ def _grouped_mm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     FLATTEN: tl.constexpr, MERGE_TAIL: tl.constexpr, STORE_SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr,
-    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr, EXTRA_M: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
@@ -287,14 +287,27 @@ def _grouped_mm_tma_kernel(
     own would stream the expert's weight columns once more for a few rows. Only experts of at most TAIL_M
     rows still take a tail tile.
     STORE_SPLIT > 0: a tile whose rows all belong to its expert is stored by TMA through ``y_desc`` (y with
-    [BLOCK_M, BLOCK_N // STORE_SPLIT] boxes); a tile overrunning its expert's rows by pointer stores."""
+    [BLOCK_M, BLOCK_N // STORE_SPLIT] boxes); a tile overrunning its expert's rows by pointer stores.
+    EXTRA_M > 0 (not with TAIL_M or STORE_SPLIT): every row tile holds BLOCK_M + EXTRA_M rows, the
+    EXTRA_M after the first BLOCK_M computed beside them from the same weight tiles, transposed (through
+    ``at_desc``, boxes of EXTRA_M rows): an expert whose rows end just past a multiple of BLOCK_M needs no
+    row tile for its last few rows, and, unlike tail tiles, every tile takes the same path, so the loop
+    stays one software pipeline (the flattened warp_specialize loop too)."""
     ABSORB: tl.constexpr = TAIL_M if MERGE_TAIL else 0
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, ABSORB)
+    STEP: tl.constexpr = BLOCK_M + EXTRA_M  # rows of a row tile
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, STEP, BLOCK_N, E_BLOCK, ABSORB)
     for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, ABSORB)
-        if TAIL_M > 0 and row_end - row0 <= TAIL_M:
+                                                              STEP, BLOCK_N, GROUP_M, ABSORB)
+        if EXTRA_M > 0:
+            acc, extra = _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N,
+                                            BLOCK_K, EXTRA_M, W_KN, UPCAST)
+            _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
+                        EXTRA_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+            _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        elif TAIL_M > 0 and row_end - row0 <= TAIL_M:
             tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, 0, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
                                True, UPCAST)  # (its own name: a variable of both branches needs one shape)
             _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
