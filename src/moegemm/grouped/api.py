@@ -66,20 +66,15 @@ class GroupedConfig:
         if self.split_k > 1 and (self.tail_m or self.tma_store or self.warp_specialize):
             raise ValueError("config.split_k: the split kernels have no tail tiles, TMA stores or "
                              "warp_specialize; use split_k=1 with them")
-        if self.tail_m:
-            t = self.tail_m
-            if not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m:
-                raise ValueError(f"config.tail_m: expected 0 or a power of two in [16, block_m), got {t!r}")
-            if not self.tma:
-                raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
+        for name, what in (("tail_m", "tail tiles"), ("extra_m", "extra rows")):
+            t = getattr(self, name)
+            if t and (not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m):
+                raise ValueError(f"config.{name}: expected 0 or a power of two in [16, block_m), got {t!r}")
+            if t and not self.tma:
+                raise ValueError(f"config.{name}: {what} are a TMA-kernel feature; needs tma=True")
         if self.merge_tail and not self.tail_m:
             raise ValueError("config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0")
         if self.extra_m:
-            t = self.extra_m
-            if not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m:
-                raise ValueError(f"config.extra_m: expected 0 or a power of two in [16, block_m), got {t!r}")
-            if not self.tma:
-                raise ValueError("config.extra_m: extra rows are a TMA-kernel feature; needs tma=True")
             if self.tail_m or self.tma_store or self.split_k > 1 or self.stream_k:
                 raise ValueError("config.extra_m: not with tail_m (tail tiles), tma_store, split_k or stream_k")
         if self.stream_k:
