@@ -41,9 +41,6 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
       at most 32 rows costs a 32-row tile), also merged into the row tile before them; 128 x 128 tiles
       with 32-row tails (hot experts in fewer row tiles).
-    - middle and prefill, also: row tiles with extra rows (``extra_m``: 64 + 16/32, 128 + 16/32), every
-      tile computing the rows after its first block_m beside them from the same weight tiles, so an expert
-      ending a few rows past a multiple of block_m takes no row tile more; on the flattened loop too.
     - prefill: 128 x 128/256 and 64 x 256 tiles on the tensor cores (wgmma), 8 warps, TMA loads; also
       the persistent loop with Triton's warp_specialize flag (on sm_90: flattened, see GroupedConfig), and
       tail tiles on either loop: an expert's last row tile holding at most tail_m rows computed as a
@@ -53,9 +50,11 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       row tiles (session 6: 1.14-1.60x in the tuner before a fix of the merged path, 0.75-1.03x the tuned
       configs' rate after it; RUNS.md, session 6).
     Not offered, measured slower where they were meant to help: K split inside every TMA tile where few
-    big tiles are left (0.86-0.99x the best config without it in all 6 cells, session 7), and the last
-    waves of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.77-0.99x the tuned config in all 14
-    cells of experiments/probe_stream_k.py, session 8): both stay as configs one can ask for.
+    big tiles are left (0.86-0.99x the best config without it in all 6 cells, session 7); the last waves
+    of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.77-0.99x the tuned config in all 14 cells of
+    experiments/probe_stream_k.py, session 8); row tiles with extra rows (``extra_m``, 64 + 16/32 and
+    128 + 16/32 rows: 0.72-0.995x the best config without them in all 40 cells past decode, tuner run S8-3,
+    session 8). All three stay configs one can ask for.
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
@@ -84,10 +83,6 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32, 0, True) for bk in (64, 128)]
         # 128-row tiles with 32-row tails: a skewed load's hot experts in fewer row tiles
         raw += [(128, 128, 64, 8, 4, True, False, 1, 32)]
-        # row tiles with extra rows (64 + 16/32, 128 + 32): an expert just past a multiple of the tile's
-        # rows in one row tile fewer, every tile on the same path
-        raw += [(64, 128, 64, 4, 4, True, False, 1, 0, 0, False, x) for x in (16, 32)]
-        raw += [(128, 128, 64, 8, 4, True, False, 1, 0, 0, False, 32)]
     else:
         raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
         raw += [(128, 256, 64, 8, st, True, ws, 1, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
@@ -99,24 +94,17 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
         raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
         raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
-        # row tiles with 16 or 32 extra rows beside their 128 (at about 256 rows per expert, 2 x 144 rows hold
-        # nearly every expert, where 128-row tiles need a third for half of them); unlike tails, on the
-        # flattened loop too
-        raw += [(128, 256, 64, 8, st, True, ws, 1, 0, 0, False, 16) for st in (3, 4) for ws in (False, True)]
-        raw += [(128, 256, 64, 8, 3, True, ws, 1, 0, 0, False, 32) for ws in (False, True)]
-        raw += [(128, 128, 64, 8, 4, True, False, 1, 0, 0, False, x) for x in (16, 32)]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *more in raw:
-        # defaults: no splits, tails, TMA stores, merged tails or extra rows
-        split_k, tail_m, tma_store, merge, extra = [*more, *(1, 0, 0, False, 0)[len(more):]]
+        # defaults: no splits, tails, TMA stores or merged tails
+        split_k, tail_m, tma_store, merge = [*more, *(1, 0, 0, False)[len(more):]]
         if ((bm * bk + bk * bn) * 2 * stages > 200 * 1024
-                or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else extra) > SMEM):
+                or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else 0) > SMEM):
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge,
-                                     extra_m=extra))
+                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge))
     return out
 
 

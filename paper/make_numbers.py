@@ -612,28 +612,51 @@ def robust_probe(n: Numbers, results: Path) -> None:
             n.add(f"RobustProbe{tag}Hi", float(x.max()))
 
 
-def tma_splits(n: Numbers, results: Path) -> None:
-    """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
-    unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
-    offering it in session 8; then the newest kept run that timed it (results/<gpu>/runs/<run>/) is read,
-    and SplitRun names it."""
+def newest_tuning_with(results: Path, has) -> tuple[list[float], str | None]:
+    """(best time without the feature / best time with it, per tuning cell where the tuner timed both;
+    None or the name of the kept run read) from the newest grouped tuner CSV whose configs include the
+    feature (``has``: config column -> bool): results/<gpu>/tune_grouped.csv, else the runs kept under
+    results/<gpu>/runs/, newest first (the tuner stops offering a feature that lost)."""
     runs = sorted((results / "runs").glob("*/tune_grouped.csv"), reverse=True,
                   key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)])
     for path in [results / "tune_grouped.csv", *runs]:
         df = tuner_rows(results, path)
         if df is None:
             continue
-        split = df.config.str.contains("'tma': True", regex=False) & ~df.config.str.contains("'split_k': 1,",
-                                                                                               regex=False)
-        ratios = [r for _, r in with_against_without(df, split)]
+        ratios = [r for _, r in with_against_without(df, has(df.config))]
         if ratios:
-            n.add("SplitCells", len(ratios), "{}")
-            n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
-            n.add("SplitLo", min(ratios))
-            n.add("SplitHi", max(ratios))
-            if path.parent != results:
-                n.add("SplitRun", path.parent.name)
-            return
+            return ratios, None if path.parent == results else path.parent.name
+    return [], None
+
+
+def tma_splits(n: Numbers, results: Path) -> None:
+    """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
+    unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
+    offering it in session 8; SplitRun names the kept run read then."""
+    ratios, run = newest_tuning_with(results, lambda c: c.str.contains("'tma': True", regex=False)
+                                     & ~c.str.contains("'split_k': 1,", regex=False))
+    if ratios:
+        n.add("SplitCells", len(ratios), "{}")
+        n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
+        n.add("SplitLo", min(ratios))
+        n.add("SplitHi", max(ratios))
+        if run:
+            n.add("SplitRun", run)
+
+
+def extra_rows(n: Numbers, results: Path) -> None:
+    """Row tiles with extra rows (extra_m) in the grouped tuner's table, against the best config without
+    them, per tuning cell where both were timed; ExtraRun names the kept run read once the tuner no
+    longer offers them."""
+    ratios, run = newest_tuning_with(results, lambda c: c.str.extract(r"'extra_m': (\d+)")[0].fillna(0)
+                                     .astype(int) > 0)
+    if ratios:
+        n.add("ExtraCells", len(ratios), "{}")
+        n.add("ExtraWins", sum(r > 1 for r in ratios), "{}")
+        n.add("ExtraLo", min(ratios))
+        n.add("ExtraHi", max(ratios), "{:.3f}")
+        if run:
+            n.add("ExtraRun", run)
 
 
 def stream_k_probe(n: Numbers, results: Path) -> None:
@@ -755,6 +778,7 @@ def main():
     merged_tails(n, results)
     robust_tuning(n, results)
     tma_splits(n, results)
+    extra_rows(n, results)
     stream_k_probe(n, results)
     robust_probe(n, results)
     write_text(gen / "numbers.tex", n.tex())

@@ -256,3 +256,33 @@ def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
     assert n.items["StreamKCells"] == "2" and n.items["StreamKPairs"] == "4" and n.items["StreamKWins"] == "1"
     assert n.items["StreamKVsWholeLo"] == "0.50" and n.items["StreamKVsWholeHi"] == "1.10"
     assert n.items["StreamKVsTunedLo"] == "0.80" and n.items["StreamKVsTunedHi"] == "0.90"
+
+
+def test_tuner_feature_numbers_fall_back_to_the_newest_kept_run(tmp_path):
+    """paper.make_numbers.extra_rows (and tma_splits, the same helper) on synthetic tuner CSVs made here:
+    from the current CSV when it timed the feature, else from the newest kept run that did (runs/S8-10
+    before runs/S8-9: numeric order), named by ExtraRun; nothing where no CSV timed it."""
+    import pandas as pd
+
+    from paper.make_numbers import Numbers, extra_rows
+
+    def csv(path, with_extra, us):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"model": "m", "proj": "up", "tokens": 64, "load": "uniform", "status": "ok",
+                 "config": "{'block_m': 64, 'extra_m': 0}", "graph_us": 100.0}]
+        if with_extra:
+            rows.append({**rows[0], "config": "{'block_m': 64, 'extra_m': 16}", "graph_us": us})
+        pd.DataFrame(rows).to_csv(path, index=False)
+
+    csv(tmp_path / "tune_grouped.csv", False, 0)
+    n = Numbers()
+    extra_rows(n, tmp_path)
+    assert not n.items
+    csv(tmp_path / "runs" / "S8-9" / "tune_grouped.csv", True, 125.0)
+    csv(tmp_path / "runs" / "S8-10" / "tune_grouped.csv", True, 80.0)
+    extra_rows(n, tmp_path)
+    assert n.items["ExtraRun"] == "S8-10" and n.items["ExtraWins"] == "1" and n.items["ExtraLo"] == "1.25"
+    csv(tmp_path / "tune_grouped.csv", True, 200.0)
+    n = Numbers()
+    extra_rows(n, tmp_path)
+    assert "ExtraRun" not in n.items and n.items["ExtraHi"] == "0.500"
