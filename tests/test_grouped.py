@@ -72,18 +72,25 @@ def test_grouped_mm_split_k_random(e, sizes, k, n, layout, epilogue, scale, dtyp
         _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
 
 
+@pytest.fixture
+def launched(monkeypatch):
+    """The kernels grouped_mm launches, in order (each launch still runs)."""
+    import moegemm.grouped.api as api
+
+    kernels = []
+    real = api._launch
+    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (kernels.append(kernel), real(kernel, *a)))
+    return kernels
+
+
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("persistent,split_k", [(False, 2), (True, 3)])
-def test_tma_split_k(layout, persistent, split_k, device, poison_partials, monkeypatch):
+def test_tma_split_k(layout, persistent, split_k, device, poison_partials, launched):
     """The TMA kernel's split-K path (bf16, aligned rows, so the descriptors exist and the TMA split kernel
     runs, not the pointer one): empty experts, one expert of several row tiles, N not a multiple of the
     tile, ReLU and row scale; twice, so the tile counters must be reset."""
-    import moegemm.grouped.api as api
     from moegemm.grouped.kernels import _grouped_mm_tma_splitk_kernel
 
-    launched = []
-    real = api._launch
-    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (launched.append(kernel), real(kernel, *a)))
     cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
                         split_k=split_k)
     for _ in range(2):
@@ -93,7 +100,7 @@ def test_tma_split_k(layout, persistent, split_k, device, poison_partials, monke
 
 @pytest.mark.parametrize("layout,k", [("nk", 96), ("nk", 200), ("kn", 224)])
 @pytest.mark.parametrize("sms", [1, 3, 5, 8])
-def test_tma_stream_k(layout, k, sms, device, poison_partials, monkeypatch):
+def test_tma_stream_k(layout, k, sms, device, poison_partials, launched, monkeypatch):
     """The Stream-K kernel (bf16, aligned rows: the TMA descriptors exist) with 15 tiles on a grid of
     2 x ``sms`` programs (the interpreter's two per SM): many whole tiles and two waves dealt out (1 SM),
     one wave whole and the rest dealt (3), all dealt (5), fewer tiles than programs (8); K of 3, 7 (a K
@@ -103,9 +110,6 @@ def test_tma_stream_k(layout, k, sms, device, poison_partials, monkeypatch):
     import moegemm.grouped.api as api
     from moegemm.grouped.kernels import _grouped_mm_tma_streamk_kernel
 
-    launched = []
-    real = api._launch
-    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (launched.append(kernel), real(kernel, *a)))
     monkeypatch.setattr(api, "device_sm_count", lambda x: sms)
     cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=True, group_m=2, tma=True, stream_k=True)
     for _ in range(2):
@@ -537,17 +541,13 @@ def test_persistent_grid_size(monkeypatch):
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("kn", 64, 40)])
 @pytest.mark.parametrize("persistent,ws", [(False, False), (True, False), (True, True)])
-def test_tma_extra_rows_match_reference(layout, k, n, persistent, ws, monkeypatch, device):
+def test_tma_extra_rows_match_reference(layout, k, n, persistent, ws, launched, device):
     """Row tiles of 32 + 16 extra rows (TMA kernel, extra rows computed transposed beside the 32): experts of
     0 rows, 5 (in the main part only), 40 (into the extra rows), 48 (exactly one row tile), 49 (one more
     row tile for one row), 100 and 96 (several row tiles, the last partial or whole), with NaN-poisoned
     output (a row left unwritten shows), ReLU and row scale; on the flattened loop too."""
-    import moegemm.grouped.api as api
     from moegemm.grouped.kernels import _grouped_mm_tma_kernel
 
-    launched = []
-    real = api._launch
-    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (launched.append(kernel), real(kernel, *a)))
     sizes = [0, 5, 40, 48, 49, 100, 96]
     cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
                         warp_specialize=ws, extra_m=16)
