@@ -548,10 +548,9 @@ def tune_cell(df: pd.DataFrame) -> list[str]:
     return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
 
 
-def tuner_rows(results: Path, path: Path | None = None) -> pd.DataFrame | None:
-    """The grouped tuner's correct, timed rows (results/<gpu>/tune_grouped.csv, or ``path``), or None
-    without it."""
-    path = path or results / "tune_grouped.csv"
+def tuner_rows(path: Path) -> pd.DataFrame | None:
+    """The correct, timed rows of a grouped tuner CSV (results/<gpu>/tune_grouped.csv, or a kept run's),
+    or None without it."""
     if not path.exists():
         return None
     df = pd.read_csv(path)
@@ -569,7 +568,7 @@ def robust_tuning(n: Numbers, results: Path) -> None:
     """The grouped tuner keeps per cell the config of the least geometric-mean time over its loads: in how
     many cells tuned on several loads that differs from the uniform load's fastest, and what the choice
     costs on the uniform load and saves on the others, against that config (same process, same inputs)."""
-    df = tuner_rows(results)
+    df = tuner_rows(results / "tune_grouped.csv")
     if df is None or "load" not in df.columns:
         return
     cost, save, differ, cells, loads = [], [], 0, 0, set()
@@ -595,15 +594,25 @@ def robust_tuning(n: Numbers, results: Path) -> None:
     n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
 
 
+def probe_cells(results: Path, probe: str, values: str | list[str] = "graph_us") -> pd.DataFrame | None:
+    """A probe's correct rows (results/<gpu>/<probe>.csv, when committed) side by side: one row per cell
+    (model, projection, T, load), one column per contender (per value and contender for a list of
+    ``values``), the values in the cells; None without it."""
+    path = results / f"{probe}.csv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
+                                             values=values)
+
+
 def robust_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_robust_tuning.py (when its CSV is committed): on E7's inputs, the uniform-only
     choice's time over the both-loads choice's, side by side, per load (geomeans, lowest and highest)."""
-    path = results / "probe_robust_tuning.csv"
-    if not path.exists():
+    t = probe_cells(results, "probe_robust_tuning")
+    if t is None:
         return
-    df = pd.read_csv(path)
-    t = df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
-                                          values="graph_us").dropna()
+    t = t.dropna()
     r = t["tuned:uniform-only"] / t["tuned:both-loads"]
     loads = r.index.get_level_values("load")
     n.add("RobustProbeCells", len(r.xs("uniform", level="load")), "{}")
@@ -625,7 +634,7 @@ def newest_tuning_with(results: Path, has) -> tuple[list[float], str | None]:
     runs = sorted((results / "runs").glob("*/tune_grouped.csv"), reverse=True,
                   key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)])
     for path in [results / "tune_grouped.csv", *runs]:
-        df = tuner_rows(results, path)
+        df = tuner_rows(path)
         if df is None:
             continue
         ratios = [r for _, r in with_against_without(df, has(df.config))]
@@ -668,12 +677,9 @@ def stream_k_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
     persistent grid whole against dealt out by K steps (time whole / time dealt: > 1 where dealing won),
     and the library's tuned config against the fastest Stream-K tiles (time tuned / time Stream-K)."""
-    path = results / "probe_stream_k.csv"
-    if not path.exists():
+    t = probe_cells(results, "probe_stream_k")
+    if t is None:
         return
-    df = pd.read_csv(path)
-    t = df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
-                                          values="graph_us")
     sk = [c for c in t.columns if c.startswith("stream-k:")]
     if not sk or "tuned" not in t:
         return
@@ -694,7 +700,7 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
     """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
     with merged tails left out): in how many of the cells where they were offered one won, and the time
     saved against the best config without them."""
-    df = tuner_rows(results)
+    df = tuner_rows(results / "tune_grouped.csv")
     if df is None:
         return
     df = df[~df.config.str.contains("'merge_tail': True", regex=False)]  # see merged_tails
@@ -713,7 +719,7 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
 def merged_tails(n: Numbers, results: Path) -> None:
     """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
     with them won, and by how much against the best config without them."""
-    df = tuner_rows(results)
+    df = tuner_rows(results / "tune_grouped.csv")
     if df is None:
         return
     gains = [r for _, r in with_against_without(df, df.config.str.contains("'merge_tail': True", regex=False))]
@@ -730,14 +736,10 @@ PROBE_COLUMNS = [("tuned", "grouped"), ("tuned:merged-tails", "tails merged"), (
 def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
     """Where the prefill time goes (experiments/probe_prefill_tiles.py, when its CSV is committed): per cell
     the TFLOP/s of our grouped kernel, its variants and the dense yardsticks, side by side; geomean ratios."""
-    path = results / "probe_prefill_tiles.csv"
-    if not path.exists():
+    t = probe_cells(results, "probe_prefill_tiles", ["tflops_graph", "pct_floor_graph"])
+    if t is None:
         return
-    df = pd.read_csv(path)
-    ok = df[df.status == "ok"]
-    key = ["model", "proj", "tokens", "load"]
-    tf = ok.pivot_table(index=key, columns="contender", values="tflops_graph")
-    pct = ok.pivot_table(index=key, columns="contender", values="pct_floor_graph")
+    tf, pct = t["tflops_graph"], t["pct_floor_graph"]
     rows = []
     for cell, r in tf.iterrows():
         row = {"cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}"}
