@@ -5,8 +5,9 @@ count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...):
 (plain and persistent grid), our masked kernel (decode; where it takes TMA loads, also the same tiles on
 pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
-and a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
-count, not on the load). Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s)
+a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
+count, not on the load), and, where vLLM's source is at hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see
+experiments/vllm_moe.py), vLLM's fused-MoE Triton kernel with the best of a light config search. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s)
 on every row. Also the whole expert path (route + permute + grouped GEMM with fused gating + unpermute)
 against the same path on torch._grouped_mm.
 
@@ -17,22 +18,25 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 
 import torch
 
-from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
+from experiments.common import (Progress, ResultWriter, check_and_time, cli, load_config, provenance_fields, require_gpu,
                                 timing_settings, weight_sets)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
 from moegemm.bench.moe_loads import sample_topk, skew_stats
-from moegemm.bench.runner import Contender, measure
+from moegemm.bench.runner import Contender, measure, prewarm
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
 from moegemm.grouped.api import masked_config
 from moegemm.grouped.routing import row_positions
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
+
+from experiments import vllm_moe
 
 
 def loads(cfg: dict, t: int) -> list[str]:
@@ -152,10 +156,12 @@ def ref_rows(xs, w, offsets) -> torch.Tensor:
     return out
 
 
-def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True) -> list[Contender]:
+def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True,
+                vllm: Contender | None = None) -> list[Contender]:
     """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
     the weights, rotated so that back-to-back calls do not find the active experts' weights in L2. The
-    dense yardstick depends on the row count only, not on the load: ``yardstick`` False leaves it out."""
+    dense yardstick depends on the row count only, not on the load: ``yardstick`` False leaves it out.
+    ``vllm``: vLLM's kernel (vllm_contender), after torch._grouped_mm."""
     off = plan.group_offsets
     base, source = choose_config(xs, e, n, "nk")  # tuned for this GPU, else heuristic
     base = dataclasses.replace(base, persistent=False)
@@ -171,6 +177,7 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
         Contender("ours:persistent", ours(off, pers), config=dataclasses.asdict(pers),
                   fields={"config_source": source}, parallel_compile=True),
         Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
+        *([vllm] if vllm is not None else []),
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
                   graph=False),
     ]
@@ -213,6 +220,70 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
     return cs
 
 
+def vllm_operands(x, xs, plan, proj: str, top_k: int):
+    """(rows vLLM's kernel reads, the top_k it divides row ids by): gate/up reads the tokens' activations
+    x [T, K] (a slot's row is its token's), down the slots' rows (xs scattered back to slot order)."""
+    if proj == "up":
+        return x, top_k
+    xslots = torch.empty_like(xs)
+    xslots[plan.sorted_slot.long()] = xs
+    return xslots, 1
+
+
+def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict:
+    """vLLM's kernel for (model, projection, T): its own choice (vllm_moe.own_choice) and our light search
+    (vllm_moe.candidates), each checked against float64 and timed on the GPU clock like a tuner candidate, on
+    the tuner's uniform-load inputs (tune_grouped's seeds, not E7's). Returns the fastest right one:
+    {config, source, graph_us, own (vLLM's choice, its time), tried (configs timed)}."""
+    m = g["models"][model]
+    e, top_k = m["experts"], m["top_k"]
+    k, n = m[proj]
+    ids = sample_topk(t, e, top_k, "uniform", g["seed"] + t)
+    gx = torch.Generator(device="cuda").manual_seed(g["seed"] + t)
+    x = torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+    plan = route(ids, e)
+    xs = permute(x, plan)
+    ref = torch.empty(xs.shape[0], n, dtype=torch.float64, device="cuda")
+    ref[plan.sorted_slot.long()] = ref_rows(xs, w, plan.group_offsets)
+    a, tk = vllm_operands(x, xs, plan, proj, top_k)
+    ws = weight_sets(w, int((plan.group_sizes > 0).sum()), t * top_k, k, n)
+    naive = vllm_moe.naive_assignment(t, top_k, e)
+    own = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, m["down"][0], k, n, top_k, t)
+    tries = ([own] if own else []) + [(c, "search") for c in vllm_moe.candidates(t * top_k / e)]
+    seen, todo = set(), []
+    for config, source in tries:
+        key = json.dumps({kk: v for kk, v in config.items() if kk != "SPLIT_K"}, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            todo.append((config, source, vllm_moe.launcher(vk, a, tk, plan.group_sizes, plan.sorted_slot, ids, n,
+                                                           config, naive)))
+    prewarm([bind(ws[0]) for _, _, bind in todo])  # the compiles, from a thread pool
+    rows = [{"config": config, "source": source, **check_and_time([bind(wi) for wi in ws], ref, k, settings)}
+            for config, source, bind in todo]
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        raise RuntimeError(f"vLLM's kernel: no config right for {model} {proj} T={t}: {rows[0]['note'] if rows else ''}")
+    best = min(ok, key=lambda r: r["graph_us"])
+    own_row = rows[0] if own else None
+    return {"config": best["config"], "source": best["source"], "graph_us": best["graph_us"], "tried": len(rows),
+            "own": (own_row["source"], own_row.get("graph_us", math.nan)) if own_row else None}
+
+
+def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: int, n: int, k: int) -> Contender:
+    """vLLM's kernel with the searched config on an input set (the rows it reads, w); checked in slot order."""
+    a, tk = vllm_operands(x, xs, plan, proj, top_k)
+    naive = vllm_moe.naive_assignment(ids.shape[0], top_k, plan.num_experts)
+    bind = vllm_moe.launcher(vk, a, tk, plan.group_sizes, plan.sorted_slot, ids, n, choice["config"], naive)
+    slot_ref = torch.empty_like(ref)
+    slot_ref[plan.sorted_slot.long()] = ref
+    own = choice["own"]
+    fields = {"config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
+              "vllm_own_config": own[0] if own else "", "vllm_own_search_us": own[1] if own else math.nan,
+              "naive_block_assignment": naive}
+    return Contender("vllm:fused_moe", lambda inp: bind(inp[1]), config=choice["config"], fields=fields,
+                     parallel_compile=True, check=lambda out: check(out, slot_ref, k))
+
+
 def path_contenders(ids, wts, e) -> list[Contender]:
     """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable); input
     sets (x, w)."""
@@ -251,6 +322,10 @@ def main():
                 cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
+    vk = vllm_moe.load()  # None: no vLLM source at hand (an optional contender)
+    print(f"vLLM's fused-MoE kernel: {vk.origin if vk else 'not available (no vllm, no MOEGEMM_VLLM_SOURCE)'}",
+          flush=True)
+    searched: dict = {}
     bar = Progress(len(cells), "E7")
     weights: dict = {}
     for model, proj, t, load in cells:
@@ -281,8 +356,14 @@ def main():
         else:
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
+            vc = None
+            if vk is not None:
+                if (model, proj, t) not in searched:
+                    searched[(model, proj, t)] = vllm_search(vk, g, model, proj, t, w, settings)
+                vc = vllm_contender(vk, searched[(model, proj, t)], x, xs, plan, ids, ref, proj, top_k, n, k)
             # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform load
-            cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform")
+            cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
+                            vllm=vc)
             sets = [(xs, wi) for wi in ws]
         out = measure(cs, sets, ref, k, settings)
         n_sets = len(sets)
