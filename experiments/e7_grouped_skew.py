@@ -279,6 +279,7 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
     own = choice["own"]
     fields = {"config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
               "vllm_own_config": own[0] if own else "", "vllm_own_search_us": own[1] if own else math.nan,
+              "vllm_search_us": choice["graph_us"],
               "naive_block_assignment": naive}
     return Contender("vllm:fused_moe", lambda inp: bind(inp[1]), config=choice["config"], fields=fields,
                      parallel_compile=True, check=lambda out: check(out, slot_ref, k))

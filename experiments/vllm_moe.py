@@ -10,7 +10,8 @@ a row tile of its own (``naive_block_assignment``); this contender does the same
 Where the kernel comes from, in this order:
 
 1. an installed ``vllm`` (``vllm.model_executor.layers.fused_moe.fused_moe``);
-2. else ``MOEGEMM_VLLM_SOURCE``: the path of a vLLM wheel (``.whl``) or of its ``fused_moe.py``. The
+2. else ``MOEGEMM_VLLM_SOURCE``: the path of a vLLM wheel (``.whl``) or of its ``fused_moe.py`` (named
+   by its hash, and by the version of the unpacked tree it sits in, if any). The
    kernel and the ``@triton.jit`` helper it calls are read out of that file (``ast``) into a module of their
    own under ``~/.cache/moegemm`` (``MOEGEMM_CACHE``), so that vLLM's other imports (its compiled ops, its
    config system) are not needed; its tuned configs (``fused_moe/configs/*.json``) are read from the same
@@ -54,7 +55,7 @@ ARGS = ("a_ptr", "b_ptr", "c_ptr", "b_bias_ptr", "a_scale_ptr", "b_scale_ptr", "
 @dataclasses.dataclass
 class VllmKernel:
     kernel: object  # the triton JITFunction
-    origin: str  # "vllm <version> (installed)", the wheel's file name, or "fused_moe.py sha256:<12 hex>"
+    origin: str  # "vllm <version> (installed)", the wheel's file name, or "[vllm <version> ]fused_moe.py sha256:<hex>"
     configs: dict  # json file name -> {tokens: config}
     default_config: object | None  # vLLM's get_default_config, or None where it could not be read
 
@@ -130,6 +131,19 @@ def _check_args(kernel, origin: str) -> None:
                          "this contender was written against vLLM 0.33's signature")
 
 
+def tree_version(path: Path) -> str | None:
+    """The version of the vLLM source tree holding ``path``: ``__version__`` in the nearest enclosing
+    ``vllm/_version.py`` (as a wheel unpacks), else None."""
+    for parent in path.resolve().parents:
+        f = parent / "_version.py"
+        if parent.name == "vllm" and f.is_file():
+            for node in ast.parse(f.read_text()).body:
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                        and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
+                    return str(node.value.value)
+    return None
+
+
 def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
     """vLLM's kernel from an installed vllm, else from ``source`` (default: $MOEGEMM_VLLM_SOURCE), else None."""
     if source is None:
@@ -169,7 +183,9 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
         cdir = path.parent / "configs"
         if cdir.is_dir():
             configs = {p.name: json.loads(p.read_text()) for p in cdir.glob("*.json")}
-        origin = f"{path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        version = tree_version(path)
+        origin = ((f"vllm {version} " if version else "")
+                  + f"{path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]}")
     mod = kernel_module(text, origin)
     vk = VllmKernel(getattr(mod, KERNEL), origin, configs, default_config_fn(text))
     _check_args(vk.kernel, vk.origin)

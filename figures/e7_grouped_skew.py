@@ -9,7 +9,8 @@ from figures.common import args, geomean, gpu_label, load, save, setup
 
 STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"), "ours:masked": ("#2ca02c", "-"),
          "ours:masked-pointer": ("#98df8a", "--"),
-         "torch._grouped_mm": ("#d62728", "--"), "per-expert-loop": ("#555555", "--"),
+         "torch._grouped_mm": ("#d62728", "--"), "vllm:fused_moe": ("#ff7f0e", "-."),
+         "per-expert-loop": ("#555555", "--"),
          "padded-bmm:cf1.0": ("#c7a0cb", ":"), "padded-bmm:cf1.25": ("#9467bd", ":"),
          "padded-bmm:cf2.0": ("#6a3d9a", ":")}
 
@@ -59,10 +60,12 @@ def main():
         return geomean(c.groupby(["model", "load"]).pct_floor_graph.max())
 
     ours = ["ours:contiguous", "ours:persistent"]
+    vllm = (f"; vLLM's fused_moe {best(dec_t, ['vllm:fused_moe']):.0f}% and {best(pre_t, ['vllm:fused_moe']):.0f}%"
+            if (df.contender == "vllm:fused_moe").any() else "")
     fig.suptitle(f"E7 (gate/up): our grouped kernel reaches {best(dec_t, ours):.0f}% of the floor at decode T={dec_t} "
                  f"and {best(pre_t, ours):.0f}% at prefill T={pre_t}; torch._grouped_mm "
-                 f"{best(dec_t, ['torch._grouped_mm']):.0f}% and {best(pre_t, ['torch._grouped_mm']):.0f}% "
-                 f"(geomeans over models and loads)\nGPU time (CUDA-graph replay); floor = max(bytes / HBM peak, "
+                 f"{best(dec_t, ['torch._grouped_mm']):.0f}% and {best(pre_t, ['torch._grouped_mm']):.0f}%"
+                 f"{vllm} (geomeans over models and loads)\nGPU time (CUDA-graph replay); floor = max(bytes / HBM peak, "
                  f"FLOPs / bf16 peak); {gpu_label(df)}", fontsize=9)
     fig.tight_layout()
     save(fig, a.out)

@@ -1,6 +1,6 @@
 """README hero: our best Decompose-K kernel vs eager, torch.compile and custom-op autotuning on the
 bf16+ReLU grid, and (once E7 is measured) the grouped GEMM's % of the physical floor against
-torch._grouped_mm and capacity padding; GPU time (CUDA-graph replay)."""
+torch._grouped_mm, vLLM's fused-MoE kernel (where measured) and capacity padding; GPU time (CUDA-graph replay)."""
 
 from __future__ import annotations
 
@@ -46,15 +46,17 @@ def grouped_panel(ax, df) -> None:
     key = ["model", "proj", "tokens", "load", "phase"]
     series = {"ours": df[df.contender.isin(["ours:contiguous", "ours:persistent"])].groupby(key).pct_floor_graph.max(),
               "torch._grouped_mm": df[df.contender == "torch._grouped_mm"].groupby(key).pct_floor_graph.max(),
+              "vLLM fused_moe": df[df.contender == "vllm:fused_moe"].groupby(key).pct_floor_graph.max(),
               "padded bmm, cf 1.25 (drops rows)": df[df.contender == "padded-bmm:cf1.25"].groupby(key)
               .pct_floor_graph.max()}
+    series = {name: s for name, s in series.items() if len(s)}  # vLLM's kernel only where it was measured
     phases = ["decode (T<=256)", "prefill (T>=1024)"]
     width = 0.8 / len(series)
     for i, (name, s) in enumerate(series.items()):
         vals = [geomean(s.xs(ph, level="phase").values) for ph in phases]
         bars = ax.bar([x + i * width for x in range(len(phases))], vals, width, label=name)
         ax.bar_label(bars, fmt="%.0f%%", fontsize=7)
-    ax.set_xticks([x + width for x in range(len(phases))], phases, fontsize=8)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(phases))], phases, fontsize=8)
     ax.set_ylabel("% of floor, geomean")
     ax.set_ylim(0, 135)  # room for the legend above the bars
     ax.set_yticks(range(0, 101, 20))

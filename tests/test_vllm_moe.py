@@ -75,6 +75,16 @@ def test_load_reads_kernel_helper_and_default_config_from_a_file(cache):
     assert source == "vllm-default" and cfg["BLOCK_SIZE_M"] == 32  # next_power_of_2(20), not the ROCm branch
 
 
+def test_load_names_the_unpacked_tree_version(cache):
+    tree = cache / "unpacked" / "vllm"
+    mod = tree / "model_executor" / "layers" / "fused_moe"
+    mod.mkdir(parents=True)
+    (mod / "fused_moe.py").write_text(STAND_IN)
+    assert vm.load(mod / "fused_moe.py").origin.startswith("fused_moe.py sha256:")  # no _version.py: no version
+    (tree / "_version.py").write_text("version: str\n__version__ = version = '9.8.7'\n")
+    assert vm.load(mod / "fused_moe.py").origin.startswith("vllm 9.8.7 fused_moe.py sha256:")
+
+
 def test_load_reads_a_wheel(cache):
     whl = cache / "vllm-0.0.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
