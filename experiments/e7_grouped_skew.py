@@ -269,6 +269,29 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
             "own": (own_row["source"], own_row.get("graph_us", math.nan)) if own_row else None}
 
 
+def load_vllm():
+    """(vLLM's kernel or None, why not). A source named in MOEGEMM_VLLM_SOURCE that cannot serve is an error;
+    an installed vLLM whose kernel this contender does not fit is left out, with the reason printed."""
+    import os
+
+    try:
+        vk = vllm_moe.load()
+    except ValueError as ex:
+        if os.environ.get("MOEGEMM_VLLM_SOURCE"):
+            raise
+        return None, f"left out: {ex}"
+    return vk, "not available (no vllm installed, no MOEGEMM_VLLM_SOURCE)"
+
+
+def failed_contender(name: str, why: str) -> Contender:
+    """A contender that could not be set up: its cells record ``why`` as an error (it is not timed)."""
+    def bind(inp):
+        def call():
+            raise RuntimeError(why)
+        return call
+    return Contender(name, bind)
+
+
 def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: int, n: int, k: int) -> Contender:
     """vLLM's kernel with the searched config on an input set (the rows it reads, w); checked in slot order."""
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
@@ -323,9 +346,8 @@ def main():
                 cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
-    vk = vllm_moe.load()  # None: no vLLM source at hand (an optional contender)
-    print(f"vLLM's fused-MoE kernel: {vk.origin if vk else 'not available (no vllm, no MOEGEMM_VLLM_SOURCE)'}",
-          flush=True)
+    vk, why = load_vllm()
+    print(f"vLLM's fused-MoE kernel: {vk.origin if vk else why}", flush=True)
     searched: dict = {}
     bar = Progress(len(cells), "E7")
     weights: dict = {}
@@ -360,8 +382,13 @@ def main():
             vc = None
             if vk is not None:
                 if (model, proj, t) not in searched:
-                    searched[(model, proj, t)] = vllm_search(vk, g, model, proj, t, w, settings)
-                vc = vllm_contender(vk, searched[(model, proj, t)], x, xs, plan, ids, ref, proj, top_k, n, k)
+                    try:
+                        searched[(model, proj, t)] = vllm_search(vk, g, model, proj, t, w, settings)
+                    except Exception as ex:  # an optional contender: recorded as an error in its cells, not fatal
+                        searched[(model, proj, t)] = f"{type(ex).__name__}: {str(ex)[:200]}"
+                choice = searched[(model, proj, t)]
+                vc = (vllm_contender(vk, choice, x, xs, plan, ids, ref, proj, top_k, n, k) if isinstance(choice, dict)
+                      else failed_contender("vllm:fused_moe", f"config search failed: {choice}"))
             # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform load
             cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
                             vllm=vc)

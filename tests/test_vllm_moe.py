@@ -215,3 +215,28 @@ def test_real_kernel_matches_float64(cache, seed, proj, naive):
     assert not got.isnan().any()
     tol = 1e-4 if DEVICE == "cpu" else 2e-2  # on a GPU its fp32 dot takes tf32
     torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+
+
+def test_e7_leaves_an_unfit_installed_vllm_out_but_not_a_named_source(cache, monkeypatch):
+    from experiments import e7_grouped_skew as e7
+
+    monkeypatch.delenv("MOEGEMM_VLLM_SOURCE", raising=False)
+
+    def unfit(source=None):
+        raise ValueError("its fused_moe_kernel has no argument(s) top_k")
+
+    monkeypatch.setattr(vm, "load", unfit)
+    vk, why = e7.load_vllm()
+    assert vk is None and why == "left out: its fused_moe_kernel has no argument(s) top_k"
+    monkeypatch.setenv("MOEGEMM_VLLM_SOURCE", str(cache / "fused_moe.py"))
+    with pytest.raises(ValueError, match="top_k"):
+        e7.load_vllm()
+
+
+def test_e7_records_a_failed_vllm_search_as_an_error():
+    from experiments import e7_grouped_skew as e7
+
+    c = e7.failed_contender("vllm:fused_moe", "config search failed: RuntimeError: no config right")
+    call = c.bind(("xs", "w"))  # binding does not raise (measure binds before its try)
+    with pytest.raises(RuntimeError, match="config search failed"):
+        call()
