@@ -24,6 +24,12 @@ RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['p
  && pip install -r /tmp/pinned.txt \
  && pip install --no-deps -e .
 
+# vLLM's fused-MoE Triton kernel, E7's optional contender: vLLM's wheel is downloaded (hash-pinned), not
+# installed (vLLM pins a torch of its own); experiments/vllm_moe.py reads the kernel out of the wheel.
+RUN echo "vllm==0.33.0 --hash=sha256:4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa" > /tmp/vllm.txt \
+ && pip download --no-deps --only-binary=:all: --require-hashes -r /tmp/vllm.txt -d /opt/vllm
+ENV MOEGEMM_VLLM_SOURCE=/opt/vllm/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+
 # The source tree has no .git inside the image: provenance records the commit passed at build time.
 ARG MOEGEMM_COMMIT=unknown
 ENV MOEGEMM_COMMIT=${MOEGEMM_COMMIT}

@@ -124,6 +124,11 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert all("==" in r for r in extras["pipeline"] + extras["test"])
     assert "latexmk" in docker
+    # vLLM's wheel for E7's optional contender: hash-pinned, and the source E7 is pointed at is that wheel
+    pin = re.search(r"vllm==([\d.]+) --hash=sha256:[0-9a-f]{64}", docker)
+    assert pin and "--require-hashes" in docker
+    source = re.search(r"^ENV MOEGEMM_VLLM_SOURCE=(\S+)$", docker, flags=re.M).group(1)
+    assert source.startswith("/opt/vllm/vllm-" + pin.group(1) + "-") and source.endswith(".whl")
     for line in re.findall(r"^\s*(docker (?:build|run)[^\n]*)", docker, flags=re.M):
         assert line.strip() in readme, f"README must document: {line.strip()}"
 
