@@ -248,7 +248,7 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
     ws = weight_sets(w, int((plan.group_sizes > 0).sum()), t * top_k, k, n)
     naive = vllm_moe.naive_assignment(t, top_k, e)
-    own = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, m["down"][0], k, n, top_k, t)
+    own = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, m["down"][0], m["up"][0], n, top_k, t)
     tries = ([own] if own else []) + [(c, "search") for c in vllm_moe.candidates(t * top_k / e)]
     seen, todo = set(), []
     for config, source in tries:

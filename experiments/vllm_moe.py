@@ -4,8 +4,8 @@ The kernel is vLLM's own ``fused_moe_kernel``, called the way vLLM calls it for 
 laid out [E, N, K]: it gathers its rows through a list of row ids grouped by expert, each expert's list
 padded to a multiple of the tile height (BLOCK_SIZE_M), and one expert id per row tile; rows come from
 the tokens' activations (gate/up: row id // top_k) and results go to the rows' (token, k) slots. Where
-the tokens are fewer than a quarter of the experts, vLLM skips the grouping and gives every (token, k) slot
-a row tile of its own (``naive_block_assignment``); this contender does the same.
+the (token, k) slots are at most a quarter of the experts, vLLM skips the grouping and gives every slot a
+row tile of its own (``naive_block_assignment``); this contender does the same.
 
 Where the kernel comes from, in this order:
 
@@ -198,10 +198,11 @@ def device_file_name(gpu_name: str) -> str:
     return "NVIDIA_H200" if "H200" in name.split("_") else name
 
 
-def own_choice(vk: VllmKernel, gpu_name: str, e: int, inter: int, k: int, n: int, top_k: int,
+def own_choice(vk: VllmKernel, gpu_name: str, e: int, inter: int, hidden: int, n: int, top_k: int,
                tokens: int) -> tuple[dict, str] | None:
-    """(config, source) vLLM itself would take for a bf16 layer of ``e`` experts and intermediate size
-    ``inter`` at ``tokens`` tokens: its tuned table's entry nearest ``tokens``, else its default config."""
+    """(config, source) vLLM itself would take for a bf16 layer of ``e`` experts, intermediate size ``inter``
+    and hidden size ``hidden`` at ``tokens`` tokens (one config for both projections, as vLLM takes it): its
+    tuned table's entry nearest ``tokens``, else its default config."""
     table = vk.configs.get(f"E={e},N={inter},device_name={device_file_name(gpu_name)}.json")
     if table:
         entries = {int(key): val for key, val in table.items() if key.isdigit()}
@@ -209,7 +210,7 @@ def own_choice(vk: VllmKernel, gpu_name: str, e: int, inter: int, k: int, n: int
             near = min(entries, key=lambda m: abs(m - tokens))
             return dict(entries[near]), f"vllm-table(E={e},N={inter},M={near})"
     if vk.default_config is not None:
-        return dict(vk.default_config(tokens, e, inter, k, top_k, None)), "vllm-default"
+        return dict(vk.default_config(tokens, e, inter, hidden, top_k, None)), "vllm-default"
     return None
 
 
