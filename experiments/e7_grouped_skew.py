@@ -7,9 +7,10 @@ pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity paddi
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
 a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
 count, not on the load), and, where vLLM's source is at hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see
-experiments/vllm_moe.py), vLLM's fused-MoE Triton kernel with the best of a light config search. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s)
-on every row. Also the whole expert path (route + permute + grouped GEMM with fused gating + unpermute)
-against the same path on torch._grouped_mm.
+experiments/vllm_moe.py), vLLM's fused-MoE Triton kernel with the best of a light config search. Both
+clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s) on every row. Also the
+whole expert path (route + permute + grouped GEMM with fused gating + unpermute) against the same path on
+torch._grouped_mm.
 
     python -m experiments.e7_grouped_skew --out results/<slug>/grouped_skew.csv
 """
@@ -20,11 +21,12 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 
 import torch
 
-from experiments.common import (Progress, ResultWriter, check_and_time, cli, load_config, provenance_fields, require_gpu,
-                                timing_settings, weight_sets)
+from experiments.common import (Progress, ResultWriter, check_and_time, cli, load_config, provenance_fields,
+                                require_gpu, timing_settings, weight_sets)
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
@@ -262,7 +264,8 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
             for config, source, bind in todo]
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
-        raise RuntimeError(f"vLLM's kernel: no config right for {model} {proj} T={t}: {rows[0]['note'] if rows else ''}")
+        why = rows[0]["note"] if rows else "no config to try"
+        raise RuntimeError(f"vLLM's kernel: no config right for {model} {proj} T={t}: {why}")
     best = min(ok, key=lambda r: r["graph_us"])
     own_row = rows[0] if own else None
     return {"config": best["config"], "source": best["source"], "graph_us": best["graph_us"], "tried": len(rows),
@@ -272,8 +275,6 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
 def load_vllm():
     """(vLLM's kernel or None, why not). A source named in MOEGEMM_VLLM_SOURCE that cannot serve is an error;
     an installed vLLM whose kernel this contender does not fit is left out, with the reason printed."""
-    import os
-
     try:
         vk = vllm_moe.load()
     except ValueError as ex:

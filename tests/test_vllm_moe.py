@@ -184,7 +184,8 @@ def test_candidates_fit_shared_memory_and_cover_the_regimes():
 @pytest.mark.parametrize("seed", range(3))
 def test_real_kernel_matches_float64(cache, seed, proj, naive):
     """vLLM's kernel through this contender's row-id lists (fp32 operands: the interpreter's bf16 dot is
-    wrong; a GPU's takes tf32), output poisoned with NaN first, in slot order against the float64 per-expert reference."""
+    wrong; a GPU's takes tf32), output poisoned with NaN first, in slot order against the float64 per-expert
+    reference."""
     vk = vm.load(os.environ["MOEGEMM_VLLM_SOURCE"])
     g = torch.Generator().manual_seed(seed)
     e = int(torch.randint(2, 9, (1,), generator=g))
