@@ -517,6 +517,20 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         n.add("ESevenSmallUsLo", float(small.us.min()), "{:.0f}")
         n.add("ESevenSmallUsHi", float(small.us.max()), "{:.0f}")
         n.add("ESevenSmallPctHi", float(small.pct.max()), "{:.0f}")
+        if "vl_us" in small:  # vLLM's kernel on the same cells: the same fixed costs?
+            n.add("ESevenSmallVllmUsLo", float(small.vl_us.min()), "{:.0f}")
+            n.add("ESevenSmallVllmUsHi", float(small.vl_us.max()), "{:.0f}")
+    if "vl_us" in o:  # vLLM's one-tile-per-slot path where tokens share experts: weights read once per slot
+        vrows = g[(g.contender == VLLM) & (g.tokens > 1)]
+        naive = vrows[vrows.naive_block_assignment.astype(str) == "True"] if "naive_block_assignment" in vrows else []
+        if len(naive):
+            cells = o.merge(naive[["model", "proj", "tokens", "load"]], on=["model", "proj", "tokens", "load"])
+            n.add("ESevenNaiveCells", f"{', '.join(sorted(set(cells.model)))} at $T={int(cells.tokens.min())}$"
+                  + (f"--${int(cells.tokens.max())}$" if cells.tokens.max() > cells.tokens.min() else ""))
+            n.add("ESevenNaiveVllmPctLo", float(cells.vl_pct.min()), "{:.0f}")
+            n.add("ESevenNaiveVllmPctHi", float(cells.vl_pct.max()), "{:.0f}")
+            n.add("ESevenNaiveOursPctLo", float(cells.pct.min()), "{:.0f}")
+            n.add("ESevenNaiveOursPctHi", float(cells.pct.max()), "{:.0f}")
     big = g[(g.model == "deepseek-v3") & (g.proj == "up")]
     if len(big):
         n.add("ESevenDeepSeekExpertMB", float(big.k.iloc[0] * big.n.iloc[0] * 2 / 1e6), "{:.0f}")
