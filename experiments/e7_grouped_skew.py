@@ -257,8 +257,7 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
         key = json.dumps({kk: v for kk, v in config.items() if kk != "SPLIT_K"}, sort_keys=True)
         if key not in seen:
             seen.add(key)
-            todo.append((config, source, vllm_moe.launcher(vk, a, tk, plan.group_sizes, plan.sorted_slot, ids, n,
-                                                           config, naive)))
+            todo.append((config, source, vllm_moe.launcher(vk, a, tk, plan, ids, n, config, naive)))
     prewarm([bind(ws[0]) for _, _, bind in todo])  # the compiles, from a thread pool
     rows = [{"config": config, "source": source, **check_and_time([bind(wi) for wi in ws], ref, k, settings)}
             for config, source, bind in todo]
@@ -297,7 +296,7 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
     """vLLM's kernel with the searched config on an input set (the rows it reads, w); checked in slot order."""
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
     naive = vllm_moe.naive_assignment(ids.shape[0], top_k, plan.num_experts)
-    bind = vllm_moe.launcher(vk, a, tk, plan.group_sizes, plan.sorted_slot, ids, n, choice["config"], naive)
+    bind = vllm_moe.launcher(vk, a, tk, plan, ids, n, choice["config"], naive)
     slot_ref = torch.empty_like(ref)
     slot_ref[plan.sorted_slot.long()] = ref
     own = choice["own"]

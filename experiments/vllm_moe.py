@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from moegemm.grouped.routing import row_positions
+
 KERNEL = "fused_moe_kernel"
 HELPERS = ("write_zeros_to_output",)  # @triton.jit functions the kernel calls
 MODULE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
@@ -131,6 +133,11 @@ def _check_args(kernel, origin: str) -> None:
                          "this contender was written against vLLM 0.33's signature")
 
 
+def _tables(folder: Path) -> dict:
+    """vLLM's tuned-config tables in ``folder`` (file name -> its JSON); none where there is no folder."""
+    return {p.name: json.loads(p.read_text()) for p in folder.glob("*.json")} if folder.is_dir() else {}
+
+
 def tree_version(path: Path) -> str | None:
     """The version of the vLLM source tree holding ``path``: ``__version__`` in the nearest enclosing
     ``vllm/_version.py`` (as a wheel unpacks), else None."""
@@ -154,11 +161,9 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
         if fm is not None:
             import vllm  # type: ignore
 
-            cdir = Path(fm.__file__).parent / "configs"
-            configs = {p.name: json.loads(p.read_text()) for p in cdir.glob("*.json")} if cdir.is_dir() else {}
             text = Path(fm.__file__).read_text()
-            vk = VllmKernel(fm.fused_moe_kernel, f"vllm {vllm.__version__} (installed)", configs,
-                            default_config_fn(text))
+            vk = VllmKernel(fm.fused_moe_kernel, f"vllm {vllm.__version__} (installed)",
+                            _tables(Path(fm.__file__).parent / "configs"), default_config_fn(text))
             _check_args(vk.kernel, vk.origin)
             return vk
         source = os.environ.get("MOEGEMM_VLLM_SOURCE")
@@ -180,9 +185,7 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
         origin = path.name
     else:  # a fused_moe.py (its tuned tables beside it, in configs/), named by its content's hash
         text = path.read_text()
-        cdir = path.parent / "configs"
-        if cdir.is_dir():
-            configs = {p.name: json.loads(p.read_text()) for p in cdir.glob("*.json")}
+        configs = _tables(path.parent / "configs")
         version = tree_version(path)
         origin = ((f"vllm {version} " if version else "")
                   + f"{path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]}")
@@ -235,35 +238,33 @@ def naive_assignment(tokens: int, top_k: int, e: int) -> bool:
     return tokens * top_k * 4 <= e
 
 
-def align(group_sizes: torch.Tensor, sorted_slot: torch.Tensor, block_m: int):
+def align(plan, block_m: int):
     """(row ids [L], expert per row tile, rows after padding [1]) for vLLM's kernel: the (token, k) slots
-    grouped by expert in our plan's order, each expert's list padded to a multiple of block_m with the id
-    ``slots`` (past every valid slot: the kernel masks it); L = slots + E (block_m - 1), at most
-    slots x block_m where the slots are fewer than the experts, as vLLM sizes it. Row tiles past the padded
-    rows exit at once. Made before timing (one host sync, for the tile list's length)."""
-    e = group_sizes.numel()
-    slots = sorted_slot.numel()
+    grouped by expert in the plan's order (a moegemm.grouped RoutingPlan), each expert's list padded to a
+    multiple of block_m with the id ``slots`` (past every valid slot: the kernel masks it); L = slots +
+    E (block_m - 1), at most slots x block_m where the slots are fewer than the experts, as vLLM sizes it.
+    Row tiles past the padded rows exit at once. Made before timing (one host sync, for the tile list's
+    length)."""
+    e = plan.num_experts
+    slots = plan.sorted_slot.numel()
     length = slots + e * (block_m - 1)
     if slots < e:
         length = min(length, slots * block_m)
-    dev = sorted_slot.device
-    sizes = group_sizes.to(torch.int64)
-    padded = (sizes + block_m - 1) // block_m * block_m
-    pstart = torch.cumsum(padded, 0) - padded
-    start = torch.cumsum(sizes, 0) - sizes
-    expert = torch.repeat_interleave(torch.arange(e, device=dev), sizes, output_size=slots)
+    dev = plan.sorted_slot.device
+    padded = (plan.group_sizes.to(torch.int64) + block_m - 1) // block_m * block_m
+    expert, pos = row_positions(plan.group_offsets, slots)  # of every sorted row
     ids = torch.full((length,), slots, dtype=torch.int32, device=dev)
-    ids[pstart[expert] + torch.arange(slots, device=dev) - start[expert]] = sorted_slot.to(torch.int32)
+    ids[(torch.cumsum(padded, 0) - padded)[expert] + pos] = plan.sorted_slot.to(torch.int32)
     tile_expert = torch.repeat_interleave(torch.arange(e, device=dev), padded // block_m)
     expert_ids = torch.zeros(-(-length // block_m), dtype=torch.int32, device=dev)
     expert_ids[: tile_expert.numel()] = tile_expert.to(torch.int32)
     return ids, expert_ids, torch.sum(padded).to(torch.int32).reshape(1)
 
 
-def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, group_sizes: torch.Tensor, sorted_slot: torch.Tensor,
-             topk_ids: torch.Tensor, n: int, config: dict, naive: bool):
+def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.Tensor, n: int, config: dict,
+             naive: bool):
     """bind(w) -> a call of vLLM's kernel with ``config`` writing y [slots, N] (row s: slot s) for weights
-    w [E, N, K]; ``a`` [rows, K] is read at row id // top_k (gate/up: a holds the tokens and top_k is the
+    w [E, N, K] and the slots of ``plan`` (a RoutingPlan of ``topk_ids``); ``a`` [rows, K] is read at row id // top_k (gate/up: a holds the tokens and top_k is the
     model's; down: a holds the slots and top_k is 1). ``naive``: one row tile per slot (see
     naive_assignment; vLLM decides it once per layer, for both projections)."""
     import triton
@@ -275,13 +276,13 @@ def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, group_sizes: torch.Ten
     cfg.pop("SPLIT_K", None)
     if cfg:
         raise ValueError(f"config: keys {sorted(cfg)} are not ones this contender passes on")
-    slots = sorted_slot.numel()
+    slots = plan.sorted_slot.numel()
     if naive:  # vLLM's naive path: slot s is row tile s, of expert topk_ids.flat[s]
         ids, expert_ids = None, topk_ids.reshape(-1).to(torch.int32)
         post = torch.full((1,), slots * bm, dtype=torch.int32, device=a.device)
         em = slots * bm
     else:
-        ids, expert_ids, post = align(group_sizes, sorted_slot, bm)
+        ids, expert_ids, post = align(plan, bm)
         em = ids.numel()
         if a.shape[0] < bm:  # vLLM's bound on the row tiles launched for a small batch
             em = min(em, a.shape[0] * top_k * bm)

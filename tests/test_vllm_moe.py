@@ -141,7 +141,7 @@ def test_align_groups_each_expert_padded_to_the_tile(seed, block_m):
     if seed == 0:  # every token on the same experts: the rest hold none
         ids = torch.arange(k).repeat(t, 1)
     plan = route(ids, e)
-    rows, tile_expert, post = vm.align(plan.group_sizes, plan.sorted_slot, block_m)
+    rows, tile_expert, post = vm.align(plan, block_m)
     slots = t * k
     length = slots + e * (block_m - 1)
     assert rows.numel() == (min(length, slots * block_m) if slots < e else length)
@@ -164,7 +164,7 @@ def test_launcher_refuses_unknown_config_keys(cache):
     vk = vm.load(src)
     plan = route(torch.tensor([[0], [1]]), 2)
     with pytest.raises(ValueError, match="kpack"):
-        vm.launcher(vk, torch.ones(2, 16), 1, plan.group_sizes, plan.sorted_slot, torch.tensor([[0], [1]]), 16,
+        vm.launcher(vk, torch.ones(2, 16), 1, plan, torch.tensor([[0], [1]]), 16,
                     {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "kpack": 2},
                     False)
 
@@ -208,7 +208,7 @@ def test_real_kernel_matches_float64(cache, seed, proj, naive):
         a[plan.sorted_slot.long()] = xs
     cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
            "num_stages": 2}
-    call = vm.launcher(vk, a, tk, plan.group_sizes, plan.sorted_slot, ids, n, cfg, naive)(w)
+    call = vm.launcher(vk, a, tk, plan, ids, n, cfg, naive)(w)
     y = call()
     y.fill_(float("nan"))
     y = call()
