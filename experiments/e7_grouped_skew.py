@@ -71,6 +71,21 @@ def cell_tokens(g: dict, t: int, e: int, top_k: int, k: int, load: str):
     return ids, torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16), gx
 
 
+def tuner_tokens(g: dict, t: int, e: int, top_k: int, k: int, load: str):
+    """(top-k expert ids [T, top_k], activations x [T, K] bf16) of a tuning cell: the tuner's own seeds,
+    not E7's (cell_tokens), so that what is tuned does not see E7's inputs."""
+    ids = sample_topk(t, e, top_k, load, g["seed"] + t)
+    gx = torch.Generator(device="cuda").manual_seed(g["seed"] + t)
+    return ids, torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+
+
+def in_slot_order(rows: torch.Tensor, plan) -> torch.Tensor:
+    """Rows in the plan's sorted order put back in (token, k) slot order (row s: slot s)."""
+    out = torch.empty_like(rows)
+    out[plan.sorted_slot.long()] = rows
+    return out
+
+
 def masked_inputs(xs, plan, e: int, n: int):
     """The masked layout's view of the same rows: (x [E, m_max, K] with each expert's rows first and zeros
     past them, an output [E, m_max, N], masked_m, and each sorted row's (expert, position) to gather the
@@ -225,11 +240,7 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
 def vllm_operands(x, xs, plan, proj: str, top_k: int):
     """(rows vLLM's kernel reads, the top_k it divides row ids by): gate/up reads the tokens' activations
     x [T, K] (a slot's row is its token's), down the slots' rows (xs scattered back to slot order)."""
-    if proj == "up":
-        return x, top_k
-    xslots = torch.empty_like(xs)
-    xslots[plan.sorted_slot.long()] = xs
-    return xslots, 1
+    return (x, top_k) if proj == "up" else (in_slot_order(xs, plan), 1)
 
 
 def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict:
@@ -240,13 +251,10 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
     m = g["models"][model]
     e, top_k = m["experts"], m["top_k"]
     k, n = m[proj]
-    ids = sample_topk(t, e, top_k, "uniform", g["seed"] + t)
-    gx = torch.Generator(device="cuda").manual_seed(g["seed"] + t)
-    x = torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16)
+    ids, x = tuner_tokens(g, t, e, top_k, k, "uniform")
     plan = route(ids, e)
     xs = permute(x, plan)
-    ref = torch.empty(xs.shape[0], n, dtype=torch.float64, device="cuda")
-    ref[plan.sorted_slot.long()] = ref_rows(xs, w, plan.group_offsets)
+    ref = in_slot_order(ref_rows(xs, w, plan.group_offsets), plan)
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
     ws = weight_sets(w, int((plan.group_sizes > 0).sum()), t * top_k, k, n)
     naive = vllm_moe.naive_assignment(t, top_k, e)
@@ -297,8 +305,7 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
     naive = vllm_moe.naive_assignment(ids.shape[0], top_k, plan.num_experts)
     bind = vllm_moe.launcher(vk, a, tk, plan, ids, n, choice["config"], naive)
-    slot_ref = torch.empty_like(ref)
-    slot_ref[plan.sorted_slot.long()] = ref
+    slot_ref = in_slot_order(ref, plan)
     own = choice["own"]
     fields = {"config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
               "vllm_own_config": own[0] if own else "", "vllm_own_search_us": own[1] if own else math.nan,

@@ -19,9 +19,8 @@ import torch
 from experiments.common import (Progress, ResultWriter, check_and_time, cli, config_cell,
                                 load_config, provenance_fields, require_gpu, timing_settings, weight_sets,
                                 write_table)
-from experiments.e7_grouped_skew import expert_weights, ref_rows
+from experiments.e7_grouped_skew import expert_weights, ref_rows, tuner_tokens
 from moegemm._runtime import slugify
-from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Settings, prewarm
 from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.api import rows_bucket
@@ -175,9 +174,9 @@ def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, 
 def cell_inputs(g: dict, t: int, load: str, e: int, top_k: int, k: int, w: torch.Tensor):
     """(x_sorted, group offsets, float64 reference, active experts) of one tuning cell and load. The routing
     seed is the tuner's own (E7 draws its loads from other seeds: the tuner does not see E7's inputs)."""
-    plan = route(sample_topk(t, e, top_k, load, g["seed"] + t), e)
-    gx = torch.Generator(device="cuda").manual_seed(g["seed"] + t)
-    xs = permute(torch.randn(t, k, device="cuda", generator=gx).to(torch.bfloat16), plan)
+    ids, x = tuner_tokens(g, t, e, top_k, k, load)
+    plan = route(ids, e)
+    xs = permute(x, plan)
     return xs, plan.group_offsets, ref_rows(xs, w, plan.group_offsets), int((plan.group_sizes > 0).sum())
 
 
