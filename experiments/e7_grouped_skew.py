@@ -6,8 +6,10 @@ count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...):
 pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
 a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
-count, not on the load), and, where vLLM's source is at hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see
-experiments/vllm_moe.py), vLLM's fused-MoE Triton kernel with the best of a light config search. Both
+count, not on the load), a memory ceiling (``ceiling:stream``, moegemm.bench.stream: one kernel that only
+moves the bytes the floor counts, the best of a few launch shapes), and, where vLLM's source is at hand
+(an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton kernel
+with the best of a light config search. Both
 clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s) on every row. Also the
 whole expert path (route + permute + grouped GEMM with fused gating + unpermute) against the same path on
 torch._grouped_mm.
@@ -32,6 +34,8 @@ from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
 from moegemm.bench.moe_loads import sample_topk, skew_stats
 from moegemm.bench.runner import Contender, measure, prewarm
+from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES
+from moegemm.bench.stream import check_stream, stream_bytes, stream_setup
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
 from moegemm.grouped.api import masked_config
@@ -174,11 +178,12 @@ def ref_rows(xs, w, offsets) -> torch.Tensor:
 
 
 def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True,
-                vllm: Contender | None = None) -> list[Contender]:
+                vllm: Contender | None = None, ceiling: Contender | None = None) -> list[Contender]:
     """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
     the weights, rotated so that back-to-back calls do not find the active experts' weights in L2. The
     dense yardstick depends on the row count only, not on the load: ``yardstick`` False leaves it out.
-    ``vllm``: vLLM's kernel (vllm_contender), after torch._grouped_mm."""
+    ``vllm``: vLLM's kernel (vllm_contender), after torch._grouped_mm; ``ceiling``: the memory ceiling
+    (stream_contender), after the dense yardstick."""
     off = plan.group_offsets
     base, source = choose_config(xs, e, n, "nk")  # tuned for this GPU, else heuristic
     base = dataclasses.replace(base, persistent=False)
@@ -201,6 +206,8 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
     if yardstick:
         cs.append(Contender("dense-reference", dense, check=lambda out: (
             True, math.nan, "yardstick: one expert's weights, not the grouped result")))
+    if ceiling is not None:
+        cs.append(ceiling)
     for cf in cfg["grouped"]["capacity_factors"]:
         dropped_box = {}
 
@@ -315,6 +322,38 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
                      parallel_compile=True, check=lambda out: check(out, slot_ref, k))
 
 
+def stream_search(w, xs, plan, settings) -> dict:
+    """The memory ceiling's launch shape for a (model, projection, T): each of moegemm.bench.stream's
+    candidates checked (every byte read once, every output written) and timed on the GPU clock over the
+    rotated weight sets, on this cell's rows. Returns {config, graph_us, tried}."""
+    ws = weight_sets(w, int((plan.group_sizes > 0).sum()), xs.shape[0], xs.shape[1], w.shape[1])
+    rows = []
+    for config in STREAM_CANDIDATES:
+        s = stream_setup(w, plan.group_sizes, xs.shape[0], config)
+        s.y.fill_(float("nan"))
+        calls = [lambda wi=wi, s=s: stream_bytes(wi, xs, s) for wi in ws]
+        verdict = check_and_time(calls, None, 0, settings,
+                                 check_fn=lambda out, s=s: check_stream(out, w, xs, plan.group_sizes, s.y))
+        rows.append({"config": config, **verdict})
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        raise RuntimeError(f"the memory ceiling: no launch shape passed its check: {rows[0]['note']}")
+    best = min(ok, key=lambda r: r["graph_us"])
+    return {"config": best["config"], "graph_us": best["graph_us"], "tried": len(rows)}
+
+
+def stream_contender(choice: dict, w, xs, plan) -> Contender:
+    """The memory ceiling with the searched launch shape on an input set (xs, w): its own check (every
+    active expert's weights and every row read once, every output element written, the sum of what was
+    read right), not the GEMM reference."""
+    s = stream_setup(w, plan.group_sizes, xs.shape[0], choice["config"])
+    s.y.fill_(float("nan"))
+    return Contender("ceiling:stream", lambda inp: (lambda: stream_bytes(inp[1], inp[0], s)),
+                     config=dataclasses.asdict(choice["config"]),
+                     fields={"config_source": f"best of {choice['tried']} launch shapes"},
+                     check=lambda out: check_stream(out, w, xs, plan.group_sizes, s.y))
+
+
 def path_contenders(ids, wts, e) -> list[Contender]:
     """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable); input
     sets (x, w)."""
@@ -356,6 +395,7 @@ def main():
     vk, why = load_vllm()
     print(f"vLLM's fused-MoE kernel: {vk.origin if vk else why}", flush=True)
     searched: dict = {}
+    streamed: dict = {}
     bar = Progress(len(cells), "E7")
     weights: dict = {}
     for model, proj, t, load in cells:
@@ -396,9 +436,11 @@ def main():
                 choice = searched[(model, proj, t)]
                 vc = (vllm_contender(vk, choice, x, xs, plan, ids, ref, proj, top_k, n, k) if isinstance(choice, dict)
                       else failed_contender("vllm:fused_moe", f"config search failed: {choice}"))
+            if (model, proj, t) not in streamed:
+                streamed[(model, proj, t)] = stream_search(w, xs, plan, settings)
             # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform load
             cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
-                            vllm=vc)
+                            vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan))
             sets = [(xs, wi) for wi in ws]
         out = measure(cs, sets, ref, k, settings)
         n_sets = len(sets)

@@ -428,3 +428,45 @@ def test_tuner_verdict_tells_an_error_from_wrong_values(device):
     assert rows[0]["note"].startswith("error: RuntimeError: out of resource")
     assert all("graph_us" not in r for r in rows)
     assert status_of(True, "") == "ok"
+
+
+def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
+    """E7's memory ceiling: every launch shape checked (all bytes read, all outputs written) and timed, the
+    fastest kept (GPU clock faked on the CPU); its contender passes its own check on the cell's rows, and a
+    launch shape that fails the check is never chosen."""
+    import dataclasses
+
+    import experiments.e7_grouped_skew as e7
+    from moegemm.bench import stream
+    from moegemm.bench.runner import Settings
+
+    times = iter([30.0, 10.0, 20.0, 40.0])
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            for c in calls:
+                c()
+
+        def sample(self, n):
+            return [next(times)] * n
+
+    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    monkeypatch.setattr(e7, "weight_sets", lambda w, *a: [w, w.clone()])
+    plan, xs, w, _ = _small_moe_cell(device, 5, 6, 40, 24, 9)
+    settings = Settings(calls_per_graph=2)
+    choice = e7.stream_search(w, xs, plan, settings)
+    assert choice["config"] == stream.CANDIDATES[1] and choice["tried"] == len(stream.CANDIDATES)
+    c = e7.stream_contender(choice, w, xs, plan)
+    ok, rel, why = c.check(c.bind((xs, w))())
+    assert ok, why
+    # the fastest launch shape reads one active expert too few: it fails its check and is not timed, so the
+    # fastest right one is chosen
+    real_setup = stream.stream_setup
+
+    def setup(w_, sizes, rows, config):
+        s = real_setup(w_, sizes, rows, config)
+        return dataclasses.replace(s, experts=s.experts[:-1]) if config == stream.CANDIDATES[1] else s
+
+    monkeypatch.setattr(e7, "stream_setup", setup)
+    times = iter([30.0, 20.0, 40.0])
+    assert e7.stream_search(w, xs, plan, settings)["config"] == stream.CANDIDATES[2]
