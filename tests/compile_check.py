@@ -19,6 +19,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES  # noqa: E402
+from moegemm.bench.stream import _stream_kernel  # noqa: E402
 from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
@@ -107,6 +109,13 @@ def variants():
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=0, W_KN=kn,
                                 WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=False, STORE_SPLIT=0, HAS_SCALE=bias,
                                 EXTRA_M=16, EPILOGUE=epi, UPCAST=False))
+    # E7's memory ceiling, every launch shape it tries
+    for dt in ("bf16", "fp16"):
+        sio = {"w_ptr": TY[dt], "experts_ptr": "*i32", "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32",
+               "counts_ptr": "*i32"}
+        for c in STREAM_CANDIDATES:
+            yield ("stream", dt, c.block, c.programs_per_sm, c.num_warps), _stream_kernel, sio, dict(BLOCK=c.block), \
+                {"num_warps": c.num_warps}
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates

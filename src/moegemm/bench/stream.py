@@ -50,7 +50,7 @@ def _stream_kernel(w_ptr, experts_ptr, x_ptr, y_ptr, sums_ptr, counts_ptr,
     for c in range(pid, n_all, tl.num_programs(0)):
         if c < n_w:
             e = tl.load(experts_ptr + c // w_chunks).to(tl.int64)
-            o = (c % w_chunks) * BLOCK + offs
+            o = (c % w_chunks).to(tl.int64) * BLOCK + offs  # (one offset type in every branch)
             ok = o < w_elems
             acc += tl.load(w_ptr + e * w_elems + o, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
             cnt += ok.to(tl.int32)
