@@ -36,6 +36,7 @@ from moegemm.bench.moe_loads import sample_topk, skew_stats
 from moegemm.bench.runner import Contender, measure, prewarm
 from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES
 from moegemm.bench.stream import check_stream, stream_bytes, stream_setup
+from moegemm.bench.stream import fits as stream_fits
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
 from moegemm.grouped.api import masked_config
@@ -324,11 +325,11 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
 
 def stream_search(w, xs, plan, settings) -> dict:
     """The memory ceiling's launch shape for a (model, projection, T): each of moegemm.bench.stream's
-    candidates checked (every byte read once, every output written) and timed on the GPU clock over the
-    rotated weight sets, on this cell's rows. Returns {config, graph_us, tried}."""
+    candidates that fits the weights checked (every byte read once, every output written) and timed on the
+    GPU clock over the rotated weight sets, on this cell's rows. Returns {config, graph_us, tried}."""
     ws = weight_sets(w, int((plan.group_sizes > 0).sum()), xs.shape[0], xs.shape[1], w.shape[1])
     rows = []
-    for config in STREAM_CANDIDATES:
+    for config in [c for c in STREAM_CANDIDATES if stream_fits(w, c)]:
         s = stream_setup(w, plan.group_sizes, xs.shape[0], config)
         s.y.fill_(float("nan"))
         calls = [lambda wi=wi, s=s: stream_bytes(wi, xs, s) for wi in ws]

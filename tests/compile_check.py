@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES  # noqa: E402
-from moegemm.bench.stream import _stream_kernel  # noqa: E402
+from moegemm.bench.stream import COLS, _stream_flat_kernel, _stream_tma_kernel  # noqa: E402
 from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
@@ -111,11 +111,16 @@ def variants():
                                 EXTRA_M=16, EPILOGUE=epi, UPCAST=False))
     # E7's memory ceiling, every launch shape it tries
     for dt in ("bf16", "fp16"):
-        sio = {"w_ptr": TY[dt], "experts_ptr": "*i32", "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32",
-               "counts_ptr": "*i32"}
+        sio = {"w_ptr": TY[dt], "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32", "counts_ptr": "*i32",
+               "w_desc": f"tensordesc<{dt}[{{}},{COLS}]>"}
         for c in STREAM_CANDIDATES:
-            yield ("stream", dt, c.block, c.programs_per_sm, c.num_warps), _stream_kernel, sio, dict(BLOCK=c.block), \
-                {"num_warps": c.num_warps}
+            opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
+            name = ("stream", c.kind, dt, c.block, c.programs_per_sm, c.num_warps, c.num_stages)
+            if c.kind == "tma":
+                yield name, _stream_tma_kernel, dict(sio, w_desc=sio["w_desc"].format(c.block)), \
+                    dict(BOX_ROWS=c.block, COLS_=COLS, BLOCK=4096), opts
+            else:
+                yield name, _stream_flat_kernel, sio, dict(BLOCK=c.block), opts
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates

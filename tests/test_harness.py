@@ -440,7 +440,7 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
     from moegemm.bench import stream
     from moegemm.bench.runner import Settings
 
-    times = iter([30.0, 10.0, 20.0, 40.0])
+    times = iter([30.0, 10.0, 20.0, 40.0, 50.0, 60.0])
 
     class FakeTimer:
         def __init__(self, calls, n):
@@ -452,7 +452,7 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
 
     monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
     monkeypatch.setattr(e7, "weight_sets", lambda w, *a: [w, w.clone()])
-    plan, xs, w, _ = _small_moe_cell(device, 5, 6, 40, 24, 9)
+    plan, xs, w, _ = _small_moe_cell(device, 5, 6, 64, 16, 9)  # 1024 weights per expert: every kind fits
     settings = Settings(calls_per_graph=2)
     choice = e7.stream_search(w, xs, plan, settings)
     assert choice["config"] == stream.CANDIDATES[1] and choice["tried"] == len(stream.CANDIDATES)
@@ -465,8 +465,13 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
 
     def setup(w_, sizes, rows, config):
         s = real_setup(w_, sizes, rows, config)
-        return dataclasses.replace(s, experts=s.experts[:-1]) if config == stream.CANDIDATES[1] else s
+        return dataclasses.replace(s, active=s.active - 1) if config == stream.CANDIDATES[1] else s
 
     monkeypatch.setattr(e7, "stream_setup", setup)
-    times = iter([30.0, 20.0, 40.0])
+    times = iter([30.0, 20.0, 40.0, 50.0, 60.0])
     assert e7.stream_search(w, xs, plan, settings)["config"] == stream.CANDIDATES[2]
+    # weights the tma kind cannot stream: only the flat launch shapes are tried
+    plan, xs, w, _ = _small_moe_cell(device, 5, 6, 40, 24, 9)  # 960 weights per expert
+    monkeypatch.setattr(e7, "stream_setup", real_setup)
+    times = iter([30.0, 20.0, 40.0, 50.0])
+    assert e7.stream_search(w, xs, plan, settings)["tried"] == sum(c.kind == "flat" for c in stream.CANDIDATES)

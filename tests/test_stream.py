@@ -25,19 +25,33 @@ def _cell(e, n, k, sizes, seed=0, dtype=torch.bfloat16):
 def test_stream_reads_active_experts_and_x_and_writes_y(config, sizes):
     w, x, gs = _cell(4, 24, 40, sizes)  # 960 weight elements per expert: not a multiple of the blocks
     s = stream_setup(w, gs, x.shape[0], config)
-    assert s.experts.tolist() == [i for i, m in enumerate(sizes) if m > 0]
+    assert s.active == sum(m > 0 for m in sizes)
     s.y.fill_(float("nan"))
     out = stream_bytes(w, x, s)
     ok, rel, why = check_stream(out, w, x, gs, s.y)
     assert ok, why
     assert rel < 1e-5
-    assert int(out[1].long().sum()) == len(s.experts) * 24 * 40 + x.numel()
+    assert int(out[1].long().sum()) == s.active * 24 * 40 + x.numel()
+
+
+@pytest.mark.parametrize("config", [StreamConfig(2, 2, 4, "tma", 2), StreamConfig(4, 1, 4, "tma", 3),
+                                    *[c for c in CANDIDATES if c.kind == "tma"]])
+@pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [0, 0, 0, 0], [2, 2, 2, 2]])
+def test_stream_by_tma_boxes(config, sizes):
+    w, x, gs = _cell(4, 16, 48, sizes, seed=3)  # 3 rows of 256 per expert: boxes overrun the slab's end
+    s = stream_setup(w, gs, x.shape[0], config)
+    s.y.fill_(float("nan"))
+    ok, rel, why = check_stream(stream_bytes(w, x, s), w, x, gs, s.y)
+    assert ok, why
+    short = dataclasses.replace(s, active=max(s.active - 1, 0))
+    s.y.fill_(float("nan"))
+    assert check_stream(stream_bytes(w, x, short), w, x, gs, s.y)[0] == (s.active == 0)
 
 
 def test_check_catches_a_pass_that_skips_an_expert_or_an_output():
     w, x, gs = _cell(5, 16, 32, [4, 1, 0, 2, 3])
     s = stream_setup(w, gs, x.shape[0], StreamConfig(128, 2, 4))
-    short = dataclasses.replace(s, experts=s.experts[:-1])  # one active expert not read
+    short = dataclasses.replace(s, active=s.active - 1)  # one active expert's bytes not read
     s.y.fill_(float("nan"))
     ok, _, why = check_stream(stream_bytes(w, x, short), w, x, gs, s.y)
     assert not ok and "elements" in why
@@ -68,3 +82,9 @@ def test_stream_rejects_bad_input():
         stream_bytes(w, x[:2], s)
     with pytest.raises(ValueError, match="x: expected"):
         stream_bytes(w, x.float(), s)
+    with pytest.raises(ValueError, match="config.kind: expected"):
+        stream_setup(w, gs, 3, StreamConfig(kind="ldg"))
+    with pytest.raises(ValueError, match="config.kind: 'tma' needs"):
+        stream_setup(w, gs, 3, StreamConfig(4, kind="tma"))  # 128 elements per expert
+    with pytest.raises(ValueError, match="config.kind: 'tma' needs"):
+        stream_setup(torch.randn(3, 16, 32, device=DEVICE), gs, 3, StreamConfig(4, kind="tma"))  # 32-bit
