@@ -1,5 +1,6 @@
 """E7: grouped GEMM under skewed expert loads: % of the physical floor per contender vs load, for decode
-and prefill, and decode latency vs tokens (gate/up projection, w as [E, N, K])."""
+and prefill, and decode latency vs tokens (gate/up projection, w as [E, N, K]); with the memory ceiling (a
+kernel that only moves the cell's bytes) where E7 measured it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"
          "torch._grouped_mm": ("#d62728", "--"), "vllm:fused_moe": ("#ff7f0e", "-."),
          "per-expert-loop": ("#555555", "--"),
          "padded-bmm:cf1.0": ("#c7a0cb", ":"), "padded-bmm:cf1.25": ("#9467bd", ":"),
-         "padded-bmm:cf2.0": ("#6a3d9a", ":")}
+         "padded-bmm:cf2.0": ("#6a3d9a", ":"),
+         "ceiling:stream": ("#7f7f7f", (0, (1, 1)))}  # the memory ceiling: only moving the floor's bytes
 
 
 def main():
