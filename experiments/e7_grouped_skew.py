@@ -7,12 +7,11 @@ pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity paddi
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
 a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
 count, not on the load), a memory ceiling (``ceiling:stream``, moegemm.bench.stream: one kernel that only
-moves the bytes the floor counts, the best of a few launch shapes), and, where vLLM's source is at hand
-(an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton kernel
-with the best of a light config search. Both
-clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s, FLOPs / 989 TFLOP/s) on every row. Also the
-whole expert path (route + permute + grouped GEMM with fused gating + unpermute) against the same path on
-torch._grouped_mm.
+moves as many bytes as the floor counts, the best of a few launch shapes), and, where vLLM's source is at
+hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton
+kernel with the best of a light config search. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s,
+FLOPs / 989 TFLOP/s) on every row. Also the whole expert path (route + permute + grouped GEMM with fused
+gating + unpermute) against the same path on torch._grouped_mm.
 
     python -m experiments.e7_grouped_skew --out results/<slug>/grouped_skew.csv
 """
@@ -325,8 +324,9 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
 
 def stream_search(w, xs, plan, settings) -> dict:
     """The memory ceiling's launch shape for a (model, projection, T): each of moegemm.bench.stream's
-    candidates that fits the weights checked (every byte read once, every output written) and timed on the
-    GPU clock over the rotated weight sets, on this cell's rows. Returns {config, graph_us, tried}."""
+    candidates that fits the weights checked (check_stream: every byte read once, every output written) and
+    timed on the GPU clock over the rotated weight sets, on the first load's rows of that (model, projection,
+    T). Returns {config, graph_us, tried}."""
     ws = weight_sets(w, int((plan.group_sizes > 0).sum()), xs.shape[0], xs.shape[1], w.shape[1])
     rows = []
     for config in [c for c in STREAM_CANDIDATES if stream_fits(w, c)]:
@@ -344,9 +344,9 @@ def stream_search(w, xs, plan, settings) -> dict:
 
 
 def stream_contender(choice: dict, w, xs, plan) -> Contender:
-    """The memory ceiling with the searched launch shape on an input set (xs, w): its own check (every
-    active expert's weights and every row read once, every output element written, the sum of what was
-    read right), not the GEMM reference."""
+    """The memory ceiling with the searched launch shape on an input set (xs, w): as many experts' weights
+    as this cell activates, and its rows in and out. Its own check (check_stream: the exact element count,
+    every output element written, the sum of what was read right), not the GEMM reference."""
     s = stream_setup(w, plan.group_sizes, xs.shape[0], choice["config"])
     s.y.fill_(float("nan"))
     return Contender("ceiling:stream", lambda inp: (lambda: stream_bytes(inp[1], inp[0], s)),
