@@ -322,12 +322,12 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
                      parallel_compile=True, check=lambda out: check(out, slot_ref, k))
 
 
-def stream_search(w, xs, plan, settings) -> dict:
+def stream_search(ws, xs, plan, settings) -> dict:
     """The memory ceiling's launch shape for a (model, projection, T): each of moegemm.bench.stream's
     candidates that fits the weights checked (check_stream: every byte read once, every output written) and
-    timed on the GPU clock over the rotated weight sets, on the first load's rows of that (model, projection,
-    T). Returns {config, graph_us, tried}."""
-    ws = weight_sets(w, int((plan.group_sizes > 0).sum()), xs.shape[0], xs.shape[1], w.shape[1])
+    timed on the GPU clock over the cell's rotated weight sets ``ws`` (weight_sets; ws[0] is w), on the first
+    load's rows of that (model, projection, T). Returns {config, graph_us, tried}."""
+    w = ws[0]
     rows = []
     for config in [c for c in STREAM_CANDIDATES if stream_fits(w, c)]:
         s = stream_setup(w, plan.group_sizes, xs.shape[0], config)
@@ -438,7 +438,7 @@ def main():
                 vc = (vllm_contender(vk, choice, x, xs, plan, ids, ref, proj, top_k, n, k) if isinstance(choice, dict)
                       else failed_contender("vllm:fused_moe", f"config search failed: {choice}"))
             if (model, proj, t) not in streamed:
-                streamed[(model, proj, t)] = stream_search(w, xs, plan, settings)
+                streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
             # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform load
             cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
                             vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan))

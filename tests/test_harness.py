@@ -451,10 +451,9 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
             return [next(times)] * n
 
     monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
-    monkeypatch.setattr(e7, "weight_sets", lambda w, *a: [w, w.clone()])
     plan, xs, w, _ = _small_moe_cell(device, 5, 6, 64, 16, 9)  # 1024 weights per expert: every kind fits
     settings = Settings(calls_per_graph=2)
-    choice = e7.stream_search(w, xs, plan, settings)
+    choice = e7.stream_search([w, w.clone()], xs, plan, settings)
     assert choice["config"] == stream.CANDIDATES[1] and choice["tried"] == len(stream.CANDIDATES)
     c = e7.stream_contender(choice, w, xs, plan)
     ok, rel, why = c.check(c.bind((xs, w))())
@@ -469,9 +468,10 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
 
     monkeypatch.setattr(e7, "stream_setup", setup)
     times = iter([30.0, 20.0, 40.0, 50.0, 60.0])
-    assert e7.stream_search(w, xs, plan, settings)["config"] == stream.CANDIDATES[2]
+    assert e7.stream_search([w, w.clone()], xs, plan, settings)["config"] == stream.CANDIDATES[2]
     # weights the tma kind cannot stream: only the flat launch shapes are tried
     plan, xs, w, _ = _small_moe_cell(device, 5, 6, 40, 24, 9)  # 960 weights per expert
     monkeypatch.setattr(e7, "stream_setup", real_setup)
     times = iter([30.0, 20.0])
-    assert e7.stream_search(w, xs, plan, settings)["tried"] == sum(c.kind == "flat" for c in stream.CANDIDATES)
+    tried = e7.stream_search([w, w.clone()], xs, plan, settings)["tried"]
+    assert tried == sum(c.kind == "flat" for c in stream.CANDIDATES)
