@@ -194,8 +194,10 @@ def check_stream(out: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, x: tor
         return False, float("nan"), f"read {got_count} elements, expected {want_count}"
     if not bool((y == 0).all()):
         return False, float("nan"), "output not fully written"
-    ref = sum(float(w[e].double().sum()) for e in range(active)) + float(x.double().sum())
-    scale = sum(float(w[e].double().abs().sum()) for e in range(active)) + float(x.double().abs().sum())
+    ref, scale = 0.0, 0.0
+    for v in [w[e] for e in range(active)] + [x]:  # one float64 copy of each expert at a time
+        v = v.double()
+        ref, scale = ref + float(v.sum()), scale + float(v.abs().sum())
     got = float(sums.double().sum())
     rel = abs(got - ref) / max(scale, 1e-30)
     ok = rel <= 1e-5 and got == got
