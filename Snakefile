@@ -194,7 +194,9 @@ if GPUS:
 rule figure:
     """One figure per question, PDF for the paper and PNG for the README."""
     input:
-        lambda w: [f"results/{w.res}/{name}.csv" for name in FIGURE_INPUTS[w.fig]] + ["figures/common.py"],
+        # (paper/make_numbers.py: the analysis a figure shares with the numbers, e.g. E7's practical ceiling)
+        lambda w: [f"results/{w.res}/{name}.csv" for name in FIGURE_INPUTS[w.fig]]
+        + ["figures/common.py", "paper/make_numbers.py"],
         script="figures/{fig}.py",
     output:
         pdf="figures/{res}/{fig}.pdf",

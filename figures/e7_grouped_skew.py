@@ -6,10 +6,10 @@ one dense cuBLAS GEMM."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from figures.common import args, geomean, gpu_label, load, save, setup
+from paper.make_numbers import practical_ceiling
 
 STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"), "ours:masked": ("#2ca02c", "-"),
          "ours:masked-pointer": ("#98df8a", "--"),
@@ -20,24 +20,15 @@ STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"
          "practical ceiling": ("#7f7f7f", (0, (1, 1)))}
 
 
-def practical_ceiling(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of a "practical ceiling" contender per cell: the slower of E7's memory ceiling (ceiling:stream)
-    and the dense yardstick of the same (model, projection, T); none where E7 did not measure the ceiling."""
-    st = df[df.contender == "ceiling:stream"]
-    dense = df[df.contender == "dense-reference"].groupby(["model", "proj", "tokens"]).graph_us.first()
-    if st.empty or dense.empty:
-        return st.iloc[:0]
-    d = dense.reindex(pd.MultiIndex.from_frame(st[["model", "proj", "tokens"]])).to_numpy()
-    us = np.maximum(st.graph_us.to_numpy(), d)
-    return st.assign(contender="practical ceiling", graph_us=us, pct_floor_graph=100 * st.floor_us / us)
-
-
 def main():
     a = args(__doc__)
     setup()
     df = load(a.results, "grouped_skew.csv")
     df = df[(df.status == "ok") & (df.proj == "up")]
-    df = pd.concat([df, practical_ceiling(df)], ignore_index=True)
+    c = practical_ceiling(df)
+    df = pd.concat([df, c.drop(columns="ceil_us").assign(contender="practical ceiling", graph_us=c.ceil_us,
+                                                         pct_floor_graph=100 * c.floor_us / c.ceil_us)],
+                   ignore_index=True)
     models = list(dict.fromkeys(df.model))
     dec_t = 64 if (df.tokens == 64).any() else int(df.tokens.min())
     pre_t = 4096 if (df.tokens == 4096).any() else int(df.tokens.max())

@@ -406,17 +406,25 @@ def e7_frame_of(df: pd.DataFrame) -> pd.DataFrame:
     if "bytes" in g:
         ours["bytes"] = g.groupby(key)["bytes"].first()
     ours["floor_us"] = g.groupby(key)["floor_us"].first()
-    st = g[g.contender == STREAM].set_index(key)
-    dense = g[g.contender == "dense-reference"].groupby(["model", "proj", "tokens"]).graph_us.first()
-    if len(st) and len(dense):
-        # The practical ceiling of a cell: the slower of two easier problems, each done by a tuned kernel --
-        # streaming its bytes (E7's memory ceiling) and its FLOPs as one dense GEMM (cuBLAS, one expert's
-        # weights; measured at the uniform load, it depends on the rows only).
-        ours["st_us"] = st.graph_us
-        d = dense.reindex(pd.MultiIndex.from_arrays([ours.index.get_level_values(k) for k in key[:3]])).values
-        ours["ceil_us"] = np.maximum(ours.st_us, d)
+    ceiling = practical_ceiling(g).set_index(key)
+    if len(ceiling):
+        ours["ceil_us"] = ceiling.ceil_us
         ours["ceil_pct"] = 100 * ours.floor_us / ours.ceil_us
     return ours.reset_index()
+
+
+def practical_ceiling(g: pd.DataFrame) -> pd.DataFrame:
+    """E7's memory-ceiling rows (ceiling:stream), each with ``ceil_us``, its cell's practical ceiling: the
+    slower of two easier problems, each done by a tuned kernel -- streaming the cell's bytes (that row) and
+    its FLOPs as one dense GEMM (cuBLAS, one expert's weights; measured at the uniform load only, as it
+    depends on the rows only). No rows where E7 measured no ceiling. The numbers and the E7 figure both
+    take it from here."""
+    st = g[g.contender == STREAM]
+    dense = g[g.contender == "dense-reference"].groupby(["model", "proj", "tokens"]).graph_us.first()
+    if st.empty or dense.empty:
+        return st.iloc[:0].assign(ceil_us=np.nan)
+    d = dense.reindex(pd.MultiIndex.from_frame(st[["model", "proj", "tokens"]])).to_numpy()
+    return st.assign(ceil_us=np.maximum(st.graph_us.to_numpy(), d))
 
 
 def speedup_cells(cells: pd.DataFrame, theirs: str) -> tuple[str, str]:
