@@ -475,3 +475,103 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
     times = iter([30.0, 20.0])
     tried = e7.stream_search([w, w.clone()], xs, plan, settings)["tried"]
     assert tried == sum(c.kind == "flat" for c in stream.CANDIDATES)
+
+
+def test_prefill_counters_probe_cases_compute_their_products(device, monkeypatch):
+    """The counters probe's cases compute what they claim (the tuned tiles, tails of their own and merged
+    into the row tile before them, the even deal of the rows, and the two dense GEMMs with expert 0's
+    weights), each passing its sampled check on fresh data; a tails case equal to the tuned config is left
+    out; the sampled check fails a wrong sampled row and a NaN outside the sample."""
+    import torch
+
+    from experiments import probe_prefill_counters as probe
+    from moegemm import grouped
+    from moegemm.grouped import GroupedConfig
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = _small_moe_cell(device, 12, e, k, n, t=9)
+    m = xs.shape[0]
+    monkeypatch.setattr(probe, "SAMPLE_ROWS", 7)
+    tuned = GroupedConfig(64, 16, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(grouped, "choose_config", lambda *a: (tuned, "test"))
+    even = probe.even_offsets(m, e, xs.device)
+    assert even.tolist() == [0, 4, 8, 12, 18]
+    expect = {"tuned": ref, "tails:separate": ref, "tails:merged": ref,
+              "even": __import__("experiments.e7_grouped_skew", fromlist=["ref_rows"]).ref_rows(xs, w, even),
+              "dense:ours": xs.double() @ w[0].double().T, "dense:cublas": xs.double() @ w[0].double().T}
+    for name, want in expect.items():
+        bind, config, offsets = probe.case_calls(name, xs, w, plan, e, n)
+        out = bind((xs, w))()
+        assert probe.sampled_check(xs, w, offsets, k)(out)[0], name
+        assert torch.allclose(out.double(), want, rtol=2e-2, atol=2e-2), name
+    assert probe.case_calls("tails:merged", xs, w, plan, e, n)[1]["merge_tail"] is True
+    tailed = GroupedConfig(64, 16, 32, num_stages=3, tma=True, tail_m=32)
+    monkeypatch.setattr(grouped, "choose_config", lambda *a: (tailed, "test"))
+    assert probe.case_calls("tails:separate", xs, w, plan, e, n) is None
+    with pytest.raises(ValueError, match="case"):
+        probe.case_calls("nonsense", xs, w, plan, e, n)
+
+    good = ref.to(torch.bfloat16)
+    chk = probe.sampled_check(xs, w, plan.group_offsets, k)
+    assert chk(good)[0]
+    gen = torch.Generator(device="cpu").manual_seed(0)  # the sample sampled_check draws
+    rows = torch.randperm(m, generator=gen)[:7].sort().values
+    bad = good.clone()
+    bad[rows[3]] += 1.0
+    assert not chk(bad)[0]
+    outside = [r for r in range(m) if r not in rows.tolist()][0]
+    nan = good.clone()
+    nan[outside, 0] = float("nan")
+    ok, _, why = chk(nan)
+    assert not ok and "non-finite" in why
+
+
+def test_prefill_counters_probe_reads_ncu_raw_pages():
+    """ncu's raw CSV page: the header and units rows, one row per kernel; kept numeric counters become long
+    rows (thousands separators removed), strings and counters outside KEPT are dropped, ncu's own ==PROF==
+    lines ignored; a text with no header is refused. Metric names come from --query-metrics lines, and only
+    the named counters this ncu knows are asked for."""
+    from experiments import probe_prefill_counters as probe
+
+    text = "\n".join([
+        "==PROF== Connected to process 1",
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+        '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
+        '"","","","","","","","","","","","nsecond","byte","%","",""',
+        '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)","0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"',
+        '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"',
+    ])
+    rows = probe.parse_raw_csv(text)
+    got = {(r["kernel_id"], r["metric"]): (r["unit"], r["value"]) for r in rows}
+    assert got == {
+        (0, "gpu__time_duration.sum"): ("nsecond", 4963000.0),
+        (0, "lts__t_bytes.sum"): ("byte", 31234567890.0),
+        (0, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 71.5),
+        (1, "gpu__time_duration.sum"): ("nsecond", 2792000.0),
+        (1, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 80.25),
+    }
+    assert {r["kernel"] for r in rows} == {"_grouped_mm_tma_kernel", "sm90_xmma_gemm"}
+    assert rows[0]["grid"] == "(6144, 1, 1)"
+    with pytest.raises(ValueError, match="ID"):
+        probe.parse_raw_csv("==PROF== nothing profiled\n")
+
+    listing = ("Device gh100 (GH100)\n------\nMetric Name   Metric Type   Metric Unit   Metric Description\n"
+               "lts__t_bytes   Counter   byte   # of bytes requested\n"
+               "dram__bytes_read   Counter   byte   # of bytes read from DRAM\n")
+    names = probe.metric_names(listing)
+    assert names == {"lts__t_bytes", "dram__bytes_read"}
+    assert probe.wanted_metrics(names) == ["lts__t_bytes.sum", "lts__t_bytes.sum.per_second", "dram__bytes_read.sum"]
+
+
+def test_prefill_counters_probe_summarises_the_clock_log():
+    """The clock summary covers only the samples inside the window and ORs the clock-event reasons."""
+    from experiments import probe_prefill_counters as probe
+
+    log = probe.ClockLog.__new__(probe.ClockLog)
+    log.samples = [(t, {"sm_mhz": mhz, "mem_mhz": 3201.0, "power_w": p, "temp_c": c, "reasons": r})
+                   for t, mhz, p, c, r in [(1.0, 1980.0, 500.0, 50.0, 0), (2.0, 1755.0, 700.0, 60.0, 0x4),
+                                           (3.0, 1830.0, 690.0, 61.0, 0x1), (9.0, 900.0, 100.0, 40.0, 0x80)]]
+    s = log.summary(1.5, 3.5)
+    assert s == {"clock_samples": 2, "sm_mhz_min": 1755.0, "sm_mhz_median": 1830.0, "sm_mhz_max": 1830.0,
+                 "power_w_max": 700.0, "temp_c_max": 61.0, "clock_event_reasons": "0x5"}
+    assert log.summary(4.0, 5.0) == {"clock_samples": 0}
