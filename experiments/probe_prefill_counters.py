@@ -77,13 +77,27 @@ SAMPLE_ROWS = 512
 T_START = time.time()
 CLOCK_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,{}.active"
 CLOCK_REASONS = ("clocks_event_reasons", "clocks_throttle_reasons")  # the newer name, then the older one
-# the counters kept (ncu's raw page has hundreds): time, throughputs, tensor pipe, L2, DRAM, L1, warp states,
-# occupancy and launch shape
-KEPT = ("gpu__time_duration", "gpc__cycles_elapsed", "sm__cycles", "smsp__cycles_active", "sm__throughput",
-        "gpu__compute_memory_throughput", "sm__memory_throughput", "sm__pipe_tensor", "sm__inst_executed_pipe_tensor",
-        "sm__ops_path_tensor", "lts__", "dram__", "l1tex__throughput", "l1tex__data_pipe_lsu_wavefronts_mem_shared",
-        "smsp__average_warp", "smsp__pcsamp", "smsp__issue_active", "smsp__inst_executed.avg", "sm__warps_active",
-        "sm__maximum_warps", "achieved_occupancy", "launch__")
+# the counters kept (ncu's raw page has hundreds): time and clock, tensor pipe and executed tensor math, L2,
+# DRAM and L1 throughput and bytes, warps, launch shape, and the warp-stall breakdown (every
+# smsp__average_warps_issue_stalled_* ratio)
+KEPT = frozenset({
+    "gpu__time_duration.sum", "gpc__cycles_elapsed.avg.per_second", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+    "sm__inst_executed_pipe_tensor_op_gmma.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_sectors.avg.pct_of_peak_sustained_elapsed", "lts__t_bytes.sum", "lts__t_bytes.sum.per_second",
+    "lts__t_sector_hit_rate.pct", "lts__d_sectors_fill_device.avg.pct_of_peak_sustained_elapsed",
+    "lts__lts2xbar_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active", "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__registers_per_thread", "launch__grid_size", "launch__block_size", "launch__shared_mem_per_block_dynamic",
+    "launch__waves_per_multiprocessor"})
+STALLS = "smsp__average_warps_issue_stalled_"
+
+
+def kept(metric: str) -> bool:
+    return metric in KEPT or (metric.startswith(STALLS) and metric.endswith("_per_issue_active.ratio"))
+
+
 # profiled in this order while the counters budget lasts: the splits of the gap first
 PRIORITY = ("tuned", "even", "dense:cublas", "tails:merged", "dense:ours", "torch._grouped_mm", "tails:separate")
 
@@ -309,7 +323,7 @@ def wanted_metrics(available: set[str]) -> list[str]:
 
 
 def parse_raw_csv(text: str) -> list[dict]:
-    """ncu's ``--csv --page raw`` report -> one dict per (kernel, kept numeric metric: see KEPT): kernel id and
+    """ncu's ``--csv --page raw`` report -> one dict per (kernel, kept numeric metric: see kept()): kernel id and
     name, block and grid size, metric, unit, value. Non-numeric metrics (names, strings) are left out;
     thousands separators are removed."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]  # ncu's own ==PROF== lines are not CSV
@@ -326,7 +340,7 @@ def parse_raw_csv(text: str) -> list[dict]:
     for row in body:
         rec = dict(zip(head, row))
         for col, unit in zip(head, units):
-            if col in ident or col not in rec or not col.startswith(KEPT):
+            if col in ident or col not in rec or not kept(col):
                 continue
             raw = rec[col].replace(",", "").strip()
             try:

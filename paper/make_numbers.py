@@ -674,11 +674,15 @@ def tune_cell(df: pd.DataFrame) -> list[str]:
 
 
 def tuner_rows(path: Path) -> pd.DataFrame | None:
-    """The correct, timed rows of a grouped tuner CSV (results/<gpu>/tune_grouped.csv, or a kept run's),
-    or None without it."""
+    """The correct, timed rows of a grouped tuner CSV's screen (results/<gpu>/tune_grouped.csv, or a kept
+    run's), or None without it. The screen times every candidate under one protocol; the final's second
+    timing of a cell's few fastest (stage "final", from session 11) is left out, so that no config counts
+    twice."""
     if not path.exists():
         return None
     df = pd.read_csv(path)
+    if "stage" in df.columns:
+        df = df[df.stage.fillna("screen") == "screen"]
     return df[df.status == "ok"].copy()
 
 

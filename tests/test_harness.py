@@ -180,6 +180,59 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     assert [GroupedConfig(**r["config"]).persistent for r in more] == [True, True]
 
 
+def test_grouped_tuner_final_round_times_the_finalists_side_by_side(monkeypatch, device):
+    """The tuner's final: one graph per finalist, FINAL_ROUNDS interleaved rounds (who goes first rotating),
+    FINAL_REPLAYS replays each per round, the median kept per config as a "final" row (GPU clock faked on
+    the CPU); the table's choice comes from the final where the cell had one, else from the screen."""
+    import torch
+
+    import experiments.tune_grouped as tg
+    from moegemm.grouped import GroupedConfig, permute, route
+
+    order = []
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.calls, self.id = calls, len(made)
+            made.append(self)
+
+        def sample(self, n):
+            order.append(self.id)
+            return [100.0 * (self.id + 1) + len(order)] * n
+
+    made: list = []
+    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    torch.manual_seed(0)
+    e, k, n = 4, 32, 48
+    plan = route(torch.stack([torch.randperm(e)[:2] for _ in range(12)]).to(device), e)
+    xs = permute(torch.randn(12, k).to(device), plan)
+    w = torch.randn(e, n, k).to(device)
+    cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32)]
+    rows = tg.final_round(cfgs, {"model": "m", "load": "uniform"}, xs, [w], plan.group_offsets)
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2][: tg.FINAL_ROUNDS * 3]
+    assert [GroupedConfig(**r["config"]) for r in rows] == cfgs
+    assert all(r["stage"] == "final" and r["status"] == "ok" and r["load"] == "uniform" for r in rows)
+    assert [r["graph_samples"] for r in rows] == [tg.FINAL_ROUNDS * tg.FINAL_REPLAYS] * 3
+    # config i's samples: 100 (i + 1) + the call's position; the median of its FINAL_ROUNDS positions
+    pos = {i: [j + 1 for j, x in enumerate(order) if x == i] for i in range(3)}
+    import statistics
+    assert [r["graph_us"] for r in rows] == [100.0 * (i + 1) + statistics.median(pos[i]) for i in range(3)]
+
+    def row(cfg, load, us, stage):
+        return {"config": {"block_m": cfg}, "load": load, "graph_us": us, "status": "ok", "stage": stage}
+
+    screen = [row(64, "uniform", 100.0, "screen"), row(64, "zipf1.2", 100.0, "screen"),
+              row(128, "uniform", 105.0, "screen"), row(128, "zipf1.2", 104.0, "screen")]
+    loads = ("uniform", "zipf1.2")
+    assert json.loads(tg.cell_choice(screen, loads)[1])["block_m"] == 64
+    final = [row(64, "uniform", 110.0, "final"), row(64, "zipf1.2", 111.0, "final"),
+             row(128, "uniform", 101.0, "final"), row(128, "zipf1.2", 102.0, "final")]
+    us, best, by_load = tg.cell_choice(screen + final, loads)
+    assert json.loads(best)["block_m"] == 128 and by_load == {"uniform": 101.0, "zipf1.2": 102.0}
+    assert abs(us - (101.0 * 102.0) ** 0.5) < 1e-9
+    assert tg.cell_choice([row(64, "uniform", 1.0, "screen")], loads) is None
+
+
 def test_grouped_tuner_keeps_the_config_best_over_the_loads():
     """The tuner ranks a cell's configs by their geometric-mean time over the tuning loads: a config fastest
     on the uniform load but slow under skew loses to one good on both; a config wrong (or not timed) under
@@ -234,7 +287,10 @@ def test_grouped_tuner_candidates_by_regime():
     assert not any(c.stream_k or c.extra_m or (c.tma and c.split_k > 1) for mean in (1, 64, 512, 4096)
                    for c in candidates(mean))
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
-    assert any(c.merge_tail for c in candidates(32)) and not any(c.merge_tail for c in candidates(512))
+    assert any(c.merge_tail for c in candidates(32))
+    # past the middle regime, merged tails only as 32-row tails of 128 x 256 tiles, without warp specialization
+    assert {(c.block_m, c.block_n, c.tail_m, c.warp_specialize) for mean in (128, 512) for c in candidates(mean)
+            if c.merge_tail} == {(128, 256, 32, False)}
 
 
 
@@ -536,7 +592,7 @@ def test_prefill_counters_probe_reads_ncu_raw_pages():
     text = "\n".join([
         "==PROF== Connected to process 1",
         '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
-        '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
+        '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
         '"","","","","","","","","","","","nsecond","byte","%","",""',
         '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)","0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"',
         '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"',
@@ -546,9 +602,9 @@ def test_prefill_counters_probe_reads_ncu_raw_pages():
     assert got == {
         (0, "gpu__time_duration.sum"): ("nsecond", 4963000.0),
         (0, "lts__t_bytes.sum"): ("byte", 31234567890.0),
-        (0, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 71.5),
+        (0, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 71.5),
         (1, "gpu__time_duration.sum"): ("nsecond", 2792000.0),
-        (1, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 80.25),
+        (1, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 80.25),
     }
     assert {r["kernel"] for r in rows} == {"_grouped_mm_tma_kernel", "sm90_xmma_gemm"}
     assert rows[0]["grid"] == "(6144, 1, 1)"
@@ -561,6 +617,8 @@ def test_prefill_counters_probe_reads_ncu_raw_pages():
     names = probe.metric_names(listing)
     assert names == {"lts__t_bytes", "dram__bytes_read"}
     assert probe.wanted_metrics(names) == ["lts__t_bytes.sum", "lts__t_bytes.sum.per_second", "dram__bytes_read.sum"]
+    assert probe.kept("smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio")
+    assert not probe.kept("smsp__average_warps_issue_stalled_gmma") and not probe.kept("lts__t_bytes.min")
 
 
 def test_prefill_counters_probe_summarises_the_clock_log():

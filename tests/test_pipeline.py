@@ -294,3 +294,20 @@ def test_tuner_feature_numbers_fall_back_to_the_newest_kept_run(tmp_path):
     n = Numbers()
     extra_rows(n, tmp_path)
     assert "ExtraRun" not in n.items and n.items["ExtraHi"] == "0.500"
+
+
+def test_tuner_rows_are_the_screen(tmp_path):
+    """paper.make_numbers.tuner_rows keeps the screen's correct rows (and those of CSVs from before the
+    tuner had a final, without a stage column); the final's second timings are left out."""
+    import pandas as pd
+
+    from paper.make_numbers import tuner_rows
+
+    rows = [{"config": "a", "status": "ok", "graph_us": 1.0, "stage": "screen"},
+            {"config": "b", "status": "wrong", "graph_us": 2.0, "stage": "screen"},
+            {"config": "a", "status": "ok", "graph_us": 3.0, "stage": "final"}]
+    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
+    assert tuner_rows(tmp_path / "t.csv").graph_us.tolist() == [1.0]
+    pd.DataFrame(rows).drop(columns="stage").to_csv(tmp_path / "t.csv", index=False)
+    assert tuner_rows(tmp_path / "t.csv").graph_us.tolist() == [1.0, 3.0]
+    assert tuner_rows(tmp_path / "none.csv") is None
