@@ -847,15 +847,24 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
 
 def merged_tails(n: Numbers, results: Path) -> None:
     """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
-    with them won, and by how much against the best config without them."""
+    with them won, and by how much against the best config without them; on 64-row tiles (Merged*) and,
+    offered from session 11, on 128-row prefill tiles (MergedBig*: the cells whose merged configs have
+    128-row tiles)."""
     df = tuner_rows(results / "tune_grouped.csv")
     if df is None:
         return
-    gains = [r for _, r in with_against_without(df, df.config.str.contains("'merge_tail': True", regex=False))]
-    if gains:
-        n.add("MergedCells", len(gains), "{}")
-        n.add("MergedWins", sum(x > 1 for x in gains), "{}")
-        n.add("MergedGainMax", 100 * (max(gains) - 1), "{:.0f}")
+    merged = df.config.str.contains("'merge_tail': True", regex=False)
+    big = df.config.str.contains("'block_m': 128,", regex=False)
+    mid, wide = [], []
+    for key, r in with_against_without(df, merged):
+        cell = (df[tune_cell(df)] == pd.Series(key, index=tune_cell(df))).all(axis=1)
+        (wide if (cell & merged & big).any() else mid).append(r)
+    for tag, gains in (("", mid), ("Big", wide)):
+        if gains:
+            n.add(f"Merged{tag}Cells", len(gains), "{}")
+            n.add(f"Merged{tag}Wins", sum(x > 1 for x in gains), "{}")
+            n.add(f"Merged{tag}GainMax", 100 * (max(gains) - 1), "{:.0f}")
+            n.add(f"Merged{tag}Lo", min(gains))
 
 
 PROBE_COLUMNS = [("tuned", "grouped"), ("tuned:merged-tails", "tails merged"), ("tuned:kn", "w as [E,K,N]"),
@@ -900,6 +909,107 @@ def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
     n.add("ProbeMergedHi", float(merged.max()))
 
 
+# NVML's clock-event reason bits (nvidia-smi clocks_event_reasons.active)
+CLOCK_REASONS = {0x1: "GPU idle", 0x2: "application clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
+                 0x10: "sync boost", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
+                 0x80: "hardware power brake", 0x100: "display clock"}
+COUNTER_CASES = [("tuned", "tuned"), ("tails:merged", "tails merged"), ("even", "rows even"),
+                 ("dense:cublas", "dense, cuBLAS"), ("torch._grouped_mm", "torch._grouped_mm")]
+COUNTERS = {"us": "gpu__time_duration.sum", "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+            "ops": "sm__ops_path_tensor_src_bf16_dst_fp32.sum", "l2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+            "l2_bytes": "lts__t_bytes.sum", "dram": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram_bytes": "dram__bytes_read.sum"}
+
+
+def counter_frame(results: Path) -> pd.DataFrame | None:
+    """experiments/probe_prefill_counters.py's counters (when committed), one row per (cell, contender): the
+    longest kernel of the profiled call (torch._grouped_mm's setup kernel left out), the counters of
+    COUNTERS, and executed tensor math over the cell's useful FLOPs (from the probe's timing CSV)."""
+    path, timing = results / "probe_prefill_counters.csv", results / "probe_prefill_timing.csv"
+    if not path.exists() or not timing.exists():
+        return None
+    df = pd.read_csv(path)
+    key = ["model", "proj", "tokens", "load", "contender"]
+    dur = df[df.metric == COUNTERS["us"]]
+    main = dur.loc[dur.groupby(key).value.idxmax(), key + ["kernel_id"]]
+    df = df.merge(main, on=key + ["kernel_id"])
+    t = df[df.metric.isin(COUNTERS.values())].pivot_table(index=key, columns="metric", values="value")
+    out = pd.DataFrame({name: t[m] for name, m in COUNTERS.items() if m in t.columns})
+    flops = pd.read_csv(timing).groupby(["model", "proj", "tokens", "load"]).flops.first()
+    out["us"] /= 1e3
+    out["ops_ratio"] = [r.ops / flops[i[:4]] for i, r in out.iterrows()]
+    return out
+
+
+def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
+    """What limits the prefill kernels, from the GPU's counters (experiments/probe_prefill_counters.py,
+    when committed): a table per cell and contender, and the clock the timing saw (nvidia-smi)."""
+    c = counter_frame(results)
+    if c is None:
+        return
+    rows = []
+    for cell in dict.fromkeys(i[:4] for i in c.index):
+        for case, label in COUNTER_CASES:
+            if cell + (case,) not in c.index:
+                continue
+            r = c.loc[cell + (case,)]
+            rows.append({"cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}", "kernel": label,
+                         "us": f"{r.us:.0f}", "tensor pipe %": f"{r.tensor:.0f}",
+                         "tensor math / FLOPs": f"{r.ops_ratio:.2f}", "L2 %": f"{r.l2:.0f}",
+                         "L2 GB": f"{r.l2_bytes / 1e9:.1f}", "DRAM %": f"{r.dram:.0f}",
+                         "DRAM GB read": f"{r.dram_bytes / 1e9:.1f}"})
+    write_text(gen / "table_counters.tex", table(
+        pd.DataFrame(rows), "What limits the prefill kernels: Nsight Compute's counters of one call each "
+        "(experiments/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
+        "seeds. us: the kernel's time under the profiler; tensor pipe: share of cycles the tensor cores were "
+        "busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
+        "padded rows of ragged row tiles); L2 \\%: L2 throughput against its peak; L2 GB: bytes through L2; "
+        "DRAM: HBM throughput against its peak and bytes read.", "tab:counters", "llrrrrrrr"))
+    tuned = c.xs("tuned", level="contender")
+    n.add("CtrCells", len(tuned), "{}")
+    n.add("CtrTunedOpsLo", float(tuned.ops_ratio.min()))
+    n.add("CtrTunedOpsHi", float(tuned.ops_ratio.max()))
+    ds = ("deepseek-v3", "up", 4096, "uniform")
+    qw = ("qwen3-30b-a3b", "up", 4096, "uniform")
+    if ds + ("tuned",) in c.index and ds + ("tails:merged",) in c.index and ds + ("even",) in c.index:
+        a, m, e = c.loc[ds + ("tuned",)], c.loc[ds + ("tails:merged",)], c.loc[ds + ("even",)]
+        n.add("CtrDsLtwoPct", a.l2, "{:.0f}")
+        n.add("CtrDsEvenLtwoPct", e.l2, "{:.0f}")
+        n.add("CtrDsDramPct", a.dram, "{:.0f}")
+        n.add("CtrDsEvenDramPct", e.dram, "{:.0f}")
+        n.add("CtrDsLtwoGB", a.l2_bytes / 1e9, "{:.0f}")
+        n.add("CtrDsMergedLtwoGB", m.l2_bytes / 1e9, "{:.0f}")
+        n.add("CtrDsEvenLtwoGB", e.l2_bytes / 1e9, "{:.0f}")
+        n.add("CtrDsDramGB", a.dram_bytes / 1e9, "{:.1f}")
+        n.add("CtrDsOps", a.ops_ratio)
+        n.add("CtrDsMergedOps", m.ops_ratio)
+        n.add("CtrDsTensorPct", a.tensor, "{:.0f}")
+    if qw + ("tuned",) in c.index and qw + ("even",) in c.index:
+        a, e = c.loc[qw + ("tuned",)], c.loc[qw + ("even",)]
+        n.add("CtrQwTensorPct", a.tensor, "{:.0f}")
+        n.add("CtrQwLtwoPct", a.l2, "{:.0f}")
+        n.add("CtrQwOps", a.ops_ratio)
+        n.add("CtrQwEvenVsTuned", a.us / e.us)
+    if "dense:cublas" in c.index.get_level_values("contender"):
+        n.add("CtrCublasTensorLo", float(c.xs("dense:cublas", level="contender").tensor.min()), "{:.0f}")
+    t = pd.read_csv(results / "probe_prefill_timing.csv")
+    t = t[t.status == "ok"]
+    g = t.set_index(["model", "proj", "tokens", "load", "contender"]).graph_us
+    if ds + ("tuned",) in g.index and ds + ("tails:merged",) in g.index:
+        n.add("CtrDsMergedGain", g[ds + ("tuned",)] / g[ds + ("tails:merged",)])
+    if "sm_mhz_min" in t.columns and t.clock_samples.fillna(0).gt(0).any():
+        cells = t.drop_duplicates(["model", "proj", "tokens", "load"])
+        n.add("ClockSmMin", float(cells.sm_mhz_min.min()), "{:.0f}")
+        n.add("ClockSmMax", float(cells.sm_mhz_max.max()), "{:.0f}")
+        n.add("ClockPowerMax", float(cells.power_w_max.max()), "{:.0f}")
+        bits = 0
+        for v in cells.clock_event_reasons.dropna():
+            bits |= int(str(v), 16)
+        n.add("ClockReasons", ", ".join(name for bit, name in CLOCK_REASONS.items() if bits & bit) or "none")
+        low = cells.sm_mhz_min.idxmin()
+        n.add("ClockSmMinCell", f"{cells.model[low]} {cells.proj[low]}, $T={cells.tokens[low]}$")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", required=True)
@@ -909,7 +1019,7 @@ def main():
     results, gen = Path(a.results), Path(a.out)
     n = Numbers()
     provenance(n, results)
-    for f in (e1, e2, e3, e4, e5, e6, e7, tails, prefill_probe, runtime):
+    for f in (e1, e2, e3, e4, e5, e6, e7, tails, prefill_probe, prefill_counters, runtime):
         f(n, results, gen)
     merged_tails(n, results)
     robust_tuning(n, results)

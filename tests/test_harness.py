@@ -140,16 +140,28 @@ def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
         prov._static.cache_clear()
 
 
+def _tuner_cell(device):
+    """(routing plan, sorted fp32 rows, fp32 weights [E, N, K]) of the tuner tests' small cell: 12 tokens,
+    top-2 of 4 experts, K = 32, N = 48, seed 0."""
+    import torch
+
+    from moegemm.grouped import permute, route
+
+    torch.manual_seed(0)
+    e, k, n = 4, 32, 48
+    plan = route(torch.stack([torch.randperm(e)[:2] for _ in range(12)]).to(device), e)
+    return plan, permute(torch.randn(12, k).to(device), plan), torch.randn(e, n, k).to(device)
+
+
 def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path, monkeypatch, device):
     """tune_grouped's cell: every plain-grid tile config checked against float64 and timed, configs done
     already skipped, then the fastest few again on the persistent grid (GPU clock faked on the CPU)."""
     import dataclasses
 
-    import torch
 
     import experiments.tune_grouped as tg
     from experiments.e7_grouped_skew import ref_rows
-    from moegemm.grouped import GroupedConfig, permute, route
+    from moegemm.grouped import GroupedConfig
 
     fake = iter(range(100, 1000))
 
@@ -161,11 +173,7 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
             return [float(next(fake))] * n
 
     monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
-    torch.manual_seed(0)
-    e, k, n = 4, 32, 48
-    plan = route(torch.stack([torch.randperm(e)[:2] for _ in range(12)]).to(device), e)
-    xs = permute(torch.randn(12, k).to(device), plan)
-    w = torch.randn(e, n, k).to(device)
+    plan, xs, w = _tuner_cell(device)
     ref = ref_rows(xs, w, plan.group_offsets)
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
     base = {"model": "m", "proj": "up", "tokens": 12}
@@ -184,10 +192,9 @@ def test_grouped_tuner_final_round_times_the_finalists_side_by_side(monkeypatch,
     """The tuner's final: one graph per finalist, FINAL_ROUNDS interleaved rounds (who goes first rotating),
     FINAL_REPLAYS replays each per round, the median kept per config as a "final" row (GPU clock faked on
     the CPU); the table's choice comes from the final where the cell had one, else from the screen."""
-    import torch
 
     import experiments.tune_grouped as tg
-    from moegemm.grouped import GroupedConfig, permute, route
+    from moegemm.grouped import GroupedConfig
 
     order = []
 
@@ -202,11 +209,7 @@ def test_grouped_tuner_final_round_times_the_finalists_side_by_side(monkeypatch,
 
     made: list = []
     monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
-    torch.manual_seed(0)
-    e, k, n = 4, 32, 48
-    plan = route(torch.stack([torch.randperm(e)[:2] for _ in range(12)]).to(device), e)
-    xs = permute(torch.randn(12, k).to(device), plan)
-    w = torch.randn(e, n, k).to(device)
+    plan, xs, w = _tuner_cell(device)
     cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32)]
     rows = tg.final_round(cfgs, {"model": "m", "load": "uniform"}, xs, [w], plan.group_offsets)
     assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2][: tg.FINAL_ROUNDS * 3]

@@ -311,3 +311,45 @@ def test_tuner_rows_are_the_screen(tmp_path):
     pd.DataFrame(rows).drop(columns="stage").to_csv(tmp_path / "t.csv", index=False)
     assert tuner_rows(tmp_path / "t.csv").graph_us.tolist() == [1.0, 3.0]
     assert tuner_rows(tmp_path / "none.csv") is None
+
+
+def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
+    """paper.make_numbers.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
+    the longest kernel of each call is read (a setup kernel left out), executed tensor math is divided by
+    the cell's FLOPs, the table is written, the clock's lowest and highest SM clock, highest power and the
+    named clock-event reasons (OR of the cells') come out; without the CSVs, nothing."""
+    import pandas as pd
+
+    from paper.make_numbers import Numbers, prefill_counters
+
+    n = Numbers()
+    prefill_counters(n, tmp_path, tmp_path)
+    assert not n.items
+    cell = {"model": "deepseek-v3", "proj": "up", "tokens": 4096, "load": "uniform"}
+    vals = {"tuned": (4000e3, 70, 1.26e12, 97, 41e9, 77, 15.7e9), "tails:merged": (3600e3, 66, 1.13e12, 95, 31e9, 85, 15.7e9),
+            "even": (3500e3, 58, 1.0e12, 95, 30e9, 87, 15.6e9), "dense:cublas": (2400e3, 95, 1.03e12, 50, 14e9, 20, 2e9),
+            "torch._grouped_mm": (6700e3, 45, 1.5e12, 93, 54e9, 82, 26e9)}
+    names = ["gpu__time_duration.sum", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+             "sm__ops_path_tensor_src_bf16_dst_fp32.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+             "lts__t_bytes.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum"]
+    rows = [{**cell, "contender": c, "kernel_id": 0, "kernel": "k", "metric": m, "value": x}
+            for c, v in vals.items() for m, x in zip(names, v)]
+    # torch's setup kernel: shorter, with counters that must not be read
+    rows += [{**cell, "contender": "torch._grouped_mm", "kernel_id": 1, "kernel": "setup", "metric": m, "value": 1.0}
+             for m in names]
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_prefill_counters.csv", index=False)
+    timing = [{**cell, "contender": c, "status": "ok", "flops": 1.0e12, "graph_us": us, "clock_samples": 10,
+               "sm_mhz_min": 855.0, "sm_mhz_max": 1980.0, "power_w_max": 701.0, "clock_event_reasons": r}
+              for c, us, r in (("tuned", 4824.0, "0x4"), ("tails:merged", 4335.0, "0x4"), ("even", 4244.0, "0x4"))]
+    timing.append({**timing[0], "model": "qwen3-30b-a3b", "contender": "tuned", "sm_mhz_min": 1500.0,
+                   "sm_mhz_max": 1990.0, "power_w_max": 600.0, "clock_event_reasons": "0x1"})
+    pd.DataFrame(timing).to_csv(tmp_path / "probe_prefill_timing.csv", index=False)
+    prefill_counters(n, tmp_path, tmp_path)
+    assert n.items["CtrCells"] == "1" and n.items["CtrTunedOpsHi"] == "1.26"
+    assert n.items["CtrDsLtwoGB"] == "41" and n.items["CtrDsMergedLtwoGB"] == "31" and n.items["CtrDsMergedOps"] == "1.13"
+    assert n.items["CtrDsMergedGain"] == f"{4824 / 4335:.2f}" and n.items["CtrCublasTensorLo"] == "95"
+    assert n.items["ClockSmMin"] == "855" and n.items["ClockSmMax"] == "1990" and n.items["ClockPowerMax"] == "701"
+    assert n.items["ClockReasons"] == "GPU idle, software power cap"
+    assert "deepseek-v3 up" in n.items["ClockSmMinCell"]
+    tab = (tmp_path / "table_counters.tex").read_text()
+    assert "6700" in tab and "1.50" in tab and tab.count("\\\\") == 6  # header + five kernels
