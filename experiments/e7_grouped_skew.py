@@ -146,18 +146,22 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) ->
         out = measure(contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load)),
                       [(xs, wi) for wi in ws], ref, k, settings)
         for r in out:
-            gus = r.get("graph_us", math.nan)
-            ok = gus == gus and gus
             r.update(experiment=experiment, model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k,
                      k=k, n=n, rows=rows, **stats, floor_us=fl, flops=flops, input_sets=len(ws),
-                     tflops_graph=flops / gus / 1e6 if ok else math.nan,
-                     pct_floor_graph=100 * fl / gus if ok else math.nan, **prov)
+                     **graph_rates(r.get("graph_us", math.nan), flops, fl), **prov)
         writer.add(out)
         del w, ws, ref
         bar.update()
         print(f"{model} {proj} T={t} {load}: {summary(out)}", flush=True)
     bar.close()
     writer.finish()
+
+
+def graph_rates(gus: float, flops: float, floor: float) -> dict:
+    """A timed row's TFLOP/s and % of the floor on the GPU clock (NaN where it has no time)."""
+    ok = gus == gus and gus
+    return {"tflops_graph": flops / gus / 1e6 if ok else math.nan,
+            "pct_floor_graph": 100 * floor / gus if ok else math.nan}
 
 
 def ours(offsets, config):
@@ -447,11 +451,9 @@ def main():
         n_sets = len(sets)
         del ws, sets
         for r in out:
-            gus = r.get("graph_us", math.nan)
             r.update(experiment="E7", model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k, k=k,
                      n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl, input_sets=n_sets,
-                     tflops_graph=flops / (gus * 1e-6) / 1e12 if gus == gus and gus else math.nan,
-                     pct_floor_graph=100 * fl / gus if gus == gus and gus else math.nan, **prov)
+                     **graph_rates(r.get("graph_us", math.nan), flops, fl), **prov)
         writer.add(out)
         bar.update()
     bar.close()

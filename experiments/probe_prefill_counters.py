@@ -118,25 +118,17 @@ def cell_inputs(g: dict, model: str, proj: str, t: int, load: str):
     return w, permute(x, plan), plan, e, k, n
 
 
-def even_offsets(m: int, e: int, device) -> torch.Tensor:
-    """M_total / E rows to each expert (the last takes the remainder)."""
-    return torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=device)
-
-
 def case_calls(name: str, xs, w, plan, e: int, n: int):
     """(bind(input set) -> call, config dict, the group offsets its rows follow, or None for one dense GEMM
     with expert 0's weights); None where the case does not apply (a tails variant equal to the tuned
     config, or one whose shared memory never fits)."""
-    from experiments.probe_prefill_tiles import variant
+    from experiments.e7_grouped_skew import ours
+    from experiments.probe_prefill_tiles import even_offsets, variant
     from moegemm.grouped import choose_config, grouped_mm
 
     off = plan.group_offsets
     m = xs.shape[0]
     tuned, _ = choose_config(xs, e, n, "nk")
-
-    def ours(offsets, config):
-        return lambda inp: (lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk", config=config,
-                                               validate=False))
 
     if name == "tuned":
         return ours(off, tuned), dataclasses.asdict(tuned), off
@@ -240,7 +232,7 @@ class ClockLog:
 def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
     """Phase 1: measure each cell's contenders side by side; returns the (cell, case) pairs that passed."""
     from experiments.common import ResultWriter, timing_settings, weight_sets
-    from experiments.e7_grouped_skew import floor_us
+    from experiments.e7_grouped_skew import floor_us, graph_rates
     from moegemm.bench.moe_loads import skew_stats
     from moegemm.bench.runner import Contender, measure
 
@@ -252,6 +244,10 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
     passed = []
     try:
         for model, proj, t, load in cells:
+            if writer.done(model=model, proj=proj, tokens=t, load=load):
+                out = [r for r in writer.rows if (r["model"], r["proj"], r["tokens"], r["load"]) == (model, proj, t, load)]
+                passed += [((model, proj, t, load), r["contender"]) for r in out if r["status"] == "ok"]
+                continue
             w, xs, plan, e, k, n = cell_inputs(g, model, proj, t, load)
             stats = skew_stats(plan.group_sizes)
             rows = xs.shape[0]
@@ -265,20 +261,14 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
                 bind, config, offsets = got
                 cs.append(Contender(name, bind, config=config, check=sampled_check(xs, w, offsets, k),
                                     parallel_compile=name not in ("dense:cublas", "torch._grouped_mm")))
-            if writer.done(model=model, proj=proj, tokens=t, load=load):
-                out = [r for r in writer.rows if (r["model"], r["proj"], r["tokens"], r["load"]) == (model, proj, t, load)]
-            else:
-                t0 = time.time()
-                out = measure(cs, [(xs, wi) for wi in ws], None, k, settings)
-                clock = clocks.summary(t0, time.time())
-                for r in out:
-                    gus = r.get("graph_us", math.nan)
-                    ok = gus == gus and gus
-                    r.update(experiment="probe_prefill_counters", model=model, proj=proj, tokens=t, load=load,
-                             experts=e, k=k, n=n, rows=rows, **stats, floor_us=fl, flops=flops,
-                             input_sets=len(ws), tflops_graph=flops / gus / 1e6 if ok else math.nan,
-                             pct_floor_graph=100 * fl / gus if ok else math.nan, **clock, **prov)
-                writer.add(out)
+            t0 = time.time()
+            out = measure(cs, [(xs, wi) for wi in ws], None, k, settings)
+            clock = clocks.summary(t0, time.time())
+            for r in out:
+                r.update(experiment="probe_prefill_counters", model=model, proj=proj, tokens=t, load=load,
+                         experts=e, k=k, n=n, rows=rows, **stats, floor_us=fl, flops=flops, input_sets=len(ws),
+                         **graph_rates(r.get("graph_us", math.nan), flops, fl), **clock, **prov)
+            writer.add(out)
             passed += [((model, proj, t, load), r["contender"]) for r in out if r["status"] == "ok"]
             print(f"{model} {proj} T={t} {load}: " + ", ".join(
                 f"{r['contender']}={r.get('graph_us', math.nan):.0f}us" if r["status"] == "ok"
@@ -355,7 +345,7 @@ def parse_raw_csv(text: str) -> list[dict]:
 
 def counters_phase(args, prov, passed: list[tuple]) -> None:
     """Phase 2: each passed (cell, case) once under ncu in a child process; rows written atomically."""
-    from experiments._io import atomic_path
+    from experiments.common import ResultWriter
 
     ncu = find_ncu(args.ncu)
     if ncu is None:
@@ -366,7 +356,7 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
     raw_dir = Path(args.raw_dir) if args.raw_dir else None
     if raw_dir:
         raw_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+    writer = ResultWriter(args.counters_out, ("model", "proj", "tokens", "load", "contender"))
     passed = sorted(passed, key=lambda p: PRIORITY.index(p[1]))  # stable: cells in order within a case
     deadline = time.time() + args.counters_budget_s
     if args.deadline_s:  # no case started that might not end before the whole run's deadline
@@ -376,6 +366,8 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
             if time.time() > deadline:
                 print(f"counters: budget spent; {model} {proj} T={t} {load} {case} and after not profiled", flush=True)
                 break
+            if writer.done(model=model, proj=proj, tokens=t, load=load, contender=case):
+                continue  # profiled by an earlier, interrupted run (its rows resumed from the .partial log)
             spec = f"{model}:{proj}:{t}:{load}:{case}"
             rep = Path(tmp) / "rep"
             base = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
@@ -404,19 +396,12 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
             for r in got:
                 r.update(experiment="probe_prefill_counters", model=model, proj=proj, tokens=t, load=load,
                          contender=case, **prov)
-            rows += got
+            writer.add(got)
             kernels = sorted({r["kernel"][:40] for r in got})
             print(f"counters {spec}: {len(got)} values, kernels {kernels}, {time.time() - t0:.0f}s", flush=True)
-    if not rows:
+    if not writer.rows:
         sys.exit("counters: nothing profiled")
-    fields: list[str] = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    with atomic_path(args.counters_out) as tmpf, tmpf.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=fields)
-        wr.writeheader()
-        wr.writerows(rows)
-    print(f"wrote {args.counters_out} ({len(rows)} rows)", flush=True)
+    writer.finish()
 
 
 def one(args, g) -> None:

@@ -60,6 +60,11 @@ def variant(cfg, **changes):
     return c
 
 
+def even_offsets(m: int, e: int, device) -> torch.Tensor:
+    """Group offsets dealing m rows out evenly: m // E rows to each expert, the last taking the remainder."""
+    return torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=device)
+
+
 def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Contender]:
     """dense_ref: xs @ w[0]^T in float64 (every input set's w is a copy of the same weights); with ``w``
     also the even deal of the rows (checked against its own float64 reference)."""
@@ -67,7 +72,7 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
     m = xs.shape[0]
     tuned, source = choose_config(xs, e, n, "nk")
     one = torch.tensor([0, m], dtype=torch.int32, device=xs.device)
-    even = torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=xs.device)
+    even = even_offsets(m, e, xs.device)
 
     cs = [Contender("tuned", ours(off, tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
                     parallel_compile=True)]

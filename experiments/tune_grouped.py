@@ -141,6 +141,11 @@ FINALISTS = 4
 FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
 
 
+def config_calls(config: GroupedConfig, xs, ws, offsets) -> list:
+    """One call of the grouped kernel with ``config`` per rotated weight set of ``ws``."""
+    return [lambda wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=config, validate=False) for wi in ws]
+
+
 def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=None) -> list[dict]:
     """One row per config not yet in ``writer``: checked against float64, then timed on the GPU clock
     (``settings``: config.yaml's grouped timing, whose calls_per_graph and min_graph_us apply; default 10
@@ -150,12 +155,10 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=Non
     todo = [c for c in configs if not writer.done(model=base["model"], proj=base["proj"], tokens=base["tokens"],
                                                   load=base.get("load"), config=dataclasses.asdict(c),
                                                   stage=base.get("stage"))]
-    prewarm([(lambda c=c: grouped_mm(xs, ws[0], offsets, w_layout="nk", config=c, validate=False))
-             for c in todo])
+    prewarm([config_calls(c, xs, ws[:1], offsets)[0] for c in todo])
     rows = []
     for c in todo:
-        calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=c, validate=False)
-                 for wi in ws]
+        calls = config_calls(c, xs, ws, offsets)
         rows.append({**base, "config": dataclasses.asdict(c), **check_and_time(calls, ref, k, settings)})
     return rows
 
@@ -172,8 +175,7 @@ def final_round(configs, base: dict, xs, ws, offsets, settings=None) -> list[dic
     settings = settings or Settings(calls_per_graph=10)
     timers = []
     for c in configs:
-        calls = [lambda c=c, wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=c, validate=False)
-                 for wi in ws]
+        calls = config_calls(c, xs, ws, offsets)
         n = graph_calls(calls, settings)
         timers.append((c, n, GraphTimer(calls, n)))
     samples: list[list[float]] = [[] for _ in timers]

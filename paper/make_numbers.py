@@ -963,8 +963,8 @@ def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
         "(experiments/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
         "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer merged tails "
         "on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an expert merged into the "
-        "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the tensor cores were "
-        "busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
+        "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the "
+        "tensor cores were busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
         "padded rows of ragged row tiles); L2 \\%: L2 throughput against its peak; L2 GB: bytes through L2; "
         "DRAM: HBM throughput against its peak and bytes read.", "tab:counters", "llrrrrrrr"))
     tuned = c.xs("tuned", level="contender")

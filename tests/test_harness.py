@@ -553,7 +553,9 @@ def test_prefill_counters_probe_cases_compute_their_products(device, monkeypatch
     monkeypatch.setattr(probe, "SAMPLE_ROWS", 7)
     tuned = GroupedConfig(64, 16, 32, num_stages=3, tma=True)
     monkeypatch.setattr(grouped, "choose_config", lambda *a: (tuned, "test"))
-    even = probe.even_offsets(m, e, xs.device)
+    from experiments.probe_prefill_tiles import even_offsets
+
+    even = even_offsets(m, e, xs.device)
     assert even.tolist() == [0, 4, 8, 12, 18]
     expect = {"tuned": ref, "tails:separate": ref, "tails:merged": ref,
               "even": __import__("experiments.e7_grouped_skew", fromlist=["ref_rows"]).ref_rows(xs, w, even),
