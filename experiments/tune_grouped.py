@@ -138,6 +138,11 @@ PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also
 # FINAL_ROUNDS interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the
 # table keeps the best of that final.
 FINALISTS = 4
+# The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
+# are also timed with the tiles of experts of at least MIX row tiles dealt out among the others'
+# (GroupedConfig.mix): in expert order a skewed load runs a hot expert's tensor-bound tiles together and
+# then the cold experts' memory-bound ones (experiments/probe_mixed_order.py, session 12).
+MIX_TRIES, MIX = 3, 2
 FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
 
 
@@ -281,6 +286,14 @@ def main():
             rows += time_configs([dataclasses.replace(GroupedConfig(**json.loads(c)), persistent=True)
                                   for c in plain[:PERSISTENT_TRIES]], writer, {**base, "load": ld}, xs, ws,
                                  offsets, ref, settings)
+        if t * top_k / e > 16:  # past decode: the best few also in the mixed tile order (see MIX_TRIES)
+            here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
+                    and r.get("stage", "screen") == "screen"]
+            mixed = [dataclasses.replace(c, mix=MIX) for c in (GroupedConfig(**json.loads(c))
+                     for _, c in robust_order(here, loads)) if c.tma and c.split_k == 1 and not c.stream_k
+                     and not c.mix][:MIX_TRIES]
+            for ld, (xs, offsets, ref, _) in inputs.items():
+                rows += time_configs(mixed, writer, {**base, "load": ld}, xs, ws, offsets, ref, settings)
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
                 and r.get("stage", "screen") == "screen"]
         finalists = [GroupedConfig(**json.loads(c)) for _, c in robust_order(here, loads)[:FINALISTS]]

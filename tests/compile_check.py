@@ -102,13 +102,18 @@ def variants():
                     yield (("grouped_tma", dt, epi, bias, ws, kn, tail, split, merge), _grouped_mm_tma_kernel, tio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
                                 WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=merge, STORE_SPLIT=split, HAS_SCALE=bias,
-                                EXTRA_M=0, EPILOGUE=epi, UPCAST=False))
+                                EXTRA_M=0, EPILOGUE=epi, UPCAST=False, MIX=0))
+                # the mixed tile order (heavy experts' tiles dealt out among the light ones')
+                yield (("grouped_tma_mix", dt, epi, bias, ws, kn, tail), _grouped_mm_tma_kernel, tio,
+                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
+                            WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=bool(tail), STORE_SPLIT=0, HAS_SCALE=bias,
+                            EXTRA_M=0, EPILOGUE=epi, UPCAST=False, MIX=2))
                 if not tail:  # every row tile with 16 extra rows beside its 64
                     yield (("grouped_tma_extra", dt, epi, bias, ws, kn), _grouped_mm_tma_kernel,
                            dict(tio, at_desc=f"tensordesc<{dt}[16,64]>"),
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=0, W_KN=kn,
                                 WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=False, STORE_SPLIT=0, HAS_SCALE=bias,
-                                EXTRA_M=16, EPILOGUE=epi, UPCAST=False))
+                                EXTRA_M=16, EPILOGUE=epi, UPCAST=False, MIX=0))
     # E7's memory ceiling, every launch shape it tries
     for dt in ("bf16", "fp16"):
         sio = {"w_ptr": TY[dt], "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32", "counts_ptr": "*i32",
@@ -133,7 +138,7 @@ def variants():
     for mean_rows in (1, 64, 512, None):
         for c in candidates(mean_rows) if mean_rows else stream:
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k, c.extra_m)
+                   c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k, c.extra_m, c.mix)
             if key in seen:
                 continue
             seen.add(key)
@@ -168,7 +173,7 @@ def variants():
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
                        dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
                             FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, STORE_SPLIT=c.tma_store,
-                            EXTRA_M=c.extra_m), opts)
+                            EXTRA_M=c.extra_m, MIX=c.mix), opts)
             elif c.split_k > 1:
                 yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
                        dict(gio, p_ptr="*fp32", counter_ptr="*i32"),

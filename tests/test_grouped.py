@@ -555,6 +555,32 @@ def test_tma_extra_rows_match_reference(layout, k, n, persistent, ws, launched, 
     assert launched == [_grouped_mm_tma_kernel]
 
 
+def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]]:
+    """Run ``run()`` under the interpreter with its masked stores counted per element of ``out``: (writes per
+    element, the first element each program stores into ``out``, in the order the programs ran)."""
+    lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
+    writes = np.zeros(out.numel(), dtype=np.int64)
+    first: list[int] = []
+    last_pid: list = [None]
+    real = interp.InterpreterBuilder.create_masked_store
+
+    def counting(self, ptrs, value, mask, cache_policy):
+        addr = ptrs.data[mask.data.astype(bool) & np.ones_like(ptrs.data, dtype=bool)]
+        addr = addr[(addr >= lo) & (addr < hi)]
+        np.add.at(writes, (addr - lo) // out.element_size(), 1)
+        if len(addr) and last_pid[0] != tuple(self.grid_idx):
+            last_pid[0] = tuple(self.grid_idx)
+            first.append(int((addr.min() - lo) // out.element_size()))
+        return real(self, ptrs, value, mask, cache_policy)
+
+    interp.InterpreterBuilder.create_masked_store = counting
+    try:
+        run()
+    finally:
+        interp.InterpreterBuilder.create_masked_store = real
+    return writes, first
+
+
 @pytest.mark.parametrize("tail,merge,store,persistent,extra", [(0, False, 0, False, 0), (16, False, 0, True, 0),
                                                                (16, True, 0, False, 0), (16, True, 2, True, 0),
                                                                (16, True, 1, False, 0), (0, False, 0, True, 16),
@@ -582,21 +608,7 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persist
                         merge_tail=merge, tma_store=store, extra_m=extra)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg, out) is not None
-    lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
-    writes = np.zeros(out.numel(), dtype=np.int64)
-    real = interp.InterpreterBuilder.create_masked_store
-
-    def counting(self, ptrs, value, mask, cache_policy):
-        addr = ptrs.data[mask.data.astype(bool) & np.ones_like(ptrs.data, dtype=bool)]
-        addr = addr[(addr >= lo) & (addr < hi)]
-        np.add.at(writes, (addr - lo) // out.element_size(), 1)
-        return real(self, ptrs, value, mask, cache_policy)
-
-    interp.InterpreterBuilder.create_masked_store = counting
-    try:
-        grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out)
-    finally:
-        interp.InterpreterBuilder.create_masked_store = real
+    writes, _ = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out))
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
     ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * k**0.5)
@@ -620,3 +632,82 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
                 assert source == "tuned", (model, proj, t, api.rows_bucket(t * m["top_k"], m["experts"]))
                 assert cfg == table[("bfloat16", m["experts"], k, n, "nk",
                                      api.rows_bucket(t * m["top_k"], m["experts"]))]
+
+
+def _mixed_order(tiles_per_expert: list[int], mix: int) -> list[int]:
+    """The expert of each tile number in the mixed order, written out independently of the kernel: the
+    heavy experts' tiles (at least ``mix`` each) spread in proportion among the light experts' tiles."""
+    heavy = [e for e, t in enumerate(tiles_per_expert) for _ in range(t) if t >= mix]
+    light = [e for e, t in enumerate(tiles_per_expert) for _ in range(t) if t < mix]
+    total, out, used = len(heavy) + len(light), [], 0
+    for t in range(total):
+        want = (t + 1) * len(heavy) // total  # heavy tiles among the first t + 1
+        out.append(heavy[used] if want > used else light[t - used])
+        used = want
+    return out
+
+
+@pytest.mark.parametrize("persistent,ws,tail,merge,extra", [
+    (False, False, 0, False, 0), (True, False, 16, False, 0), (True, True, 0, False, 0),
+    (False, False, 16, True, 0), (True, True, 16, True, 0), (False, False, 0, False, 16)])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, extra, layout, launched, device):
+    """Mixed tile order (config.mix = 2 row tiles): two heavy experts (130 and 200 rows: several 32-row
+    tiles) dealt out among light ones of 0, 1, 5, 17, 33 (one row tile, or one and a tail) and 40 rows
+    (two tiles, or one with its tail merged: heavy or light by the tiles it has), with ReLU, row scale,
+    an N tail and a NaN-poisoned output, on both grids, the flattened loop, tails (separate and merged) and
+    extra rows."""
+    from moegemm.grouped.kernels import _grouped_mm_tma_kernel
+
+    sizes = [5, 130, 0, 1, 33, 17, 200, 40]
+    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
+                        warp_specialize=ws, tail_m=tail, merge_tail=merge, extra_m=extra, mix=2)
+    _check_grouped(len(sizes), sizes, 64, 40, layout, "relu", True, torch.bfloat16, cfg, device)
+    assert launched == [_grouped_mm_tma_kernel]
+
+
+@pytest.mark.parametrize("mix,tail,merge", [(2, 0, False), (3, 16, True), (0, 0, False)])
+def test_mixed_tile_order_is_the_order_the_tiles_run_in(mix, tail, merge):
+    """Under the interpreter (programs run one after another in program order, one tile each on the plain
+    grid), the expert whose rows each program stores follows _mixed_order: a hot expert's tiles spread over
+    the launch in proportion, not run together. mix=0 keeps expert order. Each element is still written
+    exactly once (a wrong mapping would skip some tiles and repeat others)."""
+    interp = pytest.importorskip("triton.runtime.interpreter")
+    import moegemm.grouped.api as api
+    from moegemm._runtime import INTERPRET
+
+    if not INTERPRET or not hasattr(getattr(interp, "InterpreterBuilder", None), "create_masked_store"):
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) and its store hook")
+    g = torch.Generator().manual_seed(11)
+    sizes = [3, 300, 20, 0, 9, 150, 31, 2, 40]
+    e, k, n, bm = len(sizes), 32, 16, 32
+    m = sum(sizes)
+    offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32)
+    xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
+    cfg = GroupedConfig(block_m=bm, block_n=n, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg, out) is not None
+    writes, first = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg,
+                                                                  out=out))
+    first_rows = [f // n for f in first]
+    assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
+    expert_of_row = np.repeat(np.arange(e), sizes)
+    absorb = tail if merge else 0
+    tiles = [0 if s == 0 else max(-(-(s - absorb) // bm), 1) if absorb else -(-s // bm) for s in sizes]
+    want = _mixed_order(tiles, mix) if mix else [x for x, t in enumerate(tiles) for _ in range(t)]
+    assert [int(expert_of_row[r]) for r in first_rows] == want
+    if mix:
+        assert want != sorted(want), "the test's load should make the mixed order differ from expert order"
+    ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
+    rtol, atol = TOL[torch.bfloat16]
+    assert torch.allclose(out.double(), ref, rtol=rtol, atol=atol)
+
+
+def test_mix_config_errors():
+    for bad in (1, -2, True, 2.0):
+        with pytest.raises(ValueError, match="config.mix: expected 0 .expert order. or a number of row tiles >= 2"):
+            GroupedConfig(tma=True, mix=bad)
+    for bad in (dict(), dict(split_k=2), dict(persistent=True, stream_k=True)):
+        with pytest.raises(ValueError, match="config.mix: the mixed tile order is the TMA kernel's"):
+            GroupedConfig(mix=2, **{"tma": "split_k" in bad or "stream_k" in bad, **bad})

@@ -66,9 +66,13 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
         else [GroupedConfig(64, 128, 64, num_stages=4, tma=True, extra_m=16)]
     stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
               dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
+    # the mixed tile order (heavy experts' tiles among the light ones'): plain grid with tails merged, and the
+    # flattened loop
+    mixed = [dataclasses.replace(tails[-1], persistent=False, warp_specialize=False, mix=2),
+             dataclasses.replace(tma, persistent=True, warp_specialize=True, mix=2)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
                 dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, *stores, *streamk,
-                *extras, None):
+                *extras, *mixed, None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")

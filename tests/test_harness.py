@@ -410,6 +410,29 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     assert probe.variant(GroupedConfig(), tma_store=1) is None
 
 
+def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch):
+    """The mixed-order probe's contenders: the tuned config, it in expert order and mixed at 2 and 4 row
+    tiles (only the orders the tuned config is not), compute the grouped product, and the even deal of the
+    rows its own; a tuned config that cannot mix (pointer loads) gets only the tuned and even contenders."""
+    from experiments import probe_mixed_order as probe
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = _small_moe_cell(device, 13, e, k, n, t=40)
+    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True, mix=2)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
+    cs = probe.contenders(xs, plan, w, e, n, k)
+    assert [c.name for c in cs] == ["tuned", "order:expert", "order:mix4", "even:ours"]
+    assert [c.config["mix"] for c in cs] == [2, 0, 4, 2]
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(), "test"))
+    assert [c.name for c in probe.contenders(xs, plan, w, e, n, k)] == ["tuned", "even:ours"]
+
+
 def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, device):
     """The robust-tuning probe: from a tuner CSV (synthetic rows made here) it takes the cells tuned on
     both loads where the config kept differs from the uniform load's fastest (not the others, nor T=1),

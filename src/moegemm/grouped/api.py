@@ -48,6 +48,9 @@ class GroupedConfig:
     #                           that tile's program from the same weight tiles (no tile of their own)
     extra_m: int = 0  # with tma: every row tile holds block_m + extra_m rows, the last extra_m computed beside
     #                   the first block_m from the same weight tiles (transposed); not with tail_m or tma_store
+    mix: int = 0  # with tma: the tiles of experts of at least this many row tiles (tensor-bound: each weight
+    #               tile reused from L2) dealt out in proportion among the other experts' (memory-bound), not
+    #               in expert order (0); a skewed load then keeps tensor cores and memory busy together
     stream_k: bool = False  # with tma and persistent: the last one to two waves of tiles dealt out to the
     #                         programs by K steps (Stream-K), not as whole tiles; no splits, tails, TMA stores
     #                         or warp_specialize
@@ -77,6 +80,11 @@ class GroupedConfig:
         if self.extra_m:
             if self.tail_m or self.tma_store or self.split_k > 1 or self.stream_k:
                 raise ValueError("config.extra_m: not with tail_m (tail tiles), tma_store, split_k or stream_k")
+        if not isinstance(self.mix, int) or isinstance(self.mix, bool) or self.mix < 0 or self.mix == 1:
+            raise ValueError(f"config.mix: expected 0 (expert order) or a number of row tiles >= 2, got {self.mix!r}")
+        if self.mix and (not self.tma or self.split_k > 1 or self.stream_k):
+            raise ValueError("config.mix: the mixed tile order is the TMA kernel's; needs tma=True, split_k=1 and "
+                             "stream_k=False")
         if self.stream_k:
             if not (self.tma and self.persistent):
                 raise ValueError("config.stream_k: deals tiles out over the persistent grid's TMA kernel; needs "
@@ -194,7 +202,9 @@ def grouped_mm(
     ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting);
     with ``extra_m`` every row tile holds block_m + extra_m rows, the last extra_m computed beside the
     others from the same weight tiles (an expert of a few rows past a multiple of block_m needs no row
-    tile more for them, and every tile takes the same path).
+    tile more for them, and every tile takes the same path); with ``mix`` the tiles of experts of at least
+    that many row tiles are dealt out in proportion among the other experts' (a skewed load: a hot
+    expert's tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
     A config with ``stream_k`` (TMA, persistent grid) deals the last one to two waves of tiles out to the
     programs by K steps, so that each does the same number of K steps (fp32 parts of a tile shared by two
     programs added by the second to finish).
@@ -293,7 +303,7 @@ def grouped_mm(
         _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail, EXTRA_M=cfg.extra_m,
+                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail, EXTRA_M=cfg.extra_m, MIX=cfg.mix,
                 STORE_SPLIT=cfg.tma_store if descs[3] is not descs[0] else 0,
                 UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
         return out
@@ -442,7 +452,7 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
         raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
     return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
                                warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False, stream_k=False,
-                               extra_m=0)
+                               extra_m=0, mix=0)
 
 
 def grouped_mm_masked(
@@ -460,7 +470,7 @@ def grouped_mm_masked(
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
     config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail``, ``tma_store``,
-    ``stream_k`` and ``extra_m`` are not used); default: this GPU's tuned tiles for m_max rows per expert,
+    ``stream_k``, ``extra_m`` and ``mix`` are not used); default: this GPU's tuned tiles for m_max rows per expert,
     on the persistent grid. With ``tma=True`` and 16-bit inputs whose rows are 16-byte aligned (w as for
     :func:`grouped_mm`), x's rows come in by TMA through a descriptor made in-kernel for each expert's first
     masked_m[e] rows, so rows past them are still not read; other inputs take the pointer kernel with the

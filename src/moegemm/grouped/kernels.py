@@ -53,6 +53,35 @@ def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
+def _mixed_plan(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ABSORB: tl.constexpr,
+                MIX: tl.constexpr):
+    """(inclusive prefix of tiles per expert over the heavy experts only, the same over the light ones, the
+    heavy experts' tiles in all) for the mixed tile order (_mixed_tile): an expert of at least MIX row tiles
+    is heavy (its programs reuse each weight tile from L2 and are bound by the tensor cores), the others
+    light (each weight tile streamed from memory for one row tile)."""
+    m_tiles = _row_tiles(hi - lo, BLOCK_M, ABSORB)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    heavy = tl.where(m_tiles >= MIX, m_tiles, 0)
+    light = m_tiles - heavy
+    return tl.cumsum(heavy, axis=0) * n_tiles, tl.cumsum(light, axis=0) * n_tiles, tl.sum(heavy, axis=0) * n_tiles
+
+
+@triton.jit
+def _mixed_tile(tile, total, cum_heavy, cum_light, heavy_total):
+    """(number of tile ``tile`` in its own sequence, that sequence's prefix of tiles per expert) in the mixed
+    order: the heavy experts' tiles (expert by expert) dealt out among the light experts' tiles (expert
+    by expert) in proportion, tile t being heavy where floor((t + 1) H / total) > floor(t H / total), H
+    heavy tiles in all. The programs running together then hold heavy and light tiles in the whole
+    launch's proportion, so the tensor cores and memory are busy together, where expert order runs a hot
+    expert's tiles together (tensor-bound, memory idle) and then the cold ones' (the other way round)."""
+    h = heavy_total.to(tl.int64)  # (64-bit products: tiles x heavy tiles passes 2**31 at about 46k tiles)
+    heavy_before = (tile * h) // total
+    is_heavy = ((tile + 1) * h) // total > heavy_before
+    number = tl.where(is_heavy, heavy_before, tile - heavy_before).to(tl.int32)
+    return number, tl.where(is_heavy, cum_heavy, cum_light)
+
+
+@triton.jit
 def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  GROUP_M: tl.constexpr, ABSORB: tl.constexpr):
     """(expert, first row, end row, first row of the tile, first column of the tile) of tile number
@@ -271,7 +300,7 @@ def _grouped_mm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     FLATTEN: tl.constexpr, MERGE_TAIL: tl.constexpr, STORE_SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr,
-    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr, EXTRA_M: tl.constexpr,
+    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr, EXTRA_M: tl.constexpr, MIX: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
@@ -292,13 +321,22 @@ def _grouped_mm_tma_kernel(
     EXTRA_M after the first BLOCK_M computed beside them from the same weight tiles, transposed (through
     ``at_desc``, boxes of EXTRA_M rows): an expert whose rows end just past a multiple of BLOCK_M needs no
     row tile for its last few rows, and, unlike tail tiles, every tile takes the same path, so the loop
-    stays one software pipeline (the flattened warp_specialize loop too)."""
+    stays one software pipeline (the flattened warp_specialize loop too).
+    MIX > 0: the tiles of experts of at least MIX row tiles dealt out in proportion among the others'
+    (_mixed_tile), not in expert order: under a skewed load the programs running together then mix
+    tensor-bound and memory-bound tiles."""
     ABSORB: tl.constexpr = TAIL_M if MERGE_TAIL else 0
     STEP: tl.constexpr = BLOCK_M + EXTRA_M  # rows of a row tile
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, STEP, BLOCK_N, E_BLOCK, ABSORB)
+    if MIX > 0:
+        cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, STEP, BLOCK_N, ABSORB, MIX)
     for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
+        if MIX > 0:
+            number, cum_of = _mixed_tile(tile, total_tiles, cum_heavy, cum_light, heavy_total)
+        else:
+            number, cum_of = tile, cum
+        expert, row_start, row_end, row0, col0 = _tile_coords(number, e_offs, lo, hi, cum_of, N,
                                                               STEP, BLOCK_N, GROUP_M, ABSORB)
         if EXTRA_M > 0:
             acc, extra = _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N,
