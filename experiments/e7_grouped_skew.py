@@ -117,14 +117,17 @@ def start(doc: str):
     return args, cfg, g, settings, prov, slug, writer
 
 
-def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary) -> None:
+def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, rounds: int | None = None) -> None:
     """The loop the probes share (experiments/probe_*.py, not pipeline steps): per cell (model, projection,
     tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
     sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g, cell)`` (g: config.yaml's grouped section; cell:
     (model, projection, tokens, load)) gives the contenders, measured side by side with E7's timing
     settings; one row each with the cell's columns, the floor and provenance (resumable, written
-    atomically); ``summary(rows)`` returns the line printed per cell."""
+    atomically); ``summary(rows)`` returns the line printed per cell. ``rounds``: more interleaved rounds
+    than E7's timing settings take (not with --quick)."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
+    if rounds and not args.quick:
+        settings = dataclasses.replace(settings, rounds=rounds)
     cells = cells[:1] if args.quick else cells
     bar = Progress(len(cells), "probe")
     for model, proj, t, load in cells:

@@ -3,11 +3,12 @@
 
 Why: in expert order the programs running together are a few consecutive experts' tiles. Under a skewed
 load a hot expert's tiles reuse each weight tile from L2 (tensor-bound, memory idle) and the cold
-experts' tiles each stream their weights once (memory-bound, tensor cores idle), so a launch alternates
-between the two bounds instead of overlapping them. A model of the launch as waves of 132 tiles, each
-wave as slow as the larger of its bytes at 4 TB/s and its FLOPs at 700 TFLOP/s, predicts 1.18-1.21x
-for DeepSeek-V3 at T=4096 under Zipf 1.2 in expert order and 1.01x with the heavy experts' tiles dealt
-out in proportion among the light ones' (``mix``). This probe measures it.
+experts' tiles each stream their weights once (memory-bound, tensor cores idle), so a launch could
+alternate between the two bounds instead of overlapping them. Every row carries ``model_us``: the
+launch of that contender's config on that cell's group sizes as waves of tiles, each as slow as the
+larger of its bytes at the datasheet's HBM bandwidth and its FLOPs at the datasheet's tensor peak
+(moegemm.grouped.schedule.wave_model_us), which shows that effect alone; the timing says whether it is
+what costs the time.
 
 Per cell, interleaved (moegemm.bench.runner.measure, E7's timing settings):
 - ``tuned``: what the library picks (the tuned table's config, which may already mix);
@@ -15,6 +16,7 @@ Per cell, interleaved (moegemm.bench.runner.measure, E7's timing settings):
 - ``order:mix2`` / ``order:mix4``: experts of at least 2 / 4 row tiles dealt out among the others';
 - ``even:ours``: the tuned config on the same rows dealt out evenly (E7's row count, no skew): what the
   load's skew costs at most.
+Timed in ROUNDS interleaved rounds (E7 takes config.yaml's fewer): the ratios sought are a few percent.
 
     python -m experiments.probe_mixed_order --out results/<slug>/probe_mixed_order.csv
 """
@@ -26,11 +28,15 @@ import math
 
 from experiments.e7_grouped_skew import ours, ref_rows, run_probe
 from experiments.probe_prefill_tiles import even_offsets
+from moegemm._runtime import device_sm_count, gpu_slug
 from moegemm.bench.correctness import check
+from moegemm.bench.floors import datasheet
 from moegemm.bench.runner import Contender
 from moegemm.grouped import choose_config
+from moegemm.grouped.schedule import tile_order, wave_model_us
 
 MIXES = (2, 4)
+ROUNDS = 6
 CELLS = [(model, proj, t, load) for model, proj, t in (
     ("deepseek-v3", "up", 4096), ("deepseek-v3", "down", 4096))
     for load in ("uniform", "zipf0.8", "zipf1.2", "zipf1.5", "hot0.5")] + [
@@ -41,33 +47,47 @@ CELLS = [(model, proj, t, load) for model, proj, t in (
 ]
 
 
+def model_us(sizes: list[int], n: int, k: int, cfg, xs) -> float:
+    """wave_model_us of ``cfg``'s tiles on these group sizes, one program per multiprocessor running at a
+    time (the prefill tiles' shared memory leaves room for one), at this GPU's datasheet peaks."""
+    d = datasheet(gpu_slug(xs))
+    return wave_model_us(tile_order(sizes, n, cfg), n, k, cfg, device_sm_count(xs), d["hbm_tb_s"] * 1e12,
+                         d["bf16_tflops"] * 1e12)
+
+
 def contenders(xs, plan, w, e: int, n: int, k: int) -> list[Contender]:
-    """The tuned config, in expert order and mixed, and on the rows dealt evenly (its own float64 check)."""
+    """The tuned config, in expert order and mixed, and on the rows dealt evenly (its own float64 check);
+    each with the wave model's time for its config and rows (field ``model_us``)."""
     off = plan.group_offsets
+    sizes = plan.group_sizes.tolist()
     tuned, source = choose_config(xs, e, n, "nk")
-    cs = [Contender("tuned", ours(off, tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
-                    parallel_compile=True)]
+
+    def mine(name, offsets, c, why, sizes=sizes, **more):
+        return Contender(name, ours(offsets, c), config=dataclasses.asdict(c), parallel_compile=True,
+                         fields={"config_source": why, "model_us": model_us(sizes, n, k, c, xs)}, **more)
+
+    cs = [mine("tuned", off, tuned, source)]
     if tuned.tma and tuned.split_k == 1 and not tuned.stream_k:
         for name, mix in [("order:expert", 0)] + [(f"order:mix{m}", m) for m in MIXES]:
             c = dataclasses.replace(tuned, mix=mix)
             if c != tuned:
-                cs.append(Contender(name, ours(off, c), config=dataclasses.asdict(c),
-                                    fields={"config_source": "tuned, tile order changed"}, parallel_compile=True))
+                cs.append(mine(name, off, c, "tuned, tile order changed"))
     even = even_offsets(xs.shape[0], e, xs.device)
     even_ref = ref_rows(xs, w, even)
-    cs.append(Contender("even:ours", ours(even, tuned), config=dataclasses.asdict(tuned),
-                        fields={"config_source": "tuned (of the skewed cell)"},
-                        check=lambda out: check(out, even_ref, k), parallel_compile=True))
+    cs.append(mine("even:ours", even, tuned, "tuned (of the skewed cell)", sizes=even.diff().tolist(),
+                   check=lambda out: check(out, even_ref, k)))
     return cs
 
 
 def summary(out: list[dict]) -> str:
-    return "us " + ", ".join(f"{r['contender']}={r.get('graph_us', math.nan):.0f}" for r in out)
+    return "us (model) " + ", ".join(f"{r['contender']}={r.get('graph_us', math.nan):.0f} ({r['model_us']:.0f})"
+                                     for r in out)
 
 
 def main():
     run_probe(__doc__, "probe_mixed_order", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, w, e, n, k), summary)
+              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, w, e, n, k), summary,
+              rounds=ROUNDS)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -557,20 +558,19 @@ def test_tma_extra_rows_match_reference(layout, k, n, persistent, ws, launched, 
 
 def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]]:
     """Run ``run()`` under the interpreter with its masked stores counted per element of ``out``: (writes per
-    element, the first element each program stores into ``out``, in the order the programs ran)."""
+    element, the lowest element each program stores into ``out``, in the order the programs ran)."""
     lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
     writes = np.zeros(out.numel(), dtype=np.int64)
-    first: list[int] = []
-    last_pid: list = [None]
+    lowest: dict = {}  # program -> lowest element it stored (dicts keep the programs' order)
     real = interp.InterpreterBuilder.create_masked_store
 
     def counting(self, ptrs, value, mask, cache_policy):
         addr = ptrs.data[mask.data.astype(bool) & np.ones_like(ptrs.data, dtype=bool)]
         addr = addr[(addr >= lo) & (addr < hi)]
         np.add.at(writes, (addr - lo) // out.element_size(), 1)
-        if len(addr) and last_pid[0] != tuple(self.grid_idx):
-            last_pid[0] = tuple(self.grid_idx)
-            first.append(int((addr.min() - lo) // out.element_size()))
+        if len(addr):
+            pid, first = tuple(self.grid_idx), int((addr.min() - lo) // out.element_size())
+            lowest[pid] = min(lowest.get(pid, first), first)
         return real(self, ptrs, value, mask, cache_policy)
 
     interp.InterpreterBuilder.create_masked_store = counting
@@ -578,7 +578,7 @@ def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]
         run()
     finally:
         interp.InterpreterBuilder.create_masked_store = real
-    return writes, first
+    return writes, list(lowest.values())
 
 
 @pytest.mark.parametrize("tail,merge,store,persistent,extra", [(0, False, 0, False, 0), (16, False, 0, True, 0),
@@ -634,19 +634,6 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
                                      api.rows_bucket(t * m["top_k"], m["experts"]))]
 
 
-def _mixed_order(tiles_per_expert: list[int], mix: int) -> list[int]:
-    """The expert of each tile number in the mixed order, written out independently of the kernel: the
-    heavy experts' tiles (at least ``mix`` each) spread in proportion among the light experts' tiles."""
-    heavy = [e for e, t in enumerate(tiles_per_expert) for _ in range(t) if t >= mix]
-    light = [e for e, t in enumerate(tiles_per_expert) for _ in range(t) if t < mix]
-    total, out, used = len(heavy) + len(light), [], 0
-    for t in range(total):
-        want = (t + 1) * len(heavy) // total  # heavy tiles among the first t + 1
-        out.append(heavy[used] if want > used else light[t - used])
-        used = want
-    return out
-
-
 @pytest.mark.parametrize("persistent,ws,tail,merge,extra", [
     (False, False, 0, False, 0), (True, False, 16, False, 0), (True, True, 0, False, 0),
     (False, False, 16, True, 0), (True, True, 16, True, 0), (False, False, 0, False, 16)])
@@ -666,12 +653,18 @@ def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, extra, 
     assert launched == [_grouped_mm_tma_kernel]
 
 
-@pytest.mark.parametrize("mix,tail,merge", [(2, 0, False), (3, 16, True), (0, 0, False)])
-def test_mixed_tile_order_is_the_order_the_tiles_run_in(mix, tail, merge):
+@pytest.mark.parametrize("mix,tail,merge,extra,group_m", [(2, 0, False, 0, 2), (3, 16, True, 0, 8),
+                                                           (0, 0, False, 0, 2), (0, 16, True, 0, 2),
+                                                           (2, 16, False, 0, 1), (2, 0, False, 16, 2)])
+def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, extra, group_m):
     """Under the interpreter (programs run one after another in program order, one tile each on the plain
-    grid), the expert whose rows each program stores follows _mixed_order: a hot expert's tiles spread over
-    the launch in proportion, not run together. mix=0 keeps expert order. Each element is still written
+    grid), the lowest output element each program stores is the first element of the tile that
+    moegemm.grouped.schedule.tile_order puts at that number: expert order with bands of group_m row tiles
+    walked column by column, tails of their own and merged, row tiles with extra rows, and the mixed
+    order, where a hot expert's tiles spread over the launch in proportion. Each element is still written
     exactly once (a wrong mapping would skip some tiles and repeat others)."""
+    from moegemm.grouped.schedule import tile_order
+
     interp = pytest.importorskip("triton.runtime.interpreter")
     import moegemm.grouped.api as api
     from moegemm._runtime import INTERPRET
@@ -680,25 +673,23 @@ def test_mixed_tile_order_is_the_order_the_tiles_run_in(mix, tail, merge):
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) and its store hook")
     g = torch.Generator().manual_seed(11)
     sizes = [3, 300, 20, 0, 9, 150, 31, 2, 40]
-    e, k, n, bm = len(sizes), 32, 16, 32
+    e, k, n, bm = len(sizes), 32, 40, 32
     m = sum(sizes)
     offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32)
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
-    cfg = GroupedConfig(block_m=bm, block_n=n, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix)
+    cfg = GroupedConfig(block_m=bm, block_n=16, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix,
+                        extra_m=extra, group_m=group_m)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg, out) is not None
     writes, first = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg,
                                                                   out=out))
-    first_rows = [f // n for f in first]
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
-    expert_of_row = np.repeat(np.arange(e), sizes)
-    absorb = tail if merge else 0
-    tiles = [0 if s == 0 else max(-(-(s - absorb) // bm), 1) if absorb else -(-s // bm) for s in sizes]
-    want = _mixed_order(tiles, mix) if mix else [x for x, t in enumerate(tiles) for _ in range(t)]
-    assert [int(expert_of_row[r]) for r in first_rows] == want
-    if mix:
-        assert want != sorted(want), "the test's load should make the mixed order differ from expert order"
+    order = tile_order(sizes, n, cfg)
+    assert first == [t.row0 * n + t.col0 for t in order]
+    experts = [t.expert for t in order]
+    assert (experts == sorted(experts)) == (not mix), "a hot expert's tiles spread only in the mixed order"
+    assert sum(t.rows * min(16, n - t.col0) for t in order) == m * n
     ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
     rtol, atol = TOL[torch.bfloat16]
     assert torch.allclose(out.double(), ref, rtol=rtol, atol=atol)
@@ -711,3 +702,25 @@ def test_mix_config_errors():
     for bad in (dict(), dict(split_k=2), dict(persistent=True, stream_k=True)):
         with pytest.raises(ValueError, match="config.mix: the mixed tile order is the TMA kernel's"):
             GroupedConfig(mix=2, **{"tma": "split_k" in bad or "stream_k" in bad, **bad})
+
+
+def test_schedule_rows_computed_and_wave_model():
+    """schedule.tile_order's rows kept and computed per tile (128-row tiles, 32-row tails merged: an expert of
+    20 rows is a tail tile of its own, 140 one row tile holding its 12-row tail, 161 two whole row tiles as
+    its last 33 rows are more than a tail), and the wave model on hand-countable launches: one wave bound
+    by its bytes, then by its FLOPs, and two waves where the weights read in the first are not read again."""
+    from moegemm.grouped.schedule import tile_order, wave_model_us
+
+    cfg = GroupedConfig(block_m=128, block_n=64, tma=True, tail_m=32, merge_tail=True)
+    order = tile_order([20, 0, 140, 161], 64, cfg)
+    assert [(t.expert, t.rows, t.computed) for t in order] == [(0, 20, 32), (2, 140, 160), (3, 128, 128),
+                                                                (3, 33, 128)]
+    sep = dataclasses.replace(cfg, merge_tail=False)
+    assert [(t.rows, t.computed) for t in tile_order([140], 64, sep)] == [(128, 128), (12, 32)]
+    one = GroupedConfig(block_m=16, block_n=16)
+    tiles = tile_order([16], 16, one)  # one tile: weights 16x16, rows 16x16, output 16x16, 2*16*16*16 FLOPs
+    assert wave_model_us(tiles, 16, 16, one, 1, 3 * 512 / 1e-6, 1e30) == pytest.approx(1.0)
+    assert wave_model_us(tiles, 16, 16, one, 1, 1e30, 8192 / 1e-6) == pytest.approx(1.0)
+    two = tile_order([32], 16, one)  # two row tiles sharing the weights: 3 then 2 blocks of 512 bytes
+    assert wave_model_us(two, 16, 16, one, 1, 512 / 1e-6, 1e30) == pytest.approx(5.0)
+    assert wave_model_us(two, 16, 16, one, 2, 512 / 1e-6, 1e30) == pytest.approx(5.0)

@@ -413,7 +413,8 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
 def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch):
     """The mixed-order probe's contenders: the tuned config, it in expert order and mixed at 2 and 4 row
     tiles (only the orders the tuned config is not), compute the grouped product, and the even deal of the
-    rows its own; a tuned config that cannot mix (pointer loads) gets only the tuned and even contenders."""
+    rows its own, each with its wave-model time; a tuned config that cannot mix (pointer loads) gets only
+    the tuned and even contenders."""
     from experiments import probe_mixed_order as probe
     from moegemm.bench.correctness import check
     from moegemm.grouped import GroupedConfig
@@ -425,6 +426,7 @@ def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch
     cs = probe.contenders(xs, plan, w, e, n, k)
     assert [c.name for c in cs] == ["tuned", "order:expert", "order:mix4", "even:ours"]
     assert [c.config["mix"] for c in cs] == [2, 0, 4, 2]
+    assert all(0 < c.fields["model_us"] < float("inf") for c in cs)
     for c in cs:
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
