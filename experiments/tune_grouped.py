@@ -58,10 +58,8 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.77-0.99x the tuned config in all 14 cells of
     experiments/probe_stream_k.py, session 8); row tiles with extra rows (``extra_m``, 64 + 16/32 and
     128 + 16/32 rows: 0.72-0.995x the best config without them in all 40 cells past decode, tuner run S8-3,
-    session 8); the tiles of the experts of several row tiles dealt out among the others' (``mix``, so that
-    a skewed load's tensor-bound and memory-bound tiles run together; experiments/probe_mixed_order.py,
-    session 12: within the clock's noise of expert order under Zipf, slower on uniform and hot-expert
-    loads). All four stay configs one can ask for.
+    session 8). All three stay configs one can ask for. The mixed tile order (``mix``) is tried on each
+    cell's best few configs (see MIX_TRIES).
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
@@ -141,6 +139,12 @@ PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also
 # FINAL_ROUNDS interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the
 # table keeps the best of that final.
 FINALISTS = 4
+# The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
+# are also timed with the tiles of the experts of at least MIX row tiles dealt out in proportion among the
+# others' (GroupedConfig.mix): under a skewed load, expert order runs a hot expert's tensor-bound tiles
+# together and then the cold experts' memory-bound ones. experiments/probe_mixed_order.py (session 12):
+# 1.07-1.10x faster on DeepSeek-V3 down at T=4096 under Zipf 1.2-1.5, within the clock's noise elsewhere.
+MIX_TRIES, MIX = 3, 2
 FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
 
 
@@ -284,6 +288,14 @@ def main():
             rows += time_configs([dataclasses.replace(GroupedConfig(**json.loads(c)), persistent=True)
                                   for c in plain[:PERSISTENT_TRIES]], writer, {**base, "load": ld}, xs, ws,
                                  offsets, ref, settings)
+        if t * top_k / e > 16:  # past decode: the best few also in the mixed tile order (see MIX_TRIES)
+            here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
+                    and r.get("stage", "screen") == "screen"]
+            mixed = [dataclasses.replace(c, mix=MIX) for c in (GroupedConfig(**json.loads(c))
+                     for _, c in robust_order(here, loads)) if c.tma and c.split_k == 1 and not c.stream_k
+                     and not c.mix][:MIX_TRIES]
+            for ld, (xs, offsets, ref, _) in inputs.items():
+                rows += time_configs(mixed, writer, {**base, "load": ld}, xs, ws, offsets, ref, settings)
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
                 and r.get("stage", "screen") == "screen"]
         finalists = [GroupedConfig(**json.loads(c)) for _, c in robust_order(here, loads)[:FINALISTS]]
