@@ -141,6 +141,19 @@ def weight_sets(w: torch.Tensor, active: int, rows: int, k: int, n: int) -> list
     return [w] + [w.clone() for _ in range(sets - 1)]
 
 
+def check_call(calls: list, ref: torch.Tensor | None, k: int, check_fn=None) -> dict:
+    """{status, rel_err, note} of a candidate's first call against the float64 reference (or ``check_fn``);
+    an error (e.g. a tile that needs more shared memory than the GPU has) is recorded, not raised."""
+    from moegemm.bench.correctness import check, status_of
+
+    try:
+        out = calls[0]()
+        ok, rel, why = check_fn(out) if check_fn is not None else check(out, ref, k)
+    except Exception as ex:
+        ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
+    return {"status": status_of(ok, why), "rel_err": rel, "note": why}
+
+
 def check_and_time(calls: list, ref: torch.Tensor | None, k: int, settings, check_fn=None) -> dict:
     """A tuner's verdict on one candidate: its first call checked against the float64 reference (an error,
     e.g. a tile that needs more shared memory than the GPU has, is recorded), then, if right, the median of
@@ -150,17 +163,11 @@ def check_and_time(calls: list, ref: torch.Tensor | None, k: int, settings, chec
     place of the comparison with ``ref``."""
     import statistics
 
-    from moegemm.bench.correctness import check, status_of
     from moegemm.bench.runner import graph_calls
     from moegemm.bench.timing import GraphTimer
 
-    try:
-        out = calls[0]()
-        ok, rel, why = check_fn(out) if check_fn is not None else check(out, ref, k)
-    except Exception as ex:
-        ok, rel, why = False, float("nan"), f"error: {type(ex).__name__}: {str(ex)[:160]}"
-    row = {"status": status_of(ok, why), "rel_err": rel, "note": why}
-    if ok:
+    row = check_call(calls, ref, k, check_fn)
+    if row["status"] == "ok":
         n = graph_calls(calls, settings)
         row["graph_us"] = statistics.median(GraphTimer(calls, n).sample(3))
         row["graph_calls"] = n

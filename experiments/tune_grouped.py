@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from experiments.common import (Progress, ResultWriter, check_and_time, cli, config_cell,
+from experiments.common import (Progress, ResultWriter, check_call, cli, config_cell,
                                 load_config, provenance_fields, require_gpu, timing_settings, weight_sets,
                                 write_table)
 from experiments.e7_grouped_skew import expert_weights, ref_rows, tuner_tokens
@@ -131,14 +131,19 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
 
 
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid
-# The screen times one config after another, 3 samples each. Under a power cap that is not enough: timing
-# DeepSeek-V3 at T=4096, the H200 drew its 700 W cap and its SM clock swung between 855 and 1980 MHz from
-# one 100 ms sample to the next (experiments/probe_prefill_counters.py, session 11), so which of two
-# configs within ~10% of each other wins the screen is partly the clock's doing. The FINALISTS fastest of
-# a cell (by the screen's geometric mean over the loads) are therefore timed again side by side, in
-# FINAL_ROUNDS interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the
-# table keeps the best of that final.
-FINALISTS = 4
+# The screen takes 3 samples per config. Under a power cap that is not enough: timing DeepSeek-V3 at
+# T=4096, the H200 drew its 700 W cap and its SM clock swung between 855 and 1980 MHz from one 100 ms
+# sample to the next (experiments/probe_prefill_counters.py, session 11), so which of two configs within
+# ~10% of each other wins the screen is partly the clock's doing. The FINALISTS fastest of a cell (by the
+# screen's geometric mean over the loads) are therefore timed again side by side, in FINAL_ROUNDS
+# interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the table keeps
+# the best of that final.
+FINALISTS = 6
+# The screen itself times a cell's configs side by side, SCREEN_BATCH at a time (each holds a CUDA graph and
+# its outputs) over SCREEN_ROUNDS rounds of one replay. Until session 12 it timed them one after another,
+# and in run S12-3 that ranked the merged tails of DeepSeek-V3 gate/up at T=4096 (1.11x faster side by side
+# in S11-1) twelfth, out of a final of four.
+SCREEN_BATCH, SCREEN_ROUNDS = 8, 3
 # The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
 # are also timed with the tiles of the experts of at least MIX row tiles dealt out in proportion among the
 # others' (GroupedConfig.mix): under a skewed load, expert order runs a hot expert's tensor-bound tiles
@@ -154,44 +159,63 @@ def config_calls(config: GroupedConfig, xs, ws, offsets) -> list:
 
 
 def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=None) -> list[dict]:
-    """One row per config not yet in ``writer``: checked against float64, then timed on the GPU clock
-    (``settings``: config.yaml's grouped timing, whose calls_per_graph and min_graph_us apply; default 10
-    calls per graph)."""
+    """One row per config not yet in ``writer``: checked against float64, then the right ones timed on the
+    GPU clock side by side (``settings``: config.yaml's grouped timing, whose calls_per_graph and
+    min_graph_us apply; default 10 calls per graph): SCREEN_BATCH graphs at a time, SCREEN_ROUNDS rounds over
+    them, one replay each per round (see side_by_side)."""
+    import statistics
+
     settings = settings or Settings(calls_per_graph=10)
     k = xs.shape[1]
     todo = [c for c in configs if not writer.done(model=base["model"], proj=base["proj"], tokens=base["tokens"],
                                                   load=base.get("load"), config=dataclasses.asdict(c),
                                                   stage=base.get("stage"))]
     prewarm([config_calls(c, xs, ws[:1], offsets)[0] for c in todo])
-    rows = []
+    rows, right = [], []
     for c in todo:
         calls = config_calls(c, xs, ws, offsets)
-        rows.append({**base, "config": dataclasses.asdict(c), **check_and_time(calls, ref, k, settings)})
+        rows.append({**base, "config": dataclasses.asdict(c), **check_call(calls, ref, k)})
+        if rows[-1]["status"] == "ok":
+            right.append((rows[-1], calls))
+    for i in range(0, len(right), SCREEN_BATCH):
+        batch = right[i:i + SCREEN_BATCH]
+        for (row, _), (n, samples) in zip(batch, side_by_side([calls for _, calls in batch], settings,
+                                                               SCREEN_ROUNDS, 1)):
+            row.update(graph_us=statistics.median(samples), graph_calls=n)
     return rows
 
 
-def final_round(configs, base: dict, xs, ws, offsets, settings=None) -> list[dict]:
-    """The finalists of a cell under one load, timed again side by side (see FINALISTS): one CUDA graph per
-    config, FINAL_ROUNDS rounds over them (the order rotating), FINAL_REPLAYS replays per config per round;
-    one row per config (stage "final") with the median. They passed the float64 check in the screen."""
-    import statistics
-
+def side_by_side(calls_of: list[list], settings: Settings, rounds: int, replays: int) -> list[tuple[int, list]]:
+    """(calls per graph, samples in us) per candidate: one CUDA graph each (its calls, one per rotated input
+    set), then ``rounds`` rounds over them, who goes first rotating, ``replays`` replays each per round. The
+    clock swings under the power cap (see FINALISTS); timed side by side, every candidate meets the same
+    swings, which timing one after another would hand to whichever ran at the wrong moment."""
     from moegemm.bench.runner import graph_calls
     from moegemm.bench.timing import GraphTimer
 
-    settings = settings or Settings(calls_per_graph=10)
     timers = []
-    for c in configs:
-        calls = config_calls(c, xs, ws, offsets)
+    for calls in calls_of:
         n = graph_calls(calls, settings)
-        timers.append((c, n, GraphTimer(calls, n)))
+        timers.append((n, GraphTimer(calls, n)))
     samples: list[list[float]] = [[] for _ in timers]
-    for r in range(FINAL_ROUNDS):
+    for r in range(rounds):
         for i in [(r + j) % len(timers) for j in range(len(timers))]:
-            samples[i] += timers[i][2].sample(FINAL_REPLAYS)
+            samples[i] += timers[i][1].sample(replays)
+    return [(n, s) for (n, _), s in zip(timers, samples)]
+
+
+def final_round(configs, base: dict, xs, ws, offsets, settings=None) -> list[dict]:
+    """The finalists of a cell under one load, timed again side by side (see FINALISTS): FINAL_ROUNDS rounds
+    of FINAL_REPLAYS replays per config (side_by_side); one row per config (stage "final") with the median.
+    They passed the float64 check in the screen."""
+    import statistics
+
+    settings = settings or Settings(calls_per_graph=10)
+    timed = side_by_side([config_calls(c, xs, ws, offsets) for c in configs], settings, FINAL_ROUNDS,
+                         FINAL_REPLAYS)
     return [{**base, "stage": "final", "config": dataclasses.asdict(c), "status": "ok", "rel_err": float("nan"),
              "note": "timed again side by side; checked in the screen", "graph_us": statistics.median(s),
-             "graph_calls": n, "graph_samples": len(s)} for (c, n, _), s in zip(timers, samples)]
+             "graph_calls": n, "graph_samples": len(s)} for c, (n, s) in zip(configs, timed)]
 
 
 def tune_loads(g: dict, tokens: int) -> tuple[str, ...]:

@@ -154,8 +154,9 @@ def _tuner_cell(device):
 
 
 def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path, monkeypatch, device):
-    """tune_grouped's cell: every plain-grid tile config checked against float64 and timed, configs done
-    already skipped, then the fastest few again on the persistent grid (GPU clock faked on the CPU)."""
+    """tune_grouped's cell: every plain-grid tile config checked against float64 and timed side by side
+    (SCREEN_ROUNDS rounds of one replay each, who goes first rotating), configs done already skipped, then
+    the fastest few again on the persistent grid (GPU clock faked on the CPU)."""
     import dataclasses
 
 
@@ -164,12 +165,15 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     from moegemm.grouped import GroupedConfig
 
     fake = iter(range(100, 1000))
+    made, order = [], []
 
     class FakeTimer:
         def __init__(self, calls, n):
-            self.calls = calls
+            self.calls, self.id = calls, len(made)
+            made.append(self)
 
         def sample(self, n):
+            order.append(self.id)
             return [float(next(fake))] * n
 
     monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
@@ -181,6 +185,8 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     writer.add(tg.time_configs(cfgs[:1], writer, base, xs, [w], plan.group_offsets, ref))
     rows = tg.time_configs(cfgs, writer, base, xs, [w], plan.group_offsets, ref)
     assert [GroupedConfig(**r["config"]) for r in rows] == cfgs[1:]  # the first was done already
+    first = len(made) - 2  # the two timed here
+    assert order[-2 * tg.SCREEN_ROUNDS:] == [first + (r + j) % 2 for r in range(tg.SCREEN_ROUNDS) for j in range(2)]
     assert all(r["status"] == "ok" and r["graph_us"] >= 100 for r in rows)
     best = sorted(writer.rows + rows, key=lambda r: r["graph_us"])[: tg.PERSISTENT_TRIES - 1]
     more = tg.time_configs([dataclasses.replace(GroupedConfig(**r["config"]), persistent=True) for r in best],
