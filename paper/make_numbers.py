@@ -802,6 +802,51 @@ def extra_rows(n: Numbers, results: Path) -> None:
             n.add("ExtraRun", run)
 
 
+def mixed_order_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_mixed_order.py (when its CSV is committed): per cell, expert order (the tuned
+    config, which did not mix in the probe's run) against the mixed order at 2 row tiles, measured and as the
+    wave model has it; the skewed (Zipf) DeepSeek-V3 cells at T=4096 apart from the rest; the even deal
+    against the mixed order there; and the counters of DeepSeek-V3 down under Zipf 1.2 (L2 against the
+    even deal) where experiments/probe_prefill_counters.py measured them."""
+    path = results / "probe_mixed_order.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"]
+    key = ["model", "proj", "tokens", "load"]
+    t = df.pivot_table(index=key, columns="contender", values="graph_us")
+    m = df.pivot_table(index=key, columns="contender", values="model_us")
+    expert = df[(df.contender == "tuned") & ~df.config.str.contains("'mix': [1-9]", regex=True)]
+    cells = pd.MultiIndex.from_frame(expert[key])
+    gain, model = (t.loc[cells, "tuned"] / t.loc[cells, "order:mix2"]), (m.loc[cells, "tuned"] /
+                                                                           m.loc[cells, "order:mix2"])
+    zipf = [(c[0] == "deepseek-v3" and c[2] == 4096 and str(c[3]).startswith("zipf")) for c in cells]
+    skew = [z and float(str(c[3])[4:]) >= 1.2 for z, c in zip(zipf, cells)]
+    rest = [not z for z in zipf]
+    n.add("MixCells", len(cells), "{}")
+    n.add("MixSkewCells", sum(skew), "{}")
+    alphas = sorted({str(c[3])[4:] for c, k in zip(cells, skew) if k}, key=float)
+    n.add("MixSkewLoads", "Zipf " + " and ".join([", ".join(alphas[:-1]), alphas[-1]] if len(alphas) > 1 else alphas))
+    n.add("MixSkewGainLo", float(gain[skew].min()))
+    n.add("MixSkewGainHi", float(gain[skew].max()))
+    n.add("MixSkewModelLo", float(model[skew].min()))
+    n.add("MixSkewModelHi", float(model[skew].max()))
+    n.add("MixRestGainLo", float(gain[rest].min()))
+    n.add("MixRestGainHi", float(gain[rest].max()))
+    z = cells[zipf]
+    n.add("MixEvenVsMixed", gm(t.loc[z, "order:mix2"] / t.loc[z, "even:ours"]))
+    c = counter_frame(results)
+    down = ("deepseek-v3", "down", 4096, "zipf1.2")
+    if c is not None and down + ("tuned",) in c.index and down + ("even",) in c.index:
+        a, e = c.loc[down + ("tuned",)], c.loc[down + ("even",)]
+        n.add("MixCtrLoad", "Zipf " + down[3][4:])
+        n.add("MixCtrLtwoPct", a.l2, "{:.0f}")
+        n.add("MixCtrLtwoGB", a.l2_bytes / 1e9, "{:.0f}")
+        n.add("MixCtrEvenLtwoGB", e.l2_bytes / 1e9, "{:.0f}")
+        n.add("MixCtrTensorPct", a.tensor, "{:.0f}")
+        n.add("MixCtrEvenTensorPct", e.tensor, "{:.0f}")
+
+
 def stream_k_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
     persistent grid whole against dealt out by K steps (time whole / time dealt: > 1 where dealing won),
@@ -1028,6 +1073,7 @@ def main():
     tma_splits(n, results)
     extra_rows(n, results)
     stream_k_probe(n, results)
+    mixed_order_probe(n, results)
     robust_probe(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
