@@ -153,6 +153,24 @@ def _tuner_cell(device):
     return plan, permute(torch.randn(12, k).to(device), plan), torch.randn(e, n, k).to(device)
 
 
+def _fake_graph_timers(monkeypatch, sample_us):
+    """GraphTimer faked on the CPU: (timers made, in order; the timer ids in the order they were sampled).
+    ``sample_us(timer_id, samples_so_far)`` is the value a sample returns."""
+    made, order = [], []
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.calls, self.id = calls, len(made)
+            made.append(self)
+
+        def sample(self, n):
+            order.append(self.id)
+            return [sample_us(self.id, len(order))] * n
+
+    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    return made, order
+
+
 def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path, monkeypatch, device):
     """tune_grouped's cell: every plain-grid tile config checked against float64 and timed side by side
     (SCREEN_ROUNDS rounds of one replay each, who goes first rotating), configs done already skipped, then
@@ -165,18 +183,7 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     from moegemm.grouped import GroupedConfig
 
     fake = iter(range(100, 1000))
-    made, order = [], []
-
-    class FakeTimer:
-        def __init__(self, calls, n):
-            self.calls, self.id = calls, len(made)
-            made.append(self)
-
-        def sample(self, n):
-            order.append(self.id)
-            return [float(next(fake))] * n
-
-    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    made, order = _fake_graph_timers(monkeypatch, lambda timer, count: float(next(fake)))
     plan, xs, w = _tuner_cell(device)
     ref = ref_rows(xs, w, plan.group_offsets)
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
@@ -202,19 +209,7 @@ def test_grouped_tuner_final_round_times_the_finalists_side_by_side(monkeypatch,
     import experiments.tune_grouped as tg
     from moegemm.grouped import GroupedConfig
 
-    order = []
-
-    class FakeTimer:
-        def __init__(self, calls, n):
-            self.calls, self.id = calls, len(made)
-            made.append(self)
-
-        def sample(self, n):
-            order.append(self.id)
-            return [100.0 * (self.id + 1) + len(order)] * n
-
-    made: list = []
-    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    made, order = _fake_graph_timers(monkeypatch, lambda timer, count: 100.0 * (timer + 1) + count)
     plan, xs, w = _tuner_cell(device)
     cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32)]
     rows = tg.final_round(cfgs, {"model": "m", "load": "uniform"}, xs, [w], plan.group_offsets)

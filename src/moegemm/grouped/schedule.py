@@ -47,10 +47,8 @@ def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]
                 for j in range(band_rows):
                     r = (band + j) * step
                     rows = min(m - r, step) if not cfg.merge_tail or band + j < mt - 1 else m - r
-                    if cfg.tail_m and not cfg.merge_tail and rows <= cfg.tail_m:
+                    if cfg.tail_m and rows <= cfg.tail_m:  # (merged: only an expert of at most tail_m rows)
                         computed = cfg.tail_m
-                    elif cfg.merge_tail and rows <= cfg.tail_m:
-                        computed = cfg.tail_m  # an expert of at most tail_m rows: a tail tile of its own
                     elif cfg.merge_tail and rows > cfg.block_m:
                         computed = cfg.block_m + cfg.tail_m
                     else:
@@ -58,10 +56,11 @@ def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]
                     out.append(Tile(e, starts[e] + r, rows, computed, tn * cfg.block_n))
         return out
 
+    per_expert = [expert_tiles(e) for e in range(len(group_sizes))]
     if not cfg.mix:
-        return [t for e in range(len(group_sizes)) for t in expert_tiles(e)]
-    heavy = [t for e in range(len(group_sizes)) if row_tiles(group_sizes[e], cfg) >= cfg.mix for t in expert_tiles(e)]
-    light = [t for e in range(len(group_sizes)) if row_tiles(group_sizes[e], cfg) < cfg.mix for t in expert_tiles(e)]
+        return [t for tiles in per_expert for t in tiles]
+    heavy = [t for m, tiles in zip(group_sizes, per_expert) if row_tiles(m, cfg) >= cfg.mix for t in tiles]
+    light = [t for m, tiles in zip(group_sizes, per_expert) if row_tiles(m, cfg) < cfg.mix for t in tiles]
     total, order = len(heavy) + len(light), []
     for t in range(total):
         before = t * len(heavy) // total
