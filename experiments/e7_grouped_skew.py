@@ -117,20 +117,24 @@ def start(doc: str):
     return args, cfg, g, settings, prov, slug, writer
 
 
-def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, rounds: int | None = None) -> None:
+def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, rounds: int | None = None,
+              measure_cell=None, with_sets: bool = False) -> None:
     """The loop the probes share (experiments/probe_*.py, not pipeline steps): per cell (model, projection,
     tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
     sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g, cell)`` (g: config.yaml's grouped section; cell:
     (model, projection, tokens, load)) gives the contenders, measured side by side with E7's timing
     settings; one row each with the cell's columns, the floor and provenance (resumable, written
     atomically); ``summary(rows)`` returns the line printed per cell. ``rounds``: more interleaved rounds
-    than E7's timing settings take (not with --quick)."""
+    than E7's timing settings take (not with --quick). ``measure_cell(contenders, input_sets, ref, k, settings,
+    turn)`` (turn: the cell's index), where given, measures a cell instead of moegemm.bench.runner.measure.
+    ``with_sets``: contenders_of also gets the rotated weight sets and the timing settings (``ws=``,
+    ``settings=``)."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
     if rounds and not args.quick:
         settings = dataclasses.replace(settings, rounds=rounds)
     cells = cells[:1] if args.quick else cells
     bar = Progress(len(cells), "probe")
-    for model, proj, t, load in cells:
+    for turn, (model, proj, t, load) in enumerate(cells):
         if writer.done(model=model, proj=proj, tokens=t, load=load):
             bar.update()
             continue
@@ -146,11 +150,14 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, ro
         xs = permute(x, plan)
         ref = ref_rows(xs, w, plan.group_offsets)
         ws = weight_sets(w, stats["active_experts"], rows, k, n)
-        out = measure(contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load)),
-                      [(xs, wi) for wi in ws], ref, k, settings)
+        more = {"ws": ws, "settings": settings} if with_sets else {}
+        cs, sets = contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load), **more), [(xs, wi) for wi in ws]
+        out = (measure(cs, sets, ref, k, settings) if measure_cell is None
+               else measure_cell(cs, sets, ref, k, settings, turn))
+        del cs, sets
         for r in out:
             r.update(experiment=experiment, model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k,
-                     k=k, n=n, rows=rows, **stats, floor_us=fl, flops=flops, input_sets=len(ws),
+                     k=k, n=n, rows=rows, **stats, bytes=nbytes, floor_us=fl, flops=flops, input_sets=len(ws),
                      **graph_rates(r.get("graph_us", math.nan), flops, fl), **prov)
         writer.add(out)
         del w, ws, ref

@@ -138,12 +138,16 @@ PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also
 # screen's geometric mean over the loads) are therefore timed again side by side, in FINAL_ROUNDS
 # interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the table keeps
 # the best of that final.
-FINALISTS = 6
+FINALISTS = 8
 # The screen itself times a cell's configs side by side, SCREEN_BATCH at a time (each holds a CUDA graph and
-# its outputs) over SCREEN_ROUNDS rounds of one replay. Until session 12 it timed them one after another,
-# and in run S12-3 that ranked the merged tails of DeepSeek-V3 gate/up at T=4096 (1.11x faster side by side
-# in S11-1) twelfth, out of a final of four.
-SCREEN_BATCH, SCREEN_ROUNDS = 8, 3
+# its outputs; fewer where the GPU's free memory would not hold that many, see screen_batch) over
+# SCREEN_ROUNDS rounds of one replay. Until session 12 it timed them one after another, and in run S12-3
+# that ranked the merged tails of DeepSeek-V3 gate/up at T=4096 (1.11x faster side by side in S11-1)
+# twelfth, out of a final of four. In session 12 it took batches of 8, and in run S12-4 the merged tails
+# again missed that cell's final of six: configs in different batches still met different clocks. Since
+# session 13 one batch holds every config of a load's screen (at most 22 of them, past decode).
+SCREEN_BATCH, SCREEN_ROUNDS = 40, 3
+SCREEN_MEMORY = 0.5  # the part of the GPU's free memory one screen batch's graphs may take
 # The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
 # are also timed with the tiles of the experts of at least MIX row tiles dealt out in proportion among the
 # others' (GroupedConfig.mix): under a skewed load, expert order runs a hot expert's tensor-bound tiles
@@ -161,7 +165,7 @@ def config_calls(config: GroupedConfig, xs, ws, offsets) -> list:
 def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=None) -> list[dict]:
     """One row per config not yet in ``writer``: checked against float64, then the right ones timed on the
     GPU clock side by side (``settings``: config.yaml's grouped timing, whose calls_per_graph and
-    min_graph_us apply; default 10 calls per graph): SCREEN_BATCH graphs at a time, SCREEN_ROUNDS rounds over
+    min_graph_us apply; default 10 calls per graph): screen_batch graphs at a time, SCREEN_ROUNDS rounds over
     them, one replay each per round (see side_by_side)."""
     import statistics
 
@@ -177,12 +181,25 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=Non
         rows.append({**base, "config": dataclasses.asdict(c), **check_call(calls, ref, k)})
         if rows[-1]["status"] == "ok":
             right.append((rows[-1], calls))
-    for i in range(0, len(right), SCREEN_BATCH):
-        batch = right[i:i + SCREEN_BATCH]
+    size = screen_batch(xs.shape[0] * ws[0].shape[1] * xs.element_size())
+    for i in range(0, len(right), size):
+        batch = right[i:i + size]
         for (row, _), (n, samples) in zip(batch, side_by_side([calls for _, calls in batch], settings,
                                                                SCREEN_ROUNDS, 1)):
             row.update(graph_us=statistics.median(samples), graph_calls=n)
     return rows
+
+
+def screen_batch(out_bytes: int, free_bytes: int | None = None) -> int:
+    """Configs per screen batch: SCREEN_BATCH, or fewer (at least 2) where their graphs would take more than
+    SCREEN_MEMORY of the GPU's free memory (``free_bytes``; asked of the GPU when None, none on the CPU).
+    A graph holds one call's output at a time (its calls free theirs, and the graph's pool reuses it),
+    counted twice, plus 64 MiB for a kernel's own buffers."""
+    if free_bytes is None:
+        if not torch.cuda.is_available():
+            return SCREEN_BATCH
+        free_bytes = torch.cuda.mem_get_info()[0]
+    return max(2, min(SCREEN_BATCH, int(SCREEN_MEMORY * free_bytes // (2 * out_bytes + (64 << 20)))))
 
 
 def side_by_side(calls_of: list[list], settings: Settings, rounds: int, replays: int) -> list[tuple[int, list]]:

@@ -201,6 +201,28 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     assert [GroupedConfig(**r["config"]).persistent for r in more] == [True, True]
 
 
+def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(tmp_path, monkeypatch, device):
+    """Every config of a screen call is timed in one side-by-side batch (nine configs here: more than the
+    old batches of eight), its rounds rotating over all of them; screen_batch shrinks the batch to what
+    SCREEN_MEMORY of the free memory holds (never below two)."""
+    import experiments.tune_grouped as tg
+    from experiments.e7_grouped_skew import ref_rows
+    from moegemm.grouped import GroupedConfig
+
+    made, order = _fake_graph_timers(monkeypatch, lambda timer, count: 100.0 + timer)
+    plan, xs, w = _tuner_cell(device)
+    cfgs = [GroupedConfig(16, bn, bk, group_m=gm) for bn in (16, 32, 64) for bk in (16, 32) for gm in (1, 8)][:9]
+    writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
+    rows = tg.time_configs(cfgs, writer, {"model": "m", "proj": "up", "tokens": 12}, xs, [w],
+                           plan.group_offsets, ref_rows(xs, w, plan.group_offsets))
+    assert len(made) == 9 and [r["graph_us"] for r in rows] == [100.0 + i for i in range(9)]
+    assert order == [(r + j) % 9 for r in range(tg.SCREEN_ROUNDS) for j in range(9)]
+    graph = 2 * (1 << 30) + (64 << 20)  # a 1 GiB output, counted twice, and 64 MiB
+    assert tg.screen_batch(1 << 30, free_bytes=100 * graph) == min(tg.SCREEN_BATCH, 50)
+    assert tg.screen_batch(1 << 30, free_bytes=20 * graph) == 10
+    assert tg.screen_batch(1 << 30, free_bytes=graph) == 2
+
+
 def test_grouped_tuner_final_round_times_the_finalists_side_by_side(monkeypatch, device):
     """The tuner's final: one graph per finalist, FINAL_ROUNDS interleaved rounds (who goes first rotating),
     FINAL_REPLAYS replays each per round, the median kept per config as a "final" row (GPU clock faked on

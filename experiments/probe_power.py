@@ -1,0 +1,147 @@
+"""Probe (not a pipeline step): the SM clock and power draw each E7 contender runs at, on E7's inputs.
+
+Why: the floor and the practical ceiling count the datasheet's peaks, and the ceiling takes the slower of two
+easier problems (streaming the cell's bytes alone, its FLOPs as one dense GEMM alone). Our H200 runs under a
+700 W power cap. A grouped GEMM whose tiles keep both the HBM and the tensor cores busy (the cells where
+bytes and FLOPs take about as long) may draw more power than either easier problem, and so run at a lower
+SM clock than they do. This probe measures it: each contender's CUDA graph replayed back to back for
+HOLD_S seconds while moegemm.bench.power's sampler reads the SM clock, power and clock-limit reasons from
+NVML every 5 ms; the clock summarised over the samples after SETTLE_S, the power after POWER_SINCE_S (NVML
+averages power over up to a second). The time per call is the hold's own (CUDA events around it).
+
+Contenders per cell, in an order rotating from cell to cell: ours (the tuned config, as the library picks
+it), torch._grouped_mm, the dense yardstick (one expert's weights per call, the FLOPs alone) and the memory
+ceiling (moegemm.bench.stream with E7's launch-shape search, the bytes alone). Each is checked first: ours
+and torch._grouped_mm against float64, the stream against its own check; the yardstick computes another
+product, by design.
+
+    python -m experiments.probe_power --out results/<slug>/probe_power.csv
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import time
+
+import torch
+
+from experiments.e7_grouped_skew import ours, run_probe, stream_contender, stream_search
+from moegemm.bench.correctness import check, status_of
+from moegemm.bench.power import Nvml, Sampler, summary
+from moegemm.bench.runner import Contender, graph_calls, prewarm
+from moegemm.bench.timing import GraphTimer
+from moegemm.grouped import choose_config
+from moegemm.grouped.baselines import dense_reference, torch_grouped_mm
+
+HOLD_S, SETTLE_S, POWER_SINCE_S = 2.0, 0.3, 1.0
+CHUNK_S = 0.05  # replays queued between host synchronisations (the sampler's clock follows the GPU's)
+CELLS = [
+    ("deepseek-v3", "up", 1024, "uniform"),     # bytes-bound: the weights of 256 experts, few rows each
+    ("deepseek-v3", "up", 4096, "uniform"),
+    ("deepseek-v3", "down", 4096, "zipf1.2"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"),   # bytes and FLOPs about equal
+    ("qwen3-30b-a3b", "down", 4096, "uniform"),
+    ("mixtral-8x7b", "up", 1024, "uniform"),
+    ("mixtral-8x7b", "down", 1024, "uniform"),
+    ("mixtral-8x7b", "up", 16384, "uniform"),   # FLOPs-bound
+    ("deepseek-v3", "up", 16384, "uniform"),
+]
+
+
+def contenders(xs, plan, ws, e: int, settings) -> list[Contender]:
+    """ours (tuned), torch._grouped_mm, the dense yardstick and the memory ceiling on this cell's rows."""
+    off = plan.group_offsets
+    cfg, source = choose_config(xs, e, ws[0].shape[1], "nk")
+
+    def dense(inp):
+        turn = itertools.count()
+        return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
+
+    return [
+        Contender("ours", ours(off, cfg), config=dataclasses.asdict(cfg), fields={"config_source": source},
+                  parallel_compile=True),
+        Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
+        Contender("dense-reference", dense, check=lambda out: (
+            True, math.nan, "yardstick: one expert's weights, not the grouped result")),
+        stream_contender(stream_search(ws, xs, plan, settings), ws[0], xs, plan),
+    ]
+
+
+def hold(timer: GraphTimer, seconds: float, nvml: Nvml) -> dict:
+    """Replays ``timer``'s graph back to back for about ``seconds`` (queued CHUNK_S of GPU time at a time)
+    under the sampler: the time per call over the whole hold and the sampler's summary."""
+    one = statistics.median(timer.sample(3))  # us per call, to size the chunks
+    per_chunk = max(1, round(CHUNK_S * 1e6 / (one * timer.n)))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replays = 0
+    with Sampler(nvml=nvml) as s:
+        t0 = time.perf_counter()
+        start.record()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(per_chunk):
+                timer.graph.replay()
+            replays += per_chunk
+            torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+    us = start.elapsed_time(end) * 1000.0 / (replays * timer.n)
+    return {"graph_us": us, "hold_s": time.perf_counter() - t0, "hold_calls": replays * timer.n,
+            **summary(s.samples, SETTLE_S, POWER_SINCE_S)}
+
+
+def measure_cell(cs: list[Contender], sets: list[tuple], ref, k: int, settings, nvml: Nvml, turn: int) -> list[dict]:
+    """Each contender checked, then held (hold), in an order rotated by ``turn``; one row each."""
+    prewarm([c.bind(sets[0]) for c in cs if c.parallel_compile])
+    rows, live = {}, []
+    for c in cs:
+        try:
+            out = c.bind(sets[0])()
+            torch.cuda.synchronize()
+            ok, rel, why = c.check(out) if c.check is not None else check(out, ref, k)
+        except Exception as ex:  # recorded, not fatal
+            ok, rel, why = False, math.nan, f"error: {type(ex).__name__}: {str(ex)[:200]}"
+        rows[c.name] = {"contender": c.name, **c.fields, "config": json.dumps(c.config or {}, sort_keys=True),
+                        "status": status_of(ok, why),
+                        "rel_err": rel, "note": why}
+        if ok:
+            live.append(c)
+    order = live[turn % max(len(live), 1):] + live[:turn % max(len(live), 1)]
+    for c in order:
+        calls = [c.bind(inp) for inp in sets]
+        timer = GraphTimer(calls, graph_calls(calls, settings))
+        rows[c.name].update(hold(timer, HOLD_S, nvml), graph_calls=timer.n)
+        del timer, calls
+    return [rows[c.name] for c in cs]
+
+
+class PowerCells:
+    """run_probe's measure_cell: NVML opened at the first cell (on the GPU machine), each row with the GPU's
+    maximum SM clock and enforced power limit."""
+
+    def __init__(self):
+        self.nvml = None
+
+    def __call__(self, cs, sets, ref, k, settings, turn):
+        if self.nvml is None:
+            self.nvml = Nvml()
+            self.gpu = {"max_sm_mhz": self.nvml.max_clock_mhz(), "power_limit_w": self.nvml.power_limit_w()}
+        return [{**r, **self.gpu} for r in measure_cell(cs, sets, ref, k, settings, self.nvml, turn)]
+
+
+def summary_line(out: list[dict]) -> str:
+    return ", ".join(f"{r['contender']}={r.get('graph_us', math.nan):.0f}us@{r.get('sm_mhz', math.nan):.0f}MHz/"
+                     f"{r.get('power_w', math.nan):.0f}W" for r in out)
+
+
+def main():
+    run_probe(__doc__, "probe_power", CELLS,
+              lambda xs, plan, ref, w, t, e, k, n, g, cell, ws, settings: contenders(xs, plan, ws, e, settings),
+              summary_line, measure_cell=PowerCells(), with_sets=True)
+
+
+if __name__ == "__main__":
+    main()
