@@ -127,8 +127,8 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, ro
     atomically); ``summary(rows)`` returns the line printed per cell. ``rounds``: more interleaved rounds
     than E7's timing settings take (not with --quick). ``measure_cell(contenders, input_sets, ref, k, settings,
     turn)`` (turn: the cell's index), where given, measures a cell instead of moegemm.bench.runner.measure.
-    ``with_sets``: contenders_of also gets the rotated weight sets and the timing settings (``ws=``,
-    ``settings=``)."""
+    ``with_sets``: contenders_of also gets the rotated weight sets, the timing settings, the tokens'
+    activations and their top-k expert ids (``ws=``, ``settings=``, ``x=``, ``ids=``)."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
     if rounds and not args.quick:
         settings = dataclasses.replace(settings, rounds=rounds)
@@ -150,7 +150,7 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, ro
         xs = permute(x, plan)
         ref = ref_rows(xs, w, plan.group_offsets)
         ws = weight_sets(w, stats["active_experts"], rows, k, n)
-        more = {"ws": ws, "settings": settings} if with_sets else {}
+        more = {"ws": ws, "settings": settings, "x": x, "ids": ids} if with_sets else {}
         cs, sets = contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load), **more), [(xs, wi) for wi in ws]
         out = (measure(cs, sets, ref, k, settings) if measure_cell is None
                else measure_cell(cs, sets, ref, k, settings, turn))

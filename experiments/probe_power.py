@@ -10,10 +10,15 @@ NVML every 5 ms; the clock summarised over the samples after SETTLE_S, the power
 averages power over up to a second). The time per call is the hold's own (CUDA events around it).
 
 Contenders per cell, in an order rotating from cell to cell: ours (the tuned config, as the library picks
-it), torch._grouped_mm, the dense yardstick (one expert's weights per call, the FLOPs alone) and the memory
-ceiling (moegemm.bench.stream with E7's launch-shape search, the bytes alone). Each is checked first: ours
-and torch._grouped_mm against float64, the stream against its own check; the yardstick computes another
-product, by design.
+it), torch._grouped_mm, vLLM's fused-MoE kernel where its source is at hand (as in E7: MOEGEMM_VLLM_SOURCE
+or an installed vllm; E7's light config search), the dense yardstick (one expert's weights per call, the
+FLOPs alone) and the memory ceiling (moegemm.bench.stream with E7's launch-shape search, the bytes alone).
+Each is checked first: ours, torch._grouped_mm and vLLM's kernel against float64, the stream against its
+own check; the yardstick computes another product, by design.
+
+E7 times each contender in short bursts (a CUDA graph of a few ms, replayed a few times per round, the
+launch clock's calls between), after which the GPU may idle for a moment; the hold here is what a
+sustained run of the same kernel gets.
 
     python -m experiments.probe_power --out results/<slug>/probe_power.csv
 """
@@ -29,7 +34,8 @@ import time
 
 import torch
 
-from experiments.e7_grouped_skew import ours, run_probe, stream_contender, stream_search
+from experiments.e7_grouped_skew import (failed_contender, load_vllm, ours, run_probe, stream_contender, stream_search,
+                                         vllm_contender, vllm_search)
 from moegemm.bench.correctness import check, status_of
 from moegemm.bench.power import Nvml, Sampler, summary
 from moegemm.bench.runner import Contender, graph_calls, prewarm
@@ -37,23 +43,43 @@ from moegemm.bench.timing import GraphTimer
 from moegemm.grouped import choose_config
 from moegemm.grouped.baselines import dense_reference, torch_grouped_mm
 
-HOLD_S, SETTLE_S, POWER_SINCE_S = 2.0, 0.3, 1.0
+HOLD_S, SETTLE_S, POWER_SINCE_S = 1.5, 0.3, 0.8
 CHUNK_S = 0.05  # replays queued between host synchronisations (the sampler's clock follows the GPU's)
-CELLS = [
-    ("deepseek-v3", "up", 1024, "uniform"),     # bytes-bound: the weights of 256 experts, few rows each
-    ("deepseek-v3", "up", 4096, "uniform"),
-    ("deepseek-v3", "down", 4096, "zipf1.2"),
-    ("qwen3-30b-a3b", "up", 4096, "uniform"),   # bytes and FLOPs about equal
-    ("qwen3-30b-a3b", "down", 4096, "uniform"),
-    ("mixtral-8x7b", "up", 1024, "uniform"),
-    ("mixtral-8x7b", "down", 1024, "uniform"),
-    ("mixtral-8x7b", "up", 16384, "uniform"),   # FLOPs-bound
-    ("deepseek-v3", "up", 16384, "uniform"),
-]
+# E7's cells at the uniform load: every prefill (model, projection, T), decode at T=64, and one skewed cell
+CELLS = ([(model, proj, t, "uniform") for model in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b")
+          for proj in ("up", "down") for t in (64, 1024, 4096, 16384)]
+         + [("deepseek-v3", "down", 4096, "zipf1.2")])
 
 
-def contenders(xs, plan, ws, e: int, settings) -> list[Contender]:
-    """ours (tuned), torch._grouped_mm, the dense yardstick and the memory ceiling on this cell's rows."""
+class Vllm:
+    """vLLM's kernel (E7's optional contender), loaded once; its light config search once per (model,
+    projection, T), as E7 does it."""
+
+    def __init__(self):
+        self.loaded, self.kernel, self.searched = False, None, {}
+
+    def contender(self, g: dict, cell, w, settings, x, xs, plan, ids, ref, k: int, n: int) -> Contender | None:
+        if not self.loaded:
+            self.kernel, why = load_vllm()
+            self.loaded = True
+            print(f"vLLM's fused-MoE kernel: {self.kernel.origin if self.kernel else why}", flush=True)
+        if self.kernel is None:
+            return None
+        model, proj, t, _ = cell
+        if (model, proj, t) not in self.searched:
+            try:
+                self.searched[model, proj, t] = vllm_search(self.kernel, g, model, proj, t, w, settings)
+            except Exception as ex:  # recorded as an error in the cell, not fatal
+                self.searched[model, proj, t] = f"{type(ex).__name__}: {str(ex)[:200]}"
+        choice = self.searched[model, proj, t]
+        if not isinstance(choice, dict):
+            return failed_contender("vllm:fused_moe", f"config search failed: {choice}")
+        return vllm_contender(self.kernel, choice, x, xs, plan, ids, ref, proj, g["models"][model]["top_k"], n, k)
+
+
+def contenders(xs, plan, ws, e: int, settings, vllm: Contender | None = None) -> list[Contender]:
+    """ours (tuned), torch._grouped_mm, vLLM's kernel (where given), the dense yardstick and the memory
+    ceiling on this cell's rows."""
     off = plan.group_offsets
     cfg, source = choose_config(xs, e, ws[0].shape[1], "nk")
 
@@ -65,6 +91,7 @@ def contenders(xs, plan, ws, e: int, settings) -> list[Contender]:
         Contender("ours", ours(off, cfg), config=dataclasses.asdict(cfg), fields={"config_source": source},
                   parallel_compile=True),
         Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
+        *([vllm] if vllm is not None else []),
         Contender("dense-reference", dense, check=lambda out: (
             True, math.nan, "yardstick: one expert's weights, not the grouped result")),
         stream_contender(stream_search(ws, xs, plan, settings), ws[0], xs, plan),
@@ -138,8 +165,10 @@ def summary_line(out: list[dict]) -> str:
 
 
 def main():
+    vllm = Vllm()
     run_probe(__doc__, "probe_power", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g, cell, ws, settings: contenders(xs, plan, ws, e, settings),
+              lambda xs, plan, ref, w, t, e, k, n, g, cell, ws, settings, x, ids: contenders(
+                  xs, plan, ws, e, settings, vllm.contender(g, cell, w, settings, x, xs, plan, ids, ref, k, n)),
               summary_line, measure_cell=PowerCells(), with_sets=True)
 
 
