@@ -847,6 +847,75 @@ def mixed_order_probe(n: Numbers, results: Path) -> None:
         n.add("MixCtrEvenTensorPct", e.tensor, "{:.0f}")
 
 
+POWER_NAMES = {"ours": "ours (tuned)", "torch._grouped_mm": "torch._grouped_mm", VLLM: "vLLM fused_moe",
+               "dense-reference": "dense cuBLAS (one expert)", STREAM: "memory ceiling (stream)"}
+
+
+def power_probe(n: Numbers, results: Path, gen: Path) -> None:
+    """experiments/probe_power.py (when its CSV is committed): per regime (decode T <= 256, prefill), each
+    contender's median SM clock and power while held, its sustained time over ours (geomean over the cells),
+    the share of samples the power cap held the clock down; ours against torch._grouped_mm and vLLM's kernel
+    held (geomean, lowest, cells where they were faster), in SM cycles (time x clock), and E7's short bursts
+    in the same cells (e7_frame_of: the better of our two grids)."""
+    path = results / "probe_power.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"]
+    key = ["model", "proj", "tokens", "load"]
+    us = df.pivot_table(index=key, columns="contender", values="graph_us")
+    cyc = (df.assign(c=df.graph_us * df.sm_mhz)).pivot_table(index=key, columns="contender", values="c")
+    e7f = e7_frame(results)
+    burst = e7f.set_index(key) if e7f is not None else None
+    n.add("PowMaxMHz", float(df.max_sm_mhz.max()), "{:.0f}")
+    n.add("PowLimitW", float(df.power_limit_w.max()), "{:.0f}")
+    n.add("PowHoldS", float(df.hold_s.median()), "{:.1f}")
+    from moegemm.bench.floors import HOPPER_BF16_FLOP_PER_CLOCK_PER_SM  # imports torch: only when needed
+
+    peak = json.loads((results / "floors.json").read_text())["datasheet"]["bf16_tflops"] * 1e12
+    n.add("PowPeakMHz", peak / (int(df.sm_count.iloc[0]) * HOPPER_BF16_FLOP_PER_CLOCK_PER_SM) / 1e6, "{:.0f}")
+    rows = []
+    for regime, sel in (("Decode", df.tokens <= 256), ("Prefill", df.tokens > 256)):
+        sub = df[sel]
+        if sub.empty or "ours" not in set(sub.contender):
+            continue
+        cells = us.loc[pd.MultiIndex.from_frame(sub[key].drop_duplicates())]
+        n.add(f"Pow{regime}Cells", len(cells), "{}")
+        for c, short in (("ours", "Ours"), ("torch._grouped_mm", "Torch"), (VLLM, "Vllm"), ("dense-reference", "Dense"),
+                         (STREAM, "Stream")):
+            one = sub[sub.contender == c]
+            if one.empty:
+                continue
+            n.add(f"Pow{regime}{short}MHz", float(one.sm_mhz.median()), "{:.0f}")
+            n.add(f"Pow{regime}{short}W", float(one.power_w.median()), "{:.0f}")
+            rows.append({"regime": regime.lower(), "kernel": POWER_NAMES[c],
+                         "SM clock (MHz, median)": f"{one.sm_mhz.median():.0f}",
+                         "power (W, median)": f"{one.power_w.median():.0f}",
+                         "samples power-capped": f"{100 * one.power_capped.mean():.0f}%",
+                         "held time / ours (geomean)": gm(cells[c] / cells["ours"])})
+        gemm = sub[sub.contender.isin(["ours", "torch._grouped_mm", VLLM])]
+        n.add(f"Pow{regime}GemmCappedPct", 100 * float(gemm.power_capped.mean()), "{:.0f}")
+        for c, short in (("torch._grouped_mm", "Torch"), (VLLM, "Vllm")):
+            if c not in cells:
+                continue
+            r = (cells[c] / cells["ours"]).dropna()
+            n.add(f"Pow{regime}Vs{short}", gm(r))
+            n.add(f"Pow{regime}Vs{short}Min", float(r.min()))
+            n.add(f"Pow{regime}Vs{short}Slower", int((r < 1).sum()), "{}")
+            cy = cyc.loc[r.index]
+            n.add(f"Pow{regime}Vs{short}Cycles", gm(cy[c] / cy["ours"]))
+            col = {"Torch": "tg_us", "Vllm": "vl_us"}[short]
+            if burst is not None and col in burst:
+                b = burst.reindex(r.index)
+                n.add(f"Pow{regime}Burst{short}", gm(b[col] / b.us))
+    if rows:
+        write_text(gen / "table_power.tex", table(pd.DataFrame(rows), "Held back to back for about \\PowHoldS\\,s each "
+                   "(experiments/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
+                   "and power NVML reported, the share of samples in which the power cap held the clock down, and "
+                   "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "
+                   "ceiling solve easier problems).", "tab:power", "llrrrr"))
+
+
 def stream_k_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
     persistent grid whole against dealt out by K steps (time whole / time dealt: > 1 where dealing won),
@@ -1074,6 +1143,7 @@ def main():
     extra_rows(n, results)
     stream_k_probe(n, results)
     mixed_order_probe(n, results)
+    power_probe(n, results, gen)
     robust_probe(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")

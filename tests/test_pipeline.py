@@ -266,6 +266,60 @@ def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
     assert n.items["StreamKVsTunedLo"] == "0.80" and n.items["StreamKVsTunedHi"] == "0.90"
 
 
+def test_power_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.make_numbers.power_probe on a probe CSV (synthetic test data made here): per regime each
+    contender's median clock and power, the held ratios against ours (geomean, lowest, cells slower), the
+    same in SM cycles, E7's burst ratios from grouped_skew.csv in the same cells, the clock the datasheet
+    peak needs, and the table; a failed row left out; no CSV, no numbers."""
+    import json
+
+    import pandas as pd
+
+    from paper.make_numbers import Numbers, power_probe
+
+    base = {"status": "ok", "max_sm_mhz": 1980, "power_limit_w": 700.0, "hold_s": 1.5, "gpu": "NVIDIA H200",
+            "sm_count": 132, "load": "uniform", "proj": "up", "model": "m"}
+    cells = {64: {"ours": (100, 1980, 600.0, 0.0), "torch._grouped_mm": (150, 1980, 610.0, 0.0),
+                  "vllm:fused_moe": (100, 1980, 620.0, 0.5)},
+             1024: {"ours": (400, 1400, 690.0, 1.0), "torch._grouped_mm": (440, 1600, 695.0, 1.0),
+                    "vllm:fused_moe": (500, 1500, 690.0, 1.0)},
+             4096: {"ours": (1000, 1500, 692.0, 1.0), "torch._grouped_mm": (900, 1500, 691.0, 1.0),
+                    "vllm:fused_moe": (1100, 1600, 694.0, 1.0)}}
+    rows = [{**base, "tokens": t, "contender": c, "graph_us": float(us), "sm_mhz": mhz, "power_w": w,
+             "power_capped": cap} for t, cs in cells.items() for c, (us, mhz, w, cap) in cs.items()]
+    rows.append({**base, "tokens": 4096, "contender": "ours", "status": "wrong", "graph_us": 1.0, "sm_mhz": 1.0,
+                 "power_w": 1.0, "power_capped": 0.0})
+    gen = tmp_path / "gen"
+    n = Numbers()
+    power_probe(n, tmp_path, gen)
+    assert not n.items and not gen.exists()
+    (tmp_path / "floors.json").write_text(json.dumps({"datasheet": {"bf16_tflops": 989.0, "hbm_tb_s": 4.8}}))
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_power.csv", index=False)
+    power_probe(n, tmp_path, gen)
+    it = n.items
+    assert it["PowPeakMHz"] == "1829" and it["PowLimitW"] == "700" and it["PowHoldS"] == "1.5"
+    assert it["PowDecodeCells"] == "1" and it["PowPrefillCells"] == "2"
+    assert it["PowPrefillOursMHz"] == "1450" and it["PowPrefillTorchMHz"] == "1550" and it["PowPrefillOursW"] == "691"
+    assert it["PowPrefillVsTorch"] == f"{(1.1 * 0.9) ** 0.5:.2f}" and it["PowPrefillVsTorchMin"] == "0.90"
+    assert it["PowPrefillVsTorchSlower"] == "1" and it["PowPrefillVsVllmSlower"] == "0"
+    cyc = ((440 * 1600) / (400 * 1400) * (900 * 1500) / (1000 * 1500)) ** 0.5
+    assert it["PowPrefillVsTorchCycles"] == f"{cyc:.2f}" and it["PowDecodeVsTorch"] == "1.50"
+    assert it["PowDecodeGemmCappedPct"] == "17" and it["PowPrefillGemmCappedPct"] == "100"
+    assert "PowPrefillBurstTorch" not in it  # no E7 CSV yet
+    e7 = [{"model": "m", "proj": "up", "tokens": t, "load": "uniform", "status": "ok", "contender": c,
+           "graph_us": us, "pct_floor_graph": 50.0, "floor_us": 10.0}
+          for t, cs in {1024: {"ours:contiguous": 200.0, "ours:persistent": 180.0, "torch._grouped_mm": 360.0},
+                        4096: {"ours:contiguous": 500.0, "ours:persistent": 600.0, "torch._grouped_mm": 500.0}}.items()
+          for c, us in cs.items()]
+    pd.DataFrame(e7).to_csv(tmp_path / "grouped_skew.csv", index=False)
+    n = Numbers()
+    power_probe(n, tmp_path, gen)
+    assert n.items["PowPrefillBurstTorch"] == f"{2.0 ** 0.5:.2f}"  # 360 / 180 and 500 / 500
+    assert "PowPrefillBurstVllm" not in n.items  # E7 without vLLM's kernel
+    table = (gen / "table_power.tex").read_text()
+    assert "torch.\\_grouped\\_mm & 1550 & 693" in table and "decode & ours (tuned) & 1980 & 600 & 0\\% & 1.00" in table
+
+
 def test_tuner_feature_numbers_fall_back_to_the_newest_kept_run(tmp_path):
     """paper.make_numbers.extra_rows (and tma_splits, the same helper) on synthetic tuner CSVs made here:
     from the current CSV when it timed the feature, else from the newest kept run that did (runs/S8-10

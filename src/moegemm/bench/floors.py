@@ -10,6 +10,11 @@ DATASHEET = {
     "nvidia-h100-80gb-hbm3": {"hbm_tb_s": 3.35, "bf16_tflops": 989.0, "fp32_tflops": 67.0},
 }
 
+# Dense bf16/fp16 tensor-core FLOPs per clock per multiprocessor on Hopper (NVIDIA H100 Tensor Core GPU
+# Architecture whitepaper: 1024 dense FP16 FMA per clock per tensor core, four per SM). The datasheet's
+# 989 TFLOP/s over 132 SMs at that rate is a clock of about 1830 MHz.
+HOPPER_BF16_FLOP_PER_CLOCK_PER_SM = 4096
+
 
 def datasheet(slug: str) -> dict:
     return DATASHEET.get(slug, DATASHEET["nvidia-h200"])
