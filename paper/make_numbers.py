@@ -723,6 +723,15 @@ def robust_tuning(n: Numbers, results: Path) -> None:
     n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
 
 
+def probe_rows(results: Path, probe: str) -> pd.DataFrame | None:
+    """A probe's correct rows (results/<gpu>/<probe>.csv), None where it is not committed."""
+    path = results / f"{probe}.csv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df[df.status == "ok"]
+
+
 def probe_cells(results: Path, probe: str, values: str | list[str] = "graph_us") -> pd.DataFrame | None:
     """A probe's correct rows (results/<gpu>/<probe>.csv, when committed) side by side: one row per cell
     (model, projection, T, load), one column per contender (per value and contender for a list of
@@ -808,11 +817,9 @@ def mixed_order_probe(n: Numbers, results: Path) -> None:
     wave model has it; the skewed (Zipf) DeepSeek-V3 cells at T=4096 apart from the rest; the even deal
     against the mixed order there; and the counters of DeepSeek-V3 down under Zipf 1.2 (L2 against the
     even deal) where experiments/probe_prefill_counters.py measured them."""
-    path = results / "probe_mixed_order.csv"
-    if not path.exists():
+    df = probe_rows(results, "probe_mixed_order")
+    if df is None:
         return
-    df = pd.read_csv(path)
-    df = df[df.status == "ok"]
     key = ["model", "proj", "tokens", "load"]
     t = df.pivot_table(index=key, columns="contender", values="graph_us")
     m = df.pivot_table(index=key, columns="contender", values="model_us")
@@ -857,11 +864,9 @@ def power_probe(n: Numbers, results: Path, gen: Path) -> None:
     the share of samples the power cap held the clock down; ours against torch._grouped_mm and vLLM's kernel
     held (geomean, lowest, cells where they were faster), in SM cycles (time x clock), and E7's short bursts
     in the same cells (e7_frame_of: the better of our two grids)."""
-    path = results / "probe_power.csv"
-    if not path.exists():
+    df = probe_rows(results, "probe_power")
+    if df is None:
         return
-    df = pd.read_csv(path)
-    df = df[df.status == "ok"]
     key = ["model", "proj", "tokens", "load"]
     us = df.pivot_table(index=key, columns="contender", values="graph_us")
     cyc = (df.assign(c=df.graph_us * df.sm_mhz)).pivot_table(index=key, columns="contender", values="c")
