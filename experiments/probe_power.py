@@ -5,7 +5,7 @@ easier problems (streaming the cell's bytes alone, its FLOPs as one dense GEMM a
 700 W power cap. A grouped GEMM whose tiles keep both the HBM and the tensor cores busy (the cells where
 bytes and FLOPs take about as long) may draw more power than either easier problem, and so run at a lower
 SM clock than they do. This probe measures it: each contender's CUDA graph replayed back to back for
-HOLD_S seconds while moegemm.bench.power's sampler reads the SM clock, power and clock-limit reasons from
+HOLD_S seconds, ROUNDS times in rotating order (the row keeps the medians), while moegemm.bench.power's sampler reads the SM clock, power and clock-limit reasons from
 NVML every 5 ms; the clock summarised over the samples after SETTLE_S, the power after POWER_SINCE_S (NVML
 averages power over up to a second). The time per call is the hold's own (CUDA events around it).
 
@@ -43,13 +43,14 @@ from moegemm.bench.timing import GraphTimer
 from moegemm.grouped import choose_config
 from moegemm.grouped.baselines import dense_reference, torch_grouped_mm
 
-HOLD_S, SETTLE_S, POWER_SINCE_S = 1.5, 0.3, 0.8
+HOLD_S, SETTLE_S, POWER_SINCE_S = 1.2, 0.3, 0.7
+ROUNDS = 3  # holds per contender and cell, who goes first rotating; the rows keep the medians
 CHUNK_S = 0.05  # replays queued between host synchronisations (the sampler's clock follows the GPU's)
-# E7's cells at the uniform load: every prefill (model, projection, T), decode at T=64, and one skewed cell
+# E7's cells at the uniform load: every prefill (model, projection, T), decode at T=64 (gate/up), and one
+# skewed cell
 CELLS = ([(model, proj, t, "uniform") for model in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b")
-          for proj in ("up", "down") for t in (64, 1024, 4096, 16384)]
+          for proj in ("up", "down") for t in (64, 1024, 4096, 16384) if t > 64 or proj == "up"]
          + [("deepseek-v3", "down", 4096, "zipf1.2")])
-
 
 class Vllm:
     """vLLM's kernel (E7's optional contender), loaded once; its light config search once per (model,
@@ -121,7 +122,8 @@ def hold(timer: GraphTimer, seconds: float, nvml: Nvml) -> dict:
 
 
 def measure_cell(cs: list[Contender], sets: list[tuple], ref, k: int, settings, nvml: Nvml, turn: int) -> list[dict]:
-    """Each contender checked, then held (hold), in an order rotated by ``turn``; one row each."""
+    """Each contender checked, its graph captured, then held (hold) ROUNDS times, who goes first rotating
+    from round to round (starting at ``turn``); one row each with the medians of its holds (merge_holds)."""
     prewarm([c.bind(sets[0]) for c in cs if c.parallel_compile])
     rows, live = {}, []
     for c in cs:
@@ -136,13 +138,27 @@ def measure_cell(cs: list[Contender], sets: list[tuple], ref, k: int, settings, 
                         "rel_err": rel, "note": why}
         if ok:
             live.append(c)
-    order = live[turn % max(len(live), 1):] + live[:turn % max(len(live), 1)]
-    for c in order:
+    timers = {}
+    for c in live:
         calls = [c.bind(inp) for inp in sets]
-        timer = GraphTimer(calls, graph_calls(calls, settings))
-        rows[c.name].update(hold(timer, HOLD_S, nvml), graph_calls=timer.n)
-        del timer, calls
+        timers[c.name] = GraphTimer(calls, graph_calls(calls, settings))
+    held: dict = {c.name: [] for c in live}
+    for r in range(ROUNDS):
+        at = (turn + r) % max(len(live), 1)
+        for c in live[at:] + live[:at]:
+            held[c.name].append(hold(timers[c.name], HOLD_S, nvml))
+    for c in live:
+        rows[c.name].update(merge_holds(held[c.name]), graph_calls=timers[c.name].n)
+    del timers
     return [rows[c.name] for c in cs]
+
+
+def merge_holds(holds: list[dict]) -> dict:
+    """One row's fields from a contender's holds: the median of each, the fastest and slowest hold's time
+    per call, and how many holds there were."""
+    out = {k: statistics.median(h[k] for h in holds) for k in holds[0]}
+    us = [h["graph_us"] for h in holds]
+    return {**out, "graph_us_min": min(us), "graph_us_max": max(us), "holds": len(holds)}
 
 
 class PowerCells:

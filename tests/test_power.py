@@ -68,10 +68,11 @@ def test_nvml_without_a_driver_says_so(monkeypatch):
         power.Nvml()
 
 
-def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_order(monkeypatch):
+def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_rounds(monkeypatch):
     """probe_power.measure_cell: every contender's first call checked (against float64, or its own check);
     a wrong one and one that raises are recorded with their reason and not held; the right ones are held
-    one after another, the order rotated by the cell's turn, and each row carries its hold's fields."""
+    ROUNDS times, who goes first rotating from round to round (starting at the cell's turn), and each row
+    keeps the medians of its holds, the fastest and slowest hold and the count."""
     import torch
 
     from experiments import probe_power as probe
@@ -93,26 +94,32 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
     cs = [Contender("a", returning(right), config={"x": 1}), Contender("wrong", returning(right + 1.0)),
           Contender("b", returning(right.clone())), Contender("broken", raising),
           Contender("own", returning(torch.zeros(3)), check=lambda out: (True, math.nan, "own check"))]
-    held = []
+    order = []
 
     class FakeTimer:
         def __init__(self, calls, n):
             self.n = n
 
     def fake_hold(timer, seconds, nvml):
-        held.append(len(held))
-        return {"graph_us": 10.0 + len(held), "sm_mhz": 1500, "power_w": 600.0}
+        order.append(timer)
+        i = len(order)  # the i-th hold of the cell: its time and clock
+        return {"graph_us": 10.0 * i, "sm_mhz": 1000 + i, "power_w": 600.0}
 
     monkeypatch.setattr(probe, "GraphTimer", FakeTimer)
     monkeypatch.setattr(probe, "graph_calls", lambda calls, settings: 4)
     monkeypatch.setattr(probe, "hold", fake_hold)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(probe, "ROUNDS", 3)
     rows = probe.measure_cell(cs, [(None, None)], ref, k, None, nvml=None, turn=1)
     by = {r["contender"]: r for r in rows}
     assert [r["contender"] for r in rows] == ["a", "wrong", "b", "broken", "own"]
     assert by["wrong"]["status"] == "wrong" and "graph_us" not in by["wrong"]
     assert by["broken"]["status"] != "ok" and "no kernel image" in by["broken"]["note"] and "graph_us" not in by["broken"]
-    # held: b, own, a (the three right ones, rotated by one)
-    assert [by[c]["graph_us"] for c in ("b", "own", "a")] == [11.0, 12.0, 13.0]
-    assert all(by[c]["graph_calls"] == 4 and by[c]["status"] == "ok" for c in ("a", "b", "own"))
+    # the right ones: a, b, own; rounds start at b (turn 1), then own, then a
+    assert len(order) == 9
+    holds = {"b": [1, 6, 8], "own": [2, 4, 9], "a": [3, 5, 7]}  # positions of each contender's holds
+    for c, pos in holds.items():
+        assert by[c]["graph_us"] == 10.0 * sorted(pos)[1] and by[c]["sm_mhz"] == 1000 + sorted(pos)[1]
+        assert by[c]["graph_us_min"] == 10.0 * pos[0] and by[c]["graph_us_max"] == 10.0 * pos[-1]
+        assert by[c]["holds"] == 3 and by[c]["graph_calls"] == 4 and by[c]["status"] == "ok"
     assert json.loads(by["a"]["config"]) == {"x": 1} and by["own"]["note"] == "own check"
