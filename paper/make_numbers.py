@@ -875,6 +875,7 @@ def power_probe(n: Numbers, results: Path, gen: Path) -> None:
     n.add("PowMaxMHz", float(df.max_sm_mhz.max()), "{:.0f}")
     n.add("PowLimitW", float(df.power_limit_w.max()), "{:.0f}")
     n.add("PowHoldS", float(df.hold_s.median()), "{:.1f}")
+    n.add("PowHolds", int(df.holds.max()) if "holds" in df else 1, "{}")  # holds per contender and cell
     from moegemm.bench.floors import HOPPER_BF16_FLOP_PER_CLOCK_PER_SM  # imports torch: only when needed
 
     peak = json.loads((results / "floors.json").read_text())["datasheet"]["bf16_tflops"] * 1e12
@@ -914,7 +915,7 @@ def power_probe(n: Numbers, results: Path, gen: Path) -> None:
                 b = burst.reindex(r.index)
                 n.add(f"Pow{regime}Burst{short}", gm(b[col] / b.us))
     if rows:
-        write_text(gen / "table_power.tex", table(pd.DataFrame(rows), "Held back to back for about \\PowHoldS\\,s each "
+        write_text(gen / "table_power.tex", table(pd.DataFrame(rows), "Held back to back for about \\PowHoldS\\,s, \\PowHolds{} times each (medians) "
                    "(experiments/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
                    "and power NVML reported, the share of samples in which the power cap held the clock down, and "
                    "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "

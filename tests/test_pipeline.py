@@ -298,6 +298,7 @@ def test_power_numbers_on_a_synthetic_csv(tmp_path):
     power_probe(n, tmp_path, gen)
     it = n.items
     assert it["PowPeakMHz"] == "1829" and it["PowLimitW"] == "700" and it["PowHoldS"] == "1.5"
+    assert it["PowHolds"] == "1"  # a CSV without the holds column: one hold each
     assert it["PowDecodeCells"] == "1" and it["PowPrefillCells"] == "2"
     assert it["PowPrefillOursMHz"] == "1450" and it["PowPrefillTorchMHz"] == "1550" and it["PowPrefillOursW"] == "691"
     assert it["PowPrefillVsTorch"] == f"{(1.1 * 0.9) ** 0.5:.2f}" and it["PowPrefillVsTorchMin"] == "0.90"
