@@ -191,6 +191,23 @@ def ref_rows(xs, w, offsets) -> torch.Tensor:
     return out
 
 
+def torch_contender(offsets) -> Contender:
+    """torch._grouped_mm on an input set (x_sorted, w as [E, N, K]) with these group offsets."""
+    return Contender("torch._grouped_mm",
+                     lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], offsets, w_layout="nk")))
+
+
+def dense_contender(e: int) -> Contender:
+    """The dense yardstick: one GEMM over all rows with one expert's weights per call, a different expert each
+    call (no L2 reuse either); it computes another product by design, so its check only says so."""
+    def dense(inp):
+        turn = itertools.count()
+        return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
+
+    return Contender("dense-reference", dense, check=lambda out: (
+        True, math.nan, "yardstick: one expert's weights, not the grouped result"))
+
+
 def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True,
                 vllm: Contender | None = None, ceiling: Contender | None = None) -> list[Contender]:
     """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
@@ -203,23 +220,18 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
     base = dataclasses.replace(base, persistent=False)
     pers = dataclasses.replace(base, persistent=True)
 
-    def dense(inp):  # one expert's weights per call, a different expert each call (no L2 reuse either)
-        turn = itertools.count()
-        return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
-
     cs = [
         Contender("ours:contiguous", ours(off, base), config=dataclasses.asdict(base),
                   fields={"config_source": source}, parallel_compile=True),
         Contender("ours:persistent", ours(off, pers), config=dataclasses.asdict(pers),
                   fields={"config_source": source}, parallel_compile=True),
-        Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
+        torch_contender(off),
         *([vllm] if vllm is not None else []),
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
                   graph=False),
     ]
     if yardstick:
-        cs.append(Contender("dense-reference", dense, check=lambda out: (
-            True, math.nan, "yardstick: one expert's weights, not the grouped result")))
+        cs.append(dense_contender(e))
     if ceiling is not None:
         cs.append(ceiling)
     for cf in cfg["grouped"]["capacity_factors"]:
@@ -336,6 +348,37 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
                      parallel_compile=True, check=lambda out: check(out, slot_ref, k))
 
 
+class Vllm:
+    """vLLM's kernel (E7's optional contender): loaded once (load_vllm, at the first ``load`` or
+    ``contender``), its light config search (vllm_search) once per (model, projection, T); a search that
+    fails is recorded as an error in that (model, projection, T)'s cells, not fatal."""
+
+    def __init__(self):
+        self.loaded, self.kernel, self.searched = False, None, {}
+
+    def load(self) -> None:
+        if not self.loaded:
+            self.kernel, why = load_vllm()
+            self.loaded = True
+            print(f"vLLM's fused-MoE kernel: {self.kernel.origin if self.kernel else why}", flush=True)
+
+    def contender(self, g: dict, cell, w, settings, x, xs, plan, ids, ref, k: int, n: int) -> Contender | None:
+        """vLLM's kernel on this cell's rows (cell: (model, projection, T, load)); None where it is not at hand."""
+        self.load()
+        if self.kernel is None:
+            return None
+        model, proj, t, _ = cell
+        if (model, proj, t) not in self.searched:
+            try:
+                self.searched[model, proj, t] = vllm_search(self.kernel, g, model, proj, t, w, settings)
+            except Exception as ex:  # an optional contender: recorded as an error in its cells, not fatal
+                self.searched[model, proj, t] = f"{type(ex).__name__}: {str(ex)[:200]}"
+        choice = self.searched[model, proj, t]
+        if not isinstance(choice, dict):
+            return failed_contender("vllm:fused_moe", f"config search failed: {choice}")
+        return vllm_contender(self.kernel, choice, x, xs, plan, ids, ref, proj, g["models"][model]["top_k"], n, k)
+
+
 def stream_search(ws, xs, plan, settings) -> dict:
     """The memory ceiling's launch shape for a (model, projection, T): each of moegemm.bench.stream's
     candidates that fits the weights checked (check_stream: every byte read once, every output written) and
@@ -407,9 +450,8 @@ def main():
                 cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
-    vk, why = load_vllm()
-    print(f"vLLM's fused-MoE kernel: {vk.origin if vk else why}", flush=True)
-    searched: dict = {}
+    vllm = Vllm()
+    vllm.load()
     streamed: dict = {}
     bar = Progress(len(cells), "E7")
     weights: dict = {}
@@ -441,16 +483,7 @@ def main():
         else:
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
-            vc = None
-            if vk is not None:
-                if (model, proj, t) not in searched:
-                    try:
-                        searched[(model, proj, t)] = vllm_search(vk, g, model, proj, t, w, settings)
-                    except Exception as ex:  # an optional contender: recorded as an error in its cells, not fatal
-                        searched[(model, proj, t)] = f"{type(ex).__name__}: {str(ex)[:200]}"
-                choice = searched[(model, proj, t)]
-                vc = (vllm_contender(vk, choice, x, xs, plan, ids, ref, proj, top_k, n, k) if isinstance(choice, dict)
-                      else failed_contender("vllm:fused_moe", f"config search failed: {choice}"))
+            vc = vllm.contender(g, (model, proj, t, load), w, settings, x, xs, plan, ids, ref, k, n)
             if (model, proj, t) not in streamed:
                 streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
             # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform load

@@ -26,22 +26,18 @@ sustained run of the same kernel gets.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import math
 import statistics
 import time
 
 import torch
 
-from experiments.e7_grouped_skew import (failed_contender, load_vllm, ours, run_probe, stream_contender, stream_search,
-                                         vllm_contender, vllm_search)
-from moegemm.bench.correctness import check, status_of
+from experiments.e7_grouped_skew import (Vllm, dense_contender, ours, run_probe, stream_contender, stream_search,
+                                         torch_contender)
 from moegemm.bench.power import Nvml, Sampler, summary
-from moegemm.bench.runner import Contender, graph_calls, prewarm
+from moegemm.bench.runner import Contender, check_contenders, graph_calls
 from moegemm.bench.timing import GraphTimer
 from moegemm.grouped import choose_config
-from moegemm.grouped.baselines import dense_reference, torch_grouped_mm
 
 HOLD_S, SETTLE_S, POWER_SINCE_S = 1.2, 0.3, 0.7
 ROUNDS = 3  # holds per contender and cell, who goes first rotating; the rows keep the medians
@@ -52,49 +48,17 @@ CELLS = ([(model, proj, t, "uniform") for model in ("deepseek-v3", "qwen3-30b-a3
           for proj in ("up", "down") for t in (64, 1024, 4096, 16384) if t > 64 or proj == "up"]
          + [("deepseek-v3", "down", 4096, "zipf1.2")])
 
-class Vllm:
-    """vLLM's kernel (E7's optional contender), loaded once; its light config search once per (model,
-    projection, T), as E7 does it."""
-
-    def __init__(self):
-        self.loaded, self.kernel, self.searched = False, None, {}
-
-    def contender(self, g: dict, cell, w, settings, x, xs, plan, ids, ref, k: int, n: int) -> Contender | None:
-        if not self.loaded:
-            self.kernel, why = load_vllm()
-            self.loaded = True
-            print(f"vLLM's fused-MoE kernel: {self.kernel.origin if self.kernel else why}", flush=True)
-        if self.kernel is None:
-            return None
-        model, proj, t, _ = cell
-        if (model, proj, t) not in self.searched:
-            try:
-                self.searched[model, proj, t] = vllm_search(self.kernel, g, model, proj, t, w, settings)
-            except Exception as ex:  # recorded as an error in the cell, not fatal
-                self.searched[model, proj, t] = f"{type(ex).__name__}: {str(ex)[:200]}"
-        choice = self.searched[model, proj, t]
-        if not isinstance(choice, dict):
-            return failed_contender("vllm:fused_moe", f"config search failed: {choice}")
-        return vllm_contender(self.kernel, choice, x, xs, plan, ids, ref, proj, g["models"][model]["top_k"], n, k)
-
-
 def contenders(xs, plan, ws, e: int, settings, vllm: Contender | None = None) -> list[Contender]:
     """ours (tuned), torch._grouped_mm, vLLM's kernel (where given), the dense yardstick and the memory
     ceiling on this cell's rows."""
     off = plan.group_offsets
     cfg, source = choose_config(xs, e, ws[0].shape[1], "nk")
-
-    def dense(inp):
-        turn = itertools.count()
-        return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
-
     return [
         Contender("ours", ours(off, cfg), config=dataclasses.asdict(cfg), fields={"config_source": source},
                   parallel_compile=True),
-        Contender("torch._grouped_mm", lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))),
+        torch_contender(off),
         *([vllm] if vllm is not None else []),
-        Contender("dense-reference", dense, check=lambda out: (
-            True, math.nan, "yardstick: one expert's weights, not the grouped result")),
+        dense_contender(e),
         stream_contender(stream_search(ws, xs, plan, settings), ws[0], xs, plan),
     ]
 
@@ -124,20 +88,7 @@ def hold(timer: GraphTimer, seconds: float, nvml: Nvml) -> dict:
 def measure_cell(cs: list[Contender], sets: list[tuple], ref, k: int, settings, nvml: Nvml, turn: int) -> list[dict]:
     """Each contender checked, its graph captured, then held (hold) ROUNDS times, who goes first rotating
     from round to round (starting at ``turn``); one row each with the medians of its holds (merge_holds)."""
-    prewarm([c.bind(sets[0]) for c in cs if c.parallel_compile])
-    rows, live = {}, []
-    for c in cs:
-        try:
-            out = c.bind(sets[0])()
-            torch.cuda.synchronize()
-            ok, rel, why = c.check(out) if c.check is not None else check(out, ref, k)
-        except Exception as ex:  # recorded, not fatal
-            ok, rel, why = False, math.nan, f"error: {type(ex).__name__}: {str(ex)[:200]}"
-        rows[c.name] = {"contender": c.name, **c.fields, "config": json.dumps(c.config or {}, sort_keys=True),
-                        "status": status_of(ok, why),
-                        "rel_err": rel, "note": why}
-        if ok:
-            live.append(c)
+    rows, live = check_contenders(cs, sets, ref, k)
     timers = {}
     for c in live:
         calls = [c.bind(inp) for inp in sets]

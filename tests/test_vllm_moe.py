@@ -241,3 +241,32 @@ def test_e7_records_a_failed_vllm_search_as_an_error():
     call = c.bind(("xs", "w"))  # binding does not raise (measure binds before its try)
     with pytest.raises(RuntimeError, match="config search failed"):
         call()
+
+
+def test_e7_vllm_loads_once_and_searches_once_per_model_projection_and_tokens(monkeypatch):
+    """E7's and the power probe's vLLM contender (e7.Vllm): vLLM loaded once; no kernel at hand, no
+    contender; the config search run once per (model, projection, T) whatever the load, and a failed one
+    turned into an error contender for each of that triple's cells."""
+    from experiments import e7_grouped_skew as e7
+
+    loads, searches = [], []
+    monkeypatch.setattr(e7, "load_vllm", lambda: (loads.append(1), (None, "not available"))[1])
+    v = e7.Vllm()
+    g = {"models": {"m": {"top_k": 2}}}
+    assert v.contender(g, ("m", "up", 64, "uniform"), *[None] * 7, 16, 32) is None
+    v.load()
+    assert loads == [1]
+
+    def failing(*args):
+        searches.append(args[1:5])
+        raise RuntimeError("no config right")
+
+    monkeypatch.setattr(e7, "vllm_search", failing)
+    v = e7.Vllm()
+    v.kernel, v.loaded = object(), True
+    cs = [v.contender(g, ("m", "up", 64, load), *[None] * 7, 16, 32) for load in ("uniform", "zipf1.2")]
+    assert len(searches) == 1 and searches[0][1:] == ("m", "up", 64)
+    for c in cs:
+        assert c.name == "vllm:fused_moe"
+        with pytest.raises(RuntimeError, match="config search failed: RuntimeError: no config right"):
+            c.bind(("xs", "w"))()

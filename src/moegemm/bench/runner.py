@@ -99,9 +99,11 @@ def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> in
     return workers
 
 
-def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int,
-            settings: Settings) -> list[dict]:
-    """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
+def check_contenders(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int
+                     ) -> tuple[dict[str, dict], list[Contender]]:
+    """({name: row with status, rel_err, note}, the contenders that passed): each contender's first call
+    (compiles from a thread pool first where allowed) checked against float64 or by its own check; one that
+    cannot run is recorded as an error, not raised."""
     rows, live = {}, []
     prewarm([c.bind(input_sets[0]) for c in contenders if c.parallel_compile])
     for c in contenders:
@@ -117,7 +119,13 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
         rows[c.name] = row
         if ok:
             live.append(c)
+    return rows, live
 
+
+def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int,
+            settings: Settings) -> list[dict]:
+    """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
+    rows, live = check_contenders(contenders, input_sets, ref64, k)
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
     calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
     for c in live:
