@@ -30,6 +30,13 @@ RUN echo "vllm==0.33.0 --hash=sha256:4b6bdec4ab269990bf70d45a3c1e94c3760a2706451
  && pip download --no-deps --only-binary=:all: --require-hashes -r /tmp/vllm.txt -d /opt/vllm
 ENV MOEGEMM_VLLM_SOURCE=/opt/vllm/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 
+# The seed author's Triton Decompose-K kernels, the contenders "seed: original" and "seed: optimized" of
+# E3-E6: a clone at the commit we measured, read at run time (experiments/seed_dk.py); nothing of it is
+# part of this project.
+RUN git clone --quiet https://github.com/shreyansh26/MLSys-Experiments /opt/seed \
+ && git -C /opt/seed checkout --quiet b63fb8c71bc0019205404d1b979a519ee8a748d0
+ENV MOEGEMM_SEED_SOURCE=/opt/seed/decompose-k
+
 # The source tree has no .git inside the image: provenance records the commit passed at build time.
 ARG MOEGEMM_COMMIT=unknown
 ENV MOEGEMM_COMMIT=${MOEGEMM_COMMIT}

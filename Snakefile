@@ -42,6 +42,8 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E7)
     "router_gemm": "e6_router_gemm",
     "grouped_skew": "e7_grouped_skew",
 }
+# The experiments with the seed's Triton kernels among their contenders (at the configs of tune_seed)
+SEED_EXPERIMENTS = ("epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm")
 # The write-up reads every experiment measured for RES (on a GPU: all of them; without one, those whose
 # committed CSV exists, so that a GPU with a partial set of results still builds).
 WRITEUP = [e for e in EXPERIMENTS if GPUS or Path(f"results/{RES}/{e}.csv").exists()]
@@ -165,10 +167,30 @@ if GPUS:
         shell:
             "{params.slot} {params.py} -m experiments.tune_grouped --out {output.csv} > {log} 2>&1"
 
+    rule tune_seed:
+        """The seed's own config search for its two Triton kernels (E3-E6's "seed: ..." contenders); a CSV
+        that says so where MOEGEMM_SEED_SOURCE is not set."""
+        input:
+            f"results/{HERE}/verify.json",
+        output:
+            f"results/{HERE}/tune_seed.csv",
+        log:
+            f"logs/{HERE}/tune_seed.log",
+        benchmark:
+            f"results/{HERE}/benchmarks/tune_seed.tsv"
+        params:
+            slot=SLOT,
+            py=PY,
+        resources:
+            gpu=1,
+        shell:
+            "{params.slot} {params.py} -m experiments.tune_seed --out {output} > {log} 2>&1"
+
     rule measure:
         """One experiment E1..E7 on one GPU (independent jobs: they spread over GPUs)."""
         input:
             verify=f"results/{HERE}/verify.json",
+            seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
             table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
             grouped_table=f"src/moegemm/tuned/grouped/{HERE}.json",
             floors=f"results/{HERE}/floors.json",

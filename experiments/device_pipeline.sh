@@ -13,7 +13,7 @@
 # warm) and the next call puts it back before its first step. On a fresh machine $STATE is empty: copy the
 # returned results.tgz into the checkout before the next call.
 #   MOEGEMM_COMMIT=<sha> MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh STEP:SECONDS...
-#   STEP: verify floors tune tune_grouped, or an experiment's CSV name (grouped_skew, router_gemm, ...).
+#   STEP: verify floors tune tune_grouped tune_seed, or an experiment's CSV name (grouped_skew, router_gemm, ...).
 # Figures, numbers and the paper are then built from the results that come back, on any machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,7 @@ outputs() {
     floors) echo "$R/floors.json" ;;
     tune) echo "$R/tune_decompose_k.csv src/moegemm/tuned/decompose_k/$SLUG.json" ;;
     tune_grouped) echo "$R/tune_grouped.csv src/moegemm/tuned/grouped/$SLUG.json" ;;
+    tune_seed) echo "$R/tune_seed.csv" ;;
     *) echo "$R/$1.csv" ;;
   esac
 }
@@ -50,7 +51,7 @@ for spec in "$@"; do
   files=$(outputs "$step")
   for f in $files; do rm -f "$f" "$f.partial"; done
   rm -f "$R/benchmarks/$step.tsv"
-  case $step in verify|floors|tune|tune_grouped) rule=$step ;; *) rule=measure ;; esac
+  case $step in verify|floors|tune|tune_grouped|tune_seed) rule=$step ;; *) rule=measure ;; esac
   # only this step's rule: the steps before it ran in this or an earlier call of the same run
   timeout -s INT "$left" python3 -m snakemake --cores 1 --allowed-rules $rule -- $files > "/tmp/smk-$step.log" 2>&1
   rc=$?

@@ -130,13 +130,50 @@ def _blocks(dim: int) -> list[int]:
     return [min(64, max(16, 1 << (dim - 1).bit_length()))] if dim <= 64 else [64, 128]
 
 
+def wide_candidates(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int, stages=(3, 4),
+                    max_waves: int = 4) -> list[DecomposeKConfig]:
+    """The single-launch kernel's space: 16-wide tiles beside the covering ones, 1 warp or 4 on small tiles,
+    BLOCK_K 64-256, S a power of two from 8 with at most ``max_waves`` programs per SM."""
+    bks = [32, 64, 128] if dtype == torch.float32 else [64, 128, 256]
+    elt = 4 if dtype == torch.float32 else 2
+    cover = lambda d: min(64, max(16, 1 << (d - 1).bit_length())) if d <= 64 else 64  # noqa: E731
+    out = []
+    for bm in sorted({16, cover(m)}):
+        for bn in sorted({16, 32, cover(n)} if n >= 32 else {16}):
+            if bn > max(16, cover(n)) or bm > max(16, cover(m)):
+                continue
+            tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+            for warps in ((1, 4) if bm * bn <= 256 else (4,)):
+                for bk in bks:
+                    for st in stages:
+                        if (bm * bk + bk * bn) * elt * st > 160 * 1024:
+                            continue
+                        for s in (8, 16, 32, 64, 128, 256):
+                            if k // s < bk or tiles * s > max_waves * sm_count:
+                                continue
+                            out.append(DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
+                                                        num_warps=warps, num_stages=st))
+    return out
+
+
 def candidates(m: int, n: int, k: int, dtype: torch.dtype, kernel: str, sm_count: int) -> list[DecomposeKConfig]:
-    """The tuner's search space for one shape and kernel (about a dozen configs for the skinny shapes)."""
+    """The tuner's search space for one shape and kernel: about a dozen configs for the two-launch kernels on
+    the skinny shapes; for the single-launch kernel (the default) on 16-bit inputs ``wide_candidates`` at 3
+    stages and at most one program per SM (the fastest configs of a wider probe all were), plus S = 1 (no
+    split) on the covering tiles."""
+    if kernel == "single_launch" and dtype != torch.float32:
+        wide = wide_candidates(m, n, k, dtype, sm_count, stages=(3,), max_waves=1)
+        return wide + [c for c in _covering(m, n, k, dtype, kernel, sm_count) if c.split_k == 1]
+    return _covering(m, n, k, dtype, kernel, sm_count)
+
+
+def _covering(m, n, k, dtype, kernel, sm_count) -> list[DecomposeKConfig]:
     bks = [64, 128] if dtype == torch.float32 else [128, 256]
     elt = 4 if dtype == torch.float32 else 2
+    bns = _blocks(n)
     out = []
     for bm in _blocks(m):
-        for bn in _blocks(n):
+        for bn in bns:
             tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
             warps = 8 if bm * bn >= 64 * 128 else 4
             for bk in bks:
@@ -154,7 +191,7 @@ def candidates(m: int, n: int, k: int, dtype: torch.dtype, kernel: str, sm_count
 
 
 __all__ = ["KERNELS", "grid_shapes", "router_shapes", "make_inputs", "ours", "eager", "seed_decompose_k",
-           "compiled", "candidates", "tuned_or_heuristic", "epilogue_fn"]
+           "compiled", "candidates", "tuned_or_heuristic", "epilogue_fn", "seed_kernels"]
 
 
 def tiny_kernel_us() -> float:
@@ -194,8 +231,10 @@ def run_grid(experiment: str, description: str, epilogue: str, contenders_for, s
              reset_dynamo: bool, ks: str = "grid_k") -> None:
     """The CLI body of a bf16 experiment over the M=N x K grid: one measured unit per shape, resumable.
 
-    contenders_for(probe, n, k, cfg) -> contenders, where probe is an empty [M, K] bf16 tensor (for config
-    lookup); seed(m, k) -> the shape's input seed; quick: how many shapes --quick keeps."""
+    contenders_for(probe, n, k, cfg, results_dir) -> contenders, where probe is an empty [M, K] bf16 tensor
+    (for config lookup) and results_dir the output's folder (where tune_seed.csv is); seed(m, k) -> the shape's input seed; quick: how many shapes --quick keeps."""
+    from pathlib import Path
+
     from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
                                     timing_settings)
 
@@ -213,8 +252,103 @@ def run_grid(experiment: str, description: str, epilogue: str, contenders_for, s
             if reset_dynamo:
                 torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit degrades later ones)
             probe = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
-            writer.add(run_shape(experiment, contenders_for(probe, n, k, cfg), m, n, k, torch.bfloat16, epilogue,
+            writer.add(run_shape(experiment, contenders_for(probe, n, k, cfg, str(Path(args.out).parent)), m, n, k, torch.bfloat16, epilogue,
                                  settings, prov, tiny, seed=seed(m, k)))
         bar.update()
     bar.close()
     writer.finish()
+
+
+def unfused_relu(c: Contender) -> Contender:
+    """The same contender with ReLU applied after it as a separate op (E3's unfused side)."""
+    inner = c.bind
+
+    def bind(inp):
+        call = inner(inp)
+        return lambda: torch.relu(call())
+
+    c.bind = bind
+    c.name = c.name + "+unfused"
+    return c
+
+
+def auto_choice(a: torch.Tensor, n: int, epilogue: str) -> str:
+    """What kernel="auto" runs for this shape, and from where: e.g. "single_launch (tuned)", "cublas (heuristic)"."""
+    name, _, source = choose(a, n, Epilogue.parse(epilogue), "auto")
+    return f"{name} ({source})"
+
+
+def screen_single_launch(sets: list[tuple], ref: torch.Tensor, cands: list[DecomposeKConfig], settings,
+                         epilogue: str = "relu") -> list[tuple[float, DecomposeKConfig, dict]]:
+    """The probes' screen of single-launch configs: each checked against ``ref``, then timed on the GPU
+    clock (``experiments.common.check_and_time``); [(graph_us, config, row)] of the correct ones, fastest
+    first (compiles from a thread pool first)."""
+    from experiments.common import check_and_time
+    from moegemm.bench.runner import prewarm
+
+    a0, b0, _ = sets[0]
+    k = a0.shape[1]
+    prewarm([(lambda c=c: matmul(a0, b0, kernel="single_launch", config=c, epilogue=epilogue)) for c in cands])
+    timed = []
+    for c in cands:
+        calls = [(lambda a=a, b=b, c=c: matmul(a, b, kernel="single_launch", config=c, epilogue=epilogue))
+                 for a, b, _ in sets]
+        row = check_and_time(calls, ref, k, settings)
+        if row["status"] == "ok":
+            timed.append((row["graph_us"], c, row))
+    return sorted(timed, key=lambda x: x[0])
+
+
+_SEED_CACHE: dict = {}
+
+
+def _seed_best(results_dir: str) -> tuple[object, dict]:
+    """(the seed's kernels or None, {(variant, dtype, m, n, k): best config dict}) from tune_seed.csv."""
+    import csv
+    from pathlib import Path
+
+    from experiments import seed_dk
+
+    if results_dir in _SEED_CACHE:
+        return _SEED_CACHE[results_dir]
+    seed = seed_dk.load()
+    best: dict = {}
+    path = Path(results_dir) / "tune_seed.csv"
+    if seed is not None and path.exists():
+        with path.open() as f:
+            for r in csv.DictReader(f):
+                if r.get("best") == "True" and r.get("status") == "ok":
+                    cfgd = {fld: int(r[fld]) for fld in ("split_k", "block_m", "block_n", "block_k", "group_m",
+                                                         "num_warps", "num_stages")}
+                    best[(r["variant"], r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]))] = cfgd
+    _SEED_CACHE[results_dir] = (seed, best)
+    return seed, best
+
+
+def seed_kernels(results_dir: str, m: int, n: int, k: int, dtype: torch.dtype, epilogue: str,
+                 split: int | None = None, **fields) -> list[Contender]:
+    """The seed's two Triton kernels ("seed: original", "seed: optimized") at the configs its own search
+    chose for this shape (tune_seed; fp16 and fp32 take bf16's), or at ``split`` with the chosen tile (E4; S
+    must divide K). None where the seed's source or search result is missing."""
+    import dataclasses
+
+    from experiments import seed_dk
+
+    seed, best = _seed_best(results_dir)
+    if seed is None:
+        return []
+    dt = "bfloat16" if dtype == torch.float16 else str(dtype).replace("torch.", "")
+    out = []
+    for variant in seed_dk.VARIANTS:
+        d = best.get((variant, dt, m, n, k)) or best.get((variant, "bfloat16", m, n, k))
+        if d is None or (split is not None and k % split):
+            continue
+        mod = seed.modules[variant]
+        cfg = seed_dk.from_dict(mod, d)
+        if split is not None:
+            cfg = dataclasses.replace(cfg, split_k=split)
+        c = seed_dk.contender(mod, variant, cfg, epilogue, seed_origin=seed.origin, **fields)
+        if split is not None:
+            c.name = f"seed: {variant}:S{split}"
+        out.append(c)
+    return out

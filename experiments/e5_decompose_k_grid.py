@@ -3,12 +3,15 @@
 
 Contenders: eager torch.mm (+ReLU), torch.compile(max-autotune-no-cudagraphs), the custom-op autotuned path
 (moegemm::mm / moegemm::mm_relu, candidates: mm and decomposeK at every valid split), the seed's PyTorch
-decomposeK, and each of our kernels at its tuned config, plus our `auto` dispatch.
+decomposeK, the seed's two Triton kernels at the configs of their own search (tune_seed), and each of our
+kernels at its tuned config, plus our `auto` dispatch. Each row also has Python's cost of one call (cpu_us).
 
     python -m experiments.e5_decompose_k_grid --out results/<slug>/decompose_k_grid.csv
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -18,8 +21,9 @@ from experiments.common import timing_settings
 from moegemm.inductor import custom_op
 
 
-def contenders_for(a, n, dtype, epilogue, cfg, with_compiled: bool) -> list:
+def contenders_for(a, n, dtype, epilogue, cfg, with_compiled: bool, results_dir: str) -> list:
     cs = [dk.eager(epilogue)]
+    cs += dk.seed_kernels(results_dir, a.shape[0], n, a.shape[1], dtype, epilogue)
     if epilogue == "none" or epilogue == "relu":
         cs.append(dk.seed_decompose_k(cfg["decompose_k"]["seed_split"], epilogue))
     if with_compiled:
@@ -31,7 +35,7 @@ def contenders_for(a, n, dtype, epilogue, cfg, with_compiled: bool) -> list:
     for kernel in dk.KERNELS:
         c, src = dk.tuned_or_heuristic(a, n, epilogue, kernel)
         cs.append(dk.ours(kernel, epilogue, c, config_source=src))
-    cs.append(dk.ours("auto", epilogue, None, name="ours:auto"))
+    cs.append(dk.ours("auto", epilogue, None, name="ours:auto", config_source=dk.auto_choice(a, n, epilogue)))
     return cs
 
 
@@ -61,7 +65,8 @@ def main():
                 continue
             torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit would degrade later ones)
             probe = torch.empty(m, k, dtype=dtype, device="cuda")
-            cs = contenders_for(probe, n, dtype, s["epilogue"], cfg, suite in compiled_suites and k in compiled_k)
+            cs = contenders_for(probe, n, dtype, s["epilogue"], cfg, suite in compiled_suites and k in compiled_k,
+                                str(Path(args.out).parent))
             writer.add(dk.run_shape("E5", cs, m, n, k, dtype, s["epilogue"], settings, prov, tiny,
                                     seed=m * 31 + k, suite=suite))
             bar.update()

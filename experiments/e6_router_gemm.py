@@ -1,14 +1,19 @@
-"""E6 router-gemm: the DeepSeek-V3 router `[T,7168] @ [7168,256]`, decode T = 1..256 and prefill T = 1024,
-4096, epilogues none and sigmoid (logits -> scores), bf16.
+"""E6 router-gemm: the DeepSeek-V3 router `[T,7168] @ [7168,256]`, decode T = 1..256 and prefill up to
+T = 16384, epilogues none and sigmoid (logits -> scores), bf16. The ``split`` column says whether the
+Decompose-K tuner saw that T (tune) or not (heldout: `auto` runs on its heuristic there).
 
 Contenders: eager, torch.compile(max-autotune-no-cudagraphs) per exact T, the custom-op autotuned path with
 range dispatch on T (one dynamic-T compile; Inductor benchmarks mm vs decomposeK per T range and emits a
-runtime dispatch), our kernels (tuned config) and our `auto`.
+runtime dispatch) at every factor of 4 (``compiled_tokens``), the seed's two Triton kernels at decode (its own
+config search, tune_seed; the sigmoid after them), our kernels (tuned config) and our `auto` (which may
+dispatch to cuBLAS; ``config_source`` says what it chose).
 
     python -m experiments.e6_router_gemm --out results/<slug>/router_gemm.csv
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -48,22 +53,29 @@ def main():
     tiny = dk.tiny_kernel_us()
     writer = ResultWriter(args.out, ("epilogue", "m"))
     tokens = r["tokens"][:2] if args.quick else r["tokens"]
+    tuned = set(r.get("tune_tokens", r["tokens"]))
+    compiled_t = set(r.get("compiled_tokens", r["tokens"]))
+    results_dir = str(Path(args.out).parent)
     bar = Progress(len(tokens) * len(r["epilogues"]), "E6")
     for epilogue in r["epilogues"]:
         dispatch = range_dispatch(epilogue)  # shared across T: its compile happens once per range
         for t in tokens:
             if not writer.done(epilogue=epilogue, m=t):
                 probe = torch.empty(t, r["k"], dtype=torch.bfloat16, device="cuda")
-                cs = [dk.eager(epilogue),
-                      dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled",
-                                  inspect_mn=(t, r["n"])),
-                      dispatch]
+                cs = [dk.eager(epilogue)]
+                if t in compiled_t:
+                    cs += [dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled",
+                                       inspect_mn=(t, r["n"])),
+                           dispatch]
+                if t <= r["seed_max_tokens"]:
+                    cs += dk.seed_kernels(results_dir, t, r["n"], r["k"], torch.bfloat16, epilogue)
                 for kernel in dk.KERNELS:
                     c, src = dk.tuned_or_heuristic(probe, r["n"], epilogue, kernel)
                     cs.append(dk.ours(kernel, epilogue, c, config_source=src))
-                cs.append(dk.ours("auto", epilogue, None, name="ours:auto"))
+                cs.append(dk.ours("auto", epilogue, None, name="ours:auto",
+                                  config_source=dk.auto_choice(probe, r["n"], epilogue)))
                 writer.add(dk.run_shape("E6", cs, t, r["n"], r["k"], torch.bfloat16, epilogue, settings, prov,
-                                        tiny, seed=t))
+                                        tiny, seed=t, split="tune" if t in tuned else "heldout"))
             bar.update()
     bar.close()
     writer.finish()

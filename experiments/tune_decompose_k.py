@@ -1,5 +1,7 @@
 """Tune Decompose-K: for every grid and router shape, every dtype and each kernel, time the candidate
-configs on the GPU clock (CUDA-graph replay) and keep the best. Writes the per-GPU table the library reads
+configs on the GPU clock (CUDA-graph replay) and keep the best; cuBLAS is timed beside them, and where it
+is the fastest the table names it, so that `auto` dispatches to it. Only the single-launch kernel (the
+default) is tuned (``TUNED``); the two-launch kernels keep the configs of the table's earlier run. Writes the per-GPU table the library reads
 (src/moegemm/tuned/decompose_k/<slug>.json) and every timed candidate as a CSV.
 
     python -m experiments.tune_decompose_k --out results/<slug>/tune_decompose_k.csv
@@ -16,6 +18,11 @@ from moegemm._runtime import slugify
 from moegemm.bench.runner import prewarm
 from moegemm.bench.timing import input_sets_for
 from moegemm.decompose_k import matmul
+
+
+# The kernels this run tunes; `auto` chooses between the fastest of them and cuBLAS. The two-launch kernels
+# (two_stage, flat: E3's and E4's variants, unchanged) keep the configs of the table's earlier run.
+TUNED = ("single_launch",)
 
 
 def shapes(cfg, quick):
@@ -47,7 +54,7 @@ def main():
                               n_sets=input_sets_for((m * k + k * n) * elt))
         ref = ref64(sets[0][0], sets[0][1])
         rows = []
-        todo_c = [(kernel, c) for kernel in dk.KERNELS for c in dk.candidates(m, n, k, dtype, kernel, sms)
+        todo_c = [(kernel, c) for kernel in TUNED for c in dk.candidates(m, n, k, dtype, kernel, sms)
                   if not writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict())]
         a0, b0, _ = sets[0]
         prewarm([(lambda kernel=kernel, c=c: matmul(a0, b0, kernel=kernel, config=c)) for kernel, c in todo_c])
@@ -56,6 +63,11 @@ def main():
             row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
                    "split_k": c.split_k, **check_and_time(calls, ref, k, settings)}
             rows.append({**row, **prov})
+        if not writer.done(m=m, n=n, k=k, dtype=dt, kernel="cublas", config={}):
+            # cuBLAS as a candidate of its own: where it is faster, `auto` dispatches to it
+            calls = [(lambda a=a, b=b: matmul(a, b, kernel="cublas")) for a, b, _ in sets]
+            rows.append({"m": m, "n": n, "k": k, "dtype": dt, "kernel": "cublas", "config": {}, "split_k": 1,
+                         **check_and_time(calls, ref, k, settings), **prov})
         writer.add(rows)
         bar.update()
     bar.close()
@@ -66,12 +78,17 @@ def main():
     by_shape: dict = {}
     for (dt, m, n, k, kernel), r in best.items():
         by_shape.setdefault((dt, m, n, k), {})[kernel] = r
+    from moegemm import tuned
+
+    earlier = {(e["dtype"], e["m"], e["n"], e["k"]): e["per_kernel"] for e in tuned.entries("decompose_k", slug)}
     entries = []
     for (dt, m, n, k), per in sorted(by_shape.items()):
         win = min(per.values(), key=lambda r: float(r["graph_us"]))
+        kept = {kn: c for kn, c in earlier.get((dt, m, n, k), {}).items() if kn not in TUNED}
         entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
                         "graph_us": float(win["graph_us"]),
-                        "per_kernel": {kn: config_cell(r["config"]) for kn, r in per.items()}})
+                        "per_kernel": {**kept, **{kn: config_cell(r["config"]) for kn, r in per.items()
+                                                  if kn != "cublas"}}})
     write_table("decompose_k", slug, entries)
 
 

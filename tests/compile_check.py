@@ -56,8 +56,14 @@ def variants():
                         PRECISION=prec, UPCAST=False)
             if epi == 0 and not bias:
                 yield ("partial", dt, even), _partial_mm_kernel, io, tile
-            yield ("single_launch", dt, epi, bias, even), _single_launch_kernel, io, \
-                dict(tile, HAS_BIAS=bias, EPILOGUE=epi)
+        for coop, (n, k, s) in itertools.product((True, False), ((64, 8192, 32), (256, 7168, 7))):
+            sl = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, GROUP_M=8, PRECISION=prec,
+                      UPCAST=False, N=n, K=k, S=s, SP=triton.next_power_of_2(s),
+                      SLICE=triton.next_power_of_2(-(-16 * 64 // s)), CHUNK=4096 // triton.next_power_of_2(s),
+                      COOP=coop, HAS_BIAS=bias, EPILOGUE=epi)
+            opts = {"launch_cooperative_grid": coop}
+            sio = dict(io, p_ptr="*i64", counter_ptr="*i64") if coop else io
+            yield ("single_launch", dt, epi, bias, coop, n, k, s), _single_launch_kernel, sio, sl, opts
         yield ("reduce_tile", dt, epi, bias), _reduce_tile_kernel, io, \
             dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=bias, EPILOGUE=epi)
         for contig in (True, False):

@@ -228,15 +228,94 @@ def test_packaged_tuned_table_is_valid_and_used():
     table = configs._tuned_table("nvidia-h200")
     assert len(table) >= 28
     for (_dt, _m, _n, k, _epi), (best, per_kernel) in table.items():
-        assert best in KERNELS and best in per_kernel and set(per_kernel) <= set(KERNELS)
+        assert (best == "cublas" or best in per_kernel) and set(per_kernel) <= set(KERNELS)
         for cfg in per_kernel.values():
             assert 1 <= cfg.split_k <= k
     best, per_kernel = table[("bfloat16", 16, 16, 8192, "none")]
     got = configs._choose("nvidia-h200", torch.bfloat16, 16, 16, 8192, Epilogue.NONE, "auto", 132)
-    assert got == (best, per_kernel[best], "tuned")
+    assert best != "cublas" and got == (best, per_kernel[best], "tuned")
     assert configs._choose("nvidia-h200", torch.float16, 16, 16, 8192, Epilogue.RELU, "auto", 132) == got
     explicit = configs._choose("nvidia-h200", torch.bfloat16, 16, 16, 8192, Epilogue.NONE, "two_stage", 132)
     assert explicit == ("two_stage", per_kernel["two_stage"], "tuned")
     miss = configs._choose("nvidia-h200", torch.bfloat16, 17, 16, 8192, Epilogue.NONE, "auto", 132)
     assert miss[0] == configs.HEURISTIC_KERNEL and miss[2] == "heuristic"
+    big = configs._choose("nvidia-h200", torch.bfloat16, 16384, 256, 7168, Epilogue.NONE, "auto", 132)
+    assert big == ("cublas", None, "heuristic")
     assert configs._tuned_table("no-such-gpu") == {}
+
+
+# --- plans, cuBLAS dispatch, the custom op ----------------------------------------------------------
+
+def test_plan_is_cached_per_shape_stride_and_alignment(device):
+    from moegemm.decompose_k import api
+
+    a, b, _ = _case(20, 24, 300, torch.float32, device, seed=21)
+    p1 = api.plan(a, b, epilogue="relu")
+    assert api.plan(a.clone(), b.clone(), epilogue="relu") is p1  # same shapes, strides, alignment
+    assert api.plan(a, b, epilogue="none") is not p1
+    assert api.plan(a.t().contiguous().t(), b, epilogue="relu") is not p1  # other strides
+    base = torch.randn(20 * 300 + 1).to(device)
+    shifted = base[1:].view(20, 300)  # 4 bytes past a 16-byte boundary
+    assert api.plan(shifted, b, epilogue="relu") is not p1
+    assert p1.matches(a, b) and not p1.matches(shifted, b)
+    for x in (a, shifted):
+        got = matmul(x, b, epilogue="relu", out=poisoned((20, 24), torch.float32, device))
+        assert_close_to_ref(got, reference_mm(x, b, "relu"), 300, "plan")
+    # a plan run directly computes what matmul does
+    assert torch.equal(p1.run(a, b), matmul(a, b, epilogue="relu"))
+
+
+def test_bad_input_is_still_refused_after_a_plan_exists(device):
+    a, b = _ok(device)
+    matmul(a, b)
+    with pytest.raises(TypeError, match="b: dtype"):
+        matmul(a, b.half())
+    with pytest.raises(ValueError, match="out: expected shape"):
+        matmul(a, b, out=torch.empty(8, 15, device=a.device))
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_cublas_backend_applies_the_epilogue(epilogue, bias, device):
+    a, b, bias_t = _case(9, 33, 130, torch.float32, device, seed=31, bias=bias)
+    out = poisoned((9, 33), torch.float32, device, "transposed")
+    got = matmul(a, b, kernel="cublas", epilogue=epilogue, bias=bias_t, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert_close_to_ref(got, reference_mm(a, b, epilogue, bias_t), 130, f"cublas {epilogue}")
+
+
+def test_heuristic_choice():
+    from moegemm.decompose_k.configs import heuristic_choice
+
+    assert heuristic_choice(16, 16, 8192) == "single_launch"
+    assert heuristic_choice(256, 256, 7168) == "single_launch"
+    assert heuristic_choice(512, 256, 7168) == "cublas"  # past DK_MAX_OUTPUT
+    assert heuristic_choice(64, 64, 100) == "cublas"  # K too short to split
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_torch_compile_fullgraph_traces_the_custom_op(with_out, device):
+    """fullgraph=True: no graph break; the op's fake gives the compiler the output, the real one our kernel."""
+    torch._dynamo.reset()
+    a, b, bias = _case(12, 20, 260, torch.float32, device, seed=41, bias=True)
+
+    def f(a, b, bias, out):
+        y = matmul(a, b, epilogue="relu", bias=bias, config={"split_k": 3, "block_m": 16, "block_n": 16,
+                                                             "block_k": 32}, out=out)
+        return y * 2.0
+
+    out = poisoned((12, 20), torch.float32, device) if with_out else None
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = cf(a, b, bias, out)
+    assert_close_to_ref(got, 2.0 * reference_mm(a, b, "relu", bias), 260, "compiled")
+    if with_out:
+        assert_close_to_ref(out, reference_mm(a, b, "relu", bias), 260, "compiled out")
+    explained = torch._dynamo.explain(f)(a, b, bias, None)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_custom_op_fake_and_schema():
+    from moegemm.decompose_k import ops
+
+    torch.library.opcheck(ops.dk_matmul, (torch.randn(5, 40), torch.randn(40, 6), None, "two_stage", 4, "relu",
+                                          None, False), test_utils=("test_schema", "test_faketensor"))

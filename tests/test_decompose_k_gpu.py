@@ -86,3 +86,92 @@ def test_single_launch_many_tiles_and_splits():
     assert_close_to_ref(first, ref, 16384, "contention")
     for _ in range(20):
         assert torch.equal(matmul(a, b, kernel="single_launch", config=cfg), first)
+
+
+def test_single_launch_takes_the_cooperative_form_where_the_grid_fits():
+    """The skinny shapes' grids fit on the GPU at once: the plan launches the parallel reduction (coop);
+    a grid too large for that takes the last-arriver form. Both are right."""
+    from moegemm.decompose_k import plan
+
+    a = torch.randn(16, 8192, device="cuda").to(torch.bfloat16)
+    b = torch.randn(8192, 16, device="cuda").to(torch.bfloat16)
+    cfg = DecomposeKConfig(split_k=64, block_m=16, block_n=16, block_k=128)
+    p = plan(a, b, kernel="single_launch", config=cfg, epilogue="relu")
+    assert p.coop and p._launch is not None
+    fast = matmul(a, b, kernel="single_launch", config=cfg, epilogue="relu")
+    from moegemm.decompose_k import single_launch
+    from moegemm.decompose_k.configs import Prepared
+    from moegemm.epilogue import Epilogue
+
+    out = torch.full_like(fast, float("nan"))
+    ws = single_launch.alloc_workspace(16, 16, cfg, a.device)
+    cnt = single_launch.counters(a.device, 1)
+    prep = Prepared(a=a, b=b, out=out, bias=None, epilogue=Epilogue.RELU, allow_tf32=False)
+    single_launch._single_launch_kernel[single_launch.grid(16, 16, cfg)](
+        **single_launch.kernel_args(prep, cfg, ws, cnt, False), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    assert_close_to_ref(out, _ref(a, b, "relu"), 8192, "last arriver")
+    assert_close_to_ref(fast, _ref(a, b, "relu"), 8192, "coop")
+    big = plan(torch.randn(4096, 8192, device="cuda").to(torch.bfloat16), b, kernel="single_launch",
+               config=DecomposeKConfig(split_k=64, block_m=16, block_n=16, block_k=128))
+    assert not big.coop  # 256 tiles x 64 splits: more programs than the GPU holds at once
+
+
+@pytest.mark.parametrize("mn,k", [(16, 8192), (64, 32768), (48, 20480)])
+def test_default_is_bitwise_deterministic_over_100_repeats(mn, k):
+    a = torch.randn(mn, k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(k, mn, device="cuda").to(torch.bfloat16)
+    first = matmul(a, b, epilogue="relu")
+    assert_close_to_ref(first, _ref(a, b, "relu"), k, "first")
+    for _ in range(100):
+        assert torch.equal(matmul(a, b, epilogue="relu").view(torch.int16), first.view(torch.int16))
+
+
+@pytest.mark.parametrize("t", [1, 16, 256, 4096])
+def test_default_under_cuda_graph_replay_with_new_inputs(t):
+    """kernel="auto" (whatever it dispatches to) captured once, replayed 20 times on new inputs."""
+    x = torch.randn(t, 7168, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(256, 7168, device="cuda") / 8).to(torch.bfloat16).t()
+    bias = torch.randn(256, device="cuda").to(torch.bfloat16)
+    out = torch.empty(t, 256, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            matmul(x, w, epilogue="sigmoid", bias=bias, out=out)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            matmul(x, w, epilogue="sigmoid", bias=bias, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    for i in range(20):
+        x.copy_(torch.randn(t, 7168, device="cuda"))
+        w.copy_(torch.randn(7168, 256, device="cuda") / 8)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_ref(out, _ref(x, w, "sigmoid", bias), 7168, f"T={t} replay {i}")
+
+
+def test_torch_compile_fullgraph_traces_matmul():
+    def f(a, b, bias):
+        return matmul(a, b, epilogue="sigmoid", bias=bias) * 2.0
+
+    a = torch.randn(16, 7168, device="cuda").to(torch.bfloat16)
+    b = torch.randn(7168, 256, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(256, device="cuda").to(torch.bfloat16)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True)
+    got = cf(a, b, bias)
+    assert_close_to_ref(got, 2.0 * _ref(a, b, "sigmoid", bias), 7168, "compiled")
+    assert torch.equal(got.view(torch.int16), f(a, b, bias).view(torch.int16))
+
+
+def test_auto_routes_large_outputs_to_cublas_and_applies_the_epilogue():
+    from moegemm.decompose_k import plan
+
+    x = torch.randn(16384, 7168, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(7168, 256, device="cuda") / 8).to(torch.bfloat16)
+    p = plan(x, w, epilogue="relu")
+    assert p.backend == "cublas"
+    got = matmul(x, w, epilogue="relu")
+    assert (got >= 0).all()
+    assert_close_to_ref(got, _ref(x, w, "relu"), 7168, "cublas relu")

@@ -129,6 +129,12 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
     assert pin and "--require-hashes" in docker
     source = re.search(r"^ENV MOEGEMM_VLLM_SOURCE=(\S+)$", docker, flags=re.M).group(1)
     assert source.startswith("/opt/vllm/vllm-" + pin.group(1) + "-") and source.endswith(".whl")
+    # the seed's kernels (E3-E6's "seed: ..." contenders): a clone at the measured commit, pointed at
+    from experiments.seed_dk import SEED_COMMIT, SEED_REPO
+
+    assert f"github.com/{SEED_REPO}" in docker and f"checkout --quiet {SEED_COMMIT}" in docker
+    seed_src = re.search(r"^ENV MOEGEMM_SEED_SOURCE=(\S+)$", docker, flags=re.M).group(1)
+    assert seed_src.endswith("/decompose-k") and re.search(rf"clone [^\n]* {seed_src.rsplit('/', 1)[0]}\b", docker)
     for line in re.findall(r"^\s*(docker (?:build|run)[^\n]*)", docker, flags=re.M):
         assert line.strip() in readme, f"README must document: {line.strip()}"
 

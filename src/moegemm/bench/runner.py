@@ -42,6 +42,9 @@ class Settings:
     # fewer than the input sets, so every replay still rotates through all of them): milliseconds-long
     # kernels gain nothing from averaging over more calls, and cost seconds per cell.
     min_graph_us: float | None = None
+    # > 0: also measure Python's cost of one call (``cpu_us``): the host time of this many calls made back
+    # to back with no sync, divided by their number (see cpu_cost_us). 0: not measured.
+    cpu_calls: int = 0
 
 
 def graph_calls(calls: list[Callable[[], object]], settings: Settings) -> int:
@@ -99,6 +102,24 @@ def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> in
     return workers
 
 
+def cpu_cost_us(calls: list[Callable[[], object]], n: int, repeats: int = 3) -> float:
+    """Python's cost of one call in us: the host's wall time of ``n`` calls back to back (rotating over the
+    input sets) with no sync, per call; the median of ``repeats`` such runs, each after a sync. The GPU's
+    queue absorbs the launches, so this is the CPU's time to issue them, not the GPU's to run them."""
+    import statistics
+    import time
+
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(n):
+            calls[i % len(calls)]()
+        samples.append((time.perf_counter() - t0) * 1e6 / n)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def check_contenders(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int
                      ) -> tuple[dict[str, dict], list[Contender]]:
     """({name: row with status, rel_err, note}, the contenders that passed): each contender's first call
@@ -145,6 +166,9 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
                                              settings.launch_rep_ms, settings.launch_warmup_ms)
             if c.name in timers:
                 graph[c.name] += timers[c.name].sample(settings.graph_replays)
+    if settings.cpu_calls:
+        for c in live:
+            rows[c.name]["cpu_us"] = cpu_cost_us(calls[c.name], settings.cpu_calls)
     for c in live:
         for clock, samples in (("launch", launch[c.name]), ("graph", graph[c.name])):
             cl = Clock.of(samples)

@@ -1,14 +1,27 @@
-"""``moegemm.decompose_k.matmul``: validation and dispatch to the three kernels."""
+"""``moegemm.decompose_k.matmul`` and its plans.
+
+A call is served by a :class:`Plan`, made once per (shapes, strides, dtypes, devices, pointer alignment,
+epilogue, bias/out presence, kernel, config) and cached: it holds the chosen backend and config, the
+compiled kernel's launch handle, the grid and, per stream, the workspace and counters. A repeat call
+computes its key, finds the plan and launches: no table look-up, no device-name query, no validation
+beyond what the key already pins. ``plan(...)`` hands the plan to callers who want no look-up at all.
+
+Under ``torch.compile`` the call goes through the custom op ``moegemm::dk_matmul`` (see ``ops.py``), which
+runs the same plans at run time and gives the compiler a fake implementation to trace.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import torch
 
-from .._runtime import check_device
+from .._runtime import INTERPRET, check_device
 from .._triton_common import check_dtype
 from ..epilogue import Epilogue
 from . import flat, single_launch, two_stage
-from .configs import KERNELS, DecomposeKConfig, Prepared, choose
+from .configs import BACKENDS, KERNELS, DecomposeKConfig, Prepared, choose
 
 _LAUNCHERS = {"two_stage": two_stage.launch, "flat": flat.launch, "single_launch": single_launch.launch}
 
@@ -43,7 +56,6 @@ def _validate(a, b, bias, out, split_k):
             raise TypeError(f"bias: dtype {bias.dtype} differs from a's {a.dtype}")
         if bias.device != a.device:
             raise ValueError(f"bias: on {bias.device}, but a is on {a.device}")
-        bias = bias.contiguous()
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
@@ -53,7 +65,174 @@ def _validate(a, b, bias, out, split_k):
             raise TypeError(f"out: dtype {out.dtype} differs from a's {a.dtype}")
         if out.device != a.device:
             raise ValueError(f"out: on {out.device}, but a is on {a.device}")
-    return bias
+
+
+def _raw_stream_fn() -> Callable[[int], int]:
+    fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return fn if fn is not None else (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
+
+
+_raw_stream = _raw_stream_fn()
+
+
+@dataclasses.dataclass(eq=False)
+class Plan:
+    """Everything one (shape, dtype, strides, epilogue) needs to run: ``plan.run(a, b, bias, out)``.
+
+    The operands given to :meth:`run` must match the ones the plan was made for in shape, dtype, device,
+    strides and 16-byte alignment; :func:`matmul` guarantees that by keying its cache on them, a direct
+    caller of :meth:`run` promises it (``plan.matches(a, b, bias, out)`` checks)."""
+
+    backend: str                  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty"
+    config: DecomposeKConfig | None
+    source: str                   # "tuned" | "heuristic" | "explicit"
+    epilogue: Epilogue
+    m: int
+    n: int
+    k: int
+    dtype: torch.dtype
+    device: torch.device
+    allow_tf32: bool
+    key: tuple
+    coop: bool = False
+    _launch: Callable | None = None       # the compiled kernel's launcher (single_launch on a GPU)
+    _function: object = None
+    _packed: object = None
+    _grid: tuple = (1, 1)
+    _tail: tuple = ()
+    _per_stream: dict = dataclasses.field(default_factory=dict)
+
+    def matches(self, a, b, bias=None, out=None) -> bool:
+        return _key(a, b, bias, out, *self.key[-6:]) == self.key
+
+    def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+        if self._launch is not None:
+            stream = _raw_stream(self.device.index)
+            state = self._per_stream.get(stream)
+            if state is None:
+                state = self._stream_state(stream)
+            ws, cnt = state
+            self._launch(self._grid[0], self._grid[1], 1, stream, self._function, self._packed, None, None, None,
+                         a.data_ptr(), b.data_ptr(), ws, out.data_ptr(),
+                         out.data_ptr() if bias is None else bias.data_ptr(), cnt, *self._tail)
+            return out
+        return self._run_generic(a, b, bias, out)
+
+    # -- the slower forms: kept out of the fast path above --------------------------------------------------
+
+    def _stream_state(self, stream: int):
+        if self.coop:
+            state = single_launch.coop_state(self.m, self.n, self.config, self.device)
+        else:
+            state = (single_launch.alloc_workspace(self.m, self.n, self.config, self.device),
+                     single_launch.counters(self.device, self._grid[0], stream))
+        self._per_stream[stream] = state
+        return state
+
+    def _run_generic(self, a, b, bias, out):
+        if self.backend == "empty":
+            return _empty_sum(out, bias, self.epilogue)
+        if self.backend == "cublas":
+            if bias is None:
+                torch.mm(a, b, out=out)
+            else:
+                torch.addmm(bias, a, b, out=out)
+            if self.epilogue is Epilogue.RELU:
+                out.relu_()
+            elif self.epilogue is Epilogue.SIGMOID:
+                out.sigmoid_()
+            return out
+        p = Prepared(a=a, b=b, out=out, bias=bias.contiguous() if bias is not None else None,
+                     epilogue=self.epilogue, allow_tf32=self.allow_tf32)
+        return _LAUNCHERS[self.backend](p, self.config)
+
+    def _bind_fast(self, a, b, bias, out) -> None:
+        """On a GPU, compile single_launch now and keep its launcher, so that run() goes straight to it."""
+        if INTERPRET or self.backend != "single_launch" or self.device.type != "cuda":
+            return
+        if bias is not None and bias.stride(0) != 1:
+            return  # the generic launch makes it contiguous first
+        p = Prepared(a=a, b=b, out=out, bias=bias, epilogue=self.epilogue, allow_tf32=self.allow_tf32)
+        self._grid = single_launch.grid(self.m, self.n, self.config)
+        compiled, self.coop = single_launch.compile_for(p, self.config)
+        names = single_launch._single_launch_kernel.arg_names
+        dummy = single_launch.kernel_args(p, self.config, None, None, self.coop)
+        # M, the strides (fixed by the plan's key) and the constexprs, in the kernel's argument order
+        self._tail = tuple(dummy[nm] for nm in names[names.index("M"):])
+        if not all(hasattr(compiled, f) for f in ("run", "function", "packed_metadata")):
+            return  # another Triton: the generic launch serves
+        self._launch, self._function, self._packed = compiled.run, compiled.function, compiled.packed_metadata
+
+
+def _empty_sum(out, bias, epi):
+    """K = 0: C = epilogue(0 + bias)."""
+    acc = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+    if bias is not None:
+        acc = acc + bias.float()
+    return out.copy_(epi.torch_apply(acc))
+
+
+def _align(t) -> int:
+    return t.data_ptr() % 16 == 0
+
+
+def _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32, _tag="dk"):
+    return (a.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device,
+            _align(a), _align(b),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, _align(bias)),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device, _align(out)),
+            b.shape, kernel, split_k, epilogue, config, allow_tf32, _tag)
+
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def plan(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", split_k: int | None = None,
+         epilogue: str | Epilogue = "none", bias: torch.Tensor | None = None,
+         config: DecomposeKConfig | dict | None = None, out: torch.Tensor | None = None,
+         allow_tf32: bool = False) -> Plan:
+    """The plan :func:`matmul` would run for these operands (made and cached on first use). Operands are
+    used for their shapes, strides, dtypes and alignment only (and, on a GPU, to compile the kernel)."""
+    if isinstance(config, dict):
+        config = DecomposeKConfig.coerce(config)
+    key = _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32)
+    p = _PLANS.get(key)
+    if p is None:
+        p = _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key)
+        _PLANS[key] = p
+    return p
+
+
+def _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key) -> Plan:
+    if not isinstance(kernel, str) or (kernel != "auto" and kernel not in BACKENDS):
+        raise ValueError(f"kernel: unknown kernel {kernel!r}; expected 'auto' or one of {BACKENDS}")
+    epi = Epilogue.parse(epilogue)
+    _validate(a, b, bias, out, split_k)
+    if config is not None and not isinstance(config, DecomposeKConfig):
+        config = DecomposeKConfig.coerce(config)
+    m, k = a.shape
+    n = b.shape[1]
+    base = dict(epilogue=epi, m=m, n=n, k=k, dtype=a.dtype, device=a.device, allow_tf32=allow_tf32, key=key)
+    if m == 0 or n == 0:
+        return Plan(backend="empty_out", config=None, source="explicit", **base)
+    if k == 0:
+        return Plan(backend="empty", config=None, source="explicit", **base)
+    name, cfg, source = choose(a, n, epi, kernel)
+    if config is not None:
+        cfg, source = config, "explicit"
+        if name == "cublas":  # an explicit config asks for one of our kernels
+            name = "single_launch"
+    if split_k is not None and name != "cublas" and split_k != cfg.split_k:
+        cfg, source = DecomposeKConfig(**{**cfg.as_dict(), "split_k": split_k}), "explicit"
+    if cfg is not None and cfg.split_k > k:
+        raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {cfg.split_k}")
+    p = Plan(backend=name, config=cfg, source=source, **base)
+    probe_out = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
+    p._bind_fast(a, b, bias, probe_out)
+    return p
 
 
 def matmul(
@@ -74,35 +253,38 @@ def matmul(
     a: [M, K], b: [K, N], any strides; bf16, fp16 or fp32 (both the same). Output: [M, N] in the input
     dtype (fp32 accumulation). K need not be divisible by S: the last split is shorter.
 
-    kernel: "two_stage" | "flat" | "single_launch" | "auto" (tuned table for this GPU and shape, else the
-        documented heuristic in :func:`moegemm.decompose_k.configs.heuristic_config`).
+    kernel: "auto" (the tuned table for this GPU and shape, else the heuristic of
+        :func:`moegemm.decompose_k.configs.heuristic_choice`; either may pick cuBLAS where it is faster, the
+        epilogue then applied after it), "single_launch", "two_stage", "flat" or "cublas".
     split_k: S; overrides the config's (or the tuned/heuristic) split count.
     epilogue: "none" | "relu" | "sigmoid"; bias: optional [N] tensor added before the activation.
     config: explicit tiling (wins over the tuned table). out: optional [M, N] output of any strides.
     allow_tf32: fp32 inputs use IEEE-accurate products unless this is True.
-    """
-    if not isinstance(kernel, str) or (kernel != "auto" and kernel not in KERNELS):
-        raise ValueError(f"kernel: unknown kernel {kernel!r}; expected 'auto' or one of {KERNELS}")
-    epi = Epilogue.parse(epilogue)
-    bias = _validate(a, b, bias, out, split_k)
-    m, k = a.shape
-    n = b.shape[1]
-    if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if m == 0 or n == 0:
-        return out
-    if k == 0:  # an empty sum: C = epilogue(0 + bias)
-        acc = torch.zeros((m, n), dtype=torch.float32, device=a.device)
-        if bias is not None:
-            acc = acc + bias.float()
-        return out.copy_(epi.torch_apply(acc))
 
-    chosen, cfg, _ = choose(a, n, epi, kernel)
-    if config is not None:
-        cfg = DecomposeKConfig.coerce(config)
-    if split_k is not None and split_k != cfg.split_k:
-        cfg = DecomposeKConfig(**{**cfg.as_dict(), "split_k": split_k})
-    if cfg.split_k > k:
-        raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {cfg.split_k}")
-    prepared = Prepared(a=a, b=b, out=out, bias=bias, epilogue=epi, allow_tf32=allow_tf32)
-    return _LAUNCHERS[chosen](prepared, cfg)
+    The default kernel is bitwise deterministic and safe in CUDA graphs (warm it up once outside capture).
+    Under ``torch.compile`` this traces as the custom op ``moegemm::dk_matmul``.
+    """
+    if torch.compiler.is_compiling():
+        from . import ops
+
+        return ops.traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
+    if isinstance(config, dict):
+        config = DecomposeKConfig.coerce(config)
+    key = _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32) \
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 \
+        and _plain(bias) and _plain(out) else None
+    p = _PLANS.get(key) if key is not None else None
+    if p is None:
+        p = _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key)
+        if key is not None:
+            _PLANS[key] = p
+    if p.backend == "empty_out":
+        return out if out is not None else torch.empty((p.m, p.n), dtype=p.dtype, device=p.device)
+    return p.run(a, b, bias, out)
+
+
+def _plain(t) -> bool:
+    return t is None or isinstance(t, torch.Tensor)
+
+
+__all__ = ["matmul", "plan", "Plan", "KERNELS", "BACKENDS"]

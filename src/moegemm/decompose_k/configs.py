@@ -17,7 +17,8 @@ from .._runtime import device_sm_count, gpu_slug
 from .._triton_common import dot_meta
 from ..epilogue import Epilogue
 
-KERNELS = ("two_stage", "flat", "single_launch")
+KERNELS = ("two_stage", "flat", "single_launch")  # our Triton kernels
+BACKENDS = KERNELS + ("cublas",)  # what a plan may run: cuBLAS (torch.mm) with the epilogue after it
 
 
 def cdiv(a: int, b: int) -> int:
@@ -164,11 +165,21 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int) 
 
 
 HEURISTIC_KERNEL = "single_launch"
+# Decompose-K pays where the output is small against K: few output tiles, each a long dot product. Past
+# this many output elements (the DeepSeek-V3 router at 256 tokens) cuBLAS's own tiling fills the GPU.
+DK_MAX_OUTPUT = 256 * 256
+
+
+def heuristic_choice(m: int, n: int, k: int) -> str:
+    """The backend ``auto`` takes for a shape the tuned table lacks: our single-launch kernel for skinny,
+    long-K products (at most DK_MAX_OUTPUT outputs and K at least twice the larger of M and N), else cuBLAS."""
+    return HEURISTIC_KERNEL if m * n <= DK_MAX_OUTPUT and k >= 2 * max(m, n) else "cublas"
 
 
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
-    """{(dtype, m, n, k, epilogue): (best kernel, {kernel: config})} for one GPU; {} when none is packaged."""
+    """{(dtype, m, n, k, epilogue): (best backend, {kernel: config})} for one GPU; {} when none is packaged.
+    The best backend may be "cublas", which has no config."""
     table = {}
     for e in tuned.entries("decompose_k", slug):
         key = (e["dtype"], e["m"], e["n"], e["k"], e["epilogue"])
@@ -177,15 +188,18 @@ def _tuned_table(slug: str) -> dict:
     return table
 
 
-def choose(a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto") -> tuple[str, DecomposeKConfig, str]:
-    """(kernel, config, source) where source is 'tuned' or 'heuristic'. An explicit kernel gets its own
-    tuned config when the table has one."""
+def choose(a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto"
+           ) -> tuple[str, DecomposeKConfig | None, str]:
+    """(backend, config, source) where source is 'tuned' or 'heuristic'; config is None for cuBLAS. An
+    explicit kernel gets its own tuned config when the table has one."""
     m, k = a.shape
     return _choose(gpu_slug(a), a.dtype, m, n, k, epilogue, kernel, device_sm_count(a))
 
 
 @functools.lru_cache(maxsize=4096)
 def _choose(slug, dtype, m, n, k, epilogue, kernel, sms):
+    if kernel == "cublas":
+        return "cublas", None, "explicit"
     table = _tuned_table(slug)
     dt = str(dtype).replace("torch.", "")
     hit = table.get((dt, m, n, k, epilogue.name.lower()))
@@ -196,7 +210,11 @@ def _choose(slug, dtype, m, n, k, epilogue, kernel, sms):
     if hit is not None:
         best, per_kernel = hit
         name = best if kernel == "auto" else kernel
+        if name == "cublas":
+            return "cublas", None, "tuned"
         if name in per_kernel:
             return name, per_kernel[name], "tuned"
-    name = HEURISTIC_KERNEL if kernel == "auto" else kernel
+    name = heuristic_choice(m, n, k) if kernel == "auto" else kernel
+    if name == "cublas":
+        return "cublas", None, "heuristic"
     return name, heuristic_config(m, n, k, dtype, sms), "heuristic"

@@ -14,7 +14,7 @@ from .._runtime import check_device, device_sm_count, device_smem_per_sm, gpu_sl
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from ..decompose_k import configs as dk_configs
-from ..decompose_k.single_launch import _counters
+from ..decompose_k.single_launch import counters as _counters
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
                       _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel,
                       _grouped_mm_tma_streamk_kernel)

@@ -1,0 +1,75 @@
+"""The seed's own config search for its two Triton kernels (see experiments/seed_dk.py), once per shape, so
+that E3-E6 time each at its best config. Every config tried is a row (checked against float64 first, then
+timed on the GPU clock); ``best`` marks each search's winner.
+
+Shapes: the M=N x K grid and the router at every decode token count E6 measures, in bf16. The winners also
+serve fp16 (the same element size and tensor-core rate), the ReLU suite (whose ReLU only changes the seed's
+reducer) and, to fit the GPU run's time, fp32, where the seed's kernels run at their bf16 configs. Without ``MOEGEMM_SEED_SOURCE`` the CSV holds one row that says so, and
+the experiments run without the seed's kernels.
+
+    python -m experiments.tune_seed --out results/<slug>/tune_seed.csv
+"""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import dk, seed_dk
+from experiments.common import (DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields, ref64,
+                                require_gpu, timing_settings)
+from moegemm.bench.timing import input_sets_for
+
+
+def shapes(cfg: dict) -> list[tuple[tuple[int, int, int], str]]:
+    grid = dk.grid_shapes(cfg)
+    r = cfg["decompose_k"]["router"]
+    router = [(t, r["n"], r["k"]) for t in r["tokens"] if t <= r["seed_max_tokens"]]
+    return [(s, "bfloat16") for s in grid + router]
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    settings = timing_settings(cfg)
+    prov = provenance_fields()
+    writer = ResultWriter(args.out, ("variant", "dtype", "m", "n", "k"))
+    seed = seed_dk.load()
+    if seed is None:
+        writer.add([{"variant": "none", "status": "unavailable",
+                     "note": "MOEGEMM_SEED_SOURCE is not set: the seed's kernels were not measured", **prov}])
+        writer.finish()
+        return
+    todo = shapes(cfg)
+    if args.quick:
+        todo = todo[:1]
+    bar = Progress(len(todo) * len(seed_dk.VARIANTS), "tune_seed")
+    for (m, n, k), dt in todo:
+        dtype = DTYPES[dt]
+        elt = torch.tensor([], dtype=dtype).element_size()
+        sets = dk.make_inputs(m, n, k, dtype, seed=m * 5 + n * 11 + k,
+                              n_sets=input_sets_for((m * k + k * n) * elt))
+        ref = ref64(sets[0][0], sets[0][1])
+        for variant in seed_dk.VARIANTS:
+            if writer.done(variant=variant, dtype=dt, m=m, n=n, k=k):
+                bar.update()
+                continue
+            log: list = []
+            best, _, _ = seed_dk.search(seed.modules[variant], variant, sets, ref, k, "none", settings, log)
+            best_d = seed_dk.config_dict(best) if best is not None else None
+            rows = [{"variant": variant, "dtype": dt, "m": m, "n": n, "k": k,
+                     "best": best_d is not None and all(r.get(f) == v for f, v in best_d.items()),
+                     "seed_origin": seed.origin, **r, **prov} for r in log]
+            if not rows:
+                rows = [{"variant": variant, "dtype": dt, "m": m, "n": n, "k": k, "best": False,
+                         "status": "no-split", "note": "the seed offers no split for this shape",
+                         "seed_origin": seed.origin, **prov}]
+            writer.add(rows)
+            bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()
