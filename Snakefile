@@ -250,7 +250,7 @@ rule numbers:
         verify="results/{res}/verify.json",
     output:
         "paper/build/{res}/generated/numbers.tex",
-        expand("paper/build/{{res}}/generated/table_{t}.tex", t=["e1", "e2", "e3", "e5", "e6"]),
+        expand("paper/build/{{res}}/generated/table_{t}.tex", t=["e1", "e2", "e3", "e5", "e5_shapes", "e6"]),
     log:
         "logs/paper/{res}/numbers.log",
     benchmark:

@@ -352,3 +352,32 @@ def seed_kernels(results_dir: str, m: int, n: int, k: int, dtype: torch.dtype, e
             c.name = f"seed: {variant}:S{split}"
         out.append(c)
     return out
+
+
+def shape_inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int, epilogue: str = "none"
+                 ) -> tuple[list[tuple], torch.Tensor]:
+    """(input sets, float64 reference of the first) for one shape, as many sets as rotate past the L2."""
+    from moegemm.bench.timing import input_sets_for
+
+    from experiments.common import ref64
+
+    elt = torch.tensor([], dtype=dtype).element_size()
+    sets = make_inputs(m, n, k, dtype, seed, n_sets=input_sets_for((m * k + k * n) * elt))
+    return sets, ref64(sets[0][0], sets[0][1], epilogue)
+
+
+def probe_cli(description: str, default_shapes: str):
+    """The Decompose-K probes' command line: (args with out and shapes as [(m, k, n)], timing settings,
+    provenance fields, SM count). ``--shapes`` takes MxKxN items, comma-separated."""
+    import argparse
+
+    from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=default_shapes)
+    args = ap.parse_args()
+    require_gpu()
+    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    return (args, timing_settings(load_config()), provenance_fields(),
+            torch.cuda.get_device_properties(0).multi_processor_count)

@@ -11,14 +11,12 @@
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 from experiments import dk
-from experiments.common import ResultWriter, load_config, provenance_fields, ref64, require_gpu, timing_settings
+from experiments.common import ResultWriter
 from moegemm.bench.runner import Contender
-from moegemm.bench.timing import input_sets_for
 from moegemm.decompose_k import single_launch
 from moegemm.decompose_k.configs import Prepared
 from moegemm.epilogue import Epilogue
@@ -51,21 +49,12 @@ def direct(cfg, coop: bool, attr: bool, name: str) -> Contender:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=DEFAULT)
-    args = ap.parse_args()
-    require_gpu()
-    settings = timing_settings(load_config())
-    prov = provenance_fields()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT)
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
     lines = []
-    for shape in args.shapes.split(","):
-        m, k, n = (int(v) for v in shape.split("x"))
-        sets = dk.make_inputs(m, n, k, torch.bfloat16, seed=m + 3 * k + n,
-                              n_sets=input_sets_for((m * k + k * n) * 2))
-        ref = ref64(sets[0][0], sets[0][1], "relu")
+    for m, k, n in args.shapes:
+        shape = f"{m}x{k}x{n}"
+        sets, ref = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + 3 * k + n, epilogue="relu")
         cands = [c for c in dk.wide_candidates(m, n, k, torch.bfloat16, sms) if c.num_stages == 3]
         timed = dk.screen_single_launch(sets, ref, cands, settings)
         writer.add([{"m": m, "n": n, "k": k, "contender": f"screen:{i}", "config": c.as_dict(), **r, **prov}

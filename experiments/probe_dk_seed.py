@@ -11,36 +11,25 @@ and eager on a few bf16 ReLU shapes, each side searched its own way, then measur
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
 from experiments import dk, seed_dk
-from experiments.common import ResultWriter, load_config, provenance_fields, ref64, require_gpu, timing_settings
-from moegemm.bench.timing import input_sets_for
+from experiments.common import ResultWriter
 
 DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,16x7168x256," \
           "64x7168x256,256x7168x256"
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=DEFAULT)
-    args = ap.parse_args()
-    require_gpu()
-    cfg = load_config()
-    settings = timing_settings(cfg)
-    prov = provenance_fields()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT)
     seed = seed_dk.load()
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
     table = []
-    for shape in args.shapes.split(","):
-        m, k, n = (int(v) for v in shape.split("x"))
-        sets = dk.make_inputs(m, n, k, torch.bfloat16, seed=m + k + n, n_sets=input_sets_for((m * k + k * n) * 2))
-        ref = ref64(sets[0][0], sets[0][1], "relu")
+    for m, k, n in args.shapes:
+        shape = f"{m}x{k}x{n}"
+        sets, ref = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + k + n, epilogue="relu")
         t0 = time.perf_counter()
         ours_best = dk.screen_single_launch(sets, ref, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms),
                                             settings)[0][1]

@@ -1,7 +1,6 @@
 """Tune Decompose-K: for every grid and router shape, every dtype and each kernel, time the candidate
 configs on the GPU clock (CUDA-graph replay) and keep the best; cuBLAS is timed beside them, and where it
-is the fastest the table names it, so that `auto` dispatches to it. Only the single-launch kernel (the
-default) is tuned (``TUNED``); the two-launch kernels keep the configs of the table's earlier run. Writes the per-GPU table the library reads
+is the fastest the table names it, so that `auto` dispatches to it. Writes the per-GPU table the library reads
 (src/moegemm/tuned/decompose_k/<slug>.json) and every timed candidate as a CSV.
 
     python -m experiments.tune_decompose_k --out results/<slug>/tune_decompose_k.csv
@@ -13,16 +12,14 @@ import torch
 
 from experiments import dk
 from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
-                                load_config, provenance_fields, ref64, require_gpu, timing_settings, write_table)
+                                load_config, provenance_fields, require_gpu, timing_settings, write_table)
 from moegemm._runtime import slugify
 from moegemm.bench.runner import prewarm
-from moegemm.bench.timing import input_sets_for
 from moegemm.decompose_k import matmul
 
 
-# The kernels this run tunes; `auto` chooses between the fastest of them and cuBLAS. The two-launch kernels
-# (two_stage, flat: E3's and E4's variants, unchanged) keep the configs of the table's earlier run.
-TUNED = ("single_launch",)
+# The kernels tuned; `auto` chooses between the fastest of them and cuBLAS.
+TUNED = dk.KERNELS
 
 
 def shapes(cfg, quick):
@@ -49,10 +46,7 @@ def main():
     bar = Progress(len(todo), "tune")
     for (m, n, k), dt in todo:
         dtype = DTYPES[dt]
-        elt = torch.tensor([], dtype=dtype).element_size()
-        sets = dk.make_inputs(m, n, k, dtype, seed=m * 7 + n * 13 + k,
-                              n_sets=input_sets_for((m * k + k * n) * elt))
-        ref = ref64(sets[0][0], sets[0][1])
+        sets, ref = dk.shape_inputs(m, n, k, dtype, seed=m * 7 + n * 13 + k)
         rows = []
         todo_c = [(kernel, c) for kernel in TUNED for c in dk.candidates(m, n, k, dtype, kernel, sms)
                   if not writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict())]
@@ -78,17 +72,12 @@ def main():
     by_shape: dict = {}
     for (dt, m, n, k, kernel), r in best.items():
         by_shape.setdefault((dt, m, n, k), {})[kernel] = r
-    from moegemm import tuned
-
-    earlier = {(e["dtype"], e["m"], e["n"], e["k"]): e["per_kernel"] for e in tuned.entries("decompose_k", slug)}
     entries = []
     for (dt, m, n, k), per in sorted(by_shape.items()):
         win = min(per.values(), key=lambda r: float(r["graph_us"]))
-        kept = {kn: c for kn, c in earlier.get((dt, m, n, k), {}).items() if kn not in TUNED}
         entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
                         "graph_us": float(win["graph_us"]),
-                        "per_kernel": {**kept, **{kn: config_cell(r["config"]) for kn, r in per.items()
-                                                  if kn != "cublas"}}})
+                        "per_kernel": {kn: config_cell(r["config"]) for kn, r in per.items() if kn != "cublas"}})
     write_table("decompose_k", slug, entries)
 
 

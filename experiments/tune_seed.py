@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from experiments import dk, seed_dk
-from experiments.common import (DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields, ref64,
-                                require_gpu, timing_settings)
-from moegemm.bench.timing import input_sets_for
+from experiments.common import (DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
+                                timing_settings)
 
 
 def shapes(cfg: dict) -> list[tuple[tuple[int, int, int], str]]:
@@ -46,11 +45,7 @@ def main():
         todo = todo[:1]
     bar = Progress(len(todo) * len(seed_dk.VARIANTS), "tune_seed")
     for (m, n, k), dt in todo:
-        dtype = DTYPES[dt]
-        elt = torch.tensor([], dtype=dtype).element_size()
-        sets = dk.make_inputs(m, n, k, dtype, seed=m * 5 + n * 11 + k,
-                              n_sets=input_sets_for((m * k + k * n) * elt))
-        ref = ref64(sets[0][0], sets[0][1])
+        sets, ref = dk.shape_inputs(m, n, k, DTYPES[dt], seed=m * 5 + n * 11 + k)
         for variant in seed_dk.VARIANTS:
             if writer.done(variant=variant, dtype=dt, m=m, n=n, k=k):
                 bar.update()

@@ -21,7 +21,7 @@ def main():
             for c, g in sub.groupby("contender"):
                 g = g.sort_values("m")
                 ax.plot(g.m, g[clock], marker="o", ms=3, color=PALETTE.get(c), label=c,
-                        ls="-" if c.startswith("ours") else "--")
+                        lw=1.8 if c in OURS else 1.0, ls="-" if c.startswith(("ours", "seed:")) else "--")
             if clock == "graph_us":
                 fl = sub.drop_duplicates("m").sort_values("m")
                 ax.plot(fl.m, fl.floor_us, color="black", lw=2, label="floor")
@@ -33,9 +33,12 @@ def main():
     axes[0, 0].legend(fontsize=7, ncol=2)
     p = df[df.epilogue == epis[-1]].pivot_table(index="m", columns="contender", values="graph_us")
     ours = p[[c for c in OURS if c in p]].min(axis=1)
-    wins = p.index[ours < p["eager"]]
-    fig.suptitle(f"E6: on the GPU clock our kernels beat cuBLAS for T <= {int(max(wins)) if len(wins) else 0} "
-                 f"(epilogue {epis[-1]}); prefill belongs to cuBLAS\n{gpu_label(df)}", fontsize=9)
+    ahead = ours < 0.97 * p["eager"]
+    wins = p.index[ahead.cummin()]  # the run of token counts from T=1 up where ours is ahead
+    worst = (p["eager"] / ours).min()
+    fig.suptitle(f"E6: ours (auto) beats cuBLAS by > 3% for T <= {int(max(wins)) if len(wins) else 0} "
+                 f"(epilogue {epis[-1]}), GPU clock, and dispatches to it beyond (worst {worst:.2f}x)\n"
+                 f"{gpu_label(df)}", fontsize=9)
     fig.tight_layout()
     save(fig, a.out)
 

@@ -107,6 +107,9 @@ class Plan:
 
     def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.backend == "cublas" and out is None:  # cuBLAS allocates its own output (cheaper than out=)
+            c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+            return self._activate(c)
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         if self._launch is not None:
@@ -140,14 +143,18 @@ class Plan:
                 torch.mm(a, b, out=out)
             else:
                 torch.addmm(bias, a, b, out=out)
-            if self.epilogue is Epilogue.RELU:
-                out.relu_()
-            elif self.epilogue is Epilogue.SIGMOID:
-                out.sigmoid_()
-            return out
+            return self._activate(out)
         p = Prepared(a=a, b=b, out=out, bias=bias.contiguous() if bias is not None else None,
                      epilogue=self.epilogue, allow_tf32=self.allow_tf32)
         return _LAUNCHERS[self.backend](p, self.config)
+
+    def _activate(self, c: torch.Tensor) -> torch.Tensor:
+        """The epilogue's activation in place, after cuBLAS."""
+        if self.epilogue is Epilogue.RELU:
+            c.relu_()
+        elif self.epilogue is Epilogue.SIGMOID:
+            c.sigmoid_()
+        return c
 
     def _bind_fast(self, a, b, bias, out) -> None:
         """On a GPU, compile single_launch now and keep its launcher, so that run() goes straight to it."""
