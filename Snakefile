@@ -240,12 +240,11 @@ rule numbers:
     """Every number and table the paper quotes, generated from the results."""
     input:
         [f"results/{{res}}/{name}.csv" for name in WRITEUP] + ["paper/make_numbers.py"],
-        # documented provenance corrections, earlier versions, committed probes (not pipeline steps) and
-        # quoted reference figures, where present
+        # documented provenance corrections, earlier versions and committed probes (not pipeline steps),
+        # where present
         extra=lambda w: [str(p) for p in sorted(Path(f"results/{w.res}").glob("provenance_corrections.csv"))
                          + sorted(Path(f"results/{w.res}/history").glob("*.csv"))
-                         + sorted(Path(f"results/{w.res}").glob("probe_*.csv"))
-                         + sorted(Path("results/reference/issue5-h200").glob("*.csv"))],
+                         + sorted(Path(f"results/{w.res}").glob("probe_*.csv"))],
         floors="results/{res}/floors.json",
         verify="results/{res}/verify.json",
     output:

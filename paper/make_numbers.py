@@ -95,7 +95,7 @@ def provenance(n: Numbers, results: Path) -> None:
     fl = json.loads((results / "floors.json").read_text())
     n.add("TinyKernelUs", fl["measured"]["tiny_kernel_graph_us"])
     n.add("CopyTBs", fl["measured"]["copy_tb_s"])
-    if "read_tb_s" in fl["measured"]:  # measured since session 5's floors step
+    if "read_tb_s" in fl["measured"]:  # measured by the floors step since the S5 runs
         n.add("ReadTBs", fl["measured"]["read_tb_s"], "{:.2f}")
         n.add("ReadPct", 100 * fl["measured"]["read_tb_s"] / fl["datasheet"]["hbm_tb_s"], "{:.0f}")
     n.add("MatmulTflops", fl["measured"]["bf16_matmul_tflops"], "{:.0f}")
@@ -281,6 +281,34 @@ def shape_table(n: Numbers, df: pd.DataFrame, gen: Path, suite: str = "bf16-relu
         "tab:e5shapes", "ll" + "r" * (len(t.columns) - 2)))
 
 
+def heuristic_vs_tuned(n: Numbers, results: Path) -> None:
+    """The Decompose-K heuristic's config against the tuner's fastest, on the 16-bit shapes where the tuner
+    timed that config (in-sample: the rule was read off this table)."""
+    import ast
+
+    import torch
+
+    from moegemm.decompose_k.configs import heuristic_config
+
+    path = results / "tune_decompose_k.csv"
+    if not path.exists():
+        return
+    d = pd.read_csv(path)
+    d = d[(d.status == "ok") & (d.kernel == "single_launch") & (d.dtype == "bfloat16")]
+    fields = ("split_k", "block_m", "block_n", "block_k", "num_warps")
+    ratios = []
+    for (m, nn, k), g in d.groupby(["m", "n", "k"]):
+        h = heuristic_config(int(m), int(nn), int(k), torch.bfloat16, int(g.sm_count.iloc[0])).as_dict()
+        times = {tuple(ast.literal_eval(c)[f] for f in fields): t for c, t in zip(g.config, g.graph_us)}
+        t = times.get(tuple(h[f] for f in fields))
+        if t is not None:
+            ratios.append(t / g.graph_us.min())
+    if ratios:
+        n.add("DkHeuristicShapes", len(ratios), "{}")
+        n.add("DkHeuristicGm", gm(pd.Series(ratios)))
+        n.add("DkHeuristicMax", max(ratios))
+
+
 def dk_design_probe(n: Numbers, results: Path) -> None:
     """probe_dk_design.csv: the single-launch kernel's best config launched cooperatively, the same kernel
     without the cooperative attribute, and its last-arriver form, side by side; and probe_dk_seed.csv: ours
@@ -304,6 +332,7 @@ def dk_design_probe(n: Numbers, results: Path) -> None:
         n.add("DkSeedProbeGm", gm(r))
         n.add("DkSeedProbeMin", r.min())
         n.add("DkSeedProbeMax", r.max())
+    heuristic_vs_tuned(n, results)
     for name, tag in (("epilogue_fusion", "EThree"), ("split_sweep", "EFour"), ("decompose_k_grid", "EFive"),
                       ("router_gemm", "ESix")):
         c = commits_of(results / f"{name}.csv") if (results / f"{name}.csv").exists() else None
@@ -638,7 +667,7 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         n.add("ESevenMaskedFailed", len(bad), "{}")
         n.add("ESevenMaskedCells", len(masked_all), "{}")
         n.add("ESevenMaskedFailedWhy", str(bad.note.iloc[0]).split(": ", 2)[-1][:120])
-    # Targets set in issue 5 (settings, not measurements), quoted by the paper through these macros.
+    # The targets the write-up sets for E7 (settings, not measurements), quoted through these macros.
     n.add("ESevenTargetDecode", "92")
     n.add("ESevenTargetPrefill", "70")
     n.add("ESevenTargetSkew", "1.05")
@@ -707,7 +736,7 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         ("skew in % of floor (uniform / Zipf 1.2)", f"geomean {gm(pen_floor):.2f}x, max {pen_floor.max():.2f}x",
          f"{int((pen_floor <= 1.05).sum())} of {len(pen_floor)} (model, proj, T)", *ceil("--")),
     ]
-    cols = ["target (issue 5)", "measured", "met in"] + (["the ceiling reaches it in"] if has_ceil else [])
+    cols = ["target", "measured", "met in"] + (["the ceiling reaches it in"] if has_ceil else [])
     how_ceil = (" The last column: the same test applied to each cell's practical ceiling, the slower of "
                 "streaming the cell's bytes (E7's memory ceiling) and its FLOPs as one dense cuBLAS GEMM; for "
                 "the speed targets, the contender's time over the ceiling's (the most a kernel at the ceiling "
@@ -717,35 +746,7 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         "E7 against the targets (GPU time; ours = the better of our two grids, same tuned tiles). Zipf 1.2 "
         "activates fewer experts than uniform at decode, so its time ratio can be below 1; the \\% of floor "
         "ratio accounts for that." + how_ceil, "tab:e7targets", "l" * len(cols)))
-    quoted = results.parent / "reference" / "issue5-h200" / "quoted.csv"
-    if quoted.exists():
-        q_rows = []
-        for _, q in pd.read_csv(quoted).iterrows():
-            cell = o[(o.proj == "up") & (o.tokens == q.tokens) & o.model.isin(q.models.split(";"))
-                     & o.load.isin(q.loads.split(";"))]
-            if not len(cell):
-                continue
-            mid_v = (q.vllm_fused_moe_pct_lo + q.vllm_fused_moe_pct_hi) / 2
-            models = q.models.split(";")
-            row = {"case": f"{q.case} T={q.tokens}, " + (f"{len(models)} models" if len(models) > 1 else models[0]),
-                   "ours": f"{cell.pct.min():.0f}-{cell.pct.max():.0f}",
-                   "torch._grouped_mm (measured)": f"{cell.tg_pct.min():.0f}-{cell.tg_pct.max():.0f}",
-                   "torch._grouped_mm (quoted)": f"{q.torch_grouped_mm_pct_lo:.0f}-{q.torch_grouped_mm_pct_hi:.0f}"}
-            if "vl_us" in o:
-                row["vLLM fused_moe (measured)"] = f"{cell.vl_pct.min():.0f}-{cell.vl_pct.max():.0f}"
-            row["vLLM fused_moe (quoted)"] = f"{q.vllm_fused_moe_pct_lo:.0f}-{q.vllm_fused_moe_pct_hi:.0f}"
-            if "vl_us" in o:
-                row["ours / vLLM"] = f"{gm(cell.vl_us / cell.us):.2f}x"
-            else:
-                row["ours / vLLM mid"] = f"{gm(cell.pct) / mid_v:.2f}x"
-            q_rows.append(row)
-        how = ("ours / vLLM is the geomean over the case's cells of vLLM's time over ours, side by side."
-               if "vl_us" in o else "The quoted vLLM columns are not our measurements (vLLM's kernel was not at "
-               "hand when E7 ran); ours / vLLM mid is the geomean of our cells over the midpoint of the quoted range.")
-        write_text(gen / "table_e7_quoted.tex", table(
-            pd.DataFrame(q_rows), "E7 gate/up cells beside the figures issue 5 quotes (\\% of floor, GPU "
-            "time; the quoted columns are the issue's, not our measurements). " + how,
-            "tab:e7quoted", "l" * (len(q_rows[0]) if q_rows else 6)))
+
 
 
 def e7_ceiling(n: Numbers, o: pd.DataFrame, dec: pd.DataFrame, pre: pd.DataFrame, g: pd.DataFrame) -> None:
@@ -775,14 +776,14 @@ def e7_ceiling(n: Numbers, o: pd.DataFrame, dec: pd.DataFrame, pre: pd.DataFrame
 
 def tune_cell(df: pd.DataFrame) -> list[str]:
     """The grouped tuner's unit of comparison: a (model, projection, T) cell, under one load where the
-    tuner timed several (its CSVs before session 7 hold the uniform load only, without a load column)."""
+    tuner timed several (its CSVs before the S7 runs hold the uniform load only, without a load column)."""
     return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
 
 
 def tuner_rows(path: Path) -> pd.DataFrame | None:
     """The correct, timed rows of a grouped tuner CSV's screen (results/<gpu>/tune_grouped.csv, or a kept
     run's), or None without it. The screen times every candidate under one protocol; the final's second
-    timing of a cell's few fastest (stage "final", from session 11) is left out, so that no config counts
+    timing of a cell's few fastest (stage "final", from the S11 runs on) is left out, so that no config counts
     twice."""
     if not path.exists():
         return None
@@ -890,7 +891,7 @@ def newest_tuning_with(results: Path, has) -> tuple[list[float], str | None]:
 def tma_splits(n: Numbers, results: Path) -> None:
     """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
     unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
-    offering it in session 8; SplitRun names the kept run read then."""
+    offering it in the S8 runs; SplitRun names the kept run read then."""
     ratios, run = newest_tuning_with(results, lambda c: c.str.contains("'tma': True", regex=False)
                                      & ~c.str.contains("'split_k': 1,", regex=False))
     if ratios:
@@ -1074,7 +1075,7 @@ def tails(n: Numbers, results: Path, gen: Path) -> None:
 def merged_tails(n: Numbers, results: Path) -> None:
     """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
     with them won, and by how much against the best config without them; on 64-row tiles (Merged*) and,
-    offered from session 11, on 128-row prefill tiles (MergedBig*: the cells whose merged configs have
+    offered from the S11 runs on, on 128-row prefill tiles (MergedBig*: the cells whose merged configs have
     128-row tiles)."""
     df = tuner_rows(results / "tune_grouped.csv")
     if df is None:

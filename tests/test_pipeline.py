@@ -414,3 +414,15 @@ def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
     assert "deepseek-v3 up" in n.items["ClockSmMinCell"]
     tab = (tmp_path / "table_counters.tex").read_text()
     assert "6700" in tab and "1.50" in tab and tab.count("\\\\") == 6  # header + five kernels
+
+
+def test_paper_and_readme_name_no_internal_work_items():
+    """The write-up speaks of the work, not of how it was organised: no issue numbers, sessions or work
+    items in the paper, its generated tables' captions or the README."""
+    pattern = re.compile(r"\b(issues?\s*#?\d+|issue tracker|sessions?\s*\d+|work items?)\b", re.I)
+    texts = {"paper/paper.tex": (ROOT / "paper" / "paper.tex").read_text(),
+             "README.md": (ROOT / "README.md").read_text(),
+             "paper/make_numbers.py": (ROOT / "paper" / "make_numbers.py").read_text()}
+    for name, text in texts.items():
+        assert not pattern.findall(text), f"{name} names {pattern.findall(text)}"
+    assert not (ROOT / "results" / "reference" / "issue5-h200").exists()

@@ -148,10 +148,26 @@ def _block(dim: int) -> int:
 def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int) -> DecomposeKConfig:
     """The documented fallback when no tuned entry exists.
 
-    Blocks: 16/32/64 (128 past 512) to cover M and N with little waste; BLOCK_K 128 for 16-bit inputs,
-    64 for fp32. S: enough programs for about two waves over the SMs, as a power of two, but never so
-    many that a split holds less than one BLOCK_K step.
+    16-bit inputs, the single-launch kernel's rule, distilled from the H200 tuning table (the grid and the
+    router shapes): about one program per SM, small tiles. BLOCK_M 16 up to M = 32, else 64; BLOCK_N 16 where
+    M and N are both small (N <= 16, or 64-row tiles and N <= 64), else 32; S the largest power of two that
+    keeps the programs within one wave and each split at least 128 long; BLOCK_K 256, 128 or 64 as the split
+    holds at least 512, 128 or fewer elements; one warp on 16x16 tiles, else four.
+
+    fp32 (and shapes past 512 in M or N): blocks 16/32/64 (128 past 512) that cover M and N, BLOCK_K 64
+    for fp32, 128 else, and S for about two waves, never so many that a split is under one BLOCK_K step.
     """
+    if dtype != torch.float32 and max(m, n) <= 512:
+        bm = 16 if m <= 32 else 64
+        bn = 16 if (n <= 16 or (bm == 64 and n <= 64)) else 32
+        tiles = cdiv(m, bm) * cdiv(n, bn)
+        s = max(1, min(sm_count // tiles, k // 128))
+        s = 1 << (s.bit_length() - 1)
+        kps = cdiv(k, s)
+        bk = 256 if kps >= 512 else 128 if kps >= 128 else 64
+        bk = min(bk, max(16, next_pow2(k)))
+        return DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
+                                num_warps=1 if bm * bn <= 256 else 4)
     bm, bn = _block(m), _block(n)
     bk = 64 if dtype == torch.float32 else 128
     bk = min(bk, max(16, next_pow2(k)))
