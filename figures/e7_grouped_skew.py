@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from figures.common import args, geomean, gpu_label, load, save, setup
-from paper.make_numbers import practical_ceiling
+from paper.numbers.e7 import practical_ceiling
 
 STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"), "ours:masked": ("#2ca02c", "-"),
          "ours:masked-pointer": ("#98df8a", "--"),

@@ -140,7 +140,8 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
 
 
 def test_readme_headline_is_generated_from_committed_results():
-    from paper.make_numbers import README_END, README_START, RUNTIME_END, RUNTIME_START, headline, runtime_block
+    from paper.numbers.readme import README_END, README_START, headline
+    from paper.numbers.runtime import RUNTIME_END, RUNTIME_START, runtime_block
 
     text = (ROOT / "README.md").read_text()
     fix = ("run python -m paper.make_numbers --results results/nvidia-h200 --out paper/build/nvidia-h200/generated "
@@ -152,7 +153,7 @@ def test_readme_headline_is_generated_from_committed_results():
 
 
 def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
-    from paper.make_numbers import run_times, runtime_block
+    from paper.numbers.runtime import run_times, runtime_block
 
     (tmp_path / "benchmarks").mkdir()
     assert run_times(tmp_path) is None
@@ -217,13 +218,14 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
-    """paper.make_numbers.robust_tuning on a tuner CSV with loads (synthetic test data made here): cells
+    """paper.numbers.e7_probes.robust_tuning on a tuner CSV with loads (synthetic test data made here): cells
     counted where both loads were timed, the chosen config is the least geometric mean, its cost on the
     uniform load and its gain on the skewed one against the uniform load's fastest; a CSV without a load
     column (the tuner before session 7) gives no numbers."""
     import pandas as pd
 
-    from paper.make_numbers import Numbers, robust_tuning
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import robust_tuning
 
     rows = []
     for tokens, times in ((64, {"a": (100, 200), "b": (110, 120)}),   # b chosen: +10% uniform, 1.67x zipf
@@ -247,12 +249,13 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
-    """paper.make_numbers.stream_k_probe on a probe CSV (synthetic test data made here): whole against
+    """paper.numbers.e7_probes.stream_k_probe on a probe CSV (synthetic test data made here): whole against
     dealt for each tile shape and cell (a failed row left out), the tuned config against the fastest
     dealt shape per cell; no CSV, no numbers."""
     import pandas as pd
 
-    from paper.make_numbers import Numbers, stream_k_probe
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import stream_k_probe
 
     times = {("m", "up", 1024, "uniform"): {"tuned": 90, "stream-k:a": 100, "whole:a": 80, "stream-k:b": 120,
                                              "whole:b": 132},
@@ -273,7 +276,7 @@ def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_power_numbers_on_a_synthetic_csv(tmp_path):
-    """paper.make_numbers.power_probe on a probe CSV (synthetic test data made here): per regime each
+    """paper.numbers.e7_probes.power_probe on a probe CSV (synthetic test data made here): per regime each
     contender's median clock and power, the held ratios against ours (geomean, lowest, cells slower), the
     same in SM cycles, E7's burst ratios from grouped_skew.csv in the same cells, the clock the datasheet
     peak needs, and the table; a failed row left out; no CSV, no numbers."""
@@ -281,7 +284,8 @@ def test_power_numbers_on_a_synthetic_csv(tmp_path):
 
     import pandas as pd
 
-    from paper.make_numbers import Numbers, power_probe
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import power_probe
 
     base = {"status": "ok", "max_sm_mhz": 1980, "power_limit_w": 700.0, "hold_s": 1.5, "gpu": "NVIDIA H200",
             "sm_count": 132, "load": "uniform", "proj": "up", "model": "m"}
@@ -328,12 +332,13 @@ def test_power_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_tuner_feature_numbers_fall_back_to_the_newest_kept_run(tmp_path):
-    """paper.make_numbers.extra_rows (and tma_splits, the same helper) on synthetic tuner CSVs made here:
+    """paper.numbers.e7_probes.extra_rows (and tma_splits, the same helper) on synthetic tuner CSVs made here:
     from the current CSV when it timed the feature, else from the newest kept run that did (runs/S8-10
     before runs/S8-9: numeric order), named by ExtraRun; nothing where no CSV timed it."""
     import pandas as pd
 
-    from paper.make_numbers import Numbers, extra_rows
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import extra_rows
 
     def csv(path, with_extra, us):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,11 +363,11 @@ def test_tuner_feature_numbers_fall_back_to_the_newest_kept_run(tmp_path):
 
 
 def test_tuner_rows_are_the_screen(tmp_path):
-    """paper.make_numbers.tuner_rows keeps the screen's correct rows (and those of CSVs from before the
+    """paper.numbers.e7_probes.tuner_rows keeps the screen's correct rows (and those of CSVs from before the
     tuner had a final, without a stage column); the final's second timings are left out."""
     import pandas as pd
 
-    from paper.make_numbers import tuner_rows
+    from paper.numbers.e7_probes import tuner_rows
 
     rows = [{"config": "a", "status": "ok", "graph_us": 1.0, "stage": "screen"},
             {"config": "b", "status": "wrong", "graph_us": 2.0, "stage": "screen"},
@@ -375,13 +380,14 @@ def test_tuner_rows_are_the_screen(tmp_path):
 
 
 def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
-    """paper.make_numbers.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
+    """paper.numbers.e7_probes.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
     the longest kernel of each call is read (a setup kernel left out), executed tensor math is divided by
     the cell's FLOPs, the table is written, the clock's lowest and highest SM clock, highest power and the
     named clock-event reasons (OR of the cells') come out; without the CSVs, nothing."""
     import pandas as pd
 
-    from paper.make_numbers import Numbers, prefill_counters
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import prefill_counters
 
     n = Numbers()
     prefill_counters(n, tmp_path, tmp_path)
@@ -422,7 +428,22 @@ def test_paper_and_readme_name_no_internal_work_items():
     pattern = re.compile(r"\b(issues?\s*#?\d+|issue tracker|sessions?\s*\d+|work items?)\b", re.I)
     texts = {"paper/paper.tex": (ROOT / "paper" / "paper.tex").read_text(),
              "README.md": (ROOT / "README.md").read_text(),
-             "paper/make_numbers.py": (ROOT / "paper" / "make_numbers.py").read_text()}
+             **{str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "paper").rglob("*.py"))
+                if "build" not in p.parts}}
     for name, text in texts.items():
         assert not pattern.findall(text), f"{name} names {pattern.findall(text)}"
     assert not (ROOT / "results" / "reference" / "issue5-h200").exists()
+
+
+def test_figure_index_lists_every_figure_with_its_csvs():
+    """figures/README.md has one row per figure the Snakefile draws, naming every CSV it reads."""
+    smk = (ROOT / "Snakefile").read_text()
+    block = smk.split("FIGURE_INPUTS = {", 1)[1].split("\n}", 1)[0]
+    entries = dict(re.findall(r'"(\w+)": (\[[^\n]*?\](?: \+ \([^\n]*?\))?)(?:,|$)', block, flags=re.M))
+    index = (ROOT / "figures" / "README.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|[^|]*\|(.*)\|$", index, flags=re.M)}
+    assert entries and set(rows) == set(entries), (sorted(rows), sorted(entries))
+    for name, inputs in entries.items():
+        for csv in set(re.findall(r'"(\w+)"', inputs)) - {"WRITEUP"}:
+            assert f"`{csv}.csv`" in rows[name], (name, csv)
+        assert (ROOT / "figures" / f"{name}.py").exists()

@@ -1,0 +1,34 @@
+"""E3 epilogue fusion: the numbers and table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from experiments._io import write_text
+from .common import Numbers, gm, table
+
+
+def e3(n: Numbers, results: Path, gen: Path) -> None:
+    df = pd.read_csv(results / "epilogue_fusion.csv")
+    rows = []
+    names = {"two_stage": "TwoStage", "flat": "Flat", "single_launch": "SingleLaunch", "pytorch:decompose_k": "Pytorch"}
+    for v, tag in names.items():
+        sub = df[df.variant == v]
+        f = sub[sub.epilogue_fused.astype(str) == "True"].set_index(["m", "k"])
+        u = sub[sub.epilogue_fused.astype(str) == "False"].set_index(["m", "k"])
+        row = {"variant": v}
+        for clock, ctag in (("graph_us", "Graph"), ("launch_us", "Launch")):
+            r = (u[clock] / f[clock]).dropna()
+            row[f"{clock[:-3]} geomean"] = gm(r)
+            row[f"{clock[:-3]} min"] = r.min()
+            row[f"{clock[:-3]} max"] = r.max()
+            n.add(f"EThree{tag}{ctag}", gm(r))
+        rows.append(row)
+    t = pd.DataFrame(rows)
+    write_text(gen / "table_e3.tex", table(t, "E3: speedup of ReLU fused into the reduction's store over ReLU as a "
+                                         f"separate op (unfused/fused), {len(df.drop_duplicates(['m', 'k']))} "
+                                         "shapes, bf16.", "tab:e3", "lrrrrrr"))
+    seed = pd.read_csv(results.parent / "reference" / "seed-h100" / "original_triton" / "epilogue_relu_bf16.csv")
+    n.add("EThreeSeed", gm(seed.decompose_k_fused_vs_unfused_speedup))

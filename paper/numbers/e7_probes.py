@@ -1,0 +1,483 @@
+"""E7's tuner and probes (robust tuning, tails, Stream-K, mixed order, power, prefill counters): their numbers and tables."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments._io import write_text
+from .common import Numbers, gm, table
+from .e7 import STREAM, VLLM, e7_frame
+
+
+def tune_cell(df: pd.DataFrame) -> list[str]:
+    """The grouped tuner's unit of comparison: a (model, projection, T) cell, under one load where the
+    tuner timed several (its CSVs before the S7 runs hold the uniform load only, without a load column)."""
+    return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
+
+
+def tuner_rows(path: Path) -> pd.DataFrame | None:
+    """The correct, timed rows of a grouped tuner CSV's screen (results/<gpu>/tune_grouped.csv, or a kept
+    run's), or None without it. The screen times every candidate under one protocol; the final's second
+    timing of a cell's few fastest (stage "final", from the S11 runs on) is left out, so that no config counts
+    twice."""
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    if "stage" in df.columns:
+        df = df[df.stage.fillna("screen") == "screen"]
+    return df[df.status == "ok"].copy()
+
+
+def with_against_without(df: pd.DataFrame, has: pd.Series) -> list[tuple[tuple, float]]:
+    """(tuning cell, best time without the feature / best time with it) for every tuning cell where the
+    tuner timed configs with the feature (``has``) and without it, side by side: > 1 where it won."""
+    return [(key, g[~has[g.index]].graph_us.min() / g[has[g.index]].graph_us.min())
+            for key, g in df.groupby(tune_cell(df)) if has[g.index].any() and (~has[g.index]).any()]
+
+
+def robust_tuning(n: Numbers, results: Path) -> None:
+    """The grouped tuner keeps per cell the config of the least geometric-mean time over its loads: in how
+    many cells tuned on several loads that differs from the uniform load's fastest, and what the choice
+    costs on the uniform load and saves on the others, against that config (same process, same inputs)."""
+    df = tuner_rows(results / "tune_grouped.csv")
+    if df is None or "load" not in df.columns:
+        return
+    cost, save, differ, cells, loads = [], [], 0, 0, set()
+    for _, g in df.groupby(["model", "proj", "tokens"]):
+        t = g.pivot_table(index="config", columns="load", values="graph_us").dropna()
+        if t.shape[1] < 2 or "uniform" not in t.columns or t.empty:
+            continue
+        cells += 1
+        loads |= set(t.columns)
+        robust = np.exp(np.log(t).mean(axis=1)).idxmin()
+        fastest = t["uniform"].idxmin()
+        if robust != fastest:
+            differ += 1
+        cost.append(t.loc[robust, "uniform"] / t.loc[fastest, "uniform"])
+        save += [t.loc[fastest, c] / t.loc[robust, c] for c in t.columns if c != "uniform"]
+    if not cells:
+        return
+    n.add("TuneCells", cells, "{}")
+    n.add("TuneLoads", ", ".join(sorted(loads - {"uniform"})))
+    n.add("TuneDiffers", differ, "{}")
+    n.add("TuneUniformCostMax", 100 * (max(cost) - 1), "{:.1f}")
+    n.add("TuneSkewGainMax", 100 * (max(save) - 1), "{:.0f}")
+    n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
+
+
+def probe_rows(results: Path, probe: str) -> pd.DataFrame | None:
+    """A probe's correct rows (results/<gpu>/<probe>.csv), None where it is not committed."""
+    path = results / f"{probe}.csv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df[df.status == "ok"]
+
+
+def probe_cells(results: Path, probe: str, values: str | list[str] = "graph_us") -> pd.DataFrame | None:
+    """A probe's correct rows (results/<gpu>/<probe>.csv, when committed) side by side: one row per cell
+    (model, projection, T, load), one column per contender (per value and contender for a list of
+    ``values``), the values in the cells; None without it."""
+    path = results / f"{probe}.csv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    return df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
+                                             values=values)
+
+
+def robust_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_robust_tuning.py (when its CSV is committed): on E7's inputs, the uniform-only
+    choice's time over the both-loads choice's, side by side, per load (geomeans, lowest and highest)."""
+    t = probe_cells(results, "probe_robust_tuning")
+    if t is None:
+        return
+    t = t.dropna()
+    r = t["tuned:uniform-only"] / t["tuned:both-loads"]
+    loads = r.index.get_level_values("load")
+    n.add("RobustProbeCells", len(r.xs("uniform", level="load")), "{}")
+    best = r.idxmax()
+    n.add("RobustProbeBestCell", f"{best[0]} {best[1]}, $T={best[2]}$, {best[3]}")
+    for load, tag in (("uniform", "Uniform"), ("zipf1.2", "Zipf"), ("hot0.5", "Hot")):
+        x = r[loads == load]
+        if len(x):
+            n.add(f"RobustProbe{tag}", gm(x))
+            n.add(f"RobustProbe{tag}Lo", float(x.min()))
+            n.add(f"RobustProbe{tag}Hi", float(x.max()))
+
+
+def newest_tuning_with(results: Path, has) -> tuple[list[float], str | None]:
+    """(best time without the feature / best time with it, per tuning cell where the tuner timed both;
+    None or the name of the kept run read) from the newest grouped tuner CSV whose configs include the
+    feature (``has``: config column -> bool): results/<gpu>/tune_grouped.csv, else the runs kept under
+    results/<gpu>/runs/, newest first (the tuner stops offering a feature that lost)."""
+    runs = sorted((results / "runs").glob("*/tune_grouped.csv"), reverse=True,
+                  key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)])
+    for path in [results / "tune_grouped.csv", *runs]:
+        df = tuner_rows(path)
+        if df is None:
+            continue
+        ratios = [r for _, r in with_against_without(df, has(df.config))]
+        if ratios:
+            return ratios, None if path.parent == results else path.parent.name
+    return [], None
+
+
+def tma_splits(n: Numbers, results: Path) -> None:
+    """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
+    unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
+    offering it in the S8 runs; SplitRun names the kept run read then."""
+    ratios, run = newest_tuning_with(results, lambda c: c.str.contains("'tma': True", regex=False)
+                                     & ~c.str.contains("'split_k': 1,", regex=False))
+    if ratios:
+        n.add("SplitCells", len(ratios), "{}")
+        n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
+        n.add("SplitLo", min(ratios))
+        n.add("SplitHi", max(ratios))
+        if run:
+            n.add("SplitRun", run)
+
+
+def extra_rows(n: Numbers, results: Path) -> None:
+    """Row tiles with extra rows (extra_m) in the grouped tuner's table, against the best config without
+    them, per tuning cell where both were timed; ExtraRun names the kept run read once the tuner no
+    longer offers them."""
+    ratios, run = newest_tuning_with(results, lambda c: c.str.extract(r"'extra_m': (\d+)")[0].fillna(0)
+                                     .astype(int) > 0)
+    if ratios:
+        n.add("ExtraCells", len(ratios), "{}")
+        n.add("ExtraWins", sum(r > 1 for r in ratios), "{}")
+        n.add("ExtraLo", min(ratios))
+        n.add("ExtraHi", max(ratios), "{:.3f}")
+        if run:
+            n.add("ExtraRun", run)
+
+
+def mixed_order_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_mixed_order.py (when its CSV is committed): per cell, expert order (the tuned
+    config, which did not mix in the probe's run) against the mixed order at 2 row tiles, measured and as the
+    wave model has it; the skewed (Zipf) DeepSeek-V3 cells at T=4096 apart from the rest; the even deal
+    against the mixed order there; and the counters of DeepSeek-V3 down under Zipf 1.2 (L2 against the
+    even deal) where experiments/probe_prefill_counters.py measured them."""
+    df = probe_rows(results, "probe_mixed_order")
+    if df is None:
+        return
+    key = ["model", "proj", "tokens", "load"]
+    t = df.pivot_table(index=key, columns="contender", values="graph_us")
+    m = df.pivot_table(index=key, columns="contender", values="model_us")
+    expert = df[(df.contender == "tuned") & ~df.config.str.contains("'mix': [1-9]", regex=True)]
+    cells = pd.MultiIndex.from_frame(expert[key])
+    gain, model = (t.loc[cells, "tuned"] / t.loc[cells, "order:mix2"]), (m.loc[cells, "tuned"] /
+                                                                           m.loc[cells, "order:mix2"])
+    zipf = [(c[0] == "deepseek-v3" and c[2] == 4096 and str(c[3]).startswith("zipf")) for c in cells]
+    skew = [z and float(str(c[3])[4:]) >= 1.2 for z, c in zip(zipf, cells)]
+    rest = [not z for z in zipf]
+    n.add("MixCells", len(cells), "{}")
+    n.add("MixSkewCells", sum(skew), "{}")
+    alphas = sorted({str(c[3])[4:] for c, k in zip(cells, skew) if k}, key=float)
+    n.add("MixSkewLoads", "Zipf " + " and ".join([", ".join(alphas[:-1]), alphas[-1]] if len(alphas) > 1 else alphas))
+    n.add("MixSkewGainLo", float(gain[skew].min()))
+    n.add("MixSkewGainHi", float(gain[skew].max()))
+    n.add("MixSkewModelLo", float(model[skew].min()))
+    n.add("MixSkewModelHi", float(model[skew].max()))
+    n.add("MixRestGainLo", float(gain[rest].min()))
+    n.add("MixRestGainHi", float(gain[rest].max()))
+    z = cells[zipf]
+    n.add("MixEvenVsMixed", gm(t.loc[z, "order:mix2"] / t.loc[z, "even:ours"]))
+    c = counter_frame(results)
+    down = ("deepseek-v3", "down", 4096, "zipf1.2")
+    if c is not None and down + ("tuned",) in c.index and down + ("even",) in c.index:
+        a, e = c.loc[down + ("tuned",)], c.loc[down + ("even",)]
+        n.add("MixCtrLoad", "Zipf " + down[3][4:])
+        n.add("MixCtrLtwoPct", a.l2, "{:.0f}")
+        n.add("MixCtrLtwoGB", a.l2_bytes / 1e9, "{:.0f}")
+        n.add("MixCtrEvenLtwoGB", e.l2_bytes / 1e9, "{:.0f}")
+        n.add("MixCtrTensorPct", a.tensor, "{:.0f}")
+        n.add("MixCtrEvenTensorPct", e.tensor, "{:.0f}")
+
+
+POWER_NAMES = {"ours": "ours (tuned)", "torch._grouped_mm": "torch._grouped_mm", VLLM: "vLLM fused_moe",
+               "dense-reference": "dense cuBLAS (one expert)", STREAM: "memory ceiling (stream)"}
+
+
+def power_probe(n: Numbers, results: Path, gen: Path) -> None:
+    """experiments/probe_power.py (when its CSV is committed): per regime (decode T <= 256, prefill), each
+    contender's median SM clock and power while held, its sustained time over ours (geomean over the cells),
+    the share of samples the power cap held the clock down; ours against torch._grouped_mm and vLLM's kernel
+    held (geomean, lowest, cells where they were faster), in SM cycles (time x clock), and E7's short bursts
+    in the same cells (e7_frame_of: the better of our two grids)."""
+    df = probe_rows(results, "probe_power")
+    if df is None:
+        return
+    key = ["model", "proj", "tokens", "load"]
+    us = df.pivot_table(index=key, columns="contender", values="graph_us")
+    cyc = (df.assign(c=df.graph_us * df.sm_mhz)).pivot_table(index=key, columns="contender", values="c")
+    e7f = e7_frame(results)
+    burst = e7f.set_index(key) if e7f is not None else None
+    n.add("PowMaxMHz", float(df.max_sm_mhz.max()), "{:.0f}")
+    n.add("PowLimitW", float(df.power_limit_w.max()), "{:.0f}")
+    n.add("PowHoldS", float(df.hold_s.median()), "{:.1f}")
+    n.add("PowHolds", int(df.holds.max()) if "holds" in df else 1, "{}")  # holds per contender and cell
+    from moegemm.bench.floors import HOPPER_BF16_FLOP_PER_CLOCK_PER_SM  # imports torch: only when needed
+
+    peak = json.loads((results / "floors.json").read_text())["datasheet"]["bf16_tflops"] * 1e12
+    n.add("PowPeakMHz", peak / (int(df.sm_count.iloc[0]) * HOPPER_BF16_FLOP_PER_CLOCK_PER_SM) / 1e6, "{:.0f}")
+    rows = []
+    for regime, sel in (("Decode", df.tokens <= 256), ("Prefill", df.tokens > 256)):
+        sub = df[sel]
+        if sub.empty or "ours" not in set(sub.contender):
+            continue
+        cells = us.loc[pd.MultiIndex.from_frame(sub[key].drop_duplicates())]
+        n.add(f"Pow{regime}Cells", len(cells), "{}")
+        for c, short in (("ours", "Ours"), ("torch._grouped_mm", "Torch"), (VLLM, "Vllm"), ("dense-reference", "Dense"),
+                         (STREAM, "Stream")):
+            one = sub[sub.contender == c]
+            if one.empty:
+                continue
+            n.add(f"Pow{regime}{short}MHz", float(one.sm_mhz.median()), "{:.0f}")
+            n.add(f"Pow{regime}{short}W", float(one.power_w.median()), "{:.0f}")
+            rows.append({"regime": regime.lower(), "kernel": POWER_NAMES[c],
+                         "SM clock (MHz, median)": f"{one.sm_mhz.median():.0f}",
+                         "power (W, median)": f"{one.power_w.median():.0f}",
+                         "samples power-capped": f"{100 * one.power_capped.mean():.0f}%",
+                         "held time / ours (geomean)": gm(cells[c] / cells["ours"])})
+        gemm = sub[sub.contender.isin(["ours", "torch._grouped_mm", VLLM])]
+        n.add(f"Pow{regime}GemmCappedPct", 100 * float(gemm.power_capped.mean()), "{:.0f}")
+        for c, short in (("torch._grouped_mm", "Torch"), (VLLM, "Vllm")):
+            if c not in cells:
+                continue
+            r = (cells[c] / cells["ours"]).dropna()
+            n.add(f"Pow{regime}Vs{short}", gm(r))
+            n.add(f"Pow{regime}Vs{short}Min", float(r.min()))
+            n.add(f"Pow{regime}Vs{short}Slower", int((r < 1).sum()), "{}")
+            cy = cyc.loc[r.index]
+            n.add(f"Pow{regime}Vs{short}Cycles", gm(cy[c] / cy["ours"]))
+            col = {"Torch": "tg_us", "Vllm": "vl_us"}[short]
+            if burst is not None and col in burst:
+                b = burst.reindex(r.index)
+                n.add(f"Pow{regime}Burst{short}", gm(b[col] / b.us))
+    if rows:
+        write_text(gen / "table_power.tex", table(pd.DataFrame(rows), "Held back to back for about \\PowHoldS\\,s, \\PowHolds{} times each (medians) "
+                   "(experiments/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
+                   "and power NVML reported, the share of samples in which the power cap held the clock down, and "
+                   "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "
+                   "ceiling solve easier problems).", "tab:power", "llrrrr"))
+
+
+def stream_k_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
+    persistent grid whole against dealt out by K steps (time whole / time dealt: > 1 where dealing won),
+    and the library's tuned config against the fastest Stream-K tiles (time tuned / time Stream-K)."""
+    t = probe_cells(results, "probe_stream_k")
+    if t is None:
+        return
+    sk = [c for c in t.columns if c.startswith("stream-k:")]
+    if not sk or "tuned" not in t:
+        return
+    whole = pd.concat([t[c.replace("stream-k:", "whole:")] / t[c] for c in sk]).dropna()
+    vs_tuned = (t["tuned"] / t[sk].min(axis=1)).dropna()
+    n.add("StreamKCells", len(vs_tuned), "{}")
+    n.add("StreamKShapes", len(sk), "{}")
+    n.add("StreamKWins", int((whole > 1).sum()), "{}")
+    n.add("StreamKPairs", len(whole), "{}")
+    n.add("StreamKVsWhole", gm(whole))
+    n.add("StreamKVsWholeLo", float(whole.min()))
+    n.add("StreamKVsWholeHi", float(whole.max()))
+    n.add("StreamKVsTunedLo", float(vs_tuned.min()))
+    n.add("StreamKVsTunedHi", float(vs_tuned.max()))
+
+
+def tails(n: Numbers, results: Path, gen: Path) -> None:
+    """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
+    with merged tails left out): in how many of the cells where they were offered one won, and the time
+    saved against the best config without them."""
+    df = tuner_rows(results / "tune_grouped.csv")
+    if df is None:
+        return
+    df = df[~df.config.str.contains("'merge_tail': True", regex=False)]  # see merged_tails
+    tail = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int) > 0
+    gains = [(key, 100 * max(0.0, 1 - 1 / r), r > 1) for key, r in with_against_without(df, tail)]
+    if not gains:
+        return
+    best = max(gains, key=lambda x: x[1])
+    n.add("TailCells", len(gains), "{}")
+    n.add("TailWins", sum(w for *_, w in gains), "{}")
+    n.add("TailGainMax", best[1], "{:.0f}")
+    n.add("TailGainCell", f"{best[0][0]} {best[0][1]}, $T={best[0][2]}$")
+    n.add("TailGainMedian", float(np.median([gn for _, gn, w in gains if w])), "{:.1f}")
+
+
+def merged_tails(n: Numbers, results: Path) -> None:
+    """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
+    with them won, and by how much against the best config without them; on 64-row tiles (Merged*) and,
+    offered from the S11 runs on, on 128-row prefill tiles (MergedBig*: the cells whose merged configs have
+    128-row tiles)."""
+    df = tuner_rows(results / "tune_grouped.csv")
+    if df is None:
+        return
+    merged = df.config.str.contains("'merge_tail': True", regex=False)
+    big = df.config.str.contains("'block_m': 128,", regex=False)
+    mid, wide = [], []
+    for key, r in with_against_without(df, merged):
+        cell = (df[tune_cell(df)] == pd.Series(key, index=tune_cell(df))).all(axis=1)
+        (wide if (cell & merged & big).any() else mid).append(r)
+    for tag, gains in (("", mid), ("Big", wide)):
+        if gains:
+            n.add(f"Merged{tag}Cells", len(gains), "{}")
+            n.add(f"Merged{tag}Wins", sum(x > 1 for x in gains), "{}")
+            n.add(f"Merged{tag}GainMax", 100 * (max(gains) - 1), "{:.0f}")
+            n.add(f"Merged{tag}Lo", min(gains))
+
+
+PROBE_COLUMNS = [("tuned", "grouped"), ("tuned:merged-tails", "tails merged"), ("tuned:kn", "w as [E,K,N]"),
+                 ("even:ours", "rows even"), ("dense:ours", "dense, ours"), ("dense:cublas", "dense, cuBLAS")]
+
+
+def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
+    """Where the prefill time goes (experiments/probe_prefill_tiles.py, when its CSV is committed): per cell
+    the TFLOP/s of our grouped kernel, its variants and the dense yardsticks, side by side; geomean ratios."""
+    t = probe_cells(results, "probe_prefill_tiles", ["tflops_graph", "pct_floor_graph"])
+    if t is None:
+        return
+    tf, pct = t["tflops_graph"], t["pct_floor_graph"]
+    rows = []
+    for cell, r in tf.iterrows():
+        row = {"cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}"}
+        for c, label in PROBE_COLUMNS:
+            row[label] = f"{r[c]:.0f}" if c in r and r[c] == r[c] else "--"
+        row["grouped / even, % floor"] = f"{pct.loc[cell, 'tuned']:.0f} / {pct.loc[cell, 'even:ours']:.0f}"
+        rows.append(row)
+    write_text(gen / "table_probe.tex", table(
+        pd.DataFrame(rows), "Where the prefill time goes (probe, TFLOP/s on the GPU clock, side by side in one "
+        "process at E7's seeds): our grouped kernel with the tuned tiles; the same tiles with the tails merged "
+        "into the row tile before them; on weights laid out [E, K, N]; on the same rows dealt out evenly over "
+        "the experts (no ragged row tiles); one GEMM over all rows with one expert's weights, by our kernel "
+        "and by cuBLAS. Last column: \\% of the cell's floor, grouped and even (the even deal activates every "
+        "expert, so under Zipf it streams more weights than the cell).", "tab:probe", "lrrrrrrr"))
+    uni = tf.xs("uniform", level="load")
+    n.add("ProbeCells", len(tf), "{}")
+    n.add("ProbeUniformCells", len(uni), "{}")
+    n.add("ProbeDenseOursVsCublas", gm(uni["dense:ours"] / uni["dense:cublas"]))
+    n.add("ProbeEvenVsDense", gm(uni["even:ours"] / uni["dense:ours"]))
+    n.add("ProbeGroupedVsEven", gm(uni["tuned"] / uni["even:ours"]))
+    n.add("ProbeGroupedVsEvenLo", float((uni["tuned"] / uni["even:ours"]).min()))
+    n.add("ProbeEvenPct", gm(pct.xs("uniform", level="load")["even:ours"]), "{:.0f}")
+    n.add("ProbeGroupedPct", gm(pct.xs("uniform", level="load")["tuned"]), "{:.0f}")
+    n.add("ProbeKnVsNk", gm(tf["tuned:kn"] / tf["tuned"]))
+    stores = tf[[c for c in ("tuned:store1", "tuned:store2") if c in tf]].max(axis=1)
+    n.add("ProbeStoreVsPointer", gm((stores / tf["tuned"]).dropna()))
+    merged = (tf["tuned:merged-tails"] / tf["tuned"]).dropna()
+    n.add("ProbeMergedLo", float(merged.min()))
+    n.add("ProbeMergedHi", float(merged.max()))
+
+
+# NVML's clock-event reason bits (nvidia-smi clocks_event_reasons.active)
+CLOCK_REASONS = {0x1: "GPU idle", 0x2: "application clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
+                 0x10: "sync boost", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
+                 0x80: "hardware power brake", 0x100: "display clock"}
+
+
+COUNTER_CASES = [("tuned", "tuned"), ("tails:merged", "tails merged"), ("even", "rows even"),
+                 ("dense:cublas", "dense, cuBLAS"), ("torch._grouped_mm", "torch._grouped_mm")]
+
+
+COUNTERS = {"us": "gpu__time_duration.sum", "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+            "ops": "sm__ops_path_tensor_src_bf16_dst_fp32.sum", "l2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+            "l2_bytes": "lts__t_bytes.sum", "dram": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram_bytes": "dram__bytes_read.sum"}
+
+
+def counter_frame(results: Path) -> pd.DataFrame | None:
+    """experiments/probe_prefill_counters.py's counters (when committed), one row per (cell, contender): the
+    longest kernel of the profiled call (torch._grouped_mm's setup kernel left out), the counters of
+    COUNTERS, and executed tensor math over the cell's useful FLOPs (from the probe's timing CSV)."""
+    path, timing = results / "probe_prefill_counters.csv", results / "probe_prefill_timing.csv"
+    if not path.exists() or not timing.exists():
+        return None
+    df = pd.read_csv(path)
+    key = ["model", "proj", "tokens", "load", "contender"]
+    dur = df[df.metric == COUNTERS["us"]]
+    main = dur.loc[dur.groupby(key).value.idxmax(), key + ["kernel_id"]]
+    df = df.merge(main, on=key + ["kernel_id"])
+    t = df[df.metric.isin(COUNTERS.values())].pivot_table(index=key, columns="metric", values="value")
+    out = pd.DataFrame({name: t[m] for name, m in COUNTERS.items() if m in t.columns})
+    flops = pd.read_csv(timing).groupby(["model", "proj", "tokens", "load"]).flops.first()
+    out["us"] /= 1e3
+    out["ops_ratio"] = [r.ops / flops[i[:4]] for i, r in out.iterrows()]
+    return out
+
+
+def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
+    """What limits the prefill kernels, from the GPU's counters (experiments/probe_prefill_counters.py,
+    when committed): a table per cell and contender, and the clock the timing saw (nvidia-smi)."""
+    c = counter_frame(results)
+    if c is None:
+        return
+    rows = []
+    for cell in dict.fromkeys(i[:4] for i in c.index):
+        for case, label in COUNTER_CASES:
+            if cell + (case,) not in c.index:
+                continue
+            r = c.loc[cell + (case,)]
+            rows.append({"cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}", "kernel": label,
+                         "us": f"{r.us:.0f}", "tensor pipe %": f"{r.tensor:.0f}",
+                         "tensor math / FLOPs": f"{r.ops_ratio:.2f}", "L2 %": f"{r.l2:.0f}",
+                         "L2 GB": f"{r.l2_bytes / 1e9:.1f}", "DRAM %": f"{r.dram:.0f}",
+                         "DRAM GB read": f"{r.dram_bytes / 1e9:.1f}"})
+    write_text(gen / "table_counters.tex", table(
+        pd.DataFrame(rows), "What limits the prefill kernels: Nsight Compute's counters of one call each "
+        "(experiments/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
+        "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer merged tails "
+        "on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an expert merged into the "
+        "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the "
+        "tensor cores were busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
+        "padded rows of ragged row tiles); L2 \\%: L2 throughput against its peak; L2 GB: bytes through L2; "
+        "DRAM: HBM throughput against its peak and bytes read.", "tab:counters", "llrrrrrrr"))
+    tuned = c.xs("tuned", level="contender")
+    n.add("CtrCells", len(tuned), "{}")
+    n.add("CtrTunedOpsLo", float(tuned.ops_ratio.min()))
+    n.add("CtrTunedOpsHi", float(tuned.ops_ratio.max()))
+    ds = ("deepseek-v3", "up", 4096, "uniform")
+    qw = ("qwen3-30b-a3b", "up", 4096, "uniform")
+    if ds + ("tuned",) in c.index and ds + ("tails:merged",) in c.index and ds + ("even",) in c.index:
+        a, m, e = c.loc[ds + ("tuned",)], c.loc[ds + ("tails:merged",)], c.loc[ds + ("even",)]
+        n.add("CtrDsLtwoPct", a.l2, "{:.0f}")
+        n.add("CtrDsEvenLtwoPct", e.l2, "{:.0f}")
+        n.add("CtrDsDramPct", a.dram, "{:.0f}")
+        n.add("CtrDsEvenDramPct", e.dram, "{:.0f}")
+        n.add("CtrDsLtwoGB", a.l2_bytes / 1e9, "{:.0f}")
+        n.add("CtrDsMergedLtwoGB", m.l2_bytes / 1e9, "{:.0f}")
+        n.add("CtrDsEvenLtwoGB", e.l2_bytes / 1e9, "{:.0f}")
+        n.add("CtrDsDramGB", a.dram_bytes / 1e9, "{:.1f}")
+        n.add("CtrDsOps", a.ops_ratio)
+        n.add("CtrDsMergedOps", m.ops_ratio)
+        n.add("CtrDsTensorPct", a.tensor, "{:.0f}")
+    if qw + ("tuned",) in c.index and qw + ("even",) in c.index:
+        a, e = c.loc[qw + ("tuned",)], c.loc[qw + ("even",)]
+        n.add("CtrQwTensorPct", a.tensor, "{:.0f}")
+        n.add("CtrQwLtwoPct", a.l2, "{:.0f}")
+        n.add("CtrQwOps", a.ops_ratio)
+        n.add("CtrQwEvenVsTuned", a.us / e.us)
+    if "dense:cublas" in c.index.get_level_values("contender"):
+        n.add("CtrCublasTensorLo", float(c.xs("dense:cublas", level="contender").tensor.min()), "{:.0f}")
+    t = pd.read_csv(results / "probe_prefill_timing.csv")
+    t = t[t.status == "ok"]
+    g = t.set_index(["model", "proj", "tokens", "load", "contender"]).graph_us
+    if ds + ("tuned",) in g.index and ds + ("tails:merged",) in g.index:
+        n.add("CtrDsMergedGain", g[ds + ("tuned",)] / g[ds + ("tails:merged",)])
+    if "sm_mhz_min" in t.columns and t.clock_samples.fillna(0).gt(0).any():
+        cells = t.drop_duplicates(["model", "proj", "tokens", "load"])
+        n.add("ClockSmMin", float(cells.sm_mhz_min.min()), "{:.0f}")
+        n.add("ClockSmMax", float(cells.sm_mhz_max.max()), "{:.0f}")
+        n.add("ClockPowerMax", float(cells.power_w_max.max()), "{:.0f}")
+        bits = 0
+        for v in cells.clock_event_reasons.dropna():
+            bits |= int(str(v), 16)
+        n.add("ClockReasons", ", ".join(name for bit, name in CLOCK_REASONS.items() if bits & bit) or "none")
+        low = cells.sm_mhz_min.idxmin()
+        n.add("ClockSmMinCell", f"{cells.model[low]} {cells.proj[low]}, $T={cells.tokens[low]}$")
