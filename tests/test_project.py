@@ -64,3 +64,11 @@ def test_snakemake_lint_is_clean():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "Lints for" not in out, out
+
+
+def test_readme_is_short():
+    """The README is the front page (at most 120 lines); the kernels' details live in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 120, len(lines)
+    for link in re.findall(r"\]\(((?:docs|figures|results)/[^)#]+)\)", "\n".join(lines)):
+        assert (ROOT / link).exists(), link
