@@ -266,6 +266,7 @@ rule paper:
     """The write-up: LaTeX with generated numbers, tables and figures, built with latexmk."""
     input:
         tex="paper/paper.tex",
+        bib="paper/references.bib",
         numbers="paper/build/{res}/generated/numbers.tex",
         figures=expand("figures/{{res}}/{fig}.pdf", fig=FIGURES),
     output:
@@ -278,5 +279,5 @@ rule paper:
         build=lambda w: f"paper/build/{w.res}",
     shell:
         "mkdir -p {params.build}/figures && cp {input.figures} {params.build}/figures/ && "
-        "cp {input.tex} {params.build}/paper.tex && "
+        "cp {input.tex} {params.build}/paper.tex && cp {input.bib} {params.build}/references.bib && "
         "(cd {params.build} && latexmk -pdf -interaction=nonstopmode -halt-on-error paper.tex) > {log} 2>&1"
