@@ -462,3 +462,10 @@ def test_related_work_cites_the_sources_it_builds_on():
     assert required <= cited, required - cited
     assert cited <= keys, cited - keys
     assert "\\bibliography{references}" in tex
+
+
+def test_abstract_is_at_most_200_words():
+    tex = (ROOT / "paper" / "paper.tex").read_text()
+    abstract = tex.split("\\begin{abstract}", 1)[1].split("\\end{abstract}", 1)[0]
+    words = re.sub(r"\\[A-Za-z]+|[{}$\\]", " ", abstract).split()
+    assert len(words) <= 200, len(words)
