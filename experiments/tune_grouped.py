@@ -48,17 +48,17 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       transposed tail_m-row tile (at about BLOCK_M rows per expert, half the experts end in a row tile of
       a few rows). Merged tails (computed by the program of the row tile before them, from its weight
       tiles): with 64-row tiles, and with 128 x 256 tiles and 32-row tails on the loop without warp
-      specialization. Those were slower wherever an expert holds several row tiles (session 6: 0.75-1.03x
+      specialization. Those were slower wherever an expert holds several row tiles (the S6 runs: 0.75-1.03x
       the tuned configs' rate), but where an expert holds about one row tile (DeepSeek-V3 at T=4096: 128
-      rows per expert) the hardware counters of experiments/probe_prefill_counters.py (session 11) show
+      rows per expert) the hardware counters of experiments/probe_prefill_counters.py (runs S11) show
       the separate tail tiles streaming each expert's weights through L2 a second time (41 GB of L2
       traffic against 31 GB merged, L2 at 97% of its peak) and the merged ones 1.11x faster side by side.
     Not offered, measured slower where they were meant to help: K split inside every TMA tile where few
-    big tiles are left (0.86-0.99x the best config without it in all 6 cells, session 7); the last waves
+    big tiles are left (0.86-0.99x the best config without it in all 6 cells, runs S7); the last waves
     of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.77-0.99x the tuned config in all 14 cells of
-    experiments/probe_stream_k.py, session 8); row tiles with extra rows (``extra_m``, 64 + 16/32 and
+    experiments/probe_stream_k.py, runs S8); row tiles with extra rows (``extra_m``, 64 + 16/32 and
     128 + 16/32 rows: 0.72-0.995x the best config without them in all 40 cells past decode, tuner run S8-3,
-    session 8). All three stay configs one can ask for. The mixed tile order (``mix``) is tried on each
+    the S8 runs). All three stay configs one can ask for. The mixed tile order (``mix``) is tried on each
     cell's best few configs (see MIX_TRIES).
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
@@ -125,7 +125,7 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
     tile's extra rows beside them (``merged_tail``; on the flattened loop with extra rows the compile took
     4 KB more than this), the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop. The
     GPU's own compile can need more: whole-tile TMA stores on the 3-stage flattened 128 x 256 loop took
-    245,784 bytes there against 217,112 here (session 6), so that config is not a candidate."""
+    245,784 bytes there against 217,112 here (runs S6), so that config is not a candidate."""
     store = bm * bn * 2 // tma_store if tma_store else 0
     return (bm * bk + bn * bk + merged_tail * bk) * 2 * stages + store + (4128 if warp_specialize else 0)
 
@@ -133,7 +133,7 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid
 # The screen takes 3 samples per config. Under a power cap that is not enough: timing DeepSeek-V3 at
 # T=4096, the H200 drew its 700 W cap and its SM clock swung between 855 and 1980 MHz from one 100 ms
-# sample to the next (experiments/probe_prefill_counters.py, session 11), so which of two configs within
+# sample to the next (experiments/probe_prefill_counters.py, runs S11), so which of two configs within
 # ~10% of each other wins the screen is partly the clock's doing. The FINALISTS fastest of a cell (by the
 # screen's geometric mean over the loads) are therefore timed again side by side, in FINAL_ROUNDS
 # interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the table keeps
@@ -141,17 +141,17 @@ PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also
 FINALISTS = 8
 # The screen itself times a cell's configs side by side, SCREEN_BATCH at a time (each holds a CUDA graph and
 # its outputs; fewer where the GPU's free memory would not hold that many, see screen_batch) over
-# SCREEN_ROUNDS rounds of one replay. Until session 12 it timed them one after another, and in run S12-3
+# SCREEN_ROUNDS rounds of one replay. Until the S12 runs it timed them one after another, and in run S12-3
 # that ranked the merged tails of DeepSeek-V3 gate/up at T=4096 (1.11x faster side by side in S11-1)
-# twelfth, out of a final of four. In session 12 it took batches of 8, and in run S12-4 the merged tails
+# twelfth, out of a final of four. In the S12 runs it took batches of 8, and in run S12-4 the merged tails
 # again missed that cell's final of six: configs in different batches still met different clocks. Since
-# session 13 one batch holds every config of a load's screen (at most 22 of them, past decode).
+# the S13 runs one batch holds every config of a load's screen (at most 22 of them, past decode).
 SCREEN_BATCH, SCREEN_ROUNDS = 40, 3
 SCREEN_MEMORY = 0.5  # the part of the GPU's free memory one screen batch's graphs may take
 # The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
 # are also timed with the tiles of the experts of at least MIX row tiles dealt out in proportion among the
 # others' (GroupedConfig.mix): under a skewed load, expert order runs a hot expert's tensor-bound tiles
-# together and then the cold experts' memory-bound ones. experiments/probe_mixed_order.py (session 12):
+# together and then the cold experts' memory-bound ones. experiments/probe_mixed_order.py (runs S12):
 # 1.07-1.10x faster on DeepSeek-V3 down at T=4096 under Zipf 1.2-1.5, within the clock's noise elsewhere.
 MIX_TRIES, MIX = 3, 2
 FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
@@ -252,7 +252,7 @@ def config_key(row: dict) -> str:
 def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, str]]:
     """(geometric-mean time over ``loads``, config JSON) of every config right and timed under all of them,
     fastest first: the tuner's ranking of one cell. A row without a load (resumed from a tuner log of
-    before session 7, which tuned on the uniform load alone) counts as uniform."""
+    before the S7 runs, which tuned on the uniform load alone) counts as uniform."""
     times: dict = {}
     for r in rows:
         if r["status"] == "ok":

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 def spread_long_tests(items: list, workers: int) -> None:
     """Under pytest-xdist's work stealing each worker is first dealt a contiguous 1/workers of the
     collection, and the others steal from the end of a worker's queue: long tests in one chunk run one after
-    the other, and one deep in a chunk starts late (session 4's verify: the six compile-check shards were all
+    the other, and one deep in a chunk starts late (the S4 runs' verify: the six compile-check shards were all
     dealt to one worker, and five of them and a 75 s test were among the last to finish). So the tests
     marked ``long`` go to the heads of the chunks, one each (every worker collects in the same order, so all
     agree). Without xdist: no change."""

@@ -409,7 +409,7 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
 
 
 def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, device):
-    """E7 (session 4) found this: the tuned table's choice for the masked layout (here a middle-regime
+    """E7 (runs S4) found this: the tuned table's choice for the masked layout (here a middle-regime
     config, 64-row tiles with 32-row tails) shrinks its row tiles to m_max; that must not trip over the
     tail setting the masked kernel does not use."""
     import moegemm.grouped.api as api

@@ -221,7 +221,7 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
     """paper.numbers.e7_probes.robust_tuning on a tuner CSV with loads (synthetic test data made here): cells
     counted where both loads were timed, the chosen config is the least geometric mean, its cost on the
     uniform load and its gain on the skewed one against the uniform load's fastest; a CSV without a load
-    column (the tuner before session 7) gives no numbers."""
+    column (the tuner before the S7 runs) gives no numbers."""
     import pandas as pd
 
     from paper.numbers.common import Numbers

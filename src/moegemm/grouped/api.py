@@ -339,7 +339,7 @@ def _per_sm(kernel, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: di
     """Programs of this compiled kernel that fit on one multiprocessor together, capped at two: by its
     shared memory and registers as compiled (Triton's metadata, read once per kernel variant), one for the
     warp-specialized loop. Programs beyond what fits only wait for a resident one to finish all its tiles.
-    Measured side by side (experiments/probe_persistent_grid.py, session 5), neither one nor two per SM is
+    Measured side by side (experiments/probe_persistent_grid.py, runs S5), neither one nor two per SM is
     the better for tiles of which only one fits: in six prefill cells two took 2-8% less time in four
     (DeepSeek-V3, T=4096), one 6-9% less in the other two; the plain grid was faster than both in five of
     the six, and the tuner picks the grid per cell. Where two fit, one per SM took up to 23% longer. Where
