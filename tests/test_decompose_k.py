@@ -341,3 +341,13 @@ def test_fast_launch_arguments_follow_the_kernel_signature(device):
         assert list(args) == list(names) or sorted(args) == sorted(names)
         assert names[:7] == ["a_ptr", "b_ptr", "p_ptr", "c_ptr", "bias_ptr", "counter_ptr", "M"]
         assert args["COOP"] is coop and args["SLICE"] * cfg.split_k >= cfg.block_m * cfg.block_n
+
+
+def test_plan_refuses_bad_input_by_name_and_runs_empty_shapes(device):
+    from moegemm.decompose_k import plan
+
+    with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
+        plan([[1.0]], torch.randn(1, 1).to(device))
+    a, b = torch.randn(0, 32).to(device), torch.randn(32, 5).to(device)
+    got = plan(a, b).run(a, b)
+    assert got.shape == (0, 5)

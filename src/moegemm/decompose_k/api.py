@@ -83,7 +83,7 @@ class Plan:
     strides and 16-byte alignment; :func:`matmul` guarantees that by keying its cache on them, a direct
     caller of :meth:`run` promises it (``plan.matches(a, b, bias, out)`` checks)."""
 
-    backend: str                  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty"
+    backend: str                  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty" (K=0) | "empty_out"
     config: DecomposeKConfig | None
     source: str                   # "tuned" | "heuristic" | "explicit"
     epilogue: Epilogue
@@ -107,6 +107,8 @@ class Plan:
 
     def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.backend == "empty_out":  # M or N is 0: nothing to compute
+            return out if out is not None else torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         if self.backend == "cublas" and out is None:  # cuBLAS allocates its own output (cheaper than out=)
             c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
             return self._activate(c)
@@ -182,7 +184,7 @@ def _empty_sum(out, bias, epi):
     return out.copy_(epi.torch_apply(acc))
 
 
-def _align(t) -> int:
+def _align(t) -> bool:
     return t.data_ptr() % 16 == 0
 
 
@@ -203,13 +205,22 @@ def plan(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", split_k: int
          allow_tf32: bool = False) -> Plan:
     """The plan :func:`matmul` would run for these operands (made and cached on first use). Operands are
     used for their shapes, strides, dtypes and alignment only (and, on a GPU, to compile the kernel)."""
+    return _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
+
+
+def _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32) -> Plan:
+    """The cache both :func:`plan` and :func:`matmul` read. Operands that cannot be keyed (not 2-D tensors)
+    go straight to validation, which names what is wrong."""
     if isinstance(config, dict):
         config = DecomposeKConfig.coerce(config)
-    key = _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32)
-    p = _PLANS.get(key)
+    key = _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32) \
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 \
+        and _plain(bias) and _plain(out) else None
+    p = _PLANS.get(key) if key is not None else None
     if p is None:
         p = _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key)
-        _PLANS[key] = p
+        if key is not None:
+            _PLANS[key] = p
     return p
 
 
@@ -275,19 +286,7 @@ def matmul(
         from . import ops
 
         return ops.traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
-    if isinstance(config, dict):
-        config = DecomposeKConfig.coerce(config)
-    key = _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32) \
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 \
-        and _plain(bias) and _plain(out) else None
-    p = _PLANS.get(key) if key is not None else None
-    if p is None:
-        p = _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key)
-        if key is not None:
-            _PLANS[key] = p
-    if p.backend == "empty_out":
-        return out if out is not None else torch.empty((p.m, p.n), dtype=p.dtype, device=p.device)
-    return p.run(a, b, bias, out)
+    return _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32).run(a, b, bias, out)
 
 
 def _plain(t) -> bool:
