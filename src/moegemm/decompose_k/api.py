@@ -83,7 +83,7 @@ class Plan:
     strides and 16-byte alignment; :func:`matmul` guarantees that by keying its cache on them, a direct
     caller of :meth:`run` promises it (``plan.matches(a, b, bias, out)`` checks)."""
 
-    backend: str                  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty" (K=0) | "empty_out"
+    backend: str  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty" (K=0) | "empty_out" (M or N 0)
     config: DecomposeKConfig | None
     source: str                   # "tuned" | "heuristic" | "explicit"
     epilogue: Epilogue
