@@ -168,6 +168,25 @@ if GPUS:
         shell:
             "{params.slot} {params.py} -m experiments.tune_grouped --out {output.csv} > {log} 2>&1"
 
+    rule distill_grouped:
+        """The grouped GEMM's default for shapes its table lacks: per regime, a shortlist distilled from the
+        tune-set models' tuner rows (the first call of an unseen shape times it), and the leave-one-model-out
+        slowdown of that construction."""
+        input:
+            csv=f"results/{HERE}/tune_grouped.csv",
+            config="experiments/config.yaml",
+            code="experiments/distill_grouped.py",
+        output:
+            table=f"src/moegemm/tuned/grouped_default/{HERE}.json",
+            loo=f"results/{HERE}/distill_grouped.csv",
+        log:
+            f"logs/{HERE}/distill_grouped.log",
+        params:
+            py=PY,
+        shell:
+            "{params.py} -m experiments.distill_grouped --csv {input.csv} --out {output.table} "
+            "--loo {output.loo} > {log} 2>&1"
+
     rule tune_seed:
         """The seed's own config search for its two Triton kernels (E3-E6's "seed: ..." contenders); a CSV
         that says so where MOEGEMM_SEED_SOURCE is not set."""
@@ -194,6 +213,7 @@ if GPUS:
             seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
             table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
             grouped_table=f"src/moegemm/tuned/grouped/{HERE}.json",
+            grouped_default=f"src/moegemm/tuned/grouped_default/{HERE}.json",
             floors=f"results/{HERE}/floors.json",
             config="experiments/config.yaml",
         output:

@@ -1,6 +1,6 @@
 """E7 grouped-skew: grouped GEMM vs its alternatives under skewed expert loads, real MoE shapes.
 
-Per model (DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B), projection (gate/up, down; w as [E, N, K]), token
+Per model of the tune split (DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B), projection (gate/up, down; w as [E, N, K]), token
 count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...): our contiguous kernel
 (plain and persistent grid), our masked kernel (decode; where it takes TMA loads, also the same tiles on
 pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
@@ -11,7 +11,9 @@ moves as many bytes as the floor counts, the best of a few launch shapes), and, 
 hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton
 kernel with the best of a light config search. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s,
 FLOPs / 989 TFLOP/s) on every row. Also the whole expert path (route + permute + grouped GEMM with fused
-gating + unpermute) against the same path on torch._grouped_mm.
+gating + unpermute) against the same path on torch._grouped_mm. Per held-out model (config.yaml's zoo,
+split "heldout": shapes the tuner never saw), projection, token count and load, the default path as a user
+gets it beside torch._grouped_mm and vLLM's kernel (heldout_contenders). Every row has a ``split`` column.
 
     python -m experiments.e7_grouped_skew --out results/<slug>/grouped_skew.csv
 """
@@ -23,12 +25,13 @@ import itertools
 import json
 import math
 import os
+import time
 
 import torch
 
 from experiments.common import (Progress, ResultWriter, check_and_time, cli, load_config, provenance_fields,
                                 require_gpu, timing_settings, weight_sets)
-from moegemm._runtime import slugify
+from moegemm._runtime import gpu_slug, slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
 from moegemm.bench.moe_loads import sample_topk, skew_stats
@@ -38,7 +41,7 @@ from moegemm.bench.stream import check_stream, stream_bytes, stream_setup
 from moegemm.bench.stream import fits as stream_fits
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
-from moegemm.grouped.api import masked_config
+from moegemm.grouped.api import masked_config, shortlist
 from moegemm.grouped.routing import row_positions
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
@@ -412,6 +415,43 @@ def stream_contender(choice: dict, w, xs, plan) -> Contender:
                      check=lambda out: check_stream(out, w, xs, plan.group_sizes, s.y))
 
 
+def heldout_contenders(xs, plan, e: int, n: int, vllm: Contender | None = None) -> list[Contender]:
+    """A held-out model's cell (a shape no tuned entry covers): ours as a user gets it, grouped_mm with no
+    config (``ours:auto``: the distilled shortlist timed on the first call of the (shape, rows bucket), the
+    fastest kept; a later load of the same bucket finds it kept), ours on the distilled shortlist's first
+    config alone (``ours:default``: what a call that cannot time gets, e.g. inside a graph capture),
+    torch._grouped_mm and, where at hand, vLLM's kernel. ours:auto's row records the first call's wall time
+    (``first_call_s``: the timing and the compiles where it timed) and the config it kept."""
+    off = plan.group_offsets
+    first = shortlist(xs.shape[0], e, n, gpu_slug(xs))[0]
+    source = choose_config(xs, e, n, "nk")[1]
+    fields = {"config_source": source}
+    auto = Contender("ours:auto", None, fields=fields)
+
+    def bind(inp):
+        def call():
+            if "first_call_s" not in fields:
+                sync = torch.cuda.synchronize if inp[0].is_cuda else (lambda: None)
+                sync()
+                t0 = time.perf_counter()
+                y = grouped_mm(inp[0], inp[1], off, w_layout="nk", validate=False)
+                sync()
+                fields["first_call_s"] = time.perf_counter() - t0
+                kept, now = choose_config(inp[0], e, n, "nk")
+                fields["config_source"] = "autotuned on this call" if (source, now) == ("default", "autotuned") \
+                    else now
+                auto.config = dataclasses.asdict(kept)
+                return y
+            return grouped_mm(inp[0], inp[1], off, w_layout="nk", validate=False)
+        return call
+
+    auto.bind = bind
+    return [auto,
+            Contender("ours:default", ours(off, first), config=dataclasses.asdict(first),
+                      fields={"config_source": "distilled default, first"}, parallel_compile=True),
+            torch_contender(off), *([vllm] if vllm is not None else [])]
+
+
 def path_contenders(ids, wts, e) -> list[Contender]:
     """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable); input
     sets (x, w)."""
@@ -441,8 +481,11 @@ def path_contenders(ids, wts, e) -> list[Contender]:
 def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__)
     cells = []
-    for model in g["models"]:
+    for model, spec in g["models"].items():
         for proj in ("up", "down"):
+            if spec["split"] == "heldout":
+                cells += [(model, proj, t, load) for t in g["heldout_tokens"] for load in g["heldout_loads"]]
+                continue
             for t in g["decode_tokens"] + g["prefill_tokens"]:
                 for load in loads(cfg, t):
                     cells.append((model, proj, t, load))
@@ -484,17 +527,22 @@ def main():
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
             vc = vllm.contender(g, (model, proj, t, load), w, settings, x, xs, plan, ids, ref, k, n)
-            if (model, proj, t) not in streamed:
-                streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
-            # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform load
-            cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
-                            vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan))
+            if m["split"] == "heldout":
+                cs = heldout_contenders(xs, plan, e, n, vllm=vc)
+            else:
+                if (model, proj, t) not in streamed:
+                    streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
+                # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform
+                # load
+                cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
+                                vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan))
             sets = [(xs, wi) for wi in ws]
         out = measure(cs, sets, ref, k, settings)
         n_sets = len(sets)
         del ws, sets
         for r in out:
-            r.update(experiment="E7", model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k, k=k,
+            r.update(experiment="E7", model=model, split=m["split"], proj=proj, tokens=t, load=load, experts=e,
+                     top_k=top_k, k=k,
                      n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl, input_sets=n_sets,
                      **graph_rates(r.get("graph_us", math.nan), flops, fl), **prov)
         writer.add(out)

@@ -67,7 +67,7 @@ def contenders(xs, plan, w, e: int, n: int, k: int) -> list[Contender]:
                          fields={"config_source": why, "model_us": model_us(sizes, n, k, c, xs)}, **more)
 
     cs = [mine("tuned", off, tuned, source)]
-    if tuned.tma and tuned.split_k == 1 and not tuned.stream_k:
+    if tuned.tma:
         for name, mix in [("order:expert", 0)] + [(f"order:mix{m}", m) for m in MIXES]:
             c = dataclasses.replace(tuned, mix=mix)
             if c != tuned:

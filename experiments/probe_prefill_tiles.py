@@ -3,8 +3,8 @@ process, in E7's prefill cells that stay furthest below 70% of the floor.
 
 Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.measure, E7's timing settings):
 - ``tuned``: what the library picks (the tuned table's tiles and grid);
-- ``tuned:store0/1/2``: the same tiles with pointer stores, or the tiles whose rows all belong to their
-  expert stored by TMA whole or in two column slices (stages reduced by one where the staging would not fit);
+- (until TMA stores were removed from the kernel, commit c1fdcdb and before: ``tuned:store0/1/2``, the
+  same tiles with the tiles whose rows all belong to their expert stored by TMA, whole or in two slices);
 - ``dense:cublas``: one GEMM over all the cell's rows with one expert's weights (torch.mm, cuBLAS): what
   the same FLOPs cost without the expert structure;
 - ``dense:ours``: our kernel on that dense problem (E = 1, the tuned tiles): the Triton tile loop's own rate
@@ -52,7 +52,7 @@ def variant(cfg, **changes):
     if not cfg.tma:
         return None
     c = dataclasses.replace(cfg, **changes)
-    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize, c.tma_store,
+    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize,
                      c.tail_m if c.merge_tail else 0) > SMEM:
         if c.num_stages <= 2:
             return None
@@ -76,11 +76,6 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
 
     cs = [Contender("tuned", ours(off, tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
                     parallel_compile=True)]
-    for store in (0, 1, 2):
-        c = variant(tuned, tma_store=store)
-        if c is not None and c != tuned:
-            cs.append(Contender(f"tuned:store{store}", ours(off, c), config=dataclasses.asdict(c),
-                                fields={"config_source": "tuned, stores changed"}, parallel_compile=True))
     if tuned.block_m >= 64:  # tails as tiles of their own, and merged into the row tile before them
         for merge in (False, True):
             c = variant(tuned, tail_m=tuned.tail_m or 32, merge_tail=merge)
@@ -99,7 +94,7 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
         inp[0], wk, off, w_layout="kn", config=tuned, validate=False)), config=dataclasses.asdict(tuned),
         fields={"config_source": "tuned (nk), w as [E, K, N]"}, parallel_compile=True))
     deep = dataclasses.replace(tuned, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=True,
-                               tail_m=min(tuned.tail_m, 64), tma_store=0)
+                               tail_m=min(tuned.tail_m, 64))
     if deep != tuned:
         cs.append(Contender("tile:128x128x128", ours(off, deep), config=dataclasses.asdict(deep),
                             fields={"config_source": "tuned grid, loop and tails"}, parallel_compile=True))

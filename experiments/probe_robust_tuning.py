@@ -55,7 +55,7 @@ def cells_of(picks: dict, skip_tokens=(1, 16384)) -> list[tuple]:
 
 def contenders(xs, plan, t: int, model: str, proj: str, picks: dict) -> list[Contender]:
     both, uni = picks[model, proj, t]
-    return [Contender(name, ours(plan.group_offsets, GroupedConfig(**c)), config=c,
+    return [Contender(name, ours(plan.group_offsets, GroupedConfig.from_dict(c)), config=c,
                       fields={"config_source": "tune_grouped.csv"}, parallel_compile=True)
             for name, c in (("tuned:both-loads", both), ("tuned:uniform-only", uni))]
 

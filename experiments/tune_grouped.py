@@ -1,4 +1,4 @@
-"""Tune the contiguous grouped GEMM: for each configured model, projection and token count, time the
+"""Tune the contiguous grouped GEMM: for each model of the tune split, projection and token count, time the
 candidate tile configs on the GPU clock (CUDA-graph replay) under each tuning load (config.yaml's
 grouped.tune_loads: uniform and Zipf 1.2) and keep the config of the least geometric-mean time over the
 loads. The library picks a config from the mean rows per expert alone (it cannot see the load without a
@@ -36,9 +36,7 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       loads), deep K steps, several stages, for many loads in flight per multiprocessor; also 32-row TMA
       tiles (an expert of up to 32 rows in one row tile), and 64-row TMA tiles with 16-row tail tiles (a
       skewed load's hot expert in one row tile, the others in 16-row tiles); 16-row tiles on the flattened
-      persistent loop (warp_specialize) too, for many short tiles. At <= 4 rows per expert
-      (decode of the many-expert models, T=1 of all) also split-K tiles in two (Decompose-K inside the
-      tile), for more programs than experts x N tiles.
+      persistent loop (warp_specialize) too, for many short tiles.
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
       at most 32 rows costs a 32-row tile), also merged into the row tile before them; 128 x 128 tiles
       with 32-row tails (hot experts in fewer row tiles).
@@ -53,20 +51,17 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       rows per expert) the hardware counters of experiments/probe_prefill_counters.py (runs S11) show
       the separate tail tiles streaming each expert's weights through L2 a second time (41 GB of L2
       traffic against 31 GB merged, L2 at 97% of its peak) and the merged ones 1.11x faster side by side.
-    Not offered, measured slower where they were meant to help: K split inside every TMA tile where few
-    big tiles are left (0.86-0.99x the best config without it in all 6 cells, runs S7); the last waves
-    of tiles dealt out by K steps (Stream-K, ``stream_k``; 0.77-0.99x the tuned config in all 14 cells of
-    experiments/probe_stream_k.py, runs S8); row tiles with extra rows (``extra_m``, 64 + 16/32 and
-    128 + 16/32 rows: 0.72-0.995x the best config without them in all 40 cells past decode, tuner run S8-3,
-    the S8 runs). All three stay configs one can ask for. The mixed tile order (``mix``) is tried on each
+    Options measured and then removed from the kernels, as they never won a cell (docs/grouped.md):
+    K split inside each tile (pointer and TMA loads), the last waves of tiles dealt out by K steps
+    (Stream-K), TMA stores, and row tiles with extra rows. The mixed tile order (``mix``) is tried on each
     cell's best few configs (see MIX_TRIES).
     The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
     64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
-    Configs whose stages need more than 200 KB of shared memory are left out, and those whose stages and
-    TMA-store staging need more than the 227 KB an H100/H200 block may have (smem_bytes)."""
-    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, split_k, tail_m, tma_store, merge])
+    Configs whose stages need more than 200 KB of shared memory are left out, and those that need more
+    than the 227 KB an H100/H200 block may have (smem_bytes)."""
+    raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, tail_m, merge])
     if mean_rows <= 16:
         raw += [(16, bn, bk, 4, st, False, False) for bn in (64, 128) for bk in (128, 256) for st in (3, 5)]
         raw += [(16, bn, bk, 4, 4, True, False) for bn in (32, 64, 128) for bk in (128, 256)]
@@ -75,59 +70,48 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         # 64-row TMA tiles with 16-row tails: an expert of up to 64 rows (a hot one) in one row tile, one of
         # at most 16 in a transposed 16-row tile: the tile count, and so each expert's weight traffic, does
         # not grow with the skew
-        raw += [(64, 128, 128, 4, 4, True, False, 1, 16), (64, 64, 256, 4, 3, True, False, 1, 16)]
+        raw += [(64, 128, 128, 4, 4, True, False, 16), (64, 64, 256, 4, 3, True, False, 16)]
         # the flattened persistent loop (warp_specialize on sm_90): many short tiles (a few rows of many
         # experts, a short K) with the next tile's loads overlapping this one's epilogue
         raw += [(16, 128, 128, 4, 4, True, True), (16, 64, 256, 4, 4, True, True)]
-        if mean_rows <= 4:  # a handful of rows per expert: K split inside each tile for more programs
-            raw += [(16, bn, 128, 4, 4, False, False, 2) for bn in (64, 128)]
     elif mean_rows <= 64:
         raw += [(64, 128, 64, 4, 4, tma, False) for tma in (False, True)]
         raw += [(64, 64, 64, 4, 4, True, False), (64, 128, 128, 4, 3, True, False)]
-        raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32) for bk in (64, 128)]
-        raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 1, 32, 0, True) for bk in (64, 128)]
+        raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 32) for bk in (64, 128)]
+        raw += [(64, 128, bk, 4, 4 if bk == 64 else 3, True, False, 32, True) for bk in (64, 128)]
         # 128-row tiles with 32-row tails: a skewed load's hot experts in fewer row tiles
-        raw += [(128, 128, 64, 8, 4, True, False, 1, 32)]
+        raw += [(128, 128, 64, 8, 4, True, False, 32)]
     else:
         raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
-        raw += [(128, 256, 64, 8, st, True, ws, 1, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
-        raw += [(128, 256, 64, 8, 4, True, False, 1, 32, 0, True)]  # merged 32-row tails
-        raw += [(128, 128, 64, 8, 4, True, False, 1, tail) for tail in (0, 32, 64)]
+        raw += [(128, 256, 64, 8, st, True, ws, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
+        raw += [(128, 256, 64, 8, 4, True, False, 32, True)]  # merged 32-row tails
+        raw += [(128, 128, 64, 8, 4, True, False, tail) for tail in (0, 32, 64)]
         raw += [(64, 256, 64, 8, 4, True, False)]
-        # TMA stores of the tiles whose rows all belong to their expert (in two column slices, or whole where
-        # the staging fits beside the stages), and 256 x 128 tiles (an expert of up to 256 rows in one row
-        # tile: its weights read by one program)
-        raw += [(128, 256, 64, 8, 4, True, False, 1, tail, 2) for tail in (0, 32)]
-        raw += [(256, 128, 64, 8, st, True, False, 1, tail) for st, tail in ((4, 0), (3, 64))]
-        raw += [(256, 128, 64, 8, 3, True, False, 1, 64, 2)]
+        # 256 x 128 tiles (an expert of up to 256 rows in one row tile: its weights read by one program)
+        raw += [(256, 128, 64, 8, st, True, False, tail) for st, tail in ((4, 0), (3, 64))]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *more in raw:
-        # defaults: no splits, tails, TMA stores or merged tails
-        split_k, tail_m, tma_store, merge = [*more, *(1, 0, 0, False)[len(more):]]
+        tail_m, merge = [*more, *(0, False)[len(more):]]  # defaults: no tails, no merged tails
         if ((bm * bk + bk * bn) * 2 * stages > 200 * 1024
-                or smem_bytes(bm, bn, bk, stages, ws, tma_store, tail_m if merge else 0) > SMEM):
+                or smem_bytes(bm, bn, bk, stages, ws, tail_m if merge else 0) > SMEM):
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
                                      persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
-                                     split_k=split_k, tail_m=tail_m, tma_store=tma_store, merge_tail=merge))
+                                     tail_m=tail_m, merge_tail=merge))
     return out
 
 
 SMEM = 227 * 1024  # shared memory one block may have on an H100/H200
 
 
-def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False, tma_store: int = 0,
+def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False,
                merged_tail: int = 0) -> int:
     """Shared memory of a 16-bit TMA tile config as Triton 3.6 lays it out for sm_90 (within 32 bytes of
     the compiled kernels' metadata for the prefill configs below, compiled without a GPU): the stages of A
-    and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows or of a row
-    tile's extra rows beside them (``merged_tail``; on the flattened loop with extra rows the compile took
-    4 KB more than this), the staging of one TMA-store slice, and 4 KB more in the flattened (warp_specialize) loop. The
-    GPU's own compile can need more: whole-tile TMA stores on the 3-stage flattened 128 x 256 loop took
-    245,784 bytes there against 217,112 here (runs S6), so that config is not a candidate."""
-    store = bm * bn * 2 // tma_store if tma_store else 0
-    return (bm * bk + bn * bk + merged_tail * bk) * 2 * stages + store + (4128 if warp_specialize else 0)
+    and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows beside them
+    (``merged_tail``), and 4 KB more in the flattened (warp_specialize) loop."""
+    return (bm * bk + bn * bk + merged_tail * bk) * 2 * stages + (4128 if warp_specialize else 0)
 
 
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid
@@ -235,6 +219,11 @@ def final_round(configs, base: dict, xs, ws, offsets, settings=None) -> list[dic
              "graph_calls": n, "graph_samples": len(s)} for c, (n, s) in zip(configs, timed)]
 
 
+def tune_models(g: dict) -> list[str]:
+    """config.yaml's grouped models of the tune split, in its order."""
+    return [m for m, v in g["models"].items() if v["split"] == "tune"]
+
+
 def tune_loads(g: dict, tokens: int) -> tuple[str, ...]:
     """The loads a cell is tuned on: config.yaml's tune_loads (uniform first); one token's top-k experts hold
     a row each whatever the load, so T=1 is tuned on the uniform load alone."""
@@ -295,8 +284,8 @@ def main():
     slug = slugify(torch.cuda.get_device_name(0))
     prov = provenance_fields()
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "load", "config", "stage"))
-    cells = [(model, proj, t) for model in g["models"] for proj in ("up", "down")
-             for t in g["tune_tokens"]]
+    # the tune set only: the held-out models are what the distilled default is judged on (E7)
+    cells = [(model, proj, t) for model in tune_models(g) for proj in ("up", "down") for t in g["tune_tokens"]]
     if args.quick:
         cells = cells[:1]
     bar = Progress(len(cells), "tune-grouped")
@@ -326,20 +315,19 @@ def main():
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)]
         plain = [c for _, c in robust_order(here, loads) if not json.loads(c)["persistent"]]
         for ld, (xs, offsets, ref, _) in inputs.items():
-            rows += time_configs([dataclasses.replace(GroupedConfig(**json.loads(c)), persistent=True)
+            rows += time_configs([dataclasses.replace(GroupedConfig.from_dict(json.loads(c)), persistent=True)
                                   for c in plain[:PERSISTENT_TRIES]], writer, {**base, "load": ld}, xs, ws,
                                  offsets, ref, settings)
         if t * top_k / e > 16:  # past decode: the best few also in the mixed tile order (see MIX_TRIES)
             here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
                     and r.get("stage", "screen") == "screen"]
-            mixed = [dataclasses.replace(c, mix=MIX) for c in (GroupedConfig(**json.loads(c))
-                     for _, c in robust_order(here, loads)) if c.tma and c.split_k == 1 and not c.stream_k
-                     and not c.mix][:MIX_TRIES]
+            mixed = [dataclasses.replace(c, mix=MIX) for c in (GroupedConfig.from_dict(json.loads(c))
+                     for _, c in robust_order(here, loads)) if c.tma and not c.mix][:MIX_TRIES]
             for ld, (xs, offsets, ref, _) in inputs.items():
                 rows += time_configs(mixed, writer, {**base, "load": ld}, xs, ws, offsets, ref, settings)
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
                 and r.get("stage", "screen") == "screen"]
-        finalists = [GroupedConfig(**json.loads(c)) for _, c in robust_order(here, loads)[:FINALISTS]]
+        finalists = [GroupedConfig.from_dict(json.loads(c)) for _, c in robust_order(here, loads)[:FINALISTS]]
         for ld, (xs, offsets, ref, _) in inputs.items():
             if len(finalists) > 1 and not writer.done(model=model, proj=proj, tokens=t, load=ld,
                                                       config=dataclasses.asdict(finalists[0]), stage="final"):

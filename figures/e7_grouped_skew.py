@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from figures.common import args, geomean, gpu_label, load, save, setup
-from paper.numbers.e7 import practical_ceiling
+from paper.numbers.e7 import practical_ceiling, tune_split
 
 STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"), "ours:masked": ("#2ca02c", "-"),
          "ours:masked-pointer": ("#98df8a", "--"),
@@ -23,7 +23,7 @@ STYLE = {"ours:contiguous": ("#08519c", "-"), "ours:persistent": ("#3182bd", "-"
 def main():
     a = args(__doc__)
     setup()
-    df = load(a.results, "grouped_skew.csv")
+    df = tune_split(load(a.results, "grouped_skew.csv"))
     df = df[(df.status == "ok") & (df.proj == "up")]
     c = practical_ceiling(df)
     df = pd.concat([df, c.drop(columns="ceil_us").assign(contender="practical ceiling", graph_us=c.ceil_us,

@@ -26,9 +26,7 @@ from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
-                                     _grouped_mm_masked_tma_kernel, _grouped_mm_splitk_kernel,
-                                     _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel,
-                                     _grouped_mm_tma_streamk_kernel)
+                                     _grouped_mm_masked_tma_kernel, _grouped_mm_tma_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -77,49 +75,31 @@ def variants():
                                                                            GROUP_M=8)
         yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, dict(tiles, E_BLOCK=256,
                                                                                      GROUP_M=8)
-        sio = dict(gio, p_ptr="*fp32", counter_ptr="*i32")
-        yield ("grouped_splitk", dt, epi, bias), _grouped_mm_splitk_kernel, sio, \
-            dict(tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, E_BLOCK=256, GROUP_M=8,
-                 HAS_SCALE=bias, SPLIT_K=4)
         if dt != "fp32":
             for ws, kn, tail in itertools.product((False, True), (False, True), (0, 32)):
                 box = "[128,64]" if not kn else "[64,128]"
                 tio = {"a_desc": f"tensordesc<{dt}[64,64]>", "w_desc": f"tensordesc<{dt}{box}>",
-                       "at_desc": f"tensordesc<{dt}[{tail or 64},64]>", "y_desc": f"tensordesc<{dt}[64,64]>",
+                       "at_desc": f"tensordesc<{dt}[{tail or 64},64]>",
                        "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt]}
                 if not ws and not tail:
-                    yield (("grouped_tma_splitk", dt, epi, bias, kn), _grouped_mm_tma_splitk_kernel,
-                           dict(tio, p_ptr="*fp32", counter_ptr="*i32"),
-                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn, SPLIT_K=3,
-                                HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
-                    yield (("grouped_tma_streamk", dt, epi, bias, kn), _grouped_mm_tma_streamk_kernel,
-                           dict(tio, p_ptr="*fp32", counter_ptr="*i32"),
-                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
-                                HAS_SCALE=bias, EPILOGUE=epi, UPCAST=False))
                     mio = {"a_ptr": TY[dt], "w_desc": f"tensordesc<{dt}{box}>", "y_ptr": TY[dt],
                            "masked_m_ptr": "*i32"}
                     yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
                                 EPILOGUE=epi, UPCAST=False))
-                # TMA stores (y in two [64, 64] column slices); tails merged into the row tile before them
-                for split, merge in ((0, False), (2, False), (0, True)) if not kn else ((0, False), (0, True)):
+                # tails as tiles of their own, and merged into the row tile before them
+                for merge in (False, True):
                     if merge and not tail:
                         continue
-                    yield (("grouped_tma", dt, epi, bias, ws, kn, tail, split, merge), _grouped_mm_tma_kernel, tio,
+                    yield (("grouped_tma", dt, epi, bias, ws, kn, tail, merge), _grouped_mm_tma_kernel, tio,
                            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
-                                WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=merge, STORE_SPLIT=split, HAS_SCALE=bias,
-                                EXTRA_M=0, EPILOGUE=epi, UPCAST=False, MIX=0))
+                                WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=merge, HAS_SCALE=bias,
+                                EPILOGUE=epi, UPCAST=False, MIX=0))
                 # the mixed tile order (heavy experts' tiles dealt out among the light ones')
                 yield (("grouped_tma_mix", dt, epi, bias, ws, kn, tail), _grouped_mm_tma_kernel, tio,
                        dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
-                            WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=bool(tail), STORE_SPLIT=0, HAS_SCALE=bias,
-                            EXTRA_M=0, EPILOGUE=epi, UPCAST=False, MIX=2))
-                if not tail:  # every row tile with 16 extra rows beside its 64
-                    yield (("grouped_tma_extra", dt, epi, bias, ws, kn), _grouped_mm_tma_kernel,
-                           dict(tio, at_desc=f"tensordesc<{dt}[16,64]>"),
-                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=0, W_KN=kn,
-                                WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=False, STORE_SPLIT=0, HAS_SCALE=bias,
-                                EXTRA_M=16, EPILOGUE=epi, UPCAST=False, MIX=0))
+                            WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=bool(tail), HAS_SCALE=bias,
+                            EPILOGUE=epi, UPCAST=False, MIX=2))
     # E7's memory ceiling, every launch shape it tries
     for dt in ("bf16", "fp16"):
         sio = {"w_ptr": TY[dt], "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32", "counts_ptr": "*i32",
@@ -138,13 +118,10 @@ def variants():
 
     gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
     seen = set()
-    from experiments.probe_stream_k import TILES
-
-    stream = [dataclasses.replace(c, stream_k=True) for c in TILES.values()]  # the Stream-K probe's tiles
-    for mean_rows in (1, 64, 512, None):
-        for c in candidates(mean_rows) if mean_rows else stream:
+    for mean_rows in (1, 64, 512):
+        for c in candidates(mean_rows):
             key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
-                   c.split_k, c.tail_m, c.tma_store, c.merge_tail, c.stream_k, c.extra_m, c.mix)
+                   c.tail_m, c.merge_tail, c.mix)
             if key in seen:
                 continue
             seen.add(key)
@@ -152,38 +129,20 @@ def variants():
             tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
             # the masked layout's TMA kernel, same tiles
-            if c.tma and not (c.warp_specialize or c.tail_m or c.stream_k or c.extra_m):
+            if c.tma and not (c.warp_specialize or c.tail_m):
                 mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
                        "masked_m_ptr": "*i32"}
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
                             GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
-            if c.stream_k:
-                sio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
-                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
-                       "offsets_ptr": "*i32", "scale_ptr": "*bf16", "p_ptr": "*fp32", "counter_ptr": "*i32"}
-                yield (("grouped_tune", *key), _grouped_mm_tma_streamk_kernel, sio, dict(tiles, W_KN=False), opts)
-            elif c.tma and c.split_k > 1:
-                sio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
-                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
-                       "offsets_ptr": "*i32", "scale_ptr": "*bf16", "p_ptr": "*fp32", "counter_ptr": "*i32"}
-                yield (("grouped_tune", *key), _grouped_mm_tma_splitk_kernel, sio,
-                       dict(tiles, W_KN=False, SPLIT_K=c.split_k), opts)
-            elif c.tma:
-                y_box = f"[{c.block_m},{c.block_n // c.tma_store}]" if c.tma_store else f"[{c.block_m},{c.block_k}]"
+            if c.tma:
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
-                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.extra_m or c.block_m},{c.block_k}]>",
-                       "y_desc": f"tensordesc<bf16{y_box}>", "y_ptr": "*bf16", "offsets_ptr": "*i32",
-                       "scale_ptr": "*bf16"}
+                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
+                       "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
                        dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
-                            FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, STORE_SPLIT=c.tma_store,
-                            EXTRA_M=c.extra_m, MIX=c.mix), opts)
-            elif c.split_k > 1:
-                yield (("grouped_tune", *key), _grouped_mm_splitk_kernel,
-                       dict(gio, p_ptr="*fp32", counter_ptr="*i32"),
-                       dict(tiles, EVEN_K=True, PRECISION="tf32", SPLIT_K=c.split_k), opts)
+                            FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, MIX=c.mix), opts)
             else:
                 yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
                        dict(tiles, EVEN_K=True, PRECISION="tf32"), opts)

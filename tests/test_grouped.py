@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,21 +59,6 @@ def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persi
     _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
 
 
-@pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(10, 11)))
-@pytest.mark.parametrize("split_k", [2, 3, 7])
-def test_grouped_mm_split_k_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, split_k,
-                                   device, poison_partials):
-    """Decompose-K inside each tile (decode; with TMA loads also prefill): any K (splits capped at K's
-    BLOCK_K steps), every epilogue and row scale applied once, by the last split to arrive; called twice, so
-    the tile counters must be reset. The fp32 partials start as NaN, so a split that stored nothing shows
-    up."""
-    bm, bn, bk, gm, tma = blocks
-    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, split_k=split_k,
-                        tma=tma)
-    for _ in range(2):
-        _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
-
-
 @pytest.fixture
 def launched(monkeypatch):
     """The kernels grouped_mm launches, in order (each launch still runs)."""
@@ -82,40 +68,6 @@ def launched(monkeypatch):
     real = api._launch
     monkeypatch.setattr(api, "_launch", lambda kernel, *a: (kernels.append(kernel), real(kernel, *a)))
     return kernels
-
-
-@pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("persistent,split_k", [(False, 2), (True, 3)])
-def test_tma_split_k(layout, persistent, split_k, device, poison_partials, launched):
-    """The TMA kernel's split-K path (bf16, aligned rows, so the descriptors exist and the TMA split kernel
-    runs, not the pointer one): empty experts, one expert of several row tiles, N not a multiple of the
-    tile, ReLU and row scale; twice, so the tile counters must be reset."""
-    from moegemm.grouped.kernels import _grouped_mm_tma_splitk_kernel
-
-    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
-                        split_k=split_k)
-    for _ in range(2):
-        _check_grouped(5, [0, 37, 3, 0, 12], 96, 40, layout, "relu", True, torch.bfloat16, cfg, device)
-    assert launched == [_grouped_mm_tma_splitk_kernel] * 2
-
-
-@pytest.mark.parametrize("layout,k", [("nk", 96), ("nk", 200), ("kn", 224)])
-@pytest.mark.parametrize("sms", [1, 3, 5, 8])
-def test_tma_stream_k(layout, k, sms, device, poison_partials, launched, monkeypatch):
-    """The Stream-K kernel (bf16, aligned rows: the TMA descriptors exist) with 15 tiles on a grid of
-    2 x ``sms`` programs (the interpreter's two per SM): many whole tiles and two waves dealt out (1 SM),
-    one wave whole and the rest dealt (3), all dealt (5), fewer tiles than programs (8); K of 3, 7 (a K
-    tail) and 7 steps, so that tiles are shared by two programs in all but the last. Empty experts, N not
-    a multiple of the tile, ReLU and row scale; twice, so the counters must be reset; the fp32 parts start
-    as NaN, so a part never stored shows up."""
-    import moegemm.grouped.api as api
-    from moegemm.grouped.kernels import _grouped_mm_tma_streamk_kernel
-
-    monkeypatch.setattr(api, "device_sm_count", lambda x: sms)
-    cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, persistent=True, group_m=2, tma=True, stream_k=True)
-    for _ in range(2):
-        _check_grouped(5, [0, 37, 3, 0, 12], k, 40, layout, "relu", True, torch.bfloat16, cfg, device)
-    assert launched == [_grouped_mm_tma_streamk_kernel] * 2
 
 
 def _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device):
@@ -322,6 +274,106 @@ def test_routing_and_masked_bad_input(device):
         grouped_mm_masked(x, torch.randn(3, 8, 8).to(device), torch.tensor([1, 2]).to(device))
 
 
+def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
+    """A shape the tuned table lacks: the distilled shortlist of its regime (rows per expert <= 1, <= 16,
+    <= 64, more), first config 'default'; once a call has timed it, the kept config is 'autotuned' for every
+    later call of that (dtype, E, K, N, layout, rows bucket), this process's or (through the disk cache,
+    written atomically) a later one's; a cache written by other versions is ignored. On the CPU (and under
+    the interpreter) nothing is timed."""
+    import json
+
+    import moegemm.grouped.api as api
+    from moegemm.grouped import autotune
+
+    short = [(GroupedConfig(16, 64, 16 << i), GroupedConfig(16, 32, 16 << i)) for i in range(4)]
+    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+    monkeypatch.setattr(api, "_default_table", lambda slug: tuple(short))
+    monkeypatch.setattr(api, "gpu_slug", lambda x: "test-gpu")
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    x = lambda rows: torch.empty(rows, 64, dtype=torch.bfloat16)  # noqa: E731
+    for rows, regime in ((8, 0), (16 * 8, 1), (17 * 8, 2), (64 * 8, 2), (65 * 8, 3)):
+        assert api.choose_config(x(rows), 8, 32, "nk") == (short[regime][0], "default"), rows
+        assert api.shortlist(rows, 8, 32, "test-gpu") == short[regime]
+    assert not autotune.can_time(x(8))
+    key = api.autotune_key(100 * 8, 64, torch.bfloat16, 8, 32, "nk")
+    assert key == ("bfloat16", 8, 64, 32, "nk", 128)
+    kept = GroupedConfig(128, 128, 64, num_warps=8, tma=True)
+    autotune.remember("test-gpu", key, dataclasses.asdict(kept), {"0": 1.0})
+    assert api.choose_config(x(100 * 8), 8, 32, "nk") == (kept, "autotuned")
+    assert api.choose_config(x(90 * 8), 8, 32, "nk") == (kept, "autotuned")  # the same rows bucket
+    assert api.choose_config(x(100 * 8), 8, 32, "kn")[1] == "default"  # another layout: not timed yet
+    # a later process: the disk cache
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    assert api.choose_config(x(100 * 8), 8, 32, "nk") == (kept, "autotuned")
+    path = autotune.cache_file("test-gpu")
+    data = json.loads(path.read_text())
+    assert [tuple(e["key"]) for e in data["entries"]] == [key]
+    data["entries"][0]["versions"]["triton"] = "0.0"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    assert api.choose_config(x(100 * 8), 8, 32, "nk")[1] == "default"
+    path.write_text("not json")  # a broken cache file is ignored too
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    assert api.choose_config(x(100 * 8), 8, 32, "nk")[1] == "default"
+    monkeypatch.setenv("MOEGEMM_AUTOTUNE", "0")
+    assert not autotune.enabled()
+
+
+def test_default_path_computes_the_product_on_an_unseen_shape(device, monkeypatch):
+    """grouped_mm with no config on a shape no tuned entry covers runs the shortlist's first config (the
+    interpreter does not time) and is right: merged tails and the mixed order, or plain pointer tiles."""
+    import moegemm.grouped.api as api
+
+    for first in (GroupedConfig(32, 16, 32, tma=True, tail_m=16, merge_tail=True, mix=2), GroupedConfig(16, 16, 32)):
+        monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+        monkeypatch.setattr(api, "_default_table", lambda slug, f=first: ((f, GroupedConfig(64, 64, 64)),) * 4)
+        assert api._choose(76, 64, torch.bfloat16, "any", 4, 24, "nk") == (first, "default")
+        for sizes in ([3, 0, 1, 2], [40, 0, 3, 33]):
+            _check_grouped(len(sizes), sizes, 64, 24, "nk", "relu", True, torch.bfloat16, None, device)
+
+
+def test_committed_default_table_is_the_distillation_of_the_committed_tuner_csv(tmp_path):
+    """The committed shortlists (src/moegemm/tuned/grouped_default/nvidia-h200.json) are what
+    experiments/distill_grouped.py makes of the committed tuner CSV, from the tune-set models alone: the
+    held-out models' names appear nowhere in its input; the leave-one-model-out CSV is committed too."""
+    import json
+
+    import pandas as pd
+
+    from experiments import distill_grouped
+    from experiments.common import load_config
+
+    ROOT = Path(__file__).resolve().parent.parent
+    res = ROOT / "results" / "nvidia-h200"
+    out, loo = tmp_path / "t.json", tmp_path / "loo.csv"
+    distill_grouped.main(["--csv", str(res / "tune_grouped.csv"), "--out", str(out), "--loo", str(loo)])
+    committed = json.loads((ROOT / "src/moegemm/tuned/grouped_default/nvidia-h200.json").read_text())
+    assert json.loads(out.read_text())["entries"] == committed["entries"]
+    g = load_config()["grouped"]
+    held = {m for m, v in g["models"].items() if v["split"] == "heldout"}
+    assert held and not held & set(pd.read_csv(res / "tune_grouped.csv")["model"])
+    assert set(committed["provenance"]["tune_models"]) == {m for m, v in g["models"].items() if v["split"] == "tune"}
+    pd.testing.assert_frame_equal(pd.read_csv(loo), pd.read_csv(res / "distill_grouped.csv"))
+
+
+def test_distilled_shortlist_is_greedy_over_cells():
+    """The shortlist: first the config of the least geometric-mean slowdown, then the one that most lowers
+    the slowdown of the fastest-of-the-shortlist; a config not timed in a cell counts as its slowest."""
+    from experiments.distill_grouped import shortlist, slowdown
+
+    times = {"c1": {"a": 10.0, "b": 12.0, "c": 20.0}, "c2": {"a": 20.0, "b": 12.0, "c": 10.0},
+             "c3": {"a": 10.0, "b": 11.0}}
+    cells = ["c1", "c2", "c3"]
+    assert shortlist(cells, times, 1) == ["b"]
+    assert shortlist(cells, times, 2) == ["b", "a"]  # a: best in c1 and c3
+    assert slowdown(cells, times, ["c"]) == pytest.approx((2.0 * 1.0 * 1.1) ** (1 / 3))  # c3: its slowest (11)
+    assert slowdown(cells, times, ["a", "b", "c"]) == 1.0
+
+
 def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     import moegemm.grouped.api as api
 
@@ -342,28 +394,18 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     table[("bfloat16", 256, 64, 32, "nk", 1 / 32)] = c
     assert api.choose_config(x(8), 256, 32, "nk") == (c, "tuned")
     assert api.choose_config(x(64), 256, 32, "nk") == (c, "tuned-nearest")  # 1/4: the only entry of E=256
-    cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N
+    cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N, no shortlist for this GPU
     assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
     with pytest.raises(ValueError, match="group_m"):
         GroupedConfig(group_m=0)
-    with pytest.raises(ValueError, match="config.split_k: expected an int"):
-        GroupedConfig(split_k=0)
-    for bad in (dict(tail_m=32), dict(tma_store=1), dict(warp_specialize=True)):
-        with pytest.raises(ValueError, match="config.split_k: the split kernels have no tail tiles"):
-            GroupedConfig(split_k=2, tma=True, **bad)
-    with pytest.raises(ValueError, match=r"config.extra_m: expected 0 or a power of two in \[16, block_m\)"):
-        GroupedConfig(block_m=64, tma=True, extra_m=64)
-    with pytest.raises(ValueError, match="config.extra_m: extra rows are a TMA-kernel feature"):
-        GroupedConfig(block_m=64, extra_m=16)
-    for bad in (dict(tail_m=32), dict(tma_store=2), dict(split_k=2), dict(stream_k=True, persistent=True)):
-        with pytest.raises(ValueError, match="config.extra_m: not with tail_m"):
-            GroupedConfig(block_m=64, tma=True, extra_m=16, **bad)
-    for bad in (dict(tma=False), dict(persistent=False)):
-        with pytest.raises(ValueError, match="config.stream_k: deals tiles out .* needs tma=True and persistent"):
-            GroupedConfig(**{**dict(tma=True, persistent=True, stream_k=True), **bad})
-    for bad in (dict(split_k=2), dict(tail_m=32), dict(tma_store=1), dict(warp_specialize=True)):
-        with pytest.raises(ValueError, match="config.stream_k: the Stream-K kernel has no split_k"):
-            GroupedConfig(tma=True, persistent=True, stream_k=True, block_m=64, **bad)
+    # removed options: read from old tables and CSVs at their no-op values, refused otherwise
+    assert GroupedConfig.from_dict({"block_m": 32, "split_k": 1, "stream_k": False, "tma_store": 0,
+                                    "extra_m": 0}) == GroupedConfig(block_m=32)
+    for bad in (dict(split_k=2), dict(stream_k=True), dict(tma_store=1), dict(extra_m=16)):
+        with pytest.raises(ValueError, match=f"config.{next(iter(bad))}: this option was removed"):
+            GroupedConfig.from_dict({"block_m": 64, "tma": True, **bad})
+    with pytest.raises(TypeError):
+        GroupedConfig(split_k=2)
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
@@ -428,26 +470,18 @@ def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, d
         assert (got[ex, mm:] == SENTINEL).all()
 
 
-def test_masked_layout_rejects_split_k(device):
-    x, w = torch.randn(2, 4, 16).to(device), torch.randn(2, 16, 8).to(device)
-    with pytest.raises(ValueError, match="config.split_k: the masked layout"):
-        grouped_mm_masked(x, w, torch.tensor([1, 2]).to(device), config=GroupedConfig(16, 16, 16, split_k=2))
-
-
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
-@pytest.mark.parametrize("persistent,ws,tail,store,merge", [
-    (False, False, 0, 0, False), (True, False, 0, 0, False), (True, True, 0, 0, False), (False, False, 16, 0, False),
-    (True, True, 16, 0, False), (False, False, 0, 1, False), (True, True, 16, 2, False), (True, False, 0, 2, False),
-    (False, False, 16, 0, True), (True, True, 16, 2, True), (True, False, 16, 1, True)])
-def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, store, merge, device):
+@pytest.mark.parametrize("persistent,ws,tail,merge", [
+    (False, False, 0, False), (True, False, 0, False), (True, True, 0, False), (False, False, 16, False),
+    (True, True, 16, False), (False, False, 16, True), (True, True, 16, True), (True, False, 16, True)])
+def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, device):
     """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
     expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows. With
     tail tiles (32-row tiles, 16-row tails): experts of 5 and 1 rows are tails only, 37 rows are a full tile
     and a tail of 5, 70 two and a tail of 6, 18 rows a full tile (more than the tail holds), 56 two full
     tiles (the second of 24 rows). Merged, the tails of 5 and 6 rows ride with the row tile before them
-    (the last expert's past M_total, where the box reads zeros). With TMA stores (whole tiles or two column
-    slices): the tiles whose rows all belong to their expert are stored by TMA, the rest by pointers, and
-    the box clips the N tail; the NaN-poisoned output shows any row or column left unwritten."""
+    (the last expert's past M_total, where the box reads zeros). The NaN-poisoned output shows any row or
+    column left unwritten."""
     import moegemm.grouped.api as api
 
     g = torch.Generator().manual_seed(k * 31 + n)
@@ -459,11 +493,11 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, store, m
     w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
     rs = torch.rand(m, generator=g).to(torch.bfloat16)
     cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent, group_m=2,
-                        tma=True, warp_specialize=ws, tail_m=tail, tma_store=store, merge_tail=merge)
+                        tma=True, warp_specialize=ws, tail_m=tail, merge_tail=merge)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-    descs = api._tma_descriptors(xs, w, layout, e, n, k, cfg, out)
+    descs = api._tma_descriptors(xs, w, layout, e, n, k, cfg)
     assert descs is not None, "expected the TMA path"
-    assert (descs[3] is not descs[0]) == bool(store), "expected TMA stores exactly when asked for"
+    assert (descs[2] is not descs[0]) == bool(tail), "expected a tail descriptor exactly with tail tiles"
     got = grouped_mm(xs.to(device), w.to(device), offsets.to(device), w_layout=layout, epilogue="relu",
                      row_scale=rs.to(device), config=cfg, out=out)
     ref = _ref(xs, w_kn, offsets, "relu", rs)
@@ -491,19 +525,8 @@ def test_tma_path_declines_unsuitable_inputs():
             GroupedConfig(block_m=64, tma=True, tail_m=bad)
     with pytest.raises(ValueError, match="config.tail_m: tail tiles are a TMA-kernel feature"):
         GroupedConfig(block_m=64, tail_m=32)
-    for bad in (3, -1, True, 4):
-        with pytest.raises(ValueError, match=r"config.tma_store: expected 0, 1 or 2"):
-            GroupedConfig(tma=True, tma_store=bad)
-    with pytest.raises(ValueError, match="config.tma_store: TMA stores are a TMA-kernel feature"):
-        GroupedConfig(tma_store=1)
     with pytest.raises(ValueError, match="config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0"):
         GroupedConfig(tma=True, merge_tail=True)
-    # an output TMA cannot write (rows not 16-byte aligned): the kernel stores by pointers instead
-    store = GroupedConfig(block_m=16, block_n=16, block_k=32, tma=True, tma_store=1)
-    odd = torch.empty(8, 37).to(torch.bfloat16)[:, :32]
-    descs = api._tma_descriptors(x, w, "kn", 3, 32, 64, store, odd)
-    assert descs is not None and descs[3] is descs[0]
-    assert api._tma_descriptors(x, w, "kn", 3, 32, 64, store, torch.empty(8, 32).to(torch.bfloat16))[3] is not descs[0]
 
 
 def test_persistent_programs_per_sm():
@@ -540,22 +563,6 @@ def test_persistent_grid_size(monkeypatch):
     assert seen == [132, 100, 1000]
 
 
-@pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("kn", 64, 40)])
-@pytest.mark.parametrize("persistent,ws", [(False, False), (True, False), (True, True)])
-def test_tma_extra_rows_match_reference(layout, k, n, persistent, ws, launched, device):
-    """Row tiles of 32 + 16 extra rows (TMA kernel, extra rows computed transposed beside the 32): experts of
-    0 rows, 5 (in the main part only), 40 (into the extra rows), 48 (exactly one row tile), 49 (one more
-    row tile for one row), 100 and 96 (several row tiles, the last partial or whole), with NaN-poisoned
-    output (a row left unwritten shows), ReLU and row scale; on the flattened loop too."""
-    from moegemm.grouped.kernels import _grouped_mm_tma_kernel
-
-    sizes = [0, 5, 40, 48, 49, 100, 96]
-    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
-                        warp_specialize=ws, extra_m=16)
-    _check_grouped(len(sizes), sizes, k, n, layout, "relu", True, torch.bfloat16, cfg, device)
-    assert launched == [_grouped_mm_tma_kernel]
-
-
 def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]]:
     """Run ``run()`` under the interpreter with its masked stores counted per element of ``out``: (writes per
     element, the lowest element each program stores into ``out``, in the order the programs ran)."""
@@ -581,14 +588,12 @@ def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]
     return writes, list(lowest.values())
 
 
-@pytest.mark.parametrize("tail,merge,store,persistent,extra", [(0, False, 0, False, 0), (16, False, 0, True, 0),
-                                                               (16, True, 0, False, 0), (16, True, 2, True, 0),
-                                                               (16, True, 1, False, 0), (0, False, 0, True, 16),
-                                                               (0, False, 0, False, 16)])
-def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persistent, extra):
+@pytest.mark.parametrize("tail,merge,persistent", [(0, False, False), (16, False, True), (16, True, False),
+                                                   (16, True, True), (0, False, True)])
+def test_tma_kernel_writes_every_output_element_once(tail, merge, persistent):
     """Under the interpreter, every store of the TMA kernel is counted per output element: each element of y
     is written exactly once, whatever path its tile takes (whole tiles, partial ones, tail tiles of their
-    own, tails merged into the row tile before them, row tiles with extra rows, TMA stores). A tile
+    own, tails merged into the row tile before them). A tile
     computing rows that another tile also stores would still give right values; this catches it. Experts
     of 70 and 101 rows hold several 32-row tiles before their last (merged or not)."""
     interp = pytest.importorskip("triton.runtime.interpreter")
@@ -605,9 +610,9 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, store, persist
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
     cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True, tail_m=tail,
-                        merge_tail=merge, tma_store=store, extra_m=extra)
+                        merge_tail=merge)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg, out) is not None
+    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
     writes, _ = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out))
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
     ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
@@ -625,6 +630,8 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
     table = api._tuned_table("nvidia-h200")
     assert table, "no committed grouped table for nvidia-h200"
     for model, m in g["models"].items():
+        if m["split"] != "tune":
+            continue
         for proj in ("up", "down"):
             k, n = m[proj]
             for t in g["tune_tokens"]:
@@ -634,33 +641,32 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
                                      api.rows_bucket(t * m["top_k"], m["experts"]))]
 
 
-@pytest.mark.parametrize("persistent,ws,tail,merge,extra", [
-    (False, False, 0, False, 0), (True, False, 16, False, 0), (True, True, 0, False, 0),
-    (False, False, 16, True, 0), (True, True, 16, True, 0), (False, False, 0, False, 16)])
+@pytest.mark.parametrize("persistent,ws,tail,merge", [
+    (False, False, 0, False), (True, False, 16, False), (True, True, 0, False),
+    (False, False, 16, True), (True, True, 16, True)])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, extra, layout, launched, device):
+def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout, launched, device):
     """Mixed tile order (config.mix = 2 row tiles): two heavy experts (130 and 200 rows: several 32-row
     tiles) dealt out among light ones of 0, 1, 5, 17, 33 (one row tile, or one and a tail) and 40 rows
     (two tiles, or one with its tail merged: heavy or light by the tiles it has), with ReLU, row scale,
-    an N tail and a NaN-poisoned output, on both grids, the flattened loop, tails (separate and merged) and
-    extra rows."""
+    an N tail and a NaN-poisoned output, on both grids, the flattened loop and tails (separate and
+    merged)."""
     from moegemm.grouped.kernels import _grouped_mm_tma_kernel
 
     sizes = [5, 130, 0, 1, 33, 17, 200, 40]
     cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
-                        warp_specialize=ws, tail_m=tail, merge_tail=merge, extra_m=extra, mix=2)
+                        warp_specialize=ws, tail_m=tail, merge_tail=merge, mix=2)
     _check_grouped(len(sizes), sizes, 64, 40, layout, "relu", True, torch.bfloat16, cfg, device)
     assert launched == [_grouped_mm_tma_kernel]
 
 
-@pytest.mark.parametrize("mix,tail,merge,extra,group_m", [(2, 0, False, 0, 2), (3, 16, True, 0, 8),
-                                                           (0, 0, False, 0, 2), (0, 16, True, 0, 2),
-                                                           (2, 16, False, 0, 1), (2, 0, False, 16, 2)])
-def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, extra, group_m):
+@pytest.mark.parametrize("mix,tail,merge,group_m", [(2, 0, False, 2), (3, 16, True, 8), (0, 0, False, 2),
+                                                     (0, 16, True, 2), (2, 16, False, 1)])
+def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m):
     """Under the interpreter (programs run one after another in program order, one tile each on the plain
     grid), the lowest output element each program stores is the first element of the tile that
     moegemm.grouped.schedule.tile_order puts at that number: expert order with bands of group_m row tiles
-    walked column by column, tails of their own and merged, row tiles with extra rows, and the mixed
+    walked column by column, tails of their own and merged, and the mixed
     order, where a hot expert's tiles spread over the launch in proportion. Each element is still written
     exactly once (a wrong mapping would skip some tiles and repeat others)."""
     from moegemm.grouped.schedule import tile_order
@@ -679,9 +685,9 @@ def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, extra, gro
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
     cfg = GroupedConfig(block_m=bm, block_n=16, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix,
-                        extra_m=extra, group_m=group_m)
+                        group_m=group_m)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg, out) is not None
+    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
     writes, first = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg,
                                                                   out=out))
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
@@ -699,9 +705,8 @@ def test_mix_config_errors():
     for bad in (1, -2, True, 2.0):
         with pytest.raises(ValueError, match="config.mix: expected 0 .expert order. or a number of row tiles >= 2"):
             GroupedConfig(tma=True, mix=bad)
-    for bad in (dict(), dict(split_k=2), dict(persistent=True, stream_k=True)):
-        with pytest.raises(ValueError, match="config.mix: the mixed tile order is the TMA kernel's"):
-            GroupedConfig(mix=2, **{"tma": "split_k" in bad or "stream_k" in bad, **bad})
+    with pytest.raises(ValueError, match="config.mix: the mixed tile order is the TMA kernel's"):
+        GroupedConfig(mix=2)
 
 
 def test_schedule_rows_computed_and_wave_model():

@@ -49,9 +49,6 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     # the heuristic config on both grids, with TMA loads (and warp specialization), and config=None: the
     # tuned table's choice on this GPU
     tma = dataclasses.replace(heur, tma=True, num_stages=3)
-    splitk = [dataclasses.replace(heur, split_k=4), dataclasses.replace(heur, split_k=3, persistent=True)] \
-        if t <= 64 else []  # decode: K split inside each tile
-    splitk.append(dataclasses.replace(tma, split_k=2, persistent=t > 64))  # K split in TMA tiles
     tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
                                                                       warp_specialize=True),
              dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, warp_specialize=True)] \
@@ -59,20 +56,12 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
             # decode: a hot expert's rows in one 64-row tile, the others' as 16-row tiles
             GroupedConfig(64, 128, 128, num_stages=4, tma=True, tail_m=16),
             GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True)]
-    streamk = [dataclasses.replace(tma, persistent=True, stream_k=True)]  # the last waves dealt out by K steps
-    # row tiles with extra rows beside their block_m (plain grid, and the flattened loop)
-    extras = [dataclasses.replace(tma, extra_m=16),
-              dataclasses.replace(tma, extra_m=32, persistent=True, warp_specialize=True)] if heur.block_m > 32 \
-        else [GroupedConfig(64, 128, 64, num_stages=4, tma=True, extra_m=16)]
-    stores = [dataclasses.replace(tma, tma_store=2),  # full tiles stored by TMA (two column slices, or whole)
-              dataclasses.replace(tma, tma_store=1, persistent=True, warp_specialize=True)]
     # the mixed tile order (heavy experts' tiles among the light ones'): plain grid with tails merged, and the
     # flattened loop
     mixed = [dataclasses.replace(tails[-1], persistent=False, warp_specialize=False, mix=2),
              dataclasses.replace(tma, persistent=True, warp_specialize=True, mix=2)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
-                dataclasses.replace(tma, persistent=True, warp_specialize=True), *splitk, *tails, *stores, *streamk,
-                *extras, *mixed, None):
+                dataclasses.replace(tma, persistent=True, warp_specialize=True), *tails, *mixed, None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")
@@ -114,10 +103,10 @@ def test_masked_cuda_graph_replay_with_changing_masked_m(config):
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("tma,ws,persistent,tail,store,merge", [
-    (False, False, False, 0, 0, False), (True, False, False, 0, 0, False), (True, True, True, 0, 0, False),
-    (True, False, True, 16, 0, False), (True, True, True, 16, 2, False), (True, False, False, 16, 0, True)])
-def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, store, merge):
+@pytest.mark.parametrize("tma,ws,persistent,tail,merge", [
+    (False, False, False, 0, False), (True, False, False, 0, False), (True, True, True, 0, False),
+    (True, False, True, 16, False), (True, True, True, 16, False), (True, False, False, 16, True)])
+def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, merge):
     """w as [E, K, N] and [E, N, K], pointer and TMA loads, Zipf load, fused gating; K = 4100 has rows that
     are not 16-byte aligned, so there a TMA config must fall back to the pointer kernel and stay right."""
     for hidden in (4096, 4100):
@@ -129,42 +118,18 @@ def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, s
         w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
         rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
         cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, warp_specialize=ws,
-                                  persistent=persistent, num_stages=3, tail_m=tail, tma_store=store,
-                                  merge_tail=merge)
+                                  persistent=persistent, num_stages=3, tail_m=tail, merge_tail=merge)
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w_nk, plan.group_offsets, rs), hidden, f"{layout} K={hidden} {cfg}")
 
 
-def test_split_k_cuda_graph_replay():
-    """Split-K tiles inside a CUDA graph: the tile counters reset themselves, so every replay (new inputs,
-    same routing) is right; the partial buffer is allocated at capture."""
-    torch.manual_seed(7)
-    e, top_k, t, hidden, n = 16, 4, 8, 2048, 1536
-    plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=7), e)
-    xs = torch.randn(t * top_k, hidden, device="cuda").to(torch.bfloat16)  # rows in expert order (random)
-    w = (torch.randn(e, n, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
-    cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), split_k=4, persistent=True)
-    out = torch.empty(xs.shape[0], n, dtype=torch.bfloat16, device="cuda")
-    grouped_mm(xs, w, plan.group_offsets, w_layout="nk", config=cfg, out=out, validate=False)  # warm-up
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grouped_mm(xs, w, plan.group_offsets, w_layout="nk", config=cfg, out=out, validate=False)
-    for i in range(3):
-        xs.copy_(torch.randn(xs.shape, device="cuda"))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close_to_ref(out, _ref(xs, w, plan.group_offsets), hidden, f"replay {i}")
-
-
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("bm,bn,warps", [(128, 128, 8), (64, 128, 4)])
-def test_stream_k_cuda_graph_replay_with_new_routing(layout, bm, bn, warps):
-    """Stream-K inside a CUDA graph, replayed with a new routing each time (new offsets in the same buffer):
-    the tile count, and so which tiles are whole and where the dealt runs cut them, is worked out in-kernel
-    on every replay; the counters reset themselves; the fp32 parts' buffer is the graph's. A few waves of
-    tiles on the H200's SMs: some dealt, shared by two programs."""
+def test_tma_cuda_graph_replay_with_new_routing(layout, bm, bn, warps):
+    """The TMA kernel on the persistent grid inside a CUDA graph, replayed with a new routing each time (new
+    offsets in the same buffer): the tile count and each tile's expert are worked out in-kernel on every
+    replay. A few waves of tiles on the H200's SMs."""
     torch.manual_seed(11)
     e, top_k, t, hidden, n = 8, 2, 512, 4096, 1536
     plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=11), e)
@@ -172,7 +137,7 @@ def test_stream_k_cuda_graph_replay_with_new_routing(layout, bm, bn, warps):
     xs = torch.randn(t * top_k, hidden, device="cuda").to(torch.bfloat16)
     w_nk = (torch.randn(e, n, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
     w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
-    cfg = GroupedConfig(bm, bn, 64, num_warps=warps, num_stages=4, persistent=True, tma=True, stream_k=True)
+    cfg = GroupedConfig(bm, bn, 64, num_warps=warps, num_stages=4, persistent=True, tma=True)
     rs = torch.rand(xs.shape[0], device="cuda").to(torch.bfloat16)
     out = torch.empty(xs.shape[0], n, dtype=torch.bfloat16, device="cuda")
     grouped_mm(xs, w, offsets, w_layout=layout, row_scale=rs, epilogue="relu", config=cfg, out=out)  # warm-up
@@ -188,3 +153,53 @@ def test_stream_k_cuda_graph_replay_with_new_routing(layout, bm, bn, warps):
         torch.cuda.synchronize()
         assert_close_to_ref(out, torch.relu(_ref(xs, w_nk, offsets)) * rs.double()[:, None], hidden,
                             f"replay {i} {load}")
+
+
+@pytest.mark.parametrize("t", [16, 2048])
+def test_unseen_shape_autotunes_once_then_captures(t, tmp_path, monkeypatch):
+    """A shape no tuned entry covers (20 experts, hidden 2880, N 1000): the first call times the distilled
+    shortlist and keeps the fastest (in memory and in the cache file); the next call, captured in a CUDA
+    graph, neither times nor syncs, and every replay with new routing and activations is right. A shape
+    first met inside a capture takes the shortlist's first config and stays right on replay."""
+    import moegemm.grouped.api as api
+    from moegemm.grouped import autotune
+
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    e, top_k, hidden, n = 20, 4, 2880, 1000
+    g = torch.Generator(device="cuda").manual_seed(t)
+    w = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
+    plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=t), e)
+    offsets = plan.group_offsets.clone()
+    xs = torch.randn(t * top_k, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    assert api.choose_config(xs, e, n, "nk")[1] == "default"
+    y = grouped_mm(xs, w, offsets, w_layout="nk", validate=False)
+    assert_close_to_ref(y, _ref(xs, w, offsets), hidden, "first call")
+    cfg, source = api.choose_config(xs, e, n, "nk")
+    assert source == "autotuned" and cfg in api.shortlist(xs.shape[0], e, n, api.gpu_slug(xs))
+    assert autotune.cache_file(api.gpu_slug(xs)).exists()
+    for label, w_now in (("kept", w), ("first met in the capture", w.transpose(1, 2).contiguous())):
+        layout = "nk" if w_now is w else "kn"
+        out = torch.empty(xs.shape[0], n, dtype=torch.bfloat16, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            # warm-up (compiles outside the capture): the kept config, or, with timing off, the first of the
+            # shortlist, leaving the shape unseen
+            monkeypatch.setenv("MOEGEMM_AUTOTUNE", "1" if w_now is w else "0")
+            grouped_mm(xs, w_now, offsets, w_layout=layout, out=out, validate=False)
+            monkeypatch.setenv("MOEGEMM_AUTOTUNE", "1")
+            with torch.cuda.graph(graph, stream=s):
+                grouped_mm(xs, w_now, offsets, w_layout=layout, out=out, validate=False)
+        torch.cuda.current_stream().wait_stream(s)
+        if w_now is not w:
+            assert api.choose_config(xs, e, n, "kn")[1] == "default"  # nothing timed or kept in the capture
+        for i, load in enumerate(["uniform", "hot0.9", "zipf1.5"]):
+            offsets.copy_(route(sample_topk(t, e, top_k, load, seed=50 + i), e).group_offsets)
+            xs.copy_(torch.randn(xs.shape, device="cuda"))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_close_to_ref(out, _ref(xs, w, offsets), hidden, f"{label}: replay {i} {load}")

@@ -22,12 +22,19 @@ STREAM = "ceiling:stream"  # E7's memory ceiling: a kernel that only moves the f
 
 
 def e7_frame(results: Path) -> pd.DataFrame | None:
-    """Per (model, proj, tokens, load): our best-grid time and % of floor, and torch._grouped_mm's."""
+    """Per (model, proj, tokens, load) of the tune-set models: our best-grid time and % of floor, and
+    torch._grouped_mm's."""
     path = results / "grouped_skew.csv"
     return e7_frame_of(pd.read_csv(path)) if path.exists() else None
 
 
+def tune_split(df: pd.DataFrame) -> pd.DataFrame:
+    """E7's rows of the tune-set models (all rows of a CSV from before the held-out split)."""
+    return df[df.split != "heldout"] if "split" in df else df
+
+
 def e7_frame_of(df: pd.DataFrame) -> pd.DataFrame:
+    df = tune_split(df)
     g = df[(df.status == "ok") & df.proj.isin(["up", "down"])]
     key = ["model", "proj", "tokens", "load"]
     ours = g[g.contender.isin(OURS_GROUPED)].groupby(key).agg(us=("graph_us", "min"), pct=("pct_floor_graph", "max"))
@@ -72,7 +79,7 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     path = results / "grouped_skew.csv"
     if not path.exists():
         return
-    df = pd.read_csv(path)
+    df = tune_split(pd.read_csv(path))
     o = e7_frame_of(df)
     ok = df[df.status == "ok"]
     g = ok[ok.proj.isin(["up", "down"])]

@@ -13,11 +13,8 @@ from .. import tuned
 from .._runtime import check_device, device_sm_count, device_smem_per_sm, gpu_slug
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
-from ..decompose_k import configs as dk_configs
-from ..decompose_k.single_launch import counters as _counters
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
-                      _grouped_mm_splitk_kernel, _grouped_mm_tma_kernel, _grouped_mm_tma_splitk_kernel,
-                      _grouped_mm_tma_streamk_kernel)
+                      _grouped_mm_tma_kernel)
 
 try:  # host-side tensor descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -39,21 +36,27 @@ class GroupedConfig:
     # and K loops into one software pipeline instead of splitting warps (the next tile's loads overlap the
     # epilogue; seen in the compiled TTGIR)
     warp_specialize: bool = False
-    split_k: int = 1  # > 1: Decompose-K inside each tile (decode: few rows per expert; with tma, also a long K
-    #                   that leaves few big tiles); with tma not with tails, TMA stores or warp_specialize
     tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
-    tma_store: int = 0  # with tma: tiles whose rows all belong to their expert stored by TMA, in this many
-    #                     column slices (1 or 2; 0: pointer stores)
     merge_tail: bool = False  # with tail_m: an expert's last <= tail_m rows after a whole row tile computed by
     #                           that tile's program from the same weight tiles (no tile of their own)
-    extra_m: int = 0  # with tma: every row tile holds block_m + extra_m rows, the last extra_m computed beside
-    #                   the first block_m from the same weight tiles (transposed); not with tail_m or tma_store
     mix: int = 0  # with tma: the tiles of experts of at least this many row tiles (tensor-bound: each weight
     #               tile reused from L2) dealt out in proportion among the other experts' (memory-bound), not
     #               in expert order (0); a skewed load then keeps tensor cores and memory busy together
-    stream_k: bool = False  # with tma and persistent: the last one to two waves of tiles dealt out to the
-    #                         programs by K steps (Stream-K), not as whole tiles; no splits, tails, TMA stores
-    #                         or warp_specialize
+
+    # Options measured and removed (they never won a cell; see docs/grouped.md): K split inside each tile
+    # (split_k), the last waves dealt out by K steps (stream_k), TMA stores (tma_store) and row tiles with
+    # extra rows (extra_m). Tables and CSVs written before hold them at their no-op values.
+    REMOVED = {"split_k": 1, "stream_k": False, "tma_store": 0, "extra_m": 0}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GroupedConfig":
+        """A config from its dict (a tuned table's entry, a CSV's config column); removed options are
+        accepted at their no-op values only."""
+        d = dict(d)
+        for name, noop in cls.REMOVED.items():
+            if name in d and d.pop(name) != noop:
+                raise ValueError(f"config.{name}: this option was removed (it never won a measured cell)")
+        return cls(**d)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -64,38 +67,17 @@ class GroupedConfig:
             raise ValueError(f"config.group_m: expected a positive int, got {self.group_m!r}")
         if self.warp_specialize and not self.tma:
             raise ValueError("config.warp_specialize: needs tma=True")
-        if not isinstance(self.split_k, int) or not 1 <= self.split_k <= 64:
-            raise ValueError(f"config.split_k: expected an int in [1, 64], got {self.split_k!r}")
-        if self.split_k > 1 and (self.tail_m or self.tma_store or self.warp_specialize):
-            raise ValueError("config.split_k: the split kernels have no tail tiles, TMA stores or "
-                             "warp_specialize; use split_k=1 with them")
-        for name, what in (("tail_m", "tail tiles"), ("extra_m", "extra rows")):
-            t = getattr(self, name)
-            if t and (not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m):
-                raise ValueError(f"config.{name}: expected 0 or a power of two in [16, block_m), got {t!r}")
-            if t and not self.tma:
-                raise ValueError(f"config.{name}: {what} are a TMA-kernel feature; needs tma=True")
+        t = self.tail_m
+        if t and (not isinstance(t, int) or t < 16 or t & (t - 1) or t >= self.block_m):
+            raise ValueError(f"config.tail_m: expected 0 or a power of two in [16, block_m), got {t!r}")
+        if t and not self.tma:
+            raise ValueError("config.tail_m: tail tiles are a TMA-kernel feature; needs tma=True")
         if self.merge_tail and not self.tail_m:
             raise ValueError("config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0")
-        if self.extra_m:
-            if self.tail_m or self.tma_store or self.split_k > 1 or self.stream_k:
-                raise ValueError("config.extra_m: not with tail_m (tail tiles), tma_store, split_k or stream_k")
         if not isinstance(self.mix, int) or isinstance(self.mix, bool) or self.mix < 0 or self.mix == 1:
             raise ValueError(f"config.mix: expected 0 (expert order) or a number of row tiles >= 2, got {self.mix!r}")
-        if self.mix and (not self.tma or self.split_k > 1 or self.stream_k):
-            raise ValueError("config.mix: the mixed tile order is the TMA kernel's; needs tma=True, split_k=1 and "
-                             "stream_k=False")
-        if self.stream_k:
-            if not (self.tma and self.persistent):
-                raise ValueError("config.stream_k: deals tiles out over the persistent grid's TMA kernel; needs "
-                                 "tma=True and persistent=True")
-            if self.split_k > 1 or self.tail_m or self.tma_store or self.warp_specialize:
-                raise ValueError("config.stream_k: the Stream-K kernel has no split_k, tail tiles, TMA stores or "
-                                 "warp_specialize")
-        if self.tma_store not in (0, 1, 2) or isinstance(self.tma_store, bool):
-            raise ValueError(f"config.tma_store: expected 0, 1 or 2 (column slices), got {self.tma_store!r}")
-        if self.tma_store and not self.tma:
-            raise ValueError("config.tma_store: TMA stores are a TMA-kernel feature; needs tma=True")
+        if self.mix and not self.tma:
+            raise ValueError("config.mix: the mixed tile order is the TMA kernel's; needs tma=True")
 
 
 def rows_bucket(rows: int, num_experts: int) -> int | float:
@@ -111,38 +93,80 @@ def rows_bucket(rows: int, num_experts: int) -> int | float:
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
     """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} written by experiments/tune_grouped.py."""
-    return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig(**e["config"])
+    return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig.from_dict(e["config"])
             for e in tuned.entries("grouped", slug)}
 
 
+# Regimes of mean rows per expert (upper bounds), each with its own distilled shortlist: decode of a row or
+# less per expert, decode, the middle, prefill (the tuner's candidate regimes, decode split at one row).
+REGIMES = (1, 16, 64, math.inf)
+
+
+def regime_of(mean_rows: float) -> int:
+    return next(i for i, b in enumerate(REGIMES) if mean_rows <= b)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_table(slug: str) -> tuple:
+    """Per regime, the distilled shortlist (experiments/distill_grouped.py) for this GPU; () if none."""
+    entries = tuned.entries("grouped_default", slug)
+    if len(entries) != len(REGIMES):
+        return ()
+    return tuple(tuple(GroupedConfig.from_dict(c) for c in e["configs"]) for e in entries)
+
+
+def shortlist(rows: int, num_experts: int, n: int, slug: str) -> tuple[GroupedConfig, ...]:
+    """The configs the first call of a shape no tuned entry covers chooses from: the distilled shortlist
+    of its regime on this GPU, else :func:`heuristic_config` alone."""
+    table = _default_table(slug)
+    if table:
+        return table[regime_of(rows / max(num_experts, 1))]
+    return (heuristic_config(rows, num_experts, n),)
+
+
 def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str) -> tuple[GroupedConfig, str]:
-    """(config, source) for this GPU, shape and mean rows per expert. source is 'tuned' for an exact entry
-    of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K, N) whose rows bucket is
-    nearest (log scale; the same w layout preferred), else 'heuristic'."""
+    """(config, source) for this GPU, shape and mean rows per expert, without timing anything. source is
+    'tuned' for an exact entry of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K,
+    N) whose rows bucket is nearest (log scale; the same w layout preferred), 'autotuned' for a choice an
+    earlier call timed (moegemm.grouped.autotune), else 'default' (the first of the distilled shortlist)
+    or, on a GPU without one, 'heuristic'. :func:`grouped_mm` with no config times the shortlist where
+    this says 'default' and it can (see moegemm.grouped.autotune)."""
     rows, k = x.shape
     return _choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout)
 
 
+def autotune_key(rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int, w_layout: str) -> tuple:
+    return (str(dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
+
+
 def _choose(rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n: int,
             w_layout: str) -> tuple[GroupedConfig, str]:
-    dtype = str(dtype).replace("torch.", "")
+    from . import autotune
+
+    dtype_s = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
     table = _tuned_table(slug)
-    hit = table.get((dtype, num_experts, k, n, w_layout, bucket))
+    hit = table.get((dtype_s, num_experts, k, n, w_layout, bucket))
     if hit is not None:
         return hit, "tuned"
     near = [(abs(math.log2(b) - math.log2(bucket)), lay != w_layout, b, lay)
-            for (d, e, kk, nn, lay, b) in table if (d, e, kk, nn) == (dtype, num_experts, k, n)]
+            for (d, e, kk, nn, lay, b) in table if (d, e, kk, nn) == (dtype_s, num_experts, k, n)]
     if near:
         _, _, b, lay = min(near)
-        return table[(dtype, num_experts, k, n, lay, b)], "tuned-nearest"
+        return table[(dtype_s, num_experts, k, n, lay, b)], "tuned-nearest"
+    timed = autotune.lookup(slug, autotune_key(rows, k, dtype, num_experts, n, w_layout))
+    if timed is not None:
+        return GroupedConfig.from_dict(timed), "autotuned"
+    if _default_table(slug):
+        return shortlist(rows, num_experts, n, slug)[0], "default"
     return heuristic_config(rows, num_experts, n), "heuristic"
 
 
 def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
-    """Row tiles sized to the mean rows per expert. Decode (<= 16 rows per expert) streams the weights:
-    16-row tiles, narrow N tiles and deep K steps for many loads in flight. Otherwise 128-wide N tiles,
-    with the row tiles of an expert walked together (group_m) so that they share its weights in L2."""
+    """Row tiles sized to the mean rows per expert, for a GPU with no distilled shortlist. Decode (<= 16
+    rows per expert) streams the weights: 16-row tiles, narrow N tiles and deep K steps for many loads in
+    flight. Otherwise 128-wide N tiles, with the row tiles of an expert walked together (group_m) so that
+    they share its weights in L2."""
     mean = rows / max(num_experts, 1)
     if mean <= 16:
         return GroupedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
@@ -193,24 +217,15 @@ def grouped_mm(
     M_total (row range of each expert; m_e = 0 allowed). w: [E, K, N] (w_layout="kn") or [E, N, K] ("nk",
     the nn.Linear convention). row_scale: optional [M_total] (e.g. the gating weights in sorted order).
     ``validate`` checks the offsets' values (one host sync); pass False inside a CUDA graph capture.
-    config: tiles, grid and load path; default: this GPU's tuned table (nearest rows-per-expert bucket of
-    the same E, K, N), else :func:`heuristic_config`. A config with ``tma=True`` uses the TMA kernel where
-    the inputs allow it (16-bit, rows 16-byte aligned, experts stacked densely; "kn" needs K % block_k == 0)
-    and the pointer kernel with the same tiles elsewhere; with ``tail_m`` it computes a tile holding at most
-    tail_m rows of its expert as a smaller, transposed tile (prefill: the last row tile of most experts), or
-    with ``merge_tail`` beside the expert's previous row tile, from the same weight tiles; with
-    ``tma_store`` it stores the tiles whose rows all belong to their expert by TMA (``out`` permitting);
-    with ``extra_m`` every row tile holds block_m + extra_m rows, the last extra_m computed beside the
-    others from the same weight tiles (an expert of a few rows past a multiple of block_m needs no row
-    tile more for them, and every tile takes the same path); with ``mix`` the tiles of experts of at least
-    that many row tiles are dealt out in proportion among the other experts' (a skewed load: a hot
-    expert's tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
-    A config with ``stream_k`` (TMA, persistent grid) deals the last one to two waves of tiles out to the
-    programs by K steps, so that each does the same number of K steps (fp32 parts of a tile shared by two
-    programs added by the second to finish).
-    A config with ``split_k > 1`` splits K inside each tile (fp32 partials; the last split of a tile to
-    finish reduces them in split order and stores), for decode, where few rows per expert leave few tiles,
-    and (with ``tma``) where a long K leaves few big tiles for the GPU's multiprocessors.
+    config: tiles, grid and load path; default: :func:`choose_config` (this GPU's tuned table, else a
+    config autotuned on the first call of an unseen shape, else the distilled default). A config with
+    ``tma=True`` uses the TMA kernel where the inputs allow it (16-bit, rows 16-byte aligned, experts
+    stacked densely; "kn" needs K % block_k == 0) and the pointer kernel with the same tiles elsewhere;
+    with ``tail_m`` it computes a tile holding at most tail_m rows of its expert as a smaller, transposed
+    tile (prefill: the last row tile of most experts), or with ``merge_tail`` beside the expert's previous
+    row tile, from the same weight tiles; with ``mix`` the tiles of experts of at least that many row
+    tiles are dealt out in proportion among the other experts' (a skewed load: a hot expert's
+    tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
     """
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
@@ -219,7 +234,7 @@ def grouped_mm(
     check_dtype("x_sorted", x_sorted)
     check_device("x_sorted", x_sorted)
     m_total, k = x_sorted.shape
-    e, n, s_e, s_k, s_n = _check_w(w, x_sorted, w_layout, k)
+    e, n, *_ = _check_w(w, x_sorted, w_layout, k)
     epi = Epilogue.parse(epilogue)
     if not isinstance(group_offsets, torch.Tensor) or group_offsets.dim() != 1:
         raise ValueError("group_offsets: expected a 1-D int tensor of length E + 1")
@@ -251,8 +266,37 @@ def grouped_mm(
         acc = torch.zeros((m_total, n), dtype=torch.float32, device=x_sorted.device)
         acc = epi.torch_apply(acc)
         return out.copy_(acc * row_scale.float()[:, None] if row_scale is not None else acc)
-    cfg = config or choose_config(x_sorted, e, n, w_layout)[0]
     offsets = group_offsets.to(torch.int32).contiguous()
+    scale = row_scale if row_scale is not None else out
+
+    def launch(cfg: GroupedConfig) -> None:
+        _launch_contiguous(cfg, x_sorted, w, w_layout, offsets, scale, row_scale is not None, out, e, n, k,
+                           epi, allow_tf32)
+
+    if config is not None:
+        launch(config)
+        return out
+    slug = gpu_slug(x_sorted)
+    cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n, w_layout)
+    if source == "default":
+        from . import autotune
+
+        if autotune.can_time(x_sorted):
+            cands = list(shortlist(m_total, e, n, slug))
+            cfg, times = autotune.fastest(launch, cands)
+            autotune.remember(slug, autotune_key(m_total, k, x_sorted.dtype, e, n, w_layout),
+                              dataclasses.asdict(cfg), times)
+    launch(cfg)
+    return out
+
+
+def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str,
+                       offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
+                       n: int, k: int, epi: Epilogue, allow_tf32: bool) -> None:
+    """One launch of the contiguous layout's kernel for ``cfg`` (TMA where the inputs allow it)."""
+    m_total = x_sorted.shape[0]
+    s_e, s_k, s_n = (w.stride(0), w.stride(1), w.stride(2)) if w_layout == "kn" else \
+        (w.stride(0), w.stride(2), w.stride(1))
     n_tiles = triton.cdiv(n, cfg.block_n)
     # An upper bound on the tiles known without a sync: at most min(E, M_total) experts hold rows, and
     # each adds at most one partly filled row tile to ceil(M_total / BLOCK_M).
@@ -262,57 +306,21 @@ def grouped_mm(
                          f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m,
-                  HAS_SCALE=row_scale is not None, EPILOGUE=int(epi), num_warps=cfg.num_warps,
+                  HAS_SCALE=has_scale, EPILOGUE=int(epi), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
-    scale = row_scale if row_scale is not None else out
-    if cfg.split_k > 1:
-        # never more splits than BLOCK_K steps of K: every split gets at least one
-        kps = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-        splits = triton.cdiv(k, kps)
-        if splits * m_total * n >= 2**31:
-            raise ValueError(f"config.split_k: {splits} fp32 partials of {m_total}x{n} exceed the kernel's int32 "
-                             "indexing; split_k is meant for few rows or a long K over few tiles")
-        partials = dk_configs.alloc_partials(splits, m_total, n, x_sorted.device)
-        counters = _counters(x_sorted.device, max_tiles)
-        descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
-        if descs is not None:
-            _launch(_grouped_mm_tma_splitk_kernel, max_tiles * splits, cfg, x_sorted, (
-                descs[0], descs[1], out, offsets, scale, partials, counters, m_total, n, k, e, kps,
-                out.stride(0), out.stride(1),
-            ), dict(SPLIT_K=splits, W_KN=w_layout == "kn", UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
-                    **common))
-            return out
-        _launch(_grouped_mm_splitk_kernel, max_tiles * splits, cfg, x_sorted, (
-            x_sorted, w, out, offsets, scale, partials, counters,
-            m_total, n, k, e, kps,
-            x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-        ), dict(SPLIT_K=splits, EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
-        return out
-    descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg, out) if cfg.tma else None
-    if descs is not None and cfg.stream_k:
-        # a program ends at most one tile it shares and starts at most one: two fp32 slots per program
-        counters = _counters(x_sorted.device, 2 * device_sm_count(x_sorted))
-        _launch(_grouped_mm_tma_streamk_kernel, max_tiles, cfg, x_sorted, lambda grid: (
-            descs[0], descs[1], out, offsets, scale,
-            dk_configs.alloc_partials(2 * grid + 2, cfg.block_m, cfg.block_n, x_sorted.device) if grid else
-            torch.empty(1, dtype=torch.float32, device=x_sorted.device),  # (to compile: the signature only)
-            counters, n, k, e, out.stride(0), out.stride(1),
-        ), dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
-        return out
+    descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
     if descs is not None:
         _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
-                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail, EXTRA_M=cfg.extra_m, MIX=cfg.mix,
-                STORE_SPLIT=cfg.tma_store if descs[3] is not descs[0] else 0,
+                FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail, MIX=cfg.mix,
                 UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
-        return out
+        return
     _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
         x_sorted, w, out, offsets, scale,
         n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
     ), dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
-    return out
 
 
 def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2) -> int:
@@ -325,14 +333,11 @@ def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2)
 _PER_SM: dict = {}
 
 
-def _launch(kernel, work_items: int, cfg: GroupedConfig, x: torch.Tensor, args, kwargs: dict) -> None:
-    """Launch ``kernel`` on the grid _grid gives, the persistent one sized by _per_sm. ``args``: the
-    kernel's arguments, or a function of the grid size giving them (of None: arguments to compile with),
-    for a workspace sized by the grid."""
-    of = args if callable(args) else (lambda grid: args)
-    per_sm = _per_sm(kernel, cfg, x, of(None), kwargs) if cfg.persistent else 2
+def _launch(kernel, work_items: int, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    """Launch ``kernel`` on the grid _grid gives, the persistent one sized by _per_sm."""
+    per_sm = _per_sm(kernel, cfg, x, args, kwargs) if cfg.persistent else 2
     grid = _grid(work_items, cfg, x, per_sm)
-    kernel[(grid,)](*of(grid), **kwargs)
+    kernel[(grid,)](*args, **kwargs)
 
 
 def _per_sm(kernel, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> int:
@@ -373,26 +378,21 @@ def fit_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, smem_per
 
 
 def _tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
-                     cfg: GroupedConfig, out: torch.Tensor | None = None):
-    """(x descriptor, w descriptor, x descriptor of tail_m-row boxes, y descriptor) for the TMA kernel, or
-    None where the inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension
-    with 16-byte aligned rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or
-    [E*K, N] matrix); for "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The
-    pointer kernel, same tiles, serves the rest. Without tail_m or extra_m the third descriptor is the first,
-    and without tma_store (or an ``out`` TMA cannot write: strides, alignment) the fourth is the first too
-    (the kernel does not use them; it then stores by pointers)."""
+                     cfg: GroupedConfig):
+    """(x descriptor, w descriptor, x descriptor of tail_m-row boxes) for the TMA kernel, or None where the
+    inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension with 16-byte
+    aligned rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or [E*K, N]
+    matrix); for "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The pointer
+    kernel, same tiles, serves the rest. Without tail_m the third descriptor is the first (the kernel does
+    not use it)."""
     if not _tma_rows_ok(x):
         return None
     b = _w_descriptor(w, w_layout, e, n, k, cfg)
     if b is None:
         return None
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
-    rows = cfg.tail_m or cfg.extra_m  # the rows of a tail tile's or of a row tile's extra boxes
-    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [rows, cfg.block_k]) if rows else a
-    y = a
-    if cfg.tma_store and out is not None and _tma_rows_ok(out):
-        y = TensorDescriptor(out, list(out.shape), [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.tma_store])
-    return a, b, at, y
+    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
+    return a, b, at
 
 
 def _tma_rows_ok(x: torch.Tensor) -> bool:
@@ -447,12 +447,9 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str, config: GroupedConfig 
     e, m_max, k = x.shape
     if config is None:
         config = dataclasses.replace(_choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
-                                     persistent=True, split_k=1)  # the masked kernel has no splits
-    elif config.split_k > 1:
-        raise ValueError("config.split_k: the masked layout has no split-K variant; use split_k=1")
+                                     persistent=True)
     return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                               warp_specialize=False, tail_m=0, tma_store=0, merge_tail=False, stream_k=False,
-                               extra_m=0, mix=0)
+                               warp_specialize=False, tail_m=0, merge_tail=False, mix=0)
 
 
 def grouped_mm_masked(
@@ -469,8 +466,8 @@ def grouped_mm_masked(
     """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e); rows at or past masked_m[e] are neither read
     nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and correct
     on replay with new masked_m values. x: [E, m_max, K]; masked_m: int [E] (values clamped to [0, m_max]).
-    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail``, ``tma_store``,
-    ``stream_k``, ``extra_m`` and ``mix`` are not used); default: this GPU's tuned tiles for m_max rows per expert,
+    config: tiles, grid and load path (``warp_specialize``, ``tail_m``, ``merge_tail`` and ``mix`` are
+    not used); default: this GPU's tuned tiles for m_max rows per expert,
     on the persistent grid. With ``tma=True`` and 16-bit inputs whose rows are 16-byte aligned (w as for
     :func:`grouped_mm`), x's rows come in by TMA through a descriptor made in-kernel for each expert's first
     masked_m[e] rows, so rows past them are still not read; other inputs take the pointer kernel with the

@@ -131,23 +131,6 @@ def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride
 
 
 @triton.jit
-def _tma_store_tile(acc, y_desc, y_ptr, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
-                    STORE_SPLIT: tl.constexpr):
-    """epilogue(acc) * row_scale of a tile whose BLOCK_M rows all belong to its expert, stored by TMA in
-    STORE_SPLIT column slices (the box clips columns past N; a slice stages less shared memory)."""
-    out = _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N, HAS_SCALE,
-                       EPILOGUE).to(y_ptr.dtype.element_ty)
-    if STORE_SPLIT == 1:
-        y_desc.store([row0, col0], out)
-    else:
-        halves = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-        left, right = tl.split(halves)
-        y_desc.store([row0, col0], left)
-        y_desc.store([row0, col0 + BLOCK_N // 2], right)
-
-
-@triton.jit
 def _grouped_mm_kernel(
     a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr,
     N, K, E,
@@ -171,72 +154,6 @@ def _grouped_mm_kernel(
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
         _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-
-
-@triton.jit
-def _grouped_mm_splitk_kernel(
-    a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr, p_ptr, counter_ptr,
-    M_TOTAL, N, K, E, k_per_split,
-    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    E_BLOCK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr,
-    EPILOGUE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """The contiguous layout with Decompose-K inside each tile, for decode, where few rows per expert
-    leave few tiles to spread over the GPU: work item w is split (w % SPLIT_K) of tile (w // SPLIT_K), the
-    splits of a tile next to each other, each handing its fp32 partial to _split_partial (the last split
-    of a tile to arrive reduces and stores it)."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
-    for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
-        tile, split, expert, row_end, row0, col0 = _split_item(item, e_offs, lo, hi, cum, N, SPLIT_K, BLOCK_M,
-                                                               BLOCK_N, GROUP_M)
-        rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)
-        n_c = (col0 + tl.arange(0, BLOCK_N)) % N
-        k0 = split * k_per_split
-        acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, k0,
-                       tl.minimum(k0 + k_per_split, K), stride_am, stride_ak, stride_wk, stride_wn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
-        _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
-                       stride_ym, stride_yn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-
-
-@triton.jit
-def _split_item(item, e_offs, lo, hi, cum, N, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(tile, split, expert, end row, first row, first column) of work item ``item`` of a split kernel:
-    split ``item % SPLIT_K`` of tile ``item // SPLIT_K`` (the splits of a tile next to each other)."""
-    tile = item // SPLIT_K
-    expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N,
-                                                          GROUP_M, 0)
-    return tile, item % SPLIT_K, expert, row_end, row0, col0
-
-
-@triton.jit
-def _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
-                   stride_ym, stride_yn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
-    """Split ``split`` of a tile hands in its fp32 partial: stored to p[split], then a ticket from the
-    tile's counter; the last split to arrive sums the SPLIT_K partials in split order (deterministic),
-    applies epilogue and row scale, stores the tile, and resets the counter (CUDA-graph replays stay
-    right)."""
-    rows = row0 + tl.arange(0, BLOCK_M)
-    rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
-    cols = col0 + tl.arange(0, BLOCK_N)
-    mask = (rows < row_end)[:, None] & (cols < N)[None, :]
-    p_tile = p_ptr + rows_c[:, None] * N + cols[None, :]
-    tl.store(p_tile + tl.cast(split, tl.int64) * M_TOTAL * N, acc, mask=mask)
-    # partial stores before the ticket (CTA barrier, gpu-scope release); the last program's acquire
-    # orders its loads of the other partials after their releases
-    tl.debug_barrier()
-    ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if ticket == SPLIT_K - 1:
-        tl.debug_barrier()
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in range(0, SPLIT_K):
-            total += tl.load(p_tile + s * M_TOTAL * N, mask=mask, other=0.0, cache_modifier=".cg")
-        _store_tile(total, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-        tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -267,11 +184,10 @@ def _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_
 
 
 @triton.jit
-def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k_lo, k_hi, BLOCK_M: tl.constexpr,
+def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr,
                 UPCAST: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, k_lo:k_hi] @ W_expert[k_lo:k_hi, col0:+BLOCK_N] (k_lo a
-    multiple of BLOCK_K; all of K: 0, K), the tiles brought in by TMA. SWAP_AB computes the transpose,
+    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N], the tiles brought in by TMA. SWAP_AB computes the transpose,
     W-tile^T @ A-tile^T, so that the weight columns fill the tensor cores' M side (at least 64 rows per
     warp group) and the few rows of the tile are their N side (any multiple of 8): the cheap way to compute
     a tile of only a few rows."""
@@ -279,7 +195,7 @@ def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k_lo, k_hi, BLOCK_M: t
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
+    for k in range(0, K, BLOCK_K):
         a = a_desc.load([row0, k])
         b = _w_tile(w_desc, expert, k, col0, N, K, W_KN)
         if SWAP_AB:
@@ -295,12 +211,12 @@ def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k_lo, k_hi, BLOCK_M: t
 
 @triton.jit
 def _grouped_mm_tma_kernel(
-    a_desc, w_desc, at_desc, y_desc, y_ptr, offsets_ptr, scale_ptr,
+    a_desc, w_desc, at_desc, y_ptr, offsets_ptr, scale_ptr,
     N, K, E, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, MERGE_TAIL: tl.constexpr, STORE_SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr,
-    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr, EXTRA_M: tl.constexpr, MIX: tl.constexpr,
+    FLATTEN: tl.constexpr, MERGE_TAIL: tl.constexpr, HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr, MIX: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
@@ -315,21 +231,13 @@ def _grouped_mm_tma_kernel(
     that row tile computes it beside, from the same weight tiles (_tma_k_loop_merged), where a tile of its
     own would stream the expert's weight columns once more for a few rows. Only experts of at most TAIL_M
     rows still take a tail tile.
-    STORE_SPLIT > 0: a tile whose rows all belong to its expert is stored by TMA through ``y_desc`` (y with
-    [BLOCK_M, BLOCK_N // STORE_SPLIT] boxes); a tile overrunning its expert's rows by pointer stores.
-    EXTRA_M > 0 (not with TAIL_M or STORE_SPLIT): every row tile holds BLOCK_M + EXTRA_M rows, the
-    EXTRA_M after the first BLOCK_M computed beside them from the same weight tiles, transposed (through
-    ``at_desc``, boxes of EXTRA_M rows): an expert whose rows end just past a multiple of BLOCK_M needs no
-    row tile for its last few rows, and, unlike tail tiles, every tile takes the same path, so the loop
-    stays one software pipeline (the flattened warp_specialize loop too).
     MIX > 0: the tiles of experts of at least MIX row tiles dealt out in proportion among the others'
     (_mixed_tile), not in expert order: under a skewed load the programs running together then mix
     tensor-bound and memory-bound tiles."""
     ABSORB: tl.constexpr = TAIL_M if MERGE_TAIL else 0
-    STEP: tl.constexpr = BLOCK_M + EXTRA_M  # rows of a row tile
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, STEP, BLOCK_N, E_BLOCK, ABSORB)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, ABSORB)
     if MIX > 0:
-        cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, STEP, BLOCK_N, ABSORB, MIX)
+        cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, ABSORB, MIX)
     for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         if MIX > 0:
@@ -337,16 +245,9 @@ def _grouped_mm_tma_kernel(
         else:
             number, cum_of = tile, cum
         expert, row_start, row_end, row0, col0 = _tile_coords(number, e_offs, lo, hi, cum_of, N,
-                                                              STEP, BLOCK_N, GROUP_M, ABSORB)
-        if EXTRA_M > 0:
-            acc, extra = _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N,
-                                            BLOCK_K, EXTRA_M, W_KN, UPCAST)
-            _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
-                        EXTRA_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-            _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-        elif TAIL_M > 0 and row_end - row0 <= TAIL_M:
-            tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, 0, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
+                                                              BLOCK_M, BLOCK_N, GROUP_M, ABSORB)
+        if TAIL_M > 0 and row_end - row0 <= TAIL_M:
+            tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
                                True, UPCAST)  # (its own name: a variable of both branches needs one shape)
             _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                         TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
@@ -359,117 +260,10 @@ def _grouped_mm_tma_kernel(
                 _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
                             TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
             else:
-                acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
+                acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
                                   False, UPCAST)
-            if STORE_SPLIT > 0 and row0 + BLOCK_M <= row_end:
-                _tma_store_tile(acc, y_desc, y_ptr, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N,
-                                HAS_SCALE, EPILOGUE, STORE_SPLIT)
-            else:
-                _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                            BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-
-
-@triton.jit
-def _grouped_mm_tma_splitk_kernel(
-    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr, p_ptr, counter_ptr,
-    M_TOTAL, N, K, E, k_per_split, stride_ym, stride_yn,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    E_BLOCK: tl.constexpr, GROUP_M: tl.constexpr, W_KN: tl.constexpr, HAS_SCALE: tl.constexpr,
-    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """_grouped_mm_splitk_kernel's work items (split ``item % SPLIT_K`` of tile ``item // SPLIT_K``) with the
-    tiles brought in by TMA, for prefill too: where a long K leaves few tiles of a big tile shape (Mixtral's
-    down projection: K = 14336, a few hundred 128 x 256 tiles, two and a bit waves on 132 SMs), splitting
-    K evens out the last wave at the price of the fp32 partials' traffic (k_per_split: a multiple of
-    BLOCK_K)."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
-    for item in range(tl.program_id(0), total_tiles * SPLIT_K, tl.num_programs(0)):
-        tile, split, expert, row_end, row0, col0 = _split_item(item, e_offs, lo, hi, cum, N, SPLIT_K, BLOCK_M,
-                                                               BLOCK_N, GROUP_M)
-        k0 = split * k_per_split
-        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, k0, tl.minimum(k0 + k_per_split, K),
-                          BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST)
-        _split_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, tile, split, row0, row_end, col0, M_TOTAL, N,
-                       stride_ym, stride_yn, SPLIT_K, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-
-
-@triton.jit
-def _grouped_mm_tma_streamk_kernel(
-    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr, p_ptr, counter_ptr,
-    N, K, E, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, W_KN: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """The TMA kernel's tiles on the persistent grid, the last waves dealt out by K steps (Stream-K, after
-    Osama et al., PPoPP 2023): where the tile count is a few waves of the grid and not a whole number of
-    them (Mixtral's prefill: 8 experts, a few row tiles each, a long K), a whole-tile schedule leaves most
-    programs idle in the last wave. Here the tiles up to the last one to two waves go round robin, whole;
-    the rest, from one to two waves' worth, are cut into equal runs of K steps, one run per program, so
-    every program does the same number of K steps. A run covers whole tiles and at most two parts of
-    tiles; a tile is split between at most two programs (each run is at least a tile long), which hand
-    their fp32 parts to _stream_partial. The tile count comes from the offsets in-kernel, so the cut is
-    made there too: no host sync."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
-    pid = tl.program_id(0)
-    progs = tl.num_programs(0)
-    iters = tl.cdiv(K, BLOCK_K)
-    if total_tiles < progs:
-        whole = total_tiles  # fewer tiles than programs: one each, nothing to deal out
-    else:
-        whole = (total_tiles // progs - 1) * progs
-    for tile in range(pid, whole, progs):
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
-        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
-                          UPCAST)
-        _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-    dealt = (total_tiles - whole) * iters  # K steps of the dealt tiles, numbered tile by tile
-    per = tl.cdiv(dealt, progs)  # >= iters: between one and two waves of tiles are dealt
-    it = pid * per
-    it_end = tl.minimum(it + per, dealt)
-    while it < it_end:
-        t_lo = (it // iters) * iters  # first K step of the tile holding step ``it``
-        end = tl.minimum(it_end, t_lo + iters)
-        tile = whole + it // iters
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
-        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, (it - t_lo) * BLOCK_K,
-                          tl.minimum((end - t_lo) * BLOCK_K, K), BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST)
-        if it == t_lo and end == t_lo + iters:
             _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                         BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-        else:
-            _stream_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, t_lo // per, (it != t_lo).to(tl.int32),
-                            row0, row_end, col0, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-        it = end
-
-
-@triton.jit
-def _stream_partial(acc, p_ptr, counter_ptr, y_ptr, scale_ptr, first, part, row0, row_end, col0, N,
-                    stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr,
-                    EPILOGUE: tl.constexpr):
-    """Part ``part`` of a tile that programs ``first`` (part 0, its first K steps, at the end of that
-    program's run) and ``first + 1`` (part 1, the rest, at the start of its run) share: stored to slot
-    2 * first + 1 + part of p ([slots, BLOCK_M, BLOCK_N] fp32; the two parts of a tile in adjacent slots, as
-    each program ends at most one shared tile and starts at most one), then a ticket from counter[first];
-    the second to arrive adds the other part to its own (fp32 addition commutes: the same result either
-    way), applies epilogue and row scale, stores the tile and resets the counter (CUDA-graph replays stay
-    right)."""
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(p_ptr + (2 * first + 1 + part).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
-    # the part stored before the ticket (CTA barrier, gpu-scope release); the second program's acquire
-    # orders its load of the other part after the first's release
-    tl.debug_barrier()
-    ticket = tl.atomic_add(counter_ptr + first, 1, sem="acq_rel", scope="gpu")
-    if ticket == 1:
-        tl.debug_barrier()
-        other = tl.load(p_ptr + (2 * first + 2 - part).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
-                        cache_modifier=".cg")
-        _store_tile(acc + other, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
-        tl.atomic_xchg(counter_ptr + first, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -530,7 +324,7 @@ def _grouped_mm_masked_tma_kernel(
         e64 = expert.to(tl.int64)
         a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K], strides=[stride_am, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
-        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, 0, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
+        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
                           UPCAST)
         _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, False, EPILOGUE)

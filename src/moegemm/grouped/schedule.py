@@ -14,14 +14,14 @@ class Tile:
     expert: int
     row0: int  # first row of the tile in x_sorted
     rows: int  # rows of the expert the tile stores (<= computed)
-    computed: int  # rows the tile computes: block_m (+ extra_m, or + tail_m where a tail rides with it),
+    computed: int  # rows the tile computes: block_m (+ tail_m where a tail rides with it),
     #               or tail_m for a tail tile of its own
     col0: int
 
 
 def row_tiles(m: int, cfg: GroupedConfig) -> int:
     """Row tiles of an expert of m rows (a merged tail has none of its own)."""
-    step = cfg.block_m + cfg.extra_m
+    step = cfg.block_m
     if m == 0:
         return 0
     if cfg.merge_tail:
@@ -35,7 +35,7 @@ def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]
     group_m row tiles walked column by column; with ``cfg.mix`` the tiles of experts of at least mix row
     tiles dealt out in proportion among the others' (tile t of the launch is one of the heavy experts'
     where floor((t + 1) H / total) > floor(t H / total), H of them in all)."""
-    step = cfg.block_m + cfg.extra_m
+    step = cfg.block_m
     n_tiles = -(-n // cfg.block_n)
     starts = [sum(group_sizes[:e]) for e in range(len(group_sizes))]
 
