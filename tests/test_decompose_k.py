@@ -317,11 +317,13 @@ def test_torch_compile_fullgraph_traces_the_custom_op(with_out, device):
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-def test_custom_op_fake_and_schema():
+def test_custom_op_fake_and_schema(device):
+    """The custom op's schema and fake implementation (torch's opcheck), on the device the kernels run on."""
     from moegemm.decompose_k import ops
 
-    torch.library.opcheck(ops.dk_matmul, (torch.randn(5, 40), torch.randn(40, 6), None, "two_stage", 4, "relu",
-                                          None, False), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(ops.dk_matmul, (torch.randn(5, 40).to(device), torch.randn(40, 6).to(device), None,
+                                          "two_stage", 4, "relu", None, False),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_fast_launch_arguments_follow_the_kernel_signature(device):
