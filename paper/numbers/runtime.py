@@ -39,7 +39,9 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
     t = pd.concat([df, pd.DataFrame([{"step": "all GPU steps", "seconds": df.seconds.sum()}])])
     write_text(gen / "table_runtime.tex", table(
         t.assign(seconds=t.seconds.round(0).astype(int).astype(str)), "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
-        "(Snakemake's benchmark files; cold caches at the run's start).", "tab:runtime", "lr"))
+        "(Snakemake's benchmark files of the runs that made the committed results; a step run after others on the "
+        "same machine found their compile caches warm, so a run from cold caches takes longer: see RUNS.md).",
+        "tab:runtime", "lr"))
 
 
 def runtime_block(results: Path) -> str:
@@ -55,7 +57,8 @@ def runtime_block(results: Path) -> str:
     aim = f"{'within' if minutes <= RUNTIME_AIM_MIN else 'over'} the {RUNTIME_AIM_MIN} minutes we aim for"
     return (f"Full GPU run of `snakemake --cores 1` on one {gpu_name(results)}: **{minutes:.1f} "
             f"minutes** for {what}, {aim}, from Snakemake's benchmark files in `results/{results.name}/benchmarks/` "
-            f"({steps}). Figures, numbers and the PDF add about a minute on a CPU.")
+            f"({steps}; a step run after others on one machine found their compile caches warm, so a cold run "
+            f"takes longer: RUNS.md). Figures, numbers and the PDF add about a minute on a CPU.")
 
 
 RUNTIME_AIM_MIN = 20  # the pipeline's GPU time we aim for (a goal, not a measurement)
