@@ -52,12 +52,52 @@ def geomean(x) -> float:
     return float(np.exp(np.log(x).mean())) if x.size else float("nan")
 
 
+# The paper prints every figure at the text width (paper.tex's \fig: \linewidth of a letter page with 2 cm
+# margins). save() refuses a figure that would print a font below MIN_PT there, or that has more than
+# MAX_PANELS panels.
+TEXT_WIDTH_IN = 8.5 - 2 * 2 / 2.54
+MIN_PT, MAX_PANELS = 7.0, 4
+
+
 def setup() -> None:
-    sns.set_theme(style="whitegrid", context="paper", font_scale=1.05)
+    sns.set_theme(style="whitegrid", context="paper")
+    plt.rcParams.update({"font.size": 7.5, "axes.titlesize": 8, "axes.labelsize": 7.5, "xtick.labelsize": 7,
+                         "ytick.labelsize": 7, "legend.fontsize": 7, "legend.title_fontsize": 7,
+                         "figure.titlesize": 8.5})
+
+
+def finish(fig, title: str, handles=None, labels=None, ncol: int = 4) -> None:
+    """Lay ``fig`` out: its panels, then ``title`` above them (wrapped to the figure's width) and, where
+    given, one legend for all panels below them."""
+    import textwrap
+
+    fig.tight_layout()
+    width_chars = int(fig.get_figwidth() * 72 / (0.55 * plt.rcParams["figure.titlesize"]))
+    fig.suptitle("\n".join(textwrap.wrap(title, width_chars)), y=1.0, va="bottom")
+    if handles:
+        fig.legend(handles, labels, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, 0.0), frameon=False)
+
+
+def print_check(fig) -> tuple[float, int]:
+    """(the smallest font of ``fig`` in pt as printed at the text width, its panels): the saved (tight)
+    figure is scaled to TEXT_WIDTH_IN; panels are the axes that draw data (not colour bars)."""
+    import matplotlib.text
+
+    fig.canvas.draw()
+    width = fig.get_tightbbox(fig.canvas.get_renderer()).width  # inches
+    scale = TEXT_WIDTH_IN / width
+    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text)
+             if t.get_visible() and t.get_text().strip() and t.get_figure() is not None]
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+    return min(sizes) * scale, len(panels)
 
 
 def save(fig, out: str | Path) -> None:
     out = Path(out)
+    smallest, panels = print_check(fig)
+    if smallest < MIN_PT - 1e-6 or panels > MAX_PANELS:
+        raise ValueError(f"{out.name}: prints its smallest font at {smallest:.1f} pt (at least {MIN_PT} wanted) "
+                         f"with {panels} panels (at most {MAX_PANELS}) at the paper's text width")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out.with_suffix(".pdf"), bbox_inches="tight")
     fig.savefig(out.with_suffix(".png"), bbox_inches="tight", dpi=130)

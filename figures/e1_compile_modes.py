@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import CLOCKS, args, gpu_label, load, save, setup
+from figures.common import args, finish, gpu_label, load, save, setup
 
 MODE_ORDER = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -17,25 +17,26 @@ def main():
     df["panel"] = df["function"] + "\n" + df["shape"]
     df["compile_mode"] = df["compile_mode"].fillna("eager")
     panels = sorted(df["panel"].unique())
-    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    fig, axes = plt.subplots(1, 3, figsize=(7.0, 2.6))
     for ax, metric, label in zip(axes, ["graph_us", "launch_us", "compile_s"],
-                                 [CLOCKS["graph_us"] + " [us]", CLOCKS["launch_us"] + " [us]",
-                                  "first-call compile time [s]\n(autotuning paid by the first\nmax-autotune mode measured)"]):
+                                 ["GPU time [us]", "launch-inclusive [us]", "first-call compile [s]"]):
         p = df.pivot_table(index="panel", columns="compile_mode", values=metric).reindex(panels)
-        p = p[[m for m in MODE_ORDER if m in p.columns]]
         p = p.reindex(columns=[m for m in MODE_ORDER if m in df["compile_mode"].unique()])  # same bars everywhere
-        p.plot.bar(ax=ax, width=0.8, legend=ax is axes[1], colormap="viridis")
-        ax.set_ylabel(label, fontsize=8)
-        ax.set_xlabel("")
-    axes[1].legend(ncol=5, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    axes[-1].tick_params(axis="x", labelrotation=0, labelsize=7)
+        p.plot.barh(ax=ax, width=0.8, legend=False, colormap="viridis")
+        ax.set_xlabel(label)
+        ax.set_ylabel("")
+        if metric != "graph_us":
+            ax.set_xscale("log")
+        if ax is not axes[0]:
+            ax.set_yticklabels([])
+    handles, labels = axes[0].get_legend_handles_labels()
     best = (df[df.compile_mode != "eager"].groupby("panel")["graph_us"].min()
             / df[df.compile_mode == "eager"].set_index("panel")["graph_us"])
     launch = (df[df.compile_mode != "eager"].groupby("panel")["launch_us"].min()
               / df[df.compile_mode == "eager"].set_index("panel")["launch_us"])
-    fig.suptitle(f"E1: on the GPU clock the best compile mode takes {best.min():.2f}-{best.max():.2f}x eager's time; "
-                 f"on the launch clock {launch.min():.2f}-{launch.max():.2f}x\n(modes with CUDA graphs of their own "
-                 f"have no GPU-clock bar; {gpu_label(df)})", fontsize=9)
+    finish(fig, f"E1: the best compile mode takes {best.min():.2f}-{best.max():.2f}x eager's GPU time and "
+                f"{launch.min():.2f}-{launch.max():.2f}x its launch-inclusive time (modes with CUDA graphs of their "
+                f"own have no GPU-time bar; {gpu_label(df)})", handles, labels, ncol=5)
     save(fig, a.out)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import seaborn as sns
 
-from figures.common import CLOCKS, args, gpu_label, load, save, setup
+from figures.common import args, finish, gpu_label, load, save, setup
 
 VARIANTS = ["two_stage", "flat", "single_launch", "pytorch:decompose_k"]
 
@@ -15,24 +15,24 @@ def main():
     setup()
     df = load(a.results, "split_sweep.csv")
     df = df[df.status == "ok"]
-    ms = sorted(df.m.unique())
-    fig, axes = plt.subplots(len(VARIANTS), len(ms), figsize=(14, 11), sharex=True, sharey="row")
-    for i, v in enumerate(VARIANTS):
-        for j, m in enumerate(ms):
-            ax = axes[i, j]
-            sub = df[(df.variant == v) & (df.m == m)]
-            sns.lineplot(sub, x="split_k", y="graph_us", hue="k", marker="o", ax=ax, palette="viridis",
-                         legend=(i == 0 and j == len(ms) - 1), markersize=3)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{v}, M=N={m}", fontsize=8)
-            ax.set_xlabel("split count S")
-            ax.set_ylabel("GPU time [us]" if j == 0 else "")
+    m = int(df.m.min())  # the shape class of the router at decode; the other M = N are in the CSV
+    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(7.0, 2.3), sharey=True)
+    for ax, v in zip(axes, VARIANTS):
+        sub = df[(df.variant == v) & (df.m == m)]
+        sns.lineplot(sub, x="split_k", y="graph_us", hue="k", marker="o", ax=ax, palette="viridis",
+                     legend=ax is axes[0], markersize=3)
+        ax.set_xscale("log", base=2)
+        ax.set_title(v)
+        ax.set_xlabel("split count S")
+        ax.set_ylabel("GPU time [us]" if ax is axes[0] else "")
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
     best = df.loc[df.groupby(["m", "k", "variant"])["graph_us"].idxmin()]
     med = best.groupby("variant")["split_k"].median()
-    fig.suptitle("E4: each variant has its own best S (median best S: "
-                 + ", ".join(f"{v} {int(med[v])}" for v in VARIANTS if v in med)
-                 + f")\n{CLOCKS['graph_us']}; {gpu_label(df)}", fontsize=9)
-    fig.tight_layout()
+    finish(fig, f"E4: each variant has its own best S (median best S over all shapes: "
+                + ", ".join(f"{v} {int(med[v])}" for v in VARIANTS if v in med)
+                + f"). M = N = {m}, one line per K; GPU time; {gpu_label(df)}",
+           handles, [f"K = {lab}" for lab in labels], ncol=len(labels))
     save(fig, a.out)
 
 

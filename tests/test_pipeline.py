@@ -98,6 +98,35 @@ def test_paper_builds_from_committed_results():
     assert defined and defined <= used | {"EFiveRows"} | defined  # every macro is well-formed
     log = (pdf.parent / "paper.log").read_text(errors="replace")
     assert "Undefined control sequence" not in log and "There were undefined references" not in log
+    # the main text, its figures and tables with it (flushed before the appendices), in at most 8 pages
+    aux = (pdf.parent / "paper.aux").read_text()
+    first_appendix_page = int(re.search(r"\\newlabel\{appendix-start\}\{\{[^}]*\}\{(\d+)\}", aux).group(1))
+    assert first_appendix_page - 1 <= 8, f"the main text takes {first_appendix_page - 1} pages"
+
+
+def test_figures_refuse_small_print_and_many_panels():
+    """figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with more
+    than 4 panels, is refused (naming it); one within both is saved."""
+    import matplotlib.pyplot as plt
+
+    from figures import common
+
+    common.setup()
+    fig, ax = plt.subplots(figsize=(7.0, 2.0))
+    ax.plot([1, 2], [3, 4])
+    ax.set_title("small", fontsize=5)
+    with pytest.raises(ValueError, match=r"tiny: prints its smallest font at [0-9.]+ pt"):
+        common.save(fig, "/tmp/moegemm-test-fig/tiny")
+    fig, axes = plt.subplots(1, 5, figsize=(7.0, 2.0))
+    with pytest.raises(ValueError, match="with 5 panels"):
+        common.save(fig, "/tmp/moegemm-test-fig/five")
+    fig, ax = plt.subplots(figsize=(7.0, 2.0))
+    ax.plot([1, 2], [3, 4])
+    smallest, panels = common.print_check(fig)
+    assert panels == 1 and smallest >= common.MIN_PT
+    fig, ax = plt.subplots(figsize=(14.0, 4.0))  # printed at half its size
+    ax.plot([1, 2], [3, 4])
+    assert common.print_check(fig)[0] < common.MIN_PT
 
 
 def test_no_number_typed_into_the_paper():
