@@ -729,3 +729,79 @@ def test_schedule_rows_computed_and_wave_model():
     two = tile_order([32], 16, one)  # two row tiles sharing the weights: 3 then 2 blocks of 512 bytes
     assert wave_model_us(two, 16, 16, one, 1, 512 / 1e-6, 1e30) == pytest.approx(5.0)
     assert wave_model_us(two, 16, 16, one, 2, 512 / 1e-6, 1e30) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_torch_compile_fullgraph_traces_the_expert_path(with_out, device):
+    """route -> permute -> grouped_mm (gating fused) -> unpermute under torch.compile(fullgraph=True), all
+    with their default arguments (validation included): no graph break, the grouped GEMM as the custom op
+    moegemm::grouped_mm, the result right against float64."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    e, t, top_k, k, n = 6, 9, 2, 64, 40
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(device)
+    wts = torch.rand(t, top_k, generator=g).to(device)
+    x = torch.randn(t, k, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16).to(device)
+    cfg = GroupedConfig(16, 16, 32)
+
+    def layer(x, w, ids, wts, out):
+        plan = route(ids, e)
+        xs = permute(x, plan)
+        ys = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
+                        config=cfg, out=out)
+        return unpermute(ys, plan, None)
+
+    out = torch.full((t * top_k, n), float("nan"), dtype=torch.bfloat16, device=device) if with_out else None
+    got = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, w, ids, wts, out)
+    ref = torch.zeros(t, n, dtype=torch.float64)
+    for tok in range(t):
+        for j in range(top_k):
+            ref[tok] += float(wts[tok, j]) * (x[tok].double().cpu() @ w[int(ids[tok, j])].double().cpu().T)
+    torch.testing.assert_close(got.double().cpu(), ref, rtol=3e-2, atol=3e-2)
+    if with_out:
+        assert not torch.isnan(out.float()).any()
+    explained = torch._dynamo.explain(layer)(x, w, ids, wts, None)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_torch_compile_traces_the_masked_layout(device):
+    """grouped_mm_masked under torch.compile(fullgraph=True): the custom op writes the rows below masked_m
+    and leaves those past it as the given output held them."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(6)
+    e, m_max, k, n = 3, 8, 32, 24
+    x = torch.randn(e, m_max, k, generator=g).to(device)
+    w = torch.randn(e, k, n, generator=g).to(device)
+    masked = torch.tensor([3, 0, 8], dtype=torch.int32).to(device)
+    out = torch.full((e, m_max, n), SENTINEL).to(device)
+    f = torch.compile(lambda x, w, m, out: grouped_mm_masked(x, w, m, w_layout="kn", out=out,
+                                                             config=GroupedConfig(16, 16, 16)) * 1.0,
+                      fullgraph=True, backend="aot_eager")
+    got = f(x, w, masked, out)
+    for ex, mm in enumerate(masked.tolist()):
+        torch.testing.assert_close(got[ex, :mm].double().cpu(), x[ex, :mm].double().cpu() @ w[ex].double().cpu(),
+                                   rtol=1e-3, atol=1e-3)
+        assert (out[ex, mm:] == SENTINEL).all() and (got[ex, mm:] == SENTINEL).all()
+
+
+def test_grouped_custom_ops_fake_and_schema(device):
+    """torch's opcheck of both custom ops (schema, fake implementation), and a config's round trip through
+    the ops' int list."""
+    from moegemm.grouped import ops
+
+    cfg = GroupedConfig(32, 16, 32, persistent=True, tma=True, tail_m=16, merge_tail=True, mix=2)
+    assert ops.config_of(ops.config_list(cfg)) == cfg and ops.config_of(None) is None
+    g = torch.Generator().manual_seed(7)
+    xs = torch.randn(10, 32, generator=g).to(device)
+    w = torch.randn(3, 32, 16, generator=g).to(device)
+    off = torch.tensor([0, 4, 4, 10], dtype=torch.int32).to(device)
+    out = torch.empty(10, 16).to(device)
+    torch.library.opcheck(ops.grouped_mm_op, (xs, w, off, out, "kn", "relu", None,
+                                              ops.config_list(GroupedConfig(16, 16, 16)), False, True),
+                          test_utils=("test_schema", "test_faketensor"))
+    xm = torch.randn(3, 4, 32, generator=g).to(device)
+    torch.library.opcheck(ops.grouped_mm_masked_op, (xm, w, torch.tensor([1, 0, 4]).to(device),
+                                                     torch.empty(3, 4, 16).to(device), "kn", "none",
+                                                     ops.config_list(GroupedConfig(16, 16, 16)), False),
+                          test_utils=("test_schema", "test_faketensor"))

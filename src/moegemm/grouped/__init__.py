@@ -1,6 +1,7 @@
 """Grouped GEMM for MoE expert layers: routing (permute / unpermute), one-launch grouped kernels in the
 contiguous and masked layouts, and the baselines they are measured against."""
 
+from . import ops as _ops  # noqa: F401 - registers the custom ops moegemm::grouped_mm(_masked)
 from .api import GroupedConfig, choose_config, grouped_mm, grouped_mm_masked, heuristic_config
 from .routing import RoutingPlan, permute, route, sorted_weights, unpermute
 

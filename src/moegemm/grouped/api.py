@@ -175,6 +175,22 @@ def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
     return GroupedConfig(block_m=bm, block_n=bn, block_k=64, num_warps=4 if bm * bn <= 64 * 128 else 8)
 
 
+def check_offsets(group_offsets: torch.Tensor, m_total: int) -> None:
+    """group_offsets starts at 0, ends at m_total and never decreases. On the CPU a ValueError naming what is
+    wrong; on a GPU (and while torch.compile traces) a device-side assertion, so that the check costs no host
+    sync and a call can be captured in a CUDA graph (a failed check then stops the process at the next sync,
+    as a CUDA device assertion does)."""
+    if group_offsets.device.type == "cpu" and not torch.compiler.is_compiling():
+        off = group_offsets.tolist()
+        if off[0] != 0 or off[-1] != m_total:
+            raise ValueError(f"group_offsets: must start at 0 and end at M_total={m_total}, got {off[0]}..{off[-1]}")
+        if any(b < a for a, b in zip(off, off[1:])):
+            raise ValueError("group_offsets: must be non-decreasing (offsets not monotone)")
+        return
+    ok = (group_offsets[0] == 0) & (group_offsets[-1] == m_total) & (group_offsets.diff() >= 0).all()
+    torch._assert_async(ok, f"group_offsets: must run from 0 to M_total={m_total}, non-decreasing")
+
+
 def _check_w(w: torch.Tensor, x: torch.Tensor, w_layout: str, k: int) -> tuple[int, int, int, int, int]:
     """(E, N, stride_we, stride_wk, stride_wn) for w in either layout."""
     if not isinstance(w, torch.Tensor):
@@ -216,7 +232,9 @@ def grouped_mm(
     x_sorted: [M_total, K], rows grouped by expert; group_offsets: int [E + 1], non-decreasing, from 0 to
     M_total (row range of each expert; m_e = 0 allowed). w: [E, K, N] (w_layout="kn") or [E, N, K] ("nk",
     the nn.Linear convention). row_scale: optional [M_total] (e.g. the gating weights in sorted order).
-    ``validate`` checks the offsets' values (one host sync); pass False inside a CUDA graph capture.
+    ``validate`` checks the offsets' values: on a GPU on the device, with no host sync (a call can be
+    captured in a CUDA graph; a failed check is a device-side assertion), on the CPU with a ValueError.
+    Under ``torch.compile`` this traces as the custom op ``moegemm::grouped_mm``.
     config: tiles, grid and load path; default: :func:`choose_config` (this GPU's tuned table, else a
     config autotuned on the first call of an unseen shape, else the distilled default). A config with
     ``tma=True`` uses the TMA kernel where the inputs allow it (16-bit, rows 16-byte aligned, experts
@@ -227,6 +245,11 @@ def grouped_mm(
     tiles are dealt out in proportion among the other experts' (a skewed load: a hot expert's
     tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
     """
+    if torch.compiler.is_compiling():
+        from . import ops
+
+        return ops.traced_grouped_mm(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out,
+                                     allow_tf32, validate)
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
     if x_sorted.dim() != 2:
@@ -245,11 +268,7 @@ def grouped_mm(
     if group_offsets.device != x_sorted.device:
         raise ValueError(f"group_offsets: on {group_offsets.device}, but x_sorted is on {x_sorted.device}")
     if validate:
-        off = group_offsets.tolist()
-        if off[0] != 0 or off[-1] != m_total:
-            raise ValueError(f"group_offsets: must start at 0 and end at M_total={m_total}, got {off[0]}..{off[-1]}")
-        if any(b < a for a, b in zip(off, off[1:])):
-            raise ValueError("group_offsets: must be non-decreasing (offsets not monotone)")
+        check_offsets(group_offsets, m_total)
     if row_scale is not None:
         if not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != (m_total,):
             raise ValueError(f"row_scale: expected shape ({m_total},), got {getattr(row_scale, 'shape', None)}")
@@ -472,6 +491,10 @@ def grouped_mm_masked(
     :func:`grouped_mm`), x's rows come in by TMA through a descriptor made in-kernel for each expert's first
     masked_m[e] rows, so rows past them are still not read; other inputs take the pointer kernel with the
     same tiles."""
+    if torch.compiler.is_compiling():
+        from . import ops
+
+        return ops.traced_grouped_mm_masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32)
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_dtype("x", x)

@@ -1,6 +1,7 @@
 """Routing for the expert GEMMs: group token copies by expert, and scatter results back.
 
-All on the device with torch ops and no host synchronisation (except the optional value checks).
+All on the device with torch ops and no host synchronisation (on a GPU the value checks run on the device
+too), and traceable by torch.compile.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class RoutingPlan:
 def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> RoutingPlan:
     """Plan for ``topk_ids`` [T, k] (int) over ``num_experts`` experts.
 
-    ``validate=True`` checks that the ids lie in [0, num_experts) (one host sync). Pass False inside a CUDA
-    graph capture; the ids must then be valid by the caller's contract.
+    ``validate=True`` checks that the ids lie in [0, num_experts): on the CPU with a ValueError, on a GPU (and
+    while torch.compile traces) on the device, with no host sync, so that a call can be captured in a CUDA
+    graph (a failed check is then a device-side assertion).
     """
     if not isinstance(topk_ids, torch.Tensor):
         raise TypeError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
@@ -54,9 +56,13 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
         raise ValueError(f"topk_ids: top_k={k} exceeds num_experts={num_experts}")
     flat = topk_ids.reshape(-1).to(torch.int64)
     if validate and flat.numel():
-        lo, hi = int(flat.min()), int(flat.max())
-        if lo < 0 or hi >= num_experts:
-            raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
+        if flat.device.type == "cpu" and not torch.compiler.is_compiling():
+            lo, hi = int(flat.min()), int(flat.max())
+            if lo < 0 or hi >= num_experts:
+                raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
+        else:
+            torch._assert_async((flat.min() >= 0) & (flat.max() < num_experts),
+                                f"topk_ids: expert ids must be in [0, {num_experts})")
     order = torch.sort(flat, stable=True).indices  # flat slots grouped by expert, token order kept
     # scatter_add, not bincount: bincount sizes its output from the data (a host sync on CUDA).
     sizes = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)

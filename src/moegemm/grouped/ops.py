@@ -1,0 +1,83 @@
+"""The grouped GEMMs as torch custom ops, so that ``torch.compile(fullgraph=True)`` traces a function that
+calls :func:`moegemm.grouped.grouped_mm` or :func:`moegemm.grouped.grouped_mm_masked` with no graph break.
+
+Each op writes into an output it is given (``mutates_args=("out",)``): the masked layout leaves the rows past
+masked_m as they were, which only an op that writes in place can promise. The op's real implementation is
+the eager function (config choice, autotuning on a shape's first call, launch); its fake implementation
+checks nothing and writes nothing, the output's shape being the caller's. Eager calls do not pass through
+the ops: they go straight to the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .api import GroupedConfig
+
+# Read here, not while tracing (Dynamo does not trace dataclasses.fields on a class).
+_FIELDS = tuple((f.name, f.type in (bool, "bool")) for f in dataclasses.fields(GroupedConfig))
+
+
+def config_list(config: GroupedConfig | None) -> list[int] | None:
+    """A config as the ops take it: its fields in order, as ints (None: the library's choice)."""
+    return None if config is None else [int(getattr(config, name)) for name, _ in _FIELDS]
+
+
+def config_of(fields: list[int] | None) -> GroupedConfig | None:
+    if not fields:
+        return None
+    return GroupedConfig(**{name: bool(v) if is_bool else int(v) for (name, is_bool), v in zip(_FIELDS, fields)})
+
+
+@torch.library.custom_op("moegemm::grouped_mm", mutates_args=("out",))
+def grouped_mm_op(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, out: torch.Tensor,
+                  w_layout: str, epilogue: str, row_scale: torch.Tensor | None, config: list[int] | None,
+                  allow_tf32: bool, validate: bool) -> None:
+    from .api import grouped_mm
+
+    grouped_mm(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue, row_scale=row_scale,
+               config=config_of(config), out=out, allow_tf32=allow_tf32, validate=validate)
+
+
+@grouped_mm_op.register_fake
+def _(x_sorted, w, group_offsets, out, w_layout, epilogue, row_scale, config, allow_tf32, validate):
+    return None
+
+
+@torch.library.custom_op("moegemm::grouped_mm_masked", mutates_args=("out",))
+def grouped_mm_masked_op(x: torch.Tensor, w: torch.Tensor, masked_m: torch.Tensor, out: torch.Tensor,
+                         w_layout: str, epilogue: str, config: list[int] | None, allow_tf32: bool) -> None:
+    from .api import grouped_mm_masked
+
+    grouped_mm_masked(x, w, masked_m, w_layout=w_layout, epilogue=epilogue, config=config_of(config), out=out,
+                      allow_tf32=allow_tf32)
+
+
+@grouped_mm_masked_op.register_fake
+def _(x, w, masked_m, out, w_layout, epilogue, config, allow_tf32):
+    return None
+
+
+def traced_grouped_mm(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32,
+                      validate):
+    """What :func:`grouped_mm` does while being traced: allocate ``out`` where none is given (its shape from
+    the operands), then the custom op."""
+    n = w.shape[2] if w_layout == "kn" else w.shape[1]
+    if out is None:
+        out = x_sorted.new_empty((x_sorted.shape[0], n))
+    epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
+    grouped_mm_op(x_sorted, w, group_offsets, out, w_layout, epi, row_scale, config_list(config), allow_tf32,
+                  validate)
+    return out
+
+
+def traced_grouped_mm_masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32):
+    """What :func:`grouped_mm_masked` does while being traced (see traced_grouped_mm)."""
+    n = w.shape[2] if w_layout == "kn" else w.shape[1]
+    if out is None:
+        out = x.new_empty((x.shape[0], x.shape[1], n))
+    epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
+    grouped_mm_masked_op(x, w, masked_m, out, w_layout, epi, config_list(config), allow_tf32)
+    return out
