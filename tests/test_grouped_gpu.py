@@ -247,3 +247,43 @@ def test_default_expert_path_captures_and_compiles():
     torch._dynamo.reset()
     got = torch.compile(layer, fullgraph=True)(x, ids, wts)
     assert_close_to_ref(got, ref(x, ids, wts), hidden, "compiled")
+
+
+@pytest.mark.parametrize("t", [16, 512])
+def test_moe_ffn_real_dimensions_and_graph_capture(t):
+    """moe_ffn at Qwen3-30B-A3B's dimensions (128 experts, top-8, H=2048, I=768; gate and up fused, the
+    nn.Linear layout) against a float64 reference, and captured with its default arguments in one CUDA
+    graph, right on replay with new routing."""
+    from moegemm.grouped import moe_ffn
+
+    torch.manual_seed(t)
+    e, top_k, h, i = 128, 8, 2048, 768
+    w_gu = (torch.randn(e, 2 * i, h, device="cuda") / h**0.5).to(torch.bfloat16)
+    w_dn = (torch.randn(e, h, i, device="cuda") / i**0.5).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, device="cuda")[:top_k] for _ in range(t)])
+    wts = torch.softmax(torch.randn(t, top_k, device="cuda"), -1)
+    x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+
+    def ref():
+        out = torch.zeros(t, h, dtype=torch.float64, device="cuda")
+        for j in range(top_k):
+            gu = torch.einsum("th,tnh->tn", x.double(), w_gu[ids[:, j]].double())
+            act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+            out += wts[:, j:j + 1].double() * torch.einsum("ti,thi->th", act, w_dn[ids[:, j]].double())
+        return out
+
+    assert_close_to_ref(moe_ffn(x, ids, wts, w_gu, w_dn), ref(), h, f"T={t}")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        moe_ffn(x, ids, wts, w_gu, w_dn)
+        with torch.cuda.graph(graph, stream=s):
+            y = moe_ffn(x, ids, wts, w_gu, w_dn)
+    torch.cuda.current_stream().wait_stream(s)
+    for r in range(2):
+        ids.copy_(torch.stack([torch.randperm(e, device="cuda")[:top_k] for _ in range(t)]))
+        x.copy_(torch.randn(t, h, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_ref(y, ref(), h, f"T={t} replay {r}")

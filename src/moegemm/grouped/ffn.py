@@ -1,0 +1,59 @@
+"""The whole expert FFN of an MoE layer behind one call: routing in, combined [T, H] out."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .api import grouped_mm
+from .routing import permute, route, sorted_weights, unpermute
+
+
+def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+            w_down: torch.Tensor, *, w_layout: str = "nk", validate: bool = True) -> torch.Tensor:
+    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j], FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
+
+    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the gate
+    and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the nn.Linear layout Hugging Face and
+    vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn"). Returns [T, H] in x's
+    dtype.
+
+    Two grouped GEMM launches (gate/up for every expert at once, then down with the gating weights fused
+    into its store) around the permutation, with SiLU(gate) * up between them as one elementwise op. No
+    host sync with the default arguments (``validate`` checks ids and offsets on the device; see
+    :func:`moegemm.grouped.route`), so the layer can be captured in a CUDA graph; under torch.compile it
+    traces with no graph break.
+    """
+    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w_gate_up", w_gate_up),
+                    ("w_down", w_down)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [T, H] tensor, got shape {tuple(x.shape)}")
+    if w_layout not in ("nk", "kn"):
+        raise ValueError(f"w_layout: expected 'kn' or 'nk', got {w_layout!r}")
+    if w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValueError(f"w_gate_up, w_down: expected 3-D tensors, got shapes {tuple(w_gate_up.shape)} and "
+                         f"{tuple(w_down.shape)}")
+    e, h = w_gate_up.shape[0], x.shape[1]
+    two_i, hk = (w_gate_up.shape[1], w_gate_up.shape[2]) if w_layout == "nk" else (w_gate_up.shape[2],
+                                                                                 w_gate_up.shape[1])
+    if hk != h:
+        raise ValueError(f"w_gate_up: hidden size {hk} differs from x's {h} (layout {w_layout!r})")
+    if two_i % 2:
+        raise ValueError(f"w_gate_up: expected an even gate/up width 2I, got {two_i}")
+    i = two_i // 2
+    want = (e, h, i) if w_layout == "nk" else (e, i, h)
+    if tuple(w_down.shape) != want:
+        raise ValueError(f"w_down: expected shape {want} (E={e}, I={i}, H={h}, layout {w_layout!r}), got "
+                         f"{tuple(w_down.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
+                         f"{tuple(topk_weights.shape)}")
+    plan = route(topk_ids, e, validate=validate)
+    xs = permute(x, plan)
+    gu = grouped_mm(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
+    act = F.silu(gu[:, :i]) * gu[:, i:]
+    ys = grouped_mm(act.contiguous(), w_down, plan.group_offsets, w_layout=w_layout,
+                    row_scale=sorted_weights(topk_weights, plan), validate=False)
+    return unpermute(ys, plan, None)
