@@ -25,8 +25,10 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
+from moegemm.grouped.api import swiglu_config  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
-                                     _grouped_mm_masked_tma_kernel, _grouped_mm_tma_kernel)
+                                     _grouped_mm_masked_tma_kernel, _grouped_mm_swiglu_tma_kernel,
+                                     _grouped_mm_tma_kernel)
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -72,9 +74,13 @@ def variants():
         tiles = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False,
                      EPILOGUE=epi)
         yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias,
-                                                                           GROUP_M=8)
+                                                                           GROUP_M=8, SWIGLU=False)
         yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, dict(tiles, E_BLOCK=256,
                                                                                      GROUP_M=8)
+        if epi == 0:  # the fused gate/up with SwiGLU (its own epilogue), pointer loads
+            yield ("grouped_swiglu", dt, bias), _grouped_mm_kernel, gio, \
+                dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False, E_BLOCK=256,
+                     HAS_SCALE=bias, GROUP_M=8, EPILOGUE=0, SWIGLU=True)
         if dt != "fp32":
             for ws, kn, tail in itertools.product((False, True), (False, True), (0, 32)):
                 box = "[128,64]" if not kn else "[64,128]"
@@ -135,6 +141,15 @@ def variants():
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
                             GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
+            if c.tma:  # the fused SwiGLU kernel on the tiles it derives from this candidate
+                sw = swiglu_config(c)
+                sio = {"a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
+                       "w_desc": f"tensordesc<bf16[{sw.block_n},{sw.block_k}]>", "y_ptr": "*bf16",
+                       "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
+                yield (("grouped_swiglu_tune", *key), _grouped_mm_swiglu_tma_kernel, sio,
+                       dict(BLOCK_M=sw.block_m, BLOCK_N=sw.block_n, BLOCK_K=sw.block_k, E_BLOCK=256,
+                            GROUP_M=sw.group_m, W_KN=False, WARP_SPECIALIZE=sw.warp_specialize,
+                            FLATTEN=sw.warp_specialize, HAS_SCALE=False, UPCAST=False, MIX=sw.mix), opts)
             if c.tma:
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
@@ -145,7 +160,7 @@ def variants():
                             FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, MIX=c.mix), opts)
             else:
                 yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
-                       dict(tiles, EVEN_K=True, PRECISION="tf32"), opts)
+                       dict(tiles, EVEN_K=True, PRECISION="tf32", SWIGLU=False), opts)
 
 
 def main(argv=None) -> int:

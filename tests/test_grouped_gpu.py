@@ -287,3 +287,27 @@ def test_moe_ffn_real_dimensions_and_graph_capture(t):
         graph.replay()
         torch.cuda.synchronize()
         assert_close_to_ref(y, ref(), h, f"T={t} replay {r}")
+
+
+@pytest.mark.parametrize("name,e,top_k,hidden,i,t", [("qwen3-30b-a3b", 128, 8, 2048, 768, 256),
+                                                     ("gpt-oss-20b", 32, 4, 2880, 2880, 1024),
+                                                     ("mixtral-8x7b", 8, 2, 4096, 14336, 64)])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_grouped_mm_swiglu_real_shapes(name, e, top_k, hidden, i, t, layout):
+    """The fused gate/up with SwiGLU at real MoE sizes (gate and up fused, [E, 2I, H] or [E, H, 2I]), on the
+    default path (the table's or the shortlist's tiles, halved) and on a pointer-load config, against
+    float64 per expert, with the gating weights as row scale; the output NaN-poisoned."""
+    from moegemm.grouped import grouped_mm_swiglu
+
+    g = torch.Generator(device="cuda").manual_seed(i + t)
+    plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=i), e)
+    xs = permute(torch.randn(t, hidden, device="cuda", generator=g).to(torch.bfloat16), plan)
+    w_nk = (torch.randn(e, 2 * i, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
+    w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
+    rs = torch.rand(xs.shape[0], device="cuda", generator=g)
+    gu = _ref(xs, w_nk, plan.group_offsets)
+    ref = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:] * rs.double()[:, None]
+    for cfg in (None, GroupedConfig(64, 128, 64, num_stages=3)):
+        out = torch.full((xs.shape[0], i), float("nan"), dtype=torch.bfloat16, device="cuda")
+        y = grouped_mm_swiglu(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
+        assert_close_to_ref(y, ref, hidden, f"{name} {layout} T={t} {cfg}")

@@ -14,7 +14,7 @@ from .._runtime import check_device, device_sm_count, device_smem_per_sm, gpu_sl
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
-                      _grouped_mm_tma_kernel)
+                      _grouped_mm_swiglu_tma_kernel, _grouped_mm_tma_kernel)
 
 try:  # host-side tensor descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -93,7 +93,8 @@ def rows_bucket(rows: int, num_experts: int) -> int | float:
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
     """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} written by experiments/tune_grouped.py."""
-    return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig.from_dict(e["config"])
+    return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]):
+            GroupedConfig.from_dict(e["config"])
             for e in tuned.entries("grouped", slug)}
 
 
@@ -250,6 +251,50 @@ def grouped_mm(
 
         return ops.traced_grouped_mm(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out,
                                      allow_tf32, validate)
+    return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate,
+                    swiglu=False)
+
+
+def grouped_mm_swiglu(
+    x_sorted: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    w_layout: str = "kn",
+    row_scale: torch.Tensor | None = None,
+    config: GroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    allow_tf32: bool = False,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Y[rows of e] = silu(X[rows of e] @ G_e) * (X[rows of e] @ U_e) * row_scale[rows], for every expert e,
+    in ONE launch: the gate and up projections fused with SwiGLU in the epilogue. w_gate_up: [E, K, 2I]
+    ("kn") or [E, 2I, K] ("nk", the nn.Linear layout), each expert's gate columns (or rows) first, then its
+    up ones; returns [M_total, I]. Both products of an output tile come from the same row tile, so the
+    [M_total, 2I] product is never written. Arguments as for :func:`grouped_mm` (no epilogue: SwiGLU is
+    it). ``config`` names the tiles of the unfused [E, K, 2I] product: a tile of the fused kernel computes
+    block_n / 2 output columns of each of the two halves, so that it holds as many accumulators; its tail
+    tiles are not used. Default: the config chosen for that unfused shape (tuned, else the distilled
+    shortlist, timed on the first call of a shape as for :func:`grouped_mm`)."""
+    if torch.compiler.is_compiling():
+        from . import ops
+
+        return ops.traced_grouped_mm_swiglu(x_sorted, w_gate_up, group_offsets, w_layout, row_scale, config, out,
+                                            allow_tf32, validate)
+    return _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, allow_tf32,
+                    validate, swiglu=True)
+
+
+def swiglu_config(cfg: GroupedConfig) -> GroupedConfig:
+    """The fused SwiGLU kernel's tiles for a config of the unfused product: half the columns per half (as
+    many accumulators in all), no tail tiles."""
+    return dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2), tail_m=0, merge_tail=False)
+
+
+def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate,
+             swiglu: bool) -> torch.Tensor:
+    """grouped_mm, or with ``swiglu`` grouped_mm_swiglu: checks, the config (tuned, autotuned on a shape's
+    first call, or given), the launch."""
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
     if x_sorted.dim() != 2:
@@ -259,6 +304,11 @@ def grouped_mm(
     m_total, k = x_sorted.shape
     e, n, *_ = _check_w(w, x_sorted, w_layout, k)
     epi = Epilogue.parse(epilogue)
+    n_w = n  # the weights' columns per expert; the output's are half as many with swiglu
+    if swiglu:
+        if n % 2:
+            raise ValueError(f"w_gate_up: expected an even gate/up width 2I, got {n}")
+        n = n // 2
     if not isinstance(group_offsets, torch.Tensor) or group_offsets.dim() != 1:
         raise ValueError("group_offsets: expected a 1-D int tensor of length E + 1")
     if group_offsets.numel() != e + 1:
@@ -281,7 +331,7 @@ def grouped_mm(
         raise ValueError(f"out: expected a ({m_total}, {n}) {x_sorted.dtype} tensor on {x_sorted.device}")
     if m_total == 0 or n == 0:
         return out
-    if k == 0:
+    if k == 0:  # every product is 0; silu(0) * 0 = 0
         acc = torch.zeros((m_total, n), dtype=torch.float32, device=x_sorted.device)
         acc = epi.torch_apply(acc)
         return out.copy_(acc * row_scale.float()[:, None] if row_scale is not None else acc)
@@ -289,21 +339,29 @@ def grouped_mm(
     scale = row_scale if row_scale is not None else out
 
     def launch(cfg: GroupedConfig) -> None:
-        _launch_contiguous(cfg, x_sorted, w, w_layout, offsets, scale, row_scale is not None, out, e, n, k,
-                           epi, allow_tf32)
+        if swiglu:
+            _launch_swiglu(swiglu_config(cfg), x_sorted, w, w_layout, offsets, scale, row_scale is not None, out,
+                           e, n, k, allow_tf32)
+        else:
+            _launch_contiguous(cfg, x_sorted, w, w_layout, offsets, scale, row_scale is not None, out, e, n, k,
+                               epi, allow_tf32)
 
     if config is not None:
         launch(config)
         return out
     slug = gpu_slug(x_sorted)
-    cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n, w_layout)
-    if source == "default":
+    layout_key = w_layout + ("+swiglu" if swiglu else "")  # the fused kernel's choices are its own
+    cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
+    if source == "default" or (swiglu and source == "autotuned"):
         from . import autotune
 
-        if autotune.can_time(x_sorted):
-            cands = list(shortlist(m_total, e, n, slug))
+        timed = autotune.lookup(slug, autotune_key(m_total, k, x_sorted.dtype, e, n_w, layout_key))
+        if timed is not None:
+            cfg = GroupedConfig.from_dict(timed)
+        elif autotune.can_time(x_sorted):
+            cands = list(shortlist(m_total, e, n_w, slug))
             cfg, times = autotune.fastest(launch, cands)
-            autotune.remember(slug, autotune_key(m_total, k, x_sorted.dtype, e, n, w_layout),
+            autotune.remember(slug, autotune_key(m_total, k, x_sorted.dtype, e, n_w, layout_key),
                               dataclasses.asdict(cfg), times)
     launch(cfg)
     return out
@@ -339,7 +397,36 @@ def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tens
         x_sorted, w, out, offsets, scale,
         n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-    ), dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
+    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
+
+
+def _launch_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str,
+                   offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
+                   n: int, k: int, allow_tf32: bool) -> None:
+    """One launch of the fused SwiGLU kernel (``cfg`` already swiglu_config's; n: the output's columns, the
+    weights have 2n per expert), TMA where the inputs allow it."""
+    m_total = x_sorted.shape[0]
+    s_e, s_k, s_n = (w.stride(0), w.stride(1), w.stride(2)) if w_layout == "kn" else \
+        (w.stride(0), w.stride(2), w.stride(1))
+    max_tiles = (triton.cdiv(m_total, cfg.block_m) + min(e, m_total)) * triton.cdiv(n, cfg.block_n)
+    if max_tiles >= 2**31:
+        raise ValueError(f"x_sorted: {m_total} rows x I={n} need {max_tiles} tiles of "
+                         f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=cfg.group_m, HAS_SCALE=has_scale,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    descs = _tma_descriptors(x_sorted, w, w_layout, e, 2 * n, k, cfg) if cfg.tma else None
+    if descs is not None:
+        _launch(_grouped_mm_swiglu_tma_kernel, max_tiles, cfg, x_sorted, (
+            descs[0], descs[1], out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
+        ), dict(W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.warp_specialize,
+                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
+        return
+    _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
+        x_sorted, w, out, offsets, scale, n, k, e,
+        x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
+    ), dict(EVEN_K=k % cfg.block_k == 0, EPILOGUE=0, SWIGLU=True, **common,
+            **dot_meta(x_sorted.dtype, allow_tf32)))
 
 
 def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2) -> int:

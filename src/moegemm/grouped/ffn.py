@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .api import grouped_mm
+from .api import grouped_mm, grouped_mm_swiglu
 from .routing import permute, route, sorted_weights, unpermute
 
 
@@ -18,8 +17,9 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn"). Returns [T, H] in x's
     dtype.
 
-    Two grouped GEMM launches (gate/up for every expert at once, then down with the gating weights fused
-    into its store) around the permutation, with SiLU(gate) * up between them as one elementwise op. No
+    Two grouped GEMM launches around the permutation: gate and up for every expert at once with SwiGLU in
+    the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), then down with the
+    gating weights fused into its store. No
     host sync with the default arguments (``validate`` checks ids and offsets on the device; see
     :func:`moegemm.grouped.route`), so the layer can be captured in a CUDA graph; under torch.compile it
     traces with no graph break.
@@ -52,8 +52,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                          f"{tuple(topk_weights.shape)}")
     plan = route(topk_ids, e, validate=validate)
     xs = permute(x, plan)
-    gu = grouped_mm(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
-    act = F.silu(gu[:, :i]) * gu[:, i:]
-    ys = grouped_mm(act.contiguous(), w_down, plan.group_offsets, w_layout=w_layout,
+    act = grouped_mm_swiglu(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
+    ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout,
                     row_scale=sorted_weights(topk_weights, plan), validate=False)
     return unpermute(ys, plan, None)

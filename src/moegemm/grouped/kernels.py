@@ -131,27 +131,39 @@ def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride
 
 
 @triton.jit
+def _swiglu(gate, up):
+    """silu(gate) * up in fp32."""
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
 def _grouped_mm_kernel(
     a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr,
     N, K, E,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """Contiguous layout, pointer loads (any strides, any dtype). Each program walks tiles pid, pid + nprog,
     ... up to the tile count it computes from the offsets (one tile when the grid covers an upper bound of
     them, a persistent loop when the grid is the SM count) and finds each tile's expert in-kernel: no host
-    sync, no padding."""
+    sync, no padding. SWIGLU: gate and up fused, w holding each expert's 2N columns (the gate's first); a
+    tile of output columns computes both products from the same row tile and stores silu(gate) * up (N is
+    the output's width; EPILOGUE unused), so the [M, 2N] product is never written."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M, 0)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # the store masks them
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
-        acc = _tile_mm(a_ptr, w_ptr + expert.to(tl.int64) * stride_we, rows_c, n_c, 0, K,
-                       stride_am, stride_ak, stride_wk, stride_wn,
+        w_e = w_ptr + expert.to(tl.int64) * stride_we
+        acc = _tile_mm(a_ptr, w_e, rows_c, n_c, 0, K, stride_am, stride_ak, stride_wk, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+        if SWIGLU:
+            up = _tile_mm(a_ptr, w_e, rows_c, n_c + N, 0, K, stride_am, stride_ak, stride_wk, stride_wn,
+                          BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+            acc = _swiglu(acc, up)
         _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
 
@@ -187,7 +199,8 @@ def _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_
 def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr,
                 UPCAST: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N], the tiles brought in by TMA. SWAP_AB computes the transpose,
+    """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N], the tiles brought in by
+    TMA. SWAP_AB computes the transpose,
     W-tile^T @ A-tile^T, so that the weight columns fill the tensor cores' M side (at least 64 rows per
     warp group) and the few rows of the tile are their N side (any multiple of 8): the cheap way to compute
     a tile of only a few rows."""
@@ -328,3 +341,38 @@ def _grouped_mm_masked_tma_kernel(
                           UPCAST)
         _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
                     BLOCK_M, BLOCK_N, False, EPILOGUE)
+
+
+@triton.jit
+def _grouped_mm_swiglu_tma_kernel(
+    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
+    N, K, E, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
+    HAS_SCALE: tl.constexpr, UPCAST: tl.constexpr, MIX: tl.constexpr,
+):
+    """_grouped_mm_kernel's SWIGLU with the tiles brought in by TMA (16-bit): per K step one row tile of x and
+    two weight tiles, the gate's columns col0.. and the up projection's col0 + N.., into two accumulators.
+    w is the 2-D descriptor of _grouped_mm_tma_kernel over each expert's 2N columns. Tile order as there
+    (bands of GROUP_M row tiles; MIX > 0: the mixed order); no tail tiles."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    if MIX > 0:
+        cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, 0, MIX)
+    for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        if MIX > 0:
+            number, cum_of = _mixed_tile(tile, total_tiles, cum_heavy, cum_light, heavy_total)
+        else:
+            number, cum_of = tile, cum
+        expert, row_start, row_end, row0, col0 = _tile_coords(number, e_offs, lo, hi, cum_of, N,
+                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([row0, k])
+            g = _w_tile(w_desc, expert, k, col0, 2 * N, K, W_KN)
+            u = _w_tile(w_desc, expert, k, col0 + N, 2 * N, K, W_KN)
+            gate = mma(a, g, gate, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
+            up = mma(a, u, up, "tf32", UPCAST)
+        _store_tile(_swiglu(gate, up), y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
+                    BLOCK_M, BLOCK_N, HAS_SCALE, 0)

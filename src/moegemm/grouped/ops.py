@@ -1,5 +1,6 @@
 """The grouped GEMMs as torch custom ops, so that ``torch.compile(fullgraph=True)`` traces a function that
-calls :func:`moegemm.grouped.grouped_mm` or :func:`moegemm.grouped.grouped_mm_masked` with no graph break.
+calls :func:`moegemm.grouped.grouped_mm`, :func:`moegemm.grouped.grouped_mm_swiglu` or
+:func:`moegemm.grouped.grouped_mm_masked` with no graph break.
 
 Each op writes into an output it is given (``mutates_args=("out",)``): the masked layout leaves the rows past
 masked_m as they were, which only an op that writes in place can promise. The op's real implementation is
@@ -46,6 +47,21 @@ def _(x_sorted, w, group_offsets, out, w_layout, epilogue, row_scale, config, al
     return None
 
 
+@torch.library.custom_op("moegemm::grouped_mm_swiglu", mutates_args=("out",))
+def grouped_mm_swiglu_op(x_sorted: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor,
+                         out: torch.Tensor, w_layout: str, row_scale: torch.Tensor | None, config: list[int] | None,
+                         allow_tf32: bool, validate: bool) -> None:
+    from .api import grouped_mm_swiglu
+
+    grouped_mm_swiglu(x_sorted, w_gate_up, group_offsets, w_layout=w_layout, row_scale=row_scale,
+                      config=config_of(config), out=out, allow_tf32=allow_tf32, validate=validate)
+
+
+@grouped_mm_swiglu_op.register_fake
+def _(x_sorted, w_gate_up, group_offsets, out, w_layout, row_scale, config, allow_tf32, validate):
+    return None
+
+
 @torch.library.custom_op("moegemm::grouped_mm_masked", mutates_args=("out",))
 def grouped_mm_masked_op(x: torch.Tensor, w: torch.Tensor, masked_m: torch.Tensor, out: torch.Tensor,
                          w_layout: str, epilogue: str, config: list[int] | None, allow_tf32: bool) -> None:
@@ -70,6 +86,17 @@ def traced_grouped_mm(x_sorted, w, group_offsets, w_layout, epilogue, row_scale,
     epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
     grouped_mm_op(x_sorted, w, group_offsets, out, w_layout, epi, row_scale, config_list(config), allow_tf32,
                   validate)
+    return out
+
+
+def traced_grouped_mm_swiglu(x_sorted, w_gate_up, group_offsets, w_layout, row_scale, config, out, allow_tf32,
+                             validate):
+    """What :func:`grouped_mm_swiglu` does while being traced (see traced_grouped_mm)."""
+    n2 = w_gate_up.shape[2] if w_layout == "kn" else w_gate_up.shape[1]
+    if out is None:
+        out = x_sorted.new_empty((x_sorted.shape[0], n2 // 2))
+    grouped_mm_swiglu_op(x_sorted, w_gate_up, group_offsets, out, w_layout, row_scale, config_list(config),
+                         allow_tf32, validate)
     return out
 
 
