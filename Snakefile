@@ -34,7 +34,7 @@ TEX = shutil.which("latexmk") is not None
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
 NUMBERS_CODE = ["paper/make_numbers.py"] + sorted(str(p) for p in Path("paper/numbers").glob("*.py"))
 
-EXPERIMENTS = {  # output CSV -> experiment module (E1..E7)
+EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
     "compile_modes": "e1_compile_modes",
     "inductor_codegen": "e2_inductor_codegen",
     "epilogue_fusion": "e3_epilogue_fusion",
@@ -42,6 +42,7 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E7)
     "decompose_k_grid": "e5_decompose_k_grid",
     "router_gemm": "e6_router_gemm",
     "grouped_skew": "e7_grouped_skew",
+    "moe_layer": "e8_moe_layer",
 }
 # The experiments with the seed's Triton kernels among their contenders (at the configs of tune_seed)
 SEED_EXPERIMENTS = ("epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm")
@@ -207,7 +208,7 @@ if GPUS:
             "{params.slot} {params.py} -m experiments.tune_seed --out {output} > {log} 2>&1"
 
     rule measure:
-        """One experiment E1..E7 on one GPU (independent jobs: they spread over GPUs)."""
+        """One experiment E1..E8 on one GPU (independent jobs: they spread over GPUs)."""
         input:
             verify=f"results/{HERE}/verify.json",
             seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],

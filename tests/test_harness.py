@@ -691,3 +691,34 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     assert auto.config in (kept if timed else kept[:1]) and cs[1].config == kept[0]
     ok, _, why = check(auto.bind((xs, w))(), ref, k)  # later calls: no first-call bookkeeping
     assert ok, why
+
+
+def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
+    """E8's contenders (ours, ours through transformers' interface, transformers' grouped_mm backend, the
+    torch._grouped_mm pipeline, transformers' eager loop) each compute the whole expert FFN, against E8's
+    float64 reference on fresh random data (a small zoo-like layer, 6 experts of which some get no token)."""
+    import torch
+
+    pytest.importorskip("transformers.integrations.moe")
+    import experiments.e8_moe_layer as e8
+    import moegemm.grouped.api as api
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+    e, top_k, t, h, i = 6, 2, 5, 64, 32
+    w_gu, w_dn = e8.ffn_weights(3, e, h, i, device=device)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.stack([torch.randperm(e - 1, generator=g)[:top_k] for _ in range(t)]).to(torch.int32).to(device)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
+    wts = torch.softmax(torch.randn(t, top_k, generator=g), -1).to(device)
+    ref = e8.ref_ffn(x, ids, wts, w_gu, w_dn)
+    assert e8.layer_sizes({"up": [h, 2 * i], "down": [i, h]}) == (h, i)
+    cs = e8.contenders(x, ids, wts, e, h, i, t, compiled=False, vk=None)
+    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:hf-backend", "hf:grouped_mm", "torch._grouped_mm pipeline",
+                                    "per-expert-loop"]
+    for c in cs:
+        ok, rel, why = check(c.bind((w_gu, w_dn))(), ref, h + i)
+        assert ok, (c.name, why)

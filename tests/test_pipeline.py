@@ -52,7 +52,7 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    assert counts.get("measure") == 7 and counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
+    assert counts.get("measure") == 8 and counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
     assert "results/nvidia-h100-80gb-hbm3/router_gemm.csv" in out
     # Every GPU job runs through the pinning wrapper and asks for one GPU.
     for block in out.split("\nrule ")[1:]:
@@ -194,7 +194,7 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert abs(df.seconds.sum() - 301.5) < 1e-9
     (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
     text = runtime_block(tmp_path)
-    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 12" in text and "router_gemm" in text
+    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 13" in text and "router_gemm" in text
     assert "within the 20 minutes" in text
     (tmp_path / "benchmarks" / "tune.tsv").write_text("s\th:m:s\tmax_rss\n1000.0\t0:00:00\t1.0\n")
     assert "21.0 minutes" in runtime_block(tmp_path) and "over the 20 minutes" in runtime_block(tmp_path)

@@ -1,0 +1,218 @@
+"""E8 moe-layer: the expert FFN of an MoE layer end to end, routing in, combined [T, H] out.
+
+Per zoo model (config.yaml's grouped.models, tune and held-out, gate and up fused: up = [H, 2I]; Mixtral
+8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token count and load
+(uniform, Zipf 1.2), one float64 reference of the whole FFN, then side by side on both clocks:
+- ``ours:moe_ffn``: moegemm.grouped.moe_ffn (SwiGLU fused into the gate/up GEMM; the default path);
+- ``ours:hf-backend``: the same through transformers' experts interface (moegemm.integrations.transformers),
+  on a transformers-style experts module; ``...:compiled`` under torch.compile(fullgraph=True) at the
+  compiled token counts;
+- ``hf:grouped_mm``: transformers' own grouped_mm experts backend (torch._grouped_mm), eager and compiled;
+- ``torch._grouped_mm pipeline``: our routing, torch._grouped_mm for gate/up, SiLU * up, torch._grouped_mm for
+  down, the gating weights and the combine as torch ops;
+- ``vllm:fused_experts``: vLLM's fused-MoE Triton kernel as vLLM's fused_experts calls it (gate/up from the
+  tokens, SiLU * up, down over the slots, then the weighted sum), at vLLM's own config for the layer
+  (its tuned table for this GPU, else its default), where its source is at hand (MOEGEMM_VLLM_SOURCE, as E7);
+- ``per-expert-loop``: transformers' eager experts (a loop over the experts hit, host syncs: launch clock
+  only).
+Every contender is checked against the float64 reference first. A contender that needs transformers 5.x
+or vLLM's source, where they are missing, is recorded as an error, not timed.
+
+    python -m experiments.e8_moe_layer --out results/<slug>/moe_layer.csv
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu, \
+    timing_settings
+from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates
+from moegemm._runtime import slugify
+from moegemm.bench.moe_loads import sample_topk
+from moegemm.bench.runner import Contender, measure
+from moegemm.bench.timing import input_sets_for
+from moegemm.grouped import moe_ffn, permute, route, unpermute
+from moegemm.grouped.baselines import torch_grouped_mm
+
+from experiments import vllm_moe
+
+
+def layer_sizes(m: dict) -> tuple[int, int]:
+    """(hidden H, intermediate I) of a zoo model: up = [H, 2I] (gate and up fused), down = [I, H]."""
+    return m["down"][1], m["down"][0]
+
+
+def ffn_weights(seed: int, e: int, h: int, i: int, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [E, 2I, H], down [E, H, I]) bf16, scaled by 1/sqrt of their inner dimension; fixed seed."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    gu = (torch.randn(e, 2 * i, h, device=device, generator=g) / math.sqrt(h)).to(torch.bfloat16)
+    dn = (torch.randn(e, h, i, device=device, generator=g) / math.sqrt(i)).to(torch.bfloat16)
+    return gu, dn
+
+
+def ref_ffn(x, ids, wts, w_gu, w_dn) -> torch.Tensor:
+    """float64 [T, H]: sum_j wts[t, j] * down_e(silu(gate_e x_t) * up_e x_t), expert by expert."""
+    i = w_gu.shape[1] // 2
+    out = torch.zeros(x.shape[0], w_dn.shape[1], dtype=torch.float64, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, j = torch.nonzero(ids == e, as_tuple=True)
+        gu = x[tok].double() @ w_gu[e].double().T
+        act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+        out.index_add_(0, tok, wts[tok, j].double()[:, None] * (act @ w_dn[e].double().T))
+    return out
+
+
+class HFExperts(torch.nn.Module):
+    """A transformers-style experts module (the attributes transformers' use_experts_implementation sets)
+    over given weights, dispatching to ``impl`` in transformers' ExpertsInterface ("eager": its loop)."""
+
+    def __init__(self, w_gu: torch.Tensor, w_dn: torch.Tensor, impl: str):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(w_gu, requires_grad=False)
+        self.down_proj = torch.nn.Parameter(w_dn, requires_grad=False)
+        self.num_experts = w_gu.shape[0]
+        self.act_fn = torch.nn.SiLU()
+        self.has_gate, self.has_bias, self.has_post_expert_norm = True, False, False
+        self.is_transposed, self.is_concatenated, self._is_expert_parallel = False, True, False
+        from transformers.integrations import moe as hf_moe
+
+        import moegemm.integrations.transformers  # noqa: F401  (registers "moegemm")
+
+        self._fn = None if impl == "eager" else hf_moe.ALL_EXPERTS_FUNCTIONS[impl]
+        type(self)._apply_gate = hf_moe._default_apply_gate  # the default gating, as the decorator sets it
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        if self._fn is not None:
+            return self._fn(self, hidden_states, top_k_index, top_k_weights)
+        out = torch.zeros_like(hidden_states)  # transformers' eager loop over the experts hit
+        for e in torch.unique(top_k_index).tolist():
+            tok, j = torch.where(top_k_index == e)
+            h = torch.nn.functional.linear(hidden_states[tok], self.gate_up_proj[e])
+            h = torch.nn.functional.linear(self._apply_gate(h), self.down_proj[e])
+            out.index_add_(0, tok, (h * top_k_weights[tok, j, None]).to(out.dtype))
+        return out
+
+
+def torch_pipeline(x, ids, wts, w_gu, w_dn, e: int):
+    """The same FFN on torch._grouped_mm (our routing; no host sync)."""
+    plan = route(ids, e, validate=False)
+    gu = torch_grouped_mm(permute(x, plan), w_gu, plan.group_offsets, w_layout="nk")
+    i = gu.shape[1] // 2
+    act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+    return unpermute(torch_grouped_mm(act.contiguous(), w_dn, plan.group_offsets, w_layout="nk"), plan, wts)
+
+
+def hf_contender(name: str, impl: str, x, ids, wts, compiled: bool, graph: bool = True) -> Contender:
+    """``impl`` of transformers' ExpertsInterface on a module over an input set's weights (compiled: under
+    torch.compile(fullgraph=True)); an error row where transformers 5.x is missing."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # noqa: F401
+    except ImportError as ex:
+        return failed_contender(name, f"transformers 5.x (ExpertsInterface) not importable: {ex}")
+
+    def bind(inp):
+        mod = HFExperts(inp[0], inp[1], impl)
+        fn = torch.compile(mod, fullgraph=True) if compiled else mod
+        return lambda: fn(x, ids, wts)
+    return Contender(name, bind, graph=graph, fields={"config_source": impl + (", compiled" if compiled else "")})
+
+
+def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender:
+    """vLLM's kernel as fused_experts calls it, at vLLM's own config for the layer (own_choice)."""
+    top_k = ids.shape[1]
+    choice = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, i, h, 2 * i, top_k, t)
+    if choice is None:
+        return failed_contender("vllm:fused_experts", "vLLM's source has neither a table nor a default config")
+    config, source = choice
+    plan = route(ids, e)
+    naive = vllm_moe.naive_assignment(t, top_k, e)
+
+    def bind(inp):
+        up = vllm_moe.launcher(vk, x, top_k, plan, ids, 2 * i, config, naive)(inp[0])
+        act = torch.empty(t * top_k, i, dtype=x.dtype, device=x.device)
+        down = vllm_moe.launcher(vk, act, 1, plan, ids, h, config, naive)(inp[1])
+
+        def call():
+            y1 = up()
+            act.copy_(torch.nn.functional.silu(y1[:, :i]) * y1[:, i:])
+            y2 = down()
+            return (y2.view(t, top_k, h).float() * wts[..., None].float()).sum(1).to(x.dtype)
+        return call
+    return Contender("vllm:fused_experts", bind, config=config,
+                     fields={"config_source": f"{source} ({vk.origin})"}, parallel_compile=True)
+
+
+def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk) -> list[Contender]:
+    cs = [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
+          hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
+          hf_contender("hf:grouped_mm", "grouped_mm", x, ids, wts, False),
+          Contender("torch._grouped_mm pipeline", lambda inp: (lambda: torch_pipeline(x, ids, wts, inp[0], inp[1], e)))]
+    if compiled:
+        cs += [hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
+               hf_contender("hf:grouped_mm:compiled", "grouped_mm", x, ids, wts, True)]
+    if vk is not None:
+        cs.append(vllm_contender(vk, x, ids, wts, e, h, i, t))
+    cs.append(hf_contender("per-expert-loop", "eager", x, ids, wts, False, graph=False))
+    return cs
+
+
+def main():
+    args = cli(__doc__)
+    require_gpu()
+    cfg = load_config(args.config)
+    g, e8 = cfg["grouped"], cfg["moe_layer"]
+    settings = timing_settings(cfg, args.quick, "grouped")
+    prov = provenance_fields()
+    slug = slugify(prov["gpu"])
+    writer = ResultWriter(args.out, ("model", "tokens", "load"))
+    cells = [(model, t, load) for model in g["models"] for t in e8["tokens"] for load in e8["loads"]]
+    if args.quick:
+        cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[1] == 16][:1]
+    vllm = Vllm()
+    vllm.load()
+    bar = Progress(len(cells), "E8")
+    weights: dict = {}
+    for model, t, load in cells:
+        if writer.done(model=model, tokens=t, load=load):
+            bar.update()
+            continue
+        m = g["models"][model]
+        e, top_k = m["experts"], m["top_k"]
+        h, i = layer_sizes(m)
+        if model not in weights:
+            weights.clear()  # one model's weights on the GPU at a time
+            torch._dynamo.reset()  # and its compiled graphs
+            weights[model] = ffn_weights(g["seed"] + 8, e, h, i)
+        w_gu, w_dn = weights[model]
+        seed = g["seed"] + 8 * 1009 + t * 7 + sum(map(ord, load))
+        ids = sample_topk(t, e, top_k, load, seed).to(torch.int32)
+        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
+        x = torch.randn(t, h, device="cuda", generator=gx).to(torch.bfloat16)
+        wts = torch.softmax(torch.randn(t, top_k, device="cuda", generator=gx), -1)
+        ref = ref_ffn(x, ids, wts, w_gu, w_dn)
+        active = int(torch.unique(ids).numel())
+        n_sets = input_sets_for(2 * active * 3 * h * i + 2 * t * top_k * (h + 2 * i))
+        sets = [(w_gu, w_dn)] + [(w_gu.clone(), w_dn.clone()) for _ in range(n_sets - 1)]
+        cs = contenders(x, ids, wts, e, h, i, t, t in e8["compiled_tokens"], vllm.kernel)
+        out = measure(cs, sets, ref, h + i, settings)
+        rows = t * top_k
+        fl_up, b_up, f_up = floor_us(rows, h, 2 * i, active, slug)
+        fl_dn, b_dn, f_dn = floor_us(rows, i, h, active, slug)
+        fl = fl_up + fl_dn
+        for r in out:
+            r.update(experiment="E8", model=model, split=m["split"], tokens=t, load=load, experts=e, top_k=top_k,
+                     hidden=h, intermediate=i, active_experts=active, bytes=b_up + b_dn, flops=f_up + f_dn,
+                     floor_us=fl, input_sets=len(sets), **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl),
+                     **prov)
+        writer.add(out)
+        del sets, cs
+        bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()
