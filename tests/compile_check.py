@@ -26,6 +26,7 @@ from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.api import swiglu_config  # noqa: E402
+from moegemm.grouped.checks import _ids_ok_kernel, _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
                                      _grouped_mm_masked_tma_kernel, _grouped_mm_swiglu_tma_kernel,
                                      _grouped_mm_tma_kernel)
@@ -106,6 +107,10 @@ def variants():
                        dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
                             WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=bool(tail), HAS_SCALE=bias,
                             EPILOGUE=epi, UPCAST=False, MIX=2))
+    # the device-side input checks of the grouped ops
+    for ty in ("*i32", "*i64"):
+        yield ("check_offsets", ty), _offsets_ok_kernel, {"off_ptr": ty, "ok_ptr": "*i8"}, dict(BLOCK=1024)
+        yield ("check_ids", ty), _ids_ok_kernel, {"ids_ptr": ty, "ok_ptr": "*i8"}, dict(BLOCK=1024)
     # E7's memory ceiling, every launch shape it tries
     for dt in ("bf16", "fp16"):
         sio = {"w_ptr": TY[dt], "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32", "counts_ptr": "*i32",

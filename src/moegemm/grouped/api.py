@@ -178,18 +178,19 @@ def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
 
 def check_offsets(group_offsets: torch.Tensor, m_total: int) -> None:
     """group_offsets starts at 0, ends at m_total and never decreases. On the CPU a ValueError naming what is
-    wrong; on a GPU (and while torch.compile traces) a device-side assertion, so that the check costs no host
-    sync and a call can be captured in a CUDA graph (a failed check then stops the process at the next sync,
-    as a CUDA device assertion does)."""
-    if group_offsets.device.type == "cpu" and not torch.compiler.is_compiling():
+    wrong; on a GPU a device-side assertion (moegemm.grouped.checks: two small launches), so that the check
+    costs no host sync and a call can be captured in a CUDA graph (a failed check then stops the process at
+    the next sync, as a CUDA device assertion does)."""
+    if group_offsets.device.type == "cpu":
         off = group_offsets.tolist()
         if off[0] != 0 or off[-1] != m_total:
             raise ValueError(f"group_offsets: must start at 0 and end at M_total={m_total}, got {off[0]}..{off[-1]}")
         if any(b < a for a, b in zip(off, off[1:])):
             raise ValueError("group_offsets: must be non-decreasing (offsets not monotone)")
         return
-    ok = (group_offsets[0] == 0) & (group_offsets[-1] == m_total) & (group_offsets.diff() >= 0).all()
-    torch._assert_async(ok, f"group_offsets: must run from 0 to M_total={m_total}, non-decreasing")
+    from .checks import assert_offsets
+
+    assert_offsets(group_offsets, m_total)
 
 
 def _check_w(w: torch.Tensor, x: torch.Tensor, w_layout: str, k: int) -> tuple[int, int, int, int, int]:

@@ -56,13 +56,17 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
         raise ValueError(f"topk_ids: top_k={k} exceeds num_experts={num_experts}")
     flat = topk_ids.reshape(-1).to(torch.int64)
     if validate and flat.numel():
-        if flat.device.type == "cpu" and not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # traced: torch ops the compiler can fuse
+            torch._assert_async((flat.min() >= 0) & (flat.max() < num_experts),
+                                f"topk_ids: expert ids must be in [0, {num_experts})")
+        elif flat.device.type == "cpu":
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= num_experts:
                 raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
         else:
-            torch._assert_async((flat.min() >= 0) & (flat.max() < num_experts),
-                                f"topk_ids: expert ids must be in [0, {num_experts})")
+            from .checks import assert_ids
+
+            assert_ids(flat, num_experts)
     order = torch.sort(flat, stable=True).indices  # flat slots grouped by expert, token order kept
     # scatter_add, not bincount: bincount sizes its output from the data (a host sync on CUDA).
     sizes = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
