@@ -4,6 +4,7 @@ Per zoo model (config.yaml's grouped.models, tune and held-out, gate and up fuse
 8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token count and load
 (uniform, Zipf 1.2), one float64 reference of the whole FFN, then side by side on both clocks:
 - ``ours:moe_ffn``: moegemm.grouped.moe_ffn (SwiGLU fused into the gate/up GEMM; the default path);
+- ``ours:unfused-swiglu``: our grouped GEMMs with SwiGLU as a separate op (what the fusion saves);
 - ``ours:hf-backend``: the same through transformers' experts interface (moegemm.integrations.transformers),
   on a transformers-style experts module; ``...:compiled`` under torch.compile(fullgraph=True) at the
   compiled token counts;
@@ -96,6 +97,20 @@ class HFExperts(torch.nn.Module):
         return out
 
 
+def unfused_ours(x, ids, wts, w_gu, w_dn, e: int):
+    """Our kernels with SwiGLU as a separate op: the [rows, 2I] gate/up product written, SiLU(gate) * up,
+    then the down GEMM with the gating weights fused (what the fused gate/up saves)."""
+    from moegemm.grouped import grouped_mm, sorted_weights
+
+    plan = route(ids, e, validate=False)
+    gu = grouped_mm(permute(x, plan), w_gu, plan.group_offsets, w_layout="nk", validate=False)
+    i = gu.shape[1] // 2
+    act = (torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]).contiguous()
+    ys = grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
+                    validate=False)
+    return unpermute(ys, plan, None)
+
+
 def torch_pipeline(x, ids, wts, w_gu, w_dn, e: int):
     """The same FFN on torch._grouped_mm (our routing; no host sync)."""
     plan = route(ids, e, validate=False)
@@ -147,6 +162,7 @@ def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender
 
 def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk) -> list[Contender]:
     cs = [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
+          Contender("ours:unfused-swiglu", lambda inp: (lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e))),
           hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
           hf_contender("hf:grouped_mm", "grouped_mm", x, ids, wts, False),
           Contender("torch._grouped_mm pipeline", lambda inp: (lambda: torch_pipeline(x, ids, wts, inp[0], inp[1], e)))]

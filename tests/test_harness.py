@@ -717,8 +717,8 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
     ref = e8.ref_ffn(x, ids, wts, w_gu, w_dn)
     assert e8.layer_sizes({"up": [h, 2 * i], "down": [i, h]}) == (h, i)
     cs = e8.contenders(x, ids, wts, e, h, i, t, compiled=False, vk=None)
-    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:hf-backend", "hf:grouped_mm", "torch._grouped_mm pipeline",
-                                    "per-expert-loop"]
+    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:unfused-swiglu", "ours:hf-backend", "hf:grouped_mm",
+                                    "torch._grouped_mm pipeline", "per-expert-loop"]
     for c in cs:
         ok, rel, why = check(c.bind((w_gu, w_dn))(), ref, h + i)
         assert ok, (c.name, why)

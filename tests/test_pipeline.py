@@ -498,3 +498,40 @@ def test_abstract_is_at_most_200_words():
     abstract = tex.split("\\begin{abstract}", 1)[1].split("\\end{abstract}", 1)[0]
     words = re.sub(r"\\[A-Za-z]+|[{}$\\]", " ", abstract).split()
     assert len(words) <= 200, len(words)
+
+
+def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e8 and figures/e8_moe_layer on a moe_layer CSV (synthetic test data made here, not a
+    measurement): ours against the faster peer, vLLM at prefill, the fusion's gain, the compiled backend
+    against the eager one; the table; a figure that passes the print check; no CSV, no numbers."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import e8
+
+    n = Numbers()
+    e8(n, tmp_path, tmp_path)
+    assert not n.items
+    times = {"ours:moe_ffn": 100.0, "ours:unfused-swiglu": 120.0, "hf:grouped_mm:compiled": 150.0,
+             "torch._grouped_mm pipeline": 130.0, "vllm:fused_experts": 110.0, "ours:hf-backend": 105.0,
+             "ours:hf-backend:compiled": 100.0, "hf:grouped_mm": 160.0}
+    rows = [{"model": m, "split": s, "tokens": t, "load": ld, "contender": c, "status": "ok",
+             "graph_us": us * (2.0 if (m, t, c) == ("b", 4096, "torch._grouped_mm pipeline") else 1.0),
+             "gpu": "Test GPU", "torch": "x", "triton": "y"}
+            for m, s in (("a", "tune"), ("b", "heldout"), ("c", "heldout")) for t in (16, 4096)
+            for ld in ("uniform", "zipf1.2") for c, us in times.items()]
+    rows.append({**rows[0], "contender": "vllm:fused_experts", "status": "error", "graph_us": float("nan")})
+    pd.DataFrame(rows).to_csv(tmp_path / "moe_layer.csv", index=False)
+    e8(n, tmp_path, tmp_path)
+    assert n.items["EEightModels"] == "3" and n.items["EEightHeldPeerCells"] == "8"
+    assert n.items["EEightHeldVsPeer"] == "1.35" and n.items["EEightHeldVsPeerMin"] == "1.30"  # b at T=4096: 1.5
+    assert n.items["EEightHeldPrefillVsVllm"] == "1.10" and n.items["EEightFusionGain"] == "1.20"
+    assert n.items["EEightCompiledVsEager"] == "1.05" and n.items["EEightFusionSlower"] == "0"
+    assert "tab:e8" in (tmp_path / "table_e8.tex").read_text()
+    res = subprocess.run([sys.executable, "-m", "figures.e8_moe_layer", "--results", str(tmp_path), "--out",
+                          str(tmp_path / "e8")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "e8.pdf").exists()
