@@ -303,7 +303,7 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
     check_dtype("x_sorted", x_sorted)
     check_device("x_sorted", x_sorted)
     m_total, k = x_sorted.shape
-    e, n, *_ = _check_w(w, x_sorted, w_layout, k)
+    e, n, *w_strides = _check_w(w, x_sorted, w_layout, k)
     epi = Epilogue.parse(epilogue)
     n_w = n  # the weights' columns per expert; the output's are half as many with swiglu
     if swiglu:
@@ -341,40 +341,39 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
 
     def launch(cfg: GroupedConfig) -> None:
         if swiglu:
-            _launch_swiglu(swiglu_config(cfg), x_sorted, w, w_layout, offsets, scale, row_scale is not None, out,
-                           e, n, k, allow_tf32)
+            _launch_swiglu(swiglu_config(cfg), x_sorted, w, w_strides, w_layout, offsets, scale,
+                           row_scale is not None, out, e, n, k, allow_tf32)
         else:
-            _launch_contiguous(cfg, x_sorted, w, w_layout, offsets, scale, row_scale is not None, out, e, n, k,
-                               epi, allow_tf32)
+            _launch_contiguous(cfg, x_sorted, w, w_strides, w_layout, offsets, scale, row_scale is not None, out,
+                               e, n, k, epi, allow_tf32)
 
     if config is not None:
         launch(config)
         return out
     slug = gpu_slug(x_sorted)
-    layout_key = w_layout + ("+swiglu" if swiglu else "")  # the fused kernel's choices are its own
     cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
     if source == "default" or (swiglu and source == "autotuned"):
         from . import autotune
 
-        timed = autotune.lookup(slug, autotune_key(m_total, k, x_sorted.dtype, e, n_w, layout_key))
+        # the fused kernel's timed choices are its own; the unfused kernel's, _choose has looked up already
+        key = autotune_key(m_total, k, x_sorted.dtype, e, n_w, w_layout + ("+swiglu" if swiglu else ""))
+        timed = autotune.lookup(slug, key) if swiglu else None
         if timed is not None:
             cfg = GroupedConfig.from_dict(timed)
         elif autotune.can_time(x_sorted):
-            cands = list(shortlist(m_total, e, n_w, slug))
-            cfg, times = autotune.fastest(launch, cands)
-            autotune.remember(slug, autotune_key(m_total, k, x_sorted.dtype, e, n_w, layout_key),
-                              dataclasses.asdict(cfg), times)
+            cfg, times = autotune.fastest(launch, list(shortlist(m_total, e, n_w, slug)))
+            autotune.remember(slug, key, dataclasses.asdict(cfg), times)
     launch(cfg)
     return out
 
 
-def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str,
+def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
                        offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
                        n: int, k: int, epi: Epilogue, allow_tf32: bool) -> None:
-    """One launch of the contiguous layout's kernel for ``cfg`` (TMA where the inputs allow it)."""
+    """One launch of the contiguous layout's kernel for ``cfg`` (TMA where the inputs allow it); w_strides:
+    (expert, K, N) strides of w, as _check_w gives them."""
     m_total = x_sorted.shape[0]
-    s_e, s_k, s_n = (w.stride(0), w.stride(1), w.stride(2)) if w_layout == "kn" else \
-        (w.stride(0), w.stride(2), w.stride(1))
+    s_e, s_k, s_n = w_strides
     n_tiles = triton.cdiv(n, cfg.block_n)
     # An upper bound on the tiles known without a sync: at most min(E, M_total) experts hold rows, and
     # each adds at most one partly filled row tile to ceil(M_total / BLOCK_M).
@@ -401,14 +400,13 @@ def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tens
     ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
 
 
-def _launch_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str,
+def _launch_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
                    offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
                    n: int, k: int, allow_tf32: bool) -> None:
     """One launch of the fused SwiGLU kernel (``cfg`` already swiglu_config's; n: the output's columns, the
     weights have 2n per expert), TMA where the inputs allow it."""
     m_total = x_sorted.shape[0]
-    s_e, s_k, s_n = (w.stride(0), w.stride(1), w.stride(2)) if w_layout == "kn" else \
-        (w.stride(0), w.stride(2), w.stride(1))
+    s_e, s_k, s_n = w_strides
     max_tiles = (triton.cdiv(m_total, cfg.block_m) + min(e, m_total)) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
         raise ValueError(f"x_sorted: {m_total} rows x I={n} need {max_tiles} tiles of "
