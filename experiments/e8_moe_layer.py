@@ -14,8 +14,10 @@ Per zoo model (config.yaml's grouped.models, tune and held-out, gate and up fuse
 - ``vllm:fused_experts``: vLLM's fused-MoE Triton kernel as vLLM's fused_experts calls it (gate/up from the
   tokens, SiLU * up, down over the slots, then the weighted sum), at vLLM's own config for the layer
   (its tuned table for this GPU, else its default), where its source is at hand (MOEGEMM_VLLM_SOURCE, as E7);
-- ``per-expert-loop``: transformers' eager experts (a loop over the experts hit, host syncs: launch clock
-  only).
+- ``per-expert-loop``: transformers' eager experts (its experts class's own loop over the experts hit,
+  host syncs: launch clock only).
+The transformers contenders run transformers' own experts module (Qwen3-MoE's class) over the cell's
+weights.
 Every contender is checked against the float64 reference first. A contender that needs transformers 5.x
 or vLLM's source, where they are missing, is recorded as an error, not timed.
 
@@ -66,35 +68,23 @@ def ref_ffn(x, ids, wts, w_gu, w_dn) -> torch.Tensor:
     return out
 
 
-class HFExperts(torch.nn.Module):
-    """A transformers-style experts module (the attributes transformers' use_experts_implementation sets)
-    over given weights, dispatching to ``impl`` in transformers' ExpertsInterface ("eager": its loop)."""
+def hf_experts(w_gu: torch.Tensor, w_dn: torch.Tensor, impl: str) -> torch.nn.Module:
+    """transformers' own experts module (Qwen3-MoE's: gate and up concatenated, SiLU) over the given weights,
+    set to ``impl`` of its ExpertsInterface ("eager": the class's own loop over the experts hit). Built on
+    the meta device, so that no weights are allocated beside the given ones."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    def __init__(self, w_gu: torch.Tensor, w_dn: torch.Tensor, impl: str):
-        super().__init__()
-        self.gate_up_proj = torch.nn.Parameter(w_gu, requires_grad=False)
-        self.down_proj = torch.nn.Parameter(w_dn, requires_grad=False)
-        self.num_experts = w_gu.shape[0]
-        self.act_fn = torch.nn.SiLU()
-        self.has_gate, self.has_bias, self.has_post_expert_norm = True, False, False
-        self.is_transposed, self.is_concatenated, self._is_expert_parallel = False, True, False
-        from transformers.integrations import moe as hf_moe
+    import moegemm.integrations.transformers  # noqa: F401  (registers "moegemm")
 
-        import moegemm.integrations.transformers  # noqa: F401  (registers "moegemm")
-
-        self._fn = None if impl == "eager" else hf_moe.ALL_EXPERTS_FUNCTIONS[impl]
-        type(self)._apply_gate = hf_moe._default_apply_gate  # the default gating, as the decorator sets it
-
-    def forward(self, hidden_states, top_k_index, top_k_weights):
-        if self._fn is not None:
-            return self._fn(self, hidden_states, top_k_index, top_k_weights)
-        out = torch.zeros_like(hidden_states)  # transformers' eager loop over the experts hit
-        for e in torch.unique(top_k_index).tolist():
-            tok, j = torch.where(top_k_index == e)
-            h = torch.nn.functional.linear(hidden_states[tok], self.gate_up_proj[e])
-            h = torch.nn.functional.linear(self._apply_gate(h), self.down_proj[e])
-            out.index_add_(0, tok, (h * top_k_weights[tok, j, None]).to(out.dtype))
-        return out
+    e, two_i, h = w_gu.shape
+    config = Qwen3MoeConfig(hidden_size=h, moe_intermediate_size=two_i // 2, num_experts=e, hidden_act="silu")
+    config._experts_implementation = impl
+    with torch.device("meta"):
+        mod = Qwen3MoeExperts(config)
+    mod.gate_up_proj = torch.nn.Parameter(w_gu, requires_grad=False)
+    mod.down_proj = torch.nn.Parameter(w_dn, requires_grad=False)
+    return mod
 
 
 def unfused_ours(x, ids, wts, w_gu, w_dn, e: int):
@@ -129,7 +119,7 @@ def hf_contender(name: str, impl: str, x, ids, wts, compiled: bool, graph: bool 
         return failed_contender(name, f"transformers 5.x (ExpertsInterface) not importable: {ex}")
 
     def bind(inp):
-        mod = HFExperts(inp[0], inp[1], impl)
+        mod = hf_experts(inp[0], inp[1], impl)
         fn = torch.compile(mod, fullgraph=True) if compiled else mod
         return lambda: fn(x, ids, wts)
     return Contender(name, bind, graph=graph, fields={"config_source": impl + (", compiled" if compiled else "")})
@@ -204,7 +194,7 @@ def main():
             weights[model] = ffn_weights(g["seed"] + 8, e, h, i)
         w_gu, w_dn = weights[model]
         seed = g["seed"] + 8 * 1009 + t * 7 + sum(map(ord, load))
-        ids = sample_topk(t, e, top_k, load, seed).to(torch.int32)
+        ids = sample_topk(t, e, top_k, load, seed).to(torch.int64)  # as transformers' routers give them
         gx = torch.Generator(device="cuda").manual_seed(seed + 1)
         x = torch.randn(t, h, device="cuda", generator=gx).to(torch.bfloat16)
         wts = torch.softmax(torch.randn(t, top_k, device="cuda", generator=gx), -1)

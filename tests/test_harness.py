@@ -711,7 +711,7 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
     e, top_k, t, h, i = 6, 2, 5, 64, 32
     w_gu, w_dn = e8.ffn_weights(3, e, h, i, device=device)
     g = torch.Generator().manual_seed(4)
-    ids = torch.stack([torch.randperm(e - 1, generator=g)[:top_k] for _ in range(t)]).to(torch.int32).to(device)
+    ids = torch.stack([torch.randperm(e - 1, generator=g)[:top_k] for _ in range(t)]).to(device)
     x = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
     wts = torch.softmax(torch.randn(t, top_k, generator=g), -1).to(device)
     ref = e8.ref_ffn(x, ids, wts, w_gu, w_dn)
