@@ -32,6 +32,19 @@ def _ref(xs, w_nk, offsets, scale=None):
     return out
 
 
+def _captured(call):
+    """(a CUDA graph of one ``call()``, its output): warmed up once and captured on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        call()
+        with torch.cuda.graph(graph, stream=s):
+            y = call()
+    torch.cuda.current_stream().wait_stream(s)
+    return graph, y
+
+
 @pytest.mark.parametrize("t", [1, 64, 4096])
 @pytest.mark.parametrize("skew", ["uniform", "zipf1.2", "hot0.9"])
 @pytest.mark.parametrize("name,e,k,hidden,n", MODELS, ids=[m[0] for m in MODELS])
@@ -82,14 +95,7 @@ def test_masked_cuda_graph_replay_with_changing_masked_m(config):
     w = (torch.randn(e, n, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
     masked = torch.zeros(e, dtype=torch.int32, device="cuda")
     out = torch.zeros(e, m_max, n, dtype=torch.bfloat16, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        grouped_mm_masked(x, w, masked, w_layout="nk", out=out, config=config)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=s):
-            grouped_mm_masked(x, w, masked, w_layout="nk", out=out, config=config)
-    torch.cuda.current_stream().wait_stream(s)
+    graph, _ = _captured(lambda: grouped_mm_masked(x, w, masked, w_layout="nk", out=out, config=config))
     for i in range(4):
         masked.copy_(torch.randint(0, m_max + 1, (e,), device="cuda", dtype=torch.int32))
         x.copy_(torch.randn(e, m_max, hidden, device="cuda"))
@@ -230,14 +236,7 @@ def test_default_expert_path_captures_and_compiles():
 
     layer(x, ids, wts)  # warm-up: compiles, and times the shortlist where the shape is not in the table
     torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        layer(x, ids, wts)
-        with torch.cuda.graph(graph, stream=s):
-            y = layer(x, ids, wts)
-    torch.cuda.current_stream().wait_stream(s)
+    graph, y = _captured(lambda: layer(x, ids, wts))
     for i in range(3):
         ids.copy_(torch.stack([torch.randperm(e, device="cuda")[:top_k] for _ in range(t)]))
         x.copy_(torch.randn(t, hidden, device="cuda"))
@@ -273,14 +272,7 @@ def test_moe_ffn_real_dimensions_and_graph_capture(t):
         return out
 
     assert_close_to_ref(moe_ffn(x, ids, wts, w_gu, w_dn), ref(), h, f"T={t}")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        moe_ffn(x, ids, wts, w_gu, w_dn)
-        with torch.cuda.graph(graph, stream=s):
-            y = moe_ffn(x, ids, wts, w_gu, w_dn)
-    torch.cuda.current_stream().wait_stream(s)
+    graph, y = _captured(lambda: moe_ffn(x, ids, wts, w_gu, w_dn))
     for r in range(2):
         ids.copy_(torch.stack([torch.randperm(e, device="cuda")[:top_k] for _ in range(t)]))
         x.copy_(torch.randn(t, h, device="cuda"))
