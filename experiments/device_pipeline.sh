@@ -14,6 +14,8 @@
 # returned results.tgz into the checkout before the next call.
 #   MOEGEMM_COMMIT=<sha> MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh STEP:SECONDS...
 #   STEP: verify floors tune tune_grouped tune_seed, or an experiment's CSV name (grouped_skew, router_gemm, ...).
+#   STEP+ (an experiment): resume from the cells an earlier call of this run finished (its <csv>.partial),
+#   for an experiment longer than one call.
 # Figures, numbers and the paper are then built from the results that come back, on any machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,11 +47,12 @@ outputs() {
 }
 for spec in "$@"; do
   step=${spec%%:*}; est=${spec##*:}
+  resume=0; case $step in *+) step=${step%+}; resume=1 ;; esac
   left=$((DEADLINE - SECONDS))
   if [ "$est" -gt "$left" ]; then echo "=== $step and the steps after it not started: estimate ${est}s > ${left}s left"; break; fi
   t0=$SECONDS
   files=$(outputs "$step")
-  for f in $files; do rm -f "$f" "$f.partial"; done
+  for f in $files; do rm -f "$f"; [ $resume = 1 ] || rm -f "$f.partial"; done
   rm -f "$R/benchmarks/$step.tsv"
   case $step in verify|floors|tune|tune_grouped|tune_seed) rule=$step ;; *) rule=measure ;; esac
   # only this step's rule: the steps before it ran in this or an earlier call of the same run

@@ -27,6 +27,8 @@ or vLLM's source, where they are missing, is recorded as an error, not timed.
 from __future__ import annotations
 
 import math
+import sys
+import time
 
 import torch
 
@@ -188,6 +190,7 @@ def main():
         m = g["models"][model]
         e, top_k = m["experts"], m["top_k"]
         h, i = layer_sizes(m)
+        t_cell = time.perf_counter()
         if model not in weights:
             weights.clear()  # one model's weights on the GPU at a time
             torch._dynamo.reset()  # and its compiled graphs
@@ -214,6 +217,7 @@ def main():
                      floor_us=fl, input_sets=len(sets), **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl),
                      **prov)
         writer.add(out)
+        print(f"E8 {model} T={t} {load}: {time.perf_counter() - t_cell:.1f} s", file=sys.stderr, flush=True)
         del sets, cs
         bar.update()
     bar.close()
