@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from pathlib import Path
 
@@ -119,6 +120,39 @@ def test_route_permute_unpermute_roundtrip(device):
     # the fused-gating path: row_scale in sorted order, then unpermute without weights
     y2 = unpermute(xs * sorted_weights(wts, plan)[:, None], plan, None)
     torch.testing.assert_close(y2.cpu(), y.cpu(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("t,k,e,n", [(1, 1, 1, 1), (5, 2, 4, 1500), (19, 8, 8, 40), (0, 2, 4, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("strided", [False, True])
+def test_unpermute_gathers_each_tokens_rows_in_float32(device, t, k, e, n, dtype, strided):
+    """The un-permute (a gather kernel where Triton runs, torch ops otherwise) against float64, with and without
+    gating weights, on a row-strided or column-strided y_sorted; both paths agree with each other."""
+    from moegemm.grouped import routing
+
+    torch.manual_seed(t * 31 + n)
+    ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]) if t else torch.empty(0, k, dtype=torch.int64)
+    plan = route(ids.to(device), e)
+    big = torch.randn(t * k, 2 * n + 3, device=device).to(dtype)
+    y = big[:, 1:n + 1] if strided else big[:, :n].contiguous()
+    if strided:
+        y = y.t().contiguous().t()  # column-major: stride(1) != 1
+    wts = torch.rand(t, k, device=device)
+    slot_of_row = plan.sorted_slot.cpu().long()
+    rows = torch.empty(t * k, n, dtype=torch.float64)
+    rows[slot_of_row] = y.cpu().double()
+    rows = rows.view(t, k, n)
+    for w in (wts, None):
+        ref = (rows * (w.cpu().double()[..., None] if w is not None else 1)).sum(1)
+        got = unpermute(y, plan, w)
+        assert got.dtype == dtype and got.shape == (t, n)
+        assert not torch.isnan(got.cpu().double()).any()
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=tol, atol=tol)
+        slots = y.index_select(0, plan.slot_rows).view(t, k, n).float()
+        torch_path = ((slots * w.float()[..., None]) if w is not None else slots).sum(1).to(dtype)
+        torch.testing.assert_close(got.cpu().double(), torch_path.cpu().double(), rtol=tol, atol=tol)
+    assert routing._triton_here(y) == (device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def test_moe_expert_path_end_to_end(device):

@@ -17,11 +17,13 @@ class RoutingPlan:
 
     sorted_token_ids[i]: the token whose copy sits at row i of the permuted activations.
     sorted_slot[i]: its flat (token, k) slot, t * top_k + j, i.e. where row i's result goes back.
+    slot_rows[s]: the inverse, the row of flat slot s (what the un-permute gathers).
     group_sizes[e]: rows of expert e; group_offsets: [E + 1] prefix sums (row ranges per expert).
     """
 
     sorted_token_ids: torch.Tensor
     sorted_slot: torch.Tensor
+    slot_rows: torch.Tensor
     group_sizes: torch.Tensor
     group_offsets: torch.Tensor
     num_tokens: int
@@ -73,9 +75,12 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
     sizes.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
     offsets[1:] = torch.cumsum(sizes, 0)
+    slot_rows = torch.empty_like(order, dtype=torch.int32)
+    slot_rows.scatter_(0, order, torch.arange(order.numel(), dtype=torch.int32, device=order.device))
     return RoutingPlan(
         sorted_token_ids=(order // max(k, 1)).to(torch.int32),
         sorted_slot=order.to(torch.int32),
+        slot_rows=slot_rows,
         group_sizes=sizes,
         group_offsets=offsets,
         num_tokens=t,
@@ -97,22 +102,36 @@ def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
 def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Tensor | None) -> torch.Tensor:
     """y_sorted [T * top_k, N] -> y [T, N] = sum_j weight[t, j] * (row of slot (t, j)), in fp32, cast back.
 
-    Deterministic (a scatter to slots, then a fixed-order sum over top_k). ``topk_weights=None`` means the
-    gating weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
+    Deterministic: each token gathers its top_k rows (``plan.slot_rows``) and sums them in a fixed order, in
+    one Triton kernel on a GPU (:mod:`moegemm.grouped.combine`). ``topk_weights=None`` means the gating
+    weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
     """
     if not isinstance(y_sorted, torch.Tensor) or y_sorted.dim() != 2:
         raise ValueError(f"y_sorted: expected a 2-D tensor, got {getattr(y_sorted, 'shape', None)}")
     if y_sorted.shape[0] != plan.num_rows:
         raise ValueError(f"y_sorted: has {y_sorted.shape[0]} rows, expected T*top_k = {plan.num_rows}")
     t, k, n = plan.num_tokens, plan.top_k, y_sorted.shape[1]
-    slots = torch.empty((t * k, n), dtype=torch.float32, device=y_sorted.device)
-    slots[plan.sorted_slot.to(torch.int64)] = y_sorted.float()
-    slots = slots.view(t, k, n)
+    if topk_weights is not None and tuple(topk_weights.shape) != (t, k):
+        raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {tuple(topk_weights.shape)}")
+    if y_sorted.device != plan.slot_rows.device:
+        raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
+    if _triton_here(y_sorted) and not torch.compiler.is_compiling():
+        from .combine import combine
+
+        return combine(y_sorted if y_sorted.stride(1) == 1 else y_sorted.contiguous(), plan.slot_rows, k,
+                       topk_weights)
+    # traced (Inductor fuses the gather, the weighting and the sum into one kernel), or on the CPU
+    slots = y_sorted.index_select(0, plan.slot_rows).view(t, k, n).float()
     if topk_weights is not None:
-        if tuple(topk_weights.shape) != (t, k):
-            raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {tuple(topk_weights.shape)}")
         slots = slots * topk_weights.float().unsqueeze(-1)
     return slots.sum(dim=1).to(y_sorted.dtype)
+
+
+def _triton_here(t: torch.Tensor) -> bool:
+    """Whether a Triton kernel can take ``t``: on a GPU, or anywhere under Triton's interpreter."""
+    import os
+
+    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def row_positions(group_offsets: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,13 @@ from __future__ import annotations
 import warnings
 
 import torch
+import transformers
+
+try:  # imported here, not in the forward: an import inside it breaks torch.compile's trace on torch 2.11
+    from transformers.integrations import moe as hf_moe
+except ImportError as ex:
+    raise ImportError(f"moegemm.integrations.transformers needs transformers 5.x (its ExpertsInterface); "
+                      f"found transformers {transformers.__version__}") from ex
 
 from ..grouped import moe_ffn
 
@@ -26,8 +33,6 @@ _WARNED: set = set()
 
 def unsupported(experts: torch.nn.Module) -> str | None:
     """Why ``experts`` cannot run on moe_ffn, or None where it can."""
-    from transformers.integrations import moe as hf_moe
-
     if not getattr(experts, "has_gate", False) or not hasattr(experts, "gate_up_proj"):
         return "experts without a gate (no gate_up_proj)"
     if not getattr(experts, "is_concatenated", True):
@@ -52,8 +57,6 @@ def moegemm_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, 
     :func:`moegemm.grouped.moe_ffn`; see the module's docstring for what it serves."""
     why = unsupported(self)
     if why is not None:
-        from transformers.integrations import moe as hf_moe
-
         if why not in _WARNED:
             _WARNED.add(why)
             warnings.warn(f"moegemm experts: {why} is not supported; running transformers' grouped_mm instead",
@@ -67,14 +70,10 @@ def moegemm_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, 
 def register(name: str = NAME) -> None:
     """Register :func:`moegemm_experts_forward` in transformers' ExpertsInterface under ``name`` (done once at
     import under "moegemm")."""
-    import transformers
-
-    try:
-        from transformers.integrations.moe import ExpertsInterface
-    except ImportError as ex:
+    if not hasattr(hf_moe, "ExpertsInterface"):
         raise ImportError(f"moegemm.integrations.transformers needs transformers 5.x (its ExpertsInterface); "
-                          f"found transformers {transformers.__version__}") from ex
-    ExpertsInterface.register(name, moegemm_experts_forward)
+                          f"found transformers {transformers.__version__}")
+    hf_moe.ExpertsInterface.register(name, moegemm_experts_forward)
 
 
 register()

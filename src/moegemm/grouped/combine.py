@@ -1,0 +1,43 @@
+"""The un-permute of an MoE layer as one gather: each token's top-k result rows read from the permuted
+output, weighted where asked, summed in fp32 in a fixed order and stored once in the output's dtype. The
+[T * top_k, N] fp32 slot buffer a scatter needs is never written: one read of the rows, one write of [T, N]."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _combine_kernel(y_ptr, rows_ptr, w_ptr, out_ptr, N, stride_y, stride_o, TOP_K: tl.constexpr,
+                    HAS_W: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[t, n-block] = sum_j w[t, j] * y[rows[t * TOP_K + j], n-block] (j in order; fp32)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        r = tl.load(rows_ptr + t * TOP_K + j).to(tl.int64)
+        v = tl.load(y_ptr + r * stride_y + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            v = v * tl.load(w_ptr + t * TOP_K + j).to(tl.float32)
+        acc += v
+    tl.store(out_ptr + t * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
+            topk_weights: torch.Tensor | None) -> torch.Tensor:
+    """[T, N] from y_sorted [T * top_k, N] (unit stride along N) and slot_rows [T * top_k] (the permuted row
+    of each flat (token, k) slot); topk_weights [T, top_k] or None."""
+    rows, n = y_sorted.shape
+    t = rows // max(top_k, 1)
+    out = torch.empty((t, n), dtype=y_sorted.dtype, device=y_sorted.device)
+    if t == 0 or n == 0:
+        return out.zero_()
+    block_n = min(triton.next_power_of_2(n), 1024)
+    w = topk_weights.reshape(-1).contiguous() if topk_weights is not None else slot_rows
+    _combine_kernel[(t, triton.cdiv(n, block_n))](
+        y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0), TOP_K=top_k,
+        HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2)
+    return out
