@@ -31,8 +31,9 @@ ITERS = 10
 
 def scatter_unpermute_ffn(x, ids, wts, w_gu, w_dn, e: int):
     plan = route(ids, e, validate=False)
-    act = grouped_mm_swiglu(permute(x, plan), w_gu, plan.group_offsets, validate=False)
-    ys = grouped_mm(act, w_dn, plan.group_offsets, row_scale=sorted_weights(wts, plan), validate=False)
+    act = grouped_mm_swiglu(permute(x, plan), w_gu, plan.group_offsets, w_layout="nk", validate=False)
+    ys = grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
+                    validate=False)
     t, k, n = plan.num_tokens, plan.top_k, ys.shape[1]
     slots = torch.empty((t * k, n), dtype=torch.float32, device=ys.device)
     slots[plan.sorted_slot.to(torch.int64)] = ys.float()

@@ -27,6 +27,7 @@ from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E40
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.api import swiglu_config  # noqa: E402
 from moegemm.grouped.checks import _ids_ok_kernel, _offsets_ok_kernel  # noqa: E402
+from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
                                      _grouped_mm_masked_tma_kernel, _grouped_mm_swiglu_tma_kernel,
                                      _grouped_mm_tma_kernel)
@@ -111,6 +112,13 @@ def variants():
     for ty in ("*i32", "*i64"):
         yield ("check_offsets", ty), _offsets_ok_kernel, {"off_ptr": ty, "ok_ptr": "*i8"}, dict(BLOCK=1024)
         yield ("check_ids", ty), _ids_ok_kernel, {"ids_ptr": ty, "ok_ptr": "*i8"}, dict(BLOCK=1024)
+    # the un-permute's gather and sum
+    for dt in ("bf16", "fp16", "fp32"):
+        for has_w in (False, True):
+            yield (("combine", dt, has_w), _combine_kernel,
+                   {"y_ptr": TY[dt], "rows_ptr": "*i32", "w_ptr": "*fp32" if has_w else "*i32", "out_ptr": TY[dt]},
+                   dict(TOP_K=8, HAS_W=has_w, BLOCK_N=1024))
+        yield ("silu_mul", dt), _silu_mul_kernel, {"gu_ptr": TY[dt], "out_ptr": TY[dt]}, dict(BLOCK=1024)
     # E7's memory ceiling, every launch shape it tries
     for dt in ("bf16", "fp16"):
         sio = {"w_ptr": TY[dt], "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32", "counts_ptr": "*i32",

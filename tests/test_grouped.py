@@ -152,7 +152,7 @@ def test_unpermute_gathers_each_tokens_rows_in_float32(device, t, k, e, n, dtype
         slots = y.index_select(0, plan.slot_rows).view(t, k, n).float()
         torch_path = ((slots * w.float()[..., None]) if w is not None else slots).sum(1).to(dtype)
         torch.testing.assert_close(got.cpu().double(), torch_path.cpu().double(), rtol=tol, atol=tol)
-    assert routing._triton_here(y) == (device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1")
+    assert routing.triton_here(y) == (device != "cpu" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def test_moe_expert_path_end_to_end(device):
@@ -252,6 +252,11 @@ def _ok(device):
     return xs, w, off
 
 
+# Values (not shapes or types) that a GPU call checks on the device, with no host sync: a failed check there
+# is a device-side assertion, which ends the process's CUDA context, so on a GPU these run in subprocesses.
+DEVICE_CHECKED = ("not monotone", "end at M_total=10", "start at 0")
+
+
 @pytest.mark.parametrize("mutate,exc,match", [
     (lambda xs, w, off: dict(x_sorted=xs[0], w=w, group_offsets=off), ValueError, "x_sorted: expected a 2-D"),
     (lambda xs, w, off: dict(x_sorted=xs, w=w[0], group_offsets=off), ValueError, "w: expected a 3-D"),
@@ -275,16 +280,19 @@ def _ok(device):
      ValueError, "w: on meta"),
 ])
 def test_grouped_mm_bad_input(mutate, exc, match, device):
+    if device != "cpu" and match in DEVICE_CHECKED:
+        pytest.skip("a value checked on the GPU by a device-side assertion: test_grouped_gpu.py's subprocess test")
     with pytest.raises(exc, match=match):
         grouped_mm(**mutate(*_ok(device)))
 
 
 def test_routing_and_masked_bad_input(device):
     ids = torch.tensor([[0, 1], [2, 3]]).to(device)
-    with pytest.raises(ValueError, match="expert ids must be in \\[0, 3\\)"):
-        route(ids, 3)
-    with pytest.raises(ValueError, match="expert ids"):
-        route(torch.tensor([[0, -1]]).to(device), 4)
+    if device == "cpu":  # on a GPU, a device-side assertion (test_grouped_gpu.py's subprocess test)
+        with pytest.raises(ValueError, match="expert ids must be in \\[0, 3\\)"):
+            route(ids, 3)
+        with pytest.raises(ValueError, match="expert ids"):
+            route(torch.tensor([[0, -1]]).to(device), 4)
     with pytest.raises(ValueError, match="top_k=3 exceeds num_experts=2"):
         route(torch.zeros(2, 3, dtype=torch.int64).to(device), 2)
     with pytest.raises(TypeError, match="topk_ids: expected an integer"):
@@ -854,20 +862,23 @@ def _ffn_ref(x, ids, wts, w_gu_nk, w_down_nk):
     return out
 
 
+@pytest.mark.parametrize("t", [11, 61])  # 3 and 17 rows per expert: unfused and fused gate/up
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_moe_ffn_matches_float64(layout, dtype, device, monkeypatch):
+def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
     """moe_ffn: routing, fused gate/up (gate first), SiLU(gate) * up, down with the gating weights, combine;
     against a float64 token-by-token reference on fresh random data, both weight layouts; experts left
     empty by the routing included; bad shapes refused by name."""
     import moegemm.grouped.api as api
-    from moegemm.grouped import moe_ffn
+    from moegemm.grouped import ffn, grouped_mm_swiglu, moe_ffn
 
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
     monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
     g = torch.Generator().manual_seed(8)
-    e, t, top_k, h, i = 7, 11, 2, 64, 24
+    e, top_k, h, i = 7, 2, 64, 24
     ids = torch.stack([torch.randperm(e - 2, generator=g)[:top_k] for _ in range(t)])  # experts 5, 6 empty
+    fused = []
+    monkeypatch.setattr(ffn, "grouped_mm_swiglu", lambda *a, **k: fused.append(1) or grouped_mm_swiglu(*a, **k))
     wts = torch.rand(t, top_k, generator=g)
     x = torch.randn(t, h, generator=g).to(dtype)
     w_gu = (torch.randn(e, 2 * i, h, generator=g) / 8).to(dtype)
@@ -879,14 +890,16 @@ def test_moe_ffn_matches_float64(layout, dtype, device, monkeypatch):
     assert got.shape == (t, h) and got.dtype == dtype
     tol = 4e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(got.double().cpu(), ref, rtol=tol, atol=tol)
+    assert bool(fused) == (t * top_k > ffn.FUSE_ABOVE_ROWS_PER_EXPERT * e)
     with pytest.raises(ValueError, match="w_down: expected shape"):
         moe_ffn(d(x), d(ids), d(wts), d(a), d(b[:, :-1]), w_layout=layout)
     with pytest.raises(ValueError, match="w_gate_up: hidden size"):
         moe_ffn(d(x[:, :-1]), d(ids), d(wts), d(a), d(b), w_layout=layout)
     with pytest.raises(ValueError, match="topk_weights: expected shape"):
         moe_ffn(d(x), d(ids), d(wts[:, :1]), d(a), d(b), w_layout=layout)
-    with pytest.raises(ValueError, match="topk_ids: expert ids must be in"):
-        moe_ffn(d(x), d(ids + e), d(wts), d(a), d(b), w_layout=layout)
+    if device == "cpu":  # on a GPU, a device-side assertion (test_grouped_gpu.py's subprocess test)
+        with pytest.raises(ValueError, match="topk_ids: expert ids must be in"):
+            moe_ffn(d(x), d(ids + e), d(wts), d(a), d(b), w_layout=layout)
 
 
 def test_moe_ffn_traces_under_torch_compile(device, monkeypatch):
@@ -992,10 +1005,29 @@ def test_device_side_checks(device):
     d = lambda v: torch.tensor(v, dtype=torch.int32).to(device)  # noqa: E731
     checks.assert_offsets(d([0, 2, 2, 5]), 5)
     checks.assert_offsets(d(list(range(0, 2000, 1))), 1999)  # 1999 experts: two blocks of the kernel
+    checks.assert_ids(d([0, 3, 1, 2]), 4)
+    if device != "cpu":  # a failed check ends the CUDA context: test_grouped_gpu.py's subprocess test
+        torch.cuda.synchronize()
+        return
     for bad, m in (([1, 2, 5], 5), ([0, 2, 4], 5), ([0, 3, 2, 5], 5), (list(range(1500)) + [1400, 1600], 1600)):
         with pytest.raises(RuntimeError, match="group_offsets: must run from 0 to M_total"):
             checks.assert_offsets(d(bad), m)
-    checks.assert_ids(d([0, 3, 1, 2]), 4)
     for bad in ([0, 4], [-1, 2], [1] * 1500 + [7]):
         with pytest.raises(RuntimeError, match=r"topk_ids: expert ids must be in \[0, 4\)"):
             checks.assert_ids(d(bad), 4)
+
+
+@pytest.mark.parametrize("rows,i", [(1, 1), (7, 24), (3, 1500), (0, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_in_float32(device, rows, i, dtype):
+    """SiLU(gate) * up of an unfused gate/up product, against float64 on fresh random data."""
+    from moegemm.grouped.pointwise import silu_mul
+
+    torch.manual_seed(rows + i)
+    gu = (3 * torch.randn(rows, 2 * i)).to(dtype).to(device)
+    got = silu_mul(gu)
+    g, u = gu.cpu().double()[:, :i], gu.cpu().double()[:, i:]
+    ref = torch.nn.functional.silu(g) * u
+    assert got.shape == (rows, i) and got.dtype == dtype and not torch.isnan(got.cpu().double()).any()
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(got.cpu().double(), ref, rtol=tol, atol=tol)

@@ -303,3 +303,44 @@ def test_grouped_mm_swiglu_real_shapes(name, e, top_k, hidden, i, t, layout):
         out = torch.full((xs.shape[0], i), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm_swiglu(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, ref, hidden, f"{name} {layout} T={t} {cfg}")
+
+
+_BAD_SETUP = """
+import torch
+from moegemm.grouped import grouped_mm, moe_ffn, route
+g = torch.Generator(device="cuda").manual_seed(3)
+x = torch.randn(12, 64, device="cuda", generator=g).to(torch.bfloat16)
+ids = torch.randint(0, 8, (12, 2), device="cuda", generator=g)
+wts = torch.rand(12, 2, device="cuda", generator=g)
+gu = torch.randn(8, 96, 64, device="cuda", generator=g).to(torch.bfloat16)
+dn = torch.randn(8, 64, 48, device="cuda", generator=g).to(torch.bfloat16)
+xs = torch.randn(10, 64, device="cuda", generator=g).to(torch.bfloat16)
+off = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")
+"""
+
+
+@pytest.mark.parametrize("call,bad", [
+    ("moe_ffn(x, ids, wts, gu, dn)", False),
+    ("grouped_mm(xs, gu[:3], off([0, 4, 4, 10]), w_layout='nk')", False),
+    ("moe_ffn(x, ids + 8, wts, gu, dn)", True),
+    ("route(ids - 9, 8)", True),
+    ("grouped_mm(xs, gu[:3], off([0, 6, 4, 10]), w_layout='nk')", True),
+    ("grouped_mm(xs, gu[:3], off([0, 4, 4, 9]), w_layout='nk')", True),
+    ("grouped_mm(xs, gu[:3], off([1, 4, 4, 10]), w_layout='nk')", True),
+])
+def test_bad_values_fail_on_the_device(call, bad):
+    """Expert ids out of range and offsets that do not run from 0 to M_total non-decreasing, checked on the
+    GPU with no host sync: the call returns, and the next sync fails with a device-side assertion (which
+    ends the CUDA context, hence a process of its own); the same calls on good values run clean."""
+    import os
+    import subprocess
+    import sys
+
+    code = _BAD_SETUP + f"y = {call}\ntorch.cuda.synchronize()\nprint('synced')\n"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=300)
+    if bad:
+        assert res.returncode != 0 and "device-side assert" in res.stderr, res.stderr[-2000:]
+        assert "synced" not in res.stdout
+    else:
+        assert res.returncode == 0 and "synced" in res.stdout, res.stderr[-2000:]

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from .api import grouped_mm, grouped_mm_swiglu
-from .routing import permute, route, sorted_weights, unpermute
+from .pointwise import silu_mul
+from .routing import permute, route, sorted_weights, triton_here, unpermute
+
+# At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
+# SiLU(gate) * up a separate op: there, on the tune split of E8 (results/nvidia-h200/runs/S16-1/moe_layer.csv),
+# the fused kernel (half-width N tiles, no tail tiles) ran 1-6% slower; above it, 1-5% faster.
+FUSE_ABOVE_ROWS_PER_EXPERT = 16
 
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
@@ -18,8 +24,9 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     dtype.
 
     Two grouped GEMM launches around the permutation: gate and up for every expert at once with SwiGLU in
-    the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), then down with the
-    gating weights fused into its store. No
+    the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written; at decode, at most
+    ``FUSE_ABOVE_ROWS_PER_EXPERT`` rows per expert, the product and a separate SiLU * up in fp32, which measured
+    faster there), then down with the gating weights fused into its store. No
     host sync with the default arguments (``validate`` checks ids and offsets on the device; see
     :func:`moegemm.grouped.route`), so the layer can be captured in a CUDA graph; under torch.compile it
     traces with no graph break.
@@ -52,7 +59,14 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                          f"{tuple(topk_weights.shape)}")
     plan = route(topk_ids, e, validate=validate)
     xs = permute(x, plan)
-    act = grouped_mm_swiglu(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
+    if plan.num_rows > FUSE_ABOVE_ROWS_PER_EXPERT * e:
+        act = grouped_mm_swiglu(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
+    else:
+        gu = grouped_mm(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
+        if triton_here(gu) and not torch.compiler.is_compiling():
+            act = silu_mul(gu)
+        else:  # traced: Inductor fuses these into one kernel
+            act = (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
     ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout,
                     row_scale=sorted_weights(topk_weights, plan), validate=False)
     return unpermute(ys, plan, None)

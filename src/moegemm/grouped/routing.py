@@ -69,7 +69,10 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
             from .checks import assert_ids
 
             assert_ids(flat, num_experts)
-    order = torch.sort(flat, stable=True).indices  # flat slots grouped by expert, token order kept
+    # flat slots grouped by expert, token order kept; 16-bit keys where the ids fit (a radix sort's passes
+    # scale with the key's width)
+    keys = flat.to(torch.int16) if num_experts <= torch.iinfo(torch.int16).max else flat
+    order = torch.sort(keys, stable=True).indices
     # scatter_add, not bincount: bincount sizes its output from the data (a host sync on CUDA).
     sizes = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
     sizes.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
@@ -103,7 +106,7 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
     """y_sorted [T * top_k, N] -> y [T, N] = sum_j weight[t, j] * (row of slot (t, j)), in fp32, cast back.
 
     Deterministic: each token gathers its top_k rows (``plan.slot_rows``) and sums them in a fixed order, in
-    one Triton kernel on a GPU (:mod:`moegemm.grouped.combine`). ``topk_weights=None`` means the gating
+    one Triton kernel on a GPU (:func:`moegemm.grouped.pointwise.combine`). ``topk_weights=None`` means the gating
     weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
     """
     if not isinstance(y_sorted, torch.Tensor) or y_sorted.dim() != 2:
@@ -115,8 +118,8 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
         raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {tuple(topk_weights.shape)}")
     if y_sorted.device != plan.slot_rows.device:
         raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
-    if _triton_here(y_sorted) and not torch.compiler.is_compiling():
-        from .combine import combine
+    if triton_here(y_sorted) and not torch.compiler.is_compiling():
+        from .pointwise import combine
 
         return combine(y_sorted if y_sorted.stride(1) == 1 else y_sorted.contiguous(), plan.slot_rows, k,
                        topk_weights)
@@ -127,7 +130,7 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
     return slots.sum(dim=1).to(y_sorted.dtype)
 
 
-def _triton_here(t: torch.Tensor) -> bool:
+def triton_here(t: torch.Tensor) -> bool:
     """Whether a Triton kernel can take ``t``: on a GPU, or anywhere under Triton's interpreter."""
     import os
 

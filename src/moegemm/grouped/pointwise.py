@@ -1,6 +1,10 @@
-"""The un-permute of an MoE layer as one gather: each token's top-k result rows read from the permuted
-output, weighted where asked, summed in fp32 in a fixed order and stored once in the output's dtype. The
-[T * top_k, N] fp32 slot buffer a scatter needs is never written: one read of the rows, one write of [T, N]."""
+"""The memory-bound steps around the expert GEMMs, one launch each.
+
+- :func:`combine`, the un-permute as one gather: each token's top-k result rows read from the permuted
+  output, weighted where asked, summed in fp32 in a fixed order and stored once in the output's dtype. The
+  [T * top_k, N] fp32 slot buffer a scatter needs is never written: one read of the rows, one write of [T, N].
+- :func:`silu_mul`, SiLU(gate) * up of an unfused gate/up product [rows, 2I], in fp32, rounded once.
+"""
 
 from __future__ import annotations
 
@@ -40,4 +44,28 @@ def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
     _combine_kernel[(t, triton.cdiv(n, block_n))](
         y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0), TOP_K=top_k,
         HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2)
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK: tl.constexpr):
+    """out[r, block] = silu(gu[r, block]) * gu[r, I + block], in fp32."""
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    g = tl.load(gu_ptr + r * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r * stride_g + I + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r * stride_o + offs, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """[rows, I] = SiLU(gu[:, :I]) * gu[:, I:] of gu [rows, 2I] (unit stride along its columns)."""
+    rows, two_i = gu.shape
+    i = two_i // 2
+    out = torch.empty((rows, i), dtype=gu.dtype, device=gu.device)
+    if rows == 0 or i == 0:
+        return out
+    block = min(triton.next_power_of_2(i), 1024)
+    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, gu.stride(0), out.stride(0), BLOCK=block,
+                                                    num_warps=4 if block >= 512 else 2)
     return out
