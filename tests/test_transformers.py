@@ -87,8 +87,20 @@ def test_moe_block_matches_eager_experts_in_float64(block_cls, config, dtype, de
         ref = ref_block.experts(x.to(dtype).double(), ids.cpu(), weights.double().cpu())
         ref_whole = ref_block(x.double().view(3, 7, -1))
     assert got.shape == ref.shape and got.dtype == dtype
-    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(got.double().cpu(), ref, rtol=tol, atol=tol)
+    assert not torch.isnan(got).any()
+    if dtype == torch.bfloat16:
+        # as accurate as transformers' own experts in bf16 on the same routing (its eager loop, which also
+        # rounds the gate/up product and the activation to bf16), within a factor: the largest error against
+        # float64 at most 3x its own (Triton's CPU interpreter, where this runs in CI, rounds more than the GPU)
+        ours.experts.config._experts_implementation = "eager"
+        with torch.no_grad():
+            hf = ours.experts(xd, ids, weights).double().cpu()
+        ours.experts.config._experts_implementation = "moegemm"
+        err, hf_err = (got.double().cpu() - ref), (hf - ref)
+        assert err.abs().max() <= 3 * hf_err.abs().max() + 1e-3, (err.abs().max(), hf_err.abs().max())
+        assert err.norm() / ref.norm() < 2e-2
+    else:
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=1e-4)
     if dtype == torch.float32:
         torch.testing.assert_close(whole.double().cpu(), ref_whole, rtol=1e-4, atol=1e-4)
 
