@@ -7,34 +7,61 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+from moegemm.grouped.ffn import FUSE_ABOVE_ROWS_PER_EXPERT
 from .common import Numbers, gm, table
 
 OURS, UNFUSED = "ours:moe_ffn", "ours:unfused-swiglu"
 HF_COMPILED, TORCH, VLLM = "hf:grouped_mm:compiled", "torch._grouped_mm pipeline", "vllm:fused_experts"
 OURS_HF, OURS_HF_COMPILED = "ours:hf-backend", "ours:hf-backend:compiled"
 PREFILL = 1024
+MARGIN = 1.1  # the per-cell margin over the faster peer that the section counts the cells short of
 
 
 def e8_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Per (model, split, tokens, load): each contender's GPU time as a column (rows that failed: absent),
-    and ``best_peer``, the faster of transformers' compiled grouped_mm backend (where measured) and the
-    torch._grouped_mm pipeline."""
+    ``best_peer``, the faster of transformers' compiled grouped_mm backend (where measured) and the
+    torch._grouped_mm pipeline, and ``fused``: whether moe_ffn fuses SwiGLU into gate/up there (more than
+    FUSE_ABOVE_ROWS_PER_EXPERT rows per expert on average)."""
     ok = df[df.status == "ok"]
-    p = ok.pivot_table(index=["model", "split", "tokens", "load"], columns="contender", values="graph_us")
+    index = ["model", "split", "tokens", "load"] + [c for c in ("experts", "top_k") if c in df]
+    p = ok.pivot_table(index=index, columns="contender", values="graph_us")
     peers = [c for c in (HF_COMPILED, TORCH) if c in p]
     p["best_peer"] = p[peers].min(axis=1) if peers else float("nan")
-    return p.reset_index()
+    p = p.reset_index()
+    if "experts" in p and "top_k" in p:
+        p["fused"] = p.tokens * p.top_k > FUSE_ABOVE_ROWS_PER_EXPERT * p.experts
+    else:
+        p["fused"] = True
+    return p
+
+
+def fusion_at_decode(n: Numbers, results: Path) -> None:
+    """What the fused gate/up measured where moe_ffn no longer fuses: E8 of runs/S16-1 (commit 6e88b3d), in
+    which moe_ffn fused at every token count; the unfused contender's time over the fused one."""
+    path = results / "runs" / "S16-1" / "moe_layer.csv"
+    if not path.exists():
+        return
+    o = e8_frame(pd.read_csv(path))
+    if UNFUSED not in o or OURS not in o:
+        return
+    for tag, c in (("Decode", o[~o.fused]), ("Prefill", o[o.fused])):
+        for split, cs in (("Tune", c[c.split == "tune"]), ("Held", c[c.split == "heldout"])):
+            f = (cs[UNFUSED] / cs[OURS]).dropna()
+            if len(f):
+                n.add(f"EEightEarlier{tag}{split}FusionGain", gm(f))
 
 
 def e8(n: Numbers, results: Path, gen: Path) -> None:
     path = results / "moe_layer.csv"
     if not path.exists():
         return
-    o = e8_frame(pd.read_csv(path))
+    df = pd.read_csv(path)
+    o = e8_frame(df)
     if o.empty or OURS not in o:
         return
     held = o[o.split == "heldout"]
     n.add("EEightModels", o.model.nunique(), "{}")
+    n.add("EEightFuseAbove", FUSE_ABOVE_ROWS_PER_EXPERT, "{}")
     n.add("EEightCells", len(o), "{}")
     for tag, c in (("Held", held), ("All", o)):
         r = (c.best_peer / c[OURS]).dropna()
@@ -48,16 +75,35 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
         v = (pre[VLLM] / pre[OURS]).dropna()
         n.add("EEightHeldPrefillVsVllm", gm(v))
         n.add("EEightHeldPrefillVsVllmMin", float(v.min()))
+    under = held[(held.best_peer / held[OURS]) < MARGIN]
+    n.add("EEightMargin", MARGIN, "{:.1f}")
+    n.add("EEightHeldUnderTarget", len(under), "{}")
+    if len(under):
+        n.add("EEightUnderTargetTokens", ", ".join(str(int(t)) for t in sorted(under.tokens.unique())))
+    if HF_COMPILED in o:
+        ts = sorted(o[o[HF_COMPILED].notna()].tokens.unique())
+        n.add("EEightCompiledTokens", ", ".join(str(int(t)) for t in ts))
     if UNFUSED in o:
-        f = (o[UNFUSED] / o[OURS]).dropna()
-        n.add("EEightFusionGain", gm(f))
-        n.add("EEightFusionGainMin", float(f.min()))
-        n.add("EEightFusionSlower", int((f < 1).sum()), "{}")
+        fo = o[o.fused]  # where moe_ffn fuses (at decode it runs the unfused product itself)
+        f = (fo[UNFUSED] / fo[OURS]).dropna()
+        if len(f):
+            n.add("EEightFusionGain", gm(f))
+            n.add("EEightFusionGainMin", float(f.min()))
+            n.add("EEightFusionSlower", int((f < 1).sum()), "{}")
+            n.add("EEightFusionCells", len(f), "{}")
+    fusion_at_decode(n, results)
+    if "launch_us" in df and 1 in set(df.tokens):
+        one = df[(df.tokens == 1) & (df.status == "ok")].groupby("contender").launch_us.median()
+        if OURS in one and VLLM in one:
+            n.add("EEightDecodeHostUs", float(one[OURS]), "{:.0f}")
+            n.add("EEightDecodeHostVllmUs", float(one[VLLM]), "{:.0f}")
     if OURS_HF_COMPILED in o and OURS_HF in o:
         cmp = (o[OURS_HF] / o[OURS_HF_COMPILED]).dropna()
         if len(cmp):
             n.add("EEightCompiledVsEager", gm(cmp))
             n.add("EEightCompiledVsEagerMin", float(cmp.min()))
+            n.add("EEightCompiledSlower", int((cmp < 1).sum()), "{}")
+            n.add("EEightCompiledCells", len(cmp), "{}")
     rows = []
     for model, m in held.groupby("model", sort=False):
         r = m.best_peer / m[OURS]
@@ -65,13 +111,15 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
         if VLLM in m:
             pm = m[m.tokens >= PREFILL]
             row["prefill vs vLLM"] = f"{gm(pm[VLLM] / pm[OURS]):.2f}"
-        if UNFUSED in m:
-            row["fused SwiGLU gain"] = f"{gm(m[UNFUSED] / m[OURS]):.2f}"
+        if UNFUSED in m and m.fused.any():
+            mf = m[m.fused]
+            row["fused SwiGLU gain"] = f"{gm(mf[UNFUSED] / mf[OURS]):.2f}"
         rows.append(row)
     if rows:
         write_text(gen / "table_e8.tex", table(
             pd.DataFrame(rows), "E8, held-out models: the whole expert FFN (\\texttt{moe\\_ffn}) against the faster of "
             "transformers' compiled \\texttt{grouped\\_mm} backend and the \\texttt{torch.\\_grouped\\_mm} pipeline, "
             "and against vLLM's kernel at prefill; their time over ours, geomean (lowest) over token counts and "
-            "loads; GPU time. Last column: our time with SwiGLU as a separate op over the fused one.",
+            "loads; GPU time. Last column: our time with SwiGLU as a separate op over the fused one, where "
+            f"\\texttt{{moe\\_ffn}} fuses (above {FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
             "tab:e8", "l" + "r" * (len(rows[0]) - 1)))

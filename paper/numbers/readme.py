@@ -84,8 +84,29 @@ def headline(results: Path) -> str:
         lines += ["", f"On the three tuned models (E7's tune split: DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B) ours is "
                   f"{gm(dec.tg_us / dec.us):.2f}x torch._grouped_mm at decode and {gm(pre.tg_us / pre.us):.2f}x at "
                   "prefill" + (f", {gm(dec.vl_us / dec.us):.2f}x and {gm(pre.vl_us / pre.us):.2f}x vLLM's kernel"
-                               if "vl_us" in o else "") + "."]
+                               if "vl_us" in o else "") + "." + e8_sentence(results)]
     return "\n".join(lines)
+
+
+def e8_sentence(results: Path) -> str:
+    """One sentence on E8 (the whole expert FFN on the held-out models), or nothing before it is measured."""
+    from .e8 import OURS, PREFILL, VLLM, e8_frame
+
+    if not (results / "moe_layer.csv").exists():
+        return ""
+    o = e8_frame(pd.read_csv(results / "moe_layer.csv"))
+    held = o[o.split == "heldout"]
+    if held.empty or OURS not in held:
+        return ""
+    r = (held.best_peer / held[OURS]).dropna()
+    text = (f" The whole expert FFN (`moe_ffn`, E8) on the {held.model.nunique()} held-out models: {gm(r):.2f}x the "
+            f"faster of transformers' compiled grouped_mm backend and the torch._grouped_mm pipeline (lowest "
+            f"{r.min():.2f}x)")
+    pre = held[held.tokens >= PREFILL]
+    if VLLM in held and len(pre):
+        v = (pre[VLLM] / pre[OURS]).dropna()
+        text += f", {gm(v):.2f}x vLLM's fused_experts at prefill (lowest {v.min():.2f}x)"
+    return text + "; GPU time."
 
 
 def update_readme(readme: Path, block: str, runtime_text: str | None = None) -> None:
