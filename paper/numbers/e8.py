@@ -92,6 +92,9 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             n.add("EEightFusionSlower", int((f < 1).sum()), "{}")
             n.add("EEightFusionCells", len(f), "{}")
     fusion_at_decode(n, results)
+    one = o[o.tokens == 1]
+    if OURS_HF in o and len(one):  # the backend calls moe_ffn with validate=False: the device checks' cost
+        n.add("EEightChecksAtOne", gm(one[OURS] / one[OURS_HF]))
     if "launch_us" in df and 1 in set(df.tokens):
         one = df[(df.tokens == 1) & (df.status == "ok")].groupby("contender").launch_us.median()
         if OURS in one and VLLM in one:
