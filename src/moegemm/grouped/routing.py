@@ -10,6 +10,8 @@ import dataclasses
 
 import torch
 
+from .._runtime import INTERPRET
+
 
 @dataclasses.dataclass(frozen=True)
 class RoutingPlan:
@@ -132,9 +134,7 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
 
 def triton_here(t: torch.Tensor) -> bool:
     """Whether a Triton kernel can take ``t``: on a GPU, or anywhere under Triton's interpreter."""
-    import os
-
-    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.device.type == "cuda" or INTERPRET
 
 
 def row_positions(group_offsets: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
