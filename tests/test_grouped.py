@@ -122,6 +122,39 @@ def test_route_permute_unpermute_roundtrip(device):
     torch.testing.assert_close(y2.cpu(), y.cpu(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("t,k,e", [(1, 1, 1), (16, 8, 128), (17, 8, 128), (300, 6, 160), (90, 3, 300),
+                                   (700, 2, 8)])
+@pytest.mark.parametrize("load", ["uniform", "skewed"])
+def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load):
+    """The routing kernels (one program up to 128 slots; else count, scan and place over chunks of 128, with
+    experts in steps of 128) against a stable sort by expert id, element for element, for every integer id
+    dtype; an id out of range clears the check's flag and still leaves a permutation."""
+    from moegemm.grouped.routing import _route_torch
+    from moegemm.grouped.routing_kernels import plan_arrays
+
+    g = torch.Generator().manual_seed(t * 31 + e)
+    if load == "uniform":
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    else:  # most copies on the last expert and its neighbours (a long run within every chunk)
+        ids = (e - 1 - torch.randint(0, min(e, 3), (t, k), generator=g)).clamp_min(0)
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        if dtype == torch.uint8 and e > 255:
+            continue
+        flat = ids.reshape(-1).to(dtype)
+        *got, ok = plan_arrays(flat, e, k)
+        want = _route_torch(flat.to(torch.int64), e, k)
+        for name, a, b in zip(("sorted_token_ids", "sorted_slot", "slot_rows", "group_sizes", "group_offsets"),
+                              got, want):
+            assert a.dtype == torch.int32 and torch.equal(a, b), (name, dtype)
+        assert bool(ok)
+    bad = ids.reshape(-1).clone()
+    bad[-1] = e  # past the last expert
+    *got, ok = plan_arrays(bad, e, k)
+    assert not bool(ok)
+    assert torch.equal(torch.sort(got[1].long()).values, torch.arange(bad.numel()))  # still a permutation
+    assert int(got[4][-1]) == bad.numel()
+
+
 @pytest.mark.parametrize("t,k,e,n", [(1, 1, 1, 1), (5, 2, 4, 1500), (19, 8, 8, 40), (0, 2, 4, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("strided", [False, True])
@@ -922,6 +955,11 @@ def test_moe_ffn_traces_under_torch_compile(device, monkeypatch):
     torch.testing.assert_close(got.double().cpu(), _ffn_ref(x, ids, wts, w_gu, w_dn), rtol=4e-2, atol=4e-2)
     explained = torch._dynamo.explain(moe_ffn)(*args)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+    # the traced layer runs the eager layer's kernels: routing, SiLU * up (12 rows: the unfused regime) and
+    # the un-permute as custom ops, not as torch ops for Inductor to re-derive
+    code = str(explained.graphs[0].graph)
+    for op in ("moegemm.route", "moegemm.grouped_mm", "moegemm.silu_mul", "moegemm.combine"):
+        assert op in code, op
 
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .api import grouped_mm, grouped_mm_swiglu
+from .ops import silu_mul_op
 from .pointwise import silu_mul
 from .routing import permute, route, sorted_weights, triton_here, unpermute
 
@@ -27,9 +28,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written; at decode, at most
     ``FUSE_ABOVE_ROWS_PER_EXPERT`` rows per expert, the product and a separate SiLU * up in fp32, which measured
     faster there), then down with the gating weights fused into its store. No
-    host sync with the default arguments (``validate`` checks ids and offsets on the device; see
-    :func:`moegemm.grouped.route`), so the layer can be captured in a CUDA graph; under torch.compile it
-    traces with no graph break.
+    host sync with the default arguments (``validate`` checks the expert ids, on a GPU on the device, see
+    :func:`moegemm.grouped.route`; the group offsets come from that routing, so the GEMMs do not check them
+    again), so the layer can be captured in a CUDA graph; under torch.compile it traces with no graph break
+    and runs the same kernels (custom ops).
     """
     for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w_gate_up", w_gate_up),
                     ("w_down", w_down)):
@@ -60,13 +62,15 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     plan = route(topk_ids, e, validate=validate)
     xs = permute(x, plan)
     if plan.num_rows > FUSE_ABOVE_ROWS_PER_EXPERT * e:
-        act = grouped_mm_swiglu(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
+        act = grouped_mm_swiglu(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=False)
     else:
-        gu = grouped_mm(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=validate)
-        if triton_here(gu) and not torch.compiler.is_compiling():
-            act = silu_mul(gu)
-        else:  # traced: Inductor fuses these into one kernel
+        gu = grouped_mm(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=False)
+        if not triton_here(gu):
             act = (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
+        elif torch.compiler.is_compiling():  # the same kernel as a custom op
+            act = silu_mul_op(gu)
+        else:
+            act = silu_mul(gu)
     ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout,
                     row_scale=sorted_weights(topk_weights, plan), validate=False)
     return unpermute(ys, plan, None)

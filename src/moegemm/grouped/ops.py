@@ -108,3 +108,48 @@ def traced_grouped_mm_masked(x, w, masked_m, w_layout, epilogue, config, out, al
     epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
     grouped_mm_masked_op(x, w, masked_m, out, w_layout, epi, config_list(config), allow_tf32)
     return out
+
+
+# The steps around the GEMMs, for the traced path to run the same kernels as the eager one. Each returns new
+# tensors (no mutation); its fake implementation gives their shapes.
+
+@torch.library.custom_op("moegemm::route", mutates_args=())
+def route_op(flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .routing import route_arrays
+
+    return route_arrays(flat_ids.contiguous(), num_experts, top_k, check)
+
+
+@route_op.register_fake
+def _(flat_ids, num_experts, top_k, check):
+    n = flat_ids.shape[0]
+    i32 = dict(dtype=torch.int32)
+    return (flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32),
+            flat_ids.new_empty(num_experts, **i32), flat_ids.new_empty(num_experts + 1, **i32))
+
+
+@torch.library.custom_op("moegemm::combine", mutates_args=())
+def combine_op(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
+               topk_weights: torch.Tensor | None) -> torch.Tensor:
+    from .pointwise import combine
+
+    return combine(y_sorted if y_sorted.stride(1) == 1 else y_sorted.contiguous(), slot_rows, top_k,
+                   topk_weights)
+
+
+@combine_op.register_fake
+def _(y_sorted, slot_rows, top_k, topk_weights):
+    return y_sorted.new_empty((y_sorted.shape[0] // max(top_k, 1), y_sorted.shape[1]))
+
+
+@torch.library.custom_op("moegemm::silu_mul", mutates_args=())
+def silu_mul_op(gu: torch.Tensor) -> torch.Tensor:
+    from .pointwise import silu_mul
+
+    return silu_mul(gu if gu.stride(1) == 1 else gu.contiguous())
+
+
+@silu_mul_op.register_fake
+def _(gu):
+    return gu.new_empty((gu.shape[0], gu.shape[1] // 2))

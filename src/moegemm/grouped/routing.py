@@ -46,6 +46,10 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
     ``validate=True`` checks that the ids lie in [0, num_experts): on the CPU with a ValueError, on a GPU (and
     while torch.compile traces) on the device, with no host sync, so that a call can be captured in a CUDA
     graph (a failed check is then a device-side assertion).
+
+    Where Triton runs, the plan is three small kernels (one where T * top_k <= 128) and the check's assertion
+    (:mod:`moegemm.grouped.routing_kernels`), and under torch.compile the same kernels as one custom op;
+    elsewhere torch ops (a stable sort). Both give the same plan.
     """
     if not isinstance(topk_ids, torch.Tensor):
         raise TypeError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
@@ -58,19 +62,46 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
     t, k = topk_ids.shape
     if k > num_experts:
         raise ValueError(f"topk_ids: top_k={k} exceeds num_experts={num_experts}")
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    if validate and flat.numel():
-        if torch.compiler.is_compiling():  # traced: torch ops the compiler can fuse
+    flat = topk_ids.reshape(-1)
+    if flat.numel() >= 2**31:
+        raise ValueError(f"topk_ids: T * top_k = {flat.numel()} slots; at most 2^31 - 1 are supported")
+    on_device_check = validate and flat.device.type == "cuda"
+    if validate and flat.numel() and not on_device_check:
+        if torch.compiler.is_compiling():  # traced on the CPU: torch ops
             torch._assert_async((flat.min() >= 0) & (flat.max() < num_experts),
                                 f"topk_ids: expert ids must be in [0, {num_experts})")
-        elif flat.device.type == "cpu":
+        else:
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= num_experts:
                 raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
-        else:
-            from .checks import assert_ids
+    if flat.numel() and triton_here(flat):
+        # a few Triton launches (routing_kernels); under torch.compile the same, as one custom op
+        if torch.compiler.is_compiling():
+            from .ops import route_op
 
-            assert_ids(flat, num_experts)
+            arrays = route_op(flat, num_experts, k, on_device_check)
+        else:
+            arrays = route_arrays(flat.contiguous(), num_experts, k, on_device_check)
+    else:
+        arrays = _route_torch(flat.to(torch.int64), num_experts, k)
+    tok, slot, slot_rows, sizes, offsets = arrays
+    return RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
+                       group_offsets=offsets, num_tokens=t, top_k=k)
+
+
+def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
+    """The plan's five arrays from the Triton routing kernels; ``check``: assert on the device that every id
+    lies in [0, num_experts)."""
+    from .routing_kernels import plan_arrays
+
+    *arrays, ok = plan_arrays(flat, num_experts, top_k)
+    if check:
+        torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {num_experts})")
+    return tuple(arrays)
+
+
+def _route_torch(flat: torch.Tensor, num_experts: int, k: int):
+    """The same arrays from torch ops (a stable sort; where Triton does not run)."""
     # flat slots grouped by expert, token order kept; 16-bit keys where the ids fit (a radix sort's passes
     # scale with the key's width)
     keys = flat.to(torch.int16) if num_experts <= torch.iinfo(torch.int16).max else flat
@@ -82,15 +113,7 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
     offsets[1:] = torch.cumsum(sizes, 0)
     slot_rows = torch.empty_like(order, dtype=torch.int32)
     slot_rows.scatter_(0, order, torch.arange(order.numel(), dtype=torch.int32, device=order.device))
-    return RoutingPlan(
-        sorted_token_ids=(order // max(k, 1)).to(torch.int32),
-        sorted_slot=order.to(torch.int32),
-        slot_rows=slot_rows,
-        group_sizes=sizes,
-        group_offsets=offsets,
-        num_tokens=t,
-        top_k=k,
-    )
+    return (order // max(k, 1)).to(torch.int32), order.to(torch.int32), slot_rows, sizes, offsets
 
 
 def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
@@ -120,12 +143,16 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
         raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {tuple(topk_weights.shape)}")
     if y_sorted.device != plan.slot_rows.device:
         raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
-    if triton_here(y_sorted) and not torch.compiler.is_compiling():
+    if triton_here(y_sorted):  # one Triton kernel; under torch.compile the same, as a custom op
+        if torch.compiler.is_compiling():
+            from .ops import combine_op
+
+            return combine_op(y_sorted, plan.slot_rows, k, topk_weights)
         from .pointwise import combine
 
         return combine(y_sorted if y_sorted.stride(1) == 1 else y_sorted.contiguous(), plan.slot_rows, k,
                        topk_weights)
-    # traced (Inductor fuses the gather, the weighting and the sum into one kernel), or on the CPU
+    # on the CPU without the interpreter: torch ops
     slots = y_sorted.index_select(0, plan.slot_rows).view(t, k, n).float()
     if topk_weights is not None:
         slots = slots * topk_weights.float().unsqueeze(-1)

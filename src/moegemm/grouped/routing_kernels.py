@@ -1,0 +1,149 @@
+"""Routing in a few launches: the flat (token, k) slots grouped by expert, stable, with no sort.
+
+Row of slot s = (rows of every expert before e) + (slots before s with the same expert e), e = its expert id.
+The slots are cut into chunks of ``CHUNK``:
+
+1. ``_count_kernel`` (one program per chunk): the chunk's per-expert counts, and how many of its ids lie
+   outside [0, E);
+2. ``_scan_kernel`` (one program): the experts' sizes and offsets, and for every (chunk, expert) the row
+   where that chunk's first slot of the expert goes; the check's flag;
+3. ``_place_kernel`` (one program per chunk): each slot's row (3.'s base plus its rank among the chunk's
+   slots of the same expert, from a pairwise comparison within the chunk) and the permutation's three
+   arrays.
+
+Where every slot fits one chunk (decode), ``_small_kernel`` does all of it in one program. No atomics: the
+plan is the same on every run, equal to a stable sort by expert id. An id outside [0, E) counts as expert 0,
+so the plan stays a permutation, and the check's flag is 0 (the caller asserts it on the device).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
+EB = 128  # experts per step of the count and scan loops
+PB = 32  # chunks per step of the scan
+
+
+@triton.jit
+def _experts_of(ids_ptr, s, live, E):
+    """(expert of each slot, 0 for an id outside [0, E); 1 where the id is outside [0, E) and the slot live)."""
+    v = tl.load(ids_ptr + s, mask=live, other=0)
+    ok = (v >= 0) & (v < E)
+    return tl.where(ok, v, 0).to(tl.int32), (live & (ok == 0)).to(tl.int32)
+
+
+@triton.jit
+def _count_kernel(ids_ptr, hist_ptr, bad_ptr, N, E, CHUNK: tl.constexpr, EB: tl.constexpr):
+    p = tl.program_id(0)
+    s = p * CHUNK + tl.arange(0, CHUNK)
+    live = s < N
+    ex, bad = _experts_of(ids_ptr, s, live, E)
+    tl.store(bad_ptr + p, tl.sum(bad, axis=0))
+    for e0 in range(0, E, EB):
+        ec = e0 + tl.arange(0, EB)
+        hit = (ex[:, None] == ec[None, :]) & live[:, None]
+        tl.store(hist_ptr + p * E + ec, tl.sum(hit.to(tl.int32), axis=0), mask=ec < E)
+
+
+@triton.jit
+def _scan_kernel(hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P, E,
+                 PB: tl.constexpr, EB: tl.constexpr):
+    bad = tl.zeros((PB,), dtype=tl.int32)
+    for p0 in range(0, P, PB):
+        pr = p0 + tl.arange(0, PB)
+        bad += tl.load(bad_ptr + pr, mask=pr < P, other=0)
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    done = tl.sum(tl.zeros((EB,), dtype=tl.int32), axis=0)  # rows of the experts before this block
+    for e0 in range(0, E, EB):
+        ec = e0 + tl.arange(0, EB)
+        em = ec < E
+        size = tl.zeros((EB,), dtype=tl.int32)
+        for p0 in range(0, P, PB):
+            pr = p0 + tl.arange(0, PB)
+            h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=(pr < P)[:, None] & em[None, :], other=0)
+            size += tl.sum(h, axis=0)
+        start = done + tl.cumsum(size, axis=0) - size
+        tl.store(sizes_ptr + ec, size, mask=em)
+        tl.store(offsets_ptr + ec, start, mask=em)
+        done += tl.sum(size, axis=0)
+        run = start
+        for p0 in range(0, P, PB):
+            pr = p0 + tl.arange(0, PB)
+            m = (pr < P)[:, None] & em[None, :]
+            h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=m, other=0)
+            tl.store(base_ptr + pr[:, None] * E + ec[None, :], run[None, :] + tl.cumsum(h, axis=0) - h, mask=m)
+            run += tl.sum(h, axis=0)
+    tl.store(offsets_ptr + E, done)
+
+
+@triton.jit
+def _rank_in_chunk(ex, CHUNK: tl.constexpr):
+    """For each slot of the chunk, how many slots before it have the same expert."""
+    i = tl.arange(0, CHUNK)
+    before = (ex[:, None] == ex[None, :]) & (i[None, :] < i[:, None])
+    return tl.sum(before.to(tl.int32), axis=1)
+
+
+@triton.jit
+def _store_rows(s, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K):
+    tl.store(rows_ptr + s, row, mask=live)
+    tl.store(slot_ptr + row, s, mask=live)
+    tl.store(tok_ptr + row, s // TOP_K, mask=live)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, base_ptr, tok_ptr, slot_ptr, rows_ptr, N, E, TOP_K, CHUNK: tl.constexpr):
+    p = tl.program_id(0)
+    s = p * CHUNK + tl.arange(0, CHUNK)
+    live = s < N
+    ex, _ = _experts_of(ids_ptr, s, live, E)
+    row = tl.load(base_ptr + p * E + ex, mask=live, other=0) + _rank_in_chunk(ex, CHUNK)
+    _store_rows(s, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+
+
+@triton.jit
+def _small_kernel(ids_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr, offsets_ptr, ok_ptr, N, E, TOP_K,
+                  CHUNK: tl.constexpr, EB: tl.constexpr):
+    """All of it for N <= CHUNK slots: a slot's row is the number of slots ordered before it by (expert,
+    slot)."""
+    i = tl.arange(0, CHUNK)
+    live = i < N
+    ex, bad = _experts_of(ids_ptr, i, live, E)
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    first = (ex[None, :] < ex[:, None]) & live[None, :]
+    row = tl.sum(first.to(tl.int32), axis=1) + _rank_in_chunk(ex, CHUNK)
+    _store_rows(i, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+    done = tl.sum(tl.zeros((EB,), dtype=tl.int32), axis=0)
+    for e0 in range(0, E, EB):
+        ec = e0 + tl.arange(0, EB)
+        size = tl.sum(((ex[:, None] == ec[None, :]) & live[:, None]).to(tl.int32), axis=0)
+        tl.store(sizes_ptr + ec, size, mask=ec < E)
+        tl.store(offsets_ptr + ec, done + tl.cumsum(size, axis=0) - size, mask=ec < E)
+        done += tl.sum(size, axis=0)
+    tl.store(offsets_ptr + E, done)
+
+
+def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
+    """(sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok) for the flat ids (any
+    integer dtype, contiguous), all int32 but ok (bool [1]: every id in [0, num_experts))."""
+    n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
+    tok = torch.empty(n, dtype=torch.int32, device=dev)
+    slot = torch.empty(n, dtype=torch.int32, device=dev)
+    rows = torch.empty(n, dtype=torch.int32, device=dev)
+    sizes = torch.empty(e, dtype=torch.int32, device=dev)
+    offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
+    ok = torch.empty(1, dtype=torch.bool, device=dev)
+    if n <= CHUNK:
+        _small_kernel[(1,)](flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k, CHUNK=CHUNK, EB=EB,
+                            num_warps=4)
+        return tok, slot, rows, sizes, offsets, ok
+    p = triton.cdiv(n, CHUNK)
+    scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=dev)
+    hist, base, bad = scratch[: p * e], scratch[p * e: 2 * p * e], scratch[2 * p * e:]
+    _count_kernel[(p,)](flat_ids, hist, bad, n, e, CHUNK=CHUNK, EB=EB, num_warps=4)
+    _scan_kernel[(1,)](hist, bad, base, sizes, offsets, ok, p, e, PB=PB, EB=EB, num_warps=4)
+    _place_kernel[(p,)](flat_ids, base, tok, slot, rows, n, e, top_k, CHUNK=CHUNK, num_warps=4)
+    return tok, slot, rows, sizes, offsets, ok
