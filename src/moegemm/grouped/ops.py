@@ -153,3 +153,13 @@ def silu_mul_op(gu: torch.Tensor) -> torch.Tensor:
 @silu_mul_op.register_fake
 def _(gu):
     return gu.new_empty((gu.shape[0], gu.shape[1] // 2))
+
+
+@torch.library.custom_op("moegemm::gather_rows", mutates_args=())
+def gather_rows_op(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return src.index_select(0, index)
+
+
+@gather_rows_op.register_fake
+def _(src, index):
+    return src.new_empty((index.shape[0], *src.shape[1:]))

@@ -124,7 +124,17 @@ def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
         raise ValueError(f"x: has {x.shape[0]} rows but the plan routes {plan.num_tokens} tokens")
     if x.device != plan.sorted_token_ids.device:
         raise ValueError(f"x: on {x.device}, but the plan is on {plan.sorted_token_ids.device}")
-    return x.index_select(0, plan.sorted_token_ids)
+    return gather_rows(x, plan.sorted_token_ids)
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src.index_select(0, index); under torch.compile the same ATen kernel as a custom op, so that the traced
+    layer gathers as the eager one does."""
+    if torch.compiler.is_compiling():
+        from .ops import gather_rows_op
+
+        return gather_rows_op(src, index)
+    return src.index_select(0, index)
 
 
 def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Tensor | None) -> torch.Tensor:
@@ -177,4 +187,4 @@ def sorted_weights(topk_weights: torch.Tensor, plan: RoutingPlan) -> torch.Tenso
     if tuple(topk_weights.shape) != (plan.num_tokens, plan.top_k):
         raise ValueError(f"topk_weights: expected shape ({plan.num_tokens}, {plan.top_k}), "
                          f"got {tuple(topk_weights.shape)}")
-    return topk_weights.reshape(-1).index_select(0, plan.sorted_slot)
+    return gather_rows(topk_weights.reshape(-1), plan.sorted_slot)
