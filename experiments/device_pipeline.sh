@@ -54,12 +54,17 @@ for spec in "$@"; do
   files=$(outputs "$step")
   for f in $files; do rm -f "$f"; [ $resume = 1 ] || rm -f "$f.partial"; done
   rm -f "$R/benchmarks/$step.tsv"
+  [ $resume = 1 ] || rm -f "$R/benchmarks/$step.calls"
   case $step in verify|floors|tune|tune_grouped|tune_seed) rule=$step ;; *) rule=measure ;; esac
   # only this step's rule: the steps before it ran in this or an earlier call of the same run
   timeout -s INT "$left" python3 -m snakemake --cores 1 --allowed-rules $rule -- $files > "/tmp/smk-$step.log" 2>&1
   rc=$?
   grep -v "it/s]" "/tmp/smk-$step.log" | tail -3
   echo "=== $step rc=$rc $((SECONDS - t0))s (estimate ${est}s)"
+  # this call's wall time for the step (a step resumed over several calls has one line per call; Snakemake's
+  # benchmark file only covers the call that finished it)
+  [ -f "$R/benchmarks/$step.calls" ] || printf 'seconds\trc\n' > "$R/benchmarks/$step.calls"
+  printf '%s\t%s\n' "$((SECONDS - t0))" "$rc" >> "$R/benchmarks/$step.calls"
 done
 rm -rf "$STATE" && mkdir -p "$STATE" && cp -a results "$STATE/results" && cp -a src/moegemm/tuned "$STATE/tuned"
 tar czf "$OUT/results.tgz" results src/moegemm/tuned 2>/dev/null

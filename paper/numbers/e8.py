@@ -51,6 +51,25 @@ def fusion_at_decode(n: Numbers, results: Path) -> None:
                 n.add(f"EEightEarlier{tag}{split}FusionGain", gm(f))
 
 
+def compiled_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_compiled_layer.py: our compiled transformers backend against the eager one, side by
+    side, after the traced layer's row gathers became a custom op (eager time over compiled time)."""
+    path = results / "probe_compiled_layer.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    p = df[df.status == "ok"].pivot_table(index=["model", "tokens"], columns="contender", values="graph_us")
+    if OURS_HF not in p or OURS_HF_COMPILED not in p:
+        return
+    r = (p[OURS_HF] / p[OURS_HF_COMPILED]).dropna()
+    n.add("EEightProbeCompiledVsEager", gm(r))
+    n.add("EEightProbeCompiledVsEagerMin", float(r.min()))
+    n.add("EEightProbeCompiledVsEagerMax", float(r.max()))
+    n.add("EEightProbeCompiledCells", len(r), "{}")
+    n.add("EEightProbeCompiledModels", p.reset_index().model.nunique(), "{}")
+    n.add("EEightProbeCompiledCommit", str(df.git_commit.iloc[0])[:7], "{}")
+
+
 def e8(n: Numbers, results: Path, gen: Path) -> None:
     path = results / "moe_layer.csv"
     if not path.exists():
@@ -107,6 +126,16 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             n.add("EEightCompiledVsEagerMin", float(cmp.min()))
             n.add("EEightCompiledSlower", int((cmp < 1).sum()), "{}")
             n.add("EEightCompiledCells", len(cmp), "{}")
+            top = o.tokens.max()
+            big = (o[o.tokens == top][OURS_HF] / o[o.tokens == top][OURS_HF_COMPILED]).dropna()
+            if len(big):
+                n.add("EEightCompiledTopTokens", int(top), "{}")
+                n.add("EEightCompiledVsEagerTop", gm(big))
+                n.add("EEightCompiledVsEagerTopMin", float(big.min()))
+                rest = (o[o.tokens < top][OURS_HF] / o[o.tokens < top][OURS_HF_COMPILED]).dropna()
+                if len(rest):
+                    n.add("EEightCompiledVsEagerBelowTop", gm(rest))
+    compiled_probe(n, results)
     rows = []
     for model, m in held.groupby("model", sort=False):
         r = m.best_peer / m[OURS]

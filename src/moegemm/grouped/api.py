@@ -275,8 +275,9 @@ def grouped_mm_swiglu(
     [M_total, 2I] product is never written. Arguments as for :func:`grouped_mm` (no epilogue: SwiGLU is
     it). ``config`` names the tiles of the unfused [E, K, 2I] product: a tile of the fused kernel computes
     block_n / 2 output columns of each of the two halves, so that it holds as many accumulators; its tail
-    tiles are not used. Default: the config chosen for that unfused shape (tuned, else the distilled
-    shortlist, timed on the first call of a shape as for :func:`grouped_mm`)."""
+    tiles are not used. Default: timed on the first call of a shape (as :func:`grouped_mm` times an untuned
+    one, and kept apart from its choices) among the distilled shortlist of its regime and, where the tuned
+    table has the unfused shape, that entry's tiles."""
     if torch.compiler.is_compiling():
         from . import ops
 
@@ -352,16 +353,21 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
         return out
     slug = gpu_slug(x_sorted)
     cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
-    if source == "default" or (swiglu and source == "autotuned"):
+    if source == "default" or swiglu:
         from . import autotune
 
-        # the fused kernel's timed choices are its own; the unfused kernel's, _choose has looked up already
+        # The fused kernel's timed choices are its own (the unfused kernel's, _choose has looked up already).
+        # The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that entry's tiles
+        # against the regime's shortlist too.
         key = autotune_key(m_total, k, x_sorted.dtype, e, n_w, w_layout + ("+swiglu" if swiglu else ""))
         timed = autotune.lookup(slug, key) if swiglu else None
         if timed is not None:
             cfg = GroupedConfig.from_dict(timed)
         elif autotune.can_time(x_sorted):
-            cfg, times = autotune.fastest(launch, list(shortlist(m_total, e, n_w, slug)))
+            candidates = list(shortlist(m_total, e, n_w, slug))
+            if swiglu and source != "default":
+                candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
+            cfg, times = autotune.fastest(launch, candidates)
             autotune.remember(slug, key, dataclasses.asdict(cfg), times)
     launch(cfg)
     return out
