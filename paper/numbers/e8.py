@@ -51,23 +51,47 @@ def fusion_at_decode(n: Numbers, results: Path) -> None:
                 n.add(f"EEightEarlier{tag}{split}FusionGain", gm(f))
 
 
+def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
+    """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or None
+    where it or either contender is missing."""
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    p = df[df.status == "ok"].pivot_table(index=["model", "tokens"], columns="contender", values="graph_us")
+    if slow not in p or fast not in p:
+        return None
+    return (p[slow] / p[fast]).dropna(), str(df.git_commit.iloc[0])[:7]
+
+
+def fused_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_fused_tuned.py: on the tune models at prefill, after the fused kernel began timing a
+    tuned shape's tiles against its regime's shortlist; our unfused time over moe_ffn's (fused), per cell."""
+    got = probe_ratios(results / "probe_fused_tuned.csv", UNFUSED, OURS)
+    if got is None:
+        return
+    r, commit = got
+    n.add("EEightProbeFusedGain", gm(r))
+    n.add("EEightProbeFusedSlower", int((r < 1).sum()), "{}")
+    n.add("EEightProbeFusedCells", len(r), "{}")
+    n.add("EEightProbeFusedCommit", commit, "{}")
+    for t, tag in ((4096, "Mid"), (16384, "Long")):
+        if ("deepseek-v3", t) in r.index:
+            n.add(f"EEightProbeFusedDeepSeek{tag}", float(r[("deepseek-v3", t)]))
+
+
 def compiled_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_compiled_layer.py: our compiled transformers backend against the eager one, side by
     side, after the traced layer's row gathers became a custom op (eager time over compiled time)."""
-    path = results / "probe_compiled_layer.csv"
-    if not path.exists():
+    got = probe_ratios(results / "probe_compiled_layer.csv", OURS_HF, OURS_HF_COMPILED)
+    if got is None:
         return
-    df = pd.read_csv(path)
-    p = df[df.status == "ok"].pivot_table(index=["model", "tokens"], columns="contender", values="graph_us")
-    if OURS_HF not in p or OURS_HF_COMPILED not in p:
-        return
-    r = (p[OURS_HF] / p[OURS_HF_COMPILED]).dropna()
+    r, commit = got
     n.add("EEightProbeCompiledVsEager", gm(r))
     n.add("EEightProbeCompiledVsEagerMin", float(r.min()))
     n.add("EEightProbeCompiledVsEagerMax", float(r.max()))
     n.add("EEightProbeCompiledCells", len(r), "{}")
-    n.add("EEightProbeCompiledModels", p.reset_index().model.nunique(), "{}")
-    n.add("EEightProbeCompiledCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("EEightProbeCompiledModels", r.reset_index().model.nunique(), "{}")
+    n.add("EEightProbeCompiledCommit", commit, "{}")
 
 
 def e8(n: Numbers, results: Path, gen: Path) -> None:
@@ -135,7 +159,13 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 rest = (o[o.tokens < top][OURS_HF] / o[o.tokens < top][OURS_HF_COMPILED]).dropna()
                 if len(rest):
                     n.add("EEightCompiledVsEagerBelowTop", gm(rest))
+    if UNFUSED in o:
+        for t, tag in ((4096, "Mid"), (16384, "Long")):
+            c = o[(o.model == "deepseek-v3") & (o.tokens == t) & (o.load == "uniform")]
+            if len(c):
+                n.add(f"EEightFusedDeepSeek{tag}", float((c[UNFUSED] / c[OURS]).iloc[0]))
     compiled_probe(n, results)
+    fused_probe(n, results)
     rows = []
     for model, m in held.groupby("model", sort=False):
         r = m.best_peer / m[OURS]
