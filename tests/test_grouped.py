@@ -155,6 +155,15 @@ def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
     assert int(got[4][-1]) == bad.numel()
 
 
+def test_routing_kernels_refuse_counts_past_32_bit_offsets():
+    """More per-chunk counts than 32-bit offsets reach: a ValueError naming the argument, before any launch
+    (meta tensors: nothing is allocated)."""
+    from moegemm.grouped.routing_kernels import plan_arrays
+
+    with pytest.raises(ValueError, match="topk_ids: .*32-bit offsets"):
+        plan_arrays(torch.empty(2**30, dtype=torch.int32, device="meta"), 128, 8)
+
+
 @pytest.mark.parametrize("t,k,e,n", [(1, 1, 1, 1), (5, 2, 4, 1500), (19, 8, 8, 40), (0, 2, 4, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("strided", [False, True])

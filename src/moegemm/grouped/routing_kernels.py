@@ -141,6 +141,9 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
                             num_warps=4)
         return tok, slot, rows, sizes, offsets, ok
     p = triton.cdiv(n, CHUNK)
+    if 2 * p * e + p >= 2**31:  # the kernels index the per-chunk counts with 32-bit offsets
+        raise ValueError(f"topk_ids: {n} slots over {e} experts need {2 * p * e} per-chunk counts, more than "
+                         "the routing kernels' 32-bit offsets hold")
     scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=dev)
     hist, base, bad = scratch[: p * e], scratch[p * e: 2 * p * e], scratch[2 * p * e:]
     _count_kernel[(p,)](flat_ids, hist, bad, n, e, CHUNK=CHUNK, EB=EB, num_warps=4)
