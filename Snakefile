@@ -44,6 +44,10 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
     "grouped_skew": "e7_grouped_skew",
     "moe_layer": "e8_moe_layer",
 }
+# With several GPUs the longest experiments run as one shard per GPU, merged on the CPU (rules measure_shard,
+# merge_shards); with one, as one job like the others.
+SHARDS = max(1, len(GPUS))
+SHARDED = ("grouped_skew", "moe_layer") if SHARDS > 1 else ()
 # The experiments with the seed's Triton kernels among their contenders (at the configs of tune_seed)
 SEED_EXPERIMENTS = ("epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm")
 # The write-up reads every experiment measured for RES (on a GPU: all of them; without one, those whose
@@ -208,20 +212,24 @@ if GPUS:
         shell:
             "{params.slot} {params.py} -m experiments.tune_seed --out {output} > {log} 2>&1"
 
+    MEASURE_INPUT = dict(
+        verify=f"results/{HERE}/verify.json",
+        seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
+        table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
+        grouped_table=f"src/moegemm/tuned/grouped/{HERE}.json",
+        grouped_default=f"src/moegemm/tuned/grouped_default/{HERE}.json",
+        floors=f"results/{HERE}/floors.json",
+        config="experiments/config.yaml",
+    )
+
     rule measure:
         """One experiment E1..E8 on one GPU (independent jobs: they spread over GPUs)."""
         input:
-            verify=f"results/{HERE}/verify.json",
-            seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
-            table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
-            grouped_table=f"src/moegemm/tuned/grouped/{HERE}.json",
-            grouped_default=f"src/moegemm/tuned/grouped_default/{HERE}.json",
-            floors=f"results/{HERE}/floors.json",
-            config="experiments/config.yaml",
+            **MEASURE_INPUT,
         output:
             f"results/{HERE}/{{experiment}}.csv",
         wildcard_constraints:
-            experiment="|".join(EXPERIMENTS),
+            experiment="|".join(e for e in EXPERIMENTS if e not in SHARDED),
         log:
             f"logs/{HERE}/{{experiment}}.log",
         benchmark:
@@ -234,6 +242,46 @@ if GPUS:
             gpu=1,
         shell:
             "{params.slot} {params.py} -m experiments.{params.module} --out {output} > {log} 2>&1"
+
+    if SHARDED:
+
+        rule measure_shard:
+            """With several GPUs, one shard of a long experiment (E7, E8) per GPU: whole models each, about as many
+            cells each (experiments.common.shard_cells)."""
+            input:
+                **MEASURE_INPUT,
+            output:
+                f"results/{HERE}/shards/{{experiment}}.{{shard}}-of-{SHARDS}.csv",
+            wildcard_constraints:
+                experiment="|".join(SHARDED),
+                shard=r"\d+",
+            log:
+                f"logs/{HERE}/{{experiment}}.{{shard}}-of-{SHARDS}.log",
+            benchmark:
+                f"results/{HERE}/benchmarks/{{experiment}}.{{shard}}-of-{SHARDS}.tsv"
+            params:
+                slot=SLOT,
+                py=PY,
+                module=lambda w: EXPERIMENTS[w.experiment],
+                shards=SHARDS,
+            resources:
+                gpu=1,
+            shell:
+                "{params.slot} {params.py} -m experiments.{params.module} --shard {wildcards.shard}/{params.shards} "
+                "--out {output} > {log} 2>&1"
+
+        rule merge_shards:
+            """A sharded experiment's CSV: its shards' rows, in shard order (on the CPU)."""
+            input:
+                lambda w: [f"results/{HERE}/shards/{w.experiment}.{i}-of-{SHARDS}.csv" for i in range(SHARDS)],
+            output:
+                f"results/{HERE}/{{experiment}}.csv",
+            wildcard_constraints:
+                experiment="|".join(SHARDED),
+            params:
+                py=PY,
+            shell:
+                "{params.py} -m experiments.merge_shards --out {output} {input}"
 
 
 rule figure:

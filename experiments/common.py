@@ -34,7 +34,39 @@ def cli(description: str) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="CSV to write (atomically, when every row is done)")
     ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
     ap.add_argument("--quick", action="store_true", help="a small subset, for smoke tests")
+    ap.add_argument("--shard", default="0/1", type=parse_shard,
+                    help="I/N: only shard I of N (0-based) of the cells, whole models each (E7, E8); the pipeline "
+                         "runs one shard per GPU and merges them")
     return ap.parse_args()
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """'I/N' -> (I, N), 0 <= I < N."""
+    try:
+        i, n = (int(v) for v in str(spec).split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard: expected I/N, got {spec!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--shard: expected 0 <= I < N, got {spec!r}")
+    return i, n
+
+
+def shard_cells(cells: list[tuple], shard: tuple[int, int]) -> list[tuple]:
+    """The cells (tuples, the model first) of shard I of N, in their order. Each model's cells stay in one
+    shard (its weights and compiled graphs are built once); the models go, most cells first, to the shard with
+    the fewest cells so far, so that the shards are about as long."""
+    i, n = shard
+    if n == 1:
+        return list(cells)
+    per_model: dict = {}
+    for c in cells:
+        per_model[c[0]] = per_model.get(c[0], 0) + 1
+    load, owner = [0] * n, {}
+    for model, count in sorted(per_model.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+        j = min(range(n), key=lambda s: (load[s], s))
+        owner[model] = j
+        load[j] += count
+    return [c for c in cells if owner[c[0]] == i]
 
 
 class ResultWriter:

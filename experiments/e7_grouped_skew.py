@@ -30,7 +30,7 @@ import time
 import torch
 
 from experiments.common import (Progress, ResultWriter, check_and_time, cli, load_config, provenance_fields,
-                                require_gpu, timing_settings, weight_sets)
+                                require_gpu, shard_cells, timing_settings, weight_sets)
 from moegemm._runtime import gpu_slug, slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
@@ -493,6 +493,7 @@ def main():
                 cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
+    cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()
     streamed: dict = {}

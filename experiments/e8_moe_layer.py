@@ -33,7 +33,7 @@ import time
 import torch
 
 from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu, \
-    timing_settings
+    shard_cells, timing_settings
 from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates
 from moegemm._runtime import slugify
 from moegemm.bench.moe_loads import sample_topk
@@ -179,6 +179,7 @@ def main():
     cells = [(model, t, load) for model in g["models"] for t in e8["tokens"] for load in e8["loads"]]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[1] == 16][:1]
+    cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()
     bar = Progress(len(cells), "E8")

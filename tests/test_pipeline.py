@@ -52,13 +52,59 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs():
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    assert counts.get("measure") == 8 and counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
+    # E7 and E8 as one shard per GPU, merged on the CPU; the other six experiments one job each
+    assert counts.get("measure") == 6 and counts.get("measure_shard") == 4 and counts.get("merge_shards") == 2, counts
+    assert counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
     assert "results/nvidia-h100-80gb-hbm3/router_gemm.csv" in out
+    assert "results/nvidia-h100-80gb-hbm3/shards/moe_layer.1-of-2.csv" in out
     # Every GPU job runs through the pinning wrapper and asks for one GPU.
     for block in out.split("\nrule ")[1:]:
         name = block.split(":", 1)[0]
-        if name in ("measure", "tune", "tune_grouped", "floors"):
+        if name in ("measure", "measure_shard", "tune", "tune_grouped", "floors"):
             assert "gpu=1" in block, block
+    one = _snake("-n", "--cores", "8", "--forceall", env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
+    counts = _job_counts(one.stdout + one.stderr)
+    assert counts.get("measure") == 8 and "measure_shard" not in counts and "merge_shards" not in counts, counts
+
+
+def test_shards_deal_whole_models_and_merge_back(tmp_path):
+    """shard_cells: every cell in exactly one shard, in its order, each model's cells together, the shards'
+    cell counts within one model's of each other; merge_shards: the shards' rows under the union of their
+    columns, and an error (no file written) for an empty or missing shard."""
+    import csv
+
+    import pytest
+
+    from experiments.common import parse_shard, shard_cells
+    from experiments.merge_shards import merge
+
+    cells = [(m, t) for m, n in (("a", 14), ("b", 14), ("c", 30), ("d", 6), ("e", 14)) for t in range(n)]
+    for n in (1, 2, 3, 4):
+        parts = [shard_cells(cells, (i, n)) for i in range(n)]
+        assert sorted(c for p in parts for c in p) == sorted(cells)
+        for p in parts:
+            assert p == [c for c in cells if c in p]  # the original order
+        owners = {m: [i for i, p in enumerate(parts) if any(c[0] == m for c in p)] for m in "abcde"}
+        assert all(len(v) == 1 for v in owners.values()), owners
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 30, sizes
+    assert parse_shard("2/4") == (2, 4)
+    for bad in ("4/4", "x", "-1/2", "1/0"):
+        with pytest.raises(Exception, match="--shard"):
+            parse_shard(bad)
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("model,x\nm1,1\n")
+    b.write_text("model,y,x\nm2,5,2\nm3,6,3\n")
+    out = tmp_path / "out.csv"
+    assert merge(out, [a, b]) == 3
+    rows = list(csv.DictReader(out.open()))
+    assert [r["model"] for r in rows] == ["m1", "m2", "m3"] and rows[0]["y"] == "" and rows[2]["x"] == "3"
+    empty = tmp_path / "empty.csv"
+    empty.write_text("model,x\n")
+    for shards in ([a, empty], [a, tmp_path / "missing.csv"]):
+        with pytest.raises(SystemExit, match="shards: "):
+            merge(tmp_path / "never.csv", shards)
+        assert not (tmp_path / "never.csv").exists()
 
 
 def test_gpu_slot_pins_concurrent_jobs_to_distinct_gpus(tmp_path):
@@ -198,6 +244,16 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert "within the 20 minutes" in text
     (tmp_path / "benchmarks" / "tune.tsv").write_text("s\th:m:s\tmax_rss\n1000.0\t0:00:00\t1.0\n")
     assert "21.0 minutes" in runtime_block(tmp_path) and "over the 20 minutes" in runtime_block(tmp_path)
+    # a step resumed over device calls counts each call's time (device_pipeline.sh's .calls file), not only
+    # the benchmark file of the call that finished it; a sharded step, its shards' GPU time summed
+    (tmp_path / "benchmarks" / "grouped_skew.calls").write_text("seconds\trc\n300\t124\n250\t0\n")
+    for i, s in ((0, 100.0), (1, 140.0)):
+        (tmp_path / "benchmarks" / f"moe_layer.{i}-of-2.tsv").write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:00\t1.0\n")
+    df = run_times(tmp_path).set_index("step")
+    assert df.seconds["grouped_skew"] == 550 and df.calls["grouped_skew"] == 2
+    assert df.seconds["moe_layer"] == 240 and df.shards["moe_layer"] == 2
+    text = runtime_block(tmp_path)
+    assert "grouped_skew 550 s over 2 device calls" in text and "moe_layer 240 s in 2 shards" in text
 
 
 def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):

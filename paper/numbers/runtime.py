@@ -23,16 +23,27 @@ def run_times(results: Path) -> pd.DataFrame | None:
         return None
     rows = []
     for f in files:
-        row = {"step": f.stem, "seconds": float(pd.read_csv(f, sep="\t")["s"].iloc[0]), "calls": 1}
+        # <step>.<i>-of-<n>.tsv: one shard of a step run over several GPUs (their GPU time is summed)
+        row = {"step": f.stem.split(".")[0], "seconds": float(pd.read_csv(f, sep="\t")["s"].iloc[0]), "calls": 1,
+               "shards": 1}
         calls = f.with_suffix(".calls")  # a step resumed over several device calls: their sum
         if calls.exists():
             c = pd.read_csv(calls, sep="\t")
             if len(c) > 1:
                 row.update(seconds=float(c.seconds.sum()), calls=len(c))
         rows.append(row)
+    rows = [{"step": step, "seconds": sum(r["seconds"] for r in rs), "calls": max(r["calls"] for r in rs),
+             "shards": len(rs)} for step, rs in _by_step(rows).items()]
     df = pd.DataFrame(rows)
     df["order"] = df.step.map(lambda s: STEP_ORDER.index(s) if s in STEP_ORDER else len(STEP_ORDER))
     return df.sort_values(["order", "step"]).drop(columns="order").reset_index(drop=True)
+
+
+def _by_step(rows: list[dict]) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["step"], []).append(r)
+    return out
 
 
 def runtime(n: Numbers, results: Path, gen: Path) -> None:
@@ -44,7 +55,7 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
     missing = missing_steps(df)
     n.add("FullRunText", f"took {df.seconds.sum() / 60:.1f} minutes" + (
         f" ({len(df)} of {len(STEP_ORDER)} steps; not timed in that run: {', '.join(missing)})" if missing else ""))
-    t = pd.concat([df.drop(columns="calls"), pd.DataFrame([{"step": "all GPU steps", "seconds": df.seconds.sum()}])])
+    t = pd.concat([df.drop(columns=["calls", "shards"]), pd.DataFrame([{"step": "all GPU steps", "seconds": df.seconds.sum()}])])
     write_text(gen / "table_runtime.tex", table(
         t.assign(seconds=t.seconds.round(0).astype(int).astype(str)), "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
         "(Snakemake's benchmark files of the runs that made the committed results; a step run after others on the "
@@ -58,6 +69,7 @@ def runtime_block(results: Path) -> str:
     if df is None:
         return "GPU run time: not recorded for these results (no benchmark files)."
     steps = ", ".join(f"{r.step} {r.seconds:.0f} s" + (f" over {r.calls} device calls, by device_pipeline.sh's clock" if r.calls > 1 else "")
+                      + (f" in {r.shards} shards on as many GPUs, summed" if r.shards > 1 else "")
                       for r in df.itertuples())
     missing = missing_steps(df)
     what = (f"the {len(df)} of {len(STEP_ORDER)} GPU steps with a benchmark file (none yet for "
