@@ -26,8 +26,9 @@ from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped.api import swiglu_config  # noqa: E402
-from moegemm.grouped.checks import _ids_ok_kernel, _offsets_ok_kernel  # noqa: E402
+from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
+from moegemm.grouped import routing_kernels as rk  # noqa: E402
 from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
                                      _grouped_mm_masked_tma_kernel, _grouped_mm_swiglu_tma_kernel,
                                      _grouped_mm_tma_kernel)
@@ -108,10 +109,18 @@ def variants():
                        dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
                             WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=bool(tail), HAS_SCALE=bias,
                             EPILOGUE=epi, UPCAST=False, MIX=2))
-    # the device-side input checks of the grouped ops
+    # the device-side check of the group offsets
     for ty in ("*i32", "*i64"):
-        yield ("check_offsets", ty), _offsets_ok_kernel, {"off_ptr": ty, "ok_ptr": "*i8"}, dict(BLOCK=1024)
-        yield ("check_ids", ty), _ids_ok_kernel, {"ids_ptr": ty, "ok_ptr": "*i8"}, dict(BLOCK=1024)
+        yield ("check_offsets", ty), _offsets_ok_kernel, {"off_ptr": ty, "ok_ptr": "*i1"}, dict(BLOCK=1024)
+    # routing, for every expert-id dtype route takes (the id check's flag among its outputs)
+    out = {"tok_ptr": "*i32", "slot_ptr": "*i32", "rows_ptr": "*i32", "sizes_ptr": "*i32", "offsets_ptr": "*i32",
+           "ok_ptr": "*i1", "hist_ptr": "*i32", "bad_ptr": "*i32", "base_ptr": "*i32"}
+    for ty in ("*i64", "*i32", "*i16", "*u8"):
+        ids = dict(out, ids_ptr=ty)
+        yield ("route_small", ty), rk._small_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
+        yield ("route_count", ty), rk._count_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
+        yield ("route_place", ty), rk._place_kernel, ids, dict(CHUNK=rk.CHUNK)
+    yield ("route_scan",), rk._scan_kernel, out, dict(PB=rk.PB, EB=rk.EB)
     # the un-permute's gather and sum
     for dt in ("bf16", "fp16", "fp32"):
         for has_w in (False, True):
