@@ -167,6 +167,30 @@ def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk) 
     return cs
 
 
+def cell_inputs(g: dict, model: str, t: int, load: str, weights: dict):
+    """(zoo entry, E, top_k, H, I, ids, x, gating weights, float64 reference, active experts, input sets) of
+    one E8 cell, from fixed seeds. ``weights`` holds one model's weights at a time: a new model clears it and
+    Dynamo's compiled graphs."""
+    m = g["models"][model]
+    e, top_k = m["experts"], m["top_k"]
+    h, i = layer_sizes(m)
+    if model not in weights:
+        weights.clear()  # one model's weights on the GPU at a time
+        torch._dynamo.reset()  # and its compiled graphs
+        weights[model] = ffn_weights(g["seed"] + 8, e, h, i)
+    w_gu, w_dn = weights[model]
+    seed = g["seed"] + 8 * 1009 + t * 7 + sum(map(ord, load))
+    ids = sample_topk(t, e, top_k, load, seed).to(torch.int64)  # as transformers' routers give them
+    gx = torch.Generator(device="cuda").manual_seed(seed + 1)
+    x = torch.randn(t, h, device="cuda", generator=gx).to(torch.bfloat16)
+    wts = torch.softmax(torch.randn(t, top_k, device="cuda", generator=gx), -1)
+    ref = ref_ffn(x, ids, wts, w_gu, w_dn)
+    active = int(torch.unique(ids).numel())
+    n_sets = input_sets_for(2 * active * 3 * h * i + 2 * t * top_k * (h + 2 * i))
+    sets = [(w_gu, w_dn)] + [(w_gu.clone(), w_dn.clone()) for _ in range(n_sets - 1)]
+    return m, e, top_k, h, i, ids, x, wts, ref, active, sets
+
+
 def main():
     args = cli(__doc__)
     require_gpu()
@@ -188,24 +212,8 @@ def main():
         if writer.done(model=model, tokens=t, load=load):
             bar.update()
             continue
-        m = g["models"][model]
-        e, top_k = m["experts"], m["top_k"]
-        h, i = layer_sizes(m)
         t_cell = time.perf_counter()
-        if model not in weights:
-            weights.clear()  # one model's weights on the GPU at a time
-            torch._dynamo.reset()  # and its compiled graphs
-            weights[model] = ffn_weights(g["seed"] + 8, e, h, i)
-        w_gu, w_dn = weights[model]
-        seed = g["seed"] + 8 * 1009 + t * 7 + sum(map(ord, load))
-        ids = sample_topk(t, e, top_k, load, seed).to(torch.int64)  # as transformers' routers give them
-        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
-        x = torch.randn(t, h, device="cuda", generator=gx).to(torch.bfloat16)
-        wts = torch.softmax(torch.randn(t, top_k, device="cuda", generator=gx), -1)
-        ref = ref_ffn(x, ids, wts, w_gu, w_dn)
-        active = int(torch.unique(ids).numel())
-        n_sets = input_sets_for(2 * active * 3 * h * i + 2 * t * top_k * (h + 2 * i))
-        sets = [(w_gu, w_dn)] + [(w_gu.clone(), w_dn.clone()) for _ in range(n_sets - 1)]
+        m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
         cs = contenders(x, ids, wts, e, h, i, t, t in e8["compiled_tokens"], vllm.kernel)
         out = measure(cs, sets, ref, h + i, settings)
         rows = t * top_k

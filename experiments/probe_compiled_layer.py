@@ -17,13 +17,9 @@ import math
 import sys
 import time
 
-import torch
-
 from experiments.common import ResultWriter, cli, load_config, provenance_fields, require_gpu, timing_settings
-from experiments.e8_moe_layer import ffn_weights, hf_contender, layer_sizes, ref_ffn
-from moegemm.bench.moe_loads import sample_topk
+from experiments.e8_moe_layer import cell_inputs, hf_contender
 from moegemm.bench.runner import Contender, measure
-from moegemm.bench.timing import input_sets_for
 from moegemm.grouped import moe_ffn
 
 MODELS = ("gpt-oss-120b", "llama-4-scout", "mixtral-8x22b", "olmoe-1b-7b")
@@ -50,24 +46,8 @@ def run_cells(doc: str, name: str, cells: list, make_contenders, load: str = "un
     writer = ResultWriter(args.out, ("model", "tokens", "load"))
     weights: dict = {}
     for model, t in cells[:1] if args.quick else cells:
-        m = g["models"][model]
-        e, top_k = m["experts"], m["top_k"]
-        h, i = layer_sizes(m)
         t0 = time.perf_counter()
-        if model not in weights:
-            weights.clear()
-            torch._dynamo.reset()
-            weights[model] = ffn_weights(g["seed"] + 8, e, h, i)  # E8's weights
-        w_gu, w_dn = weights[model]
-        seed = g["seed"] + 8 * 1009 + t * 7 + sum(map(ord, load))  # E8's cell seed
-        ids = sample_topk(t, e, top_k, load, seed).to(torch.int64)
-        gx = torch.Generator(device="cuda").manual_seed(seed + 1)
-        x = torch.randn(t, h, device="cuda", generator=gx).to(torch.bfloat16)
-        wts = torch.softmax(torch.randn(t, top_k, device="cuda", generator=gx), -1)
-        ref = ref_ffn(x, ids, wts, w_gu, w_dn)
-        active = int(torch.unique(ids).numel())
-        n_sets = input_sets_for(2 * active * 3 * h * i + 2 * t * top_k * (h + 2 * i))
-        sets = [(w_gu, w_dn)] + [(w_gu.clone(), w_dn.clone()) for _ in range(n_sets - 1)]
+        m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)  # E8's
         cs = make_contenders(x, ids, wts, e)
         out = measure(cs, sets, ref, h + i, settings)
         for r in out:
