@@ -118,7 +118,7 @@ def route_op(flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from .routing import route_arrays
 
-    return route_arrays(flat_ids.contiguous(), num_experts, top_k, check)
+    return route_arrays(flat_ids, num_experts, top_k, check)
 
 
 @route_op.register_fake
@@ -134,8 +134,7 @@ def combine_op(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
                topk_weights: torch.Tensor | None) -> torch.Tensor:
     from .pointwise import combine
 
-    return combine(y_sorted if y_sorted.stride(1) == 1 else y_sorted.contiguous(), slot_rows, top_k,
-                   topk_weights)
+    return combine(y_sorted, slot_rows, top_k, topk_weights)
 
 
 @combine_op.register_fake
@@ -147,7 +146,7 @@ def _(y_sorted, slot_rows, top_k, topk_weights):
 def silu_mul_op(gu: torch.Tensor) -> torch.Tensor:
     from .pointwise import silu_mul
 
-    return silu_mul(gu if gu.stride(1) == 1 else gu.contiguous())
+    return silu_mul(gu)
 
 
 @silu_mul_op.register_fake

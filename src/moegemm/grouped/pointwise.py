@@ -32,8 +32,10 @@ def _combine_kernel(y_ptr, rows_ptr, w_ptr, out_ptr, N, stride_y, stride_o, TOP_
 
 def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
             topk_weights: torch.Tensor | None) -> torch.Tensor:
-    """[T, N] from y_sorted [T * top_k, N] (unit stride along N) and slot_rows [T * top_k] (the permuted row
-    of each flat (token, k) slot); topk_weights [T, top_k] or None."""
+    """[T, N] from y_sorted [T * top_k, N] and slot_rows [T * top_k] (the permuted row of each flat (token, k)
+    slot); topk_weights [T, top_k] or None. A y_sorted without unit stride along N is copied first."""
+    if y_sorted.stride(1) != 1:
+        y_sorted = y_sorted.contiguous()
     rows, n = y_sorted.shape
     t = rows // max(top_k, 1)
     out = torch.empty((t, n), dtype=y_sorted.dtype, device=y_sorted.device)
@@ -59,7 +61,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK: tl.constexpr
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """[rows, I] = SiLU(gu[:, :I]) * gu[:, I:] of gu [rows, 2I] (unit stride along its columns)."""
+    """[rows, I] = SiLU(gu[:, :I]) * gu[:, I:] of gu [rows, 2I] (copied first where its columns are not unit
+    stride)."""
+    if gu.stride(1) != 1:
+        gu = gu.contiguous()
     rows, two_i = gu.shape
     i = two_i // 2
     out = torch.empty((rows, i), dtype=gu.dtype, device=gu.device)

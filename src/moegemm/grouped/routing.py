@@ -11,6 +11,8 @@ import dataclasses
 import torch
 
 from .._runtime import INTERPRET
+from .pointwise import combine
+from .routing_kernels import plan_arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,7 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
 
             arrays = route_op(flat, num_experts, k, on_device_check)
         else:
-            arrays = route_arrays(flat.contiguous(), num_experts, k, on_device_check)
+            arrays = route_arrays(flat, num_experts, k, on_device_check)
     else:
         arrays = _route_torch(flat.to(torch.int64), num_experts, k)
     tok, slot, slot_rows, sizes, offsets = arrays
@@ -92,9 +94,7 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
 def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
     """The plan's five arrays from the Triton routing kernels; ``check``: assert on the device that every id
     lies in [0, num_experts)."""
-    from .routing_kernels import plan_arrays
-
-    *arrays, ok = plan_arrays(flat, num_experts, top_k)
+    *arrays, ok = plan_arrays(flat.contiguous(), num_experts, top_k)
     if check:
         torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {num_experts})")
     return tuple(arrays)
@@ -158,10 +158,7 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
             from .ops import combine_op
 
             return combine_op(y_sorted, plan.slot_rows, k, topk_weights)
-        from .pointwise import combine
-
-        return combine(y_sorted if y_sorted.stride(1) == 1 else y_sorted.contiguous(), plan.slot_rows, k,
-                       topk_weights)
+        return combine(y_sorted, plan.slot_rows, k, topk_weights)
     # on the CPU without the interpreter: torch ops
     slots = y_sorted.index_select(0, plan.slot_rows).view(t, k, n).float()
     if topk_weights is not None:
