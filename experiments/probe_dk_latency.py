@@ -1,0 +1,142 @@
+"""Probe (not a pipeline step): where the single-launch kernel's time goes on the skinny bf16 ReLU shapes,
+and whether its wait or a compile-time M buys any of it back.
+
+At the config ``auto`` runs for each shape, side by side in one process (GPU clock):
+
+- ``ours:auto`` (the plan) and the same kernel launched directly, cooperatively, as variants:
+  ``wait:0`` (the loop over volatile loads and a block-wide min, the default), ``wait:1`` (each thread
+  re-reads only its own words that lack the flag, relaxed GPU-scope loads, no barrier between tries),
+  ``wait:2`` (the default loop on relaxed GPU-scope loads), each also with M a compile-time constant;
+- two lower bounds of any kernel with this grid: ``ceiling:empty`` (the grid launched cooperatively, no
+  work) and ``ceiling:load`` (each program's K loop, its partial stored straight into C, no exchange: a
+  wrong answer, timed only);
+- the seed's two Triton kernels at their own search's configs (``tune_seed.csv``).
+
+    MOEGEMM_SEED_SOURCE=... python -m experiments.probe_dk_latency --out probe_dk_latency.csv
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from experiments import dk
+from experiments.common import ResultWriter
+from moegemm._triton_common import mma
+from moegemm.bench.runner import Contender
+from moegemm.decompose_k import single_launch
+from moegemm.decompose_k.configs import Prepared, choose
+from moegemm.epilogue import Epilogue
+
+DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,64x7168x256"
+VARIANTS = {"wait:0": {}, "wait:1": {"WAIT": 1}, "wait:2": {"WAIT": 2}}
+
+
+@triton.jit
+def _ceiling_kernel(a_ptr, b_ptr, c_ptr, M, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOAD: tl.constexpr, PRECISION: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """LOAD: each program's K slice of A and B into its fp32 tile, stored into C as it is (every split
+    writes the same tile: timing only); else nothing at all."""
+    if LOAD:
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        pid_m = tl.program_id(0) // num_pid_n
+        pid_n = tl.program_id(0) % num_pid_n
+        KPS: tl.constexpr = (K + S - 1) // S
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.program_id(1) * KPS + tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(0, KPS, BLOCK_K):
+            k_ok = offs_k + kk < K
+            acc = mma(tl.load(a_ptrs, mask=k_ok[None, :], other=0.0), tl.load(b_ptrs, mask=k_ok[:, None], other=0.0),
+                      acc, PRECISION, UPCAST)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        ok = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                 acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+
+def _timing_only(out):
+    return True, math.nan, "timing only: not a product (a lower bound)"
+
+
+def variant(cfg, name: str, knobs: dict, m_const: bool) -> Contender:
+    """Our kernel, cooperative form, launched through Triton with the given compile-time variant."""
+
+    def bind(inp):
+        a, b, _ = inp
+        m, n = a.shape[0], b.shape[1]
+        out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        p = Prepared(a=a, b=b, out=out, bias=None, epilogue=Epilogue.RELU, allow_tf32=False)
+        ws, cnt = single_launch.coop_state(m, n, cfg, a.device)
+        args = single_launch.kernel_args(p, cfg, ws, cnt, True, dict(knobs, MC=m if m_const else 0))
+        g = single_launch.grid(m, n, cfg)
+
+        def call():
+            single_launch._single_launch_kernel[g](**args, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                                   launch_cooperative_grid=True)
+            return out
+
+        return call
+
+    return Contender(name + (":mconst" if m_const else ""), bind, config=cfg.as_dict())
+
+
+def ceiling(cfg, load: bool) -> Contender:
+    def bind(inp):
+        a, b, _ = inp
+        m, n = a.shape[0], b.shape[1]
+        out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        g = single_launch.grid(m, n, cfg)
+
+        def call():
+            _ceiling_kernel[g](a, b, out, m, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+                               out.stride(1), N=n, K=a.shape[1], S=cfg.split_k, BLOCK_M=cfg.block_m,
+                               BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, LOAD=load, PRECISION="tf32",
+                               UPCAST=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                               launch_cooperative_grid=True)
+            return out
+
+        return call
+
+    return Contender("ceiling:load" if load else "ceiling:empty", bind, config=cfg.as_dict(), check=_timing_only)
+
+
+def main():
+    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT)
+    results_dir = str(Path(args.out).parent) if Path(args.out).parent.joinpath("tune_seed.csv").exists() else \
+        "results/nvidia-h200"
+    writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
+    table = []
+    for m, k, n in args.shapes:
+        a0 = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+        _, cfg, source = choose(a0, n, Epilogue.RELU, "single_launch")
+        cs = [dk.ours("auto", "relu", None, name="ours:auto", config_source=dk.auto_choice(a0, n, "relu"))]
+        for name, knobs in VARIANTS.items():
+            for m_const in (False, True):
+                cs.append(variant(cfg, name, knobs, m_const))
+        cs += [ceiling(cfg, False), ceiling(cfg, True)]
+        cs += dk.seed_kernels(results_dir, m, n, k, torch.bfloat16, "relu")
+        rows = dk.run_shape("probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(),
+                            seed=m * 7 + k, single_launch_source=source)
+        writer.add(rows)
+        table.append((f"{m}x{k}x{n}", {r["contender"]: r for r in rows}))
+    writer.finish()
+    names = [c for c in table[0][1]]
+    print("shape | " + " | ".join(names) + "   (graph_us)")
+    for shape, by in table:
+        print(f"{shape} | " + " | ".join(
+            "-" if by.get(nm, {}).get("status") != "ok" else f"{float(by[nm]['graph_us']):.2f}" for nm in names))
+
+
+if __name__ == "__main__":
+    main()
