@@ -366,9 +366,10 @@ def shape_inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int, epilogue
     return sets, ref64(sets[0][0], sets[0][1], epilogue)
 
 
-def probe_cli(description: str, default_shapes: str):
+def probe_cli(description: str, default_shapes: str, flags: tuple[str, ...] = ()):
     """The Decompose-K probes' command line: (args with out and shapes as [(m, k, n)], timing settings,
-    provenance fields, SM count). ``--shapes`` takes MxKxN items, comma-separated."""
+    provenance fields, SM count). ``--shapes`` takes MxKxN items, comma-separated; ``flags``: the probe's
+    own on/off switches."""
     import argparse
 
     from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
@@ -376,6 +377,8 @@ def probe_cli(description: str, default_shapes: str):
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=default_shapes)
+    for f in flags:
+        ap.add_argument(f, action="store_true")
     args = ap.parse_args()
     require_gpu()
     args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

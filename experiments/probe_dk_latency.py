@@ -1,18 +1,21 @@
 """Probe (not a pipeline step): where the single-launch kernel's time goes on the skinny bf16 ReLU shapes,
-and whether its wait or a compile-time M buys any of it back.
+and how far below the seed's optimized kernel any kernel of this grid could go.
 
 At the config ``auto`` runs for each shape, side by side in one process (GPU clock):
 
-- ``ours:auto`` (the plan) and the same kernel launched directly, cooperatively, as variants:
-  ``wait:0`` (the loop over volatile loads and a block-wide min, the default), ``wait:1`` (each thread
-  re-reads only its own words that lack the flag, relaxed GPU-scope loads, no barrier between tries),
-  ``wait:2`` (the default loop on relaxed GPU-scope loads), each also with M a compile-time constant;
-- two lower bounds of any kernel with this grid: ``ceiling:empty`` (the grid launched cooperatively, no
-  work) and ``ceiling:load`` (each program's K loop, its partial stored straight into C, no exchange: a
-  wrong answer, timed only);
+- ``ours:auto`` (the plan), and the same kernel launched directly through Triton with and without the
+  cooperative attribute (``direct:coop``, ``direct:no-attribute``);
+- lower bounds of any kernel with this grid: ``ceiling:empty`` (the grid launched, no work) and
+  ``ceiling:load`` (each program's K loop, its partial stored straight into C, no exchange: a wrong
+  answer, timed only), each with and without the cooperative attribute;
+- with ``--screen``: ``ceiling:load:fastest-config``, the exchange-free kernel (no attribute) at the
+  fastest config of the Decompose-K tuner's whole single-launch space for the shape;
 - the seed's two Triton kernels at their own search's configs (``tune_seed.csv``).
 
-    MOEGEMM_SEED_SOURCE=... python -m experiments.probe_dk_latency --out probe_dk_latency.csv
+An earlier version (commit 916818d, ``runs/S18-1/probe_dk_latency.csv``) also timed two other waits in the
+kernel (per-thread re-reads; relaxed GPU-scope loads) and M as a compile-time constant; none was faster.
+
+    MOEGEMM_SEED_SOURCE=... python -m experiments.probe_dk_latency --out probe_dk_latency.csv [--screen]
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from moegemm.decompose_k.configs import Prepared, choose
 from moegemm.epilogue import Epilogue
 
 DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,64x7168x256"
-VARIANTS = {"wait:0": {}, "wait:1": {"WAIT": 1}, "wait:2": {"WAIT": 2}}
 
 
 @triton.jit
@@ -69,29 +71,33 @@ def _timing_only(out):
     return True, math.nan, "timing only: not a product (a lower bound)"
 
 
-def variant(cfg, name: str, knobs: dict, m_const: bool) -> Contender:
-    """Our kernel, cooperative form, launched through Triton with the given compile-time variant."""
+def direct(cfg, coop_attr: bool) -> Contender:
+    """Our kernel, cooperative form, launched through Triton; one workspace and counter set for every input
+    set (as a plan keeps per stream). ``coop_attr=False``: the same kernel without the cooperative attribute
+    (it runs, as its grid fits; nothing guarantees that)."""
+    state = {}
 
     def bind(inp):
         a, b, _ = inp
         m, n = a.shape[0], b.shape[1]
         out = torch.empty(m, n, dtype=a.dtype, device=a.device)
         p = Prepared(a=a, b=b, out=out, bias=None, epilogue=Epilogue.RELU, allow_tf32=False)
-        ws, cnt = single_launch.coop_state(m, n, cfg, a.device)
-        args = single_launch.kernel_args(p, cfg, ws, cnt, True, dict(knobs, MC=m if m_const else 0))
+        if not state:
+            state["ws"], state["cnt"] = single_launch.coop_state(m, n, cfg, a.device)
+        args = single_launch.kernel_args(p, cfg, state["ws"], state["cnt"], True)
         g = single_launch.grid(m, n, cfg)
 
         def call():
             single_launch._single_launch_kernel[g](**args, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                                   launch_cooperative_grid=True)
+                                                   launch_cooperative_grid=coop_attr)
             return out
 
         return call
 
-    return Contender(name + (":mconst" if m_const else ""), bind, config=cfg.as_dict())
+    return Contender("direct:coop" if coop_attr else "direct:no-attribute", bind, config=cfg.as_dict())
 
 
-def ceiling(cfg, load: bool) -> Contender:
+def ceiling(cfg, load: bool, coop_attr: bool = True, label: str | None = None) -> Contender:
     def bind(inp):
         a, b, _ = inp
         m, n = a.shape[0], b.shape[1]
@@ -103,16 +109,37 @@ def ceiling(cfg, load: bool) -> Contender:
                                out.stride(1), N=n, K=a.shape[1], S=cfg.split_k, BLOCK_M=cfg.block_m,
                                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, LOAD=load, PRECISION="tf32",
                                UPCAST=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                               launch_cooperative_grid=True)
+                               launch_cooperative_grid=coop_attr)
             return out
 
         return call
 
-    return Contender("ceiling:load" if load else "ceiling:empty", bind, config=cfg.as_dict(), check=_timing_only)
+    name = label or (("ceiling:load" if load else "ceiling:empty") + ("" if coop_attr else ":no-attribute"))
+    return Contender(name, bind, config=cfg.as_dict(), check=_timing_only)
+
+
+def fastest_ceiling(sets, cands, settings):
+    """The exchange-free kernel (``ceiling:load``, no cooperative attribute) over a config space: each
+    timed on the GPU clock, the fastest config."""
+    import statistics
+
+    from moegemm.bench.runner import graph_calls, prewarm
+    from moegemm.bench.timing import GraphTimer
+
+    binds = [ceiling(c, True, False).bind for c in cands]
+    prewarm([bd(sets[0]) for bd in binds])
+    best = None
+    for c, bd in zip(cands, binds):
+        calls = [bd(s) for s in sets]
+        calls[0]()
+        us = statistics.median(GraphTimer(calls, graph_calls(calls, settings)).sample(3))
+        if best is None or us < best[0]:
+            best = (us, c)
+    return best[1], len(cands)
 
 
 def main():
-    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT)
+    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT, flags=("--screen",))
     results_dir = str(Path(args.out).parent) if Path(args.out).parent.joinpath("tune_seed.csv").exists() else \
         "results/nvidia-h200"
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
@@ -121,10 +148,15 @@ def main():
         a0 = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
         _, cfg, source = choose(a0, n, Epilogue.RELU, "single_launch")
         cs = [dk.ours("auto", "relu", None, name="ours:auto", config_source=dk.auto_choice(a0, n, "relu"))]
-        for name, knobs in VARIANTS.items():
-            for m_const in (False, True):
-                cs.append(variant(cfg, name, knobs, m_const))
-        cs += [ceiling(cfg, False), ceiling(cfg, True)]
+        cs += [direct(cfg, True), direct(cfg, False)]
+        cs += [ceiling(cfg, False), ceiling(cfg, True), ceiling(cfg, False, False), ceiling(cfg, True, False)]
+        if args.screen:
+            sets, _ = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + k + n)
+            best, n_cands = fastest_ceiling(sets, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms),
+                                            settings)
+            c = ceiling(best, True, False, label="ceiling:load:fastest-config")
+            c.fields = {"configs_timed": n_cands}
+            cs.append(c)
         cs += dk.seed_kernels(results_dir, m, n, k, torch.bfloat16, "relu")
         rows = dk.run_shape("probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(),
                             seed=m * 7 + k, single_launch_source=source)

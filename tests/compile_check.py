@@ -67,10 +67,6 @@ def variants():
             opts = {"launch_cooperative_grid": coop}
             sio = dict(io, p_ptr="*i64", counter_ptr="*i64") if coop else io
             yield ("single_launch", dt, epi, bias, coop, n, k, s), _single_launch_kernel, sio, sl, opts
-            if coop and epi == 1 and not bias:
-                for wait in (1, 2):
-                    yield ("single_launch:wait+mc", wait, dt, n, k, s), _single_launch_kernel, sio, \
-                        dict(sl, WAIT=wait, MC=16), opts
         yield ("reduce_tile", dt, epi, bias), _reduce_tile_kernel, io, \
             dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=bias, EPILOGUE=epi)
         for contig in (True, False):

@@ -67,48 +67,6 @@ def _reduce_slice(p_tile, c_ptr, bias_ptr, M, stride_cm, stride_cn, q, pid_m, pi
 
 
 @triton.jit
-def _ld_gpu(addr, live):
-    """(low, high) 32-bit halves of each live 64-bit word at ``addr``, read at GPU scope (relaxed, from L2,
-    all issued before any is waited on); zeros where not live."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p_live;
-        setp.ne.s32 p_live, $3, 0;
-        mov.b32 $0, 0;
-        mov.b32 $1, 0;
-        @p_live ld.relaxed.gpu.global.v2.b32 {$0, $1}, [$2];
-        }""",
-        constraints="=r,=r,l,r", args=[addr, live.to(tl.int32)], dtype=(tl.int32, tl.int32), is_pure=False,
-        pack=1)
-
-
-@triton.jit
-def _spin_words(lo, hi, addr, flag, live):
-    """Each live element's low half once its word carries ``flag``: a word already read with it is taken as
-    it is; any other is re-read (relaxed, GPU scope) by its own thread until it does, with no barrier between
-    tries."""
-    flags = tl.zeros_like(lo) + flag
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p_ok;
-        .reg .b32 r_hi;
-        mov.b32 $0, $1;
-        setp.eq.s32 p_ok, $2, $3;
-        @p_ok bra SPIN_DONE;
-        setp.eq.s32 p_ok, $5, 0;
-        @p_ok bra SPIN_DONE;
-        SPIN_AGAIN:
-        ld.relaxed.gpu.global.v2.b32 {$0, r_hi}, [$4];
-        setp.ne.s32 p_ok, r_hi, $3;
-        @p_ok bra SPIN_AGAIN;
-        SPIN_DONE:
-        }""",
-        constraints="=r,r,r,r,l,r",
-        args=[lo, hi, flags, addr, live.to(tl.int32)],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _single_launch_kernel(
     a_ptr, b_ptr, p_ptr, c_ptr, bias_ptr, counter_ptr,
     M, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -116,10 +74,7 @@ def _single_launch_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SP: tl.constexpr, SLICE: tl.constexpr, CHUNK: tl.constexpr, COOP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
-    WAIT: tl.constexpr = 0, MC: tl.constexpr = 0,
 ):
-    if MC > 0:
-        M = MC
     tile_id = tl.program_id(0)
     split = tl.program_id(1)
     TILE: tl.constexpr = BLOCK_M * BLOCK_N
@@ -167,22 +122,11 @@ def _single_launch_kernel(
         r = tl.arange(0, SP)
         live = (r[:, None] < S) & (es < TILE)[None, :]
         ptrs = p_tile + r[:, None] * TILE + es[None, :]
-        if WAIT == 0:
-            ready = (flag.to(tl.int64) << 32)
+        ready = (flag.to(tl.int64) << 32)
+        words = tl.load(ptrs, mask=live, other=ready, volatile=True)
+        while tl.min(((words >> 32).to(tl.int32) == flag).to(tl.int32)) == 0:
             words = tl.load(ptrs, mask=live, other=ready, volatile=True)
-            while tl.min(((words >> 32).to(tl.int32) == flag).to(tl.int32)) == 0:
-                words = tl.load(ptrs, mask=live, other=ready, volatile=True)
-            vals = (words & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-        elif WAIT == 1:
-            addr = ptrs.to(tl.int64)
-            lo, hi = _ld_gpu(addr, live)
-            vals = _spin_words(lo, hi, addr, flag, live).to(tl.float32, bitcast=True)
-        else:
-            addr = ptrs.to(tl.int64)
-            lo, hi = _ld_gpu(addr, live)
-            while tl.min(((hi == flag) | ~live).to(tl.int32)) == 0:
-                lo, hi = _ld_gpu(addr, live)
-            vals = lo.to(tl.float32, bitcast=True)
+        vals = (words & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
         vals = tl.where(live, vals, 0.0)
         _store_slice(tl.sum(vals, axis=0), c_ptr, bias_ptr, M, stride_cm, stride_cn, es, es < TILE,
                      pid_m, pid_n, N, BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)
@@ -259,8 +203,7 @@ def coop_state(m: int, n: int, cfg: DecomposeKConfig, device) -> tuple[torch.Ten
     return ws, cnt
 
 
-def kernel_args(p: Prepared, cfg: DecomposeKConfig, workspace, counter_buf, coop: bool,
-                variant: dict | None = None) -> dict:
+def kernel_args(p: Prepared, cfg: DecomposeKConfig, workspace, counter_buf, coop: bool) -> dict:
     return dict(
         a_ptr=p.a, b_ptr=p.b, p_ptr=workspace, c_ptr=p.out, bias_ptr=p.bias_arg, counter_ptr=counter_buf,
         M=p.m, stride_am=p.a.stride(0), stride_ak=p.a.stride(1), stride_bk=p.b.stride(0),
@@ -268,7 +211,6 @@ def kernel_args(p: Prepared, cfg: DecomposeKConfig, workspace, counter_buf, coop
         N=p.n, K=p.k, S=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SP=next_pow2(cfg.split_k), SLICE=slice_len(cfg), CHUNK=chunk_len(cfg), COOP=coop,
         HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue), **p.dot_meta,
-        **{"WAIT": 0, "MC": 0, **(variant or {})},
     )
 
 
