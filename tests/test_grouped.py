@@ -964,10 +964,11 @@ def test_moe_ffn_traces_under_torch_compile(device, monkeypatch):
     torch.testing.assert_close(got.double().cpu(), _ffn_ref(x, ids, wts, w_gu, w_dn), rtol=4e-2, atol=4e-2)
     explained = torch._dynamo.explain(moe_ffn)(*args)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
-    # the traced layer runs the eager layer's kernels: routing, the row gathers, SiLU * up (12 rows: the unfused
-    # regime) and the un-permute as custom ops, not as torch ops for Inductor to re-derive
+    # the traced layer runs the eager layer's kernels and choices: routing, the row gathers, gate/up with SiLU *
+    # up (fused or not, chosen at run time as in eager), down and the un-permute as custom ops, not as torch ops
+    # for Inductor to re-derive
     code = str(explained.graphs[0].graph)
-    ops = ("moegemm.route", "moegemm.gather_rows", "moegemm.grouped_mm", "moegemm.silu_mul", "moegemm.combine")
+    ops = ("moegemm.route", "moegemm.gather_rows", "moegemm.gate_up_act", "moegemm.grouped_mm", "moegemm.combine")
     for op in ops:
         assert op in code, op
 

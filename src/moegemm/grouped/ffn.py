@@ -4,15 +4,60 @@ from __future__ import annotations
 
 import torch
 
-from .api import grouped_mm, grouped_mm_swiglu
-from .ops import silu_mul_op
+from .._runtime import gpu_slug
+from .api import autotune_key, grouped_mm, grouped_mm_swiglu
+from .ops import gate_up_act_op
 from .pointwise import silu_mul
 from .routing import permute, route, sorted_weights, triton_here, unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
 # SiLU(gate) * up a separate op: there, on the tune split of E8 (results/nvidia-h200/runs/S16-1/moe_layer.csv),
-# the fused kernel (half-width N tiles, no tail tiles) ran 1-6% slower; above it, 1-5% faster.
+# the fused kernel (half-width N tiles, no tail tiles) ran 1-6% slower; above it, it was faster in most cells
+# but not all (results/nvidia-h200/probe_fused_tuned.csv), so there the first call of a shape times both.
 FUSE_ABOVE_ROWS_PER_EXPERT = 16
+
+
+def gate_up_act(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
+                ) -> torch.Tensor:
+    """silu(xs G_e) * (xs U_e) for every expert's rows of the sorted tokens ``xs``: [rows, I].
+
+    At most FUSE_ABOVE_ROWS_PER_EXPERT rows per expert: the [rows, 2I] product, then SiLU * up as a separate
+    kernel. Above it, whichever of that and the fused kernel (:func:`grouped_mm_swiglu`) the first call of
+    the shape (dtype, E, H, 2I, layout, rows bucket) measured faster on its own inputs, kept like a grouped
+    config (:mod:`moegemm.grouped.autotune`: in memory and on disk; no timing inside a capture, a trace or
+    the interpreter, where a shape not yet timed takes the fused kernel)."""
+    e = w_gate_up.shape[0]
+    if xs.shape[0] > FUSE_ABOVE_ROWS_PER_EXPERT * e and _fused_faster(xs, w_gate_up, group_offsets, w_layout):
+        return grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+    return _unfused(xs, w_gate_up, group_offsets, w_layout)
+
+
+def _unfused(xs, w_gate_up, group_offsets, w_layout):
+    gu = grouped_mm(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+    if not triton_here(gu):
+        i = gu.shape[1] // 2
+        return (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
+    return silu_mul(gu)
+
+
+def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
+    from . import autotune
+
+    if not triton_here(xs):
+        return True
+    two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
+    slug = gpu_slug(xs)
+    key = autotune_key(xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i, w_layout + "+ffn-gate-up")
+    hit = autotune.lookup(slug, key)
+    if hit is not None:
+        return bool(hit["fused"])
+    if not autotune.can_time(xs):
+        return True
+    runs = {"fused": lambda: grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False),
+            "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout)}
+    best, times = autotune.fastest(lambda c: runs[c](), list(runs))
+    autotune.remember(slug, key, {"fused": best == "fused"}, times)
+    return best == "fused"
 
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
@@ -25,9 +70,9 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     dtype.
 
     Two grouped GEMM launches around the permutation: gate and up for every expert at once with SwiGLU in
-    the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written; at decode, at most
-    ``FUSE_ABOVE_ROWS_PER_EXPERT`` rows per expert, the product and a separate SiLU * up in fp32, which measured
-    faster there), then down with the gating weights fused into its store. No
+    the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a
+    separate SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused
+    into its store. No
     host sync with the default arguments (``validate`` checks the expert ids, on a GPU on the device, see
     :func:`moegemm.grouped.route`; the group offsets come from that routing, so the GEMMs do not check them
     again), so the layer can be captured in a CUDA graph; under torch.compile it traces with no graph break
@@ -61,16 +106,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                          f"{tuple(topk_weights.shape)}")
     plan = route(topk_ids, e, validate=validate)
     xs = permute(x, plan)
-    if plan.num_rows > FUSE_ABOVE_ROWS_PER_EXPERT * e:
-        act = grouped_mm_swiglu(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=False)
+    if torch.compiler.is_compiling() and triton_here(xs):  # the same choice and kernels, as a custom op
+        act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
     else:
-        gu = grouped_mm(xs, w_gate_up, plan.group_offsets, w_layout=w_layout, validate=False)
-        if not triton_here(gu):
-            act = (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
-        elif torch.compiler.is_compiling():  # the same kernel as a custom op
-            act = silu_mul_op(gu)
-        else:
-            act = silu_mul(gu)
+        act = gate_up_act(xs, w_gate_up, plan.group_offsets, w_layout)
     ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout,
                     row_scale=sorted_weights(topk_weights, plan), validate=False)
     return unpermute(ys, plan, None)

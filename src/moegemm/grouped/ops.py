@@ -154,6 +154,20 @@ def _(gu):
     return gu.new_empty((gu.shape[0], gu.shape[1] // 2))
 
 
+@torch.library.custom_op("moegemm::gate_up_act", mutates_args=())
+def gate_up_act_op(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
+                   ) -> torch.Tensor:
+    from .ffn import gate_up_act
+
+    return gate_up_act(xs, w_gate_up, group_offsets, w_layout)
+
+
+@gate_up_act_op.register_fake
+def _(xs, w_gate_up, group_offsets, w_layout):
+    two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
+    return xs.new_empty((xs.shape[0], two_i // 2))
+
+
 @torch.library.custom_op("moegemm::gather_rows", mutates_args=())
 def gather_rows_op(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return src.index_select(0, index)
