@@ -6,7 +6,7 @@ at T=16384 (gpt-oss-120b, Zipf 1.2 the worst). This replays E8's sequence for th
 token count, one load, E8's inputs and seeds, so that Dynamo sees the same shapes in the same order and
 recompiles as it did), timing ``ours:hf-backend`` and ``ours:hf-backend:compiled`` side by side at each T;
 at the largest T it then profiles a few calls of each (torch.profiler, GPU time per kernel name) and
-writes those rows to ``<out>.kernels.csv``.
+writes those rows, with provenance, to ``<out>.kernels.csv``.
 
     python -m experiments.probe_compiled_kernels --out probe_compiled_kernels.csv
 """
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from experiments.common import load_config
+from experiments.common import load_config, provenance_fields
 from experiments.e8_moe_layer import hf_contender
 from experiments.probe_compiled_layer import run_cells
 
@@ -76,8 +76,10 @@ def main():
 
     run_cells(__doc__, "probe_compiled_kernels", cells, contenders, load=LOAD)
     path = out + ".kernels.csv"
+    prov = provenance_fields()
+    kernels = [{**r, **prov} for r in kernels]
     with open(path + ".tmp", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["contender", "kernel", "count", "us_per_call"])
+        w = csv.DictWriter(f, fieldnames=["contender", "kernel", "count", "us_per_call", *prov])
         w.writeheader()
         w.writerows(kernels)
     os.replace(path + ".tmp", path)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from experiments._io import write_text
 from moegemm.grouped.ffn import FUSE_ABOVE_ROWS_PER_EXPERT
-from .common import Numbers, gm, table
+from .common import Numbers, gm, table, tex_escape
 
 OURS, UNFUSED = "ours:moe_ffn", "ours:unfused-swiglu"
 HF_COMPILED, TORCH, VLLM = "hf:grouped_mm:compiled", "torch._grouped_mm pipeline", "vllm:fused_experts"
@@ -94,6 +94,58 @@ def compiled_probe(n: Numbers, results: Path) -> None:
     n.add("EEightProbeCompiledCommit", commit, "{}")
 
 
+def compiled_kernels_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_compiled_kernels.py: E8's sequence of token counts replayed on one model, compiled
+    backend against eager at each T (eager time over compiled), and at the largest T the profiler's GPU time
+    per kernel name for each."""
+    got = probe_ratios(results / "probe_compiled_kernels.csv", OURS_HF, OURS_HF_COMPILED)
+    if got is None:
+        return
+    r, commit = got
+    top = max(t for _, t in r.index)
+    model = r.index[0][0]
+    n.add("EEightKernProbeModel", tex_escape(model), "{}")
+    n.add("EEightKernProbeCommit", commit, "{}")
+    n.add("EEightKernProbeMin", float(r.min()))
+    n.add("EEightKernProbeMax", float(r.max()))
+    n.add("EEightKernProbeTop", float(r[(model, top)]))
+    n.add("EEightKernProbeTopTokens", int(top), "{}")
+    e8 = results / "moe_layer.csv"
+    if e8.exists():
+        o = e8_frame(pd.read_csv(e8))
+        cell = o[(o.model == model) & (o.tokens == top) & (o.load == "zipf1.2")]
+        if len(cell) and OURS_HF_COMPILED in cell:
+            n.add("EEightKernProbeTopInEEight", float((cell[OURS_HF] / cell[OURS_HF_COMPILED]).iloc[0]))
+    k = results / "probe_compiled_kernels.kernels.csv"
+    if k.exists():
+        kd = pd.read_csv(k)
+        names = {c: set(g.kernel) for c, g in kd.groupby("contender")}
+        tot = kd.groupby("contender").us_per_call.sum()
+        if OURS_HF in names and OURS_HF_COMPILED in names:
+            n.add("EEightKernProbeNames", len(names[OURS_HF]), "{}")
+            n.add("EEightKernProbeSameNames", int(names[OURS_HF] == names[OURS_HF_COMPILED]), "{}")
+            n.add("EEightKernProbeGpuRatio", float(tot[OURS_HF] / tot[OURS_HF_COMPILED]), "{:.3f}")
+
+
+def fixed_fusion(n: Numbers, results: Path) -> None:
+    """The E8 run before moe_ffn chose between the fused and unfused gate/up (runs/S17-2): where it always
+    fused above FUSE_ABOVE_ROWS_PER_EXPERT rows per expert, our unfused time over its fused one."""
+    path = results / "runs" / "S17-2" / "moe_layer.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    o = e8_frame(df)
+    if UNFUSED not in o or OURS not in o:
+        return
+    fo = o[o.fused]
+    f = (fo[UNFUSED] / fo[OURS]).dropna()
+    if len(f):
+        n.add("EEightFixedFusionCommit", str(df.git_commit.iloc[0])[:7], "{}")
+        n.add("EEightFixedFusionGain", gm(f))
+        n.add("EEightFixedFusionMin", float(f.min()))
+        n.add("EEightFixedFusionSlower", int((f < 1).sum()), "{}")
+
+
 def e8(n: Numbers, results: Path, gen: Path) -> None:
     path = results / "moe_layer.csv"
     if not path.exists():
@@ -165,7 +217,9 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             if len(c):
                 n.add(f"EEightFusedDeepSeek{tag}", float((c[UNFUSED] / c[OURS]).iloc[0]))
     compiled_probe(n, results)
+    compiled_kernels_probe(n, results)
     fused_probe(n, results)
+    fixed_fusion(n, results)
     rows = []
     for model, m in held.groupby("model", sort=False):
         r = m.best_peer / m[OURS]
