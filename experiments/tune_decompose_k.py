@@ -4,9 +4,13 @@ is the fastest the table names it, so that `auto` dispatches to it. Writes the p
 (src/moegemm/tuned/decompose_k/<slug>.json) and every timed candidate as a CSV.
 
     python -m experiments.tune_decompose_k --out results/<slug>/tune_decompose_k.csv
+    python -m experiments.tune_decompose_k --rebuild results/<slug>/tune_decompose_k.csv results/<slug>/floors.json
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 
@@ -67,8 +71,14 @@ def main():
     bar.close()
     writer.finish()
 
-    # The table: for each shape and dtype the best config per kernel, and the best kernel overall.
-    best = best_rows(writer.rows, lambda r: (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]), r["kernel"]))
+    write_table("decompose_k", slug, table_entries(writer.rows, dk.tiny_kernel_us()))
+
+
+def table_entries(rows: list[dict], activation_us: float) -> list[dict]:
+    """The table from the tuner's rows: for each shape and dtype the best config per kernel, each backend's
+    best time (cuBLAS's among them) and the best backend overall; ``activation_us`` (one tiny kernel's GPU
+    time on this GPU) is what ``auto`` charges cuBLAS for applying an epilogue after it, a launch of its own."""
+    best = best_rows(rows, lambda r: (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]), r["kernel"]))
     by_shape: dict = {}
     for (dt, m, n, k, kernel), r in best.items():
         by_shape.setdefault((dt, m, n, k), {})[kernel] = r
@@ -77,10 +87,37 @@ def main():
         win = min(per.values(), key=lambda r: float(r["graph_us"]))
         entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
                         "graph_us": float(win["graph_us"]),
+                        "backend_us": {kn: round(float(r["graph_us"]), 3) for kn, r in sorted(per.items())},
+                        "activation_us": round(float(activation_us), 3),
                         "per_kernel": {kn: config_cell(r["config"]) for kn, r in per.items() if kn != "cublas"}})
-    write_table("decompose_k", slug, entries)
+    return entries
 
+
+def rebuild(csv_path: str, floors_json: str) -> None:
+    """Write the table again from a committed tuner CSV, on any machine: the activation charge from the same
+    GPU's floors (its tiny-kernel time), the provenance that of the run that measured the CSV."""
+    import csv
+    import json
+
+    from experiments._io import write_json
+    from experiments.common import ROOT
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    act = json.loads(Path(floors_json).read_text())["measured"]["tiny_kernel_graph_us"]
+    prov = {k: rows[0][k] for k in ("gpu", "driver", "cuda", "torch", "triton", "git_commit")}
+    prov.update(sm_count=int(rows[0]["sm_count"]), git_dirty=rows[0]["git_dirty"] == "True",
+                utc=max(r["utc"] for r in rows))  # the last row's: when the measuring run wrote its table
+    slug = slugify(prov["gpu"])
+    table = ROOT / "src" / "moegemm" / "tuned" / "decompose_k" / f"{slug}.json"
+    write_json(table, {"gpu": prov["gpu"], "clock": "CUDA-graph replay", "provenance": prov,
+                       "rebuilt_from": {"csv": Path(csv_path).name, "activation_us": "floors.json tiny_kernel_graph_us"},
+                       "entries": table_entries(rows, act)})
+    print(f"wrote {table} ({len(rows)} rows)")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--rebuild"]:  # --rebuild <tune_decompose_k.csv> <floors.json>
+        rebuild(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -227,11 +227,12 @@ def test_packaged_tuned_table_is_valid_and_used():
 
     table = configs._tuned_table("nvidia-h200")
     assert len(table) >= 28
-    for (_dt, _m, _n, k, _epi), (best, per_kernel) in table.items():
+    for (_dt, _m, _n, k, _epi), (best, per_kernel, times, act) in table.items():
         assert (best == "cublas" or best in per_kernel) and set(per_kernel) <= set(KERNELS)
         for cfg in per_kernel.values():
             assert 1 <= cfg.split_k <= k
-    best, per_kernel = table[("bfloat16", 16, 16, 8192, "none")]
+        assert times[best] == min(times.values()) and act > 0
+    best, per_kernel, _, _ = table[("bfloat16", 16, 16, 8192, "none")]
     got = configs._choose("nvidia-h200", torch.bfloat16, 16, 16, 8192, Epilogue.NONE, "auto", 132)
     assert best != "cublas" and got == (best, per_kernel[best], "tuned")
     assert configs._choose("nvidia-h200", torch.float16, 16, 16, 8192, Epilogue.RELU, "auto", 132) == got
@@ -245,6 +246,51 @@ def test_packaged_tuned_table_is_valid_and_used():
     big = configs._choose("nvidia-h200", torch.bfloat16, 16384, 256, 7168, Epilogue.NONE, "auto", 132)
     assert big == ("cublas", None, "heuristic")
     assert configs._tuned_table("no-such-gpu") == {}
+
+
+def test_auto_charges_cublas_the_separate_activation(monkeypatch):
+    """The table is tuned without an epilogue; with one, cuBLAS needs an activation launch of its own, so
+    `auto` takes our fastest kernel where it beats cuBLAS plus that charge, and cuBLAS elsewhere; with no
+    epilogue the tuned best stands."""
+    from moegemm.decompose_k import configs
+    from moegemm.epilogue import Epilogue
+
+    cfg = DecomposeKConfig(split_k=8, block_m=64, block_n=32)
+    entry = lambda ours_us: ("cublas", {"single_launch": cfg, "flat": cfg},  # noqa: E731
+                             {"cublas": 8.0, "single_launch": ours_us, "flat": 9.5}, 0.9)
+    table = {("bfloat16", 256, 256, 7168, "none"): entry(8.5), ("bfloat16", 512, 256, 7168, "none"): entry(9.1)}
+    monkeypatch.setattr(configs, "_tuned_table", lambda slug: table)
+    configs._choose.cache_clear()
+    try:
+        pick = lambda m, epi: configs._choose("gpu", torch.bfloat16, m, 256, 7168, epi, "auto", 132)[0]  # noqa: E731
+        assert pick(256, Epilogue.NONE) == "cublas"
+        assert pick(256, Epilogue.SIGMOID) == "single_launch" and pick(256, Epilogue.RELU) == "single_launch"
+        assert pick(512, Epilogue.SIGMOID) == "cublas"  # 9.1 > 8.0 + 0.9
+        assert configs._choose("gpu", torch.bfloat16, 256, 256, 7168, Epilogue.SIGMOID, "cublas", 132)[0] == "cublas"
+    finally:
+        configs._choose.cache_clear()
+
+
+def test_packaged_decompose_k_table_rebuilds_from_its_csv(tmp_path, monkeypatch):
+    """The committed table is what the tuner's table step makes of the committed tuning CSV (configs, best
+    backend, each backend's time); where it was rebuilt on a CPU, its activation charge is the floors'
+    tiny-kernel time of the same GPU."""
+    import json
+
+    from experiments import tune_decompose_k as tdk
+    from experiments.common import ROOT
+
+    res = ROOT / "results" / "nvidia-h200"
+    committed = json.loads((ROOT / "src/moegemm/tuned/decompose_k/nvidia-h200.json").read_text())
+    import csv
+    with open(res / "tune_decompose_k.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    act = json.loads((res / "floors.json").read_text())["measured"]["tiny_kernel_graph_us"]
+    got = tdk.table_entries(rows, act)
+    strip = lambda es: [{k: v for k, v in e.items() if k != "activation_us"} for e in es]  # noqa: E731
+    assert strip(got) == strip(committed["entries"])
+    if "rebuilt_from" in committed:
+        assert got == committed["entries"]
 
 
 # --- plans, cuBLAS dispatch, the custom op ----------------------------------------------------------
