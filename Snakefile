@@ -212,13 +212,16 @@ if GPUS:
         shell:
             "{params.slot} {params.py} -m experiments.tune_seed --out {output} > {log} 2>&1"
 
+    # What each experiment reads: the Decompose-K experiments (E1-E6) the Decompose-K table (E3-E6 also the
+    # seed's search), the grouped ones (E7, E8) the grouped tables. No experiment reads the floors (the
+    # write-up does), so with several GPUs E7 and E8 start once the grouped tuner is done, beside the
+    # Decompose-K and seed tuners.
+    GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer")
     MEASURE_INPUT = dict(
         verify=f"results/{HERE}/verify.json",
         seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
-        table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
-        grouped_table=f"src/moegemm/tuned/grouped/{HERE}.json",
-        grouped_default=f"src/moegemm/tuned/grouped_default/{HERE}.json",
-        floors=f"results/{HERE}/floors.json",
+        tables=lambda w: [f"src/moegemm/tuned/grouped/{HERE}.json", f"src/moegemm/tuned/grouped_default/{HERE}.json"]
+        if w.experiment in GROUPED_EXPERIMENTS else [f"src/moegemm/tuned/decompose_k/{HERE}.json"],
         config="experiments/config.yaml",
     )
 

@@ -591,3 +591,50 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
                           str(tmp_path / "e8")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "e8.pdf").exists()
+
+
+def test_experiments_wait_only_for_the_tables_they_read():
+    """With several GPUs, E7 and E8 start once the grouped tables exist (not after the Decompose-K or seed
+    tuners), E1-E6 once the Decompose-K table does; no experiment waits for the floors (the write-up reads
+    them)."""
+    from experiments import schedule
+
+    nodes, edges = schedule.dag(2, "NVIDIA H100 80GB HBM3")
+    parents: dict = {}
+    for a, b in edges:
+        parents.setdefault(b, set()).add(a)
+
+    def ancestors(i, seen=None):
+        seen = set() if seen is None else seen
+        for p in parents.get(i, ()):
+            if p not in seen:
+                seen.add(p)
+                ancestors(p, seen)
+        return {nodes[j]["rule"] for j in seen}
+
+    jobs = {(n["rule"], n["wildcards"].get("experiment")): i for i, n in nodes.items()}
+    e8 = ancestors(jobs[("measure_shard", "moe_layer")])
+    assert {"verify", "tune_grouped", "distill_grouped"} <= e8 and not {"tune", "tune_seed", "floors"} & e8, e8
+    e5 = ancestors(jobs[("measure", "decompose_k_grid")])
+    assert {"verify", "tune", "tune_seed"} <= e5 and not {"tune_grouped", "floors"} & e5, e5
+    assert "floors" in ancestors(next(i for i, n in nodes.items() if n["rule"] == "numbers"))
+
+
+def test_schedule_is_list_scheduling_on_the_gpus():
+    """The predictor: GPU jobs never overlap beyond the GPU count, each starts after its inputs, and the
+    makespan is at least the critical path and the GPU work per GPU."""
+    from experiments.schedule import schedule
+
+    nodes = {0: {"rule": "verify", "wildcards": {}}, 1: {"rule": "tune", "wildcards": {}},
+             2: {"rule": "measure", "wildcards": {"experiment": "a"}},
+             3: {"rule": "measure", "wildcards": {"experiment": "b"}},
+             4: {"rule": "measure", "wildcards": {"experiment": "c"}}, 5: {"rule": "numbers", "wildcards": {}}}
+    edges = [(0, 1), (1, 2), (1, 3), (1, 4), (2, 5), (3, 5), (4, 5)]
+    dur = {0: 10.0, 1: 5.0, 2: 30.0, 3: 20.0, 4: 10.0, 5: 1.0}
+    makespan, critical, log = schedule(nodes, edges, dur, gpus=2)
+    assert critical == 46.0 and makespan == 46.0  # c runs after b on the GPU b frees
+    starts = {label: (s, e) for s, e, label in log}
+    assert starts["measure a"] == (15.0, 45.0) and starts["measure b"] == (15.0, 35.0)
+    assert starts["measure c"] == (35.0, 45.0)
+    one, _, _ = schedule(nodes, edges, dur, gpus=1)
+    assert one == 10 + 5 + 30 + 20 + 10 + 1

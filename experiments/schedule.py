@@ -1,0 +1,135 @@
+"""The pipeline's predicted wall time on a host of G GPUs, before running it there.
+
+The DAG is the Snakefile's own for such a host (``snakemake --dag --forceall`` with G GPUs of this kind
+faked, so no GPU is needed). Each GPU job takes the wall time the committed 1-GPU run's benchmark files give
+its step (``paper.numbers.runtime.run_times``; a step resumed over several device calls, their sum); a
+shard of an experiment split over G GPUs takes 1/G of it, as the shards deal about as many cells each (a
+shard's own compiles and warm-up are not in that share, so it errs low). CPU jobs take ``--cpu-job-s`` each.
+Jobs are started greedily, longest remaining path first, one GPU job per GPU (as ``gpu_slot`` pins them).
+
+    python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10]
+
+Prints the predicted makespan, the critical path (unlimited GPUs) and each GPU job's start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_RULES = ("verify", "floors", "tune", "tune_grouped", "tune_seed", "measure", "measure_shard")
+
+
+def dag(gpus: int, gpu_name: str) -> tuple[dict[int, dict], list[tuple[int, int]]]:
+    """({node: {"rule", "wildcards"}}, [(before, after)]) of the Snakefile's DAG on a host of ``gpus`` GPUs."""
+    env = {**os.environ, "MOEGEMM_FAKE_GPUS": ",".join([gpu_name] * gpus)}
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-m", "snakemake", "--dag", "--forceall", "--cores", "32", "--resources",
+                          f"gpu={gpus}"], cwd=ROOT, capture_output=True, text=True, env=env, check=True).stdout
+    nodes, edges = {}, []
+    for m in re.finditer(r'^\s*(\d+)\[label = "([^"]*)"', out, re.M):
+        rule, *wc = m.group(2).split("\\n")
+        nodes[int(m.group(1))] = {"rule": rule, "wildcards": dict(w.split(": ", 1) for w in wc)}
+    for m in re.finditer(r"^\s*(\d+) -> (\d+)", out, re.M):
+        edges.append((int(m.group(1)), int(m.group(2))))
+    return nodes, edges
+
+
+def durations(nodes: dict, gpus: int, step_s: dict[str, float], cpu_job_s: float) -> dict[int, float]:
+    out = {}
+    for i, n in nodes.items():
+        rule, wc = n["rule"], n["wildcards"]
+        if rule in ("measure", "measure_shard"):
+            step = wc["experiment"]
+        elif rule in GPU_RULES:
+            step = rule
+        else:
+            out[i] = cpu_job_s if rule != "all" else 0.0
+            continue
+        if step not in step_s:
+            raise SystemExit(f"no benchmark file for step {step!r} in the committed results")
+        out[i] = step_s[step] / (gpus if rule == "measure_shard" else 1)
+    return out
+
+
+def schedule(nodes: dict, edges: list, dur: dict, gpus: int) -> tuple[float, float, list[tuple]]:
+    """(makespan, critical path, [(start, end, label)] of the GPU jobs) by list scheduling."""
+    succ: dict = {i: [] for i in nodes}
+    preds: dict = {i: 0 for i in nodes}
+    for a, b in edges:
+        succ[a].append(b)
+        preds[b] += 1
+    tail: dict = {}
+
+    def longest(i):  # the longest path from i's start to the end
+        if i not in tail:
+            tail[i] = dur[i] + max((longest(j) for j in succ[i]), default=0.0)
+        return tail[i]
+
+    critical = max(longest(i) for i in nodes)
+    ready = [(-longest(i), i) for i in nodes if preds[i] == 0]
+    heapq.heapify(ready)
+    running: list = []  # (end, node)
+    free_gpus, t, done_at, log = gpus, 0.0, {}, []
+    waiting: list = []
+    while ready or running or waiting:
+        ready += waiting
+        heapq.heapify(ready)
+        waiting = []
+        while ready:
+            pri, i = heapq.heappop(ready)
+            is_gpu = nodes[i]["rule"] in GPU_RULES
+            if is_gpu and free_gpus == 0:
+                waiting.append((pri, i))
+                continue
+            free_gpus -= is_gpu
+            heapq.heappush(running, (t + dur[i], i))
+            if is_gpu:
+                wc = nodes[i]["wildcards"]
+                log.append((t, t + dur[i], nodes[i]["rule"] + (" " + " ".join(wc.values()) if wc else "")))
+        if not running:
+            break
+        t, i = heapq.heappop(running)
+        done_at[i] = t
+        free_gpus += nodes[i]["rule"] in GPU_RULES
+        for j in succ[i]:
+            preds[j] -= 1
+            if preds[j] == 0:
+                waiting.append((-longest(j), j))
+    return max(done_at.values()), critical, sorted(log)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=4)
+    ap.add_argument("--gpu", default="NVIDIA H200", help="the GPU kind whose committed results time the jobs")
+    ap.add_argument("--cpu-job-s", type=float, default=10.0, help="seconds per CPU job (figure, numbers, ...)")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from moegemm._runtime import slugify
+    from paper.numbers.runtime import run_times
+
+    times = run_times(ROOT / "results" / slugify(args.gpu))
+    if times is None:
+        raise SystemExit(f"no benchmark files for {args.gpu}")
+    step_s = dict(zip(times.step, times.seconds))
+    nodes, edges = dag(args.gpus, args.gpu)
+    dur = durations(nodes, args.gpus, step_s, args.cpu_job_s)
+    makespan, critical, log = schedule(nodes, edges, dur, args.gpus)
+    for start, end, label in log:
+        print(f"{start:7.0f} {end:7.0f}  {label}")
+    gpu_work = sum(d for i, d in dur.items() if nodes[i]["rule"] in GPU_RULES)
+    print(f"{args.gpus} x {args.gpu}: predicted {makespan:.0f} s ({makespan / 60:.1f} min); critical path "
+          f"{critical:.0f} s; GPU work {gpu_work:.0f} s ({gpu_work / args.gpus:.0f} s per GPU); CPU jobs "
+          f"{args.cpu_job_s:.0f} s each")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
