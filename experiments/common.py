@@ -141,12 +141,14 @@ def write_table(family: str, slug: str, entries: list[dict]) -> Path:
     return table
 
 
+PROVENANCE_KEYS = ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "git_commit", "git_dirty", "utc")
+
+
 def provenance_fields() -> dict:
     from moegemm.bench.provenance import provenance
 
     p = provenance()
-    return {k: p[k] for k in ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "git_commit",
-                              "git_dirty", "utc")}
+    return {k: p[k] for k in PROVENANCE_KEYS}
 
 
 def require_gpu() -> None:

@@ -73,26 +73,22 @@ def schedule(nodes: dict, edges: list, dur: dict, gpus: int) -> tuple[float, flo
         return tail[i]
 
     critical = max(longest(i) for i in nodes)
-    ready = [(-longest(i), i) for i in nodes if preds[i] == 0]
-    heapq.heapify(ready)
+    ready = [i for i in nodes if preds[i] == 0]
     running: list = []  # (end, node)
     free_gpus, t, done_at, log = gpus, 0.0, {}, []
-    waiting: list = []
-    while ready or running or waiting:
-        ready += waiting
-        heapq.heapify(ready)
+    while ready or running:
         waiting = []
-        while ready:
-            pri, i = heapq.heappop(ready)
+        for i in sorted(ready, key=lambda i: (-longest(i), i)):  # longest remaining path first
             is_gpu = nodes[i]["rule"] in GPU_RULES
             if is_gpu and free_gpus == 0:
-                waiting.append((pri, i))
+                waiting.append(i)
                 continue
             free_gpus -= is_gpu
             heapq.heappush(running, (t + dur[i], i))
             if is_gpu:
                 wc = nodes[i]["wildcards"]
                 log.append((t, t + dur[i], nodes[i]["rule"] + (" " + " ".join(wc.values()) if wc else "")))
+        ready = waiting
         if not running:
             break
         t, i = heapq.heappop(running)
@@ -101,7 +97,7 @@ def schedule(nodes: dict, edges: list, dur: dict, gpus: int) -> tuple[float, flo
         for j in succ[i]:
             preds[j] -= 1
             if preds[j] == 0:
-                waiting.append((-longest(j), j))
+                ready.append(j)
     return max(done_at.values()), critical, sorted(log)
 
 

@@ -100,12 +100,12 @@ def rebuild(csv_path: str, floors_json: str) -> None:
     import json
 
     from experiments._io import write_json
-    from experiments.common import ROOT
+    from experiments.common import PROVENANCE_KEYS, ROOT
 
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     act = json.loads(Path(floors_json).read_text())["measured"]["tiny_kernel_graph_us"]
-    prov = {k: rows[0][k] for k in ("gpu", "driver", "cuda", "torch", "triton", "git_commit")}
+    prov = {k: rows[0][k] for k in PROVENANCE_KEYS}
     prov.update(sm_count=int(rows[0]["sm_count"]), git_dirty=rows[0]["git_dirty"] == "True",
                 utc=max(r["utc"] for r in rows))  # the last row's: when the measuring run wrote its table
     slug = slugify(prov["gpu"])

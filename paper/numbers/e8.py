@@ -127,6 +127,13 @@ def compiled_kernels_probe(n: Numbers, results: Path) -> None:
             n.add("EEightKernProbeGpuRatio", float(tot[OURS_HF] / tot[OURS_HF_COMPILED]), "{:.3f}")
 
 
+def fusion_ratios(o: pd.DataFrame) -> pd.Series:
+    """Our unfused time over moe_ffn's, per cell where moe_ffn may fuse (above FUSE_ABOVE_ROWS_PER_EXPERT rows
+    per expert; at decode it runs the unfused product itself)."""
+    fo = o[o.fused]
+    return (fo[UNFUSED] / fo[OURS]).dropna()
+
+
 def fixed_fusion(n: Numbers, results: Path) -> None:
     """The E8 run before moe_ffn chose between the fused and unfused gate/up (runs/S17-2): where it always
     fused above FUSE_ABOVE_ROWS_PER_EXPERT rows per expert, our unfused time over its fused one."""
@@ -137,8 +144,7 @@ def fixed_fusion(n: Numbers, results: Path) -> None:
     o = e8_frame(df)
     if UNFUSED not in o or OURS not in o:
         return
-    fo = o[o.fused]
-    f = (fo[UNFUSED] / fo[OURS]).dropna()
+    f = fusion_ratios(o)
     if len(f):
         n.add("EEightFixedFusionCommit", str(df.git_commit.iloc[0])[:7], "{}")
         n.add("EEightFixedFusionGain", gm(f))
@@ -179,8 +185,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
         ts = sorted(o[o[HF_COMPILED].notna()].tokens.unique())
         n.add("EEightCompiledTokens", ", ".join(str(int(t)) for t in ts))
     if UNFUSED in o:
-        fo = o[o.fused]  # where moe_ffn fuses (at decode it runs the unfused product itself)
-        f = (fo[UNFUSED] / fo[OURS]).dropna()
+        f = fusion_ratios(o)
         if len(f):
             n.add("EEightFusionGain", gm(f))
             n.add("EEightFusionGainMin", float(f.min()))
