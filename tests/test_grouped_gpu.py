@@ -375,3 +375,52 @@ def test_bad_values_fail_on_the_device(call, bad):
         assert "synced" not in res.stdout
     else:
         assert res.returncode == 0 and "synced" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("tma,persistent", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_repeat_calls_take_the_plan_and_stay_right(layout, tma, persistent, swiglu, monkeypatch):
+    """A repeat call of a (shape, strides, dtype, alignment) goes straight to the compiled kernel of the
+    first one (api._GroupedPlan): right on new activations, routing, gating weights and outputs; a call
+    whose activations sit at another 16-byte alignment (rows of K = 1028: a pointer-kernel view) or whose
+    offsets are int64 gets a plan of its own; the plans hold no tensor of the calls they were made from."""
+    import gc
+    import weakref
+
+    import moegemm.grouped.api as api
+    from moegemm.grouped import grouped_mm_swiglu
+
+    monkeypatch.setattr(api, "_PLANS", {})
+    e, top_k, t, n = 8, 2, 80, 768
+    for hidden in (1024, 1028):
+        g = torch.Generator(device="cuda").manual_seed(hidden + 7)
+        w_nk = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
+        w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
+        cfg = GroupedConfig(64, 128, 64, num_warps=4, num_stages=3, tma=tma, persistent=persistent)
+        before = len(api._PLANS)
+        for i in range(4):
+            plan = route(sample_topk(t, e, top_k, ("uniform", "zipf1.2", "hot0.9", "zipf1.5")[i], seed=i), e)
+            buf = torch.randn(t * top_k + 1, hidden, device="cuda", generator=g).to(torch.bfloat16)
+            xs = buf[1:] if i == 3 else buf[:-1]  # the last call's rows start 2 * hidden bytes in
+            offsets = plan.group_offsets.to(torch.int64) if i == 2 else plan.group_offsets
+            rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
+            width = n // 2 if swiglu else n
+            out = torch.full((xs.shape[0], width), float("nan"), dtype=torch.bfloat16, device="cuda")
+            if swiglu:
+                y = grouped_mm_swiglu(xs, w, offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
+                gu = _ref(xs, w_nk, plan.group_offsets)
+                ref = torch.nn.functional.silu(gu[:, :width]) * gu[:, width:] * rs.double()[:, None]
+            else:
+                y = grouped_mm(xs, w, offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
+                ref = _ref(xs, w_nk, plan.group_offsets, rs)
+            assert y is out
+            assert_close_to_ref(y, ref, hidden, f"K={hidden} call {i}")
+        aligned = hidden * 2 % 16 == 0
+        # the first call's plan served call 1; int64 offsets (call 2) made their own, and so did the view one
+        # row in (call 3) where that row moved the base off its 16-byte alignment
+        assert len(api._PLANS) - before == (2 if aligned else 3), list(api._PLANS)
+        ref_w = weakref.ref(w)
+        del w, w_nk, xs, buf, y, out, rs, offsets, plan
+        gc.collect()
+        assert ref_w() is None, "a plan keeps the weights alive"

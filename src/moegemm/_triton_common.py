@@ -1,6 +1,9 @@
-"""Small pieces shared by every Triton kernel: the tile product and dtype/precision plumbing."""
+"""Small pieces shared by every Triton kernel: the tile product, dtype/precision plumbing, and the launch
+of a compiled kernel without Triton's per-call binding."""
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import triton
@@ -63,3 +66,54 @@ def check_dtype(name: str, t: torch.Tensor, allowed=SUPPORTED_DTYPES) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
         raise TypeError(f"{name}: unsupported dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}")
+
+
+def _raw_stream_fn():
+    fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return fn if fn is not None else (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
+
+
+raw_stream = _raw_stream_fn()  # raw_stream(device index) -> the current CUDA stream's handle
+
+
+class BoundKernel:
+    """A Triton kernel compiled for the arguments of one call, launched straight through its compiled
+    launcher: no per-call argument binding, specialization or cache look-up, which on a Triton JIT launch
+    cost about as much Python as the launch itself, more for a kernel of many arguments.
+
+    ``slots`` names the arguments that change from call to call (tensors, descriptors); the rest stay as
+    given here. A later call must match this one in everything Triton specializes on: the dtypes, the
+    16-byte alignment of each pointer, the ints (their values here are kept), the constexprs. The caller's
+    cache key guarantees it. GPU only (the interpreter has no compiled launcher)."""
+
+    __slots__ = ("_run", "_function", "_packed", "_grid", "_args", "_slots")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, slots: tuple[str, ...]):
+        compiled = kernel.warmup(*args, grid=grid, **kwargs)  # compiles (or takes Triton's cache); no launch
+        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
+            compiled = compiled.result()
+        compiled._init_handles()
+        names = list(kernel.arg_names)
+        full = list(args)
+        for i in range(len(args), len(names)):
+            if names[i] in kwargs:
+                full.append(kwargs[names[i]])
+            else:
+                default = kernel.params[i].default
+                if default is inspect.Parameter.empty:
+                    raise TypeError(f"{kernel.fn.__name__}: argument {names[i]} not given")
+                full.append(default)
+        self._run, self._function, self._packed = compiled.run, compiled.function, compiled.packed_metadata
+        self._grid = tuple(grid) + (1,) * (3 - len(grid))
+        self._slots = tuple(names.index(s) for s in slots)
+        for i in self._slots:
+            full[i] = None  # holds no tensor of the call it was made from
+        self._args = full
+
+    def __call__(self, stream: int, *values) -> None:
+        """Launch on ``stream`` (a raw handle) with ``values`` in the slots' order."""
+        args = self._args.copy()
+        for i, v in zip(self._slots, values):
+            args[i] = v
+        g = self._grid
+        self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *args)

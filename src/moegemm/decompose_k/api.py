@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from .._runtime import INTERPRET, check_device
-from .._triton_common import check_dtype
+from .._triton_common import check_dtype, raw_stream
 from ..epilogue import Epilogue
 from . import flat, single_launch, two_stage
 from .configs import BACKENDS, KERNELS, DecomposeKConfig, Prepared, choose
@@ -67,14 +67,6 @@ def _validate(a, b, bias, out, split_k):
             raise ValueError(f"out: on {out.device}, but a is on {a.device}")
 
 
-def _raw_stream_fn() -> Callable[[int], int]:
-    fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return fn if fn is not None else (lambda idx: torch.cuda.current_stream(idx).cuda_stream)
-
-
-_raw_stream = _raw_stream_fn()
-
-
 @dataclasses.dataclass(eq=False)
 class Plan:
     """Everything one (shape, dtype, strides, epilogue) needs to run: ``plan.run(a, b, bias, out)``.
@@ -115,7 +107,7 @@ class Plan:
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         if self._launch is not None:
-            stream = _raw_stream(self.device.index)
+            stream = raw_stream(self.device.index)
             state = self._per_stream.get(stream)
             if state is None:
                 state = self._stream_state(stream)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import torch
 import triton
 
 from .. import tuned
-from .._runtime import check_device, device_sm_count, device_smem_per_sm, gpu_slug
-from .._triton_common import check_dtype, dot_meta
+from .._runtime import INTERPRET, check_device, device_sm_count, device_smem_per_sm, gpu_slug
+from .._triton_common import BoundKernel, check_dtype, dot_meta, raw_stream
 from ..epilogue import Epilogue
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
                       _grouped_mm_swiglu_tma_kernel, _grouped_mm_tma_kernel)
@@ -296,7 +297,12 @@ def swiglu_config(cfg: GroupedConfig) -> GroupedConfig:
 def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate,
              swiglu: bool) -> torch.Tensor:
     """grouped_mm, or with ``swiglu`` grouped_mm_swiglu: checks, the config (tuned, autotuned on a shape's
-    first call, or given), the launch."""
+    first call, or given), the launch. A call like an earlier one in everything the checks, the config and
+    the compiled kernel depend on (see _plan_key) goes straight to that call's launch (_GroupedPlan)."""
+    key = _plan_key(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan.run(x_sorted, w, group_offsets, row_scale, out, validate)
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
     if x_sorted.dim() != 2:
@@ -340,44 +346,144 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
     offsets = group_offsets.to(torch.int32).contiguous()
     scale = row_scale if row_scale is not None else out
 
-    def launch(cfg: GroupedConfig) -> None:
+    def spec(cfg: GroupedConfig) -> tuple:
         if swiglu:
-            _launch_swiglu(swiglu_config(cfg), x_sorted, w, w_strides, w_layout, offsets, scale,
-                           row_scale is not None, out, e, n, k, allow_tf32)
-        else:
-            _launch_contiguous(cfg, x_sorted, w, w_strides, w_layout, offsets, scale, row_scale is not None, out,
-                               e, n, k, epi, allow_tf32)
+            return _spec_swiglu(swiglu_config(cfg), x_sorted, w, w_strides, w_layout, offsets, scale,
+                                row_scale is not None, out, e, n, k, allow_tf32)
+        return _spec_contiguous(cfg, x_sorted, w, w_strides, w_layout, offsets, scale, row_scale is not None, out,
+                                e, n, k, epi, allow_tf32)
 
+    def launch(cfg: GroupedConfig) -> None:
+        kernel, work_items, args, kwargs, _ = spec(cfg)
+        _launch(kernel, work_items, swiglu_config(cfg) if swiglu else cfg, x_sorted, args, kwargs)
+
+    final = True  # the config is the one every later call of this shape takes (see _GroupedPlan)
     if config is not None:
-        launch(config)
-        return out
-    slug = gpu_slug(x_sorted)
-    cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
-    if source == "default" or swiglu:
-        from . import autotune
+        cfg = config
+    else:
+        slug = gpu_slug(x_sorted)
+        cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
+        if source == "default" or swiglu:
+            from . import autotune
 
-        # The fused kernel's timed choices are its own (the unfused kernel's, _choose has looked up already).
-        # The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that entry's tiles
-        # against the regime's shortlist too.
-        key = autotune_key(m_total, k, x_sorted.dtype, e, n_w, w_layout + ("+swiglu" if swiglu else ""))
-        timed = autotune.lookup(slug, key) if swiglu else None
-        if timed is not None:
-            cfg = GroupedConfig.from_dict(timed)
-        elif autotune.can_time(x_sorted):
-            candidates = list(shortlist(m_total, e, n_w, slug))
-            if swiglu and source != "default":
-                candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
-            cfg, times = autotune.fastest(launch, candidates)
-            autotune.remember(slug, key, dataclasses.asdict(cfg), times)
+            # The fused kernel's timed choices are its own (the unfused kernel's, _choose has looked up
+            # already). The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that
+            # entry's tiles against the regime's shortlist too.
+            key_t = autotune_key(m_total, k, x_sorted.dtype, e, n_w, w_layout + ("+swiglu" if swiglu else ""))
+            timed = autotune.lookup(slug, key_t) if swiglu else None
+            if timed is not None:
+                cfg = GroupedConfig.from_dict(timed)
+            elif autotune.can_time(x_sorted):
+                candidates = list(shortlist(m_total, e, n_w, slug))
+                if swiglu and source != "default":
+                    candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
+                cfg, times = autotune.fastest(launch, candidates)
+                autotune.remember(slug, key_t, dataclasses.asdict(cfg), times)
+            else:  # not timed now (a capture, autotuning off): a later call may time it, unless timing is
+                #     off (the key holds whether it is, see _plan_key)
+                final = not autotune.enabled()
+    if key is not None and final and not torch.cuda.is_current_stream_capturing():
+        plan = _GroupedPlan.make(spec(cfg), swiglu_config(cfg) if swiglu else cfg, x_sorted, w, w_layout, e,
+                                 n_w, n, k, swiglu, row_scale is not None,
+                                 group_offsets.dtype == torch.int32 and group_offsets.is_contiguous())
+        if plan is not None:
+            _PLANS[key] = plan
+            return plan.run(x_sorted, w, group_offsets, row_scale, out, False)
     launch(cfg)
     return out
 
 
-def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
-                       offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
-                       n: int, k: int, epi: Epilogue, allow_tf32: bool) -> None:
-    """One launch of the contiguous layout's kernel for ``cfg`` (TMA where the inputs allow it); w_strides:
-    (expert, K, N) strides of w, as _check_w gives them."""
+# Arguments of each kernel that change from call to call, for _GroupedPlan (the rest are fixed by its key).
+_TMA_SLOTS = ("a_desc", "w_desc", "at_desc", "y_ptr", "offsets_ptr", "scale_ptr")
+_SWIGLU_TMA_SLOTS = ("a_desc", "w_desc", "y_ptr", "offsets_ptr", "scale_ptr")
+_PTR_SLOTS = ("a_ptr", "w_ptr", "y_ptr", "offsets_ptr", "scale_ptr")
+
+_PLANS: dict = {}  # _plan_key -> _GroupedPlan
+
+
+def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu) -> tuple | None:
+    """What a call's checks, config and compiled kernel depend on: the operands' shapes, strides, dtypes,
+    devices and alignment (Triton specializes pointers on 16-byte alignment, TMA needs it), the other
+    arguments, and with no config whether first calls may time (moegemm.grouped.autotune); None where no plan applies (not CUDA tensors, the interpreter, an unhashable argument)."""
+    if INTERPRET or type(x) is not torch.Tensor or type(w) is not torch.Tensor or type(offsets) is not torch.Tensor \
+            or not x.is_cuda:
+        return None
+    key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w.shape, w.stride(), w.dtype, w.device,
+           w.data_ptr() % 16, offsets.shape, offsets.stride(), offsets.dtype, offsets.device, offsets.data_ptr() % 16,
+           _operand_key(row_scale), _operand_key(out), w_layout, epilogue, config, allow_tf32, swiglu,
+           config is None and os.environ.get("MOEGEMM_AUTOTUNE", "1") != "0")
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _operand_key(t) -> tuple | None:
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor:
+        return (type(t),)  # the checks reject it; never a plan's key (see _GroupedPlan.make)
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+
+
+@dataclasses.dataclass(eq=False)
+class _GroupedPlan:
+    """One (shapes, strides, dtypes, alignment, arguments) of grouped_mm or grouped_mm_swiglu, checked and
+    configured once: a later call builds its TMA descriptors (where the kernel takes them) and launches the
+    compiled kernel directly (moegemm._triton_common.BoundKernel). Holds no tensor."""
+
+    bound: BoundKernel
+    cfg: GroupedConfig
+    tma: bool
+    w_layout: str
+    e: int
+    n_w: int
+    n: int
+    k: int
+    swiglu: bool
+    has_scale: bool
+    offsets_ready: bool  # group_offsets is already int32 and contiguous
+
+    @classmethod
+    def make(cls, spec: tuple, cfg: GroupedConfig, x, w, w_layout, e, n_w, n, k, swiglu, has_scale,
+             offsets_ready) -> "_GroupedPlan | None":
+        kernel, work_items, args, kwargs, slots = spec
+        if not hasattr(kernel, "warmup"):
+            return None
+        per_sm = _per_sm(kernel, cfg, x, args, kwargs) if cfg.persistent else 2
+        try:
+            bound = BoundKernel(kernel, (_grid(work_items, cfg, x, per_sm),), args, kwargs, slots)
+        except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
+            return None
+        return cls(bound=bound, cfg=cfg, tma=slots is not _PTR_SLOTS, w_layout=w_layout, e=e, n_w=n_w, n=n, k=k,
+                   swiglu=swiglu, has_scale=has_scale, offsets_ready=offsets_ready)
+
+    def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:
+        m_total = x.shape[0]
+        if validate:
+            check_offsets(group_offsets, m_total)
+        if out is None:
+            out = torch.empty((m_total, self.n), dtype=x.dtype, device=x.device)
+        offsets = group_offsets if self.offsets_ready else group_offsets.to(torch.int32).contiguous()
+        scale = row_scale.contiguous() if self.has_scale else out
+        stream = raw_stream(x.device.index)
+        if self.tma:
+            descs = _tma_descriptors(x, w, self.w_layout, self.e, self.n_w, self.k, self.cfg)
+            if self.swiglu:
+                descs = descs[:2]
+            self.bound(stream, *descs, out, offsets, scale)
+        else:
+            self.bound(stream, x, w, out, offsets, scale)
+        return out
+
+
+def _spec_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
+                     offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int, n: int,
+                     k: int, epi: Epilogue, allow_tf32: bool) -> tuple:
+    """(kernel, work items, args, kwargs, slots) of one launch of the contiguous layout's kernel for ``cfg``
+    (TMA where the inputs allow it); w_strides: (expert, K, N) strides of w, as _check_w gives them; slots:
+    the arguments that change from call to call (see _GroupedPlan)."""
     m_total = x_sorted.shape[0]
     s_e, s_k, s_n = w_strides
     n_tiles = triton.cdiv(n, cfg.block_n)
@@ -393,24 +499,24 @@ def _launch_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tens
                   num_stages=cfg.num_stages)
     descs = _tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
     if descs is not None:
-        _launch(_grouped_mm_tma_kernel, max_tiles, cfg, x_sorted, (
+        return _grouped_mm_tma_kernel, max_tiles, (
             *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize,
                 FLATTEN=cfg.warp_specialize, MERGE_TAIL=cfg.merge_tail, MIX=cfg.mix,
-                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
-        return
-    _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
+                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common), _TMA_SLOTS
+    return _grouped_mm_kernel, max_tiles, (
         x_sorted, w, out, offsets, scale,
         n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)))
+    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
 
 
-def _launch_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
-                   offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
-                   n: int, k: int, allow_tf32: bool) -> None:
-    """One launch of the fused SwiGLU kernel (``cfg`` already swiglu_config's; n: the output's columns, the
-    weights have 2n per expert), TMA where the inputs allow it."""
+def _spec_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
+                 offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
+                 n: int, k: int, allow_tf32: bool) -> tuple:
+    """(kernel, work items, args, kwargs, slots) of one launch of the fused SwiGLU kernel (``cfg`` already
+    swiglu_config's; n: the output's columns, the weights have 2n per expert), TMA where the inputs allow
+    it."""
     m_total = x_sorted.shape[0]
     s_e, s_k, s_n = w_strides
     max_tiles = (triton.cdiv(m_total, cfg.block_m) + min(e, m_total)) * triton.cdiv(n, cfg.block_n)
@@ -422,16 +528,15 @@ def _launch_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, 
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     descs = _tma_descriptors(x_sorted, w, w_layout, e, 2 * n, k, cfg) if cfg.tma else None
     if descs is not None:
-        _launch(_grouped_mm_swiglu_tma_kernel, max_tiles, cfg, x_sorted, (
+        return _grouped_mm_swiglu_tma_kernel, max_tiles, (
             descs[0], descs[1], out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.warp_specialize,
-                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common))
-        return
-    _launch(_grouped_mm_kernel, max_tiles, cfg, x_sorted, (
+                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common), _SWIGLU_TMA_SLOTS
+    return _grouped_mm_kernel, max_tiles, (
         x_sorted, w, out, offsets, scale, n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
     ), dict(EVEN_K=k % cfg.block_k == 0, EPILOGUE=0, SWIGLU=True, **common,
-            **dot_meta(x_sorted.dtype, allow_tf32)))
+            **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
 
 
 def _grid(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2) -> int:
