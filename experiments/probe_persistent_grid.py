@@ -30,23 +30,29 @@ CELLS = [  # (model, projection, tokens, load): E7's cells where the grids diffe
     ("qwen3-30b-a3b", "up", 4096, "uniform"), ("deepseek-v3", "up", 64, "uniform"),
     ("mixtral-8x7b", "up", 256, "uniform"), ("qwen3-30b-a3b", "down", 256, "zipf1.2"),
 ]
-SHIPPED = api._per_sm
+SHIPPED, SHIPPED_PLAN_KEY = api._per_sm, api._plan_key
+
+
+def _no_plan(*args):
+    return None
 
 
 def with_per_sm(per_sm, fn, fields: dict):
     """``fn`` with the persistent grid forced to ``per_sm`` programs per SM ("auto": what the library
-    decides, recorded in ``fields``). Graph capture records the grid of the launch it captures."""
+    decides, recorded in ``fields``), each call launched through Triton (no plan of a repeat call).
+    Graph capture records the grid of the launch it captures."""
     def forced(kernel, cfg, x, args, kwargs):
         got = SHIPPED(kernel, cfg, x, args, kwargs) if per_sm == "auto" else per_sm
         fields["per_sm"] = got
         return got
 
     def call():
-        api._per_sm = forced
+        # and no plan (api._GroupedPlan keeps the grid it was made with)
+        api._per_sm, api._plan_key = forced, _no_plan
         try:
             return fn()
         finally:
-            api._per_sm = SHIPPED
+            api._per_sm, api._plan_key = SHIPPED, SHIPPED_PLAN_KEY
     return call
 
 

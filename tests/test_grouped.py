@@ -62,12 +62,19 @@ def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persi
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The kernels grouped_mm launches, in order (each launch still runs)."""
+    """The kernels grouped_mm launches, in order (each launch still runs): through Triton, or on a GPU
+    through a call's plan (api._GroupedPlan)."""
     import moegemm.grouped.api as api
 
     kernels = []
-    real = api._launch
+    real, real_run = api._launch, api._GroupedPlan.run
+
+    def run(plan, *a):
+        kernels.append(plan.kernel)
+        return real_run(plan, *a)
+
     monkeypatch.setattr(api, "_launch", lambda kernel, *a: (kernels.append(kernel), real(kernel, *a)))
+    monkeypatch.setattr(api._GroupedPlan, "run", run)
     return kernels
 
 

@@ -391,7 +391,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
             assert c.fields["per_sm"] == int(forced)
         elif forced == "auto":
             assert c.fields["per_sm"] in (1, 2)
-        assert api._per_sm is probe.SHIPPED
+        assert api._per_sm is probe.SHIPPED and api._plan_key is probe.SHIPPED_PLAN_KEY
 
 
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):

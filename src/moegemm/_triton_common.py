@@ -117,3 +117,42 @@ class BoundKernel:
             args[i] = v
         g = self._grid
         self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *args)
+
+    def on_grid(self, grid: tuple, stream: int, values: tuple) -> None:
+        """Launch on ``grid`` (1-3 dimensions) with ``values`` in the slots' order."""
+        args = self._args.copy()
+        for i, v in zip(self._slots, values):
+            args[i] = v
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *args)
+
+
+def _specialization(v) -> object:
+    """What Triton specializes a kernel on for one runtime argument, or finer: a tensor's dtype and whether
+    its data is 16-byte aligned; an int's width and whether it is 1 or divisible by 16."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool) or v is None:
+        return (bool, v)
+    if isinstance(v, int):
+        return (v == 1, v % 16 == 0, -2**31 <= v < 2**31, 0 <= v < 2**64)
+    return (type(v), v)
+
+
+_BOUND: dict = {}
+
+
+def launch(kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
+    """``kernel[grid](*args, **kwargs)``. On a GPU through a BoundKernel per (kernel, specialization of
+    ``args``, ``kwargs``): the first call of each compiles and binds, the rest launch directly. ``kwargs``
+    hold the constexprs and launch options only (every runtime argument positional)."""
+    if INTERPRET or not torch.cuda.is_available():
+        kernel[grid](*args, **kwargs)
+        return
+    device = torch.cuda.current_device()  # where Triton's own launch runs a kernel
+    key = (kernel, device, tuple(_specialization(a) for a in args), tuple(kwargs.items()))
+    bound = _BOUND.get(key)
+    if bound is None:
+        bound = BoundKernel(kernel, grid, args, kwargs, tuple(kernel.arg_names[:len(args)]))
+        _BOUND[key] = bound
+    bound.on_grid(grid, raw_stream(device), args)

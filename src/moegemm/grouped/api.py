@@ -433,6 +433,7 @@ class _GroupedPlan:
     configured once: a later call builds its TMA descriptors (where the kernel takes them) and launches the
     compiled kernel directly (moegemm._triton_common.BoundKernel). Holds no tensor."""
 
+    kernel: object  # the Triton kernel it launches
     bound: BoundKernel
     cfg: GroupedConfig
     tma: bool
@@ -456,7 +457,7 @@ class _GroupedPlan:
             bound = BoundKernel(kernel, (_grid(work_items, cfg, x, per_sm),), args, kwargs, slots)
         except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
             return None
-        return cls(bound=bound, cfg=cfg, tma=slots is not _PTR_SLOTS, w_layout=w_layout, e=e, n_w=n_w, n=n, k=k,
+        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=slots is not _PTR_SLOTS, w_layout=w_layout, e=e, n_w=n_w, n=n, k=k,
                    swiglu=swiglu, has_scale=has_scale, offsets_ready=offsets_ready)
 
     def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import launch
+
 
 @triton.jit
 def _combine_kernel(y_ptr, rows_ptr, w_ptr, out_ptr, N, stride_y, stride_o, TOP_K: tl.constexpr,
@@ -43,9 +45,9 @@ def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
         return out.zero_()
     block_n = min(triton.next_power_of_2(n), 1024)
     w = topk_weights.reshape(-1).contiguous() if topk_weights is not None else slot_rows
-    _combine_kernel[(t, triton.cdiv(n, block_n))](
-        y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0), TOP_K=top_k,
-        HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2)
+    launch(_combine_kernel, (t, triton.cdiv(n, block_n)),
+           (y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0)),
+           dict(TOP_K=top_k, HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2))
     return out
 
 
@@ -71,6 +73,6 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     if rows == 0 or i == 0:
         return out
     block = min(triton.next_power_of_2(i), 1024)
-    _silu_mul_kernel[(rows, triton.cdiv(i, block))](gu, out, i, gu.stride(0), out.stride(0), BLOCK=block,
-                                                    num_warps=4 if block >= 512 else 2)
+    launch(_silu_mul_kernel, (rows, triton.cdiv(i, block)), (gu, out, i, gu.stride(0), out.stride(0)),
+           dict(BLOCK=block, num_warps=4 if block >= 512 else 2))
     return out

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_common import launch
+
 CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
 EB = 128  # experts per step of the count and scan loops
 PB = 32  # chunks per step of the scan
@@ -137,8 +139,8 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
     ok = torch.empty(1, dtype=torch.bool, device=dev)
     if n <= CHUNK:
-        _small_kernel[(1,)](flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k, CHUNK=CHUNK, EB=EB,
-                            num_warps=4)
+        launch(_small_kernel, (1,), (flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k),
+               dict(CHUNK=CHUNK, EB=EB, num_warps=4))
         return tok, slot, rows, sizes, offsets, ok
     p = triton.cdiv(n, CHUNK)
     if 2 * p * e + p >= 2**31:  # the kernels index the per-chunk counts with 32-bit offsets
@@ -146,7 +148,7 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
                          "the routing kernels' 32-bit offsets hold")
     scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=dev)
     hist, base, bad = scratch[: p * e], scratch[p * e: 2 * p * e], scratch[2 * p * e:]
-    _count_kernel[(p,)](flat_ids, hist, bad, n, e, CHUNK=CHUNK, EB=EB, num_warps=4)
-    _scan_kernel[(1,)](hist, bad, base, sizes, offsets, ok, p, e, PB=PB, EB=EB, num_warps=4)
-    _place_kernel[(p,)](flat_ids, base, tok, slot, rows, n, e, top_k, CHUNK=CHUNK, num_warps=4)
+    launch(_count_kernel, (p,), (flat_ids, hist, bad, n, e), dict(CHUNK=CHUNK, EB=EB, num_warps=4))
+    launch(_scan_kernel, (1,), (hist, bad, base, sizes, offsets, ok, p, e), dict(PB=PB, EB=EB, num_warps=4))
+    launch(_place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k), dict(CHUNK=CHUNK, num_warps=4))
     return tok, slot, rows, sizes, offsets, ok
