@@ -7,6 +7,9 @@ and token count (E8's inputs and seeds, uniform load), the host's wall time per 
 - ``moe_ffn`` whole, and each of its steps on the same inputs (route, permute, gate/up with SwiGLU,
   the gating weights in row order, down, un-permute);
 - vLLM's ``fused_experts`` as E8 calls it, and the ``torch._grouped_mm`` pipeline;
+- ``moe_ffn:triton-launch``: the same call with every kernel launched through Triton's own launch and no
+  grouped plan (the library before its cached launches), its cpu_us measured interleaved with
+  ``moe_ffn``'s in rounds (medians), so the two are side by side;
 - one empty Triton kernel and one ``torch.add``, for scale;
 and GPU time per call from CUDA-graph replay (``graph_us``) and the launch-inclusive clock (``launch_us``)
 for the whole calls. With ``--profile DIR`` it also writes cProfile's top functions for ``moe_ffn`` per
@@ -18,6 +21,7 @@ cell (DIR/<model>-T<t>.txt).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -63,6 +67,41 @@ def steps(x, ids, wts, w_gu, w_dn, e: int) -> dict:
             "step:down": lambda: grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sw,
                                             validate=False),
             "step:unpermute": lambda: unpermute(ys, plan, None)}
+
+
+@contextlib.contextmanager
+def triton_launch():
+    """Inside: no grouped plan, and the small kernels through Triton's own launch."""
+    from moegemm.grouped import api, pointwise, routing_kernels
+
+    saved = api._plan_key, pointwise.launch, routing_kernels.launch
+
+    def jit(kernel, grid, args, kwargs):
+        kernel[grid](*args, **kwargs)
+
+    api._plan_key, pointwise.launch, routing_kernels.launch = (lambda *a: None), jit, jit
+    try:
+        yield
+    finally:
+        api._plan_key, pointwise.launch, routing_kernels.launch = saved
+
+
+def in_triton_launch(fn):
+    def call():
+        with triton_launch():
+            return fn()
+    return call
+
+
+def paired_cpu_us(fn, rounds: int = 7) -> dict:
+    """{"moe_ffn": us, "moe_ffn:triton-launch": us}: medians over ``rounds`` of cpu_cost_us of ``fn`` as it is
+    and inside triton_launch (entered once per run of calls), the two taking turns in each round."""
+    got: dict = {"moe_ffn": [], "moe_ffn:triton-launch": []}
+    for _ in range(rounds):
+        got["moe_ffn"].append(cpu_cost_us([fn], CALLS, repeats=1))
+        with triton_launch():
+            got["moe_ffn:triton-launch"].append(cpu_cost_us([fn], CALLS, repeats=1))
+    return {k: statistics.median(v) for k, v in got.items()}
 
 
 def profile_text(fn, calls: int = 200, top: int = 30) -> str:
@@ -115,26 +154,29 @@ def main():
             calls["torch._grouped_mm pipeline"] = lambda: torch_pipeline(x, ids, wts, w_gu, w_dn, e)
             if vllm.kernel is not None:
                 calls["vllm:fused_experts"] = vllm_contender(vllm.kernel, x, ids, wts, e, h, i, t).bind(sets[0])
+            calls["moe_ffn:triton-launch"] = in_triton_launch(calls["moe_ffn"])
             calls.update(scale)
-            got = calls["moe_ffn"]().float()
-            err = ((got - ref).norm() / ref.norm()).item()
             for fn in calls.values():  # compiles, first-call timing
                 fn()
             torch.cuda.synchronize()
             rows = []
+            pair = ("moe_ffn", "moe_ffn:triton-launch")
+            paired = paired_cpu_us(calls["moe_ffn"])
             for name, fn in calls.items():
                 r = {"model": model, "split": m["split"], "tokens": t, "load": "uniform", "experts": e,
                      "top_k": top_k, "hidden": h, "intermediate": i, "contender": name,
-                     "cpu_us": cpu_cost_us([fn], CALLS, repeats=5)}
+                     "cpu_us": paired[name] if name in pair else cpu_cost_us([fn], CALLS, repeats=5)}
                 if not name.startswith("step:") and name not in scale:
                     r["graph_us"] = graph_us(fn)
                     r["launch_us"] = statistics.median(launch_samples(fn, rep_ms=50))
-                if name == "moe_ffn":
-                    r["rel_err"] = err
+                if name in pair:
+                    got = fn().float()
+                    r["rel_err"] = ((got - ref).norm() / ref.norm()).item()
                 rows.append({**r, **prov})
             writer.add(rows)
             by = {r["contender"]: r for r in rows}
-            lines.append(f"{model:>16} T={t:<4} moe_ffn cpu {by['moe_ffn']['cpu_us']:7.1f} gpu "
+            lines.append(f"{model:>16} T={t:<4} moe_ffn cpu {by['moe_ffn']['cpu_us']:6.1f} (triton-launch "
+                         f"{by['moe_ffn:triton-launch']['cpu_us']:6.1f}) gpu "
                          f"{by['moe_ffn']['graph_us']:7.1f} launch {by['moe_ffn']['launch_us']:7.1f} | vllm cpu "
                          f"{by.get('vllm:fused_experts', {}).get('cpu_us', float('nan')):6.1f} | steps "
                          + " ".join(f"{k[5:]}={v['cpu_us']:.0f}" for k, v in by.items() if k.startswith("step:")))
