@@ -1084,3 +1084,22 @@ def test_silu_mul_in_float32(device, rows, i, dtype):
     assert got.shape == (rows, i) and got.dtype == dtype and not torch.isnan(got.cpu().double()).any()
     tol = 1e-5 if dtype == torch.float32 else 8e-3
     torch.testing.assert_close(got.cpu().double(), ref, rtol=tol, atol=tol)
+
+
+def test_cached_launch_keys_are_at_least_as_fine_as_tritons_specialization():
+    """The compiled launchers cached per call (moegemm._triton_common.launch, the grouped plans) are keyed
+    on every property Triton specializes a kernel on, or finer: pointer alignment, ints equal to 1 or
+    divisible by 16 and their width, bools apart from ints; a CPU call (or the interpreter) has no plan."""
+    from moegemm._triton_common import _specialization
+    from moegemm.grouped import api
+
+    base = torch.empty(64, dtype=torch.float32)
+    assert _specialization(base) != _specialization(base[1:])  # 4 bytes in: off 16-byte alignment
+    assert _specialization(base) == _specialization(base[4:])  # 16 bytes in: aligned
+    assert _specialization(base) != _specialization(base.to(torch.bfloat16))
+    keys = [_specialization(v) for v in (1, 2, 16, 17, 32, 2**31, -1, True, False, None)]
+    assert len({keys[1], keys[3]}) == 1 and keys[1] != keys[0] and keys[2] != keys[1] and keys[2] == keys[4]
+    assert keys[5] != keys[4] and keys[6] != keys[1] and len({keys[7], keys[8], keys[9], keys[0]}) == 4
+    x, w = torch.randn(8, 16), torch.randn(2, 16, 8)
+    offsets = torch.tensor([0, 3, 8], dtype=torch.int32)
+    assert api._plan_key(x, w, offsets, None, None, "kn", "none", None, False, False) is None

@@ -127,6 +127,40 @@ def compiled_kernels_probe(n: Numbers, results: Path) -> None:
             n.add("EEightKernProbeGpuRatio", float(tot[OURS_HF] / tot[OURS_HF_COMPILED]), "{:.3f}")
 
 
+def host_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_host_cost.py: the host's time per moe_ffn call, with the library's cached launches
+    and with every kernel through Triton's own launch (measured in alternating rounds), vLLM's call as E8
+    times it, one grouped GEMM call and one empty Triton kernel."""
+    path = results / "probe_host_cost.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    p = df.pivot_table(index=["model", "tokens"], columns="contender", values="cpu_us")
+    ours, plain, vllm = "moe_ffn", "moe_ffn:triton-launch", "vllm:fused_experts"
+    if ours not in p or plain not in p:
+        return
+    r = p[plain] / p[ours]
+    n.add("EEightHostCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("EEightHostCells", len(r), "{}")
+    n.add("EEightHostModels", p.index.get_level_values(0).nunique(), "{}")
+    n.add("EEightHostTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values(1)))), "{}")
+    n.add("EEightHostUsMin", float(p[ours].min()), "{:.0f}")
+    n.add("EEightHostUsMax", float(p[ours].max()), "{:.0f}")
+    n.add("EEightHostTritonUsMin", float(p[plain].min()), "{:.0f}")
+    n.add("EEightHostTritonUsMax", float(p[plain].max()), "{:.0f}")
+    n.add("EEightHostGain", gm(r))
+    n.add("EEightHostGainMin", float(r.min()))
+    n.add("EEightHostGainMax", float(r.max()))
+    if vllm in p:
+        n.add("EEightHostVllmUsMin", float(p[vllm].min()), "{:.0f}")
+        n.add("EEightHostVllmUsMax", float(p[vllm].max()), "{:.0f}")
+        n.add("EEightHostOverVllm", gm(p[ours] / p[vllm]))
+    if "step:down" in p and "triton:empty-kernel" in p:
+        n.add("EEightHostGemmUsMin", float(p["step:down"].min()), "{:.0f}")
+        n.add("EEightHostGemmUsMax", float(p["step:down"].max()), "{:.0f}")
+        n.add("EEightHostEmptyUs", float(p["triton:empty-kernel"].median()), "{:.0f}")
+
+
 def fusion_ratios(o: pd.DataFrame) -> pd.Series:
     """Our unfused time over moe_ffn's, per cell where moe_ffn may fuse (above FUSE_ABOVE_ROWS_PER_EXPERT rows
     per expert; at decode it runs the unfused product itself)."""
@@ -195,11 +229,6 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
     one = o[o.tokens == 1]
     if OURS_HF in o and len(one):  # the backend calls moe_ffn with validate=False: the device checks' cost
         n.add("EEightChecksAtOne", gm(one[OURS] / one[OURS_HF]))
-    if "launch_us" in df and 1 in set(df.tokens):
-        one = df[(df.tokens == 1) & (df.status == "ok")].groupby("contender").launch_us.median()
-        if OURS in one and VLLM in one:
-            n.add("EEightDecodeHostUs", float(one[OURS]), "{:.0f}")
-            n.add("EEightDecodeHostVllmUs", float(one[VLLM]), "{:.0f}")
     if OURS_HF_COMPILED in o and OURS_HF in o:
         cmp = (o[OURS_HF] / o[OURS_HF_COMPILED]).dropna()
         if len(cmp):
@@ -223,6 +252,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 n.add(f"EEightFusedDeepSeek{tag}", float((c[UNFUSED] / c[OURS]).iloc[0]))
     compiled_probe(n, results)
     compiled_kernels_probe(n, results)
+    host_probe(n, results)
     fused_probe(n, results)
     fixed_fusion(n, results)
     rows = []
