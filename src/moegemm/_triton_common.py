@@ -112,18 +112,16 @@ class BoundKernel:
 
     def __call__(self, stream: int, *values) -> None:
         """Launch on ``stream`` (a raw handle) with ``values`` in the slots' order."""
-        args = self._args.copy()
-        for i, v in zip(self._slots, values):
-            args[i] = v
-        g = self._grid
-        self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *args)
+        self._launch(self._grid, stream, values)
 
     def on_grid(self, grid: tuple, stream: int, values: tuple) -> None:
         """Launch on ``grid`` (1-3 dimensions) with ``values`` in the slots' order."""
+        self._launch(tuple(grid) + (1,) * (3 - len(grid)), stream, values)
+
+    def _launch(self, g: tuple, stream: int, values) -> None:
         args = self._args.copy()
         for i, v in zip(self._slots, values):
             args[i] = v
-        g = tuple(grid) + (1,) * (3 - len(grid))
         self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *args)
 
 
@@ -146,7 +144,7 @@ def launch(kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
     """``kernel[grid](*args, **kwargs)``. On a GPU through a BoundKernel per (kernel, specialization of
     ``args``, ``kwargs``): the first call of each compiles and binds, the rest launch directly. ``kwargs``
     hold the constexprs and launch options only (every runtime argument positional)."""
-    if INTERPRET or not torch.cuda.is_available():
+    if INTERPRET:  # callers launch only where Triton runs: on a GPU, or anywhere under the interpreter
         kernel[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()  # where Triton's own launch runs a kernel

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -14,6 +13,7 @@ from .. import tuned
 from .._runtime import INTERPRET, check_device, device_sm_count, device_smem_per_sm, gpu_slug
 from .._triton_common import BoundKernel, check_dtype, dot_meta, raw_stream
 from ..epilogue import Epilogue
+from . import autotune
 from .kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel,
                       _grouped_mm_swiglu_tma_kernel, _grouped_mm_tma_kernel)
 
@@ -143,8 +143,6 @@ def autotune_key(rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int
 
 def _choose(rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n: int,
             w_layout: str) -> tuple[GroupedConfig, str]:
-    from . import autotune
-
     dtype_s = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
     table = _tuned_table(slug)
@@ -364,8 +362,6 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
         slug = gpu_slug(x_sorted)
         cfg, source = _choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
         if source == "default" or swiglu:
-            from . import autotune
-
             # The fused kernel's timed choices are its own (the unfused kernel's, _choose has looked up
             # already). The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that
             # entry's tiles against the regime's shortlist too.
@@ -411,7 +407,7 @@ def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_t
     key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w.shape, w.stride(), w.dtype, w.device,
            w.data_ptr() % 16, offsets.shape, offsets.stride(), offsets.dtype, offsets.device, offsets.data_ptr() % 16,
            _operand_key(row_scale), _operand_key(out), w_layout, epilogue, config, allow_tf32, swiglu,
-           config is None and os.environ.get("MOEGEMM_AUTOTUNE", "1") != "0")
+           config is None and autotune.enabled())
     try:
         hash(key)
     except TypeError:
