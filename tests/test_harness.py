@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -449,6 +450,31 @@ def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch
         assert ok, (c.name, why)
     monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(), "test"))
     assert [c.name for c in probe.contenders(xs, plan, w, e, n, k)] == ["tuned", "even:ours"]
+
+
+def test_middle_tiles_probe_contenders_compute_their_products(device, monkeypatch):
+    """The middle-regime tile probe: the tuned config first, then every new tile config on both grids (the
+    names say which), each computing the grouped product (checked against float64 on fresh data, 40 rows
+    of 3 experts at a K of 512 so that K steps of 256 loop); a cell with no tuned-table entry is refused."""
+    from experiments import probe_middle_tiles as probe
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    e, k, n = 3, 512, 80
+    plan, xs, w, ref = _small_moe_cell(device, 17, e, k, n, t=20)
+    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "tuned"))
+    cs = probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
+    assert cs[0].name == "tuned" and cs[0].config == dataclasses.asdict(tuned)
+    assert len(cs) == 1 + 2 * len(probe.NEW)
+    assert sum(c.config["persistent"] for c in cs) == len(probe.NEW)
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = check(out, ref, k)
+        assert ok, (c.name, why)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "default"))
+    with pytest.raises(RuntimeError, match="tuned-table entry"):
+        probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
 
 
 def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, device):
