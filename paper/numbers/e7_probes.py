@@ -481,3 +481,27 @@ def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
         n.add("ClockReasons", ", ".join(name for bit, name in CLOCK_REASONS.items() if bits & bit) or "none")
         low = cells.sm_mhz_min.idxmin()
         n.add("ClockSmMinCell", f"{cells.model[low]} {cells.proj[low]}, $T={cells.tokens[low]}$")
+
+
+def middle_tiles_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_middle_tiles.py (when its CSV is committed): per cell, the tuned table's config
+    against each tile config the tuner does not try, on both grids (time tuned / time new: > 1 where the new
+    one won); per family of the probe's names (K steps of 256, four stages of 128, 64 x 256 tiles, 8 warps)
+    the geomean over its variants and cells, and how often the best of all of them beat the tuned config by
+    more than the clock's 3%."""
+    t = probe_cells(results, "probe_middle_tiles")
+    if t is None or "tuned" not in t:
+        return
+    new = [c for c in t.columns if c != "tuned"]
+    vs = pd.DataFrame({c: t["tuned"] / t[c] for c in new})
+    best = vs.max(axis=1)
+    n.add("MidCells", len(t), "{}")
+    n.add("MidConfigs", len(new), "{}")
+    n.add("MidBeat", int((best > 1.03).sum()), "{}")
+    n.add("MidBestLo", float(best.min()))
+    n.add("MidBestHi", float(best.max()))
+    for macro, prefix in (("MidKLong", "k256-"), ("MidKLongNarrow", "n64-k256-"), ("MidFourStage", "k128-s4"),
+                          ("MidWide", "n256-"), ("MidEightWarps", "w8-")):
+        cols = [c for c in new if c.startswith(prefix)]
+        if cols:
+            n.add(macro, gm(pd.concat([vs[c] for c in cols]).dropna()))
