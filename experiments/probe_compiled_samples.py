@@ -1,0 +1,92 @@
+"""Probe (not a pipeline step): every graph replay of E8's contenders in order, with the SM clock, on one
+model's whole E8 sequence.
+
+Why: in E8, at T=16384 on gpt-oss-120b, our compiled transformers backend took 0.87-0.88x the eager
+backend's speed in two runs on two machines, its replays split in two (the p20 at the eager time, the p80
+about 30% slower), while probes that time only the two backends side by side find them equal. This runs
+E8 itself for one model (its cells in E8's order, E8's inputs, contenders and timing settings, Dynamo
+reset as E8 resets it) and records, for the cells at the largest T, each graph replay as it happens:
+contender, round, replay, microseconds per call, and the SM clock and power read from NVML right after it.
+
+    python -m experiments.probe_compiled_samples --out probe_compiled_samples.csv [--model gpt-oss-120b]
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+
+import torch
+
+from experiments import e8_moe_layer as e8
+from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
+from experiments.e7_grouped_skew import Vllm
+from moegemm.bench import runner, timing
+from moegemm.bench.power import Nvml
+
+
+def main():
+    argv = sys.argv[1:]
+    out = argv[argv.index("--out") + 1]
+    model = argv[argv.index("--model") + 1] if "--model" in argv else "gpt-oss-120b"
+    require_gpu()
+    cfg = load_config()
+    g, e8cfg = cfg["grouped"], cfg["moe_layer"]
+    settings = timing_settings(cfg, False, "grouped")
+    top = max(e8cfg["tokens"])
+    nvml = Nvml()
+    log: list[dict] = []
+    state = {"cell": None, "round": 0, "name": None}
+
+    class LoggedTimer(timing.GraphTimer):
+        def sample(self, replays: int = 5) -> list[float]:
+            out = []
+            for i in range(replays):
+                us = super().sample(1)[0]
+                out.append(us)
+                if state["cell"] is not None:
+                    log.append({"cell": state["cell"], "contender": state["name"], "replay": i, "us": round(us, 1),
+                                "sm_mhz": nvml.clock_mhz(), "power_w": round(nvml.power_w(), 1)})
+            return out
+
+    runner.GraphTimer = LoggedTimer
+    vllm = Vllm()
+    vllm.load()
+    weights: dict = {}
+    for t in e8cfg["tokens"]:
+        for load in e8cfg["loads"]:
+            m, e, top_k, h, i, ids, x, wts, ref, active, sets = e8.cell_inputs(g, model, t, load, weights)
+            cs = e8.contenders(x, ids, wts, e, h, i, t, t in e8cfg["compiled_tokens"], vllm.kernel)
+            state["cell"] = f"T={t} {load}" if t == top else None
+            for c in cs:  # name each timer's samples: wrap the binder so the graph timer knows its contender
+                inner = c.bind
+
+                def bind(inp, inner=inner, name=c.name):
+                    call = inner(inp)
+
+                    def named():
+                        state["name"] = name
+                        return call()
+                    return named
+                c.bind = bind
+            rows = runner.measure(cs, sets, ref, h + i, settings)
+            med = {r["contender"]: r.get("graph_us") for r in rows}
+            print(f"{model} T={t} {load}: eager {med.get('ours:hf-backend')} compiled "
+                  f"{med.get('ours:hf-backend:compiled')}", file=sys.stderr, flush=True)
+            del sets, cs
+    prov = provenance_fields()
+    with open(out + ".tmp", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["model", "cell", "seq", "contender", "replay", "us", "sm_mhz", "power_w",
+                                          *prov])
+        w.writeheader()
+        for seq, r in enumerate(log):
+            w.writerow({"model": model, "seq": seq, **r, **prov})
+    os.replace(out + ".tmp", out)
+    for r in log:
+        print(f"{r['cell']:16s} {r['contender']:28s} {r['replay']} {r['us']:9.1f} us {r['sm_mhz']} MHz {r['power_w']} W",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
