@@ -17,7 +17,6 @@ import csv
 import os
 import sys
 
-
 from experiments import e8_moe_layer as e8
 from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
 from experiments.e7_grouped_skew import Vllm
