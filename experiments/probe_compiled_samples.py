@@ -6,7 +6,9 @@ backend's speed in two runs on two machines, its replays split in two (the p20 a
 about 30% slower), while probes that time only the two backends side by side find them equal. This runs
 E8 itself for one model (its cells in E8's order, E8's inputs, contenders and timing settings, Dynamo
 reset as E8 resets it) and records, for the cells at the largest T, each graph replay as it happens:
-contender, round, replay, microseconds per call, and the SM clock and power read from NVML right after it.
+contender, replay, microseconds per call, the SM clock and power read from NVML right after it, the host's
+time in the graph's replay() call, its load average, this process's threads and child processes, and the graphs
+Dynamo has compiled so far.
 
     python -m experiments.probe_compiled_samples --out probe_compiled_samples.csv [--model gpt-oss-120b]
 """
@@ -16,12 +18,34 @@ from __future__ import annotations
 import csv
 import os
 import sys
+import time
 
 from experiments import e8_moe_layer as e8
 from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
 from experiments.e7_grouped_skew import Vllm
 from moegemm.bench import runner, timing
 from moegemm.bench.power import Nvml
+
+
+def _children() -> int:
+    """Live child processes of this one (Inductor's compile workers among them)."""
+    me = str(os.getpid())
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[1] == me
+            except OSError:
+                pass
+    return n
+
+
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far (its unique_graphs counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def main():
@@ -41,11 +65,20 @@ def main():
         def sample(self, replays: int = 5) -> list[float]:
             out = []
             for i in range(replays):
-                us = super().sample(1)[0]
+                self.start.record()  # GraphTimer.sample's body, with the host's time in replay() itself
+                t0 = time.perf_counter()
+                self.graph.replay()
+                host_ms = (time.perf_counter() - t0) * 1e3
+                self.end.record()
+                self.end.synchronize()
+                us = self.start.elapsed_time(self.end) * 1000.0 / self.n
                 out.append(us)
                 if state["cell"] is not None:
                     log.append({"cell": state["cell"], "contender": state["name"], "replay": i, "us": round(us, 1),
-                                "sm_mhz": nvml.clock_mhz(), "power_w": round(nvml.power_w(), 1)})
+                                "sm_mhz": nvml.clock_mhz(), "power_w": round(nvml.power_w(), 1),
+                                "host_ms": round(host_ms, 2), "load1": os.getloadavg()[0],
+                                "threads": len(os.listdir("/proc/self/task")), "children": _children(),
+                                "dynamo_graphs": _dynamo_graphs()})
             return out
 
     runner.GraphTimer = LoggedTimer
@@ -76,13 +109,14 @@ def main():
     prov = provenance_fields()
     with open(out + ".tmp", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["model", "cell", "seq", "contender", "replay", "us", "sm_mhz", "power_w",
-                                          *prov])
+                                          "host_ms", "load1", "threads", "children", "dynamo_graphs", *prov])
         w.writeheader()
         for seq, r in enumerate(log):
             w.writerow({"model": model, "seq": seq, **r, **prov})
     os.replace(out + ".tmp", out)
     for r in log:
-        print(f"{r['cell']:16s} {r['contender']:28s} {r['replay']} {r['us']:9.1f} us {r['sm_mhz']} MHz {r['power_w']} W",
+        print(f"{r['cell']:16s} {r['contender']:28s} {r['replay']} {r['us']:9.1f} us {r['sm_mhz']} MHz {r['power_w']} W "
+              f"host {r['host_ms']} ms load {r['load1']:.1f} thr {r['threads']} ch {r['children']} dg {r['dynamo_graphs']}",
               file=sys.stderr)
 
 
