@@ -127,6 +127,39 @@ def compiled_kernels_probe(n: Numbers, results: Path) -> None:
             n.add("EEightKernProbeGpuRatio", float(tot[OURS_HF] / tot[OURS_HF_COMPILED]), "{:.3f}")
 
 
+def compiled_samples_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_compiled_samples.py (results/<gpu>/probe_compiled_samples.csv and earlier runs of it
+    under runs/): E8 run for one model with every graph replay logged; per run and cell (its largest T), the
+    median replay of the eager backend over the compiled one's; from the runs that logged them, the host's
+    longest replay() call, the most child processes and whether Dynamo compiled a graph while they ran."""
+    paths = sorted(results.glob("runs/*/probe_compiled_samples.csv"))
+    if (results / "probe_compiled_samples.csv").exists():
+        paths.append(results / "probe_compiled_samples.csv")
+    ratios, models, tokens, host = [], set(), set(), []
+    for path in paths:
+        df = pd.read_csv(path)
+        med = df.groupby(["cell", "contender"]).us.median().unstack()
+        if OURS_HF not in med or OURS_HF_COMPILED not in med:
+            continue
+        ratios += list(med[OURS_HF] / med[OURS_HF_COMPILED])
+        models |= set(df.model)
+        tokens |= {int(c.split()[0].removeprefix("T=")) for c in df.cell}
+        if "host_ms" in df:
+            host.append(df)
+    if not ratios:
+        return
+    n.add("EEightSampleRuns", len(paths), "{}")
+    n.add("EEightSampleModels", " and ".join(tex_escape(m) for m in sorted(models)), "{}")
+    n.add("EEightSampleTokens", ", ".join(str(t) for t in sorted(tokens)), "{}")
+    n.add("EEightSampleLo", min(ratios))
+    n.add("EEightSampleHi", max(ratios))
+    if host:
+        h = pd.concat(host)
+        n.add("EEightSampleHostMs", float(h.host_ms.max()), "{:.1f}")
+        n.add("EEightSampleChildren", int(h.children.max()), "{}")
+        n.add("EEightSampleNewGraphs", int(sum(g.dynamo_graphs.max() - g.dynamo_graphs.min() for g in host)), "{}")
+
+
 def host_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_host_cost.py: the host's time per moe_ffn call, with the library's cached launches
     and with every kernel through Triton's own launch (measured in alternating rounds), vLLM's call as E8
@@ -252,6 +285,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 n.add(f"EEightFusedDeepSeek{tag}", float((c[UNFUSED] / c[OURS]).iloc[0]))
     compiled_probe(n, results)
     compiled_kernels_probe(n, results)
+    compiled_samples_probe(n, results)
     host_probe(n, results)
     fused_probe(n, results)
     fixed_fusion(n, results)
