@@ -333,6 +333,67 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
     assert not n.items
 
 
+def test_middle_tiles_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e7_probes.middle_tiles_probe on a probe CSV (synthetic test data made here): per cell the
+    tuned config's time over each new config's, the best per cell, how many cells a new one beat by more than
+    3%, and each family's geomean (a failed row left out); no CSV, no numbers."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import middle_tiles_probe
+
+    times = {("m", "up", 256, "uniform"): {"tuned": 100, "k256-s2": 200, "k128-s4": 125, "n256-k64-s4": 96},
+             ("m", "up", 256, "zipf1.2"): {"tuned": 100, "k256-s2": 125, "k128-s4": 100, "n256-k64-s4": 200}}
+    rows = [{"model": m, "proj": p, "tokens": t, "load": ld, "contender": c, "status": "ok", "graph_us": float(us)}
+            for (m, p, t, ld), cs in times.items() for c, us in cs.items()]
+    rows.append({"model": "m", "proj": "up", "tokens": 256, "load": "uniform", "contender": "w8-k128-s3",
+                 "status": "wrong", "graph_us": float("nan")})
+    n = Numbers()
+    middle_tiles_probe(n, tmp_path)
+    assert not n.items
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_middle_tiles.csv", index=False)
+    middle_tiles_probe(n, tmp_path)
+    assert n.items["MidCells"] == "2" and n.items["MidConfigs"] == "3" and n.items["MidBeat"] == "1"
+    assert n.items["MidBestLo"] == "1.00" and n.items["MidBestHi"] == "1.04"
+    assert n.items["MidKLong"] == "0.63" and n.items["MidFourStage"] == "0.89" and n.items["MidWide"] == "0.72"
+    assert "MidEightWarps" not in n.items and "MidKLongNarrow" not in n.items
+
+
+def test_compiled_samples_numbers_on_synthetic_csvs(tmp_path):
+    """paper.numbers.e8.compiled_samples_probe on the probe's CSVs (synthetic test data made here): one under
+    runs/ without the host columns and the newest with them; per run and cell the eager backend's median
+    replay over the compiled one's; the host columns from the run that has them; no CSV, no numbers."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import OURS_HF, OURS_HF_COMPILED, compiled_samples_probe
+
+    def rows(model, us_eager, us_compiled, host=True):
+        out = []
+        for name, series in ((OURS_HF, us_eager), (OURS_HF_COMPILED, us_compiled)):
+            for i, us in enumerate(series):
+                r = {"model": model, "cell": "T=16384 uniform", "contender": name, "replay": i, "us": us}
+                if host:
+                    r.update(host_ms=0.05 * (i + 1), children=1, dynamo_graphs=4 + (name == OURS_HF_COMPILED))
+                out.append(r)
+        return out
+
+    n = Numbers()
+    compiled_samples_probe(n, tmp_path)
+    assert not n.items
+    (tmp_path / "runs" / "A").mkdir(parents=True)
+    pd.DataFrame(rows("a-model", [90, 100, 110], [100, 125, 200], host=False)).to_csv(
+        tmp_path / "runs" / "A" / "probe_compiled_samples.csv", index=False)
+    pd.DataFrame(rows("b_model", [100, 100, 100], [90, 100, 400])).to_csv(
+        tmp_path / "probe_compiled_samples.csv", index=False)
+    compiled_samples_probe(n, tmp_path)
+    assert n.items["EEightSampleRuns"] == "2" and n.items["EEightSampleTokens"] == "16384"
+    assert n.items["EEightSampleModels"] == "a-model and b\\_model"
+    assert n.items["EEightSampleLo"] == "0.80" and n.items["EEightSampleHi"] == "1.00"
+    assert n.items["EEightSampleHostMs"] == "0.2" and n.items["EEightSampleChildren"] == "1"
+    assert n.items["EEightSampleNewGraphs"] == "1"  # a graph compiled between the two backends' replays
+
+
 def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
     """paper.numbers.e7_probes.stream_k_probe on a probe CSV (synthetic test data made here): whole against
     dealt for each tile shape and cell (a failed row left out), the tuned config against the fastest

@@ -8,7 +8,7 @@ import pandas as pd
 
 from experiments._io import write_text
 from moegemm.grouped.ffn import FUSE_ABOVE_ROWS_PER_EXPERT
-from .common import Numbers, gm, table, tex_escape
+from .common import Numbers, gm, table
 
 OURS, UNFUSED = "ours:moe_ffn", "ours:unfused-swiglu"
 HF_COMPILED, TORCH, VLLM = "hf:grouped_mm:compiled", "torch._grouped_mm pipeline", "vllm:fused_experts"
@@ -104,7 +104,7 @@ def compiled_kernels_probe(n: Numbers, results: Path) -> None:
     r, commit = got
     top = max(t for _, t in r.index)
     model = r.index[0][0]
-    n.add("EEightKernProbeModel", tex_escape(model), "{}")
+    n.add("EEightKernProbeModel", model, "{}")
     n.add("EEightKernProbeCommit", commit, "{}")
     n.add("EEightKernProbeMin", float(r.min()))
     n.add("EEightKernProbeMax", float(r.max()))
@@ -149,7 +149,7 @@ def compiled_samples_probe(n: Numbers, results: Path) -> None:
     if not ratios:
         return
     n.add("EEightSampleRuns", len(paths), "{}")
-    n.add("EEightSampleModels", " and ".join(tex_escape(m) for m in sorted(models)), "{}")
+    n.add("EEightSampleModels", " and ".join(sorted(models)), "{}")
     n.add("EEightSampleTokens", ", ".join(str(t) for t in sorted(tokens)), "{}")
     n.add("EEightSampleLo", min(ratios))
     n.add("EEightSampleHi", max(ratios))
