@@ -333,30 +333,40 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
     assert not n.items
 
 
+def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple) -> dict:
+    """A probe's numbers (``numbers(n, results)``) from a synthetic probe CSV: one ok row per (cell,
+    contender) of ``times`` ({(model, proj, T, load): {contender: us}}) and a failed row for ``failed``
+    ((model, proj, T, load, contender)); checked to give no numbers before the CSV exists."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+
+    rows = [{"model": m, "proj": p, "tokens": t, "load": ld, "contender": c, "status": "ok", "graph_us": float(us)}
+            for (m, p, t, ld), cs in times.items() for c, us in cs.items()]
+    rows.append(dict(zip(("model", "proj", "tokens", "load", "contender"), failed), status="wrong",
+                     graph_us=float("nan")))
+    n = Numbers()
+    numbers(n, tmp_path)
+    assert not n.items
+    pd.DataFrame(rows).to_csv(tmp_path / csv_name, index=False)
+    numbers(n, tmp_path)
+    return n.items
+
+
 def test_middle_tiles_numbers_on_a_synthetic_csv(tmp_path):
     """paper.numbers.e7_probes.middle_tiles_probe on a probe CSV (synthetic test data made here): per cell the
     tuned config's time over each new config's, the best per cell, how many cells a new one beat by more than
     3%, and each family's geomean (a failed row left out); no CSV, no numbers."""
-    import pandas as pd
-
-    from paper.numbers.common import Numbers
     from paper.numbers.e7_probes import middle_tiles_probe
 
     times = {("m", "up", 256, "uniform"): {"tuned": 100, "k256-s2": 200, "k128-s4": 125, "n256-k64-s4": 96},
              ("m", "up", 256, "zipf1.2"): {"tuned": 100, "k256-s2": 125, "k128-s4": 100, "n256-k64-s4": 200}}
-    rows = [{"model": m, "proj": p, "tokens": t, "load": ld, "contender": c, "status": "ok", "graph_us": float(us)}
-            for (m, p, t, ld), cs in times.items() for c, us in cs.items()]
-    rows.append({"model": "m", "proj": "up", "tokens": 256, "load": "uniform", "contender": "w8-k128-s3",
-                 "status": "wrong", "graph_us": float("nan")})
-    n = Numbers()
-    middle_tiles_probe(n, tmp_path)
-    assert not n.items
-    pd.DataFrame(rows).to_csv(tmp_path / "probe_middle_tiles.csv", index=False)
-    middle_tiles_probe(n, tmp_path)
-    assert n.items["MidCells"] == "2" and n.items["MidConfigs"] == "3" and n.items["MidBeat"] == "1"
-    assert n.items["MidBestLo"] == "1.00" and n.items["MidBestHi"] == "1.04"
-    assert n.items["MidKLong"] == "0.63" and n.items["MidFourStage"] == "0.89" and n.items["MidWide"] == "0.72"
-    assert "MidEightWarps" not in n.items and "MidKLongNarrow" not in n.items
+    got = _probe_numbers(tmp_path, middle_tiles_probe, "probe_middle_tiles.csv", times,
+                         ("m", "up", 256, "uniform", "w8-k128-s3"))
+    assert got["MidCells"] == "2" and got["MidConfigs"] == "3" and got["MidBeat"] == "1"
+    assert got["MidBestLo"] == "1.00" and got["MidBestHi"] == "1.04"
+    assert got["MidKLong"] == "0.63" and got["MidFourStage"] == "0.89" and got["MidWide"] == "0.72"
+    assert "MidEightWarps" not in got and "MidKLongNarrow" not in got
 
 
 def test_compiled_samples_numbers_on_synthetic_csvs(tmp_path):
@@ -398,27 +408,17 @@ def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
     """paper.numbers.e7_probes.stream_k_probe on a probe CSV (synthetic test data made here): whole against
     dealt for each tile shape and cell (a failed row left out), the tuned config against the fastest
     dealt shape per cell; no CSV, no numbers."""
-    import pandas as pd
-
-    from paper.numbers.common import Numbers
     from paper.numbers.e7_probes import stream_k_probe
 
     times = {("m", "up", 1024, "uniform"): {"tuned": 90, "stream-k:a": 100, "whole:a": 80, "stream-k:b": 120,
                                              "whole:b": 132},
              ("m", "up", 1024, "zipf1.2"): {"tuned": 100, "stream-k:a": 125, "whole:a": 100, "stream-k:b": 200,
                                             "whole:b": 100}}
-    rows = [{"model": m, "proj": p, "tokens": t, "load": ld, "contender": c, "status": "ok", "graph_us": float(us)}
-            for (m, p, t, ld), cs in times.items() for c, us in cs.items()]
-    rows.append({"model": "m", "proj": "up", "tokens": 4096, "load": "uniform", "contender": "stream-k:a",
-                 "status": "wrong", "graph_us": float("nan")})
-    n = Numbers()
-    stream_k_probe(n, tmp_path)
-    assert not n.items
-    pd.DataFrame(rows).to_csv(tmp_path / "probe_stream_k.csv", index=False)
-    stream_k_probe(n, tmp_path)
-    assert n.items["StreamKCells"] == "2" and n.items["StreamKPairs"] == "4" and n.items["StreamKWins"] == "1"
-    assert n.items["StreamKVsWholeLo"] == "0.50" and n.items["StreamKVsWholeHi"] == "1.10"
-    assert n.items["StreamKVsTunedLo"] == "0.80" and n.items["StreamKVsTunedHi"] == "0.90"
+    got = _probe_numbers(tmp_path, stream_k_probe, "probe_stream_k.csv", times,
+                         ("m", "up", 4096, "uniform", "stream-k:a"))
+    assert got["StreamKCells"] == "2" and got["StreamKPairs"] == "4" and got["StreamKWins"] == "1"
+    assert got["StreamKVsWholeLo"] == "0.50" and got["StreamKVsWholeHi"] == "1.10"
+    assert got["StreamKVsTunedLo"] == "0.80" and got["StreamKVsTunedHi"] == "0.90"
 
 
 def test_power_numbers_on_a_synthetic_csv(tmp_path):
