@@ -477,6 +477,26 @@ def test_middle_tiles_probe_contenders_compute_their_products(device, monkeypatc
         probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
 
 
+def test_replay_log_probe_times_the_host_in_each_replay():
+    """probe_compiled_samples' graph wrapper: replay() runs the graph's own replay once per call and keeps the
+    host's time in it (a fake graph that sleeps 20 ms here), so GraphTimer.sample times it unchanged."""
+    import time
+
+    from experiments.probe_compiled_samples import _TimedReplay
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+            time.sleep(0.02)
+
+    timed = _TimedReplay(Graph())
+    assert timed.host_ms == 0.0
+    timed.replay()
+    assert Graph.replays == 1 and 19 <= timed.host_ms < 1000
+
+
 def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, device):
     """The robust-tuning probe: from a tuner CSV (synthetic rows made here) it takes the cells tuned on
     both loads where the config kept differs from the uniform load's fastest (not the others, nor T=1),
