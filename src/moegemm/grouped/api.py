@@ -400,14 +400,13 @@ _PLANS: dict = {}  # _plan_key -> _GroupedPlan
 def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu) -> tuple | None:
     """What a call's checks, config and compiled kernel depend on: the operands' shapes, strides, dtypes,
     devices and alignment (Triton specializes pointers on 16-byte alignment, TMA needs it), the other
-    arguments, and with no config whether first calls may time (moegemm.grouped.autotune); None where no plan applies (not CUDA tensors, the interpreter, an unhashable argument)."""
+    arguments, and with no config whether first calls may time (moegemm.grouped.autotune); None where no plan
+    applies (not CUDA tensors, the interpreter, an unhashable argument)."""
     if INTERPRET or type(x) is not torch.Tensor or type(w) is not torch.Tensor or type(offsets) is not torch.Tensor \
             or not x.is_cuda:
         return None
-    key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, w.shape, w.stride(), w.dtype, w.device,
-           w.data_ptr() % 16, offsets.shape, offsets.stride(), offsets.dtype, offsets.device, offsets.data_ptr() % 16,
-           _operand_key(row_scale), _operand_key(out), w_layout, epilogue, config, allow_tf32, swiglu,
-           config is None and autotune.enabled())
+    key = (_operand_key(x), _operand_key(w), _operand_key(offsets), _operand_key(row_scale), _operand_key(out),
+           w_layout, epilogue, config, allow_tf32, swiglu, config is None and autotune.enabled())
     try:
         hash(key)
     except TypeError:
@@ -453,8 +452,8 @@ class _GroupedPlan:
             bound = BoundKernel(kernel, (_grid(work_items, cfg, x, per_sm),), args, kwargs, slots)
         except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
             return None
-        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=slots is not _PTR_SLOTS, w_layout=w_layout, e=e, n_w=n_w, n=n, k=k,
-                   swiglu=swiglu, has_scale=has_scale, offsets_ready=offsets_ready)
+        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=slots is not _PTR_SLOTS, w_layout=w_layout, e=e,
+                   n_w=n_w, n=n, k=k, swiglu=swiglu, has_scale=has_scale, offsets_ready=offsets_ready)
 
     def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:
         m_total = x.shape[0]
