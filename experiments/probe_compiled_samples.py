@@ -60,15 +60,19 @@ def _dynamo_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def main():
-    argv = sys.argv[1:]
+def one_model_setup(argv: list[str]):
+    """(--out, --model (default gpt-oss-120b), config.yaml's grouped and moe_layer sections, E8's timing
+    settings, E8's largest T) of a probe that runs E8's sequence for one model, on the GPU."""
     out = argv[argv.index("--out") + 1]
     model = argv[argv.index("--model") + 1] if "--model" in argv else "gpt-oss-120b"
     require_gpu()
     cfg = load_config()
-    g, e8cfg = cfg["grouped"], cfg["moe_layer"]
-    settings = timing_settings(cfg, False, "grouped")
-    top = max(e8cfg["tokens"])
+    e8cfg = cfg["moe_layer"]
+    return out, model, cfg["grouped"], e8cfg, timing_settings(cfg, False, "grouped"), max(e8cfg["tokens"])
+
+
+def main():
+    out, model, g, e8cfg, settings, top = one_model_setup(sys.argv[1:])
     nvml = Nvml()
     log: list[dict] = []
     state = {"cell": None, "name": None}

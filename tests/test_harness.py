@@ -768,3 +768,71 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
     for c in cs:
         ok, rel, why = check(c.bind((w_gu, w_dn))(), ref, h + i)
         assert ok, (c.name, why)
+
+
+def test_round_orders_rotate_or_balance_the_contenders():
+    """"rotate" starts each round one place further down the list (the harness's order before "balanced");
+    "balanced" takes each rotation forwards and then backwards, so that over every pair of rounds each
+    contender's mean place is the same and it follows both its neighbours; an unknown order is refused."""
+    from moegemm.bench.runner import Settings, round_order
+
+    items = list("ABCDE")
+    assert [round_order(items, r) for r in range(2)] == [list("ABCDE"), list("BCDEA")]
+    assert round_order(items, 5) == items
+    pairs = [round_order(items, r, "balanced") for r in range(4)]
+    assert pairs == [list("ABCDE"), list("EDCBA"), list("BCDEA"), list("AEDCB")]
+    for j in (0, 2):  # each pair: the same mean place for every contender
+        means = {c: pairs[j].index(c) + pairs[j + 1].index(c) for c in items}
+        assert set(means.values()) == {len(items) - 1}
+    before = {r: round_order(items, r, "balanced")[round_order(items, r, "balanced").index("C") - 1]
+              for r in (0, 1)}
+    assert before == {0: "B", 1: "D"}
+    with pytest.raises(ValueError, match="settings.order"):
+        Settings(order="random")
+    with pytest.raises(ValueError, match="order"):
+        round_order(items, 0, "shuffled")
+
+
+def test_compiled_order_probe_arranges_its_variants():
+    """probe_compiled_order: the compiled backend moved to right after the eager one, every other contender
+    kept in place; the variants' orders and rounds as its docstring lists them."""
+    from experiments.probe_compiled_order import COMPILED, EAGER, after_eager, variants
+    from moegemm.bench.runner import Contender, Settings
+
+    names = ["ours:moe_ffn", EAGER, "hf:grouped_mm", "torch._grouped_mm pipeline", COMPILED, "per-expert-loop"]
+    cs = [Contender(n, None) for n in names]
+    assert [c.name for c in after_eager(cs)] == ["ours:moe_ffn", EAGER, COMPILED, "hf:grouped_mm",
+                                                 "torch._grouped_mm pipeline", "per-expert-loop"]
+    assert [c.name for c in after_eager(cs[:1])] == ["ours:moe_ffn"]
+    got = [(n, s.order, s.rounds) for n, s, _ in variants(Settings(rounds=2))]
+    assert got == [("rotate", "rotate", 2), ("balanced", "balanced", 2), ("after-eager", "rotate", 2),
+                   ("balanced-4", "balanced", 4), ("rotate-again", "rotate", 2)]
+
+
+def test_ceiling_probes_take_held_out_cells_and_compute_their_products(device):
+    """probe_heldout_ceilings and probe_ffn_ceiling measure held-out models only; dense:ffn runs the FFN's two
+    GEMMs with one expert's weights, a different expert each call, and its check passes its first call's
+    product and fails another expert's."""
+    import torch
+
+    from experiments.common import load_config
+    from experiments.probe_ffn_ceiling import cells as ffn_cells
+    from experiments.probe_ffn_ceiling import dense_ffn
+    from experiments.probe_heldout_ceilings import cells as gemm_cells
+
+    g = load_config()["grouped"]
+    held = {m for m, spec in g["models"].items() if spec["split"] == "heldout"}
+    assert held and {c[0] for c in gemm_cells(g)} == held == {c[0] for c in ffn_cells(g, ["uniform"])}
+    assert {c[3] for c in gemm_cells(g)} == {"uniform"} and {c[2] for c in gemm_cells(g)} == {256, 4096}
+    e, rows, h, i = 3, 24, 32, 16
+    gen = torch.Generator().manual_seed(5)
+    xs = torch.randn(rows, h, generator=gen).to(torch.bfloat16).to(device)
+    act = torch.randn(rows, i, generator=gen).to(torch.bfloat16).to(device)
+    gu = torch.randn(e, 2 * i, h, generator=gen).to(torch.bfloat16).to(device)
+    dn = torch.randn(e, h, i, generator=gen).to(torch.bfloat16).to(device)
+    c = dense_ffn(xs, act, e, dn[0])
+    call = c.bind((gu, dn))
+    first, second = call(), call()
+    assert c.check(first)[0]
+    assert not c.check(second)[0]  # expert 1's product
+    torch.testing.assert_close(second.double(), act.double() @ dn[1].double().T, rtol=2e-2, atol=2e-2)

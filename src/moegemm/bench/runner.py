@@ -45,6 +45,33 @@ class Settings:
     # > 0: also measure Python's cost of one call (``cpu_us``): the host time of this many calls made back
     # to back with no sync, divided by their number (see cpu_cost_us). 0: not measured.
     cpu_calls: int = 0
+    # The contenders' order in each round: "rotate" (round r starts r places further down the list) or
+    # "balanced" (rounds in pairs: a rotation, then the same rotation reversed, so that over each pair every
+    # contender's mean position is the same and it follows each neighbour once; see round_order).
+    order: str = "rotate"
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"settings.order: expected one of {ORDERS}, got {self.order!r}")
+
+
+ORDERS = ("rotate", "balanced")
+
+
+def round_order(items: list, r: int, order: str = "rotate") -> list:
+    """The order of ``items`` in round ``r``. "rotate": the list rotated by r places. "balanced": rounds
+    2j and 2j + 1 take the list rotated by j places, forwards and then backwards. With only rotation and
+    few rounds (two, say), every contender keeps nearly the same place and the same predecessor in every
+    round; the balanced pairs average both out."""
+    n = max(len(items), 1)
+    if order == "rotate":
+        s = r % n
+        return items[s:] + items[:s]
+    if order == "balanced":
+        s = (r // 2) % n
+        o = items[s:] + items[:s]
+        return o[::-1] if r % 2 else o
+    raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
 
 
 def graph_calls(calls: list[Callable[[], object]], settings: Settings) -> int:
@@ -158,8 +185,7 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
             except Exception as e:
                 rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
     for r in range(settings.rounds):
-        order = live[r % max(len(live), 1):] + live[: r % max(len(live), 1)]  # rotate who goes first
-        for c in order:
+        for c in round_order(live, r, settings.order):
             rotation = iter(range(1 << 30))
             cs = calls[c.name]
             launch[c.name] += launch_samples(lambda cs=cs, it=rotation: cs[next(it) % len(cs)](),
