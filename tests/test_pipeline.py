@@ -336,7 +336,8 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
 def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple) -> dict:
     """A probe's numbers (``numbers(n, results)``) from a synthetic probe CSV: one ok row per (cell,
     contender) of ``times`` ({(model, proj, T, load): {contender: us}}) and a failed row for ``failed``
-    ((model, proj, T, load, contender)); checked to give no numbers before the CSV exists."""
+    ((model, proj, T, load, contender)), all at one made-up commit; checked to give no numbers before the CSV
+    exists."""
     import pandas as pd
 
     from paper.numbers.common import Numbers
@@ -345,6 +346,8 @@ def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple)
             for (m, p, t, ld), cs in times.items() for c, us in cs.items()]
     rows.append(dict(zip(("model", "proj", "tokens", "load", "contender"), failed), status="wrong",
                      graph_us=float("nan")))
+    for r in rows:
+        r["git_commit"] = "abcdef0123"
     n = Numbers()
     numbers(n, tmp_path)
     assert not n.items
@@ -699,3 +702,109 @@ def test_schedule_is_list_scheduling_on_the_gpus():
     assert starts["measure c"] == (35.0, 45.0)
     one, _, _ = schedule(nodes, edges, dur, gpus=1)
     assert one == 10 + 5 + 30 + 20 + 10 + 1
+
+
+def test_heldout_ceilings_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e7_probes.heldout_ceilings_probe (synthetic test data made here): at the smaller T ours
+    and torch._grouped_mm as % of the memory ceiling's speed and the ceiling's speed over torch's; at the
+    larger T torch's and ours' times over the dense GEMM's, the least with its model; a wrong row left out."""
+    from paper.numbers.e7_probes import heldout_ceilings_probe
+
+    times = {("a", "up", 256, "uniform"): {"ours:auto": 100, "torch._grouped_mm": 150, "dense-reference": 900,
+                                           "ceiling:stream": 95},
+             ("b", "down", 256, "uniform"): {"ours:auto": 120, "torch._grouped_mm": 200, "dense-reference": 900,
+                                             "ceiling:stream": 96},
+             ("a", "up", 4096, "uniform"): {"ours:auto": 110, "torch._grouped_mm": 120, "dense-reference": 100,
+                                            "ceiling:stream": 500},
+             ("b", "down", 4096, "uniform"): {"ours:auto": 300, "torch._grouped_mm": 400, "dense-reference": 200,
+                                              "ceiling:stream": 100}}
+    got = _probe_numbers(tmp_path, heldout_ceilings_probe, "probe_heldout_ceilings.csv", times,
+                         ("a", "up", 256, "uniform", "ours:auto"))
+    assert got["CeilHeldCells"] == "4" and got["CeilHeldCommit"] == "abcdef0"
+    assert (got["CeilHeldDecodeTokens"], got["CeilHeldPrefillTokens"]) == ("256", "4096")
+    assert (got["CeilHeldDecodeOursPctLo"], got["CeilHeldDecodeOursPctHi"]) == ("80", "95")
+    assert got["CeilHeldDecodeRoomMin"] == "1.58" and got["CeilHeldDecodeRoomMax"] == "2.08"
+    assert got["CeilHeldPrefillTorchVsDenseMin"] == "1.20" and got["CeilHeldPrefillTorchVsDenseMinModel"] == "a"
+    assert (got["CeilHeldPrefillOursVsDenseLo"], got["CeilHeldPrefillOursVsDenseHi"]) == ("1.10", "1.50")
+
+
+def test_compiled_order_and_ffn_ceiling_numbers_on_synthetic_csvs(tmp_path):
+    """paper.numbers.e8's compiled_order_probe (per order, the eager backend's time over the compiled one's,
+    over the loads; rotation read from its first and last measurement) and ffn_ceiling_probe (the pipeline's
+    and ours' times over dense:ffn's), on synthetic CSVs made here; a wrong row left out; no CSV, no numbers."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import OURS, OURS_HF, OURS_HF_COMPILED, TORCH, compiled_order_probe, ffn_ceiling_probe
+
+    n = Numbers()
+    compiled_order_probe(n, tmp_path)
+    ffn_ceiling_probe(n, tmp_path)
+    assert not n.items
+    base = {"model": "m", "tokens": 16384, "git_commit": "1234567890", "status": "ok"}
+    compiled = {("rotate", "uniform"): 125, ("rotate", "zipf1.2"): 110, ("rotate-again", "uniform"): 101,
+                ("balanced", "uniform"): 100, ("balanced", "zipf1.2"): 98, ("balanced-4", "uniform"): 100}
+    rows = []
+    for (variant, load), us in compiled.items():
+        rounds = 4 if variant == "balanced-4" else 2
+        rows += [dict(base, variant=variant, load=load, rounds=rounds, contender=OURS_HF, graph_us=100.0),
+                 dict(base, variant=variant, load=load, rounds=rounds, contender=OURS_HF_COMPILED, graph_us=float(us))]
+    rows.append(dict(base, variant="after-eager", load="uniform", rounds=2, contender=OURS_HF_COMPILED,
+                     graph_us=float("nan"), status="wrong"))
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_compiled_order.csv", index=False)
+    ffn = []
+    for model, (ours, pipe) in {"a": (110, 116), "b": (150, 200)}.items():
+        for c, us in ((OURS, ours), (TORCH, pipe), ("dense:ffn", 100)):
+            ffn.append(dict(base, model=model, load="uniform", contender=c, graph_us=float(us)))
+    ffn.append(dict(base, model="c", load="uniform", contender="dense:ffn", graph_us=float("nan"), status="wrong"))
+    pd.DataFrame(ffn).to_csv(tmp_path / "probe_ffn_ceiling.csv", index=False)
+    compiled_order_probe(n, tmp_path)
+    ffn_ceiling_probe(n, tmp_path)
+    got = n.items
+    assert got["EEightOrderModel"] == "m" and got["EEightOrderTokens"] == "16384" and got["EEightOrderRounds"] == "2"
+    assert (got["EEightOrderRotateLo"], got["EEightOrderRotateHi"]) == ("0.80", "0.99")
+    assert (got["EEightOrderBalancedLo"], got["EEightOrderBalancedHi"]) == ("1.00", "1.02")
+    assert got["EEightOrderBalancedFourLo"] == "1.00" and "EEightOrderAfterEagerLo" not in got
+    assert got["EEightCeilCells"] == "2" and got["EEightCeilModels"] == "2" and got["EEightCeilCommit"] == "1234567"
+    assert got["EEightCeilPipeVsDenseMin"] == "1.16" and got["EEightCeilPipeVsDenseMinModel"] == "a"
+    assert (got["EEightCeilOursVsDenseLo"], got["EEightCeilOursVsDenseHi"]) == ("1.10", "1.50")
+
+
+def test_rotation_run_numbers_compare_the_same_cells(tmp_path):
+    """paper.numbers.e7_probes.rotation_runs (synthetic test data made here): per experiment, over the cells
+    both runs hold, the current time over the earlier one's for ours and for the peers (geomeans), and the
+    earlier run's held-out headline; a cell only one run holds is left out."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7_probes import ROTATED_RUNS, rotation_runs
+
+    def e7(torch_us, extra=False):
+        cells = [("h", "up", 4096, "uniform", "heldout"), ("t", "up", 4096, "uniform", "tune")]
+        if extra:
+            cells.append(("h", "down", 4096, "uniform", "heldout"))
+        return [{"model": m, "proj": p, "tokens": t, "load": ld, "split": sp, "contender": c, "status": "ok",
+                 "graph_us": us, "git_commit": "aaaaaaa111"}
+                for m, p, t, ld, sp in cells for c, us in (("ours:auto", 100.0), ("torch._grouped_mm", torch_us))]
+
+    def e8(peer_us):
+        return [{"model": "h", "tokens": 16384, "load": "uniform", "split": "heldout", "contender": c, "status": "ok",
+                 "graph_us": us, "git_commit": "bbbbbbb222"}
+                for c, us in (("ours:moe_ffn", 100.0), ("torch._grouped_mm pipeline", peer_us),
+                              ("hf:grouped_mm:compiled", peer_us * 0.9))]
+
+    n = Numbers()
+    rotation_runs(n, tmp_path)
+    assert not n.items
+    for exp, rows_old, rows_new in (("E7", e7(130.0, extra=True), e7(117.0)), ("E8", e8(150.0), e8(135.0))):
+        run, name, _ = ROTATED_RUNS[exp]
+        (tmp_path / "runs" / run).mkdir(parents=True)
+        pd.DataFrame(rows_old).to_csv(tmp_path / "runs" / run / name, index=False)
+        pd.DataFrame(rows_new).to_csv(tmp_path / name, index=False)
+    rotation_runs(n, tmp_path)
+    got = n.items
+    assert got["RotESevenRun"] == ROTATED_RUNS["E7"][0] and got["RotESevenCommit"] == "aaaaaaa"
+    assert got["RotESevenOursTime"] == "1.000" and got["RotESevenPeerTime"] == "0.900"
+    assert got["RotESevenHeldPrefillVsTorch"] == "1.30"
+    assert got["RotEEightOursTime"] == "1.000" and got["RotEEightPeerTime"] == "0.900"
+    assert got["RotEEightHeldVsPeer"] == "1.35"

@@ -505,3 +505,80 @@ def middle_tiles_probe(n: Numbers, results: Path) -> None:
         cols = [c for c in new if c.startswith(prefix)]
         if cols:
             n.add(macro, gm(pd.concat([vs[c] for c in cols]).dropna()))
+
+
+def heldout_ceilings_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_heldout_ceilings.py (when its CSV is committed): on the held-out models, per cell,
+    the memory ceiling's and the dense cuBLAS yardstick's times beside ours (grouped_mm, no config) and
+    torch._grouped_mm. At decode (the probe's smaller T): ours and torch._grouped_mm as % of the ceiling's
+    speed, and the ceiling's speed over torch._grouped_mm's (the most any kernel that only streams the cell's
+    bytes gains over it). At prefill (its larger T): torch._grouped_mm's and ours' times over the dense
+    GEMM's, the least of the first with its model."""
+    t = probe_cells(results, "probe_heldout_ceilings")
+    need = ("ours:auto", "torch._grouped_mm", "dense-reference", "ceiling:stream")
+    if t is None or not all(c in t for c in need):
+        return
+    t = t.dropna(subset=list(need))
+    tokens = t.index.get_level_values("tokens")
+    dec, pre = t[tokens == tokens.min()], t[tokens == tokens.max()]
+    df = pd.read_csv(results / "probe_heldout_ceilings.csv")
+    n.add("CeilHeldCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("CeilHeldCells", len(t), "{}")
+    n.add("CeilHeldDecodeTokens", int(tokens.min()), "{}")
+    n.add("CeilHeldPrefillTokens", int(tokens.max()), "{}")
+    ours_pct = 100 * dec["ceiling:stream"] / dec["ours:auto"]
+    n.add("CeilHeldDecodeOursPct", gm(ours_pct), "{:.0f}")
+    n.add("CeilHeldDecodeOursPctLo", float(ours_pct.min()), "{:.0f}")
+    n.add("CeilHeldDecodeOursPctHi", float(ours_pct.max()), "{:.0f}")
+    n.add("CeilHeldDecodeTorchPct", gm(100 * dec["ceiling:stream"] / dec["torch._grouped_mm"]), "{:.0f}")
+    room = dec["torch._grouped_mm"] / dec["ceiling:stream"]
+    n.add("CeilHeldDecodeRoomMin", float(room.min()))
+    n.add("CeilHeldDecodeRoomMax", float(room.max()))
+    torch_dense = pre["torch._grouped_mm"] / pre["dense-reference"]
+    ours_dense = pre["ours:auto"] / pre["dense-reference"]
+    n.add("CeilHeldPrefillTorchVsDenseMin", float(torch_dense.min()))
+    n.add("CeilHeldPrefillTorchVsDenseMinModel", str(torch_dense.idxmin()[0]))
+    n.add("CeilHeldPrefillTorchVsDenseMax", float(torch_dense.max()))
+    n.add("CeilHeldPrefillOursVsDenseLo", float(ours_dense.min()))
+    n.add("CeilHeldPrefillOursVsDenseHi", float(ours_dense.max()))
+
+
+# The last E7 and E8 runs under the harness's earlier order (each round the list rotated by one place): kept
+# under runs/ when the balanced order came in, read against the current runs cell by cell.
+ROTATED_RUNS = {"E7": ("S15-1", "grouped_skew.csv", ["model", "proj", "tokens", "load"]),
+                "E8": ("S20-2", "moe_layer.csv", ["model", "tokens", "load"])}
+
+
+def rotation_runs(n: Numbers, results: Path) -> None:
+    """Per experiment (E7, E8), the last run measured under rotation against the current one, over the
+    cells and contenders both hold: the geomean of the current run's GPU time over the earlier one's, for
+    ours (E7: every "ours" contender; E8: moe_ffn) and for the peers (E7: torch._grouped_mm and vLLM's
+    kernel; E8: the torch._grouped_mm pipeline, transformers' compiled grouped_mm backend and vLLM's
+    fused_experts), and the held-out headline of the earlier run (E7: ours, no config, over
+    torch._grouped_mm at T >= 1024; E8: moe_ffn over the faster of the pipeline and the compiled backend)."""
+    peers = {"E7": ("torch._grouped_mm", VLLM),
+             "E8": ("torch._grouped_mm pipeline", "hf:grouped_mm:compiled", "vllm:fused_experts")}
+    for exp, (run, name, key) in ROTATED_RUNS.items():
+        old_path, new_path = results / "runs" / run / name, results / name
+        if not (old_path.exists() and new_path.exists()):
+            continue
+        old, new = (pd.read_csv(p) for p in (old_path, new_path))
+        both = [d[d.status == "ok"].pivot_table(index=key + ["split"], columns="contender", values="graph_us")
+                for d in (old, new)]
+        o, c = both[0].align(both[1], join="inner")
+        if not len(o):
+            continue
+        ours = [x for x in o.columns if x.startswith("ours")] if exp == "E7" else ["ours:moe_ffn"]
+        ratio = c / o
+        tag = "Rot" + {"E7": "ESeven", "E8": "EEight"}[exp]
+        n.add(f"{tag}Run", run, "{}")
+        n.add(f"{tag}Commit", str(old.git_commit.iloc[0])[:7], "{}")
+        n.add(f"{tag}OursTime", gm(ratio[ours].stack().dropna()), "{:.3f}")
+        n.add(f"{tag}PeerTime", gm(ratio[[p for p in peers[exp] if p in ratio]].stack().dropna()), "{:.3f}")
+        held = o.xs("heldout", level="split")
+        if exp == "E7":
+            pre = held[held.index.get_level_values("tokens") >= 1024]
+            n.add("RotESevenHeldPrefillVsTorch", gm((pre["torch._grouped_mm"] / pre["ours:auto"]).dropna()))
+        else:
+            best = held[["torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]].min(axis=1)
+            n.add("RotEEightHeldVsPeer", gm((best / held["ours:moe_ffn"]).dropna()))

@@ -160,6 +160,60 @@ def compiled_samples_probe(n: Numbers, results: Path) -> None:
         n.add("EEightSampleNewGraphs", int(sum(g.dynamo_graphs.max() - g.dynamo_graphs.min() for g in host)), "{}")
 
 
+def compiled_order_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_compiled_order.py (when its CSV is committed): E8's largest cells of one model
+    measured again and again with the contenders in different orders; per order (the probe's variant), the
+    eager backend's time over the compiled one's, lowest and highest over the loads. The order E8 used before
+    (rotation) was measured first and last (variants "rotate" and "rotate-again"), both read here."""
+    path = results / "probe_compiled_order.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"]
+    p = df.pivot_table(index=["variant", "load"], columns="contender", values="graph_us")
+    if OURS_HF not in p or OURS_HF_COMPILED not in p:
+        return
+    r = (p[OURS_HF] / p[OURS_HF_COMPILED]).dropna()
+    variants = set(r.index.get_level_values("variant"))
+    if not {"rotate", "balanced"} <= variants:
+        return
+    n.add("EEightOrderModel", str(df.model.iloc[0]), "{}")
+    n.add("EEightOrderTokens", int(df.tokens.iloc[0]), "{}")
+    n.add("EEightOrderCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("EEightOrderRounds", int(df[df.variant == "rotate"]["rounds"].iloc[0]), "{}")
+    for macro, names in (("Rotate", ["rotate", "rotate-again"]), ("Balanced", ["balanced"]),
+                         ("AfterEager", ["after-eager"]), ("BalancedFour", ["balanced-4"])):
+        v = r[r.index.get_level_values("variant").isin(names)]
+        if len(v):
+            n.add(f"EEightOrder{macro}Lo", float(v.min()))
+            n.add(f"EEightOrder{macro}Hi", float(v.max()))
+
+
+def ffn_ceiling_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_ffn_ceiling.py (when its CSV is committed): on the held-out models' largest cells,
+    the torch._grouped_mm pipeline's time and ours over dense:ffn's (the FFN's two GEMMs as dense cuBLAS
+    GEMMs with one expert's weights, nothing else): the least of the first (with its model), the range of
+    the second, and the cells measured."""
+    path = results / "probe_ffn_ceiling.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    p = df[df.status == "ok"].pivot_table(index=["model", "tokens", "load"], columns="contender", values="graph_us")
+    dense = "dense:ffn"
+    if not all(c in p for c in (OURS, TORCH, dense)):
+        return
+    p = p.dropna(subset=[OURS, TORCH, dense])
+    pipe, ours = p[TORCH] / p[dense], p[OURS] / p[dense]
+    n.add("EEightCeilCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("EEightCeilCells", len(p), "{}")
+    n.add("EEightCeilModels", p.index.get_level_values("model").nunique(), "{}")
+    n.add("EEightCeilTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))), "{}")
+    n.add("EEightCeilPipeVsDenseMin", float(pipe.min()))
+    n.add("EEightCeilPipeVsDenseMinModel", str(pipe.idxmin()[0]))
+    n.add("EEightCeilOursVsDenseLo", float(ours.min()))
+    n.add("EEightCeilOursVsDenseHi", float(ours.max()))
+
+
 def host_probe(n: Numbers, results: Path) -> None:
     """experiments/probe_host_cost.py: the host's time per moe_ffn call, with the library's cached launches
     and with every kernel through Triton's own launch (measured in alternating rounds), vLLM's call as E8
@@ -275,6 +329,8 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 n.add("EEightCompiledTopTokens", int(top), "{}")
                 n.add("EEightCompiledVsEagerTop", gm(big))
                 n.add("EEightCompiledVsEagerTopMin", float(big.min()))
+                n.add("EEightCompiledVsEagerTopMinModel", str(o.loc[big.idxmin(), "model"]))
+                n.add("EEightCompiledTopUnder", int((big < 0.97).sum()), "{}")
                 rest = (o[o.tokens < top][OURS_HF] / o[o.tokens < top][OURS_HF_COMPILED]).dropna()
                 if len(rest):
                     n.add("EEightCompiledVsEagerBelowTop", gm(rest))
@@ -286,6 +342,8 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
     compiled_probe(n, results)
     compiled_kernels_probe(n, results)
     compiled_samples_probe(n, results)
+    compiled_order_probe(n, results)
+    ffn_ceiling_probe(n, results)
     host_probe(n, results)
     fused_probe(n, results)
     fixed_fusion(n, results)

@@ -6,7 +6,8 @@
   (rotating over several input sets so that repeated calls do not all hit a warm L2). Removes the CPU
   launch overhead, which on our H200 host is ~3.8 us per kernel from Python vs ~1.0 us in a graph.
 
-Contenders are measured interleaved in rounds (A B C, A B C, ...) and the per-round medians pooled.
+Contenders are measured interleaved in rounds (A B C, B C A, ...; or in balanced pairs, A B C then C B A:
+see runner.round_order) and the per-round samples pooled.
 """
 
 from __future__ import annotations
