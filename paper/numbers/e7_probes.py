@@ -563,10 +563,14 @@ def rotation_runs(n: Numbers, results: Path) -> None:
         if not (old_path.exists() and new_path.exists()):
             continue
         old, new = (pd.read_csv(p) for p in (old_path, new_path))
+        if not all(set(key + ["split", "status", "contender", "graph_us"]) <= set(d.columns) for d in (old, new)):
+            continue
         both = [d[d.status == "ok"].pivot_table(index=key + ["split"], columns="contender", values="graph_us")
                 for d in (old, new)]
         o, c = both[0].align(both[1], join="inner")
-        if not len(o):
+        headline = ["ours:auto", "torch._grouped_mm"] if exp == "E7" else \
+            ["ours:moe_ffn", "torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]
+        if not len(o) or not all(h in o for h in headline) or "heldout" not in set(o.index.get_level_values("split")):
             continue
         ours = [x for x in o.columns if x.startswith("ours")] if exp == "E7" else ["ours:moe_ffn"]
         ratio = c / o
