@@ -836,3 +836,31 @@ def test_ceiling_probes_take_held_out_cells_and_compute_their_products(device):
     assert c.check(first)[0]
     assert not c.check(second)[0]  # expert 1's product
     torch.testing.assert_close(second.double(), act.double() @ dn[1].double().T, rtol=2e-2, atol=2e-2)
+
+
+def test_measure_times_the_contenders_in_the_settings_order(monkeypatch):
+    """runner.measure takes each round's order from Settings.order: the launch clock's samples (faked here,
+    so no GPU is needed) come in rotated rounds by default and in balanced pairs with order="balanced"."""
+    import torch
+
+    from moegemm.bench import runner
+
+    seen: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def fake_launch(fn, rep_ms, warmup_ms):
+        fn()
+        return [1.0]
+    monkeypatch.setattr(runner, "launch_samples", fake_launch)
+
+    def contender(name):
+        def bind(inp):
+            return lambda: seen.append(name) or torch.zeros(1)
+        return runner.Contender(name, bind, graph=False, check=lambda out: (True, 0.0, ""))
+
+    for order, want in (("rotate", "ABC" "BCA" "CAB" "ABC"), ("balanced", "ABC" "CBA" "BCA" "ACB")):
+        seen.clear()
+        rows = runner.measure([contender(c) for c in "ABC"], [()], torch.zeros(1), 1,
+                              runner.Settings(rounds=4, order=order))
+        assert "".join(seen[3:]) == want  # after the three checking calls
+        assert [r["launch_n"] for r in rows] == [4, 4, 4]
