@@ -864,3 +864,56 @@ def test_measure_times_the_contenders_in_the_settings_order(monkeypatch):
                               runner.Settings(rounds=4, order=order))
         assert "".join(seen[3:]) == want  # after the three checking calls
         assert [r["launch_n"] for r in rows] == [4, 4, 4]
+
+
+def test_gluon_probe_takes_tune_prefill_cells_and_refuses_bad_inputs():
+    """probe_gluon_prefill measures the tune models' prefill cells only (both projections and loads), and the
+    Gluon kernel's launcher refuses what it cannot serve, naming the argument, before any launch."""
+    import torch
+
+    from experiments.common import load_config
+    from experiments.gluon_grouped import ws_grouped_mm
+    from experiments.probe_gluon_prefill import cells
+
+    g = load_config()["grouped"]
+    got = cells(g)
+    assert {c[0] for c in got} == {m for m, s in g["models"].items() if s["split"] == "tune"}
+    assert {c[2] for c in got} == set(g["prefill_tokens"]) and {c[1] for c in got} == {"up", "down"}
+    assert len(got) == len({c[0] for c in got}) * 2 * len(g["prefill_tokens"]) * 2
+    x, w = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    off = torch.tensor([0, 3, 8], dtype=torch.int32)
+    for args, kw, match in (((x.float(), w.float(), off), {}, "16-bit"), ((x, w[:, :, :48], off), {}, "K"),
+                            ((x, w, off.long()), {}, "offsets"), ((x, w, off[:2]), {}, "offsets"),
+                            ((x, w, off), {"block_n": 96}, "block_n"), ((x.t(), w, off), {}, "contiguous")):
+        with pytest.raises(ValueError, match=match):
+            ws_grouped_mm(*args, **kw)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        ws_grouped_mm(x, w, off)
+
+
+@pytest.mark.long
+def test_gluon_kernel_compiles_for_sm90_with_split_warps():
+    """The Gluon kernel compiles for sm_90 with the installed Triton in every config the probe measures (few
+    and many experts, bf16 and fp16), within Hopper's 227 KB of shared memory per block, with its warps
+    split by register count (setmaxnreg) and its products on the asynchronous warp-group MMA."""
+    import os
+    import subprocess
+    import sys
+
+    from experiments.common import ROOT
+
+    code = ("import torch\n"
+            "from experiments.gluon_grouped import VARIANTS, compile_sm90\n"
+            "for name, bn, st in VARIANTS:\n"
+            "    for e, dt in ((8, torch.bfloat16), (256, torch.bfloat16), (16, torch.float16)):\n"
+            "        k = compile_sm90(e, bn, st, dt)\n"
+            "        ptx = k.asm['ptx']\n"
+            "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, 'wgmma.mma_async' in ptx)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=str(ROOT))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("compiled")]
+    assert len(lines) == 9
+    for _, name, e, shared, split, mma in lines:
+        assert 0 < int(shared) <= 232448 and split == "True" and mma == "True", (name, e, shared)
