@@ -917,3 +917,39 @@ def test_gluon_kernel_compiles_for_sm90_with_split_warps():
     assert len(lines) == 9
     for _, name, e, shared, split, mma in lines:
         assert 0 < int(shared) <= 232448 and split == "True" and mma == "True", (name, e, shared)
+
+
+def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
+    """probe_gluon_prefill's contenders: ours on both grids with the chosen config, each Gluon config (its
+    kernel replaced here by a float64 product, since Gluon has no interpreter; the poisoned output it is
+    handed must be the one returned) and torch._grouped_mm, each computing the grouped product against
+    float64 on fresh data; the summary compares the best of ours with the best Gluon config."""
+    import torch
+
+    from experiments import probe_gluon_prefill as probe
+    from experiments.gluon_grouped import VARIANTS
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+
+    e, k, n = 3, 128, 80
+    plan, xs, w, ref = _small_moe_cell(device, 23, e, k, n, t=20)
+    handed = []
+
+    def fake(x, w_, offsets, y, block_n, stages):
+        assert bool(torch.isnan(y).all())  # poisoned before the first call
+        handed.append((block_n, stages))
+        off = offsets.tolist()
+        for i in range(w_.shape[0]):
+            y[off[i]:off[i + 1]] = (x[off[i]:off[i + 1]].double() @ w_[i].double().T).to(y.dtype)
+        return y
+    monkeypatch.setattr(probe, "ws_grouped_mm", fake)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(16, 16, 32), "tuned"))
+    cs = probe.contenders_of(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
+    assert [c.name for c in cs] == (["ours:contiguous", "ours:persistent"] + [f"gluon-ws:{v[0]}" for v in VARIANTS]
+                                    + ["torch._grouped_mm"])
+    for c in cs:
+        ok, rel, why = check(c.bind((xs, w))(), ref, k)
+        assert ok, (c.name, why)
+    assert handed == [(bn, st) for _, bn, st in VARIANTS]
+    rows = [{"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 20))]
+    assert probe.summary(rows).endswith("ours/gluon 1.500")
