@@ -31,9 +31,10 @@ except ImportError:  # pragma: no cover - a Triton without Gluon's host descript
 # TMA's global-to-shared copy: async_load in newer Triton, async_copy_global_to_shared in 3.6
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-BLOCK_M = 128  # two warp groups of 64 rows each over a tile (num_warps = 8)
+BLOCK_M = 128
 BLOCK_K = 64
 PRODUCER_REGS = 40  # the producer warp's registers (setmaxnreg); the consumers get the rest
+CONSUMER_REGS = 232  # ping-pong: the second consumer's
 
 
 @gluon.jit
@@ -98,23 +99,29 @@ def _producer(a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K
 @gluon.jit
 def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-    """The warp groups: per K step wait for the slot's copies, issue the MMA on it asynchronously, wait for
-    the MMA before it (one stays in flight) and hand that one's slot back; after a tile's last step, wait for
-    all, hand the last slot back and store the rows of the tile's expert (columns < N)."""
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, WHICH: gl.constexpr,
+              CONSUMERS: gl.constexpr):
+    """WARPS warps (whole warp groups) that take every CONSUMERS-th of this program's tiles, from the
+    WHICH-th on: per K step wait for the slot's copies, issue the MMA on it asynchronously, wait for the MMA
+    before it (one stays in flight) and hand that one's slot back; after a tile's last step, wait for all,
+    hand the last slot back and store the rows of the tile's expert (columns < N). The slots of the j-th tile
+    of the program are those of its steps j * (K steps) on, in the producer's order, so that with two
+    consumers one stores its tile while the other already multiplies the next (ping-pong)."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, WARPS)
-    it = 0
-    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+    steps = gl.cdiv(K, BLOCK_K)
+    j = WHICH
+    for tile in range(gl.program_id(0) + WHICH * gl.num_programs(0), total, CONSUMERS * gl.num_programs(0)):
         expert, row0, row_end, col0 = _coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-        for k in range(0, K, BLOCK_K):
+        it = j * steps
+        for kk in range(0, steps):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
             it += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
@@ -123,16 +130,18 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_
         ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
         mask = gl.expand_dims(rows < row_end, 1) & gl.expand_dims(cols < N, 0)
         gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        j += CONSUMERS
 
 
 @gluon.jit
 def ws_grouped_kernel(a_desc, w_desc, y_ptr, offsets_ptr, E, N, K, stride_ym,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                      PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """y[rows of expert e, :N] = x[those rows] @ w[e].T; a_desc over x [M, K], w_desc over w as [E*N, K]
     (rows past an expert's N belong to the next expert and are computed, not stored; boxes past the ends
-    read zeros)."""
+    read zeros). PINGPONG: two consumers of num_warps warps each on alternate tiles (CONSUMER_REGS registers
+    for the second); else one, all warp groups on each tile (cooperative)."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -141,12 +150,22 @@ def ws_grouped_kernel(a_desc, w_desc, y_ptr, offsets_ptr, E, N, K, stride_ym,
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
-    gl.warp_specialize([
-        (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
-                     BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps)),
-        (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
-                     BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
-    ], [1], [PRODUCER_REGS])
+    if PINGPONG:
+        gl.warp_specialize([
+            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
+                         BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 2)),
+            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
+                         BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 1, 2)),
+            (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
+                         BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
+        ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
+                         BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 1)),
+            (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
+                         BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
+        ], [1], [PRODUCER_REGS])
 
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -159,13 +178,17 @@ def shared_layouts(block_n: int, dtype: torch.dtype):
             gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], g))
 
 
-def constexprs(num_experts: int, block_n: int, stages: int, group_m: int) -> dict:
+def constexprs(num_experts: int, block_n: int, stages: int, group_m: int, pingpong: bool) -> dict:
+    """The kernel's constexprs: cooperative, two warp groups (8 warps) on each 128-row tile; ping-pong, one
+    warp group (4 warps) per consumer, two consumers."""
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, E_BLOCK=triton.next_power_of_2(max(num_experts, 2)),
-                GROUP_M=group_m, STAGES=stages, PRODUCER_REGS=PRODUCER_REGS, num_warps=8)
+                GROUP_M=group_m, STAGES=stages, PINGPONG=pingpong, PRODUCER_REGS=PRODUCER_REGS,
+                CONSUMER_REGS=CONSUMER_REGS, num_warps=4 if pingpong else 8)
 
 
 def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None, *,
-                  block_n: int = 256, stages: int = 4, group_m: int = 8, programs: int | None = None) -> torch.Tensor:
+                  block_n: int = 256, stages: int = 4, pingpong: bool = False, group_m: int = 8,
+                  programs: int | None = None) -> torch.Tensor:
     """[M, N] = the rows of each expert (``offsets`` [E + 1] int32) of ``x`` [M, K] times that expert's
     ``w`` [E, N, K]^T, on a persistent grid of ``programs`` (default: one per multiprocessor). 16-bit x and w
     of one dtype, both contiguous with 16-byte aligned rows (K a multiple of 8), on a CUDA device."""
@@ -180,6 +203,8 @@ def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
         raise ValueError(f"offsets: expected int32 [{e + 1}], got {offsets.dtype} {tuple(offsets.shape)}")
     if block_n not in (64, 128, 256) or stages < 2:
         raise ValueError(f"block_n, stages: expected 64, 128 or 256 and at least 2, got {block_n}, {stages}")
+    if pingpong and block_n > 128:
+        raise ValueError(f"block_n: ping-pong holds a 128-row tile per warp group, so at most 128, got {block_n}")
     if not x.is_cuda or TensorDescriptor is None:
         raise RuntimeError("ws_grouped_mm runs on a CUDA GPU with Gluon's TMA descriptors")
     y = out if out is not None else torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
@@ -188,16 +213,17 @@ def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
     w2 = w.view(e * n, k)
     w_desc = TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [block_n, BLOCK_K], lb)
     grid = programs or torch.cuda.get_device_properties(x.device).multi_processor_count
-    c = constexprs(e, block_n, stages, group_m)
+    c = constexprs(e, block_n, stages, group_m, pingpong)
     ws_grouped_kernel[(grid,)](a_desc, w_desc, y, offsets, e, n, k, y.stride(0), **c)
     return y
 
 
-# The configs experiments/probe_gluon_prefill.py measures: (name, block_n, stages)
-VARIANTS = (("n256-s4", 256, 4), ("n256-s3", 256, 3), ("n128-s6", 128, 6))
+# The configs experiments/probe_gluon_prefill.py measures: (name, block_n, stages, ping-pong)
+VARIANTS = (("n256-s4", 256, 4, False), ("n256-s3", 256, 3, False), ("n128-s6", 128, 6, False),
+            ("pingpong-n128-s6", 128, 6, True))
 
 
-def compile_sm90(num_experts: int, block_n: int, stages: int, dtype: torch.dtype = torch.bfloat16):
+def compile_sm90(num_experts: int, block_n: int, stages: int, pingpong: bool, dtype: torch.dtype = torch.bfloat16):
     """The kernel compiled for sm_90 with the installed Triton, no GPU needed (a check: it raises where the
     kernel does not compile); returns Triton's compiled kernel."""
     from triton.backends.compiler import GPUTarget
@@ -208,7 +234,7 @@ def compile_sm90(num_experts: int, block_n: int, stages: int, dtype: torch.dtype
     sig = {"a_desc": f"tensordesc<{t}[{BLOCK_M},{BLOCK_K}],{la!r}>",
            "w_desc": f"tensordesc<{t}[{block_n},{BLOCK_K}],{lb!r}>",
            "y_ptr": f"*{t}", "offsets_ptr": "*i32", "E": "i32", "N": "i32", "K": "i32", "stride_ym": "i32"}
-    c = constexprs(num_experts, block_n, stages, 8)
+    c = constexprs(num_experts, block_n, stages, 8, pingpong)
     sig.update({name: "constexpr" for name in c})
     return triton.compile(GluonASTSource(fn=ws_grouped_kernel, signature=sig, constexprs=c),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": c["num_warps"]})

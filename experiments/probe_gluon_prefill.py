@@ -34,13 +34,13 @@ def cells(g: dict) -> list[tuple]:
             for proj in ("up", "down") for t in g["prefill_tokens"] for load in ("uniform", "zipf1.2")]
 
 
-def gluon_contender(offsets, name: str, block_n: int, stages: int) -> Contender:
+def gluon_contender(offsets, name: str, block_n: int, stages: int, pingpong: bool) -> Contender:
     """The Gluon kernel in one config on an input set (x_sorted, w as [E, N, K]), into one output per set
     poisoned with NaN before its first call (a tile it failed to write fails the check)."""
     def bind(inp):
         y = torch.full((inp[0].shape[0], inp[1].shape[1]), float("nan"), dtype=inp[0].dtype, device=inp[0].device)
-        return lambda: ws_grouped_mm(inp[0], inp[1], offsets, y, block_n=block_n, stages=stages)
-    return Contender(f"gluon-ws:{name}", bind, config={"block_n": block_n, "stages": stages})
+        return lambda: ws_grouped_mm(inp[0], inp[1], offsets, y, block_n=block_n, stages=stages, pingpong=pingpong)
+    return Contender(f"gluon-ws:{name}", bind, config={"block_n": block_n, "stages": stages, "pingpong": pingpong})
 
 
 def contenders_of(xs, plan, ref, w, t, e, k, n, g, cell, **_):
@@ -72,9 +72,10 @@ def check_edges() -> list[str]:
         off = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
         ref = torch.cat([x[a:b].double() @ w[i].double().T
                          for i, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist()))])
-        for name, block_n, stages in VARIANTS:
+        for name, block_n, stages, pingpong in VARIANTS:
             y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            ok, rel, why = check(ws_grouped_mm(x, w, off, y, block_n=block_n, stages=stages), ref, k)
+            ok, rel, why = check(ws_grouped_mm(x, w, off, y, block_n=block_n, stages=stages, pingpong=pingpong),
+                                 ref, k)
             lines.append(f"edge {sizes} N={n} K={k} {name}: {'ok' if ok else 'WRONG ' + why} (rel {rel:.2e})")
     return lines
 

@@ -884,7 +884,8 @@ def test_gluon_probe_takes_tune_prefill_cells_and_refuses_bad_inputs():
     off = torch.tensor([0, 3, 8], dtype=torch.int32)
     for args, kw, match in (((x.float(), w.float(), off), {}, "16-bit"), ((x, w[:, :, :48], off), {}, "K"),
                             ((x, w, off.long()), {}, "offsets"), ((x, w, off[:2]), {}, "offsets"),
-                            ((x, w, off), {"block_n": 96}, "block_n"), ((x.t(), w, off), {}, "contiguous")):
+                            ((x, w, off), {"block_n": 96}, "block_n"), ((x, w, off), {"block_n": 256, "pingpong": True}, "block_n"),
+                            ((x.t(), w, off), {}, "contiguous")):
         with pytest.raises(ValueError, match=match):
             ws_grouped_mm(*args, **kw)
     with pytest.raises(RuntimeError, match="CUDA"):
@@ -901,12 +902,13 @@ def test_gluon_kernel_compiles_for_sm90_with_split_warps():
     import sys
 
     from experiments.common import ROOT
+    from experiments.gluon_grouped import VARIANTS
 
     code = ("import torch\n"
             "from experiments.gluon_grouped import VARIANTS, compile_sm90\n"
-            "for name, bn, st in VARIANTS:\n"
+            "for name, bn, st, pp in VARIANTS:\n"
             "    for e, dt in ((8, torch.bfloat16), (256, torch.bfloat16), (16, torch.float16)):\n"
-            "        k = compile_sm90(e, bn, st, dt)\n"
+            "        k = compile_sm90(e, bn, st, pp, dt)\n"
             "        ptx = k.asm['ptx']\n"
             "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, 'wgmma.mma_async' in ptx)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -914,7 +916,7 @@ def test_gluon_kernel_compiles_for_sm90_with_split_warps():
                          cwd=str(ROOT))
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("compiled")]
-    assert len(lines) == 9
+    assert len(lines) == 3 * len(VARIANTS) >= 12
     for _, name, e, shared, split, mma in lines:
         assert 0 < int(shared) <= 232448 and split == "True" and mma == "True", (name, e, shared)
 
@@ -935,9 +937,9 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
     plan, xs, w, ref = _small_moe_cell(device, 23, e, k, n, t=20)
     handed = []
 
-    def fake(x, w_, offsets, y, block_n, stages):
+    def fake(x, w_, offsets, y, block_n, stages, pingpong):
         assert bool(torch.isnan(y).all())  # poisoned before the first call
-        handed.append((block_n, stages))
+        handed.append((block_n, stages, pingpong))
         off = offsets.tolist()
         for i in range(w_.shape[0]):
             y[off[i]:off[i + 1]] = (x[off[i]:off[i + 1]].double() @ w_[i].double().T).to(y.dtype)
@@ -950,6 +952,6 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
     for c in cs:
         ok, rel, why = check(c.bind((xs, w))(), ref, k)
         assert ok, (c.name, why)
-    assert handed == [(bn, st) for _, bn, st in VARIANTS]
-    rows = [{"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 20))]
+    assert handed == [v[1:] for v in VARIANTS]
+    rows = [{"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 7, 20))]
     assert probe.summary(rows).endswith("ours/gluon 1.500")
