@@ -97,7 +97,7 @@ def _producer(a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K
 
 
 @gluon.jit
-def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym,
+def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, WHICH: gl.constexpr,
               CONSUMERS: gl.constexpr):
@@ -106,7 +106,10 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_
     before it (one stays in flight) and hand that one's slot back; after a tile's last step, wait for all,
     hand the last slot back and store the rows of the tile's expert (columns < N). The slots of the j-th tile
     of the program are those of its steps j * (K steps) on, in the producer's order, so that with two
-    consumers one stores its tile while the other already multiplies the next (ping-pong)."""
+    consumers one stores its tile while the other already multiplies the next (ping-pong). Two consumers
+    take turns: each starts a tile's products only once the other has passed the last slot of the tile
+    before (``done``, one barrier per consumer, a phase per tile). Else one could wait on a slot two of its
+    uses ahead of the copies, and an mbarrier's parity cannot tell those two phases apart."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, WARPS)
@@ -115,6 +118,8 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_
     for tile in range(gl.program_id(0) + WHICH * gl.num_programs(0), total, CONSUMERS * gl.num_programs(0)):
         expert, row0, row_end, col0 = _coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        if CONSUMERS > 1:  # the other consumer's turn on tile j - 1 first (its (j - 1) // 2-th phase)
+            mbarrier.wait(done.index(1 - WHICH), ((j - 1) // 2) & 1, pred=j > 0)
         it = j * steps
         for kk in range(0, steps):
             s = it % STAGES
@@ -123,6 +128,8 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
             it += 1
+        if CONSUMERS > 1:
+            mbarrier.arrive(done.index(WHICH))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
@@ -146,22 +153,25 @@ def ws_grouped_kernel(a_desc, w_desc, y_ptr, offsets_ptr, E, N, K, stride_ym,
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(done.index(i), count=1)
     fence_async_shared()
     if PINGPONG:
         gl.warp_specialize([
-            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
+            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
                          BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 2)),
-            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
+            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
                          BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 1, 2)),
             (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
                          BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
         ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
+            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
                          BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 1)),
             (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
                          BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
