@@ -33,7 +33,7 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M = 128
 BLOCK_K = 64
-PRODUCER_REGS = 40  # the producer warp's registers (setmaxnreg); the consumers get the rest
+PRODUCER_REGS = 56  # the producer warp's registers (setmaxnreg); the consumers get the rest
 CONSUMER_REGS = 232  # ping-pong: the second consumer's
 
 
