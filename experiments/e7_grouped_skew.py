@@ -211,6 +211,16 @@ def dense_contender(e: int) -> Contender:
         True, math.nan, "yardstick: one expert's weights, not the grouped result"))
 
 
+def tuned_contenders(xs, offsets, e: int, n: int) -> list[Contender]:
+    """Ours with the config choose_config gives (tuned for this GPU, else heuristic) on both grids:
+    ``ours:contiguous`` and ``ours:persistent``."""
+    base, source = choose_config(xs, e, n, "nk")
+    return [Contender(f"ours:{grid}", ours(offsets, c), config=dataclasses.asdict(c), fields={"config_source": source},
+                      parallel_compile=True)
+            for grid, c in (("contiguous", dataclasses.replace(base, persistent=False)),
+                            ("persistent", dataclasses.replace(base, persistent=True)))]
+
+
 def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True,
                 vllm: Contender | None = None, ceiling: Contender | None = None) -> list[Contender]:
     """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
@@ -219,15 +229,8 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
     ``vllm``: vLLM's kernel (vllm_contender), after torch._grouped_mm; ``ceiling``: the memory ceiling
     (stream_contender), after the dense yardstick."""
     off = plan.group_offsets
-    base, source = choose_config(xs, e, n, "nk")  # tuned for this GPU, else heuristic
-    base = dataclasses.replace(base, persistent=False)
-    pers = dataclasses.replace(base, persistent=True)
-
     cs = [
-        Contender("ours:contiguous", ours(off, base), config=dataclasses.asdict(base),
-                  fields={"config_source": source}, parallel_compile=True),
-        Contender("ours:persistent", ours(off, pers), config=dataclasses.asdict(pers),
-                  fields={"config_source": source}, parallel_compile=True),
+        *tuned_contenders(xs, off, e, n),
         torch_contender(off),
         *([vllm] if vllm is not None else []),
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),

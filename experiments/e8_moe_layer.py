@@ -191,6 +191,21 @@ def cell_inputs(g: dict, model: str, t: int, load: str, weights: dict):
     return m, e, top_k, h, i, ids, x, wts, ref, active, sets
 
 
+def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, load: str, h: int, i: int, active: int,
+             input_sets: int, slug: str, prov: dict) -> None:
+    """Give an FFN cell's result rows the cell's columns: the zoo entry ``m``'s split, experts and top_k, the
+    sizes, the floor, bytes and FLOPs of its two GEMMs together, each row's rates and the provenance."""
+    rows_in = t * m["top_k"]
+    fl_up, b_up, f_up = floor_us(rows_in, h, 2 * i, active, slug)
+    fl_dn, b_dn, f_dn = floor_us(rows_in, i, h, active, slug)
+    fl = fl_up + fl_dn
+    for r in rows:
+        r.update(experiment=experiment, model=model, split=m["split"], tokens=t, load=load, experts=m["experts"],
+                 top_k=m["top_k"], hidden=h, intermediate=i, active_experts=active, bytes=b_up + b_dn,
+                 flops=f_up + f_dn, floor_us=fl, input_sets=input_sets,
+                 **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl), **prov)
+
+
 def main():
     args = cli(__doc__)
     require_gpu()
@@ -216,15 +231,7 @@ def main():
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
         cs = contenders(x, ids, wts, e, h, i, t, t in e8["compiled_tokens"], vllm.kernel)
         out = measure(cs, sets, ref, h + i, settings)
-        rows = t * top_k
-        fl_up, b_up, f_up = floor_us(rows, h, 2 * i, active, slug)
-        fl_dn, b_dn, f_dn = floor_us(rows, i, h, active, slug)
-        fl = fl_up + fl_dn
-        for r in out:
-            r.update(experiment="E8", model=model, split=m["split"], tokens=t, load=load, experts=e, top_k=top_k,
-                     hidden=h, intermediate=i, active_experts=active, bytes=b_up + b_dn, flops=f_up + f_dn,
-                     floor_us=fl, input_sets=len(sets), **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl),
-                     **prov)
+        annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
         writer.add(out)
         print(f"E8 {model} T={t} {load}: {time.perf_counter() - t_cell:.1f} s", file=sys.stderr, flush=True)
         del sets, cs

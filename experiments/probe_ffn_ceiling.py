@@ -16,7 +16,6 @@ Held-out models measured for reading only: nothing learns from this.
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 
 import torch
@@ -24,7 +23,6 @@ import torch
 from experiments import e8_moe_layer as e8
 from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu, \
     timing_settings
-from experiments.e7_grouped_skew import floor_us, graph_rates
 from moegemm._runtime import slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender, measure
@@ -84,13 +82,7 @@ def main():
         dense = dense_ffn(xs, act, e, sets[0][1][0])
         cs = [c for c in e8.contenders(x, ids, wts, e, h, i, t, False, None) if c.name in KEEP] + [dense]
         out = measure(cs, sets, ref, h + i, settings)
-        fl_up, b_up, f_up = floor_us(rows, h, 2 * i, active, slug)
-        fl_dn, b_dn, f_dn = floor_us(rows, i, h, active, slug)
-        for r in out:
-            r.update(experiment="probe_ffn_ceiling", model=model, split=m["split"], tokens=t, load=load, experts=e,
-                     top_k=top_k, hidden=h, intermediate=i, active_experts=active, bytes=b_up + b_dn,
-                     flops=f_up + f_dn, floor_us=fl_up + fl_dn, input_sets=len(sets),
-                     **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl_up + fl_dn), **prov)
+        e8.annotate(out, "probe_ffn_ceiling", m, model, t, load, h, i, active, len(sets), slug, prov)
         writer.add(out)
         us = {r["contender"]: r.get("graph_us") for r in out}
         o, p, d = (us.get(c) for c in (*KEEP, "dense:ffn"))

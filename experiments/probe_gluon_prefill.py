@@ -14,16 +14,13 @@ of the tile), its output poisoned with NaN first. Tune models only: what it find
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from experiments.common import load_config
-from experiments.e7_grouped_skew import ours, run_probe, torch_contender
+from experiments.e7_grouped_skew import ref_rows, run_probe, torch_contender, tuned_contenders
 from experiments.gluon_grouped import VARIANTS, ws_grouped_mm
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
-from moegemm.grouped import choose_config
 
 # (rows per expert, N, K) of the small ragged shapes checked first
 EDGES = (([300, 0, 7, 129, 1000], 384, 352), ([1, 2, 3, 500], 256, 64), ([4096, 4096, 4096], 1000, 1024))
@@ -45,11 +42,7 @@ def gluon_contender(offsets, name: str, block_n: int, stages: int, pingpong: boo
 
 def contenders_of(xs, plan, ref, w, t, e, k, n, g, cell, **_):
     off = plan.group_offsets
-    base, source = choose_config(xs, e, n, "nk")
-    cs = [Contender(f"ours:{grid}", ours(off, dataclasses.replace(base, persistent=grid == "persistent")),
-                    config=dataclasses.asdict(dataclasses.replace(base, persistent=grid == "persistent")),
-                    fields={"config_source": source}, parallel_compile=True) for grid in ("contiguous", "persistent")]
-    return cs + [gluon_contender(off, *v) for v in VARIANTS] + [torch_contender(off)]
+    return tuned_contenders(xs, off, e, n) + [gluon_contender(off, *v) for v in VARIANTS] + [torch_contender(off)]
 
 
 def summary(rows: list[dict]) -> str:
@@ -70,8 +63,7 @@ def check_edges() -> list[str]:
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
         w = (torch.randn(e, n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
         off = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        ref = torch.cat([x[a:b].double() @ w[i].double().T
-                         for i, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist()))])
+        ref = ref_rows(x, w, off)
         for name, block_n, stages, pingpong in VARIANTS:
             y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
             ok, rel, why = check(ws_grouped_mm(x, w, off, y, block_n=block_n, stages=stages, pingpong=pingpong),

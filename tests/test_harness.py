@@ -928,6 +928,7 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
     float64 on fresh data; the summary compares the best of ours with the best Gluon config."""
     import torch
 
+    from experiments import e7_grouped_skew as e7
     from experiments import probe_gluon_prefill as probe
     from experiments.gluon_grouped import VARIANTS
     from moegemm.bench.correctness import check
@@ -945,7 +946,7 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
             y[off[i]:off[i + 1]] = (x[off[i]:off[i + 1]].double() @ w_[i].double().T).to(y.dtype)
         return y
     monkeypatch.setattr(probe, "ws_grouped_mm", fake)
-    monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(16, 16, 32), "tuned"))
+    monkeypatch.setattr(e7, "choose_config", lambda *a: (GroupedConfig(16, 16, 32), "tuned"))
     cs = probe.contenders_of(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
     assert [c.name for c in cs] == (["ours:contiguous", "ours:persistent"] + [f"gluon-ws:{v[0]}" for v in VARIANTS]
                                     + ["torch._grouped_mm"])
@@ -955,3 +956,23 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
     assert handed == [v[1:] for v in VARIANTS]
     rows = [{"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 7, 20))]
     assert probe.summary(rows).endswith("ours/gluon 1.500")
+
+
+def test_e8_annotate_gives_ffn_rows_their_cell_columns():
+    """e8_moe_layer.annotate (E8's rows and probe_ffn_ceiling's): the cell's columns, the floor, bytes and
+    FLOPs of the FFN's two GEMMs (gate/up [H, 2I], down [I, H]) together, and each timed row's rates."""
+    import math
+
+    from experiments.e7_grouped_skew import floor_us
+    from experiments.e8_moe_layer import annotate
+
+    m = {"split": "heldout", "experts": 8, "top_k": 2}
+    rows = [{"contender": "a", "graph_us": 100.0}, {"contender": "b"}]
+    annotate(rows, "E8", m, "mx", 16, "uniform", 64, 32, 5, 3, "nvidia-h200", {"gpu": "g"})
+    up, dn = floor_us(32, 64, 64, 5, "nvidia-h200"), floor_us(32, 32, 64, 5, "nvidia-h200")
+    assert rows[0]["floor_us"] == up[0] + dn[0] and rows[0]["bytes"] == up[1] + dn[1]
+    assert rows[0]["flops"] == up[2] + dn[2] == 2 * 32 * (64 * 64 + 32 * 64)
+    assert rows[0]["tflops_graph"] == rows[0]["flops"] / 100.0 / 1e6 and math.isnan(rows[1]["tflops_graph"])
+    assert {k: rows[1][k] for k in ("experiment", "model", "split", "tokens", "experts", "top_k", "input_sets", "gpu")} \
+        == {"experiment": "E8", "model": "mx", "split": "heldout", "tokens": 16, "experts": 8, "top_k": 2,
+            "input_sets": 3, "gpu": "g"}
