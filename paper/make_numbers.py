@@ -33,7 +33,7 @@ def main():
     for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, p.tails, p.prefill_probe, p.prefill_counters, runtime):
         f(n, results, gen)
     for f in (p.merged_tails, p.robust_tuning, p.tma_splits, p.extra_rows, p.stream_k_probe, p.mixed_order_probe,
-              p.middle_tiles_probe, p.heldout_ceilings_probe, p.rotation_runs):
+              p.middle_tiles_probe, p.heldout_ceilings_probe, p.rotation_runs, p.gluon_probe):
         f(n, results)
     p.power_probe(n, results, gen)
     p.robust_probe(n, results)

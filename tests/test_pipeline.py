@@ -372,6 +372,26 @@ def test_middle_tiles_numbers_on_a_synthetic_csv(tmp_path):
     assert "MidEightWarps" not in got and "MidKLongNarrow" not in got
 
 
+def test_gluon_probe_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e7_probes.gluon_probe on a probe CSV (synthetic test data made here): per cell the
+    faster of our grids against the fastest Gluon config (a failed Gluon row left out), how often the Gluon
+    kernel beat ours by more than 3% and was fastest ping-pong, and both against torch._grouped_mm; no CSV,
+    no numbers."""
+    from paper.numbers.e7_probes import gluon_probe
+
+    times = {("m", "up", 1024, "uniform"): {"ours:contiguous": 100, "ours:persistent": 110, "gluon-ws:n256-s4": 125,
+                                            "gluon-ws:pingpong-n128-s6": 200, "torch._grouped_mm": 150},
+             ("m", "up", 4096, "uniform"): {"ours:contiguous": 120, "ours:persistent": 100, "gluon-ws:n256-s4": 125,
+                                            "gluon-ws:pingpong-n128-s6": 80, "torch._grouped_mm": 100}}
+    got = _probe_numbers(tmp_path, gluon_probe, "probe_gluon_prefill.csv", times,
+                         ("m", "up", 4096, "uniform", "gluon-ws:n128-s6"))
+    assert got["GluCells"] == "2" and got["GluConfigs"] == "2" and got["GluCommit"] == "abcdef0"
+    assert got["GluVsOursLo"] == "0.80" and got["GluVsOursHi"] == "1.25" and got["GluVsOurs"] == "1.00"
+    assert got["GluBeat"] == "1" and got["GluPingBest"] == "1"
+    assert got["GluBigTokens"] == "4096" and got["GluBigVsOurs"] == "1.25"
+    assert got["GluVsTorch"] == "1.22" and got["GluOursVsTorch"] == "1.22"
+
+
 def test_compiled_samples_numbers_on_synthetic_csvs(tmp_path):
     """paper.numbers.e8.compiled_samples_probe on the probe's CSVs (synthetic test data made here): one under
     runs/ without the host columns and the newest with them; per run and cell the eager backend's median

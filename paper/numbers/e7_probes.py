@@ -1,4 +1,5 @@
-"""E7's tuner and probes (robust tuning, tails, Stream-K, mixed order, power, prefill counters): their numbers and tables."""
+"""E7's tuner and probes (robust tuning, tails, Stream-K, mixed order, power, prefill counters, the Gluon
+kernel): their numbers and tables."""
 
 from __future__ import annotations
 
@@ -586,3 +587,37 @@ def rotation_runs(n: Numbers, results: Path) -> None:
         else:
             best = held[["torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]].min(axis=1)
             n.add("RotEEightHeldVsPeer", gm((best / held["ours:moe_ffn"]).dropna()))
+
+
+def gluon_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_gluon_prefill.py (when its CSV is committed): per prefill cell of the tune models, the
+    faster of ours on its two grids (``ours:*``) against the fastest config of the hand warp-specialized
+    Gluon kernel (``gluon-ws:*``) and against torch._grouped_mm: the Gluon kernel's speed as a multiple of
+    ours (geomean, lowest, highest, and at the probe's largest T), how often it beat ours by more than the
+    clock's 3%, how often its fastest config was the ping-pong one, and both kernels over torch._grouped_mm."""
+    t = probe_cells(results, "probe_gluon_prefill")
+    if t is None or "torch._grouped_mm" not in t:
+        return
+    mine = [c for c in t.columns if c.startswith("ours:")]
+    glu = [c for c in t.columns if c.startswith("gluon-ws:")]
+    if not mine or not glu:
+        return
+    t = t.dropna(subset=mine + glu + ["torch._grouped_mm"])
+    if not len(t):
+        return
+    ours, best = t[mine].min(axis=1), t[glu].min(axis=1)
+    vs = ours / best
+    df = pd.read_csv(results / "probe_gluon_prefill.csv")
+    n.add("GluCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("GluCells", len(t), "{}")
+    n.add("GluConfigs", len(glu), "{}")
+    n.add("GluVsOurs", gm(vs))
+    n.add("GluVsOursLo", float(vs.min()))
+    n.add("GluVsOursHi", float(vs.max()))
+    n.add("GluBeat", int((vs > 1.03).sum()), "{}")
+    n.add("GluPingBest", int(t[glu].idxmin(axis=1).str.contains("pingpong").sum()), "{}")
+    tokens = t.index.get_level_values("tokens")
+    n.add("GluBigTokens", int(tokens.max()), "{}")
+    n.add("GluBigVsOurs", gm(vs[tokens == tokens.max()]))
+    n.add("GluVsTorch", gm(t["torch._grouped_mm"] / best))
+    n.add("GluOursVsTorch", gm(t["torch._grouped_mm"] / ours))
