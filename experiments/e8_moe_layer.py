@@ -39,7 +39,7 @@ from moegemm._runtime import slugify
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Contender, measure
 from moegemm.bench.timing import input_sets_for
-from moegemm.grouped import moe_ffn, permute, route, unpermute
+from moegemm.grouped import moe_ffn, route, route_and_permute, unpermute
 from moegemm.grouped.baselines import torch_grouped_mm
 
 from experiments import vllm_moe
@@ -92,21 +92,20 @@ def hf_experts(w_gu: torch.Tensor, w_dn: torch.Tensor, impl: str) -> torch.nn.Mo
 def unfused_ours(x, ids, wts, w_gu, w_dn, e: int):
     """Our kernels with SwiGLU as a separate op: the [rows, 2I] gate/up product written, SiLU(gate) * up,
     then the down GEMM with the gating weights fused (what the fused gate/up saves)."""
-    from moegemm.grouped import grouped_mm, sorted_weights
+    from moegemm.grouped import grouped_mm
 
-    plan = route(ids, e, validate=False)
-    gu = grouped_mm(permute(x, plan), w_gu, plan.group_offsets, w_layout="nk", validate=False)
+    plan, xs, ws = route_and_permute(x, ids, wts, e, validate=False)  # moe_ffn's routing and permutation
+    gu = grouped_mm(xs, w_gu, plan.group_offsets, w_layout="nk", validate=False)
     i = gu.shape[1] // 2
     act = (torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]).contiguous()
-    ys = grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
-                    validate=False)
+    ys = grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=ws, validate=False)
     return unpermute(ys, plan, None)
 
 
 def torch_pipeline(x, ids, wts, w_gu, w_dn, e: int):
-    """The same FFN on torch._grouped_mm (our routing; no host sync)."""
-    plan = route(ids, e, validate=False)
-    gu = torch_grouped_mm(permute(x, plan), w_gu, plan.group_offsets, w_layout="nk")
+    """The same FFN on torch._grouped_mm (our routing and permutation, as moe_ffn's; no host sync)."""
+    plan, xs, _ = route_and_permute(x, ids, wts, e, validate=False)
+    gu = torch_grouped_mm(xs, w_gu, plan.group_offsets, w_layout="nk")
     i = gu.shape[1] // 2
     act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
     return unpermute(torch_grouped_mm(act.contiguous(), w_dn, plan.group_offsets, w_layout="nk"), plan, wts)

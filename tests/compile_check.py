@@ -118,9 +118,17 @@ def variants():
     for ty in ("*i64", "*i32", "*i16", "*u8"):
         ids = dict(out, ids_ptr=ty)
         yield ("route_small", ty), rk._small_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
+        chunk, eb = rk.small_blocks(4, 60)  # a decode step's few slots
+        yield ("route_small_few", ty), rk._small_kernel, ids, dict(CHUNK=chunk, EB=eb), {"num_warps": 1}
+        for dt, wt in (("bf16", "fp32"), ("fp16", "bf16"), ("fp32", "fp32")):  # the one-launch plan and gathers
+            for n in (4, rk.CHUNK):
+                chunk, eb = rk.small_blocks(n, 60)
+                gio = dict(ids, x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
+                yield (("route_gather", ty, dt, wt, chunk), rk._small_gather_kernel, gio,
+                       dict(CHUNK=chunk, EB=eb, BLOCK_H=max(64, 8192 // chunk)))
         yield ("route_count", ty), rk._count_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
         yield ("route_place", ty), rk._place_kernel, ids, dict(CHUNK=rk.CHUNK)
-    yield ("route_scan",), rk._scan_kernel, out, dict(PB=rk.PB, EB=rk.EB)
+    yield ("route_scan",), rk._scan_kernel, out, dict(PB=rk.PB, EB=rk.EB), {"num_warps": 8}
     # the un-permute's gather and sum
     for dt in ("bf16", "fp16", "fp32"):
         for has_w in (False, True):

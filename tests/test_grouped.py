@@ -129,12 +129,12 @@ def test_route_permute_unpermute_roundtrip(device):
     torch.testing.assert_close(y2.cpu(), y.cpu(), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("t,k,e", [(1, 1, 1), (16, 8, 128), (17, 8, 128), (300, 6, 160), (90, 3, 300),
-                                   (700, 2, 8)])
+@pytest.mark.parametrize("t,k,e", [(1, 1, 1), (3, 2, 5), (5, 4, 60), (3, 2, 300), (16, 8, 128), (17, 8, 128),
+                                   (300, 6, 160), (90, 3, 300), (700, 2, 8)])
 @pytest.mark.parametrize("load", ["uniform", "skewed"])
 def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
-    """The routing kernels (one program up to 128 slots; else count, scan and place over chunks of 128, with
-    experts in steps of 128) against a stable sort by expert id, element for element, for every integer id
+    """The routing kernels (one program up to 128 slots, its blocks sized to the slots and experts; else count,
+    scan and place over chunks of 128, with experts in steps of 128) against a stable sort by expert id, element for element, for every integer id
     dtype; an id out of range clears the check's flag and still leaves a permutation."""
     from moegemm.grouped.routing import _route_torch
     from moegemm.grouped.routing_kernels import plan_arrays
@@ -160,6 +160,53 @@ def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
     assert not bool(ok)
     assert torch.equal(torch.sort(got[1].long().cpu()).values, torch.arange(bad.numel()))  # a permutation
     assert int(got[4][-1]) == bad.numel()
+
+
+@pytest.mark.parametrize("t,k,e", [(1, 1, 1), (1, 8, 256), (5, 4, 60), (16, 8, 128), (17, 8, 128)])
+@pytest.mark.parametrize("h", [1, 100, 700])
+def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypatch):
+    """route_and_permute against route, permute and sorted_weights, element for element: the one-launch plan
+    up to 128 slots (its column blocks short of H, one or several programs), the three steps past it; x in
+    every float dtype, with rows further apart than H (a slice) and with a column stride (a transposed view,
+    which takes the three steps); gating weights in fp32 and bf16. Each path's launches counted; bad
+    arguments refused by name."""
+    from moegemm.grouped import route_and_permute
+    from moegemm.grouped import routing_kernels as rk
+
+    calls = []
+    for name in ("plan_and_gather", "plan_arrays"):
+        real = getattr(rk, name)
+        monkeypatch.setattr("moegemm.grouped.routing." + name,
+                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    g = torch.Generator().manual_seed(t * 13 + e + h)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(device)
+    one_launch = t * k <= rk.CHUNK
+    for dtype, wdtype in ((torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16),
+                          (torch.float32, torch.float32)):
+        wide = torch.randn(t, h + 3, generator=g).to(dtype).to(device)
+        wts = torch.rand(t, k, generator=g).to(wdtype).to(device)
+        for x in (wide[:, :h], wide[:, :h].contiguous(), torch.randn(h, t, generator=g).to(dtype).to(device).T):
+            fused = one_launch and x.stride(1) == 1
+            calls.clear()
+            plan, xs, ws = route_and_permute(x, ids, wts, e)
+            assert calls == (["plan_and_gather"] if fused else ["plan_arrays"] if t * k > 0 else [])
+            want = route(ids, e)
+            for name in ("sorted_token_ids", "sorted_slot", "slot_rows", "group_sizes", "group_offsets"):
+                assert torch.equal(getattr(plan, name), getattr(want, name)), name
+            assert (plan.num_tokens, plan.top_k) == (t, k)
+            assert xs.dtype == dtype and torch.equal(xs, permute(x, want))
+            assert ws.dtype == wdtype and torch.equal(ws, sorted_weights(wts, want))
+    x = torch.randn(t, h).to(device)
+    wts = torch.rand(t, k).to(device)
+    with pytest.raises(ValueError, match="x: has"):
+        route_and_permute(x[:-1] if t > 1 else torch.randn(2, h).to(device), ids, wts, e)
+    with pytest.raises(ValueError, match="topk_weights: expected shape"):
+        route_and_permute(x, ids, wts[:, :0], e)
+    with pytest.raises(ValueError, match="x: expected a 2-D"):
+        route_and_permute(x[0], ids, wts, e)
+    if device == "cpu":  # on a GPU, a device-side assertion
+        with pytest.raises(ValueError, match="topk_ids: expert ids must be in"):
+            route_and_permute(x, ids + e, wts, e)
 
 
 def test_routing_kernels_refuse_counts_past_32_bit_offsets():
@@ -877,8 +924,8 @@ def test_torch_compile_traces_the_masked_layout(device):
 
 
 def test_grouped_custom_ops_fake_and_schema(device):
-    """torch's opcheck of both custom ops (schema, fake implementation), and a config's round trip through
-    the ops' int list."""
+    """torch's opcheck of the GEMMs' custom ops and the one-launch routing's (schema, fake implementation), and
+    a config's round trip through the ops' int list."""
     from moegemm.grouped import ops
 
     cfg = GroupedConfig(32, 16, 32, persistent=True, tma=True, tail_m=16, merge_tail=True, mix=2)
@@ -896,6 +943,9 @@ def test_grouped_custom_ops_fake_and_schema(device):
                                                      torch.empty(3, 4, 16).to(device), "kn", "none",
                                                      ops.config_list(GroupedConfig(16, 16, 16)), False),
                           test_utils=("test_schema", "test_faketensor"))
+    ids = torch.tensor([2, 0, 2, 1, 0, 2], dtype=torch.int32).to(device)  # 3 tokens, top_k 2
+    torch.library.opcheck(ops.route_gather_op, (ids, xs[:3], torch.rand(6, generator=g).to(device), 3, 2, False),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def _ffn_ref(x, ids, wts, w_gu_nk, w_down_nk):
@@ -911,7 +961,8 @@ def _ffn_ref(x, ids, wts, w_gu_nk, w_down_nk):
     return out
 
 
-@pytest.mark.parametrize("t", [11, 61])  # 3 and 17 rows per expert: unfused and fused gate/up
+@pytest.mark.parametrize("t", [11, 61, 97])  # 3, 17, 28 rows per expert: unfused, fused gate/up, routing
+# in one launch (up to 128 slots) and in three
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
@@ -951,7 +1002,8 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
             moe_ffn(d(x), d(ids + e), d(wts), d(a), d(b), w_layout=layout)
 
 
-def test_moe_ffn_traces_under_torch_compile(device, monkeypatch):
+@pytest.mark.parametrize("t", [6, 70])  # 12 slots: routing and gathers in one launch; 140: in three
+def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
     """moe_ffn under torch.compile(fullgraph=True): one graph, no break, right against float64."""
     import moegemm.grouped.api as api
     from moegemm.grouped import moe_ffn
@@ -960,7 +1012,7 @@ def test_moe_ffn_traces_under_torch_compile(device, monkeypatch):
     monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(9)
-    e, t, top_k, h, i = 4, 6, 2, 32, 16
+    e, top_k, h, i = 4, 2, 32, 16
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
     wts = torch.rand(t, top_k, generator=g)
     x = torch.randn(t, h, generator=g).to(torch.bfloat16)
@@ -975,9 +1027,12 @@ def test_moe_ffn_traces_under_torch_compile(device, monkeypatch):
     # up (fused or not, chosen at run time as in eager), down and the un-permute as custom ops, not as torch ops
     # for Inductor to re-derive
     code = str(explained.graphs[0].graph)
-    ops = ("moegemm.route", "moegemm.gather_rows", "moegemm.gate_up_act", "moegemm.grouped_mm", "moegemm.combine")
+    steps = ("moegemm.route_gather",) if t * top_k <= 128 else ("moegemm.route.default", "moegemm.gather_rows")
+    ops = (*steps, "moegemm.gate_up_act", "moegemm.grouped_mm", "moegemm.combine")
     for op in ops:
         assert op in code, op
+    if t * top_k <= 128:
+        assert "moegemm.route.default" not in code and "moegemm.gather_rows" not in code
 
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])

@@ -68,6 +68,34 @@ def test_routing_kernels_match_the_stable_sort_on_the_gpu(t, e, k, skew):
             assert torch.equal(getattr(captured, name), b), (name, i)
 
 
+@pytest.mark.parametrize("t,e,k,h", [(1, 256, 8, 7168), (16, 128, 8, 2048), (64, 8, 2, 6144), (1, 16, 1, 5120)])
+def test_route_and_permute_matches_its_three_steps_on_the_gpu(t, e, k, h):
+    """route_and_permute's one launch against route, permute and sorted_weights at real decode sizes, element
+    for element (outputs poisoned first: the graph's own buffers, written on each replay), and again from a
+    CUDA graph replayed on new ids, rows and weights."""
+    from moegemm.grouped import route_and_permute
+
+    fields = ("sorted_token_ids", "sorted_slot", "slot_rows", "group_sizes", "group_offsets")
+    g = torch.Generator(device="cuda").manual_seed(t + e + h)
+    ids = sample_topk(t, e, k, "uniform", seed=t + e)
+    x = torch.randn(t, h, device="cuda", generator=g).to(torch.bfloat16)
+    wts = torch.rand(t, k, device="cuda", generator=g)
+    graph, (plan, xs, ws) = _captured(lambda: route_and_permute(x, ids, wts, e))
+    for i in range(3):
+        ids.copy_(sample_topk(t, e, k, "zipf1.2", seed=100 + i))
+        x.normal_(generator=g)
+        wts.uniform_(generator=g)
+        for v in (xs, ws):
+            v.fill_(float("nan"))
+        for v in (getattr(plan, f) for f in fields):
+            v.fill_(-1)
+        graph.replay()
+        want = route(ids, e)
+        for name in fields:
+            assert torch.equal(getattr(plan, name), getattr(want, name)), (name, i)
+        assert torch.equal(xs, permute(x, want)) and torch.equal(ws, sorted_weights(wts, want)), i
+
+
 @pytest.mark.parametrize("t", [1, 64, 4096])
 @pytest.mark.parametrize("skew", ["uniform", "zipf1.2", "hot0.9"])
 @pytest.mark.parametrize("name,e,k,hidden,n", MODELS, ids=[m[0] for m in MODELS])

@@ -8,7 +8,7 @@ from .._runtime import gpu_slug
 from .api import autotune_key, grouped_mm, grouped_mm_swiglu
 from .ops import gate_up_act_op
 from .pointwise import silu_mul
-from .routing import permute, route, sorted_weights, triton_here, unpermute
+from .routing import route_and_permute, triton_here, unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
 # SiLU(gate) * up a separate op: there, on the tune split of E8 (results/nvidia-h200/runs/S16-1/moe_layer.csv),
@@ -69,11 +69,11 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn"). Returns [T, H] in x's
     dtype.
 
-    Two grouped GEMM launches around the permutation: gate and up for every expert at once with SwiGLU in
-    the epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a
-    separate SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused
-    into its store. No
-    host sync with the default arguments (``validate`` checks the expert ids, on a GPU on the device, see
+    Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode), then
+    two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the epilogue
+    (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a separate
+    SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused into its
+    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids, on a GPU on the device, see
     :func:`moegemm.grouped.route`; the group offsets come from that routing, so the GEMMs do not check them
     again), so the layer can be captured in a CUDA graph; under torch.compile it traces with no graph break
     and runs the same kernels (custom ops).
@@ -104,12 +104,10 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
                          f"{tuple(topk_weights.shape)}")
-    plan = route(topk_ids, e, validate=validate)
-    xs = permute(x, plan)
+    plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=validate)
     if torch.compiler.is_compiling() and triton_here(xs):  # the same choice and kernels, as a custom op
         act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
     else:
         act = gate_up_act(xs, w_gate_up, plan.group_offsets, w_layout)
-    ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout,
-                    row_scale=sorted_weights(topk_weights, plan), validate=False)
+    ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout, row_scale=ws, validate=False)
     return unpermute(ys, plan, None)

@@ -12,7 +12,7 @@ import torch
 
 from .._runtime import INTERPRET
 from .pointwise import combine
-from .routing_kernels import plan_arrays
+from .routing_kernels import CHUNK, plan_and_gather, plan_arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,25 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
     (:mod:`moegemm.grouped.routing_kernels`), and under torch.compile the same kernels as one custom op;
     elsewhere torch ops (a stable sort). Both give the same plan.
     """
+    flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
+    if flat.numel() and triton_here(flat):
+        # a few Triton launches (routing_kernels); under torch.compile the same, as one custom op
+        if torch.compiler.is_compiling():
+            from .ops import route_op
+
+            arrays = route_op(flat, num_experts, k, on_device_check)
+        else:
+            arrays = route_arrays(flat, num_experts, k, on_device_check)
+    else:
+        arrays = _route_torch(flat.to(torch.int64), num_experts, k)
+    tok, slot, slot_rows, sizes, offsets = arrays
+    return RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
+                       group_offsets=offsets, num_tokens=t, top_k=k)
+
+
+def _checked_flat(topk_ids, num_experts, validate: bool):
+    """route's argument checks: (the flat ids, T, top_k, whether the id check runs on the device); with
+    ``validate`` and no GPU, the ids' range checked here (a ValueError) or, while traced, asserted."""
     if not isinstance(topk_ids, torch.Tensor):
         raise TypeError(f"topk_ids: expected a torch.Tensor, got {type(topk_ids).__name__}")
     if topk_ids.dim() != 2:
@@ -76,19 +95,41 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= num_experts:
                 raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
-    if flat.numel() and triton_here(flat):
-        # a few Triton launches (routing_kernels); under torch.compile the same, as one custom op
-        if torch.compiler.is_compiling():
-            from .ops import route_op
+    return flat, t, k, on_device_check
 
-            arrays = route_op(flat, num_experts, k, on_device_check)
-        else:
-            arrays = route_arrays(flat, num_experts, k, on_device_check)
+
+def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                      validate: bool = True) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
+    """(plan, x_sorted, weights_sorted): :func:`route`, :func:`permute` and :func:`sorted_weights` in one
+    call, with the same results. Where Triton runs and the step has at most 128 slots (T * top_k, decode),
+    the three are one launch (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile
+    the same, as a custom op); else they run in turn."""
+    flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    if x.shape[0] != t:
+        raise ValueError(f"x: has {x.shape[0]} rows but topk_ids routes {t} tokens")
+    if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (t, k):
+        raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {getattr(topk_weights, 'shape', None)}")
+    for name, v in (("x", x), ("topk_weights", topk_weights)):
+        if v.device != flat.device:
+            raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
+    if not (0 < flat.numel() <= CHUNK and triton_here(x) and x.stride(1) == 1):
+        plan = route(topk_ids, num_experts, validate)
+        return plan, permute(x, plan), sorted_weights(topk_weights, plan)
+    w = topk_weights.reshape(-1).contiguous()
+    if torch.compiler.is_compiling():
+        from .ops import route_gather_op
+
+        *arrays, xs, ws = route_gather_op(flat.contiguous(), x, w, num_experts, k, on_device_check)
     else:
-        arrays = _route_torch(flat.to(torch.int64), num_experts, k)
+        *arrays, ok, xs, ws = plan_and_gather(flat.contiguous(), num_experts, k, x, w)
+        if on_device_check:
+            torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {num_experts})")
     tok, slot, slot_rows, sizes, offsets = arrays
-    return RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
+    plan = RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
                        group_offsets=offsets, num_tokens=t, top_k=k)
+    return plan, xs, ws
 
 
 def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):

@@ -11,7 +11,9 @@ The slots are cut into chunks of ``CHUNK``:
    slots of the same expert, from a pairwise comparison within the chunk) and the permutation's three
    arrays.
 
-Where every slot fits one chunk (decode), ``_small_kernel`` does all of it in one program. No atomics: the
+Where every slot fits one chunk (decode), ``_small_kernel`` does all of it in one program, and
+``_small_gather_kernel`` the same with the permutation of the token rows and gating weights it drives, in one
+launch. No atomics: the
 plan is the same on every run, equal to a stable sort by expert id. An id outside [0, E) counts as expert 0,
 so the plan stays a permutation, and the check's flag is 0 (the caller asserts it on the device).
 """
@@ -26,7 +28,7 @@ from .._triton_common import launch
 
 CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
 EB = 128  # experts per step of the count and scan loops
-PB = 32  # chunks per step of the scan
+PB = 128  # chunks per step of the scan (its one program walks the chunks serially: few, long steps)
 
 
 @triton.jit
@@ -107,17 +109,15 @@ def _place_kernel(ids_ptr, base_ptr, tok_ptr, slot_ptr, rows_ptr, N, E, TOP_K, C
 
 
 @triton.jit
-def _small_kernel(ids_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr, offsets_ptr, ok_ptr, N, E, TOP_K,
-                  CHUNK: tl.constexpr, EB: tl.constexpr):
-    """All of it for N <= CHUNK slots: a slot's row is the number of slots ordered before it by (expert,
-    slot)."""
-    i = tl.arange(0, CHUNK)
-    live = i < N
-    ex, bad = _experts_of(ids_ptr, i, live, E)
-    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+def _small_rows(ex, live, CHUNK: tl.constexpr):
+    """Each of at most CHUNK slots' row: the number of live slots ordered before it by (expert, slot)."""
     first = (ex[None, :] < ex[:, None]) & live[None, :]
-    row = tl.sum(first.to(tl.int32), axis=1) + _rank_in_chunk(ex, CHUNK)
-    _store_rows(i, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+    return tl.sum(first.to(tl.int32), axis=1) + _rank_in_chunk(ex, CHUNK)
+
+
+@triton.jit
+def _store_sizes(ex, live, sizes_ptr, offsets_ptr, E, EB: tl.constexpr):
+    """The experts' sizes and offsets from the live slots' experts, EB experts per step."""
     done = tl.sum(tl.zeros((EB,), dtype=tl.int32), axis=0)
     for e0 in range(0, E, EB):
         ec = e0 + tl.arange(0, EB)
@@ -126,6 +126,50 @@ def _small_kernel(ids_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr, offsets_ptr, 
         tl.store(offsets_ptr + ec, done + tl.cumsum(size, axis=0) - size, mask=ec < E)
         done += tl.sum(size, axis=0)
     tl.store(offsets_ptr + E, done)
+
+
+@triton.jit
+def _small_kernel(ids_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr, offsets_ptr, ok_ptr, N, E, TOP_K,
+                  CHUNK: tl.constexpr, EB: tl.constexpr):
+    """All of it for N <= CHUNK slots: a slot's row is the number of slots ordered before it by (expert,
+    slot)."""
+    i = tl.arange(0, CHUNK)
+    live = i < N
+    ex, bad = _experts_of(ids_ptr, i, live, E)
+    tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+    row = _small_rows(ex, live, CHUNK)
+    _store_rows(i, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+    _store_sizes(ex, live, sizes_ptr, offsets_ptr, E, EB)
+
+
+@triton.jit
+def _small_gather_kernel(ids_ptr, x_ptr, w_ptr, xs_ptr, ws_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr,
+                         offsets_ptr, ok_ptr, N, E, TOP_K, H, stride_x, CHUNK: tl.constexpr, EB: tl.constexpr,
+                         BLOCK_H: tl.constexpr):
+    """_small_kernel's plan and the permutation it drives, in one launch: every program works the plan out
+    (a few slots: cheap) and copies its BLOCK_H columns of each slot's token row to the slot's row of
+    ``xs``; program 0 also stores the plan and the gating weights in row order (``ws``)."""
+    p = tl.program_id(0)
+    i = tl.arange(0, CHUNK)
+    live = i < N
+    ex, bad = _experts_of(ids_ptr, i, live, E)
+    row = _small_rows(ex, live, CHUNK)
+    cols = p * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = live[:, None] & (cols < H)[None, :]
+    v = tl.load(x_ptr + (i // TOP_K).to(tl.int64)[:, None] * stride_x + cols[None, :], mask=m)
+    tl.store(xs_ptr + row.to(tl.int64)[:, None] * H + cols[None, :], v, mask=m)
+    if p == 0:
+        tl.store(ok_ptr, tl.sum(bad, axis=0) == 0)
+        _store_rows(i, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+        tl.store(ws_ptr + row, tl.load(w_ptr + i, mask=live), mask=live)
+        _store_sizes(ex, live, sizes_ptr, offsets_ptr, E, EB)
+
+
+def small_blocks(n: int, num_experts: int) -> tuple[int, int]:
+    """(CHUNK, EB) of ``_small_kernel`` for n <= CHUNK slots over ``num_experts``: the slots and the experts per
+    step rounded up to powers of two (at least 16), so that a decode step's few slots compare only with each
+    other and with as many experts as there are."""
+    return max(16, triton.next_power_of_2(n)), min(EB, max(16, triton.next_power_of_2(num_experts)))
 
 
 def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
@@ -139,8 +183,9 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
     ok = torch.empty(1, dtype=torch.bool, device=dev)
     if n <= CHUNK:
+        chunk, eb = small_blocks(n, e)
         launch(_small_kernel, (1,), (flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k),
-               dict(CHUNK=CHUNK, EB=EB, num_warps=4))
+               dict(CHUNK=chunk, EB=eb, num_warps=4 if chunk * max(chunk, eb) > 4096 else 1))
         return tok, slot, rows, sizes, offsets, ok
     p = triton.cdiv(n, CHUNK)
     if 2 * p * e + p >= 2**31:  # the kernels index the per-chunk counts with 32-bit offsets
@@ -149,6 +194,29 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=dev)
     hist, base, bad = scratch[: p * e], scratch[p * e: 2 * p * e], scratch[2 * p * e:]
     launch(_count_kernel, (p,), (flat_ids, hist, bad, n, e), dict(CHUNK=CHUNK, EB=EB, num_warps=4))
-    launch(_scan_kernel, (1,), (hist, bad, base, sizes, offsets, ok, p, e), dict(PB=PB, EB=EB, num_warps=4))
+    launch(_scan_kernel, (1,), (hist, bad, base, sizes, offsets, ok, p, e), dict(PB=PB, EB=EB, num_warps=8))
     launch(_place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k), dict(CHUNK=CHUNK, num_warps=4))
     return tok, slot, rows, sizes, offsets, ok
+
+
+def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor):
+    """plan_arrays for at most CHUNK slots, with x's rows permuted (``xs`` [n, H]: row i is token
+    sorted_token_ids[i]) and the gating weights in row order (``ws`` [n]), all in one launch:
+    (sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok, xs, ws). x: [T, H] with unit
+    column stride; flat_weights: [n], contiguous."""
+    n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
+    if n > CHUNK:
+        raise ValueError(f"topk_ids: {n} slots; the one-launch plan takes at most {CHUNK}")
+    h = x.shape[1]
+    i32 = dict(dtype=torch.int32, device=dev)
+    tok, slot, rows = (torch.empty(n, **i32) for _ in range(3))
+    sizes, offsets = torch.empty(e, **i32), torch.empty(e + 1, **i32)
+    ok = torch.empty(1, dtype=torch.bool, device=dev)
+    xs = torch.empty(n, h, dtype=x.dtype, device=dev)
+    ws = torch.empty(n, dtype=flat_weights.dtype, device=dev)
+    chunk, eb = small_blocks(n, e)
+    block_h = max(64, 8192 // chunk)
+    launch(_small_gather_kernel, (max(1, triton.cdiv(h, block_h)),),
+           (flat_ids, x, flat_weights, xs, ws, tok, slot, rows, sizes, offsets, ok, n, e, top_k, h, x.stride(0)),
+           dict(CHUNK=chunk, EB=eb, BLOCK_H=block_h, num_warps=4))
+    return tok, slot, rows, sizes, offsets, ok, xs, ws
