@@ -3,10 +3,10 @@
 Why: at T=1 a layer of a small MoE model takes tens of microseconds of GPU time, and before the GEMMs its
 routing took three launches: the plan (one program whose blocks were sized for 128 slots and 128 experts,
 whatever the step held), then the token rows and the gating weights gathered in the plan's order. Now
-``route_and_permute`` does all three in one launch up to 128 slots, its blocks sized to the slots and
-experts. Here, per cell (E8's inputs and seeds, uniform load, every zoo model at the token counts whose
+``route_and_permute`` does all three in one launch up to 64 slots (routing_kernels.GATHER_SLOTS), and the
+plan's blocks are sized to the slots and experts. Here, per cell (E8's inputs and seeds, uniform load, every zoo model at the token counts whose
 slots fit 128), each checked against E8's float64 reference and timed interleaved:
-- ``ours:moe_ffn``: the library's layer (one launch);
+- ``ours:moe_ffn``: the library's layer (one launch up to 64 slots, else three);
 - ``three-launch``: the same layer with route, permute and sorted_weights in turn (the plan's blocks sized
   to the step);
 - ``three-launch, 128-slot plan``: the same with the plan's one program at 128 slots and 128 experts per

@@ -121,7 +121,7 @@ def variants():
         chunk, eb = rk.small_blocks(4, 60)  # a decode step's few slots
         yield ("route_small_few", ty), rk._small_kernel, ids, dict(CHUNK=chunk, EB=eb), {"num_warps": 1}
         for dt, wt in (("bf16", "fp32"), ("fp16", "bf16"), ("fp32", "fp32")):  # the one-launch plan and gathers
-            for n in (4, rk.CHUNK):
+            for n in (4, rk.GATHER_SLOTS):
                 chunk, eb = rk.small_blocks(n, 60)
                 gio = dict(ids, x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
                 yield (("route_gather", ty, dt, wt, chunk), rk._small_gather_kernel, gio,

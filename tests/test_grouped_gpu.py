@@ -68,10 +68,11 @@ def test_routing_kernels_match_the_stable_sort_on_the_gpu(t, e, k, skew):
             assert torch.equal(getattr(captured, name), b), (name, i)
 
 
-@pytest.mark.parametrize("t,e,k,h", [(1, 256, 8, 7168), (16, 128, 8, 2048), (64, 8, 2, 6144), (1, 16, 1, 5120)])
+@pytest.mark.parametrize("t,e,k,h", [(1, 256, 8, 7168), (8, 128, 8, 2048), (32, 8, 2, 6144), (1, 16, 1, 5120),
+                                     (16, 128, 8, 2048)])
 def test_route_and_permute_matches_its_three_steps_on_the_gpu(t, e, k, h):
-    """route_and_permute's one launch against route, permute and sorted_weights at real decode sizes, element
-    for element (outputs poisoned first: the graph's own buffers, written on each replay), and again from a
+    """route_and_permute (one launch up to 64 slots, three at 128) against route, permute and sorted_weights at
+    real decode sizes, element for element (outputs poisoned first: the graph's own buffers, written on each replay), and again from a
     CUDA graph replayed on new ids, rows and weights."""
     from moegemm.grouped import route_and_permute
 

@@ -12,7 +12,7 @@ import torch
 
 from .._runtime import INTERPRET
 from .pointwise import combine
-from .routing_kernels import CHUNK, plan_and_gather, plan_arrays
+from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +101,8 @@ def _checked_flat(topk_ids, num_experts, validate: bool):
 def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
                       validate: bool = True) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
     """(plan, x_sorted, weights_sorted): :func:`route`, :func:`permute` and :func:`sorted_weights` in one
-    call, with the same results. Where Triton runs and the step has at most 128 slots (T * top_k, decode),
-    the three are one launch (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile
+    call, with the same results. Where Triton runs and the step has at most 64 slots (T * top_k, decode;
+    ``routing_kernels.GATHER_SLOTS``), the three are one launch (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile
     the same, as a custom op); else they run in turn."""
     flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -114,7 +114,7 @@ def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
-    if not (0 < flat.numel() <= CHUNK and triton_here(x) and x.stride(1) == 1):
+    if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1):
         plan = route(topk_ids, num_experts, validate)
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
     w = topk_weights.reshape(-1).contiguous()

@@ -11,9 +11,9 @@ The slots are cut into chunks of ``CHUNK``:
    slots of the same expert, from a pairwise comparison within the chunk) and the permutation's three
    arrays.
 
-Where every slot fits one chunk (decode), ``_small_kernel`` does all of it in one program, and
-``_small_gather_kernel`` the same with the permutation of the token rows and gating weights it drives, in one
-launch. No atomics: the
+Where every slot fits one chunk (decode), ``_small_kernel`` does all of it in one program; up to GATHER_SLOTS
+slots ``_small_gather_kernel`` does the same with the permutation of the token rows and gating weights it
+drives, in one launch. No atomics: the
 plan is the same on every run, equal to a stable sort by expert id. An id outside [0, E) counts as expert 0,
 so the plan stays a permutation, and the check's flag is 0 (the caller asserts it on the device).
 """
@@ -29,6 +29,10 @@ from .._triton_common import launch
 CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
 EB = 128  # experts per step of the count and scan loops
 PB = 128  # chunks per step of the scan (its one program walks the chunks serially: few, long steps)
+# the most slots plan_and_gather takes: at 128 slots over 64 or more experts its one launch made the layer
+# slower than the plan and two gathers (results/nvidia-h200/runs/S22-3/probe_decode_routing.csv, on the tune
+# models too: Qwen3-30B-A3B and DeepSeek-V3 at T=16); up to 64 it was as fast or faster
+GATHER_SLOTS = 64
 
 
 @triton.jit
@@ -200,13 +204,13 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
 
 
 def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor):
-    """plan_arrays for at most CHUNK slots, with x's rows permuted (``xs`` [n, H]: row i is token
+    """plan_arrays for at most GATHER_SLOTS slots, with x's rows permuted (``xs`` [n, H]: row i is token
     sorted_token_ids[i]) and the gating weights in row order (``ws`` [n]), all in one launch:
     (sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok, xs, ws). x: [T, H] with unit
     column stride; flat_weights: [n], contiguous."""
     n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
-    if n > CHUNK:
-        raise ValueError(f"topk_ids: {n} slots; the one-launch plan takes at most {CHUNK}")
+    if n > GATHER_SLOTS:
+        raise ValueError(f"topk_ids: {n} slots; the one-launch plan takes at most {GATHER_SLOTS}")
     h = x.shape[1]
     i32 = dict(dtype=torch.int32, device=dev)
     tok, slot, rows = (torch.empty(n, **i32) for _ in range(3))
