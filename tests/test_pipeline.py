@@ -392,6 +392,77 @@ def test_gluon_probe_numbers_on_a_synthetic_csv(tmp_path):
     assert got["GluVsTorch"] == "1.22" and got["GluOursVsTorch"] == "1.22"
 
 
+def test_decode_routing_numbers_on_synthetic_csvs(tmp_path):
+    """paper.numbers.e8.decode_routing_probe on the probe's CSV and an earlier run's under runs/ (synthetic test
+    data made here): at T=1 the three-launch layer at 128-slot blocks over moe_ffn, per split, and the two
+    parts of it; at a T with at most 64 slots and past it; the earlier run's lowest at 128 slots over 64 or
+    more experts (a failed row left out); no numbers without the current CSV."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import decode_routing_probe
+
+    def rows(cells, commit):
+        out = []
+        for (model, split, t, k, e), (fast, three, old) in cells.items():
+            for c, us in (("ours:moe_ffn", fast), ("three-launch", three), ("three-launch, 128-slot plan", old)):
+                out.append(dict(model=model, split=split, tokens=t, top_k=k, experts=e, contender=c, graph_us=us,
+                                status="ok", git_commit=commit))
+        out.append(dict(model="a", split="tune", tokens=1, top_k=8, experts=128, contender="ours:moe_ffn",
+                        graph_us=1.0, status="wrong", git_commit=commit))
+        return pd.DataFrame(out)
+
+    cur = {("a", "tune", 1, 8, 128): (40, 44, 48), ("b", "heldout", 1, 2, 8): (100, 102, 110),
+           ("a", "tune", 4, 8, 128): (200, 204, 204), ("a", "tune", 16, 8, 128): (300, 300, 303)}
+    early = {("a", "tune", 16, 8, 128): (310, 300, 303), ("b", "heldout", 64, 2, 8): (90, 80, 80)}
+    n = Numbers()
+    (tmp_path / "runs" / "S9-9").mkdir(parents=True)
+    rows(early, "bbbbbbb00").to_csv(tmp_path / "runs" / "S9-9" / "probe_decode_routing.csv", index=False)
+    decode_routing_probe(n, tmp_path)
+    assert not n.items
+    rows(cur, "aaaaaaa00").to_csv(tmp_path / "probe_decode_routing.csv", index=False)
+    decode_routing_probe(n, tmp_path)
+    got = n.items
+    assert got["DecRouteCommit"] == "aaaaaaa" and got["DecRouteCells"] == "4" and got["DecRouteSlots"] == "64"
+    assert got["DecRouteOneTune"] == "1.20" and got["DecRouteOneHeld"] == "1.10" and got["DecRouteOne"] == "1.15"
+    assert got["DecRouteOneLo"] == "1.10" and got["DecRouteOneHi"] == "1.20" and got["DecRouteOneHiModel"] == "a"
+    assert got["DecRouteOneGather"] == "1.06" and got["DecRouteOneSizing"] == "1.08"
+    assert got["DecRouteFew"] == "1.02" and got["DecRouteFewLo"] == "1.02" and got["DecRoutePast"] == "1.00"
+    assert got["DecRouteEarlyRun"] == "S9-9" and got["DecRouteEarlyCommit"] == "bbbbbbb"
+    assert got["DecRouteEarlyLo"] == "0.97" and got["DecRouteEarlyCells"] == "1"
+
+
+def test_compiled_small_numbers_on_synthetic_csvs(tmp_path):
+    """paper.numbers.e8.compiled_small_probe (synthetic test data made here): eager over compiled graph time
+    at T=1 and over all cells; per profiled (model, T) whether both list the same kernels as often, and the
+    summed kernel time's ratio; nothing without both CSVs."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import compiled_small_probe
+
+    times = {("a", 1): (50, 52), ("a", 16): (200, 200), ("b", 1): (100, 100)}
+    rows = [dict(model=m, tokens=t, contender=c, graph_us=us, status="ok", git_commit="ccccccc00")
+            for (m, t), (eager, comp) in times.items()
+            for c, us in (("ours:hf-backend", eager), ("ours:hf-backend:compiled", comp))]
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_compiled_small.csv", index=False)
+    n = Numbers()
+    compiled_small_probe(n, tmp_path)
+    assert not n.items
+    kernels = [("a", 1, "ours:hf-backend", "k1", 2, 30.0), ("a", 1, "ours:hf-backend:compiled", "k1", 2, 30.0),
+               ("a", 1, "ours:hf-backend", "k2", 1, 10.0), ("a", 1, "ours:hf-backend:compiled", "k2", 1, 10.0),
+               ("b", 1, "ours:hf-backend", "k1", 1, 44.0), ("b", 1, "ours:hf-backend:compiled", "k1", 2, 40.0)]
+    pd.DataFrame(kernels, columns=["model", "tokens", "contender", "kernel", "count", "us_per_call"]).to_csv(
+        tmp_path / "probe_compiled_small.kernels.csv", index=False)
+    compiled_small_probe(n, tmp_path)
+    got = n.items
+    assert got["CompSmallCommit"] == "ccccccc" and got["CompSmallCells"] == "3"
+    assert got["CompSmallGraphOne"] == "0.98" and got["CompSmallGraphOneLo"] == "0.96"
+    assert got["CompSmallGraph"] == "0.99"
+    assert got["CompSmallProfiled"] == "2" and got["CompSmallSameKernels"] == "1"
+    assert got["CompSmallKernelTime"] == "1.05"
+
+
 def test_compiled_samples_numbers_on_synthetic_csvs(tmp_path):
     """paper.numbers.e8.compiled_samples_probe on the probe's CSVs (synthetic test data made here): one under
     runs/ without the host columns and the newest with them; per run and cell the eager backend's median

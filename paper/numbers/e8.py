@@ -51,6 +51,93 @@ def fusion_at_decode(n: Numbers, results: Path) -> None:
                 n.add(f"EEightEarlier{tag}{split}FusionGain", gm(f))
 
 
+def compiled_small_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_compiled_small.py (when its CSVs are committed): the eager backend's GPU time over
+    the compiled one's at T=1 and over all its cells (graph replays), and from its profiles (eager calls) how
+    many (model, T) launch the same kernels the same number of times both ways, with the eager kernels' summed
+    time over the compiled ones'."""
+    got = probe_ratios(results / "probe_compiled_small.csv", OURS_HF, OURS_HF_COMPILED)
+    k = results / "probe_compiled_small.kernels.csv"
+    if got is None or not k.exists():
+        return
+    r, commit = got
+    tokens = r.index.get_level_values("tokens")
+    n.add("CompSmallCommit", commit, "{}")
+    n.add("CompSmallCells", len(r), "{}")
+    n.add("CompSmallGraphOne", gm(r[tokens == 1]))
+    n.add("CompSmallGraphOneLo", float(r[tokens == 1].min()))
+    n.add("CompSmallGraph", gm(r))
+    kr = pd.read_csv(k)
+    same, sums = 0, []
+    for _, cell in kr.groupby(["model", "tokens"]):
+        eager, comp = (cell[cell.contender == c] for c in (OURS_HF, OURS_HF_COMPILED))
+        same += sorted(zip(eager.kernel, eager["count"])) == sorted(zip(comp.kernel, comp["count"]))
+        sums.append(eager.us_per_call.sum() / comp.us_per_call.sum())
+    n.add("CompSmallProfiled", len(sums), "{}")
+    n.add("CompSmallSameKernels", same, "{}")
+    n.add("CompSmallKernelTime", gm(pd.Series(sums)))
+
+
+ROUTE_FAST, ROUTE_THREE, ROUTE_OLD = "ours:moe_ffn", "three-launch", "three-launch, 128-slot plan"
+
+
+def decode_routing_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_decode_routing.py (when its CSV is committed): per cell (model, T), moe_ffn against
+    the same layer with its routing as three launches, with the plan's blocks sized to the step and at 128
+    slots (GPU time of the slower over the faster's): at T=1 over all models (lowest, highest) and per split,
+    what the block sizing and the one launch give apart, at the probe's other T with at most
+    GATHER_SLOTS slots, and past it, where moe_ffn takes the three launches; from the probe's first run (under
+    runs/, where the one launch went to 128 slots) the lowest one-launch ratio at 128 slots."""
+    from moegemm.grouped.routing_kernels import GATHER_SLOTS
+
+    got = []
+    for path in (results / "probe_decode_routing.csv", *sorted(results.glob("runs/*/probe_decode_routing.csv"))):
+        if path.exists():
+            df = pd.read_csv(path)
+            ok = df[df.status == "ok"]
+            p = ok.pivot_table(index=["model", "split", "tokens", "top_k", "experts"], columns="contender",
+                               values="graph_us").reset_index()
+            if all(c in p for c in (ROUTE_FAST, ROUTE_THREE, ROUTE_OLD)):
+                got.append((p, str(df.git_commit.iloc[0])[:7], path))
+    if not got or got[0][2].parent != results:
+        return
+    p, commit, _ = got[0]
+    p["slots"] = p.tokens * p.top_k
+    total, gather, sizing = (p[ROUTE_OLD] / p[ROUTE_FAST], p[ROUTE_THREE] / p[ROUTE_FAST],
+                             p[ROUTE_OLD] / p[ROUTE_THREE])
+    one = p.tokens == 1
+    n.add("DecRouteCommit", commit, "{}")
+    n.add("DecRouteCells", len(p), "{}")
+    n.add("DecRouteSlots", GATHER_SLOTS, "{}")
+    n.add("DecRouteOne", gm(total[one]))
+    n.add("DecRouteOneLo", float(total[one].min()))
+    n.add("DecRouteOneHi", float(total[one].max()))
+    n.add("DecRouteOneHiModel", str(p.loc[total[one].idxmax(), "model"]))
+    for split, tag in (("tune", "Tune"), ("heldout", "Held")):
+        m = one & (p.split == split)
+        if m.any():
+            n.add(f"DecRouteOne{tag}", gm(total[m]))
+    n.add("DecRouteOneGather", gm(gather[one]))
+    n.add("DecRouteOneSizing", gm(sizing[one]))
+    few = ~one & (p.slots <= GATHER_SLOTS)
+    if few.any():
+        n.add("DecRouteFew", gm(total[few]))
+        n.add("DecRouteFewLo", float(total[few].min()))
+    past = p.slots > GATHER_SLOTS
+    if past.any():
+        n.add("DecRoutePast", gm(gather[past]))
+    for early, early_commit, path in got[1:]:
+        full = early[(early.tokens * early.top_k > GATHER_SLOTS) & (early.experts >= 64)]
+        if len(full):
+            r = full[ROUTE_THREE] / full[ROUTE_FAST]
+            n.add("DecRouteEarlyRun", path.parent.name, "{}")
+            n.add("DecRouteEarlyCommit", early_commit, "{}")
+            n.add("DecRouteEarlyLo", float(r.min()))
+            n.add("DecRouteEarlyLoModel", str(full.loc[r.idxmin(), "model"]))
+            n.add("DecRouteEarlyCells", len(r), "{}")
+        break
+
+
 def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
     """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or None
     where it or either contender is missing."""
@@ -343,6 +430,8 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
     compiled_kernels_probe(n, results)
     compiled_samples_probe(n, results)
     compiled_order_probe(n, results)
+    decode_routing_probe(n, results)
+    compiled_small_probe(n, results)
     ffn_ceiling_probe(n, results)
     host_probe(n, results)
     fused_probe(n, results)
