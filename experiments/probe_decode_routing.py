@@ -39,10 +39,7 @@ def route_128(ids: torch.Tensor, e: int) -> RoutingPlan:
     """route's plan from the one-program kernel at 128 slots and 128 experts per step (its earlier blocks)."""
     flat = ids.reshape(-1).contiguous()
     n, k = flat.numel(), ids.shape[1]
-    i32 = dict(dtype=torch.int32, device=flat.device)
-    tok, slot, rows = (torch.empty(n, **i32) for _ in range(3))
-    sizes, offsets = torch.empty(e, **i32), torch.empty(e + 1, **i32)
-    ok = torch.empty(1, dtype=torch.bool, device=flat.device)
+    tok, slot, rows, sizes, offsets, ok = rk.plan_buffers(flat, e)
     launch(rk._small_kernel, (1,), (flat, tok, slot, rows, sizes, offsets, ok, n, e, k),
            dict(CHUNK=rk.CHUNK, EB=rk.EB, num_warps=4))
     torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {e})")

@@ -123,31 +123,26 @@ def route_op(flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
 
 @route_op.register_fake
 def _(flat_ids, num_experts, top_k, check):
-    n = flat_ids.shape[0]
-    i32 = dict(dtype=torch.int32)
-    return (flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32),
-            flat_ids.new_empty(num_experts, **i32), flat_ids.new_empty(num_experts + 1, **i32))
+    from .routing_kernels import plan_buffers
+
+    return plan_buffers(flat_ids, num_experts)[:5]
 
 
 @torch.library.custom_op("moegemm::route_gather", mutates_args=())
 def route_gather_op(flat_ids: torch.Tensor, x: torch.Tensor, flat_weights: torch.Tensor, num_experts: int, top_k: int,
                     check: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                           torch.Tensor, torch.Tensor]:
-    from .routing_kernels import plan_and_gather
+    from .routing import gather_arrays
 
-    *arrays, ok, xs, ws = plan_and_gather(flat_ids, num_experts, top_k, x, flat_weights)
-    if check:
-        torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {num_experts})")
-    return (*arrays, xs, ws)
+    return gather_arrays(flat_ids, num_experts, top_k, x, flat_weights, check)
 
 
 @route_gather_op.register_fake
 def _(flat_ids, x, flat_weights, num_experts, top_k, check):
+    from .routing_kernels import plan_buffers
+
     n = flat_ids.shape[0]
-    i32 = dict(dtype=torch.int32)
-    return (flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32),
-            flat_ids.new_empty(num_experts, **i32), flat_ids.new_empty(num_experts + 1, **i32),
-            x.new_empty((n, x.shape[1])), flat_weights.new_empty(n))
+    return (*plan_buffers(flat_ids, num_experts)[:5], x.new_empty((n, x.shape[1])), flat_weights.new_empty(n))
 
 
 @torch.library.custom_op("moegemm::combine", mutates_args=())

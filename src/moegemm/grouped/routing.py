@@ -54,6 +54,11 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
     elsewhere torch ops (a stable sort). Both give the same plan.
     """
     flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
+    return _plan(flat, t, k, num_experts, on_device_check)
+
+
+def _plan(flat: torch.Tensor, t: int, k: int, num_experts: int, on_device_check: bool) -> RoutingPlan:
+    """route's plan from its checked flat ids."""
     if flat.numel() and triton_here(flat):
         # a few Triton launches (routing_kernels); under torch.compile the same, as one custom op
         if torch.compiler.is_compiling():
@@ -64,6 +69,10 @@ def route(topk_ids: torch.Tensor, num_experts: int, validate: bool = True) -> Ro
             arrays = route_arrays(flat, num_experts, k, on_device_check)
     else:
         arrays = _route_torch(flat.to(torch.int64), num_experts, k)
+    return _plan_of(arrays, t, k)
+
+
+def _plan_of(arrays, t: int, k: int) -> RoutingPlan:
     tok, slot, slot_rows, sizes, offsets = arrays
     return RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
                        group_offsets=offsets, num_tokens=t, top_k=k)
@@ -115,30 +124,38 @@ def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
     if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1):
-        plan = route(topk_ids, num_experts, validate)
+        plan = _plan(flat, t, k, num_experts, on_device_check)
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
-    w = topk_weights.reshape(-1).contiguous()
+    flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
     if torch.compiler.is_compiling():
         from .ops import route_gather_op
 
-        *arrays, xs, ws = route_gather_op(flat.contiguous(), x, w, num_experts, k, on_device_check)
+        *arrays, xs, ws = route_gather_op(flat, x, w, num_experts, k, on_device_check)
     else:
-        *arrays, ok, xs, ws = plan_and_gather(flat.contiguous(), num_experts, k, x, w)
-        if on_device_check:
-            torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {num_experts})")
-    tok, slot, slot_rows, sizes, offsets = arrays
-    plan = RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
-                       group_offsets=offsets, num_tokens=t, top_k=k)
-    return plan, xs, ws
+        *arrays, xs, ws = gather_arrays(flat, num_experts, k, x, w, on_device_check)
+    return _plan_of(arrays, t, k), xs, ws
 
 
 def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
     """The plan's five arrays from the Triton routing kernels; ``check``: assert on the device that every id
     lies in [0, num_experts)."""
     *arrays, ok = plan_arrays(flat.contiguous(), num_experts, top_k)
+    _assert_ids(ok, num_experts, check)
+    return tuple(arrays)
+
+
+def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor,
+                  check: bool):
+    """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the one-launch
+    kernel (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
+    *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
+    _assert_ids(ok, num_experts, check)
+    return (*arrays, xs, ws)
+
+
+def _assert_ids(ok: torch.Tensor, num_experts: int, check: bool) -> None:
     if check:
         torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {num_experts})")
-    return tuple(arrays)
 
 
 def _route_torch(flat: torch.Tensor, num_experts: int, k: int):

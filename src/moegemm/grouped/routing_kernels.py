@@ -176,16 +176,22 @@ def small_blocks(n: int, num_experts: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(n)), min(EB, max(16, triton.next_power_of_2(num_experts)))
 
 
+def plan_buffers(flat_ids: torch.Tensor, num_experts: int):
+    """The plan's arrays, unwritten, for the flat ids (fake tensors too, for the custom ops' shapes):
+    (sorted_token_ids, sorted_slot, slot_rows [n], group_sizes [E], group_offsets [E + 1], all int32; ok, bool
+    [1])."""
+    n = flat_ids.shape[0]
+    i32 = dict(dtype=torch.int32)
+    return (flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32),
+            flat_ids.new_empty(num_experts, **i32), flat_ids.new_empty(num_experts + 1, **i32),
+            flat_ids.new_empty(1, dtype=torch.bool))
+
+
 def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     """(sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok) for the flat ids (any
     integer dtype, contiguous), all int32 but ok (bool [1]: every id in [0, num_experts))."""
     n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
-    tok = torch.empty(n, dtype=torch.int32, device=dev)
-    slot = torch.empty(n, dtype=torch.int32, device=dev)
-    rows = torch.empty(n, dtype=torch.int32, device=dev)
-    sizes = torch.empty(e, dtype=torch.int32, device=dev)
-    offsets = torch.empty(e + 1, dtype=torch.int32, device=dev)
-    ok = torch.empty(1, dtype=torch.bool, device=dev)
+    tok, slot, rows, sizes, offsets, ok = plan_buffers(flat_ids, e)
     if n <= CHUNK:
         chunk, eb = small_blocks(n, e)
         launch(_small_kernel, (1,), (flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k),
@@ -212,10 +218,7 @@ def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: tor
     if n > GATHER_SLOTS:
         raise ValueError(f"topk_ids: {n} slots; the one-launch plan takes at most {GATHER_SLOTS}")
     h = x.shape[1]
-    i32 = dict(dtype=torch.int32, device=dev)
-    tok, slot, rows = (torch.empty(n, **i32) for _ in range(3))
-    sizes, offsets = torch.empty(e, **i32), torch.empty(e + 1, **i32)
-    ok = torch.empty(1, dtype=torch.bool, device=dev)
+    tok, slot, rows, sizes, offsets, ok = plan_buffers(flat_ids, e)
     xs = torch.empty(n, h, dtype=x.dtype, device=dev)
     ws = torch.empty(n, dtype=flat_weights.dtype, device=dev)
     chunk, eb = small_blocks(n, e)
