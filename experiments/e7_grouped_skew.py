@@ -106,9 +106,10 @@ def masked_inputs(xs, plan, e: int, n: int):
     return xm, ym, sizes, expert, pos
 
 
-def start(doc: str):
+def start(doc: str, keys: tuple[str, ...] = ("model", "proj", "tokens", "load")):
     """(args, config, its grouped section, timing settings, provenance, GPU slug, a resumable writer keyed by
-    cell) for a run of E7 or a probe on this GPU."""
+    cell: ``keys``, E7's by default, E8's without the projection) for a run of E7, E8 or a probe on this
+    GPU."""
     args = cli(doc)
     require_gpu()
     cfg = load_config(args.config)
@@ -116,7 +117,7 @@ def start(doc: str):
     settings = timing_settings(cfg, args.quick, "grouped")
     prov = provenance_fields()
     slug = slugify(prov["gpu"])
-    writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
+    writer = ResultWriter(args.out, keys)
     return args, cfg, g, settings, prov, slug, writer
 
 

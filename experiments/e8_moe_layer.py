@@ -32,10 +32,8 @@ import time
 
 import torch
 
-from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu, \
-    shard_cells, timing_settings
-from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates
-from moegemm._runtime import slugify
+from experiments.common import Progress, shard_cells
+from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates, start
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Contender, measure
 from moegemm.bench.timing import input_sets_for
@@ -43,6 +41,8 @@ from moegemm.grouped import moe_ffn, route, route_and_permute, unpermute
 from moegemm.grouped.baselines import torch_grouped_mm
 
 from experiments import vllm_moe
+
+CELL_KEYS = ("model", "tokens", "load")  # a cell of E8 and of the probes that run its cells
 
 
 def layer_sizes(m: dict) -> tuple[int, int]:
@@ -206,14 +206,8 @@ def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, loa
 
 
 def main():
-    args = cli(__doc__)
-    require_gpu()
-    cfg = load_config(args.config)
-    g, e8 = cfg["grouped"], cfg["moe_layer"]
-    settings = timing_settings(cfg, args.quick, "grouped")
-    prov = provenance_fields()
-    slug = slugify(prov["gpu"])
-    writer = ResultWriter(args.out, ("model", "tokens", "load"))
+    args, cfg, g, settings, prov, slug, writer = start(__doc__, CELL_KEYS)
+    e8 = cfg["moe_layer"]
     cells = [(model, t, load) for model in g["models"] for t in e8["tokens"] for load in e8["loads"]]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[1] == 16][:1]

@@ -14,11 +14,11 @@ writes those rows, with provenance, to ``<out>.kernels.csv``.
 from __future__ import annotations
 
 import csv
-import os
 import sys
 
 import torch
 
+from experiments._io import atomic_path
 from experiments.common import load_config, provenance_fields
 from experiments.e8_moe_layer import hf_contender
 from experiments.probe_compiled_layer import run_cells
@@ -48,6 +48,29 @@ def _profile(name: str, fn) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_call"])
 
 
+def profile_once(c, kernels: list[dict], **tags) -> None:
+    """Make contender ``c`` profile its first input set's call once per ``tags`` (after the warm-up call, its
+    compile): the rows, tagged, added to ``kernels``."""
+    inner = c.bind
+
+    def bind(inp):
+        call = inner(inp)
+        if not any(r["contender"] == c.name and all(r[k] == v for k, v in tags.items()) for r in kernels):
+            kernels.extend({**tags, **r} for r in _profile(c.name, call))
+        return call
+
+    c.bind = bind
+
+
+def write_kernels(out: str, kernels: list[dict], tags: tuple[str, ...] = ()) -> None:
+    """The profiled rows (their ``tags`` columns first) with provenance, atomically to ``<out>.kernels.csv``."""
+    prov = provenance_fields()
+    with atomic_path(out + ".kernels.csv") as tmp, open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*tags, "contender", "kernel", "count", "us_per_call", *prov])
+        w.writeheader()
+        w.writerows({**r, **prov} for r in kernels)
+
+
 def main():
     out = sys.argv[sys.argv.index("--out") + 1]
     tokens = load_config()["moe_layer"]["tokens"]
@@ -55,34 +78,16 @@ def main():
     top = max(tokens)
     kernels: list[dict] = []
 
-    def profiled(c):  # the first input set's call profiled once, after a warm-up call (its compile)
-        inner = c.bind
-
-        def bind(inp):
-            call = inner(inp)
-            if not any(r["contender"] == c.name for r in kernels):
-                kernels.extend(_profile(c.name, call))
-            return call
-
-        c.bind = bind
-
     def contenders(x, ids, wts, e):
         cs = [hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
               hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True)]
         if x.shape[0] == top:
             for c in cs:
-                profiled(c)
+                profile_once(c, kernels)
         return cs
 
     run_cells(__doc__, "probe_compiled_kernels", cells, contenders, load=LOAD)
-    path = out + ".kernels.csv"
-    prov = provenance_fields()
-    kernels = [{**r, **prov} for r in kernels]
-    with open(path + ".tmp", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["contender", "kernel", "count", "us_per_call", *prov])
-        w.writeheader()
-        w.writerows(kernels)
-    os.replace(path + ".tmp", path)
+    write_kernels(out, kernels)
     for name in ("ours:hf-backend", "ours:hf-backend:compiled"):
         mine = [r for r in kernels if r["contender"] == name]
         print(f"{name}: {sum(r['us_per_call'] for r in mine):.0f} us in {len(mine)} kernel names", file=sys.stderr)

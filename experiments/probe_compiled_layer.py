@@ -17,8 +17,8 @@ import math
 import sys
 import time
 
-from experiments.common import ResultWriter, cli, load_config, provenance_fields, require_gpu, timing_settings
-from experiments.e8_moe_layer import cell_inputs, hf_contender
+from experiments.e7_grouped_skew import start
+from experiments.e8_moe_layer import CELL_KEYS, cell_inputs, hf_contender
 from moegemm.bench.runner import Contender, measure
 from moegemm.grouped import moe_ffn
 
@@ -37,13 +37,8 @@ def run_cells(doc: str, name: str, cells: list, make_contenders, load: str = "un
     """E8's inputs (weights, ids, tokens, gating weights: the same seeds) for each (model, T) of ``cells`` in
     turn, ``make_contenders(x, ids, wts, E)`` timed side by side in ROUNDS interleaved rounds, each checked
     against E8's float64 reference; rows to --out."""
-    args = cli(doc)
-    require_gpu()
-    cfg = load_config(args.config)
-    g = cfg["grouped"]
-    settings = dataclasses.replace(timing_settings(cfg, args.quick, "grouped"), rounds=ROUNDS)
-    prov = provenance_fields()
-    writer = ResultWriter(args.out, ("model", "tokens", "load"))
+    args, _, g, settings, prov, _, writer = start(doc, CELL_KEYS)
+    settings = dataclasses.replace(settings, rounds=ROUNDS)
     weights: dict = {}
     for model, t in cells[:1] if args.quick else cells:
         t0 = time.perf_counter()

@@ -14,13 +14,11 @@ written with the model and T to ``<out>.kernels.csv``.
 
 from __future__ import annotations
 
-import csv
-import os
 import sys
 
-from experiments.common import load_config, provenance_fields
+from experiments.common import load_config
 from experiments.e8_moe_layer import hf_contender
-from experiments.probe_compiled_kernels import _profile
+from experiments.probe_compiled_kernels import profile_once, write_kernels
 from experiments.probe_compiled_layer import run_cells
 
 MODELS = ("qwen1.5-moe-a2.7b", "phi-3.5-moe")
@@ -34,35 +32,17 @@ def main():
     turn = iter(cells)
     kernels: list[dict] = []
 
-    def profiled(c, model: str, t: int):  # the first input set's call profiled once, after a warm-up call
-        inner = c.bind
-
-        def bind(inp):
-            call = inner(inp)
-            if not any(r["contender"] == c.name and r["model"] == model and r["tokens"] == t for r in kernels):
-                kernels.extend({"model": model, "tokens": t, **r} for r in _profile(c.name, call))
-            return call
-
-        c.bind = bind
-
     def contenders(x, ids, wts, e):
         model, t = next(turn)
         cs = [hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
               hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True)]
         if t in PROFILE_TOKENS:
             for c in cs:
-                profiled(c, model, t)
+                profile_once(c, kernels, model=model, tokens=t)
         return cs
 
     run_cells(__doc__, "probe_compiled_small", cells, contenders, load=LOAD)
-    path = out + ".kernels.csv"
-    prov = provenance_fields()
-    rows = [{**r, **prov} for r in kernels]
-    with open(path + ".tmp", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["model", "tokens", "contender", "kernel", "count", "us_per_call", *prov])
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(path + ".tmp", path)
+    write_kernels(out, kernels, ("model", "tokens"))
     for model in MODELS:
         for t in PROFILE_TOKENS:
             for name in ("ours:hf-backend", "ours:hf-backend:compiled"):

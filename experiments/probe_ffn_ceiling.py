@@ -21,9 +21,8 @@ import sys
 import torch
 
 from experiments import e8_moe_layer as e8
-from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu, \
-    timing_settings
-from moegemm._runtime import slugify
+from experiments.common import Progress
+from experiments.e7_grouped_skew import start
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender, measure
 from moegemm.grouped import permute, route
@@ -58,14 +57,8 @@ def cells(g: dict, loads: list[str]) -> list[tuple]:
 
 
 def main():
-    args = cli(__doc__)
-    require_gpu()
-    cfg = load_config(args.config)
-    g, e8cfg = cfg["grouped"], cfg["moe_layer"]
-    settings = timing_settings(cfg, args.quick, "grouped")
-    prov = provenance_fields()
-    slug = slugify(prov["gpu"])
-    writer = ResultWriter(args.out, ("model", "tokens", "load"))
+    args, cfg, g, settings, prov, slug, writer = start(__doc__, e8.CELL_KEYS)
+    e8cfg = cfg["moe_layer"]
     todo = cells(g, e8cfg["loads"])
     todo = todo[:1] if args.quick else todo
     bar = Progress(len(todo), "probe")

@@ -126,16 +126,17 @@ def decode_routing_probe(n: Numbers, results: Path) -> None:
     past = p.slots > GATHER_SLOTS
     if past.any():
         n.add("DecRoutePast", gm(gather[past]))
-    for early, early_commit, path in got[1:]:
-        full = early[(early.tokens * early.top_k > GATHER_SLOTS) & (early.experts >= 64)]
-        if len(full):
-            r = full[ROUTE_THREE] / full[ROUTE_FAST]
-            n.add("DecRouteEarlyRun", path.parent.name, "{}")
-            n.add("DecRouteEarlyCommit", early_commit, "{}")
-            n.add("DecRouteEarlyLo", float(r.min()))
-            n.add("DecRouteEarlyLoModel", str(full.loc[r.idxmin(), "model"]))
-            n.add("DecRouteEarlyCells", len(r), "{}")
-        break
+    if len(got) < 2:
+        return
+    early, early_commit, path = got[1]  # the first of the runs under runs/, by name
+    full = early[(early.tokens * early.top_k > GATHER_SLOTS) & (early.experts >= 64)]
+    if len(full):
+        r = full[ROUTE_THREE] / full[ROUTE_FAST]
+        n.add("DecRouteEarlyRun", path.parent.name, "{}")
+        n.add("DecRouteEarlyCommit", early_commit, "{}")
+        n.add("DecRouteEarlyLo", float(r.min()))
+        n.add("DecRouteEarlyLoModel", str(full.loc[r.idxmin(), "model"]))
+        n.add("DecRouteEarlyCells", len(r), "{}")
 
 
 def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
