@@ -197,14 +197,13 @@ def check_and_time(calls: list, ref: torch.Tensor | None, k: int, settings, chec
     place of the comparison with ``ref``."""
     import statistics
 
-    from moegemm.bench.runner import graph_calls
-    from moegemm.bench.timing import GraphTimer
+    from moegemm.bench.runner import graph_timer
 
     row = check_call(calls, ref, k, check_fn)
     if row["status"] == "ok":
-        n = graph_calls(calls, settings)
-        row["graph_us"] = statistics.median(GraphTimer(calls, n).sample(3))
-        row["graph_calls"] = n
+        timer = graph_timer(calls, settings)
+        row["graph_us"] = statistics.median(timer.sample(3))
+        row["graph_calls"] = timer.n
     return row
 
 

@@ -123,8 +123,7 @@ def fastest_ceiling(sets, cands, settings):
     timed on the GPU clock, the fastest config."""
     import statistics
 
-    from moegemm.bench.runner import graph_calls, prewarm
-    from moegemm.bench.timing import GraphTimer
+    from moegemm.bench.runner import graph_timer, prewarm
 
     binds = [ceiling(c, True, False).bind for c in cands]
     prewarm([bd(sets[0]) for bd in binds])
@@ -132,7 +131,7 @@ def fastest_ceiling(sets, cands, settings):
     for c, bd in zip(cands, binds):
         calls = [bd(s) for s in sets]
         calls[0]()
-        us = statistics.median(GraphTimer(calls, graph_calls(calls, settings)).sample(3))
+        us = statistics.median(graph_timer(calls, settings).sample(3))
         if best is None or us < best[0]:
             best = (us, c)
     return best[1], len(cands)

@@ -35,7 +35,7 @@ import torch
 from experiments.e7_grouped_skew import (Vllm, dense_contender, ours, run_probe, stream_contender, stream_search,
                                          torch_contender)
 from moegemm.bench.power import Nvml, Sampler, summary
-from moegemm.bench.runner import Contender, check_contenders, graph_calls
+from moegemm.bench.runner import Contender, check_contenders, graph_timer
 from moegemm.bench.timing import GraphTimer
 from moegemm.grouped import choose_config
 
@@ -92,7 +92,7 @@ def measure_cell(cs: list[Contender], sets: list[tuple], ref, k: int, settings, 
     timers = {}
     for c in live:
         calls = [c.bind(inp) for inp in sets]
-        timers[c.name] = GraphTimer(calls, graph_calls(calls, settings))
+        timers[c.name] = graph_timer(calls, settings)
     held: dict = {c.name: [] for c in live}
     for r in range(ROUNDS):
         at = (turn + r) % max(len(live), 1)

@@ -191,13 +191,12 @@ def side_by_side(calls_of: list[list], settings: Settings, rounds: int, replays:
     set), then ``rounds`` rounds over them, who goes first rotating, ``replays`` replays each per round. The
     clock swings under the power cap (see FINALISTS); timed side by side, every candidate meets the same
     swings, which timing one after another would hand to whichever ran at the wrong moment."""
-    from moegemm.bench.runner import graph_calls
-    from moegemm.bench.timing import GraphTimer
+    from moegemm.bench.runner import graph_timer
 
     timers = []
     for calls in calls_of:
-        n = graph_calls(calls, settings)
-        timers.append((n, GraphTimer(calls, n)))
+        timer = graph_timer(calls, settings)
+        timers.append((timer.n, timer))
     samples: list[list[float]] = [[] for _ in timers]
     for r in range(rounds):
         for i in [(r + j) % len(timers) for j in range(len(timers))]:

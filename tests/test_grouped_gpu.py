@@ -453,3 +453,24 @@ def test_repeat_calls_take_the_plan_and_stay_right(layout, tma, persistent, swig
         del w, w_nk, xs, buf, y, out, rs, offsets, plan
         gc.collect()
         assert ref_w() is None, "a plan keeps the weights alive"
+
+
+def test_graph_timer_counts_the_gpu_time_of_a_call_not_the_hosts():
+    """runner.graph_timer on the GPU: a call that spends 4 ms in Python around a tiny kernel gets all of
+    calls_per_graph calls per graph (min_graph_us counts GPU time), and its held replays time the kernels,
+    not the host."""
+    import time
+
+    from moegemm.bench.runner import Settings, graph_timer
+
+    x = torch.zeros(1024, device="cuda")
+
+    def call():
+        time.sleep(0.004)
+        return x.add_(1)
+
+    timer = graph_timer([call], Settings(calls_per_graph=10, min_graph_us=3000))
+    assert timer.n == 10
+    before = x[0].item()
+    us = timer.sample(3)
+    assert x[0].item() == before + 30 and max(us) < 500.0

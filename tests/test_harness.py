@@ -161,7 +161,7 @@ def _fake_graph_timers(monkeypatch, sample_us):
 
     class FakeTimer:
         def __init__(self, calls, n):
-            self.calls, self.id = calls, len(made)
+            self.calls, self.id, self.n = calls, len(made), n
             made.append(self)
 
         def sample(self, n):
@@ -341,7 +341,7 @@ def test_calls_per_graph_shrink_only_for_long_kernels():
     """Settings.min_graph_us: a kernel of milliseconds gets as few calls per graph as give min_graph_us per
     replay, but never fewer than two or than the input sets it rotates through; short kernels keep
     calls_per_graph; without the setting nothing changes."""
-    from moegemm.bench.runner import Settings, fewest_calls, graph_calls
+    from moegemm.bench.runner import Settings, fewest_calls
 
     s = Settings(calls_per_graph=10, min_graph_us=3000)
     assert fewest_calls(2600.0, 1, s) == 2
@@ -350,7 +350,40 @@ def test_calls_per_graph_shrink_only_for_long_kernels():
     assert fewest_calls(1000.0, 1, s) == 3
     assert fewest_calls(50_000.0, 1, s) == 2
     assert fewest_calls(1000.0, 16, s) == 10  # more sets than calls: as many calls as before, rotating
-    assert graph_calls([lambda: None], Settings(calls_per_graph=7)) == 7  # no CUDA needed without the setting
+
+
+def test_calls_per_graph_come_from_the_gpu_time_of_a_first_graph(monkeypatch):
+    """runner.graph_timer (GraphTimer faked on the CPU): without min_graph_us one graph of calls_per_graph
+    calls; with it, a first graph of one call per input set (at least two) whose replayed GPU time, not the
+    host's time of a call, sets the number; that graph kept where the number is its own."""
+    import time
+
+    from moegemm.bench import timing
+    from moegemm.bench.runner import Settings, graph_timer
+
+    made = []
+
+    class FakeTimer:
+        gpu_us = 10.0
+
+        def __init__(self, calls, n):
+            self.calls, self.n = calls, n
+            made.append(self)
+
+        def sample(self, replays):
+            return [FakeTimer.gpu_us] * replays
+
+    monkeypatch.setattr(timing, "GraphTimer", FakeTimer)
+    slow_host = [lambda: time.sleep(0.004)]  # 4 ms of Python per call: the old host-timed count gave 2 calls
+    t = graph_timer(slow_host, Settings(calls_per_graph=7))
+    assert t.n == 7 and len(made) == 1
+    made.clear()
+    t = graph_timer(slow_host, Settings(calls_per_graph=10, min_graph_us=3000))
+    assert [m.n for m in made] == [2, 10] and t is made[-1]  # 10 us of GPU time: all 10 calls
+    made.clear()
+    FakeTimer.gpu_us = 2600.0
+    t = graph_timer(slow_host * 3, Settings(calls_per_graph=10, min_graph_us=3000))
+    assert [m.n for m in made] == [3] and t is made[0]  # milliseconds: the first graph's count, kept
 
 
 def _small_moe_cell(device, seed: int, e: int, k: int, n: int, t: int, top_k: int = 2):
@@ -510,6 +543,43 @@ def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
     assert ("deepseek-v3", 64) not in cells and ("llama-4-scout", 64) in cells
 
 
+def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
+    """probe_graph_clock.three_clocks (timers faked on the CPU): each graph-timed contender that passes its
+    float64 check gets the host-timed count's graph and graph_timer's, all three clocks in every round, and
+    a row with both counts and the three medians; a wrong one is recorded, not timed; one not graph-timed
+    is left out."""
+    import torch
+
+    import experiments.probe_graph_clock as probe
+    from moegemm.bench.runner import Contender, Settings
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.calls, self.n = calls, n
+
+        def sample(self, replays):
+            return [100.0 * self.n] * replays
+
+    log = []
+    monkeypatch.setattr(probe, "GraphTimer", FakeTimer)
+    monkeypatch.setattr(probe, "host_timed_calls", lambda calls, settings: 2)
+    monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 10))
+    monkeypatch.setattr(probe, "unheld", lambda timer, replays: log.append(timer.n) or [1.0 * timer.n] * replays)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ref = torch.randn(6, 4, dtype=torch.float64)
+    right = ref.to(torch.float32)
+    cs = [Contender("a", lambda inp: (lambda: right)), Contender("wrong", lambda inp: (lambda: right + 1.0)),
+          Contender("b", lambda inp: (lambda: right.clone())), Contender("loop", lambda inp: (lambda: right), graph=False)]
+    rows = probe.three_clocks(cs, [(None,)], ref, 16, Settings(graph_replays=3))
+    by = {r["contender"]: r for r in rows}
+    assert set(by) == {"a", "wrong", "b"} and by["wrong"]["status"] != "ok" and "graph_us_now" not in by["wrong"]
+    for name in ("a", "b"):
+        assert by[name]["status"] == "ok"
+        assert (by[name]["calls_before"], by[name]["calls_now"], by[name]["rounds"]) == (2, 10, probe.ROUNDS)
+        assert (by[name]["graph_us_before"], by[name]["graph_us_count"], by[name]["graph_us_now"]) == (2.0, 10.0, 1000.0)
+    assert log == [2, 10] * (2 * probe.ROUNDS)
+
+
 def test_replay_log_probe_times_the_host_in_each_replay():
     """probe_compiled_samples' graph wrapper: replay() runs the graph's own replay once per call and keeps the
     host's time in it (a fake graph that sleeps 20 ms here), so GraphTimer.sample times it unchanged."""
@@ -600,6 +670,7 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
 
     class FakeTimer:
         def __init__(self, calls, n):
+            self.n = n
             for c in calls:
                 c()
 

@@ -105,8 +105,7 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
         i = len(order)  # the i-th hold of the cell: its time and clock
         return {"graph_us": 10.0 * i, "sm_mhz": 1000 + i, "power_w": 600.0}
 
-    monkeypatch.setattr(probe, "GraphTimer", FakeTimer)
-    monkeypatch.setattr(probe, "graph_calls", lambda calls, settings: 4)
+    monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 4))
     monkeypatch.setattr(probe, "hold", fake_hold)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(probe, "ROUNDS", 3)

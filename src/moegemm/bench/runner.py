@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from .correctness import check, status_of
+from . import timing
 from .timing import Clock, GraphTimer, launch_samples
 
 
@@ -74,18 +75,21 @@ def round_order(items: list, r: int, order: str = "rotate") -> list:
     raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
 
 
-def graph_calls(calls: list[Callable[[], object]], settings: Settings) -> int:
-    """Calls per CUDA graph for these calls (one per input set): settings.calls_per_graph, or fewer where
-    settings.min_graph_us allows (see Settings), from one call timed with CUDA events."""
+def graph_timer(calls: list[Callable[[], object]], settings: Settings) -> GraphTimer:
+    """A GraphTimer over these calls (one per input set) with settings.calls_per_graph calls per graph, or
+    fewer where settings.min_graph_us allows (see Settings). The number comes from the GPU time of one call,
+    a replay of a first graph of one call per input set (at least two), which is kept where it already holds
+    that many: a host-timed call would count Python's launches, and give a contender that launches slowly
+    fewer calls per graph than a fast one of the same GPU time."""
+    make = timing.GraphTimer  # looked up at each call, so that a probe or a test may stand in its own
     if not settings.min_graph_us:
-        return settings.calls_per_graph
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    calls[0]()
-    end.record()
-    end.synchronize()
-    one_us = max(start.elapsed_time(end) * 1000.0, 1e-3)
-    return fewest_calls(one_us, len(calls), settings)
+        return make(calls, settings.calls_per_graph)
+    first = make(calls, max(len(calls), 2))
+    n = fewest_calls(first.sample(1)[0], len(calls), settings)
+    if n == first.n:
+        return first
+    del first  # its graph's memory, before the next capture
+    return make(calls, n)
 
 
 def fewest_calls(one_us: float, input_sets: int, settings: Settings) -> int:
@@ -179,9 +183,8 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
     for c in live:
         if c.graph:
             try:
-                n = graph_calls(calls[c.name], settings)
-                timers[c.name] = GraphTimer(calls[c.name], n)
-                rows[c.name]["graph_calls"] = n
+                timers[c.name] = graph_timer(calls[c.name], settings)
+                rows[c.name]["graph_calls"] = timers[c.name].n
             except Exception as e:
                 rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
     for r in range(settings.rounds):

@@ -4,7 +4,10 @@
   call, L2 flushed before each, the seed's method). Includes the CPU launch path.
 - ``graph``: GPU time per call, from replaying a CUDA graph that captured ``calls_per_graph`` calls
   (rotating over several input sets so that repeated calls do not all hit a warm L2). Removes the CPU
-  launch overhead, which on our H200 host is ~3.8 us per kernel from Python vs ~1.0 us in a graph.
+  launch overhead, which on our H200 host is ~3.8 us per kernel from Python vs ~1.0 us in a graph. Each
+  replay is queued behind a spin kernel (HOLD_CYCLES), so that its start event fires once the host has
+  launched the whole graph: the time between the events is the GPU's, not the host's cudaGraphLaunch,
+  whatever the number of calls and kernels in the graph.
 
 Contenders are measured interleaved in rounds (A B C, B C A, ...; or in balanced pairs, A B C then C B A:
 see runner.round_order) and the per-round samples pooled.
@@ -44,6 +47,9 @@ def launch_samples(fn: Callable[[], object], rep_ms: float = 20.0, warmup_ms: fl
     return [t * 1000.0 for t in times]
 
 
+HOLD_CYCLES = 500_000  # the spin before each timed replay: ~250 us at the H200's 1.98 GHz clock
+
+
 class GraphTimer:
     """Captures ``calls`` (a list of zero-argument callables, one per rotated input set) into one CUDA graph
     of ``calls_per_graph`` calls; ``sample()`` replays it and returns us per call."""
@@ -70,6 +76,7 @@ class GraphTimer:
     def sample(self, replays: int = 5) -> list[float]:
         out = []
         for _ in range(replays):
+            torch.cuda._sleep(HOLD_CYCLES)  # the GPU waits here while the host launches the replay
             self.start.record()
             self.graph.replay()
             self.end.record()
