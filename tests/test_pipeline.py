@@ -463,6 +463,48 @@ def test_compiled_small_numbers_on_synthetic_csvs(tmp_path):
     assert got["CompSmallKernelTime"] == "1.05"
 
 
+def test_graph_clock_numbers_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e8.graph_clock_probe (synthetic test data made here): at T=1 the eager backend over the
+    compiled one under the old and the new clock, the calls per graph each got, every contender's shift and
+    its split into the count's and the hold's; at the largest T the shift; the router's shifts and lead;
+    a failed row is left out; nothing without the CSV."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import OURS_HF, OURS_HF_COMPILED, graph_clock_probe
+
+    n = Numbers()
+    graph_clock_probe(n, tmp_path)
+    assert not n.items
+    rows = []
+    for model, t, name, calls, before, count, now in (
+            ("a", 1, OURS_HF, 4, 40.0, 39.0, 38.0), ("a", 1, OURS_HF_COMPILED, 2, 44.0, 39.0, 38.0),
+            ("b", 1, OURS_HF, 3, 50.0, 50.0, 50.0), ("b", 1, OURS_HF_COMPILED, 3, 50.0, 50.0, 50.0),
+            ("a", 16, OURS_HF, 5, 200.0, 200.0, 198.0), ("a", 16, OURS_HF_COMPILED, 2, 202.0, 200.0, 198.0)):
+        rows.append(dict(experiment="E8", model=model, tokens=t, contender=name, status="ok", calls_before=calls,
+                         calls_now=10, graph_us_before=before, graph_us_count=count, graph_us_now=now,
+                         git_commit="ddddddd99"))
+    rows.append(dict(rows[0], contender="broken", status="error", graph_us_before=1.0, graph_us_now=100.0))
+    for name, before, now in (("eager", 6.0, 5.8), ("ours:auto", 4.5, 4.35)):
+        rows.append(dict(experiment="E6", model="router", tokens=1, contender=name, status="ok", calls_before=20,
+                         calls_now=20, graph_us_before=before, graph_us_count=before, graph_us_now=now,
+                         git_commit="ddddddd99"))
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_graph_clock.csv", index=False)
+    graph_clock_probe(n, tmp_path)
+    got = n.items
+    assert got["GClkCommit"] == "ddddddd" and got["GClkModels"] == "2" and got["GClkTokens"] == "1, 16"
+    assert got["GClkCompiledBefore"] == "0.95" and got["GClkCompiledBeforeLo"] == "0.91"
+    assert got["GClkCompiledNow"] == "1.00" and got["GClkCompiledNowLo"] == "1.00"
+    assert (got["GClkCallsEagerBeforeLo"], got["GClkCallsEagerBeforeHi"]) == ("3", "4")
+    assert (got["GClkCallsCompiledBeforeLo"], got["GClkCallsCompiledBeforeHi"]) == ("2", "3")
+    assert got["GClkCallsNowLo"] == "10"
+    assert got["GClkShiftOneLo"] == "0.864" and got["GClkShiftOneHi"] == "1.000"
+    assert got["GClkTopTokens"] == "16" and got["GClkShiftTop"] == "0.985"
+    assert got["GClkRouterEager"] == "0.967" and got["GClkRouterOurs"] == "0.967"
+    assert got["GClkRouterLeadBefore"] == "1.33" and got["GClkRouterLeadNow"] == "1.33"
+    assert float(got["GClkShiftOne"]) == pytest.approx(float(got["GClkCountOne"]) * float(got["GClkHoldOne"]), abs=2e-3)
+
+
 def test_compiled_samples_numbers_on_synthetic_csvs(tmp_path):
     """paper.numbers.e8.compiled_samples_probe on the probe's CSVs (synthetic test data made here): one under
     runs/ without the host columns and the newest with them; per run and cell the eager backend's median
@@ -863,8 +905,8 @@ def test_compiled_order_and_ffn_ceiling_numbers_on_synthetic_csvs(tmp_path):
 
 def test_rotation_run_numbers_compare_the_same_cells(tmp_path):
     """paper.numbers.e7_probes.rotation_runs (synthetic test data made here): per experiment, over the cells
-    both runs hold, the current time over the earlier one's for ours and for the peers (geomeans), and the
-    earlier run's held-out headline; a cell only one run holds is left out."""
+    both runs hold, the balanced run's time over the rotated one's for ours and for the peers (geomeans), and
+    the rotated run's held-out headline; a cell only one run holds is left out; the current run is not read."""
     import pandas as pd
 
     from paper.numbers.common import Numbers
@@ -888,13 +930,15 @@ def test_rotation_run_numbers_compare_the_same_cells(tmp_path):
     rotation_runs(n, tmp_path)
     assert not n.items
     for exp, rows_old, rows_new in (("E7", e7(130.0, extra=True), e7(117.0)), ("E8", e8(150.0), e8(135.0))):
-        run, name, _ = ROTATED_RUNS[exp]
-        (tmp_path / "runs" / run).mkdir(parents=True)
-        pd.DataFrame(rows_old).to_csv(tmp_path / "runs" / run / name, index=False)
-        pd.DataFrame(rows_new).to_csv(tmp_path / name, index=False)
+        run, balanced, name, _ = ROTATED_RUNS[exp]
+        for r, rows in ((run, rows_old), (balanced, rows_new)):
+            (tmp_path / "runs" / r).mkdir(parents=True)
+            pd.DataFrame(rows).to_csv(tmp_path / "runs" / r / name, index=False)
+        pd.DataFrame(rows_old).to_csv(tmp_path / name, index=False)  # a current run: not what is compared
     rotation_runs(n, tmp_path)
     got = n.items
     assert got["RotESevenRun"] == ROTATED_RUNS["E7"][0] and got["RotESevenCommit"] == "aaaaaaa"
+    assert got["RotEEightBalanced"] == ROTATED_RUNS["E8"][1]
     assert got["RotESevenOursTime"] == "1.000" and got["RotESevenPeerTime"] == "0.900"
     assert got["RotESevenHeldPrefillVsTorch"] == "1.30"
     assert got["RotEEightOursTime"] == "1.000" and got["RotEEightPeerTime"] == "0.900"

@@ -544,23 +544,24 @@ def heldout_ceilings_probe(n: Numbers, results: Path) -> None:
     n.add("CeilHeldPrefillOursVsDenseHi", float(ours_dense.max()))
 
 
-# The last E7 and E8 runs under the harness's earlier order (each round the list rotated by one place): kept
-# under runs/ when the balanced order came in, read against the current runs cell by cell.
-ROTATED_RUNS = {"E7": ("S15-1", "grouped_skew.csv", ["model", "proj", "tokens", "load"]),
-                "E8": ("S20-2", "moe_layer.csv", ["model", "tokens", "load"])}
+# Per experiment, its last run under the harness's earlier order (each round the list rotated by one place)
+# and the first in balanced pairs, at the same commit otherwise (both kept under runs/), read cell by cell.
+ROTATED_RUNS = {"E7": ("S15-1", "S21-2", "grouped_skew.csv", ["model", "proj", "tokens", "load"]),
+                "E8": ("S20-2", "S21-3", "moe_layer.csv", ["model", "tokens", "load"])}
 
 
 def rotation_runs(n: Numbers, results: Path) -> None:
-    """Per experiment (E7, E8), the last run measured under rotation against the current one, over the
-    cells and contenders both hold: the geomean of the current run's GPU time over the earlier one's, for
-    ours (E7: every "ours" contender; E8: moe_ffn) and for the peers (E7: torch._grouped_mm and vLLM's
-    kernel; E8: the torch._grouped_mm pipeline, transformers' compiled grouped_mm backend and vLLM's
-    fused_experts), and the held-out headline of the earlier run (E7: ours, no config, over
-    torch._grouped_mm at T >= 1024; E8: moe_ffn over the faster of the pipeline and the compiled backend)."""
+    """Per experiment (E7, E8), its last run measured under rotation against its first in balanced order
+    (ROTATED_RUNS), over the cells and contenders both hold: the geomean of the balanced run's GPU time over
+    the earlier one's, for ours (E7: every "ours" contender; E8: moe_ffn) and for the peers (E7:
+    torch._grouped_mm and vLLM's kernel; E8: the torch._grouped_mm pipeline, transformers' compiled
+    grouped_mm backend and vLLM's fused_experts), and the held-out headline of the earlier run (E7: ours, no
+    config, over torch._grouped_mm at T >= 1024; E8: moe_ffn over the faster of the pipeline and the
+    compiled backend)."""
     peers = {"E7": ("torch._grouped_mm", VLLM),
              "E8": ("torch._grouped_mm pipeline", "hf:grouped_mm:compiled", "vllm:fused_experts")}
-    for exp, (run, name, key) in ROTATED_RUNS.items():
-        old_path, new_path = results / "runs" / run / name, results / name
+    for exp, (run, balanced, name, key) in ROTATED_RUNS.items():
+        old_path, new_path = results / "runs" / run / name, results / "runs" / balanced / name
         if not (old_path.exists() and new_path.exists()):
             continue
         old, new = (pd.read_csv(p) for p in (old_path, new_path))
@@ -577,6 +578,7 @@ def rotation_runs(n: Numbers, results: Path) -> None:
         ratio = c / o
         tag = "Rot" + {"E7": "ESeven", "E8": "EEight"}[exp]
         n.add(f"{tag}Run", run, "{}")
+        n.add(f"{tag}Balanced", balanced, "{}")
         n.add(f"{tag}Commit", str(old.git_commit.iloc[0])[:7], "{}")
         n.add(f"{tag}OursTime", gm(ratio[ours].stack().dropna()), "{:.3f}")
         n.add(f"{tag}PeerTime", gm(ratio[[p for p in peers[exp] if p in ratio]].stack().dropna()), "{:.3f}")

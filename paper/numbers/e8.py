@@ -78,6 +78,57 @@ def compiled_small_probe(n: Numbers, results: Path) -> None:
     n.add("CompSmallKernelTime", gm(pd.Series(sums)))
 
 
+def graph_clock_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_graph_clock.py (when its CSV is committed): the GPU clock taken the harness's earlier
+    way (``before``: the calls per graph from one host-timed call, replays timed from the host's launch),
+    with the new count only (``count``) and as now (``now``: the count from a graph's GPU time, replays held),
+    side by side. E8 rows: at T=1 the eager backend's time over the compiled one's before and now, the
+    calls per graph the two got before (range) and now, and every contender's time now over before (and
+    count over before, now over count); at the probe's largest T, now over before. E6 rows (the router
+    GEMM, every graph the same count): now over before for eager and ours, and eager over ours both ways."""
+    path = results / "probe_graph_clock.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    df = df[df.status == "ok"]
+    e8, e6 = df[df.experiment == "E8"], df[df.experiment == "E6"]
+    one = e8[e8.tokens == 1]
+    if not len(one) or not {OURS_HF, OURS_HF_COMPILED} <= set(one.contender):
+        return
+    n.add("GClkCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("GClkModels", e8.model.nunique(), "{}")
+    n.add("GClkTokens", ", ".join(str(int(t)) for t in sorted(e8.tokens.unique())), "{}")
+    by = one.set_index(["model", "contender"])
+    for clock, tag in (("before", "Before"), ("now", "Now")):
+        r = (by[f"graph_us_{clock}"].xs(OURS_HF, level="contender")
+             / by[f"graph_us_{clock}"].xs(OURS_HF_COMPILED, level="contender")).dropna()
+        n.add(f"GClkCompiled{tag}", gm(r))
+        n.add(f"GClkCompiled{tag}Lo", float(r.min()))
+    for name, tag in ((OURS_HF, "Eager"), (OURS_HF_COMPILED, "Compiled")):
+        calls = one[one.contender == name].calls_before
+        n.add(f"GClkCalls{tag}BeforeLo", int(calls.min()), "{}")
+        n.add(f"GClkCalls{tag}BeforeHi", int(calls.max()), "{}")
+    n.add("GClkCallsNowLo", int(one.calls_now.min()), "{}")
+    shift = one.graph_us_now / one.graph_us_before
+    n.add("GClkShiftOne", gm(shift), "{:.3f}")
+    n.add("GClkShiftOneLo", float(shift.min()), "{:.3f}")
+    n.add("GClkShiftOneHi", float(shift.max()), "{:.3f}")
+    n.add("GClkCountOne", gm(one.graph_us_count / one.graph_us_before), "{:.3f}")
+    n.add("GClkHoldOne", gm(one.graph_us_now / one.graph_us_count), "{:.3f}")
+    top = e8[e8.tokens == e8.tokens.max()]
+    n.add("GClkTopTokens", int(e8.tokens.max()), "{}")
+    n.add("GClkShiftTop", gm(top.graph_us_now / top.graph_us_before), "{:.3f}")
+    if len(e6) and {"eager", "ours:auto"} <= set(e6.contender):
+        r6 = e6.set_index(["tokens", "contender"])
+        for name, tag in (("eager", "Eager"), ("ours:auto", "Ours")):
+            c = r6.xs(name, level="contender")
+            n.add(f"GClkRouter{tag}", gm(c.graph_us_now / c.graph_us_before), "{:.3f}")
+        for clock, tag in (("before", "Before"), ("now", "Now")):
+            col = r6[f"graph_us_{clock}"]
+            n.add(f"GClkRouterLead{tag}", gm(col.xs("eager", level="contender") / col.xs("ours:auto", level="contender")))
+        n.add("GClkRouterTokens", ", ".join(str(int(t)) for t in sorted(e6.tokens.unique())), "{}")
+
+
 ROUTE_FAST, ROUTE_THREE, ROUTE_OLD = "ours:moe_ffn", "three-launch", "three-launch, 128-slot plan"
 
 
@@ -410,7 +461,15 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             n.add("EEightCompiledVsEager", gm(cmp))
             n.add("EEightCompiledVsEagerMin", float(cmp.min()))
             n.add("EEightCompiledSlower", int((cmp < 1).sum()), "{}")
+            n.add("EEightCompiledUnder", int((cmp < 0.97).sum()), "{}")
             n.add("EEightCompiledCells", len(cmp), "{}")
+            low = o.loc[cmp.idxmin()]
+            n.add("EEightCompiledMinModel", str(low.model), "{}")
+            n.add("EEightCompiledMinTokens", int(low.tokens), "{}")
+            row = df[(df.model == low.model) & (df.tokens == low.tokens) & (df.load == low.load)
+                     & (df.contender == OURS_HF_COMPILED)]
+            if len(row) and {"graph_p20_us", "graph_p80_us"} <= set(row.columns):
+                n.add("EEightCompiledMinSpread", float((row.graph_p80_us / row.graph_p20_us).iloc[0]))
             top = o.tokens.max()
             big = (o[o.tokens == top][OURS_HF] / o[o.tokens == top][OURS_HF_COMPILED]).dropna()
             if len(big):
@@ -433,6 +492,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
     compiled_order_probe(n, results)
     decode_routing_probe(n, results)
     compiled_small_probe(n, results)
+    graph_clock_probe(n, results)
     ffn_ceiling_probe(n, results)
     host_probe(n, results)
     fused_probe(n, results)
