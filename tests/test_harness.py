@@ -580,6 +580,37 @@ def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
     assert log == [2, 10] * (2 * probe.ROUNDS)
 
 
+def test_large_cells_probe_contenders_compute_the_layer(device, monkeypatch):
+    """The large-cells probe: its four contenders, in order; moe_ffn and the unfused composition give the
+    layer's result on fresh data (a float64 reference, 9 tokens of top-2 over 5 experts; the transformers
+    backend's two are E8's own, tested with it); its cells are two models at T=4096, then 16384."""
+    import torch
+
+    import experiments.probe_large_cells as probe
+    import moegemm.grouped.api as api
+    from moegemm.grouped import GroupedConfig
+
+    from test_grouped import _ffn_ref
+
+    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+    g = torch.Generator().manual_seed(23)
+    e, t, top_k, h, i = 5, 9, 2, 32, 16
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
+    wts = torch.rand(t, top_k, generator=g)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    w_gu = (torch.randn(e, 2 * i, h, generator=g) / 6).to(torch.bfloat16)
+    w_dn = (torch.randn(e, h, i, generator=g) / 4).to(torch.bfloat16)
+    ref = _ffn_ref(x, ids, wts, w_gu, w_dn)
+    cs = probe.contenders(*[v.to(device) for v in (x, ids, wts)], e)
+    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:unfused-swiglu", "ours:hf-backend",
+                                    "ours:hf-backend:compiled"]
+    for c in cs[:2]:
+        got = c.bind((w_gu.to(device), w_dn.to(device)))()
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
+    assert probe.CELLS == [(m, t) for m in probe.MODELS for t in (4096, 16384)]
+
+
 def test_replay_log_probe_times_the_host_in_each_replay():
     """probe_compiled_samples' graph wrapper: replay() runs the graph's own replay once per call and keeps the
     host's time in it (a fake graph that sleeps 20 ms here), so GraphTimer.sample times it unchanged."""
