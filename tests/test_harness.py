@@ -510,13 +510,12 @@ def test_middle_tiles_probe_contenders_compute_their_products(device, monkeypatc
         probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
 
 
-def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
-    """The decode-routing probe: the library's layer and both three-launch compositions (the plan at the
-    step's blocks and at 128 slots) give moe_ffn's result on fresh data (a float64 reference, 9 tokens of
-    top-2 over 5 experts); its cells are the zoo's token counts whose slots fit one chunk."""
+def _small_ffn_cell(device, monkeypatch, seed: int):
+    """(E, tokens, expert ids, gating weights, gate/up and down weights, all on ``device``, and the float64
+    reference of the layer) of a small random FFN cell: 9 tokens of top-2 over 5 experts, with the grouped
+    GEMM's config tables replaced by one small config."""
     import torch
 
-    import experiments.probe_decode_routing as probe
     import moegemm.grouped.api as api
     from moegemm.grouped import GroupedConfig
 
@@ -524,7 +523,7 @@ def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
 
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
     monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
-    g = torch.Generator().manual_seed(21)
+    g = torch.Generator().manual_seed(seed)
     e, t, top_k, h, i = 5, 9, 2, 32, 16
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
     wts = torch.rand(t, top_k, generator=g)
@@ -532,11 +531,22 @@ def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
     w_gu = (torch.randn(e, 2 * i, h, generator=g) / 6).to(torch.bfloat16)
     w_dn = (torch.randn(e, h, i, generator=g) / 4).to(torch.bfloat16)
     ref = _ffn_ref(x, ids, wts, w_gu, w_dn)
-    d = [v.to(device) for v in (x, ids, wts)]
-    cs = probe.contenders(*d, e)
+    return (e, *[v.to(device) for v in (x, ids, wts, w_gu, w_dn)], ref)
+
+
+def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
+    """The decode-routing probe: the library's layer and both three-launch compositions (the plan at the
+    step's blocks and at 128 slots) give moe_ffn's result on fresh data (a float64 reference, 9 tokens of
+    top-2 over 5 experts); its cells are the zoo's token counts whose slots fit one chunk."""
+    import torch
+
+    import experiments.probe_decode_routing as probe
+
+    e, x, ids, wts, w_gu, w_dn, ref = _small_ffn_cell(device, monkeypatch, 21)
+    cs = probe.contenders(x, ids, wts, e)
     assert [c.name for c in cs] == ["ours:moe_ffn", "three-launch", "three-launch, 128-slot plan"]
     for c in cs:
-        got = c.bind((w_gu.to(device), w_dn.to(device)))()
+        got = c.bind((w_gu, w_dn))()
         torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
     cells = probe._cells()
     assert ("deepseek-v3", 1) in cells and ("deepseek-v3", 16) in cells
@@ -587,26 +597,13 @@ def test_large_cells_probe_contenders_compute_the_layer(device, monkeypatch):
     import torch
 
     import experiments.probe_large_cells as probe
-    import moegemm.grouped.api as api
-    from moegemm.grouped import GroupedConfig
 
-    from test_grouped import _ffn_ref
-
-    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
-    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
-    g = torch.Generator().manual_seed(23)
-    e, t, top_k, h, i = 5, 9, 2, 32, 16
-    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
-    wts = torch.rand(t, top_k, generator=g)
-    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
-    w_gu = (torch.randn(e, 2 * i, h, generator=g) / 6).to(torch.bfloat16)
-    w_dn = (torch.randn(e, h, i, generator=g) / 4).to(torch.bfloat16)
-    ref = _ffn_ref(x, ids, wts, w_gu, w_dn)
-    cs = probe.contenders(*[v.to(device) for v in (x, ids, wts)], e)
+    e, x, ids, wts, w_gu, w_dn, ref = _small_ffn_cell(device, monkeypatch, 23)
+    cs = probe.contenders(x, ids, wts, e)
     assert [c.name for c in cs] == ["ours:moe_ffn", "ours:unfused-swiglu", "ours:hf-backend",
                                     "ours:hf-backend:compiled"]
     for c in cs[:2]:
-        got = c.bind((w_gu.to(device), w_dn.to(device)))()
+        got = c.bind((w_gu, w_dn))()
         torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
     assert probe.CELLS == [(m, t) for m in probe.MODELS for t in (4096, 16384)]
 

@@ -505,6 +505,40 @@ def test_graph_clock_numbers_on_a_synthetic_csv(tmp_path):
     assert float(got["GClkShiftOne"]) == pytest.approx(float(got["GClkCountOne"]) * float(got["GClkHoldOne"]), abs=2e-3)
 
 
+def test_large_cells_numbers_on_synthetic_csvs(tmp_path):
+    """paper.numbers.e8.large_cells_probe (synthetic test data made here): over the probe's cells the
+    compiled backend over the eager one and the fused gate/up over the unfused (ranges), how far apart
+    moe_ffn and the eager backend are at most; the same from E8's uniform cells of those (model, T); a
+    failed row is left out; nothing without the CSV."""
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e8 import OURS, OURS_HF, OURS_HF_COMPILED, UNFUSED, large_cells_probe
+
+    n = Numbers()
+    large_cells_probe(n, tmp_path)
+    assert not n.items
+    times = {("m", 4096): (100.0, 110.0, 101.0, 100.0), ("m", 16384): (400.0, 460.0, 404.0, 410.0)}
+    names = (OURS, UNFUSED, OURS_HF, OURS_HF_COMPILED)
+    rows = [dict(model=m, tokens=t, contender=c, status="ok", graph_us=us, rounds=4, git_commit="eeeeeee11")
+            for (m, t), uss in times.items() for c, us in zip(names, uss)]
+    rows.append(dict(rows[0], status="error", graph_us=1.0))
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_large_cells.csv", index=False)
+    e8 = [dict(model="m", split="heldout", tokens=16384, load=load, contender=c, status="ok", graph_us=us)
+          for load, uss in (("uniform", (460.0, 450.0, 400.0, 440.0)), ("zipf1.2", (400.0, 300.0, 400.0, 100.0)))
+          for c, us in zip(names, uss)]
+    pd.DataFrame(e8).to_csv(tmp_path / "moe_layer.csv", index=False)
+    large_cells_probe(n, tmp_path)
+    got = n.items
+    assert got["LgCellsCommit"] == "eeeeeee" and got["LgCellsCells"] == "2" and got["LgCellsRounds"] == "4"
+    assert got["LgCellsModels"] == "m" and got["LgCellsTokens"] == "4096, 16384"
+    assert (got["LgCellsCompLo"], got["LgCellsCompHi"]) == ("0.99", "1.01")
+    assert (got["LgCellsFusionLo"], got["LgCellsFusionHi"]) == ("1.10", "1.15")
+    assert got["LgCellsSamePct"] == "1"
+    assert got["LgCellsEEightCompLo"] == "0.91" and got["LgCellsEEightFusionLo"] == "0.98"
+    assert got["LgCellsEEightSamePct"] == "13"
+
+
 def test_compiled_samples_numbers_on_synthetic_csvs(tmp_path):
     """paper.numbers.e8.compiled_samples_probe on the probe's CSVs (synthetic test data made here): one under
     runs/ without the host columns and the newest with them; per run and cell the eager backend's median

@@ -129,6 +129,36 @@ def graph_clock_probe(n: Numbers, results: Path) -> None:
         n.add("GClkRouterTokens", ", ".join(str(int(t)) for t in sorted(e6.tokens.unique())), "{}")
 
 
+def large_cells_probe(n: Numbers, results: Path) -> None:
+    """experiments/probe_large_cells.py (when its CSV is committed): on E8's largest cells of two models in
+    more rounds, the compiled backend's speed over the eager one's and moe_ffn's (fused) over the unfused
+    composition's, each as a range over the probe's cells, and how far apart moe_ffn and the eager backend
+    (the same kernels) are at most, in percent; and the same three in E8's cells (the lowest ratios, the
+    largest distance), where E8 is committed."""
+    got = probe_times(results / "probe_large_cells.csv", (OURS, UNFUSED, OURS_HF, OURS_HF_COMPILED))
+    if got is None:
+        return
+    p, commit = got
+    n.add("LgCellsCommit", commit, "{}")
+    n.add("LgCellsCells", len(p), "{}")
+    n.add("LgCellsRounds", int(pd.read_csv(results / "probe_large_cells.csv").rounds.iloc[0]), "{}")
+    n.add("LgCellsModels", " and ".join(sorted(set(p.index.get_level_values("model")))), "{}")
+    n.add("LgCellsTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))), "{}")
+    for tag, r in (("Comp", p[OURS_HF] / p[OURS_HF_COMPILED]), ("Fusion", p[UNFUSED] / p[OURS])):
+        n.add(f"LgCells{tag}Lo", float(r.min()))
+        n.add(f"LgCells{tag}Hi", float(r.max()))
+    n.add("LgCellsSamePct", float(100 * (p[OURS_HF] / p[OURS] - 1).abs().max()), "{:.0f}")
+    e8 = results / "moe_layer.csv"
+    if e8.exists():
+        o = e8_frame(pd.read_csv(e8))
+        o = o[o.load == "uniform"].set_index(["model", "tokens"])
+        same = o.loc[o.index.intersection(p.index)]
+        if len(same):
+            n.add("LgCellsEEightCompLo", float((same[OURS_HF] / same[OURS_HF_COMPILED]).min()))
+            n.add("LgCellsEEightFusionLo", float((same[UNFUSED] / same[OURS]).min()))
+            n.add("LgCellsEEightSamePct", float(100 * (same[OURS_HF] / same[OURS] - 1).abs().max()), "{:.0f}")
+
+
 ROUTE_FAST, ROUTE_THREE, ROUTE_OLD = "ours:moe_ffn", "three-launch", "three-launch, 128-slot plan"
 
 
@@ -190,16 +220,23 @@ def decode_routing_probe(n: Numbers, results: Path) -> None:
         n.add("DecRouteEarlyCells", len(r), "{}")
 
 
-def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
-    """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or None
-    where it or either contender is missing."""
+def probe_times(path: Path, names: tuple[str, ...], index=("model", "tokens")) -> tuple[pd.DataFrame, str] | None:
+    """(the GPU time of each contender that passed its check, a column per contender and a row per ``index``;
+    the probe's commit) from a probe's CSV, or None where it or any of ``names`` is missing."""
     if not path.exists():
         return None
     df = pd.read_csv(path)
-    p = df[df.status == "ok"].pivot_table(index=["model", "tokens"], columns="contender", values="graph_us")
-    if slow not in p or fast not in p:
+    p = df[df.status == "ok"].pivot_table(index=list(index), columns="contender", values="graph_us")
+    if not set(names) <= set(p.columns):
         return None
-    return (p[slow] / p[fast]).dropna(), str(df.git_commit.iloc[0])[:7]
+    return p, str(df.git_commit.iloc[0])[:7]
+
+
+def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
+    """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or None
+    where it or either contender is missing."""
+    got = probe_times(path, (slow, fast))
+    return None if got is None else ((got[0][slow] / got[0][fast]).dropna(), got[1])
 
 
 def fused_probe(n: Numbers, results: Path) -> None:
@@ -493,6 +530,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
     decode_routing_probe(n, results)
     compiled_small_probe(n, results)
     graph_clock_probe(n, results)
+    large_cells_probe(n, results)
     ffn_ceiling_probe(n, results)
     host_probe(n, results)
     fused_probe(n, results)
