@@ -207,6 +207,10 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     big = g[(g.model == "deepseek-v3") & (g.proj == "up")]
     if len(big):
         n.add("ESevenDeepSeekExpertMB", float(big.k.iloc[0] * big.n.iloc[0] * 2 / 1e6), "{:.0f}")
+    met = dec[dec.pct >= 92]  # the decode target: which cells meet it, per model
+    n.add("ESevenDecodeMet", len(met), "{}")
+    if len(met):
+        n.add("ESevenDecodeMetByModel", ", ".join(f"{m} {c}" for m, c in met.model.value_counts().items()))
     # Before/after the band order inside an expert (results/<gpu>/history: the first version, row by row).
     hist = sorted((results / "history").glob("grouped_skew_*.csv")) if (results / "history").exists() else []
     if hist:
@@ -262,6 +266,7 @@ def e7_ceiling(n: Numbers, o: pd.DataFrame, dec: pd.DataFrame, pre: pd.DataFrame
     n.add("ESevenCeilDecodePctLo", float(dec.ceil_pct.min()), "{:.0f}")
     n.add("ESevenCeilDecodeCells", int((dec.ceil_pct >= 92).sum()), "{}")
     n.add("ESevenCeilDecodeOf", len(dec), "{}")
+    n.add("ESevenCeilDecodeBeyond", int((dec.ceil_pct < 92).sum()), "{}")
     above = dec[dec.ceil_pct >= 92]
     n.add("ESevenCeilDecodeOursMet", int((above.pct >= 92).sum()), "{}")
     n.add("ESevenOursOfCeilDecode", gm(100 * dec.ceil_us / dec.us), "{:.0f}")
