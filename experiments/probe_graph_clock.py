@@ -5,8 +5,8 @@ Why: in E8 the compiled transformers backend ran a few percent slower than the e
 same kernels, launched as often, taking the same GPU time (probe_compiled_small). Both differences between
 the two ways below grow with the host's cost of a call, which the compiled backend has more of:
 - before, the calls per graph (with min_graph_us) came from one call timed with CUDA events around the
-  Python call, so the host's launches counted: E8 gave the compiled backend 2 calls per graph at T=1 and the
-  eager one 4 to 6. Each replay was timed from the host's cudaGraphLaunch on, whose cost was then spread
+  Python call, so the host's launches counted: E8 gave the compiled backend 2 or 3 calls per graph at T=1 and
+  the other contenders 2 to 8. Each replay was timed from the host's cudaGraphLaunch on, whose cost was then spread
   over those few calls;
 - now (runner.graph_timer, timing.GraphTimer) the count comes from a first graph's replayed GPU time, and
   each replay waits behind a spin kernel (timing.HOLD_CYCLES) until the host has launched it.
@@ -54,18 +54,6 @@ def host_timed_calls(calls: list, settings) -> int:
     return fewest_calls(max(start_ev.elapsed_time(end_ev) * 1000.0, 1e-3), len(calls), settings)
 
 
-def unheld(timer: GraphTimer, replays: int) -> list[float]:
-    """Replays timed as before: the start event recorded on an idle stream, then the host's launch."""
-    out = []
-    for _ in range(replays):
-        timer.start.record()
-        timer.graph.replay()
-        timer.end.record()
-        timer.end.synchronize()
-        out.append(timer.start.elapsed_time(timer.end) * 1000.0 / timer.n)
-    return out
-
-
 def three_clocks(cs, sets, ref, k: int, settings) -> list[dict]:
     """Each graph-timed contender checked against float64, then its three clocks over ROUNDS balanced rounds
     (settings.graph_replays replays each per round); one row each."""
@@ -79,8 +67,8 @@ def three_clocks(cs, sets, ref, k: int, settings) -> list[dict]:
     for r in range(ROUNDS):
         for c in round_order(live, r, "balanced"):
             before, now = timers[c.name]
-            got[c.name]["before"] += unheld(before, settings.graph_replays)
-            got[c.name]["count"] += unheld(now, settings.graph_replays)
+            got[c.name]["before"] += before.sample(settings.graph_replays, hold_cycles=0)  # as before
+            got[c.name]["count"] += now.sample(settings.graph_replays, hold_cycles=0)
             got[c.name]["now"] += now.sample(settings.graph_replays)
     for c in live:
         before, now = timers[c.name]

@@ -567,14 +567,16 @@ def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
         def __init__(self, calls, n):
             self.calls, self.n = calls, n
 
-        def sample(self, replays):
+        def sample(self, replays, hold_cycles=1):
+            if not hold_cycles:  # unheld, as the harness timed before
+                log.append(self.n)
+                return [1.0 * self.n] * replays
             return [100.0 * self.n] * replays
 
     log = []
     monkeypatch.setattr(probe, "GraphTimer", FakeTimer)
     monkeypatch.setattr(probe, "host_timed_calls", lambda calls, settings: 2)
     monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 10))
-    monkeypatch.setattr(probe, "unheld", lambda timer, replays: log.append(timer.n) or [1.0 * timer.n] * replays)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     ref = torch.randn(6, 4, dtype=torch.float64)
     right = ref.to(torch.float32)

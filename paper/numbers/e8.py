@@ -138,10 +138,10 @@ def large_cells_probe(n: Numbers, results: Path) -> None:
     got = probe_times(results / "probe_large_cells.csv", (OURS, UNFUSED, OURS_HF, OURS_HF_COMPILED))
     if got is None:
         return
-    p, commit = got
-    n.add("LgCellsCommit", commit, "{}")
+    p, df = got
+    n.add("LgCellsCommit", str(df.git_commit.iloc[0])[:7], "{}")
     n.add("LgCellsCells", len(p), "{}")
-    n.add("LgCellsRounds", int(pd.read_csv(results / "probe_large_cells.csv").rounds.iloc[0]), "{}")
+    n.add("LgCellsRounds", int(df.rounds.iloc[0]), "{}")
     n.add("LgCellsModels", " and ".join(sorted(set(p.index.get_level_values("model")))), "{}")
     n.add("LgCellsTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))), "{}")
     for tag, r in (("Comp", p[OURS_HF] / p[OURS_HF_COMPILED]), ("Fusion", p[UNFUSED] / p[OURS])):
@@ -220,23 +220,26 @@ def decode_routing_probe(n: Numbers, results: Path) -> None:
         n.add("DecRouteEarlyCells", len(r), "{}")
 
 
-def probe_times(path: Path, names: tuple[str, ...], index=("model", "tokens")) -> tuple[pd.DataFrame, str] | None:
-    """(the GPU time of each contender that passed its check, a column per contender and a row per ``index``;
-    the probe's commit) from a probe's CSV, or None where it or any of ``names`` is missing."""
+def probe_times(path: Path, names: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(the GPU time of each contender that passed its check, a column per contender and a row per (model,
+    tokens); the probe's rows as read) from a probe's CSV, or None where it or any of ``names`` is missing."""
     if not path.exists():
         return None
     df = pd.read_csv(path)
-    p = df[df.status == "ok"].pivot_table(index=list(index), columns="contender", values="graph_us")
+    p = df[df.status == "ok"].pivot_table(index=["model", "tokens"], columns="contender", values="graph_us")
     if not set(names) <= set(p.columns):
         return None
-    return p, str(df.git_commit.iloc[0])[:7]
+    return p, df
 
 
 def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
     """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or None
     where it or either contender is missing."""
     got = probe_times(path, (slow, fast))
-    return None if got is None else ((got[0][slow] / got[0][fast]).dropna(), got[1])
+    if got is None:
+        return None
+    p, df = got
+    return (p[slow] / p[fast]).dropna(), str(df.git_commit.iloc[0])[:7]
 
 
 def fused_probe(n: Numbers, results: Path) -> None:

@@ -73,10 +73,13 @@ class GraphTimer:
         self.graph.replay()  # first replay uploads the graph
         torch.cuda.synchronize()
 
-    def sample(self, replays: int = 5) -> list[float]:
+    def sample(self, replays: int = 5, hold_cycles: int = HOLD_CYCLES) -> list[float]:
+        """``replays`` replays, us per call each. ``hold_cycles``: the spin before each (0: none, so that the
+        start event fires at once and the host's launch of the replay is timed with it)."""
         out = []
         for _ in range(replays):
-            torch.cuda._sleep(HOLD_CYCLES)  # the GPU waits here while the host launches the replay
+            if hold_cycles:
+                torch.cuda._sleep(hold_cycles)  # the GPU waits here while the host launches the replay
             self.start.record()
             self.graph.replay()
             self.end.record()
