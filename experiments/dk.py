@@ -227,12 +227,12 @@ def run_shape(experiment: str, contenders: list[Contender], m: int, n: int, k: i
     return rows
 
 
-def run_grid(experiment: str, description: str, epilogue: str, contenders_for, seed, quick: int,
+def run_grid(experiment: str, description: str, epilogue: str, contenders_for, seed,
              reset_dynamo: bool, ks: str = "grid_k") -> None:
     """The CLI body of a bf16 experiment over the M=N x K grid: one measured unit per shape, resumable.
 
     contenders_for(probe, n, k, cfg, results_dir) -> contenders, where probe is an empty [M, K] bf16 tensor
-    (for config lookup) and results_dir the output's folder (where tune_seed.csv is); seed(m, k) -> the shape's input seed; quick: how many shapes --quick keeps."""
+    (for config lookup) and results_dir the output's folder (where tune_seed.csv is); seed(m, k) -> the shape's input seed."""
     from pathlib import Path
 
     from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
@@ -241,11 +241,11 @@ def run_grid(experiment: str, description: str, epilogue: str, contenders_for, s
     args = cli(description)
     require_gpu()
     cfg = load_config(args.config)
-    settings = timing_settings(cfg, args.quick)
+    settings = timing_settings(cfg)
     prov = provenance_fields()
     tiny = tiny_kernel_us()
     writer = ResultWriter(args.out, ("m", "n", "k"))
-    shapes = grid_shapes(cfg, ks)[:quick] if args.quick else grid_shapes(cfg, ks)
+    shapes = grid_shapes(cfg, ks)
     bar = Progress(len(shapes), experiment)
     for m, n, k in shapes:
         if not writer.done(m=m, n=n, k=k):
@@ -366,21 +366,3 @@ def shape_inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int, epilogue
     return sets, ref64(sets[0][0], sets[0][1], epilogue)
 
 
-def probe_cli(description: str, default_shapes: str, flags: tuple[str, ...] = ()):
-    """The Decompose-K probes' command line: (args with out and shapes as [(m, k, n)], timing settings,
-    provenance fields, SM count). ``--shapes`` takes MxKxN items, comma-separated; ``flags``: the probe's
-    own on/off switches."""
-    import argparse
-
-    from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
-
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", default=default_shapes)
-    for f in flags:
-        ap.add_argument(f, action="store_true")
-    args = ap.parse_args()
-    require_gpu()
-    args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    return (args, timing_settings(load_config()), provenance_fields(),
-            torch.cuda.get_device_properties(0).multi_processor_count)

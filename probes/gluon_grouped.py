@@ -1,5 +1,5 @@
 """A warp-specialized persistent grouped GEMM written in Gluon (Triton's layout-explicit dialect), for
-Hopper: the kernel that experiments/probe_gluon_prefill.py measures against the library's grouped kernel at
+Hopper: the kernel that probes/probe_gluon_prefill.py measures against the library's grouped kernel at
 prefill. Not part of the library: it serves the contiguous layout with w as [E, N, K] (nn.Linear), 16-bit
 operands and a plain store only.
 
@@ -20,8 +20,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -228,7 +233,7 @@ def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
     return y
 
 
-# The configs experiments/probe_gluon_prefill.py measures: (name, block_n, stages, ping-pong)
+# The configs probes/probe_gluon_prefill.py measures: (name, block_n, stages, ping-pong)
 VARIANTS = (("n256-s4", 256, 4, False), ("n256-s3", 256, 3, False), ("n128-s6", 128, 6, False),
             ("pingpong-n128-s6", 128, 6, True))
 

@@ -8,69 +8,19 @@ recompiles as it did), timing ``ours:hf-backend`` and ``ours:hf-backend:compiled
 at the largest T it then profiles a few calls of each (torch.profiler, GPU time per kernel name) and
 writes those rows, with provenance, to ``<out>.kernels.csv``.
 
-    python -m experiments.probe_compiled_kernels --out probe_compiled_kernels.csv
+    python -m probes.probe_compiled_kernels --out probe_compiled_kernels.csv
 """
 
 from __future__ import annotations
 
-import csv
 import sys
 
-import torch
-
-from experiments._io import atomic_path
-from experiments.common import load_config, provenance_fields
+from experiments.common import load_config
 from experiments.e8_moe_layer import hf_contender
-from experiments.probe_compiled_layer import run_cells
+from probes.common import profile_once, run_cells, write_kernels
 
 MODELS = ("gpt-oss-120b",)
 LOAD = "zipf1.2"
-CALLS = 3
-
-
-def _profile(name: str, fn) -> list[dict]:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        us = getattr(ev, "device_time_total", None)
-        if us is None:
-            us = getattr(ev, "cuda_time_total", 0.0)
-        if us:
-            rows.append({"contender": name, "kernel": ev.key[:160], "count": ev.count // CALLS,
-                         "us_per_call": round(us / CALLS, 2)})
-    return sorted(rows, key=lambda r: -r["us_per_call"])
-
-
-def profile_once(c, kernels: list[dict], **tags) -> None:
-    """Make contender ``c`` profile its first input set's call once per ``tags`` (after the warm-up call, its
-    compile): the rows, tagged, added to ``kernels``."""
-    inner = c.bind
-
-    def bind(inp):
-        call = inner(inp)
-        if not any(r["contender"] == c.name and all(r[k] == v for k, v in tags.items()) for r in kernels):
-            kernels.extend({**tags, **r} for r in _profile(c.name, call))
-        return call
-
-    c.bind = bind
-
-
-def write_kernels(out: str, kernels: list[dict], tags: tuple[str, ...] = ()) -> None:
-    """The profiled rows (their ``tags`` columns first) with provenance, atomically to ``<out>.kernels.csv``."""
-    prov = provenance_fields()
-    with atomic_path(out + ".kernels.csv") as tmp, open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*tags, "contender", "kernel", "count", "us_per_call", *prov])
-        w.writeheader()
-        w.writerows({**r, **prov} for r in kernels)
-
-
 def main():
     out = sys.argv[sys.argv.index("--out") + 1]
     tokens = load_config()["moe_layer"]["tokens"]

@@ -13,7 +13,7 @@ largest T, measures each cell several times over, one after another, with the co
 - ``balanced-4``: balanced, four rounds instead of two;
 - ``rotate-again``: as the first, last (what drifted over the probe).
 
-    python -m experiments.probe_compiled_order --out probe_compiled_order.csv [--model gpt-oss-120b]
+    python -m probes.probe_compiled_order --out probe_compiled_order.csv [--model gpt-oss-120b]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import sys
 from experiments import e8_moe_layer as e8
 from experiments.common import ResultWriter, provenance_fields
 from experiments.e7_grouped_skew import Vllm
-from experiments.probe_compiled_samples import one_model_setup
 from moegemm.bench import runner
+from probes.common import one_model_setup
 
 EAGER, COMPILED = "ours:hf-backend", "ours:hf-backend:compiled"
 

@@ -10,7 +10,7 @@ contender, replay, microseconds per call, the SM clock and power read from NVML 
 time in the graph's replay() call, its load average, this process's threads and child processes, and the graphs
 Dynamo has compiled so far.
 
-    python -m experiments.probe_compiled_samples --out probe_compiled_samples.csv [--model gpt-oss-120b]
+    python -m probes.probe_compiled_samples --out probe_compiled_samples.csv [--model gpt-oss-120b]
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import sys
 import time
 
 from experiments import e8_moe_layer as e8
-from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
+from experiments.common import provenance_fields
 from experiments.e7_grouped_skew import Vllm
 from moegemm.bench import runner, timing
 from moegemm.bench.power import Nvml
+from probes.common import one_model_setup
 
 
 class _TimedReplay:
@@ -58,17 +59,6 @@ def _dynamo_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
-
-
-def one_model_setup(argv: list[str]):
-    """(--out, --model (default gpt-oss-120b), config.yaml's grouped and moe_layer sections, E8's timing
-    settings, E8's largest T) of a probe that runs E8's sequence for one model, on the GPU."""
-    out = argv[argv.index("--out") + 1]
-    model = argv[argv.index("--model") + 1] if "--model" in argv else "gpt-oss-120b"
-    require_gpu()
-    cfg = load_config()
-    e8cfg = cfg["moe_layer"]
-    return out, model, cfg["grouped"], e8cfg, timing_settings(cfg, False, "grouped"), max(e8cfg["tokens"])
 
 
 def main():

@@ -9,7 +9,7 @@ inputs and seeds, one load, so that Dynamo sees the shapes in E8's order), times
 PROFILE_TOKENS profiles a few eager calls of each (torch.profiler: GPU time and launches per kernel name),
 written with the model and T to ``<out>.kernels.csv``.
 
-    python -m experiments.probe_compiled_small --out probe_compiled_small.csv
+    python -m probes.probe_compiled_small --out probe_compiled_small.csv
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import sys
 
 from experiments.common import load_config
 from experiments.e8_moe_layer import hf_contender
-from experiments.probe_compiled_kernels import profile_once, write_kernels
-from experiments.probe_compiled_layer import run_cells
+from probes.common import profile_once, run_cells, write_kernels
 
 MODELS = ("qwen1.5-moe-a2.7b", "phi-3.5-moe")
 LOAD = "uniform"

@@ -12,7 +12,7 @@ slots fit 128), each checked against E8's float64 reference and timed interleave
 - ``three-launch, 128-slot plan``: the same with the plan's one program at 128 slots and 128 experts per
   step, as before (the kernel launched here with those blocks).
 
-    python -m experiments.probe_decode_routing --out results/<slug>/probe_decode_routing.csv
+    python -m probes.probe_decode_routing --out results/<slug>/probe_decode_routing.csv
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from __future__ import annotations
 import torch
 
 from experiments.common import load_config
-from experiments.probe_compiled_layer import run_cells
 from moegemm._triton_common import launch
 from moegemm.bench.runner import Contender
 from moegemm.grouped import RoutingPlan, grouped_mm, moe_ffn, permute, route, sorted_weights, unpermute
 from moegemm.grouped import routing_kernels as rk
 from moegemm.grouped.ffn import gate_up_act
+from probes.common import run_cells
 
 
 def _cells() -> list[tuple[str, int]]:

@@ -6,11 +6,10 @@
    kernel launched without the attribute (its grid fits, so it runs; nothing guarantees that in general),
    and the last-arriver form.
 
-    python -m experiments.probe_dk_design --out probe_design.csv [--shapes 16x8192x16,...]
+    python -m probes.probe_dk_design --out probe_design.csv [--shapes 16x8192x16,...]
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -20,6 +19,7 @@ from moegemm.bench.runner import Contender
 from moegemm.decompose_k import single_launch
 from moegemm.decompose_k.configs import Prepared
 from moegemm.epilogue import Epilogue
+from probes.common import probe_cli
 
 DEFAULT = "16x8192x16,64x8192x64,64x32768x64,1x7168x256"
 
@@ -49,7 +49,7 @@ def direct(cfg, coop: bool, attr: bool, name: str) -> Contender:
 
 
 def main():
-    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT)
+    args, settings, prov, sms = probe_cli(__doc__, DEFAULT)
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
     lines = []
     for m, k, n in args.shapes:

@@ -15,7 +15,7 @@ At the config ``auto`` runs for each shape, side by side in one process (GPU clo
 An earlier version (commit 916818d, ``runs/S18-1/probe_dk_latency.csv``) also timed two other waits in the
 kernel (per-thread re-reads; relaxed GPU-scope loads) and M as a compile-time constant; none was faster.
 
-    MOEGEMM_SEED_SOURCE=... python -m experiments.probe_dk_latency --out probe_dk_latency.csv [--screen]
+    MOEGEMM_SEED_SOURCE=... python -m probes.probe_dk_latency --out probe_dk_latency.csv [--screen]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from moegemm.bench.runner import Contender
 from moegemm.decompose_k import single_launch
 from moegemm.decompose_k.configs import Prepared, choose
 from moegemm.epilogue import Epilogue
+from probes.common import probe_cli
 
 DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,64x7168x256"
 
@@ -138,7 +139,7 @@ def fastest_ceiling(sets, cands, settings):
 
 
 def main():
-    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT, flags=("--screen",))
+    args, settings, prov, sms = probe_cli(__doc__, DEFAULT, flags=("--screen",))
     results_dir = str(Path(args.out).parent) if Path(args.out).parent.joinpath("tune_seed.csv").exists() else \
         "results/nvidia-h200"
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))

@@ -6,7 +6,7 @@ and eager on a few bf16 ReLU shapes, each side searched its own way, then measur
 - the seed's optimized kernel: its own coordinate-descent search (experiments/seed_dk.py);
 - then both winners, eager relu(mm) and our `auto` measured together (both clocks, cpu_us).
 
-    MOEGEMM_SEED_SOURCE=... python -m experiments.probe_dk_seed --out probe.csv [--shapes 16x8192x16,...]
+    MOEGEMM_SEED_SOURCE=... python -m probes.probe_dk_seed --out probe.csv [--shapes 16x8192x16,...]
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import torch
 
 from experiments import dk, seed_dk
 from experiments.common import ResultWriter
+from probes.common import probe_cli
 
 DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,16x7168x256," \
           "64x7168x256,256x7168x256"
 
 
 def main():
-    args, settings, prov, sms = dk.probe_cli(__doc__, DEFAULT)
+    args, settings, prov, sms = probe_cli(__doc__, DEFAULT)
     seed = seed_dk.load()
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
     table = []

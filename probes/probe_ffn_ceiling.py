@@ -10,7 +10,7 @@ the faster of the pipeline and the compiled transformers backend, it bounds the 
 
 Held-out models measured for reading only: nothing learns from this.
 
-    python -m experiments.probe_ffn_ceiling --out probe_ffn_ceiling.csv
+    python -m probes.probe_ffn_ceiling --out probe_ffn_ceiling.csv
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, e8.CELL_KEYS)
     e8cfg = cfg["moe_layer"]
     todo = cells(g, e8cfg["loads"])
-    todo = todo[:1] if args.quick else todo
     bar = Progress(len(todo), "probe")
     weights: dict = {}
     for model, t, load in todo:

@@ -7,15 +7,15 @@ distilled shortlist of the regime and keeps the fastest. Cells: the tune models 
 uniform load, E8's inputs (same seeds); ``ours:moe_ffn`` (fused above 16 rows per expert) against
 ``ours:unfused-swiglu``, interleaved in ROUNDS rounds, each checked against float64.
 
-    python -m experiments.probe_fused_tuned --out results/<slug>/probe_fused_tuned.csv
+    python -m probes.probe_fused_tuned --out results/<slug>/probe_fused_tuned.csv
 """
 
 from __future__ import annotations
 
 from experiments.e8_moe_layer import unfused_ours
-from experiments.probe_compiled_layer import run_cells
 from moegemm.bench.runner import Contender
 from moegemm.grouped import moe_ffn
+from probes.common import run_cells
 
 CELLS = [("deepseek-v3", 1024), ("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-30b-a3b", 4096),
          ("qwen3-30b-a3b", 16384), ("mixtral-8x7b", 4096), ("mixtral-8x7b", 16384)]

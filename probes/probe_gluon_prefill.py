@@ -1,4 +1,4 @@
-"""Probe (not a pipeline step): a hand warp-specialized Gluon kernel (experiments/gluon_grouped.py: a
+"""Probe (not a pipeline step): a hand warp-specialized Gluon kernel (probes/gluon_grouped.py: a
 producer warp of TMA copies, consumer warp groups of asynchronous MMAs, a ring of shared-memory slots between
 them) against the library's grouped kernel at prefill, where both it and torch._grouped_mm are bound by the
 tensor cores.
@@ -9,7 +9,7 @@ kernel with its tuned config on both grids, the Gluon kernel in each of its conf
 float64 on small ragged shapes (an empty expert, experts of fewer rows than a tile, K and N not multiples
 of the tile), its output poisoned with NaN first. Tune models only: what it finds would feed the tuner.
 
-    python -m experiments.probe_gluon_prefill --out probe_gluon_prefill.csv
+    python -m probes.probe_gluon_prefill --out probe_gluon_prefill.csv
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 
 from experiments.common import load_config
 from experiments.e7_grouped_skew import ref_rows, run_probe, torch_contender, tuned_contenders
-from experiments.gluon_grouped import VARIANTS, ws_grouped_mm
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
+from probes.gluon_grouped import VARIANTS, ws_grouped_mm
 
 # (rows per expert, N, K) of the small ragged shapes checked first
 EDGES = (([300, 0, 7, 129, 1000], 384, 352), ([1, 2, 3, 500], 256, 64), ([4096, 4096, 4096], 1000, 1024))

@@ -16,7 +16,7 @@ seeds, its graph-timed contenders, uniform load) for MODELS at TOKENS, in E8's o
 compiles as in E8; and E6's router GEMM at ROUTER_TOKENS (eager cuBLAS and our default), on E1-E6's timing
 settings (calls_per_graph calls in every graph, so only the hold differs).
 
-    python -m experiments.probe_graph_clock --out results/<slug>/probe_graph_clock.csv
+    python -m probes.probe_graph_clock --out results/<slug>/probe_graph_clock.csv
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main():
     vllm = Vllm()
     vllm.load()
     e8cfg = cfg["moe_layer"]
-    for model in MODELS[:1] if args.quick else MODELS:
+    for model in MODELS:
         for t in TOKENS:
             if writer.done(experiment="E8", model=model, tokens=t):
                 continue
@@ -99,8 +99,8 @@ def main():
     weights.clear()
     torch._dynamo.reset()
     r = cfg["decompose_k"]["router"]
-    dk_settings = timing_settings(cfg, args.quick)
-    for t in ROUTER_TOKENS[:1] if args.quick else ROUTER_TOKENS:
+    dk_settings = timing_settings(cfg)
+    for t in ROUTER_TOKENS:
         if writer.done(experiment="E6", model="router", tokens=t):
             continue
         t0 = time.perf_counter()

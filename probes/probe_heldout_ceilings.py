@@ -13,14 +13,19 @@ lowest ratios are), side by side with E7's weights, routing and timing:
 
 Held-out models measured for reading only: nothing learns from this.
 
-    python -m experiments.probe_heldout_ceilings --out probe_heldout_ceilings.csv
+    python -m probes.probe_heldout_ceilings --out probe_heldout_ceilings.csv
 """
 
 from __future__ import annotations
 
 from experiments.common import load_config
-from experiments.e7_grouped_skew import (dense_contender, heldout_contenders, run_probe, stream_contender,
-                                         stream_search)
+from experiments.e7_grouped_skew import (
+    dense_contender,
+    heldout_contenders,
+    run_probe,
+    stream_contender,
+    stream_search,
+)
 
 TOKENS = (256, 4096)
 KEEP = ("ours:auto", "torch._grouped_mm")

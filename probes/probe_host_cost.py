@@ -15,7 +15,7 @@ and GPU time per call from CUDA-graph replay (``graph_us``) and the launch-inclu
 for the whole calls. With ``--profile DIR`` it also writes cProfile's top functions for ``moe_ffn`` per
 cell (DIR/<model>-T<t>.txt).
 
-    python -m experiments.probe_host_cost --out probe_host_cost.csv [--profile DIR] [--models a,b] [--tokens 1,16]
+    python -m probes.probe_host_cost --out probe_host_cost.csv [--profile DIR] [--models a,b] [--tokens 1,16]
 """
 
 from __future__ import annotations

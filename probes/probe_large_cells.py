@@ -4,19 +4,19 @@ Why: in E8 (two rounds a cell) the compiled transformers backend ran more than 3
 and moe_ffn's fused gate/up slower than the unfused one, in a few cells at T=16384, where every replay runs
 milliseconds under the power cap; there moe_ffn and the eager backend, the same kernels behind two calls,
 differed too. This times those four contenders (``ours:moe_ffn``, ``ours:unfused-swiglu``,
-``ours:hf-backend`` and ``ours:hf-backend:compiled``) side by side in ROUNDS (probe_compiled_layer's)
+``ours:hf-backend`` and ``ours:hf-backend:compiled``) side by side in ROUNDS (probes.common's)
 balanced rounds on E8's inputs, uniform load, at T=4096 and then 16384 for each of MODELS (so that Dynamo
 compiles as in E8: T dynamic at the second), each checked against float64 first.
 
-    python -m experiments.probe_large_cells --out results/<slug>/probe_large_cells.csv
+    python -m probes.probe_large_cells --out results/<slug>/probe_large_cells.csv
 """
 
 from __future__ import annotations
 
 from experiments.e8_moe_layer import hf_contender, unfused_ours
-from experiments.probe_compiled_layer import run_cells
 from moegemm.bench.runner import Contender
 from moegemm.grouped import moe_ffn
+from probes.common import run_cells
 
 MODELS = ("gpt-oss-120b", "llama-4-scout")
 CELLS = [(model, t) for model in MODELS for t in (4096, 16384)]

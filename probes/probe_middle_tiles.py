@@ -12,7 +12,7 @@ cell). Cells: the tune models at the token counts whose mean rows per expert fal
 loads: E7's inputs and timing settings, each contender checked against float64. Held-out models are not
 measured here: what this probe finds may enter the tuner's candidates, which only the tune set sees.
 
-    python -m experiments.probe_middle_tiles --out results/<slug>/probe_middle_tiles.csv
+    python -m probes.probe_middle_tiles --out results/<slug>/probe_middle_tiles.csv
 """
 
 from __future__ import annotations

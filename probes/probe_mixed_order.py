@@ -18,7 +18,7 @@ Per cell, interleaved (moegemm.bench.runner.measure, E7's timing settings):
   load's skew costs at most.
 Timed in ROUNDS interleaved rounds (E7 takes config.yaml's fewer): the ratios sought are a few percent.
 
-    python -m experiments.probe_mixed_order --out results/<slug>/probe_mixed_order.csv
+    python -m probes.probe_mixed_order --out results/<slug>/probe_mixed_order.csv
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import dataclasses
 import math
 
 from experiments.e7_grouped_skew import ours, ref_rows, run_probe
-from experiments.probe_prefill_tiles import even_offsets
 from moegemm._runtime import device_sm_count, gpu_slug
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
 from moegemm.bench.runner import Contender
 from moegemm.grouped import choose_config
 from moegemm.grouped.schedule import tile_order, wave_model_us
+from probes.common import even_offsets
 
 MIXES = (2, 4)
 ROUNDS = 6

@@ -9,7 +9,7 @@ grid and on persistent grids of one, two and the sized number ("auto") of progra
 inputs, interleaved (moegemm.bench.runner.measure, E7's timing settings), at E7's seeds and loads; decode
 cells also with the masked layout, which always walks a persistent grid.
 
-    python -m experiments.probe_persistent_grid --out results/<slug>/probe_persistent_grid.csv
+    python -m probes.probe_persistent_grid --out results/<slug>/probe_persistent_grid.csv
 """
 
 from __future__ import annotations

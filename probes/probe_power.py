@@ -20,7 +20,7 @@ E7 times each contender in short bursts (a CUDA graph of a few ms, replayed a fe
 launch clock's calls between), after which the GPU may idle for a moment; the hold here is what a
 sustained run of the same kernel gets.
 
-    python -m experiments.probe_power --out results/<slug>/probe_power.csv
+    python -m probes.probe_power --out results/<slug>/probe_power.csv
 """
 
 from __future__ import annotations
@@ -32,8 +32,15 @@ import time
 
 import torch
 
-from experiments.e7_grouped_skew import (Vllm, dense_contender, ours, run_probe, stream_contender, stream_search,
-                                         torch_contender)
+from experiments.e7_grouped_skew import (
+    Vllm,
+    dense_contender,
+    ours,
+    run_probe,
+    stream_contender,
+    stream_search,
+    torch_contender,
+)
 from moegemm.bench.power import Nvml, Sampler, summary
 from moegemm.bench.runner import Contender, check_contenders, graph_timer
 from moegemm.bench.timing import GraphTimer

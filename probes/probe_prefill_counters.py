@@ -25,7 +25,7 @@ Two phases, one command:
    sections and the tensor-pipe, L2 and DRAM counters this ncu knows. One row per (cell, contender,
    kernel, metric).
 
-    python -m experiments.probe_prefill_counters --out results/<slug>/probe_prefill_timing.csv \\
+    python -m probes.probe_prefill_counters --out results/<slug>/probe_prefill_timing.csv \\
         --counters-out results/<slug>/probe_prefill_counters.csv [--raw-dir DIR]
 """
 
@@ -123,8 +123,8 @@ def case_calls(name: str, xs, w, plan, e: int, n: int):
     with expert 0's weights); None where the case does not apply (a tails variant equal to the tuned
     config, or one whose shared memory never fits)."""
     from experiments.e7_grouped_skew import ours
-    from experiments.probe_prefill_tiles import even_offsets, variant
     from moegemm.grouped import choose_config, grouped_mm
+    from probes.common import even_offsets, variant
 
     off = plan.group_offsets
     m = xs.shape[0]
@@ -236,7 +236,7 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
     from moegemm.bench.moe_loads import skew_stats
     from moegemm.bench.runner import Contender, measure
 
-    settings = timing_settings(cfg, args.quick, "grouped")
+    settings = timing_settings(cfg, "grouped")
     if not args.quick:
         settings = dataclasses.replace(settings, rounds=4, graph_replays=5)
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "load"))
@@ -374,7 +374,7 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
                     "--replay-mode", "kernel", "--export", str(rep), "--force-overwrite"]
             for s in SECTIONS:
                 base += ["--section", s]
-            child = [sys.executable, "-m", "experiments.probe_prefill_counters", "--one", spec, "--config",
+            child = [sys.executable, "-m", "probes.probe_prefill_counters", "--one", spec, "--config",
                      args.config, "--out", os.devnull]
             t0 = time.time()
             run = subprocess.run(base + (["--metrics", ",".join(metrics)] if metrics else []) + child,
@@ -431,7 +431,7 @@ def main():
     ap.add_argument("--counters-out", help="the counters CSV (written atomically); without it, no ncu phase")
     ap.add_argument("--raw-dir", help="also keep ncu's raw CSV page of each case here")
     ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
-    ap.add_argument("--quick", action="store_true", help="the first cell only, E7's quick timing")
+    ap.add_argument("--quick", action="store_true", help="the first cell only, at E7's timing")
     ap.add_argument("--ncu", help="path of ncu (default: on PATH, or CUDA's and Nsight Compute's folders)")
     ap.add_argument("--counters-budget-s", type=float, default=300.0,
                     help="start no new ncu case after this many seconds of the counters phase")

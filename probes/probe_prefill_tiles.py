@@ -22,7 +22,7 @@ Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.meas
   ragged row tiles, which splits the expert structure's share into that of streaming E weight matrices
   and that of the ragged (routed) row counts.
 
-    python -m experiments.probe_prefill_tiles --out results/<slug>/probe_prefill_tiles.csv
+    python -m probes.probe_prefill_tiles --out results/<slug>/probe_prefill_tiles.csv
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import math
 import torch
 
 from experiments.e7_grouped_skew import ours, ref_rows, run_probe
-from experiments.tune_grouped import SMEM, smem_bytes
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
 from moegemm.grouped import choose_config, grouped_mm
+from probes.common import even_offsets, variant
 
 CELLS = [  # (model, projection, tokens, load): E7's prefill cells furthest below 70% of the floor, and two others
     ("mixtral-8x7b", "up", 1024, "uniform"), ("mixtral-8x7b", "down", 1024, "uniform"),
@@ -44,25 +44,6 @@ CELLS = [  # (model, projection, tokens, load): E7's prefill cells furthest belo
     ("qwen3-30b-a3b", "up", 4096, "zipf1.2"), ("deepseek-v3", "up", 4096, "uniform"),
     ("deepseek-v3", "down", 4096, "zipf1.2"), ("mixtral-8x7b", "up", 16384, "uniform"),
 ]
-
-
-def variant(cfg, **changes):
-    """``cfg`` with ``changes``, one stage fewer at a time where its shared memory would not fit; None where
-    it cannot be (a pointer-load config, or it never fits)."""
-    if not cfg.tma:
-        return None
-    c = dataclasses.replace(cfg, **changes)
-    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize,
-                     c.tail_m if c.merge_tail else 0) > SMEM:
-        if c.num_stages <= 2:
-            return None
-        c = dataclasses.replace(c, num_stages=c.num_stages - 1)
-    return c
-
-
-def even_offsets(m: int, e: int, device) -> torch.Tensor:
-    """Group offsets dealing m rows out evenly: m // E rows to each expert, the last taking the remainder."""
-    return torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=device)
 
 
 def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Contender]:

@@ -10,7 +10,7 @@ inputs (E7's seeds) under a uniform, a Zipf 1.2 and a hot-expert load, interleav
 - ``tuned:uniform-only``: the uniform load's fastest, what a tuner on the uniform load alone would keep.
 Both come from the committed tuner CSV (results/<slug>/tune_grouped.csv).
 
-    python -m experiments.probe_robust_tuning --out results/<slug>/probe_robust_tuning.csv
+    python -m probes.probe_robust_tuning --out results/<slug>/probe_robust_tuning.csv
 """
 
 from __future__ import annotations

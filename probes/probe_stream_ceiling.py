@@ -5,7 +5,7 @@ Mixtral's gate/up (8 experts, 940 MB) and DeepSeek-V3's gate/up at T=64 (221 exp
 checked (every element read once) and timed on the CUDA-graph clock over rotated copies (one pass over
 them exceeds twice the L2). Picks which launch shapes E7 searches.
 
-    python -m experiments.probe_stream_ceiling --out results/<slug>/probe_stream_ceiling.csv
+    python -m probes.probe_stream_ceiling --out results/<slug>/probe_stream_ceiling.csv
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import statistics
 import torch
 
 from experiments.common import ResultWriter, cli, provenance_fields, require_gpu
+from moegemm._runtime import slugify
 from moegemm.bench.floors import datasheet
 from moegemm.bench.stream import StreamConfig, check_stream, fits, stream_bytes, stream_setup
 from moegemm.bench.timing import GraphTimer, input_sets_for
-from moegemm._runtime import slugify
 
 SLABS = {  # name: (experts, N, K, active experts)
     "qwen3-down-T1": (8, 2048, 768, 8),
@@ -42,7 +42,7 @@ def main():
     prov = provenance_fields()
     peak = datasheet(slugify(prov["gpu"]))["hbm_tb_s"]
     writer = ResultWriter(args.out, ("slab", "contender", "config"))
-    configs = grid()[:3] if args.quick else grid()
+    configs = grid()
     for slab, (e, n, k, active) in SLABS.items():
         g = torch.Generator(device="cuda").manual_seed(0)
         w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16, generator=g)
