@@ -33,7 +33,6 @@ def cli(description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", required=True, help="CSV to write (atomically, when every row is done)")
     ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
-    ap.add_argument("--quick", action="store_true", help="a small subset, for smoke tests")
     ap.add_argument("--shard", default="0/1", type=parse_shard,
                     help="I/N: only shard I of N (0-based) of the cells, whole models each (E7, E8); the pipeline "
                          "runs one shard per GPU and merges them")
@@ -156,13 +155,11 @@ def require_gpu() -> None:
         sys.exit("this experiment measures a GPU; none is visible here (no number is faked on a CPU)")
 
 
-def timing_settings(cfg: dict, quick: bool = False, section: str | None = None):
+def timing_settings(cfg: dict, section: str | None = None):
     """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its own."""
     from moegemm.bench.runner import Settings
 
     t = dict(cfg.get(section, {}).get("timing") or cfg["timing"])
-    if quick:
-        t.update(rounds=1, launch_rep_ms=3, graph_replays=2)
     return Settings(**t)
 
 

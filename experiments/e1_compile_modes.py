@@ -57,12 +57,12 @@ def main():
     caches = cold_compiles()
     cfg = load_config(args.config)
     d = cfg["decompose_k"]
-    settings = timing_settings(cfg, args.quick)
+    settings = timing_settings(cfg)
     prov = provenance_fields()
     tiny = dk.tiny_kernel_us()
     writer = ResultWriter(args.out, ("function", "m", "n", "k"))
-    shapes = [tuple(s) for s in d["compile_shapes"]][: 1 if args.quick else None]
-    modes = d["compile_modes"][:1] if args.quick else d["compile_modes"]
+    shapes = [tuple(s) for s in d["compile_shapes"]]
+    modes = d["compile_modes"]
     fns = functions(d["seed_split"])
     bar = Progress(len(shapes) * len(fns), "E1")
     for m, n, k in shapes:

@@ -38,7 +38,7 @@ def contenders_for(a, n, k, cfg, results_dir) -> list:
 
 
 def main():
-    dk.run_grid("E3", __doc__, "relu", contenders_for, seed=lambda m, k: m * 17 + k, quick=2, reset_dynamo=True,
+    dk.run_grid("E3", __doc__, "relu", contenders_for, seed=lambda m, k: m * 17 + k, reset_dynamo=True,
                 ks="fusion_grid_k")
 
 

@@ -46,7 +46,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # true IEEE fp32 for the fp32 suite
     torch.backends.cudnn.allow_tf32 = False
     custom_op.register()
-    settings = timing_settings(cfg, args.quick)
+    settings = timing_settings(cfg)
     prov = provenance_fields()
     tiny = dk.tiny_kernel_us()
     writer = ResultWriter(args.out, ("suite", "m", "n", "k"))
@@ -54,8 +54,6 @@ def main():
     suites = cfg["decompose_k"]["suites"]
     compiled_suites = set(cfg["decompose_k"].get("grid_compiled_suites", suites))
     compiled_k = set(cfg["decompose_k"].get("grid_compiled_k", cfg["decompose_k"]["grid_k"]))
-    if args.quick:
-        shapes, suites = shapes[:2], dict(list(suites.items())[:1])
     bar = Progress(len(shapes) * len(suites), "E5")
     for suite, s in suites.items():
         dtype = DTYPES[s["dtype"]]

@@ -114,7 +114,7 @@ def start(doc: str, keys: tuple[str, ...] = ("model", "proj", "tokens", "load"))
     require_gpu()
     cfg = load_config(args.config)
     g = cfg["grouped"]
-    settings = timing_settings(cfg, args.quick, "grouped")
+    settings = timing_settings(cfg, "grouped")
     prov = provenance_fields()
     slug = slugify(prov["gpu"])
     writer = ResultWriter(args.out, keys)
@@ -129,14 +129,13 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, ro
     (model, projection, tokens, load)) gives the contenders, measured side by side with E7's timing
     settings; one row each with the cell's columns, the floor and provenance (resumable, written
     atomically); ``summary(rows)`` returns the line printed per cell. ``rounds``: more interleaved rounds
-    than E7's timing settings take (not with --quick). ``measure_cell(contenders, input_sets, ref, k, settings,
+    than E7's timing settings take. ``measure_cell(contenders, input_sets, ref, k, settings,
     turn)`` (turn: the cell's index), where given, measures a cell instead of moegemm.bench.runner.measure.
     ``with_sets``: contenders_of also gets the rotated weight sets, the timing settings, the tokens'
     activations and their top-k expert ids (``ws=``, ``settings=``, ``x=``, ``ids=``)."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
-    if rounds and not args.quick:
+    if rounds:
         settings = dataclasses.replace(settings, rounds=rounds)
-    cells = cells[:1] if args.quick else cells
     bar = Progress(len(cells), "probe")
     for turn, (model, proj, t, load) in enumerate(cells):
         if writer.done(model=model, proj=proj, tokens=t, load=load):
@@ -495,8 +494,6 @@ def main():
                     cells.append((model, proj, t, load))
             if proj == "up":
                 cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
-    if args.quick:
-        cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
     cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()

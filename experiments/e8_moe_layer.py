@@ -209,8 +209,6 @@ def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, CELL_KEYS)
     e8 = cfg["moe_layer"]
     cells = [(model, t, load) for model in g["models"] for t in e8["tokens"] for load in e8["loads"]]
-    if args.quick:
-        cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[1] == 16][:1]
     cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()

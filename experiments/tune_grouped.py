@@ -279,14 +279,12 @@ def main():
     require_gpu()
     cfg = load_config(args.config)
     g = cfg["grouped"]
-    settings = timing_settings(cfg, args.quick, "grouped")
+    settings = timing_settings(cfg, "grouped")
     slug = slugify(torch.cuda.get_device_name(0))
     prov = provenance_fields()
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "load", "config", "stage"))
     # the tune set only: the held-out models are what the distilled default is judged on (E7)
     cells = [(model, proj, t) for model in tune_models(g) for proj in ("up", "down") for t in g["tune_tokens"]]
-    if args.quick:
-        cells = cells[:1]
     bar = Progress(len(cells), "tune-grouped")
     weights: dict = {}
     for model, proj, t in cells:

@@ -41,8 +41,6 @@ def main():
         writer.finish()
         return
     todo = shapes(cfg)
-    if args.quick:
-        todo = todo[:1]
     bar = Progress(len(todo) * len(seed_dk.VARIANTS), "tune_seed")
     for (m, n, k), dt in todo:
         sets, ref = dk.shape_inputs(m, n, k, DTYPES[dt], seed=m * 5 + n * 11 + k)
