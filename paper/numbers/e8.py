@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+from experiments.report import runs_dir
 from moegemm.grouped.ffn import FUSE_ABOVE_ROWS_PER_EXPERT
 from .common import Numbers, gm, table
 
@@ -38,7 +39,7 @@ def e8_frame(df: pd.DataFrame) -> pd.DataFrame:
 def fusion_at_decode(n: Numbers, results: Path) -> None:
     """What the fused gate/up measured where moe_ffn no longer fuses: E8 of runs/S16-1 (commit 6e88b3d), in
     which moe_ffn fused at every token count; the unfused contender's time over the fused one."""
-    path = results / "runs" / "S16-1" / "moe_layer.csv"
+    path = runs_dir(results) / "S16-1" / "moe_layer.csv"
     if not path.exists():
         return
     o = e8_frame(pd.read_csv(path))
@@ -172,7 +173,7 @@ def decode_routing_probe(n: Numbers, results: Path) -> None:
     from moegemm.grouped.routing_kernels import GATHER_SLOTS
 
     got = []
-    for path in (results / "probe_decode_routing.csv", *sorted(results.glob("runs/*/probe_decode_routing.csv"))):
+    for path in (results / "probe_decode_routing.csv", *sorted(runs_dir(results).glob("*/probe_decode_routing.csv"))):
         if path.exists():
             df = pd.read_csv(path)
             ok = df[df.status == "ok"]
@@ -311,7 +312,7 @@ def compiled_samples_probe(n: Numbers, results: Path) -> None:
     under runs/): E8 run for one model with every graph replay logged; per run and cell (its largest T), the
     median replay of the eager backend over the compiled one's; from the runs that logged them, the host's
     longest replay() call, the most child processes and whether Dynamo compiled a graph while they ran."""
-    paths = sorted(results.glob("runs/*/probe_compiled_samples.csv"))
+    paths = sorted(runs_dir(results).glob("*/probe_compiled_samples.csv"))
     if (results / "probe_compiled_samples.csv").exists():
         paths.append(results / "probe_compiled_samples.csv")
     ratios, models, tokens, host = [], set(), set(), []
@@ -437,7 +438,7 @@ def fusion_ratios(o: pd.DataFrame) -> pd.Series:
 def fixed_fusion(n: Numbers, results: Path) -> None:
     """The E8 run before moe_ffn chose between the fused and unfused gate/up (runs/S17-2): where it always
     fused above FUSE_ABOVE_ROWS_PER_EXPERT rows per expert, our unfused time over its fused one."""
-    path = results / "runs" / "S17-2" / "moe_layer.csv"
+    path = runs_dir(results) / "S17-2" / "moe_layer.csv"
     if not path.exists():
         return
     df = pd.read_csv(path)
