@@ -3,9 +3,9 @@
     python -m paper.make_numbers --results results/nvidia-h200 --out paper/generated
 
 Writes numbers.tex (one \\newcommand per quoted number) and table_*.tex. Each experiment's numbers live in
-its own module under paper/numbers/ (e1..e7, e7_heldout for E7's held-out models, e7_probes for E7's tuner
-and probes; common for the helpers);
-this command runs them all and re-exports them.
+its own module under paper/numbers/ (e1..e8, e7_heldout for E7's held-out models, e7_tuner for E7's tuner
+and the harness's order; common for the helpers), the probes' in probes/numbers.py; this command runs them
+all and re-exports them.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_probes, e8
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, update_readme
 from paper.numbers.runtime import runtime, runtime_block
+from probes import numbers as probes
 
 
 def main():
@@ -29,15 +30,16 @@ def main():
     results, gen = Path(a.results), Path(a.out)
     n = Numbers()
     provenance(n, results)
-    p = e7_probes
-    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, p.tails, p.prefill_probe, p.prefill_counters, runtime):
+    t, p = e7_tuner, probes  # numbers.tex keeps the order of the macros: the calls are interleaved
+    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, t.tails,
+              p.prefill_probe, p.prefill_counters, runtime):
         f(n, results, gen)
-    for f in (p.merged_tails, p.robust_tuning, p.tma_splits, p.extra_rows, p.stream_k_probe, p.mixed_order_probe,
-              p.middle_tiles_probe, p.heldout_ceilings_probe, p.rotation_runs, p.gluon_probe):
+    for f in (t.merged_tails, t.robust_tuning, t.tma_splits, t.extra_rows, p.stream_k_probe, p.mixed_order_probe,
+              p.middle_tiles_probe, p.heldout_ceilings_probe, t.rotation_runs, p.gluon_probe):
         f(n, results)
-    p.power_probe(n, results, gen)
-    p.robust_probe(n, results)
-    e5.dk_design_probe(n, results)
+    p.power_probe(n, results, gen, e7.e7_frame(results))
+    for f in (p.robust_probe, p.dk_design_probe, e5.heuristic_vs_tuned, p.dk_latency_probe, e5.commits):
+        f(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:

@@ -1,2 +1,3 @@
-"""The generated numbers and tables of the write-up, one module per experiment (e1..e7, e7_probes) and
-one of shared helpers (common); paper/make_numbers.py is the command that writes them."""
+"""The generated numbers and tables of the write-up, one module per experiment (e1..e8, e7_heldout, e7_tuner,
+runtime, readme) and one of shared helpers (common); the probes' are in probes/numbers.py.
+paper/make_numbers.py is the command that writes them."""

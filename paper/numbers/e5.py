@@ -1,4 +1,5 @@
-"""E5 Decompose-K grid: the numbers and tables, the heuristic against the tuned table, and the kernel-design probes."""
+"""E5 Decompose-K grid: the numbers and tables, the heuristic against the tuned table, and the commits E3-E6
+ran at (the kernel-design probes' numbers are in probes/numbers.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
-from .common import Numbers, OURS, SEEDS, commits_of, gm, table
 
+from .common import OURS, SEEDS, Numbers, commits_of, gm, table
 
 E5_RIVALS = ("eager", *SEEDS, "pytorch:decompose_k", "compiled", "custom-op-autotuned")
 
@@ -121,82 +122,8 @@ def heuristic_vs_tuned(n: Numbers, results: Path) -> None:
         n.add("DkHeuristicMax", max(ratios))
 
 
-DK_LATENCY_RATIO = 1.3  # the speed-up over the seed's optimized kernel the latency budget is worked out for
-
-
-def dk_latency_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_dk_latency.py: where the single-launch kernel's time goes (lower bounds of its grid:
-    no work; the K loop with no exchange, at its config and at the fastest of the tuner's space), beside the
-    seed's optimized kernel; and its earlier run (runs/S18-1) with two other waits and a compile-time M."""
-    path = results / "probe_dk_latency.csv"
-    if not path.exists():
-        return
-    df = pd.read_csv(path)
-    p = df[df.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
-    need = ("ours:auto", "seed: optimized", "direct:coop", "direct:no-attribute", "ceiling:empty",
-            "ceiling:empty:no-attribute", "ceiling:load:no-attribute", "ceiling:load:fastest-config")
-    if any(c not in p for c in need):
-        return
-    n.add("DkLatShapes", len(p), "{}")
-    n.add("DkLatCommit", str(df.git_commit.iloc[0])[:7], "{}")
-    n.add("DkLatOursVsSeed", gm(p["seed: optimized"] / p["ours:auto"]))
-    n.add("DkLatEmptyUs", float(p["ceiling:empty:no-attribute"].median()))
-    n.add("DkLatEmptyCoopUs", float(p["ceiling:empty"].median()))
-    n.add("DkLatCoopCost", gm(p["direct:coop"] / p["direct:no-attribute"]))
-    n.add("DkLatCoopCostMax", float((p["direct:coop"] / p["direct:no-attribute"]).max()))
-    x = p["direct:no-attribute"] - p["ceiling:load:no-attribute"]  # the exchange: ours less its K loop alone
-    n.add("DkLatExchangeUs", float(x.median()))
-    n.add("DkLatExchangeMinUs", float(x.min()))
-    n.add("DkLatExchangeMaxUs", float(x.max()))
-    b = p["seed: optimized"] / p["ceiling:load:fastest-config"]
-    n.add("DkLatBoundGm", gm(b))
-    n.add("DkLatBoundMin", float(b.min()))
-    n.add("DkLatBoundMax", float(b.max()))
-    # what a kernel 1.3x the seed's may spend above the exchange-free bound, per shape, against our exchange
-    room = p["seed: optimized"] / DK_LATENCY_RATIO - p["ceiling:load:fastest-config"]
-    n.add("DkLatRatio", DK_LATENCY_RATIO, "{:.1f}")
-    n.add("DkLatRoomUs", float(room.median()))
-    n.add("DkLatRoomMinUs", float(room.min()))
-    n.add("DkLatRoomMaxUs", float(room.max()))
-    n.add("DkLatRoomFits", int((x <= room).sum()), "{}")
-    n.add("DkLatBoundConfigs", int(df.loc[df.contender == "ceiling:load:fastest-config", "configs_timed"].sum()),
-          "{}")
-    early = results / "runs" / "S18-1" / "probe_dk_latency.csv"
-    if early.exists():
-        e = pd.read_csv(early)
-        q = e[e.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
-        if all(c in q for c in ("wait:0", "wait:1", "wait:2", "wait:0:mconst")):
-            n.add("DkLatEarlyCommit", str(e.git_commit.iloc[0])[:7], "{}")
-            n.add("DkLatWaitOne", gm(q["wait:1"] / q["wait:0"]))
-            n.add("DkLatWaitTwo", gm(q["wait:2"] / q["wait:0"]))
-            n.add("DkLatMconst", gm(q["wait:0:mconst"] / q["wait:0"]))
-
-
-def dk_design_probe(n: Numbers, results: Path) -> None:
-    """probe_dk_design.csv: the single-launch kernel's best config launched cooperatively, the same kernel
-    without the cooperative attribute, and its last-arriver form, side by side; and probe_dk_seed.csv: ours
-    against the seed's optimized kernel, each after its own search."""
-    path = results / "probe_dk_design.csv"
-    if path.exists():
-        df = pd.read_csv(path)
-        p = df[(df.status == "ok") & ~df.contender.str.startswith("screen:")].pivot_table(
-            index=["m", "n", "k"], columns="contender", values="graph_us")
-        n.add("DkProbeShapes", len(p), "{}")
-        n.add("DkCoopAttrCost", gm(p["coop"] / p["coop-no-attribute"]))
-        n.add("DkLastArriverMin", (p["last-arriver"] / p["coop"]).min(), "{:.1f}")
-        n.add("DkLastArriverMax", (p["last-arriver"] / p["coop"]).max(), "{:.1f}")
-        n.add("DkScreened", int(df.contender.str.startswith("screen:").sum()), "{}")
-    path = results / "probe_dk_seed.csv"
-    if path.exists():
-        df = pd.read_csv(path)
-        p = df[df.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
-        r = p["seed: optimized"] / p["ours:single_launch"]
-        n.add("DkSeedProbeShapes", len(r), "{}")
-        n.add("DkSeedProbeGm", gm(r))
-        n.add("DkSeedProbeMin", r.min())
-        n.add("DkSeedProbeMax", r.max())
-    heuristic_vs_tuned(n, results)
-    dk_latency_probe(n, results)
+def commits(n: Numbers, results: Path) -> None:
+    """The commits E3-E6's CSVs were measured at (EThreeCommit .. ESixCommit)."""
     for name, tag in (("epilogue_fusion", "EThree"), ("split_sweep", "EFour"), ("decompose_k_grid", "EFive"),
                       ("router_gemm", "ESix")):
         c = commits_of(results / f"{name}.csv") if (results / f"{name}.csv").exists() else None

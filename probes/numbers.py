@@ -1,74 +1,20 @@
-"""E7's tuner and probes (robust tuning, tails, Stream-K, mixed order, power, prefill counters, the Gluon
-kernel): their numbers and tables."""
+"""The probes' numbers and tables (probes/probe_*.py, from their CSVs in results/<gpu>/, each where
+committed): the grouped kernel's prefill tiles, counters, power and clocks, mixed expert order, middle tiles,
+Stream-K, the held-out ceilings, robust tuning and the Gluon kernel; the Decompose-K kernel's design, latency
+and the seed's kernel after its own search. paper/make_numbers.py runs them with the experiments' numbers."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from experiments._io import write_text
-from .common import Numbers, gm, table
-from .e7 import STREAM, VLLM, e7_frame
+from experiments.report import Numbers, gm, runs_dir, table
 
-
-def tune_cell(df: pd.DataFrame) -> list[str]:
-    """The grouped tuner's unit of comparison: a (model, projection, T) cell, under one load where the
-    tuner timed several (its CSVs before the S7 runs hold the uniform load only, without a load column)."""
-    return ["model", "proj", "tokens"] + (["load"] if "load" in df.columns else [])
-
-
-def tuner_rows(path: Path) -> pd.DataFrame | None:
-    """The correct, timed rows of a grouped tuner CSV's screen (results/<gpu>/tune_grouped.csv, or a kept
-    run's), or None without it. The screen times every candidate under one protocol; the final's second
-    timing of a cell's few fastest (stage "final", from the S11 runs on) is left out, so that no config counts
-    twice."""
-    if not path.exists():
-        return None
-    df = pd.read_csv(path)
-    if "stage" in df.columns:
-        df = df[df.stage.fillna("screen") == "screen"]
-    return df[df.status == "ok"].copy()
-
-
-def with_against_without(df: pd.DataFrame, has: pd.Series) -> list[tuple[tuple, float]]:
-    """(tuning cell, best time without the feature / best time with it) for every tuning cell where the
-    tuner timed configs with the feature (``has``) and without it, side by side: > 1 where it won."""
-    return [(key, g[~has[g.index]].graph_us.min() / g[has[g.index]].graph_us.min())
-            for key, g in df.groupby(tune_cell(df)) if has[g.index].any() and (~has[g.index]).any()]
-
-
-def robust_tuning(n: Numbers, results: Path) -> None:
-    """The grouped tuner keeps per cell the config of the least geometric-mean time over its loads: in how
-    many cells tuned on several loads that differs from the uniform load's fastest, and what the choice
-    costs on the uniform load and saves on the others, against that config (same process, same inputs)."""
-    df = tuner_rows(results / "tune_grouped.csv")
-    if df is None or "load" not in df.columns:
-        return
-    cost, save, differ, cells, loads = [], [], 0, 0, set()
-    for _, g in df.groupby(["model", "proj", "tokens"]):
-        t = g.pivot_table(index="config", columns="load", values="graph_us").dropna()
-        if t.shape[1] < 2 or "uniform" not in t.columns or t.empty:
-            continue
-        cells += 1
-        loads |= set(t.columns)
-        robust = np.exp(np.log(t).mean(axis=1)).idxmin()
-        fastest = t["uniform"].idxmin()
-        if robust != fastest:
-            differ += 1
-        cost.append(t.loc[robust, "uniform"] / t.loc[fastest, "uniform"])
-        save += [t.loc[fastest, c] / t.loc[robust, c] for c in t.columns if c != "uniform"]
-    if not cells:
-        return
-    n.add("TuneCells", cells, "{}")
-    n.add("TuneLoads", ", ".join(sorted(loads - {"uniform"})))
-    n.add("TuneDiffers", differ, "{}")
-    n.add("TuneUniformCostMax", 100 * (max(cost) - 1), "{:.1f}")
-    n.add("TuneSkewGainMax", 100 * (max(save) - 1), "{:.0f}")
-    n.add("TuneSkewGainGeo", gm(save), "{:.2f}")
+VLLM = "vllm:fused_moe"  # E7's contender names: vLLM's fused-MoE Triton kernel, the memory ceiling
+STREAM = "ceiling:stream"
 
 
 def probe_rows(results: Path, probe: str) -> pd.DataFrame | None:
@@ -93,7 +39,7 @@ def probe_cells(results: Path, probe: str, values: str | list[str] = "graph_us")
 
 
 def robust_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_robust_tuning.py (when its CSV is committed): on E7's inputs, the uniform-only
+    """probes/probe_robust_tuning.py (when its CSV is committed): on E7's inputs, the uniform-only
     choice's time over the both-loads choice's, side by side, per load (geomeans, lowest and highest)."""
     t = probe_cells(results, "probe_robust_tuning")
     if t is None:
@@ -112,59 +58,12 @@ def robust_probe(n: Numbers, results: Path) -> None:
             n.add(f"RobustProbe{tag}Hi", float(x.max()))
 
 
-def newest_tuning_with(results: Path, has) -> tuple[list[float], str | None]:
-    """(best time without the feature / best time with it, per tuning cell where the tuner timed both;
-    None or the name of the kept run read) from the newest grouped tuner CSV whose configs include the
-    feature (``has``: config column -> bool): results/<gpu>/tune_grouped.csv, else the runs kept under
-    results/<gpu>/runs/, newest first (the tuner stops offering a feature that lost)."""
-    runs = sorted((results / "runs").glob("*/tune_grouped.csv"), reverse=True,
-                  key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)])
-    for path in [results / "tune_grouped.csv", *runs]:
-        df = tuner_rows(path)
-        if df is None:
-            continue
-        ratios = [r for _, r in with_against_without(df, has(df.config))]
-        if ratios:
-            return ratios, None if path.parent == results else path.parent.name
-    return [], None
-
-
-def tma_splits(n: Numbers, results: Path) -> None:
-    """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
-    unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
-    offering it in the S8 runs; SplitRun names the kept run read then."""
-    ratios, run = newest_tuning_with(results, lambda c: c.str.contains("'tma': True", regex=False)
-                                     & ~c.str.contains("'split_k': 1,", regex=False))
-    if ratios:
-        n.add("SplitCells", len(ratios), "{}")
-        n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
-        n.add("SplitLo", min(ratios))
-        n.add("SplitHi", max(ratios))
-        if run:
-            n.add("SplitRun", run)
-
-
-def extra_rows(n: Numbers, results: Path) -> None:
-    """Row tiles with extra rows (extra_m) in the grouped tuner's table, against the best config without
-    them, per tuning cell where both were timed; ExtraRun names the kept run read once the tuner no
-    longer offers them."""
-    ratios, run = newest_tuning_with(results, lambda c: c.str.extract(r"'extra_m': (\d+)")[0].fillna(0)
-                                     .astype(int) > 0)
-    if ratios:
-        n.add("ExtraCells", len(ratios), "{}")
-        n.add("ExtraWins", sum(r > 1 for r in ratios), "{}")
-        n.add("ExtraLo", min(ratios))
-        n.add("ExtraHi", max(ratios), "{:.3f}")
-        if run:
-            n.add("ExtraRun", run)
-
-
 def mixed_order_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_mixed_order.py (when its CSV is committed): per cell, expert order (the tuned
+    """probes/probe_mixed_order.py (when its CSV is committed): per cell, expert order (the tuned
     config, which did not mix in the probe's run) against the mixed order at 2 row tiles, measured and as the
     wave model has it; the skewed (Zipf) DeepSeek-V3 cells at T=4096 apart from the rest; the even deal
     against the mixed order there; and the counters of DeepSeek-V3 down under Zipf 1.2 (L2 against the
-    even deal) where experiments/probe_prefill_counters.py measured them."""
+    even deal) where probes/probe_prefill_counters.py measured them."""
     df = probe_rows(results, "probe_mixed_order")
     if df is None:
         return
@@ -206,19 +105,18 @@ POWER_NAMES = {"ours": "ours (tuned)", "torch._grouped_mm": "torch._grouped_mm",
                "dense-reference": "dense cuBLAS (one expert)", STREAM: "memory ceiling (stream)"}
 
 
-def power_probe(n: Numbers, results: Path, gen: Path) -> None:
-    """experiments/probe_power.py (when its CSV is committed): per regime (decode T <= 256, prefill), each
+def power_probe(n: Numbers, results: Path, gen: Path, e7f: pd.DataFrame | None = None) -> None:
+    """probes/probe_power.py (when its CSV is committed): per regime (decode T <= 256, prefill), each
     contender's median SM clock and power while held, its sustained time over ours (geomean over the cells),
     the share of samples the power cap held the clock down; ours against torch._grouped_mm and vLLM's kernel
     held (geomean, lowest, cells where they were faster), in SM cycles (time x clock), and E7's short bursts
-    in the same cells (e7_frame_of: the better of our two grids)."""
+    in the same cells (``e7f``: paper.numbers.e7.e7_frame, the better of our two grids, where given)."""
     df = probe_rows(results, "probe_power")
     if df is None:
         return
     key = ["model", "proj", "tokens", "load"]
     us = df.pivot_table(index=key, columns="contender", values="graph_us")
     cyc = (df.assign(c=df.graph_us * df.sm_mhz)).pivot_table(index=key, columns="contender", values="c")
-    e7f = e7_frame(results)
     burst = e7f.set_index(key) if e7f is not None else None
     n.add("PowMaxMHz", float(df.max_sm_mhz.max()), "{:.0f}")
     n.add("PowLimitW", float(df.power_limit_w.max()), "{:.0f}")
@@ -264,14 +162,14 @@ def power_probe(n: Numbers, results: Path, gen: Path) -> None:
                 n.add(f"Pow{regime}Burst{short}", gm(b[col] / b.us))
     if rows:
         write_text(gen / "table_power.tex", table(pd.DataFrame(rows), "Held back to back for about \\PowHoldS\\,s, \\PowHolds{} times each (medians) "
-                   "(experiments/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
+                   "(probes/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
                    "and power NVML reported, the share of samples in which the power cap held the clock down, and "
                    "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "
                    "ceiling solve easier problems).", "tab:power", "llrrrr"))
 
 
 def stream_k_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
+    """probes/probe_stream_k.py (when its CSV is committed): per cell, the same tiles on the same
     persistent grid whole against dealt out by K steps (time whole / time dealt: > 1 where dealing won),
     and the library's tuned config against the fastest Stream-K tiles (time tuned / time Stream-K)."""
     t = probe_cells(results, "probe_stream_k")
@@ -293,54 +191,12 @@ def stream_k_probe(n: Numbers, results: Path) -> None:
     n.add("StreamKVsTunedHi", float(vs_tuned.max()))
 
 
-def tails(n: Numbers, results: Path, gen: Path) -> None:
-    """Tail tiles of their own in the grouped tuner's table (side by side, same process and data; configs
-    with merged tails left out): in how many of the cells where they were offered one won, and the time
-    saved against the best config without them."""
-    df = tuner_rows(results / "tune_grouped.csv")
-    if df is None:
-        return
-    df = df[~df.config.str.contains("'merge_tail': True", regex=False)]  # see merged_tails
-    tail = df.config.str.extract(r"'tail_m': (\d+)")[0].fillna(0).astype(int) > 0
-    gains = [(key, 100 * max(0.0, 1 - 1 / r), r > 1) for key, r in with_against_without(df, tail)]
-    if not gains:
-        return
-    best = max(gains, key=lambda x: x[1])
-    n.add("TailCells", len(gains), "{}")
-    n.add("TailWins", sum(w for *_, w in gains), "{}")
-    n.add("TailGainMax", best[1], "{:.0f}")
-    n.add("TailGainCell", f"{best[0][0]} {best[0][1]}, $T={best[0][2]}$")
-    n.add("TailGainMedian", float(np.median([gn for _, gn, w in gains if w])), "{:.1f}")
-
-
-def merged_tails(n: Numbers, results: Path) -> None:
-    """Merged tails in the grouped tuner's table: in how many of the cells where they were offered a config
-    with them won, and by how much against the best config without them; on 64-row tiles (Merged*) and,
-    offered from the S11 runs on, on 128-row prefill tiles (MergedBig*: the cells whose merged configs have
-    128-row tiles)."""
-    df = tuner_rows(results / "tune_grouped.csv")
-    if df is None:
-        return
-    merged = df.config.str.contains("'merge_tail': True", regex=False)
-    big = df.config.str.contains("'block_m': 128,", regex=False)
-    mid, wide = [], []
-    for key, r in with_against_without(df, merged):
-        cell = (df[tune_cell(df)] == pd.Series(key, index=tune_cell(df))).all(axis=1)
-        (wide if (cell & merged & big).any() else mid).append(r)
-    for tag, gains in (("", mid), ("Big", wide)):
-        if gains:
-            n.add(f"Merged{tag}Cells", len(gains), "{}")
-            n.add(f"Merged{tag}Wins", sum(x > 1 for x in gains), "{}")
-            n.add(f"Merged{tag}GainMax", 100 * (max(gains) - 1), "{:.0f}")
-            n.add(f"Merged{tag}Lo", min(gains))
-
-
 PROBE_COLUMNS = [("tuned", "grouped"), ("tuned:merged-tails", "tails merged"), ("tuned:kn", "w as [E,K,N]"),
                  ("even:ours", "rows even"), ("dense:ours", "dense, ours"), ("dense:cublas", "dense, cuBLAS")]
 
 
 def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
-    """Where the prefill time goes (experiments/probe_prefill_tiles.py, when its CSV is committed): per cell
+    """Where the prefill time goes (probes/probe_prefill_tiles.py, when its CSV is committed): per cell
     the TFLOP/s of our grouped kernel, its variants and the dense yardsticks, side by side; geomean ratios."""
     t = probe_cells(results, "probe_prefill_tiles", ["tflops_graph", "pct_floor_graph"])
     if t is None:
@@ -394,7 +250,7 @@ COUNTERS = {"us": "gpu__time_duration.sum", "tensor": "sm__pipe_tensor_cycles_ac
 
 
 def counter_frame(results: Path) -> pd.DataFrame | None:
-    """experiments/probe_prefill_counters.py's counters (when committed), one row per (cell, contender): the
+    """probes/probe_prefill_counters.py's counters (when committed), one row per (cell, contender): the
     longest kernel of the profiled call (torch._grouped_mm's setup kernel left out), the counters of
     COUNTERS, and executed tensor math over the cell's useful FLOPs (from the probe's timing CSV)."""
     path, timing = results / "probe_prefill_counters.csv", results / "probe_prefill_timing.csv"
@@ -414,7 +270,7 @@ def counter_frame(results: Path) -> pd.DataFrame | None:
 
 
 def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
-    """What limits the prefill kernels, from the GPU's counters (experiments/probe_prefill_counters.py,
+    """What limits the prefill kernels, from the GPU's counters (probes/probe_prefill_counters.py,
     when committed): a table per cell and contender, and the clock the timing saw (nvidia-smi)."""
     c = counter_frame(results)
     if c is None:
@@ -432,7 +288,7 @@ def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
                          "DRAM GB read": f"{r.dram_bytes / 1e9:.1f}"})
     write_text(gen / "table_counters.tex", table(
         pd.DataFrame(rows), "What limits the prefill kernels: Nsight Compute's counters of one call each "
-        "(experiments/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
+        "(probes/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
         "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer merged tails "
         "on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an expert merged into the "
         "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the "
@@ -485,7 +341,7 @@ def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
 
 
 def middle_tiles_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_middle_tiles.py (when its CSV is committed): per cell, the tuned table's config
+    """probes/probe_middle_tiles.py (when its CSV is committed): per cell, the tuned table's config
     against each tile config the tuner does not try, on both grids (time tuned / time new: > 1 where the new
     one won); per family of the probe's names (K steps of 256, four stages of 128, 64 x 256 tiles, 8 warps)
     the geomean over its variants and cells, and how often the best of all of them beat the tuned config by
@@ -509,7 +365,7 @@ def middle_tiles_probe(n: Numbers, results: Path) -> None:
 
 
 def heldout_ceilings_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_heldout_ceilings.py (when its CSV is committed): on the held-out models, per cell,
+    """probes/probe_heldout_ceilings.py (when its CSV is committed): on the held-out models, per cell,
     the memory ceiling's and the dense cuBLAS yardstick's times beside ours (grouped_mm, no config) and
     torch._grouped_mm. At decode (the probe's smaller T): ours and torch._grouped_mm as % of the ceiling's
     speed, and the ceiling's speed over torch._grouped_mm's (the most any kernel that only streams the cell's
@@ -544,55 +400,8 @@ def heldout_ceilings_probe(n: Numbers, results: Path) -> None:
     n.add("CeilHeldPrefillOursVsDenseHi", float(ours_dense.max()))
 
 
-# Per experiment, its last run under the harness's earlier order (each round the list rotated by one place)
-# and the first in balanced pairs, at the same commit otherwise (both kept under runs/), read cell by cell.
-ROTATED_RUNS = {"E7": ("S15-1", "S21-2", "grouped_skew.csv", ["model", "proj", "tokens", "load"]),
-                "E8": ("S20-2", "S21-3", "moe_layer.csv", ["model", "tokens", "load"])}
-
-
-def rotation_runs(n: Numbers, results: Path) -> None:
-    """Per experiment (E7, E8), its last run measured under rotation against its first in balanced order
-    (ROTATED_RUNS), over the cells and contenders both hold: the geomean of the balanced run's GPU time over
-    the earlier one's, for ours (E7: every "ours" contender; E8: moe_ffn) and for the peers (E7:
-    torch._grouped_mm and vLLM's kernel; E8: the torch._grouped_mm pipeline, transformers' compiled
-    grouped_mm backend and vLLM's fused_experts), and the held-out headline of the earlier run (E7: ours, no
-    config, over torch._grouped_mm at T >= 1024; E8: moe_ffn over the faster of the pipeline and the
-    compiled backend)."""
-    peers = {"E7": ("torch._grouped_mm", VLLM),
-             "E8": ("torch._grouped_mm pipeline", "hf:grouped_mm:compiled", "vllm:fused_experts")}
-    for exp, (run, balanced, name, key) in ROTATED_RUNS.items():
-        old_path, new_path = results / "runs" / run / name, results / "runs" / balanced / name
-        if not (old_path.exists() and new_path.exists()):
-            continue
-        old, new = (pd.read_csv(p) for p in (old_path, new_path))
-        if not all(set(key + ["split", "status", "contender", "graph_us"]) <= set(d.columns) for d in (old, new)):
-            continue
-        both = [d[d.status == "ok"].pivot_table(index=key + ["split"], columns="contender", values="graph_us")
-                for d in (old, new)]
-        o, c = both[0].align(both[1], join="inner")
-        headline = ["ours:auto", "torch._grouped_mm"] if exp == "E7" else \
-            ["ours:moe_ffn", "torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]
-        if not len(o) or not all(h in o for h in headline) or "heldout" not in set(o.index.get_level_values("split")):
-            continue
-        ours = [x for x in o.columns if x.startswith("ours")] if exp == "E7" else ["ours:moe_ffn"]
-        ratio = c / o
-        tag = "Rot" + {"E7": "ESeven", "E8": "EEight"}[exp]
-        n.add(f"{tag}Run", run, "{}")
-        n.add(f"{tag}Balanced", balanced, "{}")
-        n.add(f"{tag}Commit", str(old.git_commit.iloc[0])[:7], "{}")
-        n.add(f"{tag}OursTime", gm(ratio[ours].stack().dropna()), "{:.3f}")
-        n.add(f"{tag}PeerTime", gm(ratio[[p for p in peers[exp] if p in ratio]].stack().dropna()), "{:.3f}")
-        held = o.xs("heldout", level="split")
-        if exp == "E7":
-            pre = held[held.index.get_level_values("tokens") >= 1024]
-            n.add("RotESevenHeldPrefillVsTorch", gm((pre["torch._grouped_mm"] / pre["ours:auto"]).dropna()))
-        else:
-            best = held[["torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]].min(axis=1)
-            n.add("RotEEightHeldVsPeer", gm((best / held["ours:moe_ffn"]).dropna()))
-
-
 def gluon_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_gluon_prefill.py (when its CSV is committed): per prefill cell of the tune models, the
+    """probes/probe_gluon_prefill.py (when its CSV is committed): per prefill cell of the tune models, the
     faster of ours on its two grids (``ours:*``) against the fastest config of the hand warp-specialized
     Gluon kernel (``gluon-ws:*``) and against torch._grouped_mm: the Gluon kernel's speed as a multiple of
     ours (geomean, lowest, highest, and at the probe's largest T), how often it beat ours by more than the
@@ -623,3 +432,79 @@ def gluon_probe(n: Numbers, results: Path) -> None:
     n.add("GluBigVsOurs", gm(vs[tokens == tokens.max()]))
     n.add("GluVsTorch", gm(t["torch._grouped_mm"] / best))
     n.add("GluOursVsTorch", gm(t["torch._grouped_mm"] / ours))
+
+
+DK_LATENCY_RATIO = 1.3  # the speed-up over the seed's optimized kernel the latency budget is worked out for
+
+
+def dk_latency_probe(n: Numbers, results: Path) -> None:
+    """probes/probe_dk_latency.py: where the single-launch kernel's time goes (lower bounds of its grid:
+    no work; the K loop with no exchange, at its config and at the fastest of the tuner's space), beside the
+    seed's optimized kernel; and its earlier run (runs/S18-1) with two other waits and a compile-time M."""
+    path = results / "probe_dk_latency.csv"
+    if not path.exists():
+        return
+    df = pd.read_csv(path)
+    p = df[df.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
+    need = ("ours:auto", "seed: optimized", "direct:coop", "direct:no-attribute", "ceiling:empty",
+            "ceiling:empty:no-attribute", "ceiling:load:no-attribute", "ceiling:load:fastest-config")
+    if any(c not in p for c in need):
+        return
+    n.add("DkLatShapes", len(p), "{}")
+    n.add("DkLatCommit", str(df.git_commit.iloc[0])[:7], "{}")
+    n.add("DkLatOursVsSeed", gm(p["seed: optimized"] / p["ours:auto"]))
+    n.add("DkLatEmptyUs", float(p["ceiling:empty:no-attribute"].median()))
+    n.add("DkLatEmptyCoopUs", float(p["ceiling:empty"].median()))
+    n.add("DkLatCoopCost", gm(p["direct:coop"] / p["direct:no-attribute"]))
+    n.add("DkLatCoopCostMax", float((p["direct:coop"] / p["direct:no-attribute"]).max()))
+    x = p["direct:no-attribute"] - p["ceiling:load:no-attribute"]  # the exchange: ours less its K loop alone
+    n.add("DkLatExchangeUs", float(x.median()))
+    n.add("DkLatExchangeMinUs", float(x.min()))
+    n.add("DkLatExchangeMaxUs", float(x.max()))
+    b = p["seed: optimized"] / p["ceiling:load:fastest-config"]
+    n.add("DkLatBoundGm", gm(b))
+    n.add("DkLatBoundMin", float(b.min()))
+    n.add("DkLatBoundMax", float(b.max()))
+    # what a kernel 1.3x the seed's may spend above the exchange-free bound, per shape, against our exchange
+    room = p["seed: optimized"] / DK_LATENCY_RATIO - p["ceiling:load:fastest-config"]
+    n.add("DkLatRatio", DK_LATENCY_RATIO, "{:.1f}")
+    n.add("DkLatRoomUs", float(room.median()))
+    n.add("DkLatRoomMinUs", float(room.min()))
+    n.add("DkLatRoomMaxUs", float(room.max()))
+    n.add("DkLatRoomFits", int((x <= room).sum()), "{}")
+    n.add("DkLatBoundConfigs", int(df.loc[df.contender == "ceiling:load:fastest-config", "configs_timed"].sum()),
+          "{}")
+    early = runs_dir(results) / "S18-1" / "probe_dk_latency.csv"
+    if early.exists():
+        e = pd.read_csv(early)
+        q = e[e.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
+        if all(c in q for c in ("wait:0", "wait:1", "wait:2", "wait:0:mconst")):
+            n.add("DkLatEarlyCommit", str(e.git_commit.iloc[0])[:7], "{}")
+            n.add("DkLatWaitOne", gm(q["wait:1"] / q["wait:0"]))
+            n.add("DkLatWaitTwo", gm(q["wait:2"] / q["wait:0"]))
+            n.add("DkLatMconst", gm(q["wait:0:mconst"] / q["wait:0"]))
+
+
+def dk_design_probe(n: Numbers, results: Path) -> None:
+    """probe_dk_design.csv: the single-launch kernel's best config launched cooperatively, the same kernel
+    without the cooperative attribute, and its last-arriver form, side by side; and probe_dk_seed.csv: ours
+    against the seed's optimized kernel, each after its own search."""
+    path = results / "probe_dk_design.csv"
+    if path.exists():
+        df = pd.read_csv(path)
+        p = df[(df.status == "ok") & ~df.contender.str.startswith("screen:")].pivot_table(
+            index=["m", "n", "k"], columns="contender", values="graph_us")
+        n.add("DkProbeShapes", len(p), "{}")
+        n.add("DkCoopAttrCost", gm(p["coop"] / p["coop-no-attribute"]))
+        n.add("DkLastArriverMin", (p["last-arriver"] / p["coop"]).min(), "{:.1f}")
+        n.add("DkLastArriverMax", (p["last-arriver"] / p["coop"]).max(), "{:.1f}")
+        n.add("DkScreened", int(df.contender.str.startswith("screen:").sum()), "{}")
+    path = results / "probe_dk_seed.csv"
+    if path.exists():
+        df = pd.read_csv(path)
+        p = df[df.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
+        r = p["seed: optimized"] / p["ours:single_launch"]
+        n.add("DkSeedProbeShapes", len(r), "{}")
+        n.add("DkSeedProbeGm", gm(r))
+        n.add("DkSeedProbeMin", r.min())
+        n.add("DkSeedProbeMax", r.max())
