@@ -1,4 +1,5 @@
-"""Helpers for the Snakefile: which GPU this machine has, and where results are read from and written to.
+"""Helpers for the Snakefile: which GPU this machine has, where results are read from and written to, and
+how long each GPU step took (its benchmark files; read by experiments.schedule and the write-up).
 
 Kept out of the Snakefile so that it can be tested without a GPU.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 from moegemm._runtime import slugify
 
@@ -42,3 +44,43 @@ def machine_slug(gpus: list[str]) -> str:
 def results_slug(gpus: list[str], committed: str) -> str:
     """Where the write-up reads measurements from: fresh ones on a GPU, else the committed GPU's."""
     return machine_slug(gpus) if gpus else committed
+
+
+# The GPU steps in pipeline order (the names of their benchmark files)
+STEP_ORDER = ["verify", "floors", "tune", "tune_seed", "tune_grouped", "compile_modes", "inductor_codegen",
+              "epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm", "grouped_skew",
+              "moe_layer"]
+
+
+def run_times(results: Path):
+    """Wall time of each GPU step of the pipeline, from the benchmark files Snakemake wrote
+    (results/<gpu>/benchmarks/<step>.tsv), in pipeline order, as a DataFrame (step, seconds, calls, shards);
+    None where the run left none."""
+    import pandas as pd  # only here: the Snakefile imports this module
+
+    files = sorted((results / "benchmarks").glob("*.tsv"))
+    if not files:
+        return None
+    rows = []
+    for f in files:
+        # <step>.<i>-of-<n>.tsv: one shard of a step run over several GPUs (their GPU time is summed)
+        row = {"step": f.stem.split(".")[0], "seconds": float(pd.read_csv(f, sep="\t")["s"].iloc[0]),
+               "calls": 1, "shards": 1}
+        calls = f.with_suffix(".calls")  # a step resumed over several device calls: their sum
+        if calls.exists():
+            c = pd.read_csv(calls, sep="\t")
+            if len(c) > 1:
+                row.update(seconds=float(c.seconds.sum()), calls=len(c))
+        rows.append(row)
+    rows = [{"step": step, "seconds": sum(r["seconds"] for r in rs), "calls": max(r["calls"] for r in rs),
+             "shards": len(rs)} for step, rs in _by_step(rows).items()]
+    df = pd.DataFrame(rows)
+    df["order"] = df.step.map(lambda s: STEP_ORDER.index(s) if s in STEP_ORDER else len(STEP_ORDER))
+    return df.sort_values(["order", "step"]).drop(columns="order").reset_index(drop=True)
+
+
+def _by_step(rows: list[dict]) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["step"], []).append(r)
+    return out

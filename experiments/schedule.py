@@ -2,7 +2,7 @@
 
 The DAG is the Snakefile's own for such a host (``snakemake --dag --forceall`` with G GPUs of this kind
 faked, so no GPU is needed). Each GPU job takes the wall time the committed 1-GPU run's benchmark files give
-its step (``paper.numbers.runtime.run_times``; a step resumed over several device calls, their sum); a
+its step (``experiments.pipeline.run_times``; a step resumed over several device calls, their sum); a
 shard of an experiment split over G GPUs takes 1/G of it, as the shards deal about as many cells each (a
 shard's own compiles and warm-up are not in that share, so it errs low). CPU jobs take ``--cpu-job-s`` each.
 Jobs are started greedily, longest remaining path first, one GPU job per GPU (as ``gpu_slot`` pins them).
@@ -108,8 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-job-s", type=float, default=10.0, help="seconds per CPU job (figure, numbers, ...)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from experiments.pipeline import run_times
     from moegemm._runtime import slugify
-    from paper.numbers.runtime import run_times
 
     times = run_times(ROOT / "results" / slugify(args.gpu))
     if times is None:

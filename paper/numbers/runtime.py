@@ -8,42 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+from experiments.pipeline import STEP_ORDER, run_times
 from .common import Numbers, table
-
-
-STEP_ORDER = ["verify", "floors", "tune", "tune_seed", "tune_grouped", "compile_modes", "inductor_codegen", "epilogue_fusion",
-              "split_sweep", "decompose_k_grid", "router_gemm", "grouped_skew", "moe_layer"]
-
-
-def run_times(results: Path) -> pd.DataFrame | None:
-    """Wall time of each GPU step of the pipeline, from the benchmark files Snakemake wrote
-    (results/<gpu>/benchmarks/<step>.tsv), in pipeline order; None where the run left none."""
-    files = sorted((results / "benchmarks").glob("*.tsv"))
-    if not files:
-        return None
-    rows = []
-    for f in files:
-        # <step>.<i>-of-<n>.tsv: one shard of a step run over several GPUs (their GPU time is summed)
-        row = {"step": f.stem.split(".")[0], "seconds": float(pd.read_csv(f, sep="\t")["s"].iloc[0]), "calls": 1,
-               "shards": 1}
-        calls = f.with_suffix(".calls")  # a step resumed over several device calls: their sum
-        if calls.exists():
-            c = pd.read_csv(calls, sep="\t")
-            if len(c) > 1:
-                row.update(seconds=float(c.seconds.sum()), calls=len(c))
-        rows.append(row)
-    rows = [{"step": step, "seconds": sum(r["seconds"] for r in rs), "calls": max(r["calls"] for r in rs),
-             "shards": len(rs)} for step, rs in _by_step(rows).items()]
-    df = pd.DataFrame(rows)
-    df["order"] = df.step.map(lambda s: STEP_ORDER.index(s) if s in STEP_ORDER else len(STEP_ORDER))
-    return df.sort_values(["order", "step"]).drop(columns="order").reset_index(drop=True)
-
-
-def _by_step(rows: list[dict]) -> dict:
-    out: dict = {}
-    for r in rows:
-        out.setdefault(r["step"], []).append(r)
-    return out
 
 
 def runtime(n: Numbers, results: Path, gen: Path) -> None:
