@@ -1,10 +1,9 @@
-"""moegemm.bench.power (the NVML sampler behind experiments/probe_power.py) and the probe's cell loop, on the
-CPU: NVML and the GPU clock are faked here; on a GPU machine the probe itself reads the real ones."""
+"""moegemm.bench.power (the NVML sampler behind probes/probe_power.py), on the CPU: NVML and the GPU clock
+are faked here; on a GPU machine the probe itself reads the real ones. The probe's cell loop is tested in
+tests/probes/test_probes.py."""
 
 from __future__ import annotations
 
-import json
-import math
 import time
 
 import pytest
@@ -66,59 +65,3 @@ def test_nvml_without_a_driver_says_so(monkeypatch):
     monkeypatch.setattr(power.ctypes, "CDLL", no_lib)
     with pytest.raises(power.NvmlError, match="libnvidia-ml.so.1 could not be loaded"):
         power.Nvml()
-
-
-def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_rounds(monkeypatch):
-    """probe_power.measure_cell: every contender's first call checked (against float64, or its own check);
-    a wrong one and one that raises are recorded with their reason and not held; the right ones are held
-    ROUNDS times, who goes first rotating from round to round (starting at the cell's turn), and each row
-    keeps the medians of its holds, the fastest and slowest hold and the count."""
-    import torch
-
-    from experiments import probe_power as probe
-    from moegemm.bench.runner import Contender
-
-    torch.manual_seed(0)
-    k = 16
-    ref = torch.randn(8, 4, dtype=torch.float64)
-    right = ref.to(torch.float32)
-
-    def returning(t):
-        return lambda inp: (lambda: t)
-
-    def raising(inp):
-        def call():
-            raise RuntimeError("no kernel image")
-        return call
-
-    cs = [Contender("a", returning(right), config={"x": 1}), Contender("wrong", returning(right + 1.0)),
-          Contender("b", returning(right.clone())), Contender("broken", raising),
-          Contender("own", returning(torch.zeros(3)), check=lambda out: (True, math.nan, "own check"))]
-    order = []
-
-    class FakeTimer:
-        def __init__(self, calls, n):
-            self.n = n
-
-    def fake_hold(timer, seconds, nvml):
-        order.append(timer)
-        i = len(order)  # the i-th hold of the cell: its time and clock
-        return {"graph_us": 10.0 * i, "sm_mhz": 1000 + i, "power_w": 600.0}
-
-    monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 4))
-    monkeypatch.setattr(probe, "hold", fake_hold)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(probe, "ROUNDS", 3)
-    rows = probe.measure_cell(cs, [(None, None)], ref, k, None, nvml=None, turn=1)
-    by = {r["contender"]: r for r in rows}
-    assert [r["contender"] for r in rows] == ["a", "wrong", "b", "broken", "own"]
-    assert by["wrong"]["status"] == "wrong" and "graph_us" not in by["wrong"]
-    assert by["broken"]["status"] != "ok" and "no kernel image" in by["broken"]["note"] and "graph_us" not in by["broken"]
-    # the right ones: a, b, own; rounds start at b (turn 1), then own, then a
-    assert len(order) == 9
-    holds = {"b": [1, 6, 8], "own": [2, 4, 9], "a": [3, 5, 7]}  # positions of each contender's holds
-    for c, pos in holds.items():
-        assert by[c]["graph_us"] == 10.0 * sorted(pos)[1] and by[c]["sm_mhz"] == 1000 + sorted(pos)[1]
-        assert by[c]["graph_us_min"] == 10.0 * pos[0] and by[c]["graph_us_max"] == 10.0 * pos[-1]
-        assert by[c]["holds"] == 3 and by[c]["graph_calls"] == 4 and by[c]["status"] == "ok"
-    assert json.loads(by["a"]["config"]) == {"x": 1} and by["own"]["note"] == "own check"

@@ -1,0 +1,548 @@
+"""The probes' CPU-testable parts (probes/probe_*.py): each probe's contenders compute their products on
+small random cells (against float64), and its cells, clocks and parsers do what the probe needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tests.moe_cells import small_ffn_cell, small_moe_cell
+
+
+def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device):
+    """The probe's contenders (plain grid, persistent and masked grids of 1, 2 and the library's number of
+    programs per SM) each compute the grouped product (checked against float64 on fresh data), record the
+    programs per SM they launched with, and leave the library's own sizing in place afterwards."""
+
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import api
+    from probes import probe_persistent_grid as probe
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = small_moe_cell(device, 5, e, k, n, t=7)
+    cs = probe.contenders(xs, plan, ref, k, True, e, n)
+    assert [c.name for c in cs] == ["plain", "persistent:1", "persistent:2", "persistent:auto",
+                                    "masked:1", "masked:2", "masked:auto"]
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+        forced = c.name.rsplit(":", 1)[-1]
+        if forced in ("1", "2"):
+            assert c.fields["per_sm"] == int(forced)
+        elif forced == "auto":
+            assert c.fields["per_sm"] in (1, 2)
+        assert api._per_sm is probe.SHIPPED and api._plan_key is probe.SHIPPED_PLAN_KEY
+
+
+def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
+    """The prefill probe's contenders: the tuned tiles with tails of their own and merged, on [E, K, N]
+    weights, and 128 x 128 x 128 tiles
+    compute the grouped product, the two dense yardsticks (cuBLAS, our kernel with one expert) the product
+    with expert 0's weights, and the even deal of the rows (9 x 2 rows, 4 per expert and the last expert 6)
+    its own grouped product, each checked against float64 on fresh data; a variant gives up a stage where
+    its shared memory would not fit, and a pointer-load config has none."""
+
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+    from probes import probe_prefill_tiles as probe
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = small_moe_cell(device, 11, e, k, n, t=9)
+    dense = xs.double() @ w[0].double().T
+    tuned = GroupedConfig(64, 16, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
+    cs = probe.contenders(xs, plan, dense, k, e, n, w)
+    assert [c.name for c in cs] == ["tuned", "tuned:separate-tails", "tuned:merged-tails", "tuned:kn",
+                                    "tile:128x128x128", "dense:cublas", "dense:ours", "even:ours"]
+    assert [(c.config["tail_m"], c.config["merge_tail"]) for c in cs if "tails" in c.name] == [(32, False),
+                                                                                            (32, True)]
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, warp_specialize=True)
+    assert probe.variant(big) == big
+    assert probe.variant(big, tail_m=64, merge_tail=True).num_stages == 3
+    assert probe.variant(GroupedConfig(), tail_m=32) is None
+
+
+def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch):
+    """The mixed-order probe's contenders: the tuned config, it in expert order and mixed at 2 and 4 row
+    tiles (only the orders the tuned config is not), compute the grouped product, and the even deal of the
+    rows its own, each with its wave-model time; a tuned config that cannot mix (pointer loads) gets only
+    the tuned and even contenders."""
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+    from probes import probe_mixed_order as probe
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = small_moe_cell(device, 13, e, k, n, t=40)
+    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True, mix=2)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
+    cs = probe.contenders(xs, plan, w, e, n, k)
+    assert [c.name for c in cs] == ["tuned", "order:expert", "order:mix4", "even:ours"]
+    assert [c.config["mix"] for c in cs] == [2, 0, 4, 2]
+    assert all(0 < c.fields["model_us"] < float("inf") for c in cs)
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(), "test"))
+    assert [c.name for c in probe.contenders(xs, plan, w, e, n, k)] == ["tuned", "even:ours"]
+
+
+def test_middle_tiles_probe_contenders_compute_their_products(device, monkeypatch):
+    """The middle-regime tile probe: the tuned config first, then every new tile config on both grids (the
+    names say which), each computing the grouped product (checked against float64 on fresh data, 40 rows
+    of 3 experts at a K of 512 so that K steps of 256 loop); a cell with no tuned-table entry is refused."""
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+    from probes import probe_middle_tiles as probe
+
+    e, k, n = 3, 512, 80
+    plan, xs, w, ref = small_moe_cell(device, 17, e, k, n, t=20)
+    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "tuned"))
+    cs = probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
+    assert cs[0].name == "tuned" and cs[0].config == dataclasses.asdict(tuned)
+    assert len(cs) == 1 + 2 * len(probe.NEW)
+    assert sum(c.config["persistent"] for c in cs) == len(probe.NEW)
+    for c in cs:
+        out = c.bind((xs, w))()
+        ok, rel, why = check(out, ref, k)
+        assert ok, (c.name, why)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "default"))
+    with pytest.raises(RuntimeError, match="tuned-table entry"):
+        probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
+
+
+def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
+    """The decode-routing probe: the library's layer and both three-launch compositions (the plan at the
+    step's blocks and at 128 slots) give moe_ffn's result on fresh data (a float64 reference, 9 tokens of
+    top-2 over 5 experts); its cells are the zoo's token counts whose slots fit one chunk."""
+    import torch
+
+    import probes.probe_decode_routing as probe
+
+    e, x, ids, wts, w_gu, w_dn, ref = small_ffn_cell(device, monkeypatch, 21)
+    cs = probe.contenders(x, ids, wts, e)
+    assert [c.name for c in cs] == ["ours:moe_ffn", "three-launch", "three-launch, 128-slot plan"]
+    for c in cs:
+        got = c.bind((w_gu, w_dn))()
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
+    cells = probe._cells()
+    assert ("deepseek-v3", 1) in cells and ("deepseek-v3", 16) in cells
+    assert ("deepseek-v3", 64) not in cells and ("llama-4-scout", 64) in cells
+
+
+def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
+    """probe_graph_clock.three_clocks (timers faked on the CPU): each graph-timed contender that passes its
+    float64 check gets the host-timed count's graph and graph_timer's, all three clocks in every round, and
+    a row with both counts and the three medians; a wrong one is recorded, not timed; one not graph-timed
+    is left out."""
+    import torch
+
+    import probes.probe_graph_clock as probe
+    from moegemm.bench.runner import Contender, Settings
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.calls, self.n = calls, n
+
+        def sample(self, replays, hold_cycles=1):
+            if not hold_cycles:  # unheld, as the harness timed before
+                log.append(self.n)
+                return [1.0 * self.n] * replays
+            return [100.0 * self.n] * replays
+
+    log = []
+    monkeypatch.setattr(probe, "GraphTimer", FakeTimer)
+    monkeypatch.setattr(probe, "host_timed_calls", lambda calls, settings: 2)
+    monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 10))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ref = torch.randn(6, 4, dtype=torch.float64)
+    right = ref.to(torch.float32)
+    cs = [Contender("a", lambda inp: (lambda: right)), Contender("wrong", lambda inp: (lambda: right + 1.0)),
+          Contender("b", lambda inp: (lambda: right.clone())), Contender("loop", lambda inp: (lambda: right), graph=False)]
+    rows = probe.three_clocks(cs, [(None,)], ref, 16, Settings(graph_replays=3))
+    by = {r["contender"]: r for r in rows}
+    assert set(by) == {"a", "wrong", "b"} and by["wrong"]["status"] != "ok" and "graph_us_now" not in by["wrong"]
+    for name in ("a", "b"):
+        assert by[name]["status"] == "ok"
+        assert (by[name]["calls_before"], by[name]["calls_now"], by[name]["rounds"]) == (2, 10, probe.ROUNDS)
+        assert (by[name]["graph_us_before"], by[name]["graph_us_count"], by[name]["graph_us_now"]) == (2.0, 10.0, 1000.0)
+    assert log == [2, 10] * (2 * probe.ROUNDS)
+
+
+def test_large_cells_probe_contenders_compute_the_layer(device, monkeypatch):
+    """The large-cells probe: its four contenders, in order; moe_ffn and the unfused composition give the
+    layer's result on fresh data (a float64 reference, 9 tokens of top-2 over 5 experts; the transformers
+    backend's two are E8's own, tested with it); its cells are two models at T=4096, then 16384."""
+    import torch
+
+    import probes.probe_large_cells as probe
+
+    e, x, ids, wts, w_gu, w_dn, ref = small_ffn_cell(device, monkeypatch, 23)
+    cs = probe.contenders(x, ids, wts, e)
+    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:unfused-swiglu", "ours:hf-backend",
+                                    "ours:hf-backend:compiled"]
+    for c in cs[:2]:
+        got = c.bind((w_gu, w_dn))()
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
+    assert probe.CELLS == [(m, t) for m in probe.MODELS for t in (4096, 16384)]
+
+
+def test_replay_log_probe_times_the_host_in_each_replay():
+    """probe_compiled_samples' graph wrapper: replay() runs the graph's own replay once per call and keeps the
+    host's time in it (a fake graph that sleeps 20 ms here), so GraphTimer.sample times it unchanged."""
+    import time
+
+    from probes.probe_compiled_samples import _TimedReplay
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+            time.sleep(0.02)
+
+    timed = _TimedReplay(Graph())
+    assert timed.host_ms == 0.0
+    timed.replay()
+    assert Graph.replays == 1 and 19 <= timed.host_ms < 1000
+
+
+def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, device):
+    """The robust-tuning probe: from a tuner CSV (synthetic rows made here) it takes the cells tuned on
+    both loads where the config kept differs from the uniform load's fastest (not the others, nor T=1),
+    three E7 loads per cell, and its two contenders compute the grouped product (checked against float64)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+    from probes import probe_robust_tuning as probe
+
+    a, b = GroupedConfig(16, 16, 32), GroupedConfig(32, 16, 16, persistent=True)
+    rows = []
+    for t, times in ((64, {a: (100, 300), b: (110, 120)}), (256, {a: (100, 100), b: (120, 90)})):
+        for cfg, (uni, zipf) in times.items():
+            for load, us in (("uniform", uni), ("zipf1.2", zipf)):
+                rows.append({"model": "m", "proj": "up", "tokens": t, "load": load, "status": "ok",
+                             "config": repr(dataclasses.asdict(cfg)), "graph_us": float(us)})
+    rows.append({"model": "m", "proj": "up", "tokens": 1, "load": "uniform", "status": "ok",
+                 "config": repr(dataclasses.asdict(a)), "graph_us": 5.0})
+    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
+    picks = probe.choices(tmp_path / "t.csv")
+    assert picks == {("m", "up", 64): (dataclasses.asdict(b), dataclasses.asdict(a))}
+    assert probe.cells_of(picks) == [("m", "up", 64, ld) for ld in probe.LOADS]
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = small_moe_cell(device, 13, e, k, n, t=9)
+    cs = probe.contenders(xs, plan, 64, "m", "up", picks)
+    assert [c.name for c in cs] == ["tuned:both-loads", "tuned:uniform-only"]
+    for c in cs:
+        ok, rel, why = check(c.bind((xs, w))(), ref, k)
+        assert ok, (c.name, why)
+
+
+def test_prefill_counters_probe_cases_compute_their_products(device, monkeypatch):
+    """The counters probe's cases compute what they claim (the tuned tiles, tails of their own and merged
+    into the row tile before them, the even deal of the rows, and the two dense GEMMs with expert 0's
+    weights), each passing its sampled check on fresh data; a tails case equal to the tuned config is left
+    out; the sampled check fails a wrong sampled row and a NaN outside the sample."""
+    import torch
+
+    from moegemm import grouped
+    from moegemm.grouped import GroupedConfig
+    from probes import probe_prefill_counters as probe
+
+    e, k, n = 4, 64, 48
+    plan, xs, w, ref = small_moe_cell(device, 12, e, k, n, t=9)
+    m = xs.shape[0]
+    monkeypatch.setattr(probe, "SAMPLE_ROWS", 7)
+    tuned = GroupedConfig(64, 16, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(grouped, "choose_config", lambda *a: (tuned, "test"))
+    from probes.common import even_offsets
+
+    even = even_offsets(m, e, xs.device)
+    assert even.tolist() == [0, 4, 8, 12, 18]
+    expect = {"tuned": ref, "tails:separate": ref, "tails:merged": ref,
+              "even": __import__("experiments.e7_grouped_skew", fromlist=["ref_rows"]).ref_rows(xs, w, even),
+              "dense:ours": xs.double() @ w[0].double().T, "dense:cublas": xs.double() @ w[0].double().T}
+    for name, want in expect.items():
+        bind, config, offsets = probe.case_calls(name, xs, w, plan, e, n)
+        out = bind((xs, w))()
+        assert probe.sampled_check(xs, w, offsets, k)(out)[0], name
+        assert torch.allclose(out.double(), want, rtol=2e-2, atol=2e-2), name
+    assert probe.case_calls("tails:merged", xs, w, plan, e, n)[1]["merge_tail"] is True
+    tailed = GroupedConfig(64, 16, 32, num_stages=3, tma=True, tail_m=32)
+    monkeypatch.setattr(grouped, "choose_config", lambda *a: (tailed, "test"))
+    assert probe.case_calls("tails:separate", xs, w, plan, e, n) is None
+    with pytest.raises(ValueError, match="case"):
+        probe.case_calls("nonsense", xs, w, plan, e, n)
+
+    good = ref.to(torch.bfloat16)
+    chk = probe.sampled_check(xs, w, plan.group_offsets, k)
+    assert chk(good)[0]
+    gen = torch.Generator(device="cpu").manual_seed(0)  # the sample sampled_check draws
+    rows = torch.randperm(m, generator=gen)[:7].sort().values
+    bad = good.clone()
+    bad[rows[3]] += 1.0
+    assert not chk(bad)[0]
+    outside = [r for r in range(m) if r not in rows.tolist()][0]
+    nan = good.clone()
+    nan[outside, 0] = float("nan")
+    ok, _, why = chk(nan)
+    assert not ok and "non-finite" in why
+
+
+def test_prefill_counters_probe_reads_ncu_raw_pages():
+    """ncu's raw CSV page: the header and units rows, one row per kernel; kept numeric counters become long
+    rows (thousands separators removed), strings and counters outside KEPT are dropped, ncu's own ==PROF==
+    lines ignored; a text with no header is refused. Metric names come from --query-metrics lines, and only
+    the named counters this ncu knows are asked for."""
+    from probes import probe_prefill_counters as probe
+
+    text = "\n".join([
+        "==PROF== Connected to process 1",
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+        '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
+        '"","","","","","","","","","","","nsecond","byte","%","",""',
+        '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)","0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"',
+        '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"',
+    ])
+    rows = probe.parse_raw_csv(text)
+    got = {(r["kernel_id"], r["metric"]): (r["unit"], r["value"]) for r in rows}
+    assert got == {
+        (0, "gpu__time_duration.sum"): ("nsecond", 4963000.0),
+        (0, "lts__t_bytes.sum"): ("byte", 31234567890.0),
+        (0, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 71.5),
+        (1, "gpu__time_duration.sum"): ("nsecond", 2792000.0),
+        (1, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"): ("%", 80.25),
+    }
+    assert {r["kernel"] for r in rows} == {"_grouped_mm_tma_kernel", "sm90_xmma_gemm"}
+    assert rows[0]["grid"] == "(6144, 1, 1)"
+    with pytest.raises(ValueError, match="ID"):
+        probe.parse_raw_csv("==PROF== nothing profiled\n")
+
+    listing = ("Device gh100 (GH100)\n------\nMetric Name   Metric Type   Metric Unit   Metric Description\n"
+               "lts__t_bytes   Counter   byte   # of bytes requested\n"
+               "dram__bytes_read   Counter   byte   # of bytes read from DRAM\n")
+    names = probe.metric_names(listing)
+    assert names == {"lts__t_bytes", "dram__bytes_read"}
+    assert probe.wanted_metrics(names) == ["lts__t_bytes.sum", "lts__t_bytes.sum.per_second", "dram__bytes_read.sum"]
+    assert probe.kept("smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio")
+    assert not probe.kept("smsp__average_warps_issue_stalled_gmma") and not probe.kept("lts__t_bytes.min")
+
+
+def test_prefill_counters_probe_summarises_the_clock_log():
+    """The clock summary covers only the samples inside the window and ORs the clock-event reasons."""
+    from probes import probe_prefill_counters as probe
+
+    log = probe.ClockLog.__new__(probe.ClockLog)
+    log.samples = [(t, {"sm_mhz": mhz, "mem_mhz": 3201.0, "power_w": p, "temp_c": c, "reasons": r})
+                   for t, mhz, p, c, r in [(1.0, 1980.0, 500.0, 50.0, 0), (2.0, 1755.0, 700.0, 60.0, 0x4),
+                                           (3.0, 1830.0, 690.0, 61.0, 0x1), (9.0, 900.0, 100.0, 40.0, 0x80)]]
+    s = log.summary(1.5, 3.5)
+    assert s == {"clock_samples": 2, "sm_mhz_min": 1755.0, "sm_mhz_median": 1830.0, "sm_mhz_max": 1830.0,
+                 "power_w_max": 700.0, "temp_c_max": 61.0, "clock_event_reasons": "0x5"}
+    assert log.summary(4.0, 5.0) == {"clock_samples": 0}
+
+
+def test_compiled_order_probe_arranges_its_variants():
+    """probe_compiled_order: the compiled backend moved to right after the eager one, every other contender
+    kept in place; the variants' orders and rounds as its docstring lists them."""
+    from moegemm.bench.runner import Contender, Settings
+    from probes.probe_compiled_order import COMPILED, EAGER, after_eager, variants
+
+    names = ["ours:moe_ffn", EAGER, "hf:grouped_mm", "torch._grouped_mm pipeline", COMPILED, "per-expert-loop"]
+    cs = [Contender(n, None) for n in names]
+    assert [c.name for c in after_eager(cs)] == ["ours:moe_ffn", EAGER, COMPILED, "hf:grouped_mm",
+                                                 "torch._grouped_mm pipeline", "per-expert-loop"]
+    assert [c.name for c in after_eager(cs[:1])] == ["ours:moe_ffn"]
+    got = [(n, s.order, s.rounds) for n, s, _ in variants(Settings(rounds=2))]
+    assert got == [("rotate", "rotate", 2), ("balanced", "balanced", 2), ("after-eager", "rotate", 2),
+                   ("balanced-4", "balanced", 4), ("rotate-again", "rotate", 2)]
+
+
+def test_ceiling_probes_take_held_out_cells_and_compute_their_products(device):
+    """probe_heldout_ceilings and probe_ffn_ceiling measure held-out models only; dense:ffn runs the FFN's two
+    GEMMs with one expert's weights, a different expert each call, and its check passes its first call's
+    product and fails another expert's."""
+    import torch
+
+    from experiments.common import load_config
+    from probes.probe_ffn_ceiling import cells as ffn_cells
+    from probes.probe_ffn_ceiling import dense_ffn
+    from probes.probe_heldout_ceilings import cells as gemm_cells
+
+    g = load_config()["grouped"]
+    held = {m for m, spec in g["models"].items() if spec["split"] == "heldout"}
+    assert held and {c[0] for c in gemm_cells(g)} == held == {c[0] for c in ffn_cells(g, ["uniform"])}
+    assert {c[3] for c in gemm_cells(g)} == {"uniform"} and {c[2] for c in gemm_cells(g)} == {256, 4096}
+    e, rows, h, i = 3, 24, 32, 16
+    gen = torch.Generator().manual_seed(5)
+    xs = torch.randn(rows, h, generator=gen).to(torch.bfloat16).to(device)
+    act = torch.randn(rows, i, generator=gen).to(torch.bfloat16).to(device)
+    gu = torch.randn(e, 2 * i, h, generator=gen).to(torch.bfloat16).to(device)
+    dn = torch.randn(e, h, i, generator=gen).to(torch.bfloat16).to(device)
+    c = dense_ffn(xs, act, e, dn[0])
+    call = c.bind((gu, dn))
+    first, second = call(), call()
+    assert c.check(first)[0]
+    assert not c.check(second)[0]  # expert 1's product
+    torch.testing.assert_close(second.double(), act.double() @ dn[1].double().T, rtol=2e-2, atol=2e-2)
+
+
+def test_gluon_probe_takes_tune_prefill_cells_and_refuses_bad_inputs():
+    """probe_gluon_prefill measures the tune models' prefill cells only (both projections and loads), and the
+    Gluon kernel's launcher refuses what it cannot serve, naming the argument, before any launch."""
+    import torch
+
+    from experiments.common import load_config
+    from probes.gluon_grouped import ws_grouped_mm
+    from probes.probe_gluon_prefill import cells
+
+    g = load_config()["grouped"]
+    got = cells(g)
+    assert {c[0] for c in got} == {m for m, s in g["models"].items() if s["split"] == "tune"}
+    assert {c[2] for c in got} == set(g["prefill_tokens"]) and {c[1] for c in got} == {"up", "down"}
+    assert len(got) == len({c[0] for c in got}) * 2 * len(g["prefill_tokens"]) * 2
+    x, w = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    off = torch.tensor([0, 3, 8], dtype=torch.int32)
+    for args, kw, match in (((x.float(), w.float(), off), {}, "16-bit"), ((x, w[:, :, :48], off), {}, "K"),
+                            ((x, w, off.long()), {}, "offsets"), ((x, w, off[:2]), {}, "offsets"),
+                            ((x, w, off), {"block_n": 96}, "block_n"), ((x, w, off), {"block_n": 256, "pingpong": True}, "block_n"),
+                            ((x.t(), w, off), {}, "contiguous")):
+        with pytest.raises(ValueError, match=match):
+            ws_grouped_mm(*args, **kw)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        ws_grouped_mm(x, w, off)
+
+
+@pytest.mark.long
+def test_gluon_kernel_compiles_for_sm90_with_split_warps():
+    """The Gluon kernel compiles for sm_90 with the installed Triton in every config the probe measures (few
+    and many experts, bf16 and fp16), within Hopper's 227 KB of shared memory per block, with its warps
+    split by register count (setmaxnreg) and its products on the asynchronous warp-group MMA."""
+    import os
+    import subprocess
+    import sys
+
+    from experiments.common import ROOT
+    from probes.gluon_grouped import VARIANTS
+
+    code = ("import torch\n"
+            "from probes.gluon_grouped import VARIANTS, compile_sm90\n"
+            "for name, bn, st, pp in VARIANTS:\n"
+            "    for e, dt in ((8, torch.bfloat16), (256, torch.bfloat16), (16, torch.float16)):\n"
+            "        k = compile_sm90(e, bn, st, pp, dt)\n"
+            "        ptx = k.asm['ptx']\n"
+            "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, 'wgmma.mma_async' in ptx)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=str(ROOT))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("compiled")]
+    assert len(lines) == 3 * len(VARIANTS) >= 12
+    for _, name, e, shared, split, mma in lines:
+        assert 0 < int(shared) <= 232448 and split == "True" and mma == "True", (name, e, shared)
+
+
+def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
+    """probe_gluon_prefill's contenders: ours on both grids with the chosen config, each Gluon config (its
+    kernel replaced here by a float64 product, since Gluon has no interpreter; the poisoned output it is
+    handed must be the one returned) and torch._grouped_mm, each computing the grouped product against
+    float64 on fresh data; the summary compares the best of ours with the best Gluon config."""
+    import torch
+
+    from experiments import e7_grouped_skew as e7
+    from moegemm.bench.correctness import check
+    from moegemm.grouped import GroupedConfig
+    from probes import probe_gluon_prefill as probe
+    from probes.gluon_grouped import VARIANTS
+
+    e, k, n = 3, 128, 80
+    plan, xs, w, ref = small_moe_cell(device, 23, e, k, n, t=20)
+    handed = []
+
+    def fake(x, w_, offsets, y, block_n, stages, pingpong):
+        assert bool(torch.isnan(y).all())  # poisoned before the first call
+        handed.append((block_n, stages, pingpong))
+        off = offsets.tolist()
+        for i in range(w_.shape[0]):
+            y[off[i]:off[i + 1]] = (x[off[i]:off[i + 1]].double() @ w_[i].double().T).to(y.dtype)
+        return y
+    monkeypatch.setattr(probe, "ws_grouped_mm", fake)
+    monkeypatch.setattr(e7, "choose_config", lambda *a: (GroupedConfig(16, 16, 32), "tuned"))
+    cs = probe.contenders_of(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
+    assert [c.name for c in cs] == (["ours:contiguous", "ours:persistent"] + [f"gluon-ws:{v[0]}" for v in VARIANTS]
+                                    + ["torch._grouped_mm"])
+    for c in cs:
+        ok, rel, why = check(c.bind((xs, w))(), ref, k)
+        assert ok, (c.name, why)
+    assert handed == [v[1:] for v in VARIANTS]
+    rows = [{"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 7, 20))]
+    assert probe.summary(rows).endswith("ours/gluon 1.500")
+
+
+def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_rounds(monkeypatch):
+    """probe_power.measure_cell: every contender's first call checked (against float64, or its own check);
+    a wrong one and one that raises are recorded with their reason and not held; the right ones are held
+    ROUNDS times, who goes first rotating from round to round (starting at the cell's turn), and each row
+    keeps the medians of its holds, the fastest and slowest hold and the count."""
+    import math
+
+    import torch
+
+    from moegemm.bench.runner import Contender
+    from probes import probe_power as probe
+
+    torch.manual_seed(0)
+    k = 16
+    ref = torch.randn(8, 4, dtype=torch.float64)
+    right = ref.to(torch.float32)
+
+    def returning(t):
+        return lambda inp: (lambda: t)
+
+    def raising(inp):
+        def call():
+            raise RuntimeError("no kernel image")
+        return call
+
+    cs = [Contender("a", returning(right), config={"x": 1}), Contender("wrong", returning(right + 1.0)),
+          Contender("b", returning(right.clone())), Contender("broken", raising),
+          Contender("own", returning(torch.zeros(3)), check=lambda out: (True, math.nan, "own check"))]
+    order = []
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.n = n
+
+    def fake_hold(timer, seconds, nvml):
+        order.append(timer)
+        i = len(order)  # the i-th hold of the cell: its time and clock
+        return {"graph_us": 10.0 * i, "sm_mhz": 1000 + i, "power_w": 600.0}
+
+    monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 4))
+    monkeypatch.setattr(probe, "hold", fake_hold)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(probe, "ROUNDS", 3)
+    rows = probe.measure_cell(cs, [(None, None)], ref, k, None, nvml=None, turn=1)
+    by = {r["contender"]: r for r in rows}
+    assert [r["contender"] for r in rows] == ["a", "wrong", "b", "broken", "own"]
+    assert by["wrong"]["status"] == "wrong" and "graph_us" not in by["wrong"]
+    assert by["broken"]["status"] != "ok" and "no kernel image" in by["broken"]["note"] and "graph_us" not in by["broken"]
+    # the right ones: a, b, own; rounds start at b (turn 1), then own, then a
+    assert len(order) == 9
+    holds = {"b": [1, 6, 8], "own": [2, 4, 9], "a": [3, 5, 7]}  # positions of each contender's holds
+    for c, pos in holds.items():
+        assert by[c]["graph_us"] == 10.0 * sorted(pos)[1] and by[c]["sm_mhz"] == 1000 + sorted(pos)[1]
+        assert by[c]["graph_us_min"] == 10.0 * pos[0] and by[c]["graph_us_max"] == 10.0 * pos[-1]
+        assert by[c]["holds"] == 3 and by[c]["graph_calls"] == 4 and by[c]["status"] == "ok"
+    assert json.loads(by["a"]["config"]) == {"x": 1} and by["own"]["note"] == "own check"

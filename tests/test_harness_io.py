@@ -1,0 +1,157 @@
+"""The harness's CPU-testable plumbing: resumable atomic CSVs, code inspection, the pipeline's slugs,
+config and provenance, and how the test chunks are dealt out."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from experiments.common import ResultWriter
+from experiments.pipeline import CPU_SLUG, machine_slug, results_slug
+from moegemm.inductor.codegen import inspect
+
+
+def test_result_writer_resumes_and_writes_atomically(tmp_path):
+    out = tmp_path / "r" / "x.csv"
+    w = ResultWriter(out, ("m",))
+    w.add([{"m": 1, "v": 0.5}])
+    assert not out.exists(), "nothing is published before finish()"
+    # A killed run: a new writer resumes from the partial log and skips what is done.
+    w2 = ResultWriter(out, ("m",))
+    assert w2.done(m=1) and not w2.done(m=2)
+    w2.add([{"m": 2, "v": 0.25, "extra": "y"}])
+    w2.finish()
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["m"], r["v"], r["extra"]) for r in rows] == [("1", "0.5", ""), ("2", "0.25", "y")]
+    assert not (tmp_path / "r" / "x.csv.partial").exists()
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["x.csv"]  # no temp files left behind
+
+
+def test_atomic_path_leaves_old_file_on_failure(tmp_path):
+    from experiments._io import atomic_path
+
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+GPU_DK = """
+def triton_per_fused_sum_0(in_ptr0, out_ptr0, xnumel, r0_numel):
+    pass
+def triton_poi_fused_relu_1(in_out_ptr0, xnumel):
+    pass
+def call(args):
+    buf0 = empty_strided_cuda((32, 16, 16), (256, 16, 1), torch.float32)
+    extern_kernels.bmm(reinterpret_tensor(arg0_1, (32, 16, 256), (256, 8192, 1), 0), arg1_1, out=buf0)
+    buf1 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+    triton_per_fused_sum_0.run(buf0, buf1, 256, 32, stream=stream0)
+    triton_poi_fused_relu_1.run(buf1, 256, stream=stream0)
+"""
+
+
+GPU_TEMPLATE = """
+def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr0):
+    pass
+def call(args):
+    buf0 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+    triton_tem_fused_mm_relu_0.run(arg0_1, arg1_1, buf0, stream=stream0)
+"""
+
+
+def test_inspect_inductor_code():
+    dk = inspect(GPU_DK, 16, 16)
+    assert dk["decompose_k"] and dk["split_k"] == 32 and dk["relu"] == "separate-kernel"
+    assert dk["kernels"] == ["triton_per_fused_sum_0", "triton_poi_fused_relu_1"]
+    assert dk["extern_calls"] == ["bmm"] and dk["n_kernel_launches"] == 3
+    t = inspect(GPU_TEMPLATE, 16, 16)
+    assert not t["decompose_k"] and t["mm_template"] and t["relu"] == "fused-into-mm-template"
+    assert t["n_kernel_launches"] == 1
+
+
+@pytest.mark.long
+def test_inspect_real_cpu_compile():
+    """What Inductor really emits (CPU backend) for the seed's decomposeK + ReLU: bmm + one fused kernel."""
+    import torch
+
+    from moegemm.inductor.codegen import run_and_get_code
+    from moegemm.inductor.custom_op import decompose_k_relu_impl
+
+    torch._dynamo.reset()
+    a, b = torch.randn(16, 2048), torch.randn(2048, 8)
+    out, code, _ = run_and_get_code(torch.compile(lambda x, y: decompose_k_relu_impl(x, y, 16)), a, b)
+    torch.testing.assert_close(out, torch.relu(a @ b), rtol=1e-4, atol=1e-4)
+    info = inspect(code, 16, 8)
+    assert info["decompose_k"] and info["split_k"] == 16 and info["relu"] == "fused-into-reduction", info
+
+
+def test_pipeline_slugs():
+    assert machine_slug([]) == CPU_SLUG
+    assert machine_slug(["NVIDIA H200", "NVIDIA H200"]) == "nvidia-h200"
+    assert results_slug([], "nvidia-h200") == "nvidia-h200"
+    assert results_slug(["NVIDIA H100 80GB HBM3"], "nvidia-h200") == "nvidia-h100-80gb-hbm3"
+
+
+def test_config_validates():
+    from experiments.common import load_config
+
+    cfg = load_config()
+    assert cfg["committed_results"] and cfg["decompose_k"]["grid_k"][0] == 8192
+    import jsonschema
+    import yaml
+
+    from experiments.common import ROOT
+
+    schema = yaml.safe_load((ROOT / "experiments" / "config.schema.yaml").read_text())
+    bad = json.loads(json.dumps(cfg))
+    bad["timing"]["rounds"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
+    """A commit recorded by whoever shipped the tree wins over a (possibly stale) .git found there."""
+    from moegemm.bench import provenance as prov
+
+    prov._static.cache_clear()
+    monkeypatch.setenv("MOEGEMM_COMMIT", "abc1234")
+    monkeypatch.setenv("MOEGEMM_DIRTY", "0")
+    try:
+        info = prov.provenance()
+        assert info["git_commit"] == "abc1234" and info["git_dirty"] is False
+        prov._static.cache_clear()
+        monkeypatch.setenv("MOEGEMM_DIRTY", "1")
+        assert prov.provenance()["git_dirty"] is True
+        prov._static.cache_clear()
+        monkeypatch.delenv("MOEGEMM_COMMIT")
+        monkeypatch.delenv("MOEGEMM_DIRTY")
+        head = prov._git("rev-parse", "HEAD")
+        assert prov.provenance()["git_commit"] == (head or "unknown")
+    finally:
+        prov._static.cache_clear()
+
+
+def test_long_tests_head_the_chunks_xdist_deals_out():
+    """conftest.spread_long_tests: each test marked long heads one worker's first chunk; the others keep
+    their order; no test is lost or doubled; without workers nothing moves."""
+    from types import SimpleNamespace
+
+    from tests.conftest import spread_long_tests
+
+    items = [SimpleNamespace(name=f"t{i}", keywords={"long"} if i in (0, 1, 2, 40, 97) else set())
+             for i in range(100)]
+    names = [it.name for it in items]
+    spread_long_tests(items, 1)
+    assert [it.name for it in items] == names
+    spread_long_tests(items, 8)
+    got = [it.name for it in items]
+    assert sorted(got) == sorted(names)
+    heads = [got[round(j * 100 / 8)] for j in range(5)]
+    assert heads == ["t0", "t1", "t2", "t40", "t97"]
+    rest = [n for n in got if n not in heads]
+    assert rest == [n for n in names if n not in heads]
