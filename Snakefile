@@ -32,7 +32,8 @@ RES = results_slug(GPUS, config["committed_results"])  # what the write-up is bu
 SRC = sorted(str(p) for p in Path("src").rglob("*.py")) + sorted(str(p) for p in Path("tests").rglob("*.py"))
 TEX = shutil.which("latexmk") is not None
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
-NUMBERS_CODE = ["paper/make_numbers.py"] + sorted(str(p) for p in Path("paper/numbers").glob("*.py"))
+NUMBERS_CODE = (["paper/make_numbers.py", "probes/numbers.py", "experiments/report.py"]
+                + sorted(str(p) for p in Path("paper/numbers").glob("*.py")))
 
 EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
     "compile_modes": "e1_compile_modes",
@@ -314,11 +315,12 @@ rule numbers:
     """Every number and table the paper quotes, generated from the results."""
     input:
         [f"results/{{res}}/{name}.csv" for name in WRITEUP] + NUMBERS_CODE,
-        # documented provenance corrections, earlier versions and committed probes (not pipeline steps),
-        # where present
+        # documented provenance corrections, earlier versions, committed probes (not pipeline steps) and
+        # superseded runs, where present
         extra=lambda w: [str(p) for p in sorted(Path(f"results/{w.res}").glob("provenance_corrections.csv"))
                          + sorted(Path(f"results/{w.res}/history").glob("*.csv"))
-                         + sorted(Path(f"results/{w.res}").glob("probe_*.csv"))],
+                         + sorted(Path(f"results/{w.res}").glob("probe_*.csv"))
+                         + sorted(Path(f"results/{w.res}").glob("runs.tar.xz"))],
         floors="results/{res}/floors.json",
         verify="results/{res}/verify.json",
     output:

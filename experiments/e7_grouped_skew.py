@@ -123,7 +123,7 @@ def start(doc: str, keys: tuple[str, ...] = ("model", "proj", "tokens", "load"))
 
 def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, rounds: int | None = None,
               measure_cell=None, with_sets: bool = False) -> None:
-    """The loop the probes share (experiments/probe_*.py, not pipeline steps): per cell (model, projection,
+    """The loop the probes share (probes/probe_*.py, not pipeline steps): per cell (model, projection,
     tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
     sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g, cell)`` (g: config.yaml's grouped section; cell:
     (model, projection, tokens, load)) gives the contenders, measured side by side with E7's timing

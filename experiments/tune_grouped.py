@@ -48,7 +48,7 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       tiles): with 64-row tiles, and with 128 x 256 tiles and 32-row tails on the loop without warp
       specialization. Those were slower wherever an expert holds several row tiles (the S6 runs: 0.75-1.03x
       the tuned configs' rate), but where an expert holds about one row tile (DeepSeek-V3 at T=4096: 128
-      rows per expert) the hardware counters of experiments/probe_prefill_counters.py (runs S11) show
+      rows per expert) the hardware counters of probes/probe_prefill_counters.py (runs S11) show
       the separate tail tiles streaming each expert's weights through L2 a second time (41 GB of L2
       traffic against 31 GB merged, L2 at 97% of its peak) and the merged ones 1.11x faster side by side.
     Options measured and then removed from the kernels, as they never won a cell (docs/grouped.md):
@@ -117,7 +117,7 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = F
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid
 # The screen takes 3 samples per config. Under a power cap that is not enough: timing DeepSeek-V3 at
 # T=4096, the H200 drew its 700 W cap and its SM clock swung between 855 and 1980 MHz from one 100 ms
-# sample to the next (experiments/probe_prefill_counters.py, runs S11), so which of two configs within
+# sample to the next (probes/probe_prefill_counters.py, runs S11), so which of two configs within
 # ~10% of each other wins the screen is partly the clock's doing. The FINALISTS fastest of a cell (by the
 # screen's geometric mean over the loads) are therefore timed again side by side, in FINAL_ROUNDS
 # interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the table keeps
@@ -135,7 +135,7 @@ SCREEN_MEMORY = 0.5  # the part of the GPU's free memory one screen batch's grap
 # The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
 # are also timed with the tiles of the experts of at least MIX row tiles dealt out in proportion among the
 # others' (GroupedConfig.mix): under a skewed load, expert order runs a hot expert's tensor-bound tiles
-# together and then the cold experts' memory-bound ones. experiments/probe_mixed_order.py (runs S12):
+# together and then the cold experts' memory-bound ones. probes/probe_mixed_order.py (runs S12):
 # 1.07-1.10x faster on DeepSeek-V3 down at T=4096 under Zipf 1.2-1.5, within the clock's noise elsewhere.
 MIX_TRIES, MIX = 3, 2
 FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
