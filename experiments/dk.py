@@ -278,27 +278,6 @@ def auto_choice(a: torch.Tensor, n: int, epilogue: str) -> str:
     return f"{name} ({source})"
 
 
-def screen_single_launch(sets: list[tuple], ref: torch.Tensor, cands: list[DecomposeKConfig], settings,
-                         epilogue: str = "relu") -> list[tuple[float, DecomposeKConfig, dict]]:
-    """The probes' screen of single-launch configs: each checked against ``ref``, then timed on the GPU
-    clock (``experiments.common.check_and_time``); [(graph_us, config, row)] of the correct ones, fastest
-    first (compiles from a thread pool first)."""
-    from experiments.common import check_and_time
-    from moegemm.bench.runner import prewarm
-
-    a0, b0, _ = sets[0]
-    k = a0.shape[1]
-    prewarm([(lambda c=c: matmul(a0, b0, kernel="single_launch", config=c, epilogue=epilogue)) for c in cands])
-    timed = []
-    for c in cands:
-        calls = [(lambda a=a, b=b, c=c: matmul(a, b, kernel="single_launch", config=c, epilogue=epilogue))
-                 for a, b, _ in sets]
-        row = check_and_time(calls, ref, k, settings)
-        if row["status"] == "ok":
-            timed.append((row["graph_us"], c, row))
-    return sorted(timed, key=lambda x: x[0])
-
-
 _SEED_CACHE: dict = {}
 
 

@@ -1,6 +1,6 @@
-"""What several probes share: the command line of the Decompose-K probes, E8's cells timed side by side
-(the layer probes), a kernel-by-kernel profile of a contender's call, and the grouped kernel's tile variants
-and even deal of rows (the prefill probes)."""
+"""What several probes share: the Decompose-K probes' command line and screen of configs, E8's cells timed
+side by side (the layer probes), a kernel-by-kernel profile of a contender's call, and the grouped kernel's
+tile variants and even deal of rows (the prefill probes)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ import time
 import torch
 
 from experiments._io import atomic_path
-from experiments.common import load_config, provenance_fields, require_gpu, timing_settings
+from experiments.common import check_and_time, load_config, provenance_fields, require_gpu, timing_settings
 from experiments.e7_grouped_skew import start
 from experiments.e8_moe_layer import CELL_KEYS, cell_inputs
 from experiments.tune_grouped import SMEM, smem_bytes
-from moegemm.bench.runner import measure
+from moegemm.bench.runner import measure, prewarm
+from moegemm.decompose_k import DecomposeKConfig
+from moegemm.decompose_k import matmul as dk_matmul
 
 ROUNDS = 4  # the layer probes' interleaved rounds (run_cells)
 
@@ -138,3 +140,21 @@ def even_offsets(m: int, e: int, device) -> torch.Tensor:
     """Group offsets dealing m rows out evenly: m // E rows to each expert, the last taking the remainder."""
     return torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=device)
 
+
+def screen_single_launch(sets: list[tuple], ref: torch.Tensor, cands: list[DecomposeKConfig], settings,
+                         epilogue: str = "relu") -> list[tuple[float, DecomposeKConfig, dict]]:
+    """The probes' screen of single-launch configs: each checked against ``ref``, then timed on the GPU
+    clock (``experiments.common.check_and_time``); [(graph_us, config, row)] of the correct ones, fastest
+    first (compiles from a thread pool first)."""
+    a0, b0, _ = sets[0]
+    k = a0.shape[1]
+    prewarm([(lambda c=c: dk_matmul(a0, b0, kernel="single_launch", config=c, epilogue=epilogue))
+             for c in cands])
+    timed = []
+    for c in cands:
+        calls = [(lambda a=a, b=b, c=c: dk_matmul(a, b, kernel="single_launch", config=c, epilogue=epilogue))
+                 for a, b, _ in sets]
+        row = check_and_time(calls, ref, k, settings)
+        if row["status"] == "ok":
+            timed.append((row["graph_us"], c, row))
+    return sorted(timed, key=lambda x: x[0])

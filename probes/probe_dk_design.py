@@ -19,7 +19,7 @@ from moegemm.bench.runner import Contender
 from moegemm.decompose_k import single_launch
 from moegemm.decompose_k.configs import Prepared
 from moegemm.epilogue import Epilogue
-from probes.common import probe_cli
+from probes.common import probe_cli, screen_single_launch
 
 DEFAULT = "16x8192x16,64x8192x64,64x32768x64,1x7168x256"
 
@@ -56,7 +56,7 @@ def main():
         shape = f"{m}x{k}x{n}"
         sets, ref = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + 3 * k + n, epilogue="relu")
         cands = [c for c in dk.wide_candidates(m, n, k, torch.bfloat16, sms) if c.num_stages == 3]
-        timed = dk.screen_single_launch(sets, ref, cands, settings)
+        timed = screen_single_launch(sets, ref, cands, settings)
         writer.add([{"m": m, "n": n, "k": k, "contender": f"screen:{i}", "config": c.as_dict(), **r, **prov}
                     for i, (_, c, r) in enumerate(timed, 1)])
         best = timed[0][1]

@@ -17,7 +17,7 @@ import torch
 
 from experiments import dk, seed_dk
 from experiments.common import ResultWriter
-from probes.common import probe_cli
+from probes.common import probe_cli, screen_single_launch
 
 DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,16x7168x256," \
           "64x7168x256,256x7168x256"
@@ -32,7 +32,7 @@ def main():
         shape = f"{m}x{k}x{n}"
         sets, ref = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + k + n, epilogue="relu")
         t0 = time.perf_counter()
-        ours_best = dk.screen_single_launch(sets, ref, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms),
+        ours_best = screen_single_launch(sets, ref, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms),
                                             settings)[0][1]
         a0 = sets[0][0]
         t_ours = time.perf_counter() - t0
