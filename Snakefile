@@ -32,7 +32,7 @@ RES = results_slug(GPUS, config["committed_results"])  # what the write-up is bu
 SRC = sorted(str(p) for p in Path("src").rglob("*.py")) + sorted(str(p) for p in Path("tests").rglob("*.py"))
 TEX = shutil.which("latexmk") is not None
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
-NUMBERS_CODE = (["paper/make_numbers.py", "probes/numbers.py", "experiments/report.py"]
+NUMBERS_CODE = (["paper/make_numbers.py", "probes/writeup.py", "experiments/report.py"]
                 + sorted(str(p) for p in Path("paper/numbers").glob("*.py")))
 
 EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)

@@ -1,4 +1,4 @@
-"""What every module that generates the write-up's numbers shares (paper/numbers/ and probes/numbers.py): the
+"""What every module that generates the write-up's numbers shares (paper/numbers/ and probes/writeup.py): the
 Numbers collection (one LaTeX macro per quoted number), geometric means and LaTeX tables."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Writes numbers.tex (one \\newcommand per quoted number) and table_*.tex. Each experiment's numbers live in
 its own module under paper/numbers/ (e1..e8, e7_heldout for E7's held-out models, e7_tuner for E7's tuner
-and the harness's order; common for the helpers), the probes' in probes/numbers.py; this command runs them
+and the harness's order; common for the helpers), the probes' in probes/writeup.py; this command runs them
 all and re-exports them.
 """
 
@@ -18,7 +18,7 @@ from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, update_readme
 from paper.numbers.runtime import runtime, runtime_block
-from probes import numbers as probes
+from probes import writeup as probes
 
 
 def main():

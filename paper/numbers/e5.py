@@ -1,5 +1,5 @@
 """E5 Decompose-K grid: the numbers and tables, the heuristic against the tuned table, and the commits E3-E6
-ran at (the kernel-design probes' numbers are in probes/numbers.py)."""
+ran at (the kernel-design probes' numbers are in probes/writeup.py)."""
 
 from __future__ import annotations
 

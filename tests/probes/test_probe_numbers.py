@@ -1,4 +1,4 @@
-"""probes/numbers.py on synthetic probe CSVs made here (no measured data): each probe's numbers and tables,
+"""probes/writeup.py on synthetic probe CSVs made here (no measured data): each probe's numbers and tables,
 and none before its CSV exists."""
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple)
 
 
 def test_middle_tiles_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.numbers.middle_tiles_probe on a probe CSV (synthetic test data made here): per cell the
+    """probes.writeup.middle_tiles_probe on a probe CSV (synthetic test data made here): per cell the
     tuned config's time over each new config's, the best per cell, how many cells a new one beat by more than
     3%, and each family's geomean (a failed row left out); no CSV, no numbers."""
-    from probes.numbers import middle_tiles_probe
+    from probes.writeup import middle_tiles_probe
 
     times = {("m", "up", 256, "uniform"): {"tuned": 100, "k256-s2": 200, "k128-s4": 125, "n256-k64-s4": 96},
              ("m", "up", 256, "zipf1.2"): {"tuned": 100, "k256-s2": 125, "k128-s4": 100, "n256-k64-s4": 200}}
@@ -44,11 +44,11 @@ def test_middle_tiles_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_gluon_probe_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.numbers.gluon_probe on a probe CSV (synthetic test data made here): per cell the
+    """probes.writeup.gluon_probe on a probe CSV (synthetic test data made here): per cell the
     faster of our grids against the fastest Gluon config (a failed Gluon row left out), how often the Gluon
     kernel beat ours by more than 3% and was fastest ping-pong, and both against torch._grouped_mm; no CSV,
     no numbers."""
-    from probes.numbers import gluon_probe
+    from probes.writeup import gluon_probe
 
     times = {("m", "up", 1024, "uniform"): {"ours:contiguous": 100, "ours:persistent": 110, "gluon-ws:n256-s4": 125,
                                             "gluon-ws:pingpong-n128-s6": 200, "torch._grouped_mm": 150},
@@ -64,10 +64,10 @@ def test_gluon_probe_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.numbers.stream_k_probe on a probe CSV (synthetic test data made here): whole against
+    """probes.writeup.stream_k_probe on a probe CSV (synthetic test data made here): whole against
     dealt for each tile shape and cell (a failed row left out), the tuned config against the fastest
     dealt shape per cell; no CSV, no numbers."""
-    from probes.numbers import stream_k_probe
+    from probes.writeup import stream_k_probe
 
     times = {("m", "up", 1024, "uniform"): {"tuned": 90, "stream-k:a": 100, "whole:a": 80, "stream-k:b": 120,
                                              "whole:b": 132},
@@ -81,7 +81,7 @@ def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_power_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.numbers.power_probe on a probe CSV (synthetic test data made here): per regime each
+    """probes.writeup.power_probe on a probe CSV (synthetic test data made here): per regime each
     contender's median clock and power, the held ratios against ours (geomean, lowest, cells slower), the
     same in SM cycles, E7's burst ratios from grouped_skew.csv in the same cells, the clock the datasheet
     peak needs, and the table; a failed row left out; no CSV, no numbers."""
@@ -91,7 +91,7 @@ def test_power_numbers_on_a_synthetic_csv(tmp_path):
 
     from experiments.report import Numbers
     from paper.numbers.e7 import e7_frame
-    from probes.numbers import power_probe
+    from probes.writeup import power_probe
 
     base = {"status": "ok", "max_sm_mhz": 1980, "power_limit_w": 700.0, "hold_s": 1.5, "gpu": "NVIDIA H200",
             "sm_count": 132, "load": "uniform", "proj": "up", "model": "m"}
@@ -138,14 +138,14 @@ def test_power_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
-    """probes.numbers.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
+    """probes.writeup.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
     the longest kernel of each call is read (a setup kernel left out), executed tensor math is divided by
     the cell's FLOPs, the table is written, the clock's lowest and highest SM clock, highest power and the
     named clock-event reasons (OR of the cells') come out; without the CSVs, nothing."""
     import pandas as pd
 
     from experiments.report import Numbers
-    from probes.numbers import prefill_counters
+    from probes.writeup import prefill_counters
 
     n = Numbers()
     prefill_counters(n, tmp_path, tmp_path)
@@ -181,10 +181,10 @@ def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
 
 
 def test_heldout_ceilings_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.numbers.heldout_ceilings_probe (synthetic test data made here): at the smaller T ours
+    """probes.writeup.heldout_ceilings_probe (synthetic test data made here): at the smaller T ours
     and torch._grouped_mm as % of the memory ceiling's speed and the ceiling's speed over torch's; at the
     larger T torch's and ours' times over the dense GEMM's, the least with its model; a wrong row left out."""
-    from probes.numbers import heldout_ceilings_probe
+    from probes.writeup import heldout_ceilings_probe
 
     times = {("a", "up", 256, "uniform"): {"ours:auto": 100, "torch._grouped_mm": 150, "dense-reference": 900,
                                            "ceiling:stream": 95},
