@@ -8,8 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from paper.numbers.common import (ci_text, is_parity, paired_rounds, phase_headline, phase_of, ratio_ci,
-                                  round_times)
+from paper.numbers.common import (
+    ci_text,
+    is_parity,
+    paired_rounds,
+    phase_headline,
+    phase_of,
+    ratio_ci,
+    round_times,
+)
 
 
 def test_ratio_ci_point_is_the_geomean_of_median_ratios_and_the_interval_holds_it():
@@ -77,7 +84,7 @@ def test_phase_headline_on_a_synthetic_csv_with_and_without_rounds(rounds, tmp_p
     _csv(rounds).to_csv(path, index=False)
     df = pd.read_csv(path)
     keys = ["model", "tokens", "load"]
-    ta, tb, cells = paired_rounds(df, keys, "peer", "ours")
+    ta, _, cells = paired_rounds(df, keys, "peer", "ours")
     assert len(cells) == 12 and all(len(a) == (3 if rounds else 1) for a in ta)
     dec, pre = phase_headline(df, keys, "peer", "ours")
     assert dec["phase"] == "decode" and dec["graph_cells"] == 6 and dec["launch_cells"] == 6
