@@ -99,3 +99,21 @@ def test_round_times_reads_the_round_column_else_the_median():
     assert round_times(pd.Series({"graph_us": 5.0, "graph_round_us": "4;6;nan"})).tolist() == [4.0, 6.0]
     assert round_times(pd.Series({"graph_us": 5.0, "graph_round_us": float("nan")})).tolist() == [5.0]
     assert round_times(pd.Series({"graph_us": float("nan")})).size == 0
+
+
+def test_e8_phase_rows_take_the_fastest_peer_per_cell_and_clock():
+    from paper.numbers.e8 import BEST, OURS, TORCH, VLLM, phase_rows
+
+    rows = []
+    for model in ("a", "b"):
+        for t in (1, 16, 4096):
+            for c, g, la in ((OURS, 100.0, 150.0), (TORCH, 200.0, 210.0), (VLLM, 120.0 if t <= 256 else 300.0, 130.0)):
+                rows.append({"model": model, "tokens": t, "load": "uniform", "contender": c, "status": "ok",
+                             "graph_us": g, "launch_us": la, "graph_round_us": f"{g};{g};{g}",
+                             "launch_round_us": f"{la};{la};{la}"})
+    out = {(r["theirs"], r["phase"]): r for r in phase_rows(pd.DataFrame(rows))}
+    assert out[(BEST, "decode")]["graph"][0] == pytest.approx(1.2)  # vLLM, the faster peer at decode
+    assert out[(BEST, "prefill")]["graph"][0] == pytest.approx(2.0)  # torch's pipeline at prefill
+    assert out[(BEST, "decode")]["launch"][0] == pytest.approx(130 / 150)  # vLLM on the launch clock
+    assert out[(VLLM, "prefill")]["graph"][0] == pytest.approx(3.0)
+    assert out[(BEST, "decode")]["graph_cells"] == 4 and out[(BEST, "prefill")]["graph_cells"] == 2
