@@ -117,3 +117,23 @@ def test_e8_phase_rows_take_the_fastest_peer_per_cell_and_clock():
     assert out[(BEST, "decode")]["launch"][0] == pytest.approx(130 / 150)  # vLLM on the launch clock
     assert out[(VLLM, "prefill")]["graph"][0] == pytest.approx(3.0)
     assert out[(BEST, "decode")]["graph_cells"] == 4 and out[(BEST, "prefill")]["graph_cells"] == 2
+
+
+def test_e7_phase_numbers_compare_peers_that_gather_against_ours_with_the_gather():
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7 import e7_phase_numbers
+
+    rows = []
+    for proj in ("up", "down"):
+        for t in (8, 4096):
+            for c, g in (("ours:auto", 100.0), ("ours:auto+gather", 110.0), ("torch._grouped_mm", 150.0),
+                         ("vllm:fused_moe", 110.0)):
+                rows.append({"model": "m", "proj": proj, "tokens": t, "load": "uniform", "contender": c,
+                             "status": "ok", "graph_us": g, "launch_us": g + 5, "graph_round_us": f"{g};{g * 1.01}",
+                             "launch_round_us": f"{g + 5};{g + 6}"})
+    n = Numbers()
+    out = e7_phase_numbers(n, None, pd.DataFrame(rows), prefix="Test")
+    assert {(r["theirs"], r["ours"]) for r in out} == {("torch._grouped_mm", "ours:auto"),
+                                                      ("vllm:fused_moe", "ours:auto+gather")}
+    assert n.items["TestDecodeVsTorchGpu"].startswith("1.50x")
+    assert n.items["TestPrefillVsVllmGpu"].startswith("parity") and n.items["TestPrefillVsVllmGpuParity"] == "1"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+
 from .common import Numbers, gm, table
 
 AUTO, DEFAULT, TORCH, VLLM = "ours:auto", "ours:default", "torch._grouped_mm", "vllm:fused_moe"
@@ -60,9 +61,13 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     path = results / "grouped_skew.csv"
     if not path.exists():
         return
-    o = heldout_frame(pd.read_csv(path))
+    raw = pd.read_csv(path)
+    o = heldout_frame(raw)
     if o.empty:
         return
+    from .e7 import e7_phase_numbers  # per phase, both clocks, 95% intervals: HeldSeven<Phase>Vs<Peer><Clock>
+
+    e7_phase_numbers(n, gen, raw[raw.split == "heldout"], prefix="HeldSeven")
     dec, pre = o[o.tokens <= 256], o[o.tokens >= PREFILL]
     n.add("HeldModels", o.model.nunique(), "{}")
     n.add("HeldCells", len(o), "{}")
