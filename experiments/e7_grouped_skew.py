@@ -49,11 +49,21 @@ from experiments import triton_kernels_moe, vllm_moe
 
 
 def loads(cfg: dict, t: int) -> list[str]:
+    """The loads of a tune-split cell at T: every load at ``all_loads_at``, the uniform load alone at
+    ``uniform_only_tokens`` (one token's top-k experts are the same work under any load), else uniform and
+    Zipf 1.2."""
     g = cfg["grouped"]
     every = (["uniform"] + [f"zipf{a}" for a in g["zipf_alphas"]] + [f"hot{f}" for f in g["hot_fractions"]])
     if t in g["all_loads_at"]:
         return every
+    if t in g.get("uniform_only_tokens", ()):
+        return ["uniform"]
     return ["uniform", "zipf1.2"]
+
+
+def heldout_loads(g: dict, t: int) -> list[str]:
+    """The loads of a held-out cell at T: ``heldout_loads``, the uniform load alone at ``uniform_only_tokens``."""
+    return ["uniform"] if t in g.get("uniform_only_tokens", ()) else list(g["heldout_loads"])
 
 
 def floor_us(rows: int, k: int, n: int, active: int, slug: str) -> tuple[float, int, int]:
@@ -536,19 +546,27 @@ def path_contenders(ids, wts, e) -> list[Contender]:
     return [Contender("path:ours", ours), Contender("path:torch._grouped_mm", theirs)]
 
 
-def main():
-    args, cfg, g, settings, prov, slug, writer = start(__doc__)
+def e7_cells(cfg: dict) -> list[tuple[str, str, int, str]]:
+    """E7's cells (model, projection, T, load) under ``cfg``: per tune-split model and projection, its decode
+    and prefill T at their loads (``loads``), and the whole path at ``path_tokens``; per held-out model and
+    projection, ``heldout_tokens`` at their loads (``heldout_loads``)."""
+    g = cfg["grouped"]
     cells = []
     for model, spec in g["models"].items():
         for proj in ("up", "down"):
             if spec["split"] == "heldout":
-                cells += [(model, proj, t, load) for t in g["heldout_tokens"] for load in g["heldout_loads"]]
+                cells += [(model, proj, t, load) for t in g["heldout_tokens"] for load in heldout_loads(g, t)]
                 continue
             for t in g["decode_tokens"] + g["prefill_tokens"]:
-                for load in loads(cfg, t):
-                    cells.append((model, proj, t, load))
+                cells += [(model, proj, t, load) for load in loads(cfg, t)]
             if proj == "up":
-                cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
+                cells += [(model, "path(up)", t, "uniform") for t in g.get("path_tokens", (64, 4096))]
+    return cells
+
+
+def main():
+    args, cfg, g, settings, prov, slug, writer = start(__doc__)
+    cells = e7_cells(cfg)
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in (8, 1024)][:3]
     cells = shard_cells(cells, args.shard)

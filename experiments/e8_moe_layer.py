@@ -214,10 +214,19 @@ def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, loa
                  **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl), **prov)
 
 
+def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
+    """E8's cells (model, T, load): the models of config.yaml's ``moe_layer.splits`` (default both), each T of
+    ``tokens``, each load of ``loads`` but the uniform alone at ``uniform_only_tokens``."""
+    splits = e8.get("splits", ["tune", "heldout"])
+    return [(model, t, load) for model, spec in g["models"].items() if spec["split"] in splits
+            for t in e8["tokens"]
+            for load in (["uniform"] if t in e8.get("uniform_only_tokens", ()) else e8["loads"])]
+
+
 def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, CELL_KEYS)
     e8 = cfg["moe_layer"]
-    cells = [(model, t, load) for model in g["models"] for t in e8["tokens"] for load in e8["loads"]]
+    cells = layer_cells(g, e8)
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[1] == 16][:1]
     cells = shard_cells(cells, args.shard)
