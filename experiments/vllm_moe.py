@@ -441,7 +441,7 @@ def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.
     id // top_k (gate/up: a holds the tokens and top_k is the model's; down: a holds the slots and top_k is
     1). ``naive``: one row tile per slot (see naive_assignment; vLLM decides it once per layer, for both
     projections). The row-id lists are made here, before timing (E7 times the GEMM alone)."""
-    bm = config["BLOCK_SIZE_M"]
+    bm = _split_config(config)[0]  # refuses keys this contender does not pass on
     slots = plan.sorted_slot.numel()
     if naive:  # vLLM's naive path: slot s is row tile s, of expert topk_ids.flat[s]
         assign = (None, topk_ids.reshape(-1).to(torch.int32),
@@ -468,7 +468,7 @@ def layer(vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
     t, top_k = topk_ids.shape
     slots = t * top_k
     naive = naive_assignment(t, top_k, e)
-    bm = config["BLOCK_SIZE_M"]
+    bm = _split_config(config)[0]
     ids32 = topk_ids.to(torch.int32)  # as vLLM's routers give them
     w_flat = topk_weights.reshape(-1).float().contiguous()
     aligner = None if naive else AlignTriton(slots, e, bm, x.device)
