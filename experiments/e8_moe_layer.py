@@ -228,7 +228,7 @@ def main():
     e8 = cfg["moe_layer"]
     cells = layer_cells(g, e8)
     if args.quick:
-        cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[1] == 16][:1]
+        cells = [c for c in cells if c[1] == min(e8["tokens"])][:1]  # one decode cell
     cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()
