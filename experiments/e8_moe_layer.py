@@ -31,6 +31,7 @@ or vLLM's source, where they are missing, is recorded as an error, not timed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -230,6 +231,8 @@ def main():
     if args.quick:
         cells = [c for c in cells if c[1] == min(e8["tokens"])][:1]  # one decode cell
     cells = shard_cells(cells, args.shard)
+    if e8.get("host_calls"):  # Python's cost of one call (the cpu_us column): this many calls, no sync
+        settings = dataclasses.replace(settings, cpu_calls=e8["host_calls"])
     vllm = Vllm()
     vllm.load()
     tk = triton_kernels_moe.load()
