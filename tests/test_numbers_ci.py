@@ -137,3 +137,25 @@ def test_e7_phase_numbers_compare_peers_that_gather_against_ours_with_the_gather
                                                       ("vllm:fused_moe", "ours:auto+gather")}
     assert n.items["TestDecodeVsTorchGpu"].startswith("1.50x")
     assert n.items["TestPrefillVsVllmGpu"].startswith("parity") and n.items["TestPrefillVsVllmGpuParity"] == "1"
+
+
+def test_runner_records_each_rounds_median_for_the_intervals(monkeypatch):
+    """runner.measure writes <clock>_round_us: one median per round, in round order (launch samples faked: round
+    r's samples are r + 1 and r + 3, so its median is r + 2); round_times reads them back."""
+    import torch
+
+    from moegemm.bench import runner
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = iter(range(1000))
+
+    def fake_launch(fn, rep_ms, warmup_ms):
+        fn()
+        r = next(calls)
+        return [r + 1.0, r + 3.0]
+    monkeypatch.setattr(runner, "launch_samples", fake_launch)
+    c = runner.Contender("A", lambda inp: (lambda: torch.zeros(1)), graph=False, check=lambda out: (True, 0.0, ""))
+    (row,) = runner.measure([c], [()], torch.zeros(1), 1, runner.Settings(rounds=3))
+    assert row["launch_round_us"] == "2.0000;3.0000;4.0000"
+    assert round_times(pd.Series(row), "launch").tolist() == [2.0, 3.0, 4.0]
+    assert row["graph_round_us"] == ""  # no graph clock for this contender
