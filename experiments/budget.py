@@ -20,18 +20,21 @@ from __future__ import annotations
 
 # The knobs of the config the committed step times were measured under.
 BASELINE = {
-    "compile_shapes": 2, "compile_modes": ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    "compile_shapes": 2,
+    "compile_modes": ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
     "codegen_shapes": 4, "grid_mn": 4, "grid_k": 7, "fusion_grid_k": 4, "split_sweep": 13, "suites": 4,
     "grid_compiled_suites": 1, "grid_compiled_k": 4,
     "router_tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384],
-    "router_tune_tokens": 11, "router_compiled_tokens": [1, 4, 16, 64, 256, 1024, 4096], "seed_max_tokens": 256,
+    "router_tune_tokens": 11, "router_compiled_tokens": [1, 4, 16, 64, 256, 1024, 4096],
+    "seed_max_tokens": 256,
     "router_epilogues": ["none", "sigmoid"],
     "tune_models": 3, "grouped_tune_tokens": [1, 8, 64, 256, 1024, 4096, 16384], "tune_loads": 2,
-    # E7 and E8: their work in contender-cells, under the committed run's code and config (grouped_skew_work and
-    # moe_layer_work of that config, with the contender lists of that code), and its rounds
+    # E7 and E8: their work in contender-cells, under the committed run's code and config (grouped_skew_work
+    # and moe_layer_work of that config, with the contender lists of that code), and its rounds
     "grouped_skew_work": 2514.0, "moe_layer_work": 1890.0, "grouped_rounds": 2,
 }
-TIMED_SHARE = 0.2  # E7's and E8's share of time in the timed rounds (committed run: 83 of 433 s, 100 of 778 s)
+# E7's and E8's share of time in the timed rounds (committed run: about 83 of 433 s and 100 of 778 s)
+TIMED_SHARE = 0.2
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -61,10 +64,10 @@ def e7_cells(cfg: dict) -> list[tuple[str, str, int, str]]:
 
 
 def grouped_skew_work(cfg: dict) -> float:
-    """E7's contender-cells under ``cfg`` with this code's contender lists: a tune-split cell runs ours (auto and
-    the two grids), ours with the gather, torch._grouped_mm, vLLM's kernel, triton_kernels, the per-expert loop,
-    the memory ceiling (its launch-shape search once per (model, projection, T)), the capacity factors, the
-    dense yardstick at the uniform load and the masked kernels at decode; a held-out cell ours:auto,
+    """E7's contender-cells under ``cfg`` with this code's contender lists: a tune-split cell runs ours (auto
+    and the two grids), ours with the gather, torch._grouped_mm, vLLM's kernel, triton_kernels, the per-expert
+    loop, the memory ceiling (its launch-shape search once per (model, projection, T)), the capacity factors,
+    the dense yardstick at the uniform load and the masked kernels at decode; a held-out cell ours:auto,
     ours:default, ours with the gather, torch._grouped_mm, vLLM's and triton_kernels'; a path cell two."""
     g = cfg["grouped"]
     work = 0.0
@@ -129,10 +132,12 @@ def baseline_work() -> dict[str, float]:
         "inductor_codegen": b["codegen_shapes"],
         "epilogue_fusion": fusion,
         "split_sweep": fusion * b["split_sweep"],
-        "decompose_k_grid": grid * b["suites"] + 8 * b["grid_mn"] * b["grid_compiled_k"] * b["grid_compiled_suites"],
+        "decompose_k_grid": grid * b["suites"]
+        + 8 * b["grid_mn"] * b["grid_compiled_k"] * b["grid_compiled_suites"],
         "tune": 2 * grid + b["router_tune_tokens"],
         "tune_seed": grid + sum(t <= b["seed_max_tokens"] for t in b["router_tokens"]),
-        "router_gemm": _router_work(b["router_tokens"], set(b["router_compiled_tokens"]), b["router_epilogues"]),
+        "router_gemm": _router_work(b["router_tokens"], set(b["router_compiled_tokens"]),
+                                    b["router_epilogues"]),
         "tune_grouped": _tune_grouped_work(b["tune_models"], b["grouped_tune_tokens"], b["tune_loads"]),
         "grouped_skew": b["grouped_skew_work"],
         "moe_layer": b["moe_layer_work"],

@@ -1,8 +1,9 @@
 """E6 router-gemm: the DeepSeek-V3 router `[T,7168] @ [7168,256]`, decode T = 1..256 and prefill up to
 T = 16384, epilogues none and sigmoid (logits -> scores), bf16; and ReLU at decode (``relu_max_tokens``), the
 one epilogue the seed's kernels fuse, so that ours and the seed's optimized kernel are compared like for like
-(both fused); with the sigmoid the seed's kernels run it as a separate launch (what their user pays). The ``split`` column says whether the
-Decompose-K tuner saw that T (tune) or not (heldout: `auto` runs on its heuristic there).
+(both fused); with the sigmoid the seed's kernels run it as a separate launch (what their user pays). The
+``split`` column says whether the Decompose-K tuner saw that T (tune) or not (heldout: `auto` runs on its
+heuristic there).
 
 Contenders: eager, torch.compile(max-autotune-no-cudagraphs) per exact T, the custom-op autotuned path with
 range dispatch on T (one dynamic-T compile; Inductor benchmarks mm vs decomposeK per T range and emits a

@@ -62,7 +62,8 @@ def loads(cfg: dict, t: int) -> list[str]:
 
 
 def heldout_loads(g: dict, t: int) -> list[str]:
-    """The loads of a held-out cell at T: ``heldout_loads``, the uniform load alone at ``uniform_only_tokens``."""
+    """The loads of a held-out cell at T: ``heldout_loads``, the uniform load alone at
+    ``uniform_only_tokens``."""
     return ["uniform"] if t in g.get("uniform_only_tokens", ()) else list(g["heldout_loads"])
 
 
@@ -246,8 +247,9 @@ def gather_contender(src, index, offsets) -> Contender:
     """``ours:auto+gather``: the same work as the peers' kernels that gather their rows themselves: our gather
     of the rows (one kernel: ``src`` rows by ``index``, the tokens for gate/up, the slots for down) then
     grouped_mm with no config, both timed."""
-    return Contender("ours:auto+gather", lambda inp: (lambda: grouped_mm(gather_rows(src, index), inp[1], offsets,
-                                                                         w_layout="nk", validate=False)))
+    def bind(inp):
+        return lambda: grouped_mm(gather_rows(src, index), inp[1], offsets, w_layout="nk", validate=False)
+    return Contender("ours:auto+gather", bind)
 
 
 # what each E7 contender's time covers (the ``timing_scope`` column): the peers' kernels read their rows by id
@@ -412,7 +414,8 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
     fields = {"config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
               "vllm_own_config": own[0] if own else "", "vllm_own_search_us": own[1] if own else math.nan,
               "vllm_search_us": choice["graph_us"],
-              "vllm_flags": vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, vllm_moe.capability_of(x))[1],
+              "vllm_flags": vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype,
+                                                vllm_moe.capability_of(x))[1],
               "naive_block_assignment": naive}
     return Contender("vllm:fused_moe", lambda inp: bind(inp[1]), config=choice["config"], fields=fields,
                      parallel_compile=True, check=lambda out: check(out, slot_ref, k))
@@ -568,13 +571,13 @@ def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__)
     cells = e7_cells(cfg)
     if args.quick:
-        quick = (g["decode_tokens"][0], g["prefill_tokens"][0])  # a decode and a prefill cell of the smallest model
+        quick = (g["decode_tokens"][0], g["prefill_tokens"][0])  # a decode and a prefill cell, smallest model
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b" and c[2] in quick][:3]
     cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()
     tk = triton_kernels_moe.load()
-    print(f"triton_kernels: {tk.origin if tk else 'not available (no ' + triton_kernels_moe.ENV + ')'}", flush=True)
+    print(f"triton_kernels: {tk.origin if tk else 'not available, no ' + triton_kernels_moe.ENV}", flush=True)
     streamed: dict = {}
     bar = Progress(len(cells), "E7")
     weights: dict = {}
@@ -607,13 +610,15 @@ def main():
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
             vc = vllm.contender(g, (model, proj, t, load), w, settings, x, xs, plan, ids, ref, k, n)
-            src, index = (x, plan.sorted_token_ids) if proj == "up" else (in_slot_order(xs, plan), plan.sorted_slot)
+            src, index = ((x, plan.sorted_token_ids) if proj == "up"
+                          else (in_slot_order(xs, plan), plan.sorted_slot))
             peers = [gather_contender(src, index, plan.group_offsets)]
             if tk is not None:
                 try:
                     peers.append(tk_contender(tk, x, xs, plan, ids, ref, proj, k))
                 except Exception as ex:  # an optional peer: recorded as an error in its cells, not fatal
-                    peers.append(failed_contender(triton_kernels_moe.NAME, f"{type(ex).__name__}: {str(ex)[:200]}"))
+                    why = f"{type(ex).__name__}: {str(ex)[:200]}"
+                    peers.append(failed_contender(triton_kernels_moe.NAME, why))
             if m["split"] == "heldout":
                 cs = heldout_contenders(xs, plan, e, n, vllm=vc, peers=tuple(peers))
             else:

@@ -146,7 +146,8 @@ def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender
     _, flags = vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, torch.cuda.get_device_capability())
     return Contender("vllm:fused_experts", lambda inp: bind(inp[0], inp[1]), config=config,
                      fields={"config_source": f"{source} ({vk.origin})", "vllm_flags": flags,
-                             "glue": vllm_moe.GLUE, "naive_block_assignment": vllm_moe.naive_assignment(t, top_k, e)},
+                             "glue": vllm_moe.GLUE,
+                             "naive_block_assignment": vllm_moe.naive_assignment(t, top_k, e)},
                      parallel_compile=True)
 
 
@@ -236,7 +237,7 @@ def main():
     vllm = Vllm()
     vllm.load()
     tk = triton_kernels_moe.load()
-    print(f"triton_kernels: {tk.origin if tk else 'not available (no ' + triton_kernels_moe.ENV + ')'}", flush=True)
+    print(f"triton_kernels: {tk.origin if tk else 'not available, no ' + triton_kernels_moe.ENV}", flush=True)
     bar = Progress(len(cells), "E8")
     weights: dict = {}
     for model, t, load in cells:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The peers' sources E7 and E8 load at run time, into a git-ignored folder to carry to the GPU machine
 # (nothing of them is committed):
-#   <dest>/vllm/...          vLLM's fused_moe.py, its tuned configs and _version.py   -> MOEGEMM_VLLM_SOURCE
-#   <dest>/tk/triton_kernels OpenAI's triton_kernels as vLLM ships it (vllm/third_party), with a REVISION file
-#                                                                                     -> MOEGEMM_TRITON_KERNELS_SOURCE
+#   <dest>/vllm/...           vLLM's fused_moe.py, its tuned configs and _version.py (MOEGEMM_VLLM_SOURCE)
+#   <dest>/tk/triton_kernels  OpenAI's triton_kernels as vLLM ships it (vllm/third_party), and a REVISION file
+#                             (MOEGEMM_TRITON_KERNELS_SOURCE)
 # Both come from one vLLM wheel from the package index (or a wheel given as the second argument).
 #
 #   bash experiments/fetch_peers.sh [dest, default .peers at the repository root] [vllm wheel]
@@ -29,4 +29,5 @@ rm -rf "$dest/vllm/third_party"
 version=$(sed -n "s/^__version__ = version = '\(.*\)'/\1/p" "$dest/vllm/_version.py")
 commit=$(sed -n "s/^__commit_id__ = commit_id = '\(.*\)'/\1/p" "$dest/vllm/_version.py")
 echo "as shipped in vllm $version ($commit), vllm/third_party/triton_kernels" > "$dest/tk/REVISION"
-echo "peers in $dest ($(du -sh "$dest" | cut -f1)): vllm $version ($commit); triton_kernels: $(cat "$dest/tk/REVISION")"
+echo "peers in $dest ($(du -sh "$dest" | cut -f1)): vllm $version ($commit)"
+echo "triton_kernels: $(cat "$dest/tk/REVISION")"

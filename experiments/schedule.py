@@ -34,10 +34,10 @@ def dag(gpus: int, gpu_name: str) -> tuple[dict[int, dict], list[tuple[int, int]
     out = subprocess.run([sys.executable, "-m", "snakemake", "--dag", "--forceall", "--cores", "32", "--resources",
                           f"gpu={gpus}"], cwd=ROOT, capture_output=True, text=True, env=env, check=True).stdout
     nodes, edges = {}, []
-    for m in re.finditer(r'^\s*(\d+)\[label = "([^"]*)"', out, re.MULTILINE):
+    for m in re.finditer(r'^\s*(\d+)\[label = "([^"]*)"', out, re.M):
         rule, *wc = m.group(2).split("\\n")
         nodes[int(m.group(1))] = {"rule": rule, "wildcards": dict(w.split(": ", 1) for w in wc)}
-    for m in re.finditer(r"^\s*(\d+) -> (\d+)", out, re.MULTILINE):
+    for m in re.finditer(r"^\s*(\d+) -> (\d+)", out, re.M):
         edges.append((int(m.group(1)), int(m.group(2))))
     return nodes, edges
 
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     if times is None:
         raise SystemExit(f"no benchmark files for {args.gpu}")
     step_s = dict(zip(times.step, times.seconds))
-    if not args.as_measured:  # the committed times scaled to the current config's cells (experiments/budget.py)
+    if not args.as_measured:  # the committed times scaled to the config's cells (experiments/budget.py)
         from experiments.budget import scaled_step_times
         from experiments.common import load_config
 

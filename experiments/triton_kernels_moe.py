@@ -80,7 +80,8 @@ def revision(pkg: Path) -> str:
 
 
 def load(source: str | os.PathLike | None = None) -> TritonKernels | None:
-    """triton_kernels from ``source`` (default: $MOEGEMM_TRITON_KERNELS_SOURCE), or None where none is named."""
+    """triton_kernels from ``source`` (default: $MOEGEMM_TRITON_KERNELS_SOURCE), or None where none is
+    named."""
     source = source if source is not None else os.environ.get(ENV)
     if not source:
         return None
@@ -100,8 +101,8 @@ def load(source: str | os.PathLike | None = None) -> TritonKernels | None:
     try:
         mods["routing"] = importlib.import_module("triton_kernels.routing")
     except ImportError as ex:
-        raise ValueError(f"{ENV}: the triton_kernels at {pkg} has no routing() (its routing comes from topk's "
-                         f"SparseMatrix there); this adapter drives routing(): {ex}") from ex
+        raise ValueError(f"{ENV}: the triton_kernels at {pkg} has no routing() (its routing comes from "
+                         f"topk's SparseMatrix there); this adapter drives routing(): {ex}") from ex
     for mod, names in ((mods["matmul_ogs"], ("matmul_ogs", "FusedActivation", "FnSpecs")),
                        (mods["routing"], ("routing",)), (mods["swiglu"], ("swiglu_fn",))):
         missing = [n for n in names if not hasattr(mod, n)]
@@ -148,8 +149,8 @@ def silu_activation(tk: TritonKernels):
     try:
         return mo.FusedActivation(specs, (1.0, None), 2)
     except TypeError:  # a generation whose FnSpecs carries the reduction
-        return mo.FusedActivation(mo.FnSpecs("swiglu", tk.swiglu.swiglu_fn, ("alpha", "limit"), reduction_n=2),
-                                  (1.0, None))
+        specs = mo.FnSpecs("swiglu", tk.swiglu.swiglu_fn, ("alpha", "limit"), reduction_n=2)
+        return mo.FusedActivation(specs, (1.0, None))
 
 
 def route(tk: TritonKernels, topk_ids: torch.Tensor, logits: torch.Tensor):

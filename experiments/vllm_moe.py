@@ -30,9 +30,10 @@ fp8 w8a8 weights (``enable_swap_ab``: sm_90, BLOCK_SIZE_M < 64, BLOCK_SIZE_N >= 
 ``USE_TD`` (tensor-descriptor gather) off unless ``VLLM_TRITON_USE_TD`` is set, and by default on XPU only
 (``resolve_moe_use_td``); its ``tile::gather4`` needs sm_100, so it cannot run on Hopper at all.
 
-The whole layer as vLLM's ``fused_experts`` runs it (``layer``): the expert assignment (``moe_align_block_size``,
-a CUDA op of vLLM's, here ``align_triton``: two Triton kernels of ours doing the same, since vLLM's compiled
-ops do not load beside our torch and vLLM has no Triton or torch fallback for it; on the naive path, one fill),
+The whole layer as vLLM's ``fused_experts`` runs it (``layer``): the expert assignment
+(``moe_align_block_size``, a CUDA op of vLLM's, here ``AlignTriton``: two Triton kernels of ours doing the
+same, since vLLM's compiled ops do not load beside our torch and vLLM has no Triton or torch fallback for it;
+on the naive path, one fill),
 gate/up with the rows gathered inside the kernel, ``silu_and_mul`` (vLLM's CUDA op; here our one-kernel
 Triton ``moegemm.grouped.pointwise.silu_mul``), down with the routing weights applied inside the kernel
 (``MUL_ROUTED_WEIGHT``), and ``moe_sum`` (vLLM's CUDA op; here ``moe_sum``, one Triton kernel of ours).
@@ -298,7 +299,8 @@ def _align_offsets_kernel(ids_ptr, offs_ptr, cursor_ptr, expert_ids_ptr, post_pt
                           LENGTH, TILES, BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr,
                           TCHUNK: tl.constexpr):
     """One program: each expert's slot count, padded to BM; the padded lists' starts (offs), their total
-    (post), each row tile's expert, the row-id list filled with SLOTS (the kernel masks it), cursors zeroed."""
+    (post), each row tile's expert, the row-id list filled with SLOTS (the kernel masks it), cursors
+    zeroed."""
     ex = tl.arange(0, EB)
     counts = tl.zeros((EB,), dtype=tl.int32)
     for start in range(0, SLOTS, CHUNK):
@@ -357,11 +359,11 @@ class AlignTriton:
         if flat.numel() != self.slots:
             raise ValueError(f"topk_ids: expected {self.slots} slots, got {flat.numel()}")
         eb = triton.next_power_of_2(self.e)
-        _align_offsets_kernel[(1,)](flat, self.offs, self.cursor, self.expert_ids, self.post, self.ids, self.slots,
-                                    self.e, self.length, self.tiles, BM=self.bm, EB=eb, CHUNK=1024,
-                                    TCHUNK=max(16, 8192 // eb), num_warps=8)
-        _align_place_kernel[(triton.cdiv(self.slots, 1024),)](flat, self.offs, self.cursor, self.ids, self.slots,
-                                                                CHUNK=1024)
+        _align_offsets_kernel[(1,)](flat, self.offs, self.cursor, self.expert_ids, self.post, self.ids,
+                                    self.slots, self.e, self.length, self.tiles, BM=self.bm, EB=eb,
+                                    CHUNK=1024, TCHUNK=max(16, 8192 // eb), num_warps=8)
+        _align_place_kernel[(triton.cdiv(self.slots, 1024),)](flat, self.offs, self.cursor, self.ids,
+                                                                self.slots, CHUNK=1024)
         return self.ids, self.expert_ids, self.post
 
 
@@ -385,7 +387,8 @@ def moe_sum(y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.empty(t, n, dtype=y.dtype, device=y.device) if out is None else out
     if t and n:
         block = min(triton.next_power_of_2(n), 1024)
-        _moe_sum_kernel[(t, triton.cdiv(n, block))](y, out, n, TOP_K=k, BLOCK=block, num_warps=4 if block >= 512 else 2)
+        _moe_sum_kernel[(t, triton.cdiv(n, block))](y, out, n, TOP_K=k, BLOCK=block,
+                                                     num_warps=4 if block >= 512 else 2)
     return out
 
 
@@ -426,8 +429,8 @@ def kernel_call(vk: VllmKernel, a, w, y, topk_weights, assign, n: int, slots: in
         stride_am=a.stride(0), stride_ak=a.stride(1), stride_be=w.stride(0), stride_bk=w.stride(2),
         stride_bn=w.stride(1), stride_cm=y.stride(0), stride_cn=y.stride(1), **zeros,
         naive_block_assignment=naive, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-        GROUP_SIZE_M=gm, MUL_ROUTED_WEIGHT=topk_weights is not None, top_k=top_k, compute_type=compute, **flags,
-        num_warps=warps, num_stages=stages)
+        GROUP_SIZE_M=gm, MUL_ROUTED_WEIGHT=topk_weights is not None, top_k=top_k, compute_type=compute,
+        **flags, num_warps=warps, num_stages=stages)
 
 
 def capability_of(t: torch.Tensor) -> tuple[int, int]:
@@ -483,7 +486,8 @@ def layer(vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
 
         def call():
             if naive:
-                assign = (None, ids32.view(-1), torch.full((1,), slots * bm, dtype=torch.int32, device=x.device))
+                post = torch.full((1,), slots * bm, dtype=torch.int32, device=x.device)
+                assign = (None, ids32.view(-1), post)
             else:
                 assign = aligner(ids32)
             kernel_call(vk, x, w_gu, y1, None, assign, two_i, slots, top_k, config, naive, cap)

@@ -139,8 +139,8 @@ def _apply(fn, x_ptr, b_ptr, out_ptr, alpha, limit, M: tl.constexpr, N2: tl.cons
 
 @needs_source
 def test_its_swiglu_with_the_adapters_bias_is_silu_times_up(fresh):
-    """Its own swiglu_fn (read from the source), fed the interleaved product plus the adapter's bias at alpha 1
-    and no clamp, against SiLU(gate) * up in float64."""
+    """Its own swiglu_fn (read from the source), fed the interleaved product plus the adapter's bias at
+    alpha 1 and no clamp, against SiLU(gate) * up in float64."""
     tk = tkm.load(SOURCE)
     act = tkm.silu_activation(tk)
     g = torch.Generator().manual_seed(0)
@@ -187,7 +187,8 @@ def test_gpu_layer_and_projections_match_float64(fresh, t, e, k):
     ref = _ref_ffn(x, ids, wts, w_gu, w_dn)
     assert not got.isnan().any()
     torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
-    for gather_rows, a, w in ((True, x, w_gu), (False, torch.randn(t * k, h, device="cuda").to(torch.bfloat16), w_dn.transpose(1, 2).contiguous())):
+    slots_in = torch.randn(t * k, h, device="cuda").to(torch.bfloat16)
+    for gather_rows, a, w in ((True, x, w_gu), (False, slots_in, w_dn.transpose(1, 2).contiguous())):
         bind, order = tkm.projection(tk, a, ids, e, gather_rows)
         c = bind(w)
         c().fill_(float("nan"))

@@ -338,7 +338,8 @@ def test_vllm_flags_are_vllms_choice_for_unquantized_weights():
         vm.vllm_flags(names, torch.int8, (9, 0))
 
 
-@pytest.mark.skipif(not os.environ.get("MOEGEMM_VLLM_SOURCE"), reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)")
+@pytest.mark.skipif(not os.environ.get("MOEGEMM_VLLM_SOURCE"),
+                    reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)")
 @pytest.mark.parametrize("naive", [False, True])
 def test_real_layer_matches_float64(cache, naive):
     """The whole expert FFN as vLLM's fused_experts runs it (align in the call, SiLU*up, the routing weights

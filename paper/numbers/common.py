@@ -102,14 +102,15 @@ def provenance(n: Numbers, results: Path) -> None:
     n.add("GpuTestsFailed", v["counts"]["failed"], "{}")
 
 
-DECODE_MAX, PREFILL_MIN = 256, 1024  # the phases every headline reports apart: decode T <= 256, prefill T >= 1024
+DECODE_MAX, PREFILL_MIN = 256, 1024  # the phases every headline reports apart: T <= 256, T >= 1024
 CLOCKS = {"graph": "GPU time", "launch": "launch-inclusive"}
 
 
 def phase_of(tokens) -> pd.Series:
     """"decode" (T <= 256), "prefill" (T >= 1024) or "" (between: in neither headline) per token count."""
     t = pd.Series(tokens)
-    return pd.Series(np.where(t <= DECODE_MAX, "decode", np.where(t >= PREFILL_MIN, "prefill", "")), index=t.index)
+    phase = np.where(t <= DECODE_MAX, "decode", np.where(t >= PREFILL_MIN, "prefill", ""))
+    return pd.Series(phase, index=t.index)
 
 
 def round_times(row, clock: str = "graph") -> np.ndarray:

@@ -111,12 +111,14 @@ def e7_phase_numbers(n: Numbers, gen: Path, df: pd.DataFrame, prefix: str = "ESe
                     n.add(name + "Parity", int(is_parity(*r[clock][1:])), "{}")
     if rows and prefix == "ESeven":
         t = pd.DataFrame([{"peer": r["theirs"], "ours": r["ours"], "phase": r["phase"],
-                           **{CLOCKS[c]: ci_text(*r[c]) for c in CLOCKS}, "cells": r["graph_cells"]} for r in rows])
+                           **{CLOCKS[c]: ci_text(*r[c]) for c in CLOCKS}, "cells": r["graph_cells"]}
+                          for r in rows])
         write_text(gen / "table_e7_phase.tex", table(
             t, "E7, tune models, per phase (decode $T\\le 256$, prefill $T\\ge 1024$): each peer's time over "
-            "ours (the default path, \\texttt{grouped\\_mm} with no config; with its gather of the rows timed "
-            "against the kernels that gather theirs), geomean over cells and projections with its 95\\% "
-            "bootstrap interval over cells and rounds, both clocks; ``parity'' where the interval holds 1.0.",
+            "ours (the default path, \\texttt{grouped\\_mm} with no config; with its gather of the rows "
+            "timed against the kernels that gather theirs), geomean over cells and projections with its "
+            "95\\% bootstrap interval over cells and rounds, both clocks; ``parity'' where the interval "
+            "holds 1.0.",
             "tab:e7phase", "lllllr"))
     return rows
 
@@ -133,8 +135,8 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     ok = df[df.status == "ok"]
     g = ok[ok.proj.isin(["up", "down"])]
     rows = []
-    for c in (OURS_AUTO, OURS_GATHER, "ours:contiguous", "ours:persistent", "ours:masked", "ours:masked-pointer", "torch._grouped_mm",
-              VLLM, TK, "per-expert-loop",
+    for c in (OURS_AUTO, OURS_GATHER, "ours:contiguous", "ours:persistent", "ours:masked",
+              "ours:masked-pointer", "torch._grouped_mm", VLLM, TK, "per-expert-loop",
               "padded-bmm:cf1.0", "padded-bmm:cf1.25", "padded-bmm:cf2.0"):
         sub = g[g.contender == c]
         if len(sub):

@@ -116,7 +116,8 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     write_text(gen / "table_e7_heldout.tex",
                table(pd.DataFrame(rows), "E7, held-out models (never tuned on): the default path against "
                      "\\texttt{torch.\\_grouped\\_mm} and vLLM's kernel, their time over ours, geomean (lowest) "
-                     f"over both projections, the loads measured, and decode ($T$ = {_ts(o, o.tokens <= 256)}) or "
-                     f"prefill ($T$ = {_ts(o, o.tokens >= PREFILL)}); GPU time. Last column: our \\% of the floor "
-                     "at prefill.",
+                     "over both projections, the loads measured, and decode "
+                     f"($T$ = {_ts(o, o.tokens <= 256)}) or prefill "
+                     f"($T$ = {_ts(o, o.tokens >= PREFILL)}); GPU time. Last column: our \\% of the floor at "
+                     "prefill.",
                      "tab:e7heldout", "ll" + "r" * (len(rows[0]) - 2)))

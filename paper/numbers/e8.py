@@ -13,7 +13,7 @@ from .common import CLOCKS, Numbers, ci_text, gm, is_parity, phase_headline, tab
 
 OURS, UNFUSED = "ours:moe_ffn", "ours:unfused-swiglu"
 HF_COMPILED, TORCH, VLLM = "hf:grouped_mm:compiled", "torch._grouped_mm pipeline", "vllm:fused_experts"
-TK = "tk:matmul_ogs"  # OpenAI's triton_kernels as vLLM runs it for gpt-oss (experiments/triton_kernels_moe.py)
+TK = "tk:matmul_ogs"  # OpenAI's triton_kernels as vLLM runs it for gpt-oss (triton_kernels_moe.py)
 PEERS = (HF_COMPILED, TORCH, VLLM, TK)  # the best peer of a cell: the fastest of these there
 BEST = "best peer"
 KEYS = ["model", "tokens", "load"]
@@ -25,7 +25,8 @@ MARGIN = 1.1  # the per-cell margin over the faster peer that the section counts
 def e8_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Per (model, split, tokens, load): each contender's GPU time as a column (rows that failed: absent),
     ``best_peer``, the fastest of transformers' compiled grouped_mm backend (where measured), the
-    torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels (where at hand), and ``fused``: whether moe_ffn fuses SwiGLU into gate/up there (more than
+    torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels (where at hand), and ``fused``:
+    whether moe_ffn fuses SwiGLU into gate/up there (more than
     FUSE_ABOVE_ROWS_PER_EXPERT rows per expert on average)."""
     ok = df[df.status == "ok"]
     index = ["model", "split", "tokens", "load"] + [c for c in ("experts", "top_k") if c in df]
@@ -518,11 +519,12 @@ def phase_numbers(n: Numbers, gen: Path, held: pd.DataFrame) -> None:
         table_rows.append(line)
     if table_rows:
         write_text(gen / "table_e8_phase.tex", table(
-            pd.DataFrame(table_rows), "E8, held-out models, per phase (decode $T\\le 256$, prefill $T\\ge 1024$, "
-            "never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over cells with its 95\\% "
-            "bootstrap interval over cells and rounds, on the GPU clock and launch-inclusive; ``parity'' where the "
-            "interval holds 1.0; the best peer is the fastest peer per cell and clock; host cost: Python's time "
-            "to issue one call (median over cells).", "tab:e8phase", "llllrl"[:len(table_rows[0])]))
+            pd.DataFrame(table_rows), "E8, held-out models, per phase (decode $T\\le 256$, prefill "
+            "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over cells "
+            "with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and launch-inclusive; "
+            "``parity'' where the interval holds 1.0; the best peer is the fastest peer per cell and clock; "
+            "host cost: Python's time to issue one call (median over cells).", "tab:e8phase",
+            "llllrl"[:len(table_rows[0])]))
 
 
 def gemm_vs_layer(n: Numbers, results: Path, held: pd.DataFrame) -> None:

@@ -63,15 +63,16 @@ def headline(results: Path) -> str:
 
 
 def router_sentence(df: pd.DataFrame) -> str:
-    """The router against the seed's optimized kernel, like for like first (ReLU, which both fuse; where E6 has
-    no ReLU cells, no epilogue), then with the sigmoid, which the seed's kernel runs as a separate launch (what
-    its user pays); both clocks, 95% intervals over T and rounds, decode (where the seed's kernels run)."""
+    """The router against the seed's optimized kernel, like for like first (ReLU, which both fuse; where E6
+    has no ReLU cells, no epilogue), then with the sigmoid, which the seed's kernel runs as a separate launch
+    (what its user pays); both clocks, 95% intervals over T and rounds, decode (where the seed's kernels
+    run)."""
     seed, ours = "seed: optimized", OURS[0]
     parts = []
     like = "relu" if ((df.epilogue == "relu") & (df.contender == seed)).any() else "none"
     for epi, what in ((like, "with ReLU, which both fuse" if like == "relu" else "without an epilogue"),
-                      ("sigmoid", "with the sigmoid, which the seed's kernel runs as a separate launch (what its "
-                                  "user pays)")):
+                      ("sigmoid", "with the sigmoid, which the seed's kernel runs as a separate launch "
+                                  "(what its user pays)")):
         sub = df[(df.epilogue == epi) & (df.m <= 256)]
         if not (sub.contender == seed).any():
             continue
@@ -98,9 +99,9 @@ def _phase_table(rows: list[dict], what: str) -> list[str]:
 
 
 def grouped_headline(results: Path) -> list[str]:
-    """The grouped part of the headline: E7 (held-out models, then the tuned ones) and E8, decode (T <= 256) and
-    prefill (T >= 1024) apart, both clocks, 95% bootstrap intervals over cells and rounds; "parity" where an
-    interval holds 1.0."""
+    """The grouped part of the headline: E7 (held-out models, then the tuned ones) and E8, decode (T <= 256)
+    and prefill (T >= 1024) apart, both clocks, 95% bootstrap intervals over cells and rounds; "parity" where
+    an interval holds 1.0."""
     from .e7 import e7_phase_numbers
     from .e8 import phase_rows
 
@@ -111,10 +112,10 @@ def grouped_headline(results: Path) -> list[str]:
     if path.exists():
         raw = pd.read_csv(path)
         held = raw[raw.split == "heldout"] if "split" in raw else raw.iloc[:0]
-        heading = (f"Grouped GEMM (E7) on {held.model.nunique()} MoE models it was never tuned on (gate/up fused "
-                   "and down; uniform and Zipf 1.2 loads), ours the default path (grouped_mm with no config); "
-                   "against the kernels that gather their rows themselves, ours with its gather timed "
-                   "(ours:auto+gather) where measured")
+        heading = (f"Grouped GEMM (E7) on {held.model.nunique()} MoE models it was never tuned on (gate/up "
+                   "fused and down; uniform and Zipf 1.2 loads), ours the default path (grouped_mm, no "
+                   "config); against the kernels that gather their rows themselves, ours with its gather "
+                   "timed (ours:auto+gather) where measured")
         for label, sub in ((heading, held),
                            ("The three tuned models (E7's tune split), the same comparisons",
                             raw[raw.split != "heldout"] if "split" in raw else raw)):
@@ -126,15 +127,18 @@ def grouped_headline(results: Path) -> list[str]:
         held = df[df.split == "heldout"] if "split" in df else df.iloc[:0]
         rows = phase_rows(held) if len(held) else []
         if rows:
-            lines += ["", f"The whole expert FFN (`moe_ffn`, E8) on the {held.model.nunique()} held-out models; the "
-                      "best peer is the fastest per cell and clock of transformers' compiled grouped_mm backend, "
+            models = held.model.nunique()
+            lines += ["", f"The whole expert FFN (`moe_ffn`, E8) on the {models} held-out models; "
+                      "the best peer is the fastest per cell and clock of transformers' compiled grouped_mm "
+                      "backend, "
                       "the torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels' matmul_ogs; "
                       f"{note}", "", *_phase_table(rows, "peer")]
             host = [r for r in rows if "host_ours_us" in r and r["theirs"] != "best peer"]
             if host:
                 lines += ["", "Python's cost of one call (median over cells): ours "
                           f"{host[0]['host_ours_us']:.0f} us; "
-                          + ", ".join(f"{r['theirs']} {r['host_theirs_us']:.0f} us ({r['phase']})" for r in host)
+                          + ", ".join(f"{r['theirs']} {r['host_theirs_us']:.0f} us ({r['phase']})"
+                                      for r in host)
                           + "."]
     return lines
 
