@@ -1,8 +1,10 @@
 """E8 moe-layer: the expert FFN of an MoE layer end to end, routing in, combined [T, H] out.
 
-Per zoo model (config.yaml's grouped.models, tune and held-out, gate and up fused: up = [H, 2I]; Mixtral
-8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token count and load
-(uniform, Zipf 1.2), one float64 reference of the whole FFN, then side by side on both clocks:
+Per zoo model (config.yaml's grouped.models of the splits in moe_layer.splits, gate and up fused:
+up = [H, 2I]; Mixtral 8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token
+count and load (moe_layer.loads; the uniform load alone at moe_layer.uniform_only_tokens), one float64
+reference of the whole FFN, then side by side on both clocks, three interleaved rounds, and each contender's
+host cost per call (moe_layer.host_calls, the cpu_us column):
 - ``ours:moe_ffn``: moegemm.grouped.moe_ffn (SwiGLU fused into the gate/up GEMM; the default path);
 - ``ours:unfused-swiglu``: our grouped GEMMs with SwiGLU as a separate op (what the fusion saves);
 - ``ours:hf-backend``: the same through transformers' experts interface (moegemm.integrations.transformers),
