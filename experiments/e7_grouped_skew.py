@@ -9,10 +9,11 @@ a dense GEMM with one expert's weights as a yardstick (at the uniform load only:
 count, not on the load), a memory ceiling (``ceiling:stream``, moegemm.bench.stream: one kernel that only
 moves as many bytes as the floor counts, the best of a few launch shapes), and, where vLLM's source is at
 hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton
-kernel with the best of a light config search (vLLM's flags, ``vllm_flags``), OpenAI's triton_kernels' matmul_ogs
-where its source is at hand (MOEGEMM_TRITON_KERNELS_SOURCE: experiments/triton_kernels_moe.py), and, as these
-gather their rows inside the GEMM, ours with its gather timed (``ours:auto+gather``); ``ours:auto`` (grouped_mm
-with no config, what the library deploys) is the headline's ours on both splits, and every row's
+kernel with the best of a light config search (vLLM's flags, ``vllm_flags``), OpenAI's triton_kernels'
+matmul_ogs where its source is at hand (MOEGEMM_TRITON_KERNELS_SOURCE: experiments/triton_kernels_moe.py),
+and, as these gather their rows inside the GEMM, ours with its gather timed (``ours:auto+gather``);
+``ours:auto`` (grouped_mm with no config, what the library deploys) is the headline's ours on both splits, and
+every row's
 ``timing_scope`` says what its time covers. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s,
 FLOPs / 989 TFLOP/s) on every row. Also the whole expert path (route + permute + grouped GEMM with fused
 gating + unpermute) against the same path on torch._grouped_mm. Per held-out model (config.yaml's zoo,
