@@ -93,7 +93,9 @@ def moe_layer_work(cfg: dict) -> float:
     """E8's contender-cells under ``cfg``: moe_ffn, the unfused composition, our transformers backend,
     transformers' grouped_mm, the torch._grouped_mm pipeline, vLLM's fused_experts, triton_kernels, the
     per-expert loop, and the two compiled backends at the compiled token counts."""
-    compiled = set(cfg["moe_layer"]["compiled_tokens"])
+    from experiments.e8_moe_layer import run_selection
+
+    compiled = set(run_selection(cfg["moe_layer"])["compiled_tokens"])
     host = 0.5 if cfg["moe_layer"].get("host_calls") else 0.0  # the host-cost calls: half a contender's setup
     return sum((8 + 2 * (t in compiled)) * (1 + host * (t >= 1024)) for _, t, _ in moe_layer_cells(cfg))
 

@@ -1,8 +1,8 @@
 """E8 moe-layer: the expert FFN of an MoE layer end to end, routing in, combined [T, H] out.
 
-Per zoo model (config.yaml's grouped.models of the splits in moe_layer.splits, gate and up fused:
-up = [H, 2I]; Mixtral 8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token
-count and load (moe_layer.loads; the uniform load alone at moe_layer.uniform_only_tokens), one float64
+Per zoo model (config.yaml's grouped.models of the run's splits, gate and up fused: up = [H, 2I]; Mixtral
+8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token count and load (the
+pipeline's run, moe_layer.run, a selection of the zoo's E8 cells: run_selection), one float64
 reference of the whole FFN, then side by side on both clocks, three interleaved rounds, and each contender's
 host cost per call (moe_layer.host_calls, the cpu_us column):
 - ``ours:moe_ffn``: moegemm.grouped.moe_ffn (SwiGLU fused into the gate/up GEMM; the default path);
@@ -218,13 +218,20 @@ def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, loa
                  **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl), **prov)
 
 
+def run_selection(e8: dict) -> dict:
+    """The pipeline's E8 run: config.yaml's ``moe_layer.run`` over ``moe_layer`` (each key it lacks: the
+    zoo's), with ``splits`` (default both) and ``uniform_only_tokens`` (default none)."""
+    return {"splits": ["tune", "heldout"], "uniform_only_tokens": [], **{k: e8[k] for k in
+            ("tokens", "loads", "compiled_tokens")}, **e8.get("run", {})}
+
+
 def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
-    """E8's cells (model, T, load): the models of config.yaml's ``moe_layer.splits`` (default both), each T of
-    ``tokens``, each load of ``loads`` but the uniform alone at ``uniform_only_tokens``."""
-    splits = e8.get("splits", ["tune", "heldout"])
-    return [(model, t, load) for model, spec in g["models"].items() if spec["split"] in splits
-            for t in e8["tokens"]
-            for load in (["uniform"] if t in e8.get("uniform_only_tokens", ()) else e8["loads"])]
+    """E8's run's cells (model, T, load): the models of its splits, each of its T, each of its loads but the
+    uniform load alone at its ``uniform_only_tokens`` (run_selection)."""
+    run = run_selection(e8)
+    return [(model, t, load) for model, spec in g["models"].items() if spec["split"] in run["splits"]
+            for t in run["tokens"]
+            for load in (["uniform"] if t in run["uniform_only_tokens"] else run["loads"])]
 
 
 def main():
@@ -232,7 +239,7 @@ def main():
     e8 = cfg["moe_layer"]
     cells = layer_cells(g, e8)
     if args.quick:
-        cells = [c for c in cells if c[1] == min(e8["tokens"])][:1]  # one decode cell
+        cells = [c for c in cells if c[1] == min(c[1] for c in cells)][:1]  # one decode cell
     cells = shard_cells(cells, args.shard)
     if e8.get("host_calls"):  # Python's cost of one call (the cpu_us column): this many calls, no sync
         settings = dataclasses.replace(settings, cpu_calls=e8["host_calls"])
@@ -248,7 +255,7 @@ def main():
             continue
         t_cell = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
-        cs = contenders(x, ids, wts, e, h, i, t, t in e8["compiled_tokens"], vllm.kernel, tk)
+        cs = contenders(x, ids, wts, e, h, i, t, t in run_selection(e8)["compiled_tokens"], vllm.kernel, tk)
         out = measure(cs, sets, ref, h + i, settings)
         annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
         writer.add(out)

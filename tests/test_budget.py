@@ -50,15 +50,16 @@ def test_work_follows_the_knobs():
     w = budget.work(cfg)
     more = copy.deepcopy(cfg)
     more["decompose_k"]["router"]["relu_max_tokens"] = 16384
-    more["moe_layer"]["loads"] = ["uniform", "zipf1.2"]
+    more["moe_layer"]["run"]["loads"] = ["uniform", "zipf1.2"]
     more["grouped"]["heldout_tokens"] = cfg["grouped"]["heldout_tokens"] + [1024]
     w2 = budget.work(more)
     assert w2["router_gemm"] > w["router_gemm"] and w2["moe_layer"] > w["moe_layer"]
     assert w2["grouped_skew"] > w["grouped_skew"]
-    e8 = cfg["moe_layer"]
-    splits = e8.get("splits", ["tune", "heldout"])
-    models = sum(v["split"] in splits for v in cfg["grouped"]["models"].values())
-    zipf_t = sum(t not in e8.get("uniform_only_tokens", ()) for t in e8["tokens"])
+    from experiments.e8_moe_layer import run_selection
+
+    run = run_selection(cfg["moe_layer"])
+    models = sum(v["split"] in run["splits"] for v in cfg["grouped"]["models"].values())
+    zipf_t = sum(t not in run["uniform_only_tokens"] for t in run["tokens"])
     assert len(budget.moe_layer_cells(more)) == len(budget.moe_layer_cells(cfg)) + zipf_t * models
 
 
