@@ -9,7 +9,12 @@ a dense GEMM with one expert's weights as a yardstick (at the uniform load only:
 count, not on the load), a memory ceiling (``ceiling:stream``, moegemm.bench.stream: one kernel that only
 moves as many bytes as the floor counts, the best of a few launch shapes), and, where vLLM's source is at
 hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton
-kernel with the best of a light config search. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s,
+kernel with the best of a light config search (vLLM's flags, ``vllm_flags``), OpenAI's triton_kernels'
+matmul_ogs where its source is at hand (MOEGEMM_TRITON_KERNELS_SOURCE: experiments/triton_kernels_moe.py),
+and, as these gather their rows inside the GEMM, ours with its gather timed (``ours:auto+gather``);
+``ours:auto`` (grouped_mm with no config, what the library deploys) is the headline's ours on both splits, and
+every row's
+``timing_scope`` says what its time covers. Both clocks; TFLOP/s and % of the floor max(bytes / 4.8 TB/s,
 FLOPs / 989 TFLOP/s) on every row. Also the whole expert path (route + permute + grouped GEMM with fused
 gating + unpermute) against the same path on torch._grouped_mm. Per held-out model (config.yaml's zoo,
 split "heldout": shapes the tuner never saw), projection, token count and load, the default path as a user
@@ -42,18 +47,29 @@ from moegemm.bench.stream import fits as stream_fits
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
 from moegemm.grouped.api import masked_config, shortlist
-from moegemm.grouped.routing import row_positions
+from moegemm.grouped.routing import gather_rows, row_positions
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
-from experiments import vllm_moe
+from experiments import triton_kernels_moe, vllm_moe
 
 
 def loads(cfg: dict, t: int) -> list[str]:
+    """The loads of a tune-split cell at T: every load at ``all_loads_at``, the uniform load alone at
+    ``uniform_only_tokens`` (one token's top-k experts are the same work under any load), else uniform and
+    Zipf 1.2."""
     g = cfg["grouped"]
     every = (["uniform"] + [f"zipf{a}" for a in g["zipf_alphas"]] + [f"hot{f}" for f in g["hot_fractions"]])
     if t in g["all_loads_at"]:
         return every
+    if t in g.get("uniform_only_tokens", ()):
+        return ["uniform"]
     return ["uniform", "zipf1.2"]
+
+
+def heldout_loads(g: dict, t: int) -> list[str]:
+    """The loads of a held-out cell at T: ``heldout_loads``, the uniform load alone at
+    ``uniform_only_tokens``."""
+    return ["uniform"] if t in g.get("uniform_only_tokens", ()) else list(g["heldout_loads"])
 
 
 def floor_us(rows: int, k: int, n: int, active: int, slug: str) -> tuple[float, int, int]:
@@ -213,7 +229,8 @@ def dense_contender(e: int) -> Contender:
 
 def tuned_contenders(xs, offsets, e: int, n: int) -> list[Contender]:
     """Ours with the config choose_config gives (tuned for this GPU, else heuristic) on both grids:
-    ``ours:contiguous`` and ``ours:persistent``."""
+    ``ours:contiguous`` and ``ours:persistent`` (what the grid choice is worth; not the headline, which is
+    ``ours:auto``: auto_contender)."""
     base, source = choose_config(xs, e, n, "nk")
     return [Contender(f"ours:{grid}", ours(offsets, c), config=dataclasses.asdict(c), fields={"config_source": source},
                       parallel_compile=True)
@@ -221,18 +238,70 @@ def tuned_contenders(xs, offsets, e: int, n: int) -> list[Contender]:
                             ("persistent", dataclasses.replace(base, persistent=True)))]
 
 
+def auto_contender(xs, offsets, e: int, n: int) -> Contender:
+    """Ours as the library deploys it, ``ours:auto``: grouped_mm with no config (the tuned table for this GPU,
+    else the distilled default), E7's headline on every split."""
+    base, source = choose_config(xs, e, n, "nk")
+    return Contender("ours:auto", lambda inp: (lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk",
+                                                                  validate=False)),
+                     config=dataclasses.asdict(base), fields={"config_source": source}, parallel_compile=True)
+
+
+def gather_contender(src, index, offsets) -> Contender:
+    """``ours:auto+gather``: the same work as the peers' kernels that gather their rows themselves: our gather
+    of the rows (one kernel: ``src`` rows by ``index``, the tokens for gate/up, the slots for down) then
+    grouped_mm with no config, both timed."""
+    def bind(inp):
+        return lambda: grouped_mm(gather_rows(src, index), inp[1], offsets, w_layout="nk", validate=False)
+    return Contender("ours:auto+gather", bind)
+
+
+# what each E7 contender's time covers (the ``timing_scope`` column): the peers' kernels read their rows by id
+SCOPE_GATHER = "gather fused in the GEMM (rows read by id)"
+SCOPE_PERMUTED = "GEMM on rows already permuted"
+
+
+def timing_scope(contender: str, proj: str) -> str:
+    if contender == "ours:auto+gather":
+        return "our gather kernel + GEMM"
+    if contender == "vllm:fused_moe":
+        return SCOPE_GATHER
+    if contender == triton_kernels_moe.NAME:
+        return SCOPE_GATHER if proj == "up" else "GEMM on rows in its sorted order (no scatter)"
+    if contender.startswith("path:"):
+        return "route + permute + GEMM + unpermute"
+    return SCOPE_PERMUTED
+
+
+def tk_contender(tk, x, xs, plan, ids, ref, proj: str, k: int) -> Contender:
+    """OpenAI's triton_kernels' matmul_ogs on this projection (triton_kernels_moe.projection): gate/up gathers
+    the tokens' rows itself, down reads the rows in its own sorted order; its routing made before timing;
+    checked row by row against the float64 reference in its order."""
+    gather = proj == "up"
+    a = x if gather else in_slot_order(xs, plan)
+    bind, order = triton_kernels_moe.projection(tk, a, ids, plan.num_experts, gather)
+    tk_ref = in_slot_order(ref, plan)[order]
+    return Contender(triton_kernels_moe.NAME, lambda inp: bind(inp[1]),
+                     fields={"config_source": f"its own opt_flags ({tk.origin})"},
+                     check=lambda out: check(out, tk_ref, k))
+
+
 def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True,
-                vllm: Contender | None = None, ceiling: Contender | None = None) -> list[Contender]:
+                vllm: Contender | None = None, ceiling: Contender | None = None,
+                peers: tuple[Contender, ...] = ()) -> list[Contender]:
     """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
     the weights, rotated so that back-to-back calls do not find the active experts' weights in L2. The
     dense yardstick depends on the row count only, not on the load: ``yardstick`` False leaves it out.
     ``vllm``: vLLM's kernel (vllm_contender), after torch._grouped_mm; ``ceiling``: the memory ceiling
-    (stream_contender), after the dense yardstick."""
+    (stream_contender), after the dense yardstick; ``peers``: more contenders after vLLM's (ours with the
+    gather timed, triton_kernels)."""
     off = plan.group_offsets
     cs = [
+        auto_contender(xs, off, e, n),
         *tuned_contenders(xs, off, e, n),
         torch_contender(off),
         *([vllm] if vllm is not None else []),
+        *peers,
         Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
                   graph=False),
     ]
@@ -349,6 +418,8 @@ def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: in
     fields = {"config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
               "vllm_own_config": own[0] if own else "", "vllm_own_search_us": own[1] if own else math.nan,
               "vllm_search_us": choice["graph_us"],
+              "vllm_flags": vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype,
+                                                vllm_moe.capability_of(x))[1],
               "naive_block_assignment": naive}
     return Contender("vllm:fused_moe", lambda inp: bind(inp[1]), config=choice["config"], fields=fields,
                      parallel_compile=True, check=lambda out: check(out, slot_ref, k))
@@ -418,7 +489,8 @@ def stream_contender(choice: dict, w, xs, plan) -> Contender:
                      check=lambda out: check_stream(out, w, xs, plan.group_sizes, s.y))
 
 
-def heldout_contenders(xs, plan, e: int, n: int, vllm: Contender | None = None) -> list[Contender]:
+def heldout_contenders(xs, plan, e: int, n: int, vllm: Contender | None = None,
+                       peers: tuple[Contender, ...] = ()) -> list[Contender]:
     """A held-out model's cell (a shape no tuned entry covers): ours as a user gets it, grouped_mm with no
     config (``ours:auto``: the distilled shortlist timed on the first call of the (shape, rows bucket), the
     fastest kept; a later load of the same bucket finds it kept), ours on the distilled shortlist's first
@@ -452,7 +524,7 @@ def heldout_contenders(xs, plan, e: int, n: int, vllm: Contender | None = None) 
     return [auto,
             Contender("ours:default", ours(off, first), config=dataclasses.asdict(first),
                       fields={"config_source": "distilled default, first"}, parallel_compile=True),
-            torch_contender(off), *([vllm] if vllm is not None else [])]
+            torch_contender(off), *([vllm] if vllm is not None else []), *peers]
 
 
 def path_contenders(ids, wts, e) -> list[Contender]:
@@ -481,22 +553,32 @@ def path_contenders(ids, wts, e) -> list[Contender]:
     return [Contender("path:ours", ours), Contender("path:torch._grouped_mm", theirs)]
 
 
-def main():
-    args, cfg, g, settings, prov, slug, writer = start(__doc__)
+def e7_cells(cfg: dict) -> list[tuple[str, str, int, str]]:
+    """E7's cells (model, projection, T, load) under ``cfg``: per tune-split model and projection, its decode
+    and prefill T at their loads (``loads``), and the whole path at ``path_tokens``; per held-out model and
+    projection, ``heldout_tokens`` at their loads (``heldout_loads``)."""
+    g = cfg["grouped"]
     cells = []
     for model, spec in g["models"].items():
         for proj in ("up", "down"):
             if spec["split"] == "heldout":
-                cells += [(model, proj, t, load) for t in g["heldout_tokens"] for load in g["heldout_loads"]]
+                cells += [(model, proj, t, load) for t in g["heldout_tokens"] for load in heldout_loads(g, t)]
                 continue
             for t in g["decode_tokens"] + g["prefill_tokens"]:
-                for load in loads(cfg, t):
-                    cells.append((model, proj, t, load))
+                cells += [(model, proj, t, load) for load in loads(cfg, t)]
             if proj == "up":
-                cells += [(model, "path(up)", t, "uniform") for t in (64, 4096)]
+                cells += [(model, "path(up)", t, "uniform") for t in g.get("path_tokens", (64, 4096))]
+    return cells
+
+
+def main():
+    args, cfg, g, settings, prov, slug, writer = start(__doc__)
+    cells = e7_cells(cfg)
     cells = shard_cells(cells, args.shard)
     vllm = Vllm()
     vllm.load()
+    tk = triton_kernels_moe.load()
+    print(f"triton_kernels: {tk.origin if tk else 'not available, no ' + triton_kernels_moe.ENV}", flush=True)
     streamed: dict = {}
     bar = Progress(len(cells), "E7")
     weights: dict = {}
@@ -529,20 +611,31 @@ def main():
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
             vc = vllm.contender(g, (model, proj, t, load), w, settings, x, xs, plan, ids, ref, k, n)
+            src, index = ((x, plan.sorted_token_ids) if proj == "up"
+                          else (in_slot_order(xs, plan), plan.sorted_slot))
+            peers = [gather_contender(src, index, plan.group_offsets)]
+            if tk is not None:
+                try:
+                    peers.append(tk_contender(tk, x, xs, plan, ids, ref, proj, k))
+                except Exception as ex:  # an optional peer: recorded as an error in its cells, not fatal
+                    why = f"{type(ex).__name__}: {str(ex)[:200]}"
+                    peers.append(failed_contender(triton_kernels_moe.NAME, why))
             if m["split"] == "heldout":
-                cs = heldout_contenders(xs, plan, e, n, vllm=vc)
+                cs = heldout_contenders(xs, plan, e, n, vllm=vc, peers=tuple(peers))
             else:
                 if (model, proj, t) not in streamed:
                     streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
                 # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform
                 # load
                 cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
-                                vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan))
+                                vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan),
+                                peers=tuple(peers))
             sets = [(xs, wi) for wi in ws]
         out = measure(cs, sets, ref, k, settings)
         n_sets = len(sets)
         del ws, sets
         for r in out:
+            r["timing_scope"] = timing_scope(r["contender"], proj)
             r.update(experiment="E7", model=model, split=m["split"], proj=proj, tokens=t, load=load, experts=e,
                      top_k=top_k, k=k,
                      n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl, input_sets=n_sets,

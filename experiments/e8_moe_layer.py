@@ -1,8 +1,10 @@
 """E8 moe-layer: the expert FFN of an MoE layer end to end, routing in, combined [T, H] out.
 
-Per zoo model (config.yaml's grouped.models, tune and held-out, gate and up fused: up = [H, 2I]; Mixtral
-8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token count and load
-(uniform, Zipf 1.2), one float64 reference of the whole FFN, then side by side on both clocks:
+Per zoo model (config.yaml's grouped.models of the run's splits, gate and up fused: up = [H, 2I]; Mixtral
+8x7B's tuned up projection is its gate alone, so E8 takes 2I = 2 x its up width), token count and load (the
+pipeline's run, moe_layer.run, a selection of the zoo's E8 cells: run_selection), one float64
+reference of the whole FFN, then side by side on both clocks, three interleaved rounds, and each contender's
+host cost per call (moe_layer.host_calls, the cpu_us column):
 - ``ours:moe_ffn``: moegemm.grouped.moe_ffn (SwiGLU fused into the gate/up GEMM; the default path);
 - ``ours:unfused-swiglu``: our grouped GEMMs with SwiGLU as a separate op (what the fusion saves);
 - ``ours:hf-backend``: the same through transformers' experts interface (moegemm.integrations.transformers),
@@ -11,9 +13,14 @@ Per zoo model (config.yaml's grouped.models, tune and held-out, gate and up fuse
 - ``hf:grouped_mm``: transformers' own grouped_mm experts backend (torch._grouped_mm), eager and compiled;
 - ``torch._grouped_mm pipeline``: our routing, torch._grouped_mm for gate/up, SiLU * up, torch._grouped_mm for
   down, the gating weights and the combine as torch ops;
-- ``vllm:fused_experts``: vLLM's fused-MoE Triton kernel as vLLM's fused_experts calls it (gate/up from the
-  tokens, SiLU * up, down over the slots, then the weighted sum), at vLLM's own config for the layer
-  (its tuned table for this GPU, else its default), where its source is at hand (MOEGEMM_VLLM_SOURCE, as E7);
+- ``vllm:fused_experts``: vLLM's fused-MoE Triton kernel as vLLM's fused_experts runs it (the expert
+  assignment, gate/up gathering the tokens' rows, silu_and_mul, down with the routing weights applied inside
+  the kernel, moe_sum), with vLLM's flags and its own config for the layer (its tuned table for this GPU,
+  else its default), where its source is at hand (MOEGEMM_VLLM_SOURCE, as E7); vLLM's CUDA glue ops are
+  stood in for by one-kernel Triton equivalents, named in the ``glue`` column (experiments/vllm_moe.py);
+- ``tk:matmul_ogs``: OpenAI's triton_kernels as vLLM runs it for gpt-oss (its routing, matmul_ogs with the
+  gather and the fused SwiGLU, then matmul_ogs with the scatter, the top-k sum and the routing weights
+  fused), where its source is at hand (MOEGEMM_TRITON_KERNELS_SOURCE; experiments/triton_kernels_moe.py);
 - ``per-expert-loop``: transformers' eager experts (its experts class's own loop over the experts hit,
   host syncs: launch clock only).
 The transformers contenders run transformers' own experts module (Qwen3-MoE's class) over the cell's
@@ -26,6 +33,7 @@ or vLLM's source, where they are missing, is recorded as an error, not timed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -37,10 +45,10 @@ from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Contender, measure
 from moegemm.bench.timing import input_sets_for
-from moegemm.grouped import moe_ffn, route, route_and_permute, unpermute
+from moegemm.grouped import moe_ffn, route_and_permute, unpermute
 from moegemm.grouped.baselines import torch_grouped_mm
 
-from experiments import vllm_moe
+from experiments import triton_kernels_moe, vllm_moe
 
 CELL_KEYS = ("model", "tokens", "load")  # a cell of E8 and of the probes that run its cells
 
@@ -127,31 +135,34 @@ def hf_contender(name: str, impl: str, x, ids, wts, compiled: bool, graph: bool 
 
 
 def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender:
-    """vLLM's kernel as fused_experts calls it, at vLLM's own config for the layer (own_choice)."""
+    """vLLM's kernel as fused_experts runs it (vllm_moe.layer: the expert assignment in the call, gate/up
+    gathering its rows, silu_and_mul, down with the routing weights inside, moe_sum; vLLM's CUDA glue ops
+    stood in for by one-kernel Triton equivalents, named in ``glue``), at vLLM's own config for the layer
+    (own_choice) and its own flags (vllm_flags)."""
     top_k = ids.shape[1]
     choice = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, i, h, 2 * i, top_k, t)
     if choice is None:
         return failed_contender("vllm:fused_experts", "vLLM's source has neither a table nor a default config")
     config, source = choice
-    plan = route(ids, e)
-    naive = vllm_moe.naive_assignment(t, top_k, e)
-
-    def bind(inp):
-        up = vllm_moe.launcher(vk, x, top_k, plan, ids, 2 * i, config, naive)(inp[0])
-        act = torch.empty(t * top_k, i, dtype=x.dtype, device=x.device)
-        down = vllm_moe.launcher(vk, act, 1, plan, ids, h, config, naive)(inp[1])
-
-        def call():
-            y1 = up()
-            act.copy_(torch.nn.functional.silu(y1[:, :i]) * y1[:, i:])
-            y2 = down()
-            return (y2.view(t, top_k, h).float() * wts[..., None].float()).sum(1).to(x.dtype)
-        return call
-    return Contender("vllm:fused_experts", bind, config=config,
-                     fields={"config_source": f"{source} ({vk.origin})"}, parallel_compile=True)
+    bind = vllm_moe.layer(vk, x, ids, wts, e, config)
+    _, flags = vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, torch.cuda.get_device_capability())
+    return Contender("vllm:fused_experts", lambda inp: bind(inp[0], inp[1]), config=config,
+                     fields={"config_source": f"{source} ({vk.origin})", "vllm_flags": flags,
+                             "glue": vllm_moe.GLUE,
+                             "naive_block_assignment": vllm_moe.naive_assignment(t, top_k, e)},
+                     parallel_compile=True)
 
 
-def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk) -> list[Contender]:
+def tk_contender(tk, x, ids, wts, e: int) -> Contender:
+    """OpenAI's triton_kernels as vLLM runs it for gpt-oss (triton_kernels_moe.layer), its own choices."""
+    bind = triton_kernels_moe.layer(tk, x, ids, wts, e)
+    return Contender(triton_kernels_moe.NAME, lambda inp: bind(inp[0], inp[1]),
+                     fields={"config_source": f"its own opt_flags ({tk.origin})",
+                             "glue": "routing: its routing(); SwiGLU fused (swiglu_fn, alpha 1, up bias -1); "
+                                     "scatter, gammas and top-k sum fused"})
+
+
+def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk, tk=None) -> list[Contender]:
     cs = [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
           Contender("ours:unfused-swiglu", lambda inp: (lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e))),
           hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
@@ -162,6 +173,8 @@ def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk) 
                hf_contender("hf:grouped_mm:compiled", "grouped_mm", x, ids, wts, True)]
     if vk is not None:
         cs.append(vllm_contender(vk, x, ids, wts, e, h, i, t))
+    if tk is not None:
+        cs.append(tk_contender(tk, x, ids, wts, e))
     cs.append(hf_contender("per-expert-loop", "eager", x, ids, wts, False, graph=False))
     return cs
 
@@ -205,13 +218,33 @@ def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, loa
                  **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl), **prov)
 
 
+def run_selection(e8: dict) -> dict:
+    """The pipeline's E8 run: config.yaml's ``moe_layer.run`` over ``moe_layer`` (each key it lacks: the
+    zoo's), with ``splits`` (default both) and ``uniform_only_tokens`` (default none)."""
+    return {"splits": ["tune", "heldout"], "uniform_only_tokens": [], **{k: e8[k] for k in
+            ("tokens", "loads", "compiled_tokens")}, **e8.get("run", {})}
+
+
+def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
+    """E8's run's cells (model, T, load): the models of its splits, each of its T, each of its loads but the
+    uniform load alone at its ``uniform_only_tokens`` (run_selection)."""
+    run = run_selection(e8)
+    return [(model, t, load) for model, spec in g["models"].items() if spec["split"] in run["splits"]
+            for t in run["tokens"]
+            for load in (["uniform"] if t in run["uniform_only_tokens"] else run["loads"])]
+
+
 def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, CELL_KEYS)
     e8 = cfg["moe_layer"]
-    cells = [(model, t, load) for model in g["models"] for t in e8["tokens"] for load in e8["loads"]]
+    cells = layer_cells(g, e8)
     cells = shard_cells(cells, args.shard)
+    if e8.get("host_calls"):  # Python's cost of one call (the cpu_us column): this many calls, no sync
+        settings = dataclasses.replace(settings, cpu_calls=e8["host_calls"])
     vllm = Vllm()
     vllm.load()
+    tk = triton_kernels_moe.load()
+    print(f"triton_kernels: {tk.origin if tk else 'not available, no ' + triton_kernels_moe.ENV}", flush=True)
     bar = Progress(len(cells), "E8")
     weights: dict = {}
     for model, t, load in cells:
@@ -220,7 +253,7 @@ def main():
             continue
         t_cell = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
-        cs = contenders(x, ids, wts, e, h, i, t, t in e8["compiled_tokens"], vllm.kernel)
+        cs = contenders(x, ids, wts, e, h, i, t, t in run_selection(e8)["compiled_tokens"], vllm.kernel, tk)
         out = measure(cs, sets, ref, h + i, settings)
         annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
         writer.add(out)

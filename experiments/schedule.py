@@ -2,7 +2,8 @@
 
 The DAG is the Snakefile's own for such a host (``snakemake --dag --forceall`` with G GPUs of this kind
 faked, so no GPU is needed). Each GPU job takes the wall time the committed 1-GPU run's benchmark files give
-its step (``experiments.pipeline.run_times``; a step resumed over several device calls, their sum); a
+its step (``experiments.pipeline.run_times``; a step resumed over several device calls, their sum), scaled
+to the current config's cells (experiments/budget.py; ``--as-measured``: not scaled); a
 shard of an experiment split over G GPUs takes 1/G of it, as the shards deal about as many cells each (a
 shard's own compiles and warm-up are not in that share, so it errs low). CPU jobs take ``--cpu-job-s`` each.
 Jobs are started greedily, longest remaining path first, one GPU job per GPU (as ``gpu_slot`` pins them).
@@ -106,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--gpu", default="NVIDIA H200", help="the GPU kind whose committed results time the jobs")
     ap.add_argument("--cpu-job-s", type=float, default=10.0, help="seconds per CPU job (figure, numbers, ...)")
+    ap.add_argument("--as-measured", action="store_true",
+                    help="the committed step times as measured, not scaled to the current config")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from experiments.pipeline import run_times
@@ -115,6 +118,11 @@ def main(argv=None) -> int:
     if times is None:
         raise SystemExit(f"no benchmark files for {args.gpu}")
     step_s = dict(zip(times.step, times.seconds))
+    if not args.as_measured:  # the committed times scaled to the config's cells (experiments/budget.py)
+        from experiments.budget import scaled_step_times
+        from experiments.common import load_config
+
+        step_s = scaled_step_times(step_s, load_config(ROOT / "experiments" / "config.yaml"))
     nodes, edges = dag(args.gpus, args.gpu)
     dur = durations(nodes, args.gpus, step_s, args.cpu_job_s)
     makespan, critical, log = schedule(nodes, edges, dur, args.gpus)

@@ -24,6 +24,20 @@ as our kernel's group offsets are.
 Tile configs: vLLM's own choice (its tuned table for this GPU, E and the intermediate size, at the entry
 nearest the token count, else its ``get_default_config``, read from the same source) and a light search
 of our own (``candidates``), timed on the tuner's inputs (not E7's); the fastest is E7's contender.
+
+Flags as vLLM 0.33's ``invoke_fused_moe_triton_kernel`` sets them (``vllm_flags``): ``SWAP_AB`` only for
+fp8 w8a8 weights (``enable_swap_ab``: sm_90, BLOCK_SIZE_M < 64, BLOCK_SIZE_N >= 64), so off for bf16;
+``USE_TD`` (tensor-descriptor gather) off unless ``VLLM_TRITON_USE_TD`` is set, and by default on XPU only
+(``resolve_moe_use_td``); its ``tile::gather4`` needs sm_100, so it cannot run on Hopper at all.
+
+The whole layer as vLLM's ``fused_experts`` runs it (``layer``): the expert assignment
+(``moe_align_block_size``, a CUDA op of vLLM's, here ``AlignTriton``: two Triton kernels of ours doing the
+same, since vLLM's compiled ops do not load beside our torch and vLLM has no Triton or torch fallback for it;
+on the naive path, one fill),
+gate/up with the rows gathered inside the kernel, ``silu_and_mul`` (vLLM's CUDA op; here our one-kernel
+Triton ``moegemm.grouped.pointwise.silu_mul``), down with the routing weights applied inside the kernel
+(``MUL_ROUTED_WEIGHT``), and ``moe_sum`` (vLLM's CUDA op; here ``moe_sum``, one Triton kernel of ours).
+``GLUE`` names these stand-ins for the result rows.
 """
 
 from __future__ import annotations
@@ -39,6 +53,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from moegemm.grouped.routing import row_positions
 
@@ -52,6 +68,9 @@ ARGS = ("a_ptr", "b_ptr", "c_ptr", "b_bias_ptr", "a_scale_ptr", "b_scale_ptr", "
         "num_valid_tokens", "stride_am", "stride_ak", "stride_be", "stride_bk", "stride_bn", "stride_cm",
         "stride_cn", "naive_block_assignment", "BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
         "MUL_ROUTED_WEIGHT", "top_k", "compute_type")
+# what stands in for vLLM's CUDA ops around its kernel (they do not load beside our torch): named in the rows
+GLUE = ("align: align_triton (2 Triton kernels); silu_and_mul: moegemm silu_mul (1 Triton kernel); "
+        "moe_sum: moe_sum (1 Triton kernel)")
 
 
 @dataclasses.dataclass
@@ -261,53 +280,219 @@ def align(plan, block_m: int):
     return ids, expert_ids, torch.sum(padded).to(torch.int32).reshape(1)
 
 
-def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.Tensor, n: int, config: dict,
-             naive: bool):
-    """bind(w) -> a call of vLLM's kernel with ``config`` writing y [slots, N] (row s: slot s) for weights
-    w [E, N, K] and the slots of ``plan`` (a RoutingPlan of ``topk_ids``); ``a`` [rows, K] is read at row id // top_k (gate/up: a holds the tokens and top_k is the
-    model's; down: a holds the slots and top_k is 1). ``naive``: one row tile per slot (see
-    naive_assignment; vLLM decides it once per layer, for both projections)."""
-    import triton
-    import triton.language as tl
+def vllm_flags(names, dtype: torch.dtype, capability: tuple[int, int]) -> tuple[dict, str]:
+    """(the kernel's flag arguments, why) as vLLM 0.33's invoke_fused_moe_triton_kernel sets them for
+    unquantized ``dtype`` weights on a GPU of ``capability``: every quantization flag and HAS_BIAS off;
+    SWAP_AB only for fp8 w8a8 (enable_swap_ab); USE_TD off (resolve_moe_use_td: opt-in, by default XPU only;
+    its gather needs sm_100). Flags the kernel at hand lacks are left out."""
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"dtype: vLLM's unquantized path takes bf16, fp16 or fp32, got {dtype}")
+    flags = {f: False for f in ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "per_channel_quant",
+                                "HAS_BIAS", "SWAP_AB", "USE_TD") if f in names}
+    why = ("SWAP_AB=0 (vLLM swaps A/B for fp8 w8a8 only); USE_TD=0 (vLLM's default off CUDA-XPU; "
+           f"its tile::gather4 needs sm_100, this GPU is sm_{capability[0]}{capability[1]})")
+    return flags, why
 
+
+@triton.jit
+def _align_offsets_kernel(ids_ptr, offs_ptr, cursor_ptr, expert_ids_ptr, post_ptr, sorted_ptr, SLOTS, E,
+                          LENGTH, TILES, BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr,
+                          TCHUNK: tl.constexpr):
+    """One program: each expert's slot count, padded to BM; the padded lists' starts (offs), their total
+    (post), each row tile's expert, the row-id list filled with SLOTS (the kernel masks it), cursors
+    zeroed."""
+    ex = tl.arange(0, EB)
+    counts = tl.zeros((EB,), dtype=tl.int32)
+    for start in range(0, SLOTS, CHUNK):
+        o = start + tl.arange(0, CHUNK)
+        live = o < SLOTS
+        e = tl.load(ids_ptr + o, mask=live, other=0).to(tl.int32)
+        counts += tl.histogram(e, EB, mask=live)
+    padded = (counts + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, 0)
+    tl.store(offs_ptr + ex, ends - padded, mask=ex < E)
+    tl.store(cursor_ptr + ex, tl.zeros((EB,), dtype=tl.int32), mask=ex < E)
+    total = tl.sum(padded, 0)
+    tl.store(post_ptr, total)
+    tile_ends = tl.where(ex < E, ends // BM, 2147483647)
+    for start in range(0, TILES, TCHUNK):
+        j = start + tl.arange(0, TCHUNK)
+        owner = tl.sum((tile_ends[None, :] <= j[:, None]).to(tl.int32), 1)
+        tl.store(expert_ids_ptr + j, tl.minimum(owner, E - 1), mask=j < TILES)
+    for start in range(0, LENGTH, CHUNK):
+        o = start + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + o, tl.full((CHUNK,), 0, tl.int32) + SLOTS, mask=o < LENGTH)
+
+
+@triton.jit
+def _align_place_kernel(ids_ptr, offs_ptr, cursor_ptr, sorted_ptr, SLOTS, CHUNK: tl.constexpr):
+    """Each slot's id into its expert's padded list, at the next free place (order within an expert is
+    arbitrary, as in vLLM's op)."""
+    o = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    live = o < SLOTS
+    e = tl.load(ids_ptr + o, mask=live, other=0)
+    place = tl.atomic_add(cursor_ptr + e, tl.full((CHUNK,), 1, tl.int32), mask=live)
+    tl.store(sorted_ptr + tl.load(offs_ptr + e, mask=live, other=0) + place, o.to(tl.int32), mask=live)
+
+
+class AlignTriton:
+    """vLLM's moe_align_block_size as two Triton kernels, into buffers made once (sync-free, capturable):
+    ``__call__(topk_ids)`` -> (row ids [L], expert per row tile, rows after padding [1]), sized as vLLM sizes
+    them (L = slots + E (bm - 1), at most slots x bm where the slots are fewer than the experts)."""
+
+    def __init__(self, slots: int, e: int, bm: int, device):
+        if slots < 1 or e < 1 or bm < 1:
+            raise ValueError(f"slots, e, bm: need >= 1, got {slots}, {e}, {bm}")
+        length = slots + e * (bm - 1)
+        if slots < e:
+            length = min(length, slots * bm)
+        self.slots, self.e, self.bm, self.length = slots, e, bm, length
+        self.tiles = -(-length // bm)
+        self.ids = torch.empty(length, dtype=torch.int32, device=device)
+        self.expert_ids = torch.empty(self.tiles, dtype=torch.int32, device=device)
+        self.post = torch.empty(1, dtype=torch.int32, device=device)
+        self.offs = torch.empty(e, dtype=torch.int32, device=device)
+        self.cursor = torch.empty(e, dtype=torch.int32, device=device)
+
+    def __call__(self, topk_ids: torch.Tensor):
+        flat = topk_ids.reshape(-1)
+        if flat.numel() != self.slots:
+            raise ValueError(f"topk_ids: expected {self.slots} slots, got {flat.numel()}")
+        eb = triton.next_power_of_2(self.e)
+        _align_offsets_kernel[(1,)](flat, self.offs, self.cursor, self.expert_ids, self.post, self.ids,
+                                    self.slots, self.e, self.length, self.tiles, BM=self.bm, EB=eb,
+                                    CHUNK=1024, TCHUNK=max(16, 8192 // eb), num_warps=8)
+        _align_place_kernel[(triton.cdiv(self.slots, 1024),)](flat, self.offs, self.cursor, self.ids,
+                                                                self.slots, CHUNK=1024)
+        return self.ids, self.expert_ids, self.post
+
+
+@triton.jit
+def _moe_sum_kernel(y_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, block] = sum_j y[t, j, block], in fp32, rounded once (vLLM's moe_sum)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + j) * N + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * N + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def moe_sum(y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, N]: the sum over k of y [T, top_k, N] (contiguous), one Triton kernel, as vLLM's moe_sum op."""
+    if y.ndim != 3 or not y.is_contiguous():
+        raise ValueError(f"y: expected a contiguous [T, top_k, N] tensor, got shape {tuple(y.shape)}")
+    t, k, n = y.shape
+    out = torch.empty(t, n, dtype=y.dtype, device=y.device) if out is None else out
+    if t and n:
+        block = min(triton.next_power_of_2(n), 1024)
+        _moe_sum_kernel[(t, triton.cdiv(n, block))](y, out, n, TOP_K=k, BLOCK=block,
+                                                     num_warps=4 if block >= 512 else 2)
+    return out
+
+
+def _split_config(config: dict):
     cfg = dict(config)
     bm, bn, bk = cfg.pop("BLOCK_SIZE_M"), cfg.pop("BLOCK_SIZE_N"), cfg.pop("BLOCK_SIZE_K")
     gm, warps, stages = cfg.pop("GROUP_SIZE_M"), cfg.pop("num_warps", 4), cfg.pop("num_stages", 3)
     cfg.pop("SPLIT_K", None)
     if cfg:
         raise ValueError(f"config: keys {sorted(cfg)} are not ones this contender passes on")
-    slots = plan.sorted_slot.numel()
-    if naive:  # vLLM's naive path: slot s is row tile s, of expert topk_ids.flat[s]
-        ids, expert_ids = None, topk_ids.reshape(-1).to(torch.int32)
-        post = torch.full((1,), slots * bm, dtype=torch.int32, device=a.device)
+    return bm, bn, bk, gm, warps, stages
+
+
+def kernel_call(vk: VllmKernel, a, w, y, topk_weights, assign, n: int, slots: int, top_k: int, config: dict,
+                naive: bool, capability: tuple[int, int] = (9, 0)) -> None:
+    """One launch of vLLM's kernel as invoke_fused_moe_triton_kernel makes it: y [slots, N] (row s: slot s)
+    from a [rows, K] (read at row id // top_k) and w [E, N, K]; ``assign`` = (row ids or None on the naive
+    path, expert per row tile, rows after padding); ``topk_weights`` [slots] fp32 or None: applied inside
+    (MUL_ROUTED_WEIGHT)."""
+    bm, bn, bk, gm, warps, stages = _split_config(config)
+    ids, expert_ids, post = assign
+    if naive:
         em = slots * bm
     else:
-        ids, expert_ids, post = align(plan, bm)
         em = ids.numel()
         if a.shape[0] < bm:  # vLLM's bound on the row tiles launched for a small batch
             em = min(em, a.shape[0] * top_k * bm)
-    k = a.shape[1]
     compute = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[a.dtype]
     names = set(vk.kernel.arg_names)
-    flags = {f: False for f in ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "per_channel_quant",
-                                "HAS_BIAS", "SWAP_AB", "USE_TD") if f in names}
+    flags, _ = vllm_flags(names, a.dtype, capability)
     zeros = {s: 0 for s in ("stride_asm", "stride_ask", "stride_bse", "stride_bsk", "stride_bsn", "stride_bbe",
                             "stride_bbn", "group_n", "group_k") if s in names}
     if "SPLIT_K" in names:
         zeros["SPLIT_K"] = 1
     grid = (triton.cdiv(em, bm) * triton.cdiv(n, bn),)
+    vk.kernel[grid](
+        a, w, y, None, None, None, topk_weights, ids, expert_ids, post, n, a.shape[1], em, slots,
+        stride_am=a.stride(0), stride_ak=a.stride(1), stride_be=w.stride(0), stride_bk=w.stride(2),
+        stride_bn=w.stride(1), stride_cm=y.stride(0), stride_cn=y.stride(1), **zeros,
+        naive_block_assignment=naive, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=gm, MUL_ROUTED_WEIGHT=topk_weights is not None, top_k=top_k, compute_type=compute,
+        **flags, num_warps=warps, num_stages=stages)
+
+
+def capability_of(t: torch.Tensor) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(t.device) if t.is_cuda else (9, 0)
+
+
+def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.Tensor, n: int, config: dict,
+             naive: bool):
+    """bind(w) -> a call of vLLM's kernel with ``config`` writing y [slots, N] (row s: slot s) for weights
+    w [E, N, K] and the slots of ``plan`` (a RoutingPlan of ``topk_ids``); ``a`` [rows, K] is read at row
+    id // top_k (gate/up: a holds the tokens and top_k is the model's; down: a holds the slots and top_k is
+    1). ``naive``: one row tile per slot (see naive_assignment; vLLM decides it once per layer, for both
+    projections). The row-id lists are made here, before timing (E7 times the GEMM alone)."""
+    bm = _split_config(config)[0]  # refuses keys this contender does not pass on
+    slots = plan.sorted_slot.numel()
+    if naive:  # vLLM's naive path: slot s is row tile s, of expert topk_ids.flat[s]
+        assign = (None, topk_ids.reshape(-1).to(torch.int32),
+                  torch.full((1,), slots * bm, dtype=torch.int32, device=a.device))
+    else:
+        assign = align(plan, bm)
+    cap = capability_of(a)
 
     def bind(w: torch.Tensor):
         y = torch.empty(slots, n, dtype=a.dtype, device=a.device)
 
         def call():
-            vk.kernel[grid](
-                a, w, y, None, None, None, None, ids, expert_ids, post, n, k, em, slots,
-                stride_am=a.stride(0), stride_ak=a.stride(1), stride_be=w.stride(0), stride_bk=w.stride(2),
-                stride_bn=w.stride(1), stride_cm=y.stride(0), stride_cn=y.stride(1), **zeros,
-                naive_block_assignment=naive, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                GROUP_SIZE_M=gm, MUL_ROUTED_WEIGHT=False, top_k=top_k, compute_type=compute, **flags,
-                num_warps=warps, num_stages=stages)
+            kernel_call(vk, a, w, y, None, assign, n, slots, top_k, config, naive, cap)
             return y
+        return call
+    return bind
+
+
+def layer(vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, e: int,
+          config: dict):
+    """bind(w_gu [E, 2I, H], w_dn [E, H, I]) -> a call of the whole expert FFN as vLLM's fused_experts runs it
+    for bf16 (one config for both GEMMs; see the module's docstring for the glue kernels), returning [T, H].
+    The expert assignment is made inside the call, as vLLM makes it per forward."""
+    t, top_k = topk_ids.shape
+    slots = t * top_k
+    naive = naive_assignment(t, top_k, e)
+    bm = _split_config(config)[0]
+    ids32 = topk_ids.to(torch.int32)  # as vLLM's routers give them
+    w_flat = topk_weights.reshape(-1).float().contiguous()
+    aligner = None if naive else AlignTriton(slots, e, bm, x.device)
+    cap = capability_of(x)
+
+    def bind(w_gu: torch.Tensor, w_dn: torch.Tensor):
+        from moegemm.grouped.pointwise import silu_mul
+
+        two_i, h = w_gu.shape[1], w_dn.shape[1]
+        y1 = torch.empty(slots, two_i, dtype=x.dtype, device=x.device)
+        y2 = torch.empty(t, top_k, h, dtype=x.dtype, device=x.device)
+
+        def call():
+            if naive:
+                post = torch.full((1,), slots * bm, dtype=torch.int32, device=x.device)
+                assign = (None, ids32.view(-1), post)
+            else:
+                assign = aligner(ids32)
+            kernel_call(vk, x, w_gu, y1, None, assign, two_i, slots, top_k, config, naive, cap)
+            act = silu_mul(y1)
+            kernel_call(vk, act, w_dn, y2.view(slots, h), w_flat, assign, h, slots, 1, config, naive, cap)
+            return moe_sum(y2)
         return call
     return bind

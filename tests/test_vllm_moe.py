@@ -270,3 +270,101 @@ def test_e7_vllm_loads_once_and_searches_once_per_model_projection_and_tokens(mo
         assert c.name == "vllm:fused_moe"
         with pytest.raises(RuntimeError, match="config search failed: RuntimeError: no config right"):
             c.bind(("xs", "w"))()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block_m", [1, 4, 16])
+def test_align_triton_matches_the_torch_lists_up_to_order_within_an_expert(seed, block_m):
+    """The Triton stand-in for vLLM's moe_align_block_size: each expert's padded list holds exactly its
+    slots (any order) then fillers; the tile experts and the padded total as the torch lists; run twice on
+    buffers poisoned in between (they are reused per call)."""
+    g = torch.Generator().manual_seed(100 + seed)
+    e = int(torch.randint(1, 12, (1,), generator=g))
+    k = int(torch.randint(1, e + 1, (1,), generator=g))
+    t = int(torch.randint(1, 30, (1,), generator=g))
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(DEVICE)
+    plan = route(ids, e)
+    want_rows, want_tiles, want_post = vm.align(plan, block_m)
+    al = vm.AlignTriton(t * k, e, block_m, DEVICE)
+    al(ids.to(torch.int32))
+    for buf in (al.ids, al.expert_ids, al.post, al.offs, al.cursor):
+        buf.fill_(-7)
+    rows, tiles, post = al(ids.to(torch.int32))
+    assert post.tolist() == want_post.tolist()
+    assert rows.numel() == want_rows.numel() and tiles.numel() == want_tiles.numel()
+    n_tiles = int(post) // block_m
+    assert tiles[:n_tiles].tolist() == want_tiles[:n_tiles].tolist()
+    assert ((tiles >= 0) & (tiles < e)).all()
+    for ex in range(e):  # per expert: the same set of slots
+        lo, hi = plan.group_offsets[ex].item(), plan.group_offsets[ex + 1].item()
+        start = int((want_tiles[:n_tiles] < ex).sum()) * block_m
+        padded = -(-(hi - lo) // block_m) * block_m
+        got = rows[start:start + padded].tolist()
+        assert sorted(v for v in got if v != t * k) == sorted(plan.sorted_slot[lo:hi].tolist())
+        assert got.count(t * k) == padded - (hi - lo)
+    assert (rows[int(post):] == t * k).all()
+
+
+def test_align_triton_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="slots"):
+        vm.AlignTriton(0, 4, 16, DEVICE)
+    al = vm.AlignTriton(6, 4, 16, DEVICE)
+    with pytest.raises(ValueError, match="topk_ids"):
+        al(torch.zeros(2, 2, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 5), (3, 4, 33), (5, 2, 1030)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_sum_matches_float64(shape, dtype):
+    g = torch.Generator().manual_seed(sum(shape))
+    y = torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+    out = torch.full((shape[0], shape[2]), float("nan"), dtype=dtype, device=DEVICE)
+    got = vm.moe_sum(y, out)
+    assert got is out and not got.isnan().any()
+    ref = y.double().sum(1)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="y"):
+        vm.moe_sum(y[:, :, :1].expand(*shape))
+
+
+def test_vllm_flags_are_vllms_choice_for_unquantized_weights():
+    names = {"use_fp8_w8a8", "HAS_BIAS", "SWAP_AB", "USE_TD", "top_k"}
+    flags, why = vm.vllm_flags(names, torch.bfloat16, (9, 0))
+    assert flags == {"use_fp8_w8a8": False, "HAS_BIAS": False, "SWAP_AB": False, "USE_TD": False}
+    assert "sm_90" in why and "SWAP_AB=0" in why and "USE_TD=0" in why
+    assert vm.vllm_flags({"top_k"}, torch.float16, (8, 0))[0] == {}  # an older kernel without the flags
+    with pytest.raises(TypeError, match="dtype"):
+        vm.vllm_flags(names, torch.int8, (9, 0))
+
+
+@pytest.mark.skipif(not os.environ.get("MOEGEMM_VLLM_SOURCE"),
+                    reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)")
+@pytest.mark.parametrize("naive", [False, True])
+def test_real_layer_matches_float64(cache, naive):
+    """The whole expert FFN as vLLM's fused_experts runs it (align in the call, SiLU*up, the routing weights
+    inside the down GEMM, moe_sum), fp32 under the interpreter, poisoned between calls."""
+    vk = vm.load(os.environ["MOEGEMM_VLLM_SOURCE"])
+    g = torch.Generator().manual_seed(5 + naive)
+    e, k, t, h, i = (16, 2, 2, 24, 16) if naive else (4, 2, 5, 24, 16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(DEVICE)
+    wts = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEVICE)
+    x = torch.randn(t, h, generator=g).to(DEVICE)
+    w_gu = (torch.randn(e, 2 * i, h, generator=g) / h ** 0.5).to(DEVICE)
+    w_dn = (torch.randn(e, h, i, generator=g) / i ** 0.5).to(DEVICE)
+    assert vm.naive_assignment(t, k, e) == naive
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 2}
+    call = vm.layer(vk, x, ids, wts, e, cfg)(w_gu, w_dn)
+    call().fill_(float("nan"))
+    got = call().double().cpu()
+    ref = torch.zeros(t, h, dtype=torch.float64)
+    for tok in range(t):
+        for j in range(k):
+            ex = int(ids[tok, j])
+            gu = w_gu[ex].double().cpu() @ x[tok].double().cpu()
+            act = torch.nn.functional.silu(gu[:i]) * gu[i:]
+            ref[tok] += float(wts[tok, j]) * (w_dn[ex].double().cpu() @ act)
+    assert not got.isnan().any()
+    tol = 1e-4 if DEVICE == "cpu" else 2e-2
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)

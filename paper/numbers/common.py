@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from experiments.report import Numbers, gm, table, tex_escape  # noqa: F401  (re-exported)
@@ -59,3 +60,118 @@ def provenance(n: Numbers, results: Path) -> None:
     v = json.loads((results / "verify.json").read_text())
     n.add("GpuTestsPassed", v["counts"]["passed"], "{}")
     n.add("GpuTestsFailed", v["counts"]["failed"], "{}")
+
+
+DECODE_MAX, PREFILL_MIN = 256, 1024  # the phases every headline reports apart: T <= 256, T >= 1024
+CLOCKS = {"graph": "GPU time", "launch": "launch-inclusive"}
+
+
+def phase_of(tokens) -> pd.Series:
+    """"decode" (T <= 256), "prefill" (T >= 1024) or "" (between: in neither headline) per token count."""
+    t = pd.Series(tokens)
+    phase = np.where(t <= DECODE_MAX, "decode", np.where(t >= PREFILL_MIN, "prefill", ""))
+    return pd.Series(phase, index=t.index)
+
+
+def round_times(row, clock: str = "graph") -> np.ndarray:
+    """A result row's per-round medians on ``clock`` (its ``<clock>_round_us`` column, ';'-joined), else the
+    row's one median (CSVs from before the per-round column): the values the interval resamples."""
+    raw = row.get(f"{clock}_round_us") if hasattr(row, "get") else None
+    if isinstance(raw, str) and raw.strip():
+        vals = np.array([float(v) for v in raw.split(";") if v.strip()], dtype=float)
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        if vals.size:
+            return vals
+    v = float(row[f"{clock}_us"]) if f"{clock}_us" in row else float("nan")
+    return np.array([v]) if np.isfinite(v) and v > 0 else np.array([])
+
+
+def ratio_ci(theirs: list, ours: list, level: float = 0.95, n_boot: int = 4000, seed: int = 20261130
+             ) -> tuple[float, float, float]:
+    """(point, low, high): the geometric mean over cells of theirs / ours (each cell's median round over its
+    median round), and its percentile bootstrap interval at ``level``: cells resampled with replacement, and
+    within each resampled cell each side's rounds resampled with replacement (their mean), ``n_boot`` times,
+    from a fixed seed. ``theirs[i]``, ``ours[i]``: cell i's per-round times (any count >= 1; cells where
+    either side has none are left out). A cell with one round per side contributes only the spread over
+    cells. NaN triple where no cell is left."""
+    pairs = [(np.asarray(a, float), np.asarray(b, float)) for a, b in zip(theirs, ours, strict=True)]
+    pairs = [(a[np.isfinite(a) & (a > 0)], b[np.isfinite(b) & (b > 0)]) for a, b in pairs]
+    pairs = [(a, b) for a, b in pairs if a.size and b.size]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan")
+    point = float(np.exp(np.mean([np.log(np.median(a) / np.median(b)) for a, b in pairs])))
+    rng = np.random.default_rng(seed)
+    c = len(pairs)
+
+    def padded(side):
+        n = np.array([p[side].size for p in pairs])
+        m = np.full((c, n.max()), np.nan)
+        for i, p in enumerate(pairs):
+            m[i, :n[i]] = p[side]
+        return m, n
+
+    (ta, na), (tb, nb) = padded(0), padded(1)
+    cells = rng.integers(0, c, (n_boot, c))
+
+    def resampled_mean(m, n):
+        k = m.shape[1]
+        pick = (rng.random((n_boot, c, k)) * n[cells][..., None]).astype(int)
+        vals = m[cells[..., None], pick]
+        used = np.arange(k)[None, None, :] < n[cells][..., None]
+        return np.where(used, vals, 0.0).sum(-1) / n[cells]
+
+    logs = np.log(resampled_mean(ta, na) / resampled_mean(tb, nb)).mean(-1)
+    lo, hi = np.percentile(logs, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return point, float(np.exp(lo)), float(np.exp(hi))
+
+
+def is_parity(lo: float, hi: float) -> bool:
+    """Whether an interval contains 1.0 (the ratio reads as parity)."""
+    return bool(lo <= 1.0 <= hi)
+
+
+def ci_text(point: float, lo: float, hi: float) -> str:
+    """A headline ratio as generated text: "1.23x [1.10, 1.35]", or "parity (0.98x [0.95, 1.02])" where the
+    interval contains 1.0; "--" where there is none."""
+    if not np.isfinite(point):
+        return "--"
+    body = f"{point:.2f}x [{lo:.2f}, {hi:.2f}]"
+    return f"parity ({body})" if is_parity(lo, hi) else body
+
+
+def paired_rounds(df: pd.DataFrame, keys: list[str], theirs: str, ours: str, clock: str = "graph"
+                  ) -> tuple[list, list, pd.DataFrame]:
+    """(their per-round times, ours, the cells) over the cells (``keys``) where both contenders have an ok
+    row with a time on ``clock``."""
+    ok = df[df.status == "ok"]
+    a = ok[ok.contender == theirs].set_index(keys)
+    b = ok[ok.contender == ours].set_index(keys)
+    common = a.index.intersection(b.index)
+    ta, tb, kept = [], [], []
+    for key in common:
+        ra, rb = round_times(a.loc[key], clock), round_times(b.loc[key], clock)
+        if ra.size and rb.size:
+            ta.append(ra)
+            tb.append(rb)
+            kept.append(key)
+    cells = pd.DataFrame(kept, columns=keys) if kept else pd.DataFrame(columns=keys)
+    return ta, tb, cells
+
+
+def phase_headline(df: pd.DataFrame, keys: list[str], theirs: str, ours: str) -> list[dict]:
+    """Per phase (decode, prefill; never pooled): their time over ours with its interval on both clocks, the
+    cells, and the host cost (cpu_us medians, ours and theirs, where measured)."""
+    out = []
+    for phase in ("decode", "prefill"):
+        sub = df[phase_of(df.tokens).to_numpy() == phase]
+        row = {"phase": phase, "theirs": theirs}
+        for clock in CLOCKS:
+            ta, tb, cells = paired_rounds(sub, keys, theirs, ours, clock)
+            row[clock] = ratio_ci(ta, tb)
+            row[f"{clock}_cells"] = len(cells)
+        if "cpu_us" in sub:
+            ok = sub[sub.status == "ok"]
+            row["host_ours_us"] = float(ok[ok.contender == ours].cpu_us.median())
+            row["host_theirs_us"] = float(ok[ok.contender == theirs].cpu_us.median())
+        out.append(row)
+    return out

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+
 from .common import Numbers, gm, table
 
 AUTO, DEFAULT, TORCH, VLLM = "ours:auto", "ours:default", "torch._grouped_mm", "vllm:fused_moe"
@@ -55,14 +56,23 @@ def distill_numbers(n: Numbers, results: Path) -> None:
     n.add("LooPrefillShort", gm(pre.shortlist_slowdown))
 
 
+def _ts(o: pd.DataFrame, sel) -> str:
+    """The token counts of the rows ``sel`` picks, as "16, 256"."""
+    return ", ".join(str(int(t)) for t in sorted(o[sel].tokens.unique()))
+
+
 def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     distill_numbers(n, results)
     path = results / "grouped_skew.csv"
     if not path.exists():
         return
-    o = heldout_frame(pd.read_csv(path))
+    raw = pd.read_csv(path)
+    o = heldout_frame(raw)
     if o.empty:
         return
+    from .e7 import e7_phase_numbers  # per phase, both clocks, 95% intervals: HeldSeven<Phase>Vs<Peer><Clock>
+
+    e7_phase_numbers(n, gen, raw[raw.split == "heldout"], prefix="HeldSeven")
     dec, pre = o[o.tokens <= 256], o[o.tokens >= PREFILL]
     n.add("HeldModels", o.model.nunique(), "{}")
     n.add("HeldCells", len(o), "{}")
@@ -106,6 +116,8 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     write_text(gen / "table_e7_heldout.tex",
                table(pd.DataFrame(rows), "E7, held-out models (never tuned on): the default path against "
                      "\\texttt{torch.\\_grouped\\_mm} and vLLM's kernel, their time over ours, geomean (lowest) "
-                     "over both projections, the uniform and Zipf 1.2 loads, and decode ($T$ = 16, 256) or "
-                     "prefill ($T$ = 1024, 4096); GPU time. Last column: our \\% of the floor at prefill.",
+                     "over both projections, the loads measured, and decode "
+                     f"($T$ = {_ts(o, o.tokens <= 256)}) or prefill "
+                     f"($T$ = {_ts(o, o.tokens >= PREFILL)}); GPU time. Last column: our \\% of the floor at "
+                     "prefill.",
                      "tab:e7heldout", "ll" + "r" * (len(rows[0]) - 2)))

@@ -9,10 +9,15 @@ import pandas as pd
 from experiments._io import write_text
 from experiments.report import runs_dir
 from moegemm.grouped.ffn import FUSE_ABOVE_ROWS_PER_EXPERT
-from .common import Numbers, gm, table
+
+from .common import CLOCKS, Numbers, ci_text, gm, is_parity, phase_headline, table
 
 OURS, UNFUSED = "ours:moe_ffn", "ours:unfused-swiglu"
 HF_COMPILED, TORCH, VLLM = "hf:grouped_mm:compiled", "torch._grouped_mm pipeline", "vllm:fused_experts"
+TK = "tk:matmul_ogs"  # OpenAI's triton_kernels as vLLM runs it for gpt-oss (triton_kernels_moe.py)
+PEERS = (HF_COMPILED, TORCH, VLLM, TK)  # the best peer of a cell: the fastest of these there
+BEST = "best peer"
+KEYS = ["model", "tokens", "load"]
 OURS_HF, OURS_HF_COMPILED = "ours:hf-backend", "ours:hf-backend:compiled"
 PREFILL = 1024
 MARGIN = 1.1  # the per-cell margin over the faster peer that the section counts the cells short of
@@ -20,13 +25,14 @@ MARGIN = 1.1  # the per-cell margin over the faster peer that the section counts
 
 def e8_frame(df: pd.DataFrame) -> pd.DataFrame:
     """Per (model, split, tokens, load): each contender's GPU time as a column (rows that failed: absent),
-    ``best_peer``, the faster of transformers' compiled grouped_mm backend (where measured) and the
-    torch._grouped_mm pipeline, and ``fused``: whether moe_ffn fuses SwiGLU into gate/up there (more than
+    ``best_peer``, the fastest of transformers' compiled grouped_mm backend (where measured), the
+    torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels (where at hand), and ``fused``:
+    whether moe_ffn fuses SwiGLU into gate/up there (more than
     FUSE_ABOVE_ROWS_PER_EXPERT rows per expert on average)."""
     ok = df[df.status == "ok"]
     index = ["model", "split", "tokens", "load"] + [c for c in ("experts", "top_k") if c in df]
     p = ok.pivot_table(index=index, columns="contender", values="graph_us")
-    peers = [c for c in (HF_COMPILED, TORCH) if c in p]
+    peers = [c for c in PEERS if c in p]
     p["best_peer"] = p[peers].min(axis=1) if peers else float("nan")
     p = p.reset_index()
     if "experts" in p and "top_k" in p:
@@ -453,6 +459,105 @@ def fixed_fusion(n: Numbers, results: Path) -> None:
         n.add("EEightFixedFusionSlower", int((f < 1).sum()), "{}")
 
 
+def with_best_peer(df: pd.DataFrame) -> pd.DataFrame:
+    """E8's rows plus, per cell and clock, a ``best peer`` row: the row of the peer (PEERS) fastest there on
+    that clock (its per-round times travel with it, for the interval)."""
+    ok = df[(df.status == "ok") & df.contender.isin(PEERS)]
+    extra = []
+    for clock in CLOCKS:
+        col = f"{clock}_us"
+        if col not in ok:
+            continue
+        live = ok[ok[col].notna()]
+        if live.empty:
+            continue
+        best = live.loc[live.groupby(KEYS)[col].idxmin()].copy()
+        best["contender"] = f"{BEST}:{clock}"
+        extra.append(best)
+    return pd.concat([df, *extra], ignore_index=True) if extra else df
+
+
+def phase_rows(df: pd.DataFrame) -> list[dict]:
+    """Per peer (the best peer, then each peer measured) and phase: their time over moe_ffn's with its 95%
+    interval on both clocks, and the host cost; the best peer taken per clock."""
+    d = with_best_peer(df)
+    out = []
+    for peer in (BEST, *PEERS):
+        if peer == BEST:
+            rows = {}
+            for clock in CLOCKS:
+                for r in phase_headline(d[d.contender.isin([OURS, f"{BEST}:{clock}"])].replace(
+                        {f"{BEST}:{clock}": BEST}), KEYS, BEST, OURS):
+                    rows.setdefault(r["phase"], {"phase": r["phase"], "theirs": BEST}).update(
+                        {clock: r[clock], f"{clock}_cells": r[f"{clock}_cells"]})
+            out += list(rows.values())
+        elif peer in set(d.contender):
+            out += phase_headline(d, KEYS, peer, OURS)
+    return [r for r in out if any(r.get(f"{c}_cells") for c in CLOCKS)]
+
+
+PEER_TAGS = {BEST: "Peer", HF_COMPILED: "HfCompiled", TORCH: "Torch", VLLM: "Vllm", TK: "Tk"}
+
+
+def phase_numbers(n: Numbers, gen: Path, held: pd.DataFrame) -> None:
+    """The E8 headline, held-out models: per phase and peer, both clocks with intervals (generated text reads
+    "parity" where the interval holds 1.0), host cost; macros EEightHeld<Phase>Vs<Peer><Gpu|Launch> (text)
+    and ...Parity (1/0); the table table_e8_phase.tex."""
+    rows = phase_rows(held)
+    table_rows = []
+    for r in rows:
+        tag = f"EEightHeld{r['phase'].capitalize()}Vs{PEER_TAGS[r['theirs']]}"
+        line = {"peer": r["theirs"], "phase": r["phase"]}
+        for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
+            point, lo, hi = r.get(clock, (float("nan"),) * 3)
+            if r.get(f"{clock}_cells"):
+                n.add(f"{tag}{ct}", ci_text(point, lo, hi))
+                n.add(f"{tag}{ct}Parity", int(is_parity(lo, hi)), "{}")
+            line[CLOCKS[clock]] = ci_text(point, lo, hi)
+        line["cells"] = r.get("graph_cells", 0)
+        if "host_ours_us" in r:
+            line["host us (ours / theirs)"] = f"{r['host_ours_us']:.0f} / {r['host_theirs_us']:.0f}"
+        table_rows.append(line)
+    if table_rows:
+        write_text(gen / "table_e8_phase.tex", table(
+            pd.DataFrame(table_rows), "E8, held-out models, per phase (decode $T\\le 256$, prefill "
+            "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over cells "
+            "with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and launch-inclusive; "
+            "``parity'' where the interval holds 1.0; the best peer is the fastest peer per cell and clock; "
+            "host cost: Python's time to issue one call (median over cells).", "tab:e8phase",
+            "llllrl"[:len(table_rows[0])]))
+
+
+def gemm_vs_layer(n: Numbers, results: Path, held: pd.DataFrame) -> None:
+    """vLLM's GEMMs alone (E7, held-out: its kernel's gate/up plus down time over ours, ours with the gather
+    timed where E7 has it, ``ours:auto+gather``, else ``ours:auto``) against its whole layer (E8) on the same
+    cells (model, T, load), per phase: how much of the layer ratio is the GEMMs'. Macros
+    EEightVllmGemmOnly<Phase>, EEightVllmLayer<Phase>, EEightVllmGemmCells<Phase>."""
+    path = results / "grouped_skew.csv"
+    if not path.exists() or VLLM not in held:
+        return
+    e7 = pd.read_csv(path)
+    e7 = e7[(e7.status == "ok") & (e7.split == "heldout")] if "split" in e7 else e7.iloc[:0]
+    ours = "ours:auto+gather" if (e7.contender == "ours:auto+gather").any() else "ours:auto"
+    g = e7[e7.contender.isin([ours, "vllm:fused_moe"]) & e7.proj.isin(["up", "down"])]
+    if g.empty:
+        return
+    per = g.pivot_table(index=KEYS, columns=["contender", "proj"], values="graph_us")
+    need = [(c, pr) for c in (ours, "vllm:fused_moe") for pr in ("up", "down")]
+    if not all(k in per.columns for k in need):
+        return
+    gemm = ((per[("vllm:fused_moe", "up")] + per[("vllm:fused_moe", "down")])
+            / (per[(ours, "up")] + per[(ours, "down")])).dropna()
+    layer = (held.set_index(KEYS)[VLLM] / held.set_index(KEYS)[OURS]).dropna()
+    both = gemm.index.intersection(layer.index)
+    for phase, sel in (("Decode", lambda t: t <= 256), ("Prefill", lambda t: t >= PREFILL)):
+        idx = [k for k in both if sel(k[1])]
+        if idx:
+            n.add(f"EEightVllmGemmOnly{phase}", gm(gemm.loc[idx]))
+            n.add(f"EEightVllmLayer{phase}", gm(layer.loc[idx]))
+            n.add(f"EEightVllmGemmCells{phase}", len(idx), "{}")
+
+
 def e8(n: Numbers, results: Path, gen: Path) -> None:
     path = results / "moe_layer.csv"
     if not path.exists():
@@ -472,6 +577,8 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             n.add(f"EEight{tag}VsPeerMin", float(r.min()))
             n.add(f"EEight{tag}SlowerPeer", int((r < 1).sum()), "{}")
             n.add(f"EEight{tag}PeerCells", len(r), "{}")
+    phase_numbers(n, gen, df[df.split == "heldout"] if "split" in df else df.iloc[:0])
+    gemm_vs_layer(n, results, held)
     pre = held[held.tokens >= PREFILL]
     if VLLM in o and len(pre):
         v = (pre[VLLM] / pre[OURS]).dropna()

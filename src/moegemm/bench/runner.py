@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from typing import Callable
 
 import torch
@@ -137,7 +138,6 @@ def cpu_cost_us(calls: list[Callable[[], object]], n: int, repeats: int = 3) -> 
     """Python's cost of one call in us: the host's wall time of ``n`` calls back to back (rotating over the
     input sets) with no sync, per call; the median of ``repeats`` such runs, each after a sync. The GPU's
     queue absorbs the launches, so this is the CPU's time to issue them, not the GPU's to run them."""
-    import statistics
     import time
 
     samples = []
@@ -187,14 +187,19 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
                 rows[c.name]["graph_calls"] = timers[c.name].n
             except Exception as e:
                 rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
+    per_round = {c.name: {"launch": [], "graph": []} for c in live}  # each round's median, for the intervals
     for r in range(settings.rounds):
         for c in round_order(live, r, settings.order):
             rotation = iter(range(1 << 30))
             cs = calls[c.name]
-            launch[c.name] += launch_samples(lambda cs=cs, it=rotation: cs[next(it) % len(cs)](),
-                                             settings.launch_rep_ms, settings.launch_warmup_ms)
+            got = launch_samples(lambda cs=cs, it=rotation: cs[next(it) % len(cs)](),
+                                 settings.launch_rep_ms, settings.launch_warmup_ms)
+            launch[c.name] += got
+            per_round[c.name]["launch"].append(statistics.median(got) if got else math.nan)
             if c.name in timers:
-                graph[c.name] += timers[c.name].sample(settings.graph_replays)
+                got = timers[c.name].sample(settings.graph_replays)
+                graph[c.name] += got
+                per_round[c.name]["graph"].append(statistics.median(got) if got else math.nan)
     if settings.cpu_calls:
         for c in live:
             rows[c.name]["cpu_us"] = cpu_cost_us(calls[c.name], settings.cpu_calls)
@@ -203,5 +208,6 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
             cl = Clock.of(samples)
             rows[c.name].update({f"{clock}_us": cl.median_us, f"{clock}_p20_us": cl.p20_us,
                                  f"{clock}_p80_us": cl.p80_us, f"{clock}_n": cl.samples})
+            rows[c.name][f"{clock}_round_us"] = ";".join(f"{v:.4f}" for v in per_round[c.name][clock])
     del timers
     return [rows[c.name] for c in contenders]

@@ -1,0 +1,72 @@
+"""experiments/budget.py: the GPU steps' times under the current config, from the committed run's."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from experiments import budget
+from experiments.common import load_config
+from paper.numbers.runtime import run_times
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def baseline_config(cfg: dict) -> dict:
+    """The current config with the knobs set back to the committed run's (BASELINE)."""
+    b, c = budget.BASELINE, copy.deepcopy(cfg)
+    d, r = c["decompose_k"], c["decompose_k"]["router"]
+    d["compile_shapes"] = [[16, 16, 32768]] * b["compile_shapes"]
+    d["compile_modes"] = list(b["compile_modes"])
+    d["codegen_shapes"] = [[16, 16, 256]] * b["codegen_shapes"]
+    d["grid_mn"] = [16] * b["grid_mn"]
+    d["grid_k"] = [8192] * b["grid_k"]
+    d["fusion_grid_k"] = [8192] * b["fusion_grid_k"]
+    d["split_sweep"] = [2] * b["split_sweep"]
+    d["grid_compiled_k"] = [8192] * b["grid_compiled_k"]
+    r.update(tokens=list(b["router_tokens"]), tune_tokens=[1] * b["router_tune_tokens"],
+             compiled_tokens=list(b["router_compiled_tokens"]), seed_max_tokens=b["seed_max_tokens"],
+             epilogues=list(b["router_epilogues"]))
+    r.pop("relu_max_tokens", None)
+    c["grouped"]["tune_tokens"] = list(b["grouped_tune_tokens"])
+    return c
+
+
+def test_the_baseline_knobs_give_the_committed_times_back():
+    cfg = load_config(ROOT / "experiments" / "config.yaml")
+    step_s = {s: 100.0 for s in budget.baseline_work()}
+    step_s["verify"] = 50.0
+    got = budget.scaled_step_times(step_s, baseline_config(cfg))
+    for step in ("compile_modes", "inductor_codegen", "epilogue_fusion", "split_sweep", "decompose_k_grid",
+                 "tune", "tune_seed", "router_gemm", "tune_grouped"):
+        assert got[step] == pytest.approx(100.0), step
+    assert got["verify"] == 50.0  # no work model: as measured
+
+
+def test_work_follows_the_knobs():
+    cfg = load_config(ROOT / "experiments" / "config.yaml")
+    w = budget.work(cfg)
+    more = copy.deepcopy(cfg)
+    more["decompose_k"]["router"]["relu_max_tokens"] = 16384
+    more["moe_layer"]["run"]["loads"] = ["uniform", "zipf1.2"]
+    more["grouped"]["heldout_tokens"] = cfg["grouped"]["heldout_tokens"] + [1024]
+    w2 = budget.work(more)
+    assert w2["router_gemm"] > w["router_gemm"] and w2["moe_layer"] > w["moe_layer"]
+    assert w2["grouped_skew"] > w["grouped_skew"]
+    from experiments.e8_moe_layer import run_selection
+
+    run = run_selection(cfg["moe_layer"])
+    models = sum(v["split"] in run["splits"] for v in cfg["grouped"]["models"].values())
+    zipf_t = sum(t not in run["uniform_only_tokens"] for t in run["tokens"])
+    assert len(budget.moe_layer_cells(more)) == len(budget.moe_layer_cells(cfg)) + zipf_t * models
+
+
+def test_the_config_fits_twenty_minutes_on_one_h200():
+    """The committed step times scaled to the current config: at most 20 minutes of GPU steps on one H200 (the
+    pipeline runs them one after another there)."""
+    cfg = load_config(ROOT / "experiments" / "config.yaml")
+    times = run_times(ROOT / "results" / "nvidia-h200")
+    step_s = budget.scaled_step_times(dict(zip(times.step, times.seconds)), cfg)
+    assert sum(step_s.values()) <= 20 * 60, {k: round(v) for k, v in step_s.items()}

@@ -1,0 +1,166 @@
+"""paper/numbers/common.py: the bootstrap interval of headline ratios, the phase split and the parity rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from paper.numbers.common import (
+    ci_text,
+    is_parity,
+    paired_rounds,
+    phase_headline,
+    phase_of,
+    ratio_ci,
+    round_times,
+)
+
+
+def test_ratio_ci_point_is_the_geomean_of_median_ratios_and_the_interval_holds_it():
+    rng = np.random.default_rng(1)
+    ours = [rng.uniform(90, 110, 3) for _ in range(20)]
+    theirs = [o * 1.5 * rng.uniform(0.97, 1.03, 3) for o in ours]
+    point, lo, hi = ratio_ci(theirs, ours)
+    want = math.exp(np.mean([math.log(np.median(a) / np.median(b)) for a, b in zip(theirs, ours)]))
+    assert point == pytest.approx(want)
+    assert lo < point < hi and 1.4 < lo and hi < 1.6
+    assert ratio_ci(theirs, ours) == (point, lo, hi)  # fixed seed
+
+
+def test_ratio_ci_widens_with_noisier_rounds_and_reads_parity_when_it_spans_one():
+    rng = np.random.default_rng(2)
+    ours = [np.full(3, 100.0) for _ in range(10)]
+    tight = [np.full(3, 101.0) for _ in range(10)]
+    noisy = [100.0 * rng.uniform(0.8, 1.25, 3) for _ in range(10)]
+    _, lo_t, hi_t = ratio_ci(tight, ours)
+    p, lo_n, hi_n = ratio_ci(noisy, ours)
+    assert hi_t - lo_t < 1e-9 and lo_t > 1.0 and not is_parity(lo_t, hi_t)
+    assert hi_n - lo_n > 0.02 and is_parity(lo_n, hi_n)
+    assert ci_text(p, lo_n, hi_n).startswith("parity (")
+    assert ci_text(1.2345, 1.1, 1.3) == "1.23x [1.10, 1.30]"
+    assert ci_text(float("nan"), 0, 0) == "--"
+
+
+def test_ratio_ci_takes_cells_of_one_round_and_leaves_out_empty_or_bad_ones():
+    theirs = [np.array([200.0]), np.array([300.0]), np.array([]), np.array([np.nan, 50.0])]
+    ours = [np.array([100.0]), np.array([100.0]), np.array([100.0]), np.array([50.0])]
+    point, lo, hi = ratio_ci(theirs, ours)
+    assert point == pytest.approx((2.0 * 3.0 * 1.0) ** (1 / 3))
+    assert 1.0 - 1e-9 <= lo <= point <= hi <= 3.0 + 1e-9
+    assert all(math.isnan(v) for v in ratio_ci([np.array([])], [np.array([1.0])]))
+    with pytest.raises(ValueError):
+        ratio_ci([np.array([1.0])], [])
+
+
+def test_phase_of_splits_decode_and_prefill_and_leaves_the_middle_out():
+    assert phase_of([1, 256, 512, 1024, 16384]).tolist() == ["decode", "decode", "", "prefill", "prefill"]
+
+
+def _csv(rounds: bool) -> pd.DataFrame:
+    """A synthetic E8-style CSV: theirs 2x ours at decode, equal at prefill, with or without per-round
+    times."""
+    rows = []
+    rng = np.random.default_rng(3)
+    for model in ("a", "b", "c"):
+        for t in (1, 64, 4096, 16384):
+            for c, f in (("ours", 1.0), ("peer", 2.0 if t <= 256 else 1.0)):
+                r = 100.0 * f * rng.uniform(0.95, 1.05, 3)
+                med = float(np.median(r))
+                row = {"model": model, "tokens": t, "load": "uniform", "contender": c, "status": "ok",
+                       "graph_us": med, "launch_us": med + 20, "cpu_us": 10.0 * f}
+                if rounds:
+                    row["graph_round_us"] = ";".join(f"{v:.3f}" for v in r)
+                    row["launch_round_us"] = ";".join(f"{v + 20:.3f}" for v in r)
+                rows.append(row)
+    rows.append({"model": "a", "tokens": 1, "load": "zipf", "contender": "peer", "status": "error",
+                 "graph_us": float("nan"), "launch_us": float("nan")})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("rounds", [True, False])
+def test_phase_headline_on_a_synthetic_csv_with_and_without_rounds(rounds, tmp_path):
+    path = tmp_path / "moe_layer.csv"
+    _csv(rounds).to_csv(path, index=False)
+    df = pd.read_csv(path)
+    keys = ["model", "tokens", "load"]
+    ta, _, cells = paired_rounds(df, keys, "peer", "ours")
+    assert len(cells) == 12 and all(len(a) == (3 if rounds else 1) for a in ta)
+    dec, pre = phase_headline(df, keys, "peer", "ours")
+    assert dec["phase"] == "decode" and dec["graph_cells"] == 6 and dec["launch_cells"] == 6
+    assert 1.8 < dec["graph"][1] <= dec["graph"][0] <= dec["graph"][2] < 2.2
+    assert not is_parity(*dec["graph"][1:])
+    assert is_parity(*pre["graph"][1:]) and is_parity(*pre["launch"][1:])
+    assert dec["launch"][0] < dec["graph"][0]  # the launch clock adds the same overhead to both
+    assert dec["host_theirs_us"] == 20.0 and dec["host_ours_us"] == 10.0
+
+
+def test_round_times_reads_the_round_column_else_the_median():
+    assert round_times(pd.Series({"graph_us": 5.0, "graph_round_us": "4;6;nan"})).tolist() == [4.0, 6.0]
+    assert round_times(pd.Series({"graph_us": 5.0, "graph_round_us": float("nan")})).tolist() == [5.0]
+    assert round_times(pd.Series({"graph_us": float("nan")})).size == 0
+
+
+def test_e8_phase_rows_take_the_fastest_peer_per_cell_and_clock():
+    from paper.numbers.e8 import BEST, OURS, TORCH, VLLM, phase_rows
+
+    rows = []
+    for model in ("a", "b"):
+        for t in (1, 16, 4096):
+            vllm_us = 120.0 if t <= 256 else 300.0
+            for c, g, la in ((OURS, 100.0, 150.0), (TORCH, 200.0, 210.0), (VLLM, vllm_us, 130.0)):
+                rows.append({"model": model, "tokens": t, "load": "uniform", "contender": c, "status": "ok",
+                             "graph_us": g, "launch_us": la, "graph_round_us": f"{g};{g};{g}",
+                             "launch_round_us": f"{la};{la};{la}"})
+    out = {(r["theirs"], r["phase"]): r for r in phase_rows(pd.DataFrame(rows))}
+    assert out[(BEST, "decode")]["graph"][0] == pytest.approx(1.2)  # vLLM, the faster peer at decode
+    assert out[(BEST, "prefill")]["graph"][0] == pytest.approx(2.0)  # torch's pipeline at prefill
+    assert out[(BEST, "decode")]["launch"][0] == pytest.approx(130 / 150)  # vLLM on the launch clock
+    assert out[(VLLM, "prefill")]["graph"][0] == pytest.approx(3.0)
+    assert out[(BEST, "decode")]["graph_cells"] == 4 and out[(BEST, "prefill")]["graph_cells"] == 2
+
+
+def test_e7_phase_numbers_compare_peers_that_gather_against_ours_with_the_gather():
+    from paper.numbers.common import Numbers
+    from paper.numbers.e7 import e7_phase_numbers
+
+    rows = []
+    for proj in ("up", "down"):
+        for t in (8, 4096):
+            for c, g in (("ours:auto", 100.0), ("ours:auto+gather", 110.0), ("torch._grouped_mm", 150.0),
+                         ("vllm:fused_moe", 110.0)):
+                rows.append({"model": "m", "proj": proj, "tokens": t, "load": "uniform", "contender": c,
+                             "status": "ok", "graph_us": g, "launch_us": g + 5,
+                             "graph_round_us": f"{g};{g * 1.01}", "launch_round_us": f"{g + 5};{g + 6}"})
+    n = Numbers()
+    out = e7_phase_numbers(n, None, pd.DataFrame(rows), prefix="Test")
+    assert {(r["theirs"], r["ours"]) for r in out} == {("torch._grouped_mm", "ours:auto"),
+                                                      ("vllm:fused_moe", "ours:auto+gather")}
+    assert n.items["TestDecodeVsTorchGpu"].startswith("1.50x")
+    assert n.items["TestPrefillVsVllmGpu"].startswith("parity")
+    assert n.items["TestPrefillVsVllmGpuParity"] == "1"
+
+
+def test_runner_records_each_rounds_median_for_the_intervals(monkeypatch):
+    """runner.measure writes <clock>_round_us: one median per round, in round order (launch samples faked:
+    round r's samples are r + 1 and r + 3, so its median is r + 2); round_times reads them back."""
+    import torch
+
+    from moegemm.bench import runner
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = iter(range(1000))
+
+    def fake_launch(fn, rep_ms, warmup_ms):
+        fn()
+        r = next(calls)
+        return [r + 1.0, r + 3.0]
+    monkeypatch.setattr(runner, "launch_samples", fake_launch)
+    c = runner.Contender("A", lambda inp: (lambda: torch.zeros(1)), graph=False,
+                         check=lambda out: (True, 0.0, ""))
+    (row,) = runner.measure([c], [()], torch.zeros(1), 1, runner.Settings(rounds=3))
+    assert row["launch_round_us"] == "2.0000;3.0000;4.0000"
+    assert round_times(pd.Series(row), "launch").tolist() == [2.0, 3.0, 4.0]
+    assert row["graph_round_us"] == ""  # no graph clock for this contender
