@@ -189,7 +189,7 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     ref = ref_rows(xs, w, plan.group_offsets)
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
     base = {"model": "m", "proj": "up", "tokens": 12}
-    cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32, group_m=1)]
+    cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32, num_warps=2)]
     writer.add(tg.time_configs(cfgs[:1], writer, base, xs, [w], plan.group_offsets, ref))
     rows = tg.time_configs(cfgs, writer, base, xs, [w], plan.group_offsets, ref)
     assert [GroupedConfig(**r["config"]) for r in rows] == cfgs[1:]  # the first was done already
@@ -212,7 +212,7 @@ def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(
 
     made, order = _fake_graph_timers(monkeypatch, lambda timer, count: 100.0 + timer)
     plan, xs, w = _tuner_cell(device)
-    cfgs = [GroupedConfig(16, bn, bk, group_m=gm) for bn in (16, 32, 64) for bk in (16, 32) for gm in (1, 8)][:9]
+    cfgs = [GroupedConfig(16, bn, bk, num_stages=st) for bn in (16, 32, 64) for bk in (16, 32) for st in (2, 3)][:9]
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
     rows = tg.time_configs(cfgs, writer, {"model": "m", "proj": "up", "tokens": 12}, xs, [w],
                            plan.group_offsets, ref_rows(xs, w, plan.group_offsets))
@@ -409,7 +409,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
 
     from experiments import probe_persistent_grid as probe
     from moegemm.bench.correctness import check
-    from moegemm.grouped import api
+    from moegemm.grouped import contiguous, launch
 
     e, k, n = 4, 64, 48
     plan, xs, w, ref = _small_moe_cell(device, 5, e, k, n, t=7)
@@ -425,7 +425,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
             assert c.fields["per_sm"] == int(forced)
         elif forced == "auto":
             assert c.fields["per_sm"] in (1, 2)
-        assert api._per_sm is probe.SHIPPED and api._plan_key is probe.SHIPPED_PLAN_KEY
+        assert launch.per_sm is probe.SHIPPED and contiguous._plan_key is probe.SHIPPED_PLAN_KEY
 
 
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
@@ -516,7 +516,7 @@ def _small_ffn_cell(device, monkeypatch, seed: int):
     GEMM's config tables replaced by one small config."""
     import torch
 
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.grouped import GroupedConfig
 
     from test_grouped import _ffn_ref
@@ -844,7 +844,7 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     distilled shortlist's first config, and torch._grouped_mm, each right against float64 on fresh data; no
     tuned entry covers the shape."""
     import experiments.e7_grouped_skew as e7
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.bench.correctness import check
     from moegemm.grouped import GroupedConfig
 
@@ -881,7 +881,7 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
 
     pytest.importorskip("transformers.integrations.moe")
     import experiments.e8_moe_layer as e8
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.bench.correctness import check
     from moegemm.grouped import GroupedConfig
 

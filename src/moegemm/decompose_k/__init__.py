@@ -1,7 +1,6 @@
 """Decompose-K: skinny, long-K GEMMs split over K into an fp32 [S, M, N] buffer, reduced with a fused
 epilogue. See :func:`matmul`; the seed's PyTorch formulation is :func:`reference.decompose_k`."""
 
-from . import ops  # noqa: F401 (registers the custom op moegemm::dk_matmul)
 from .api import Plan, matmul, plan
 from .configs import BACKENDS, KERNELS, DecomposeKConfig, heuristic_config
 from .reference import decompose_k

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import gpu_slug
-from .api import autotune_key, grouped_mm, grouped_mm_swiglu
-from .ops import gate_up_act_op
+from .._runtime import check_device, gpu_slug
+from .._triton_common import check_dtype
+from . import autotune
+from .config import autotune_key
+from .contiguous import grouped_mm, grouped_mm_swiglu
 from .pointwise import silu_mul
 from .routing import route_and_permute, triton_here, unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
-# SiLU(gate) * up a separate op: there, on the tune split of E8 (results/nvidia-h200/runs/S16-1/moe_layer.csv),
-# the fused kernel (half-width N tiles, no tail tiles) ran 1-6% slower; above it, it was faster in most cells
-# but not all (results/nvidia-h200/probe_fused_tuned.csv), so there the first call of a shape times both.
+# SiLU(gate) * up a separate op: there, on E8's tune split, the fused kernel (half-width N tiles, no tail
+# tiles) was slower; above it, it was faster in most cells but not all, so there the first call of a shape
+# times both.
 FUSE_ABOVE_ROWS_PER_EXPERT = 16
 
 
@@ -32,6 +34,20 @@ def gate_up_act(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.
     return _unfused(xs, w_gate_up, group_offsets, w_layout)
 
 
+@torch.library.custom_op("moegemm::gate_up_act", mutates_args=())
+def gate_up_act_op(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
+                   ) -> torch.Tensor:
+    """:func:`gate_up_act` as the custom op ``moe_ffn`` traces as under torch.compile (the same choice and
+    kernels)."""
+    return gate_up_act(xs, w_gate_up, group_offsets, w_layout)
+
+
+@gate_up_act_op.register_fake
+def _(xs, w_gate_up, group_offsets, w_layout):
+    two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
+    return xs.new_empty((xs.shape[0], two_i // 2))
+
+
 def _unfused(xs, w_gate_up, group_offsets, w_layout):
     gu = grouped_mm(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
     if not triton_here(gu):
@@ -41,8 +57,6 @@ def _unfused(xs, w_gate_up, group_offsets, w_layout):
 
 
 def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
-    from . import autotune
-
     if not triton_here(xs):
         return True
     two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
@@ -84,8 +98,15 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [T, H] tensor, got shape {tuple(x.shape)}")
+    check_dtype("x", x)
+    check_device("x", x)
     if w_layout not in ("nk", "kn"):
-        raise ValueError(f"w_layout: expected 'kn' or 'nk', got {w_layout!r}")
+        raise ValueError(f"w_layout: expected 'nk' or 'kn', got {w_layout!r}")
+    for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from x's {x.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, but x is on {x.device}")
     if w_gate_up.dim() != 3 or w_down.dim() != 3:
         raise ValueError(f"w_gate_up, w_down: expected 3-D tensors, got shapes {tuple(w_gate_up.shape)} and "
                          f"{tuple(w_down.shape)}")

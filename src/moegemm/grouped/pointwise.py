@@ -51,6 +51,18 @@ def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
     return out
 
 
+@torch.library.custom_op("moegemm::combine", mutates_args=())
+def combine_op(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
+               topk_weights: torch.Tensor | None) -> torch.Tensor:
+    """:func:`combine` as the custom op ``unpermute`` traces as under torch.compile."""
+    return combine(y_sorted, slot_rows, top_k, topk_weights)
+
+
+@combine_op.register_fake
+def _(y_sorted, slot_rows, top_k, topk_weights):
+    return y_sorted.new_empty((y_sorted.shape[0] // max(top_k, 1), y_sorted.shape[1]))
+
+
 @triton.jit
 def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK: tl.constexpr):
     """out[r, block] = silu(gu[r, block]) * gu[r, I + block], in fp32."""

@@ -11,8 +11,8 @@ import dataclasses
 import torch
 
 from .._runtime import INTERPRET
-from .pointwise import combine
-from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays
+from .pointwise import combine, combine_op
+from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays, plan_buffers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +62,6 @@ def _plan(flat: torch.Tensor, t: int, k: int, num_experts: int, on_device_check:
     if flat.numel() and triton_here(flat):
         # a few Triton launches (routing_kernels); under torch.compile the same, as one custom op
         if torch.compiler.is_compiling():
-            from .ops import route_op
-
             arrays = route_op(flat, num_experts, k, on_device_check)
         else:
             arrays = route_arrays(flat, num_experts, k, on_device_check)
@@ -128,8 +126,6 @@ def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
     flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
     if torch.compiler.is_compiling():
-        from .ops import route_gather_op
-
         *arrays, xs, ws = route_gather_op(flat, x, w, num_experts, k, on_device_check)
     else:
         *arrays, xs, ws = gather_arrays(flat, num_experts, k, x, w, on_device_check)
@@ -151,6 +147,33 @@ def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Ten
     *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
     _assert_ids(ok, num_experts, check)
     return (*arrays, xs, ws)
+
+
+# The routing steps as custom ops, for the traced path to run the same kernels as the eager one. Each returns
+# new tensors (no mutation); its fake implementation gives their shapes.
+
+@torch.library.custom_op("moegemm::route", mutates_args=())
+def route_op(flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return route_arrays(flat_ids, num_experts, top_k, check)
+
+
+@route_op.register_fake
+def _(flat_ids, num_experts, top_k, check):
+    return plan_buffers(flat_ids, num_experts)[:5]
+
+
+@torch.library.custom_op("moegemm::route_gather", mutates_args=())
+def route_gather_op(flat_ids: torch.Tensor, x: torch.Tensor, flat_weights: torch.Tensor, num_experts: int, top_k: int,
+                    check: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                          torch.Tensor, torch.Tensor]:
+    return gather_arrays(flat_ids, num_experts, top_k, x, flat_weights, check)
+
+
+@route_gather_op.register_fake
+def _(flat_ids, x, flat_weights, num_experts, top_k, check):
+    n = flat_ids.shape[0]
+    return (*plan_buffers(flat_ids, num_experts)[:5], x.new_empty((n, x.shape[1])), flat_weights.new_empty(n))
 
 
 def _assert_ids(ok: torch.Tensor, num_experts: int, check: bool) -> None:
@@ -189,10 +212,18 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """src.index_select(0, index); under torch.compile the same ATen kernel as a custom op, so that the traced
     layer gathers as the eager one does."""
     if torch.compiler.is_compiling():
-        from .ops import gather_rows_op
-
         return gather_rows_op(src, index)
     return src.index_select(0, index)
+
+
+@torch.library.custom_op("moegemm::gather_rows", mutates_args=())
+def gather_rows_op(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return src.index_select(0, index)
+
+
+@gather_rows_op.register_fake
+def _(src, index):
+    return src.new_empty((index.shape[0], *src.shape[1:]))
 
 
 def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Tensor | None) -> torch.Tensor:
@@ -213,8 +244,6 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
         raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
     if triton_here(y_sorted):  # one Triton kernel; under torch.compile the same, as a custom op
         if torch.compiler.is_compiling():
-            from .ops import combine_op
-
             return combine_op(y_sorted, plan.slot_rows, k, topk_weights)
         return combine(y_sorted, plan.slot_rows, k, topk_weights)
     # on the CPU without the interpreter: torch ops
