@@ -40,9 +40,9 @@ class StreamConfig:
     num_stages: int = 3
 
 
-# the light search E7 runs once per (model, projection, tokens): the fastest one is the ceiling. From
-# experiments/probe_stream_ceiling.py on our H200: 64-row TMA boxes, two or four programs per SM, were the
-# fastest on every slab size (4.56 TB/s on 13 GB); the pointer-load shapes serve weights TMA cannot box.
+# the light search E7 runs once per (model, projection, tokens): the fastest one is the ceiling. 64-row TMA
+# boxes with two or four programs per SM stream an H200's HBM fastest on every slab size; the pointer-load
+# shapes serve weights TMA cannot box.
 CANDIDATES = (
     StreamConfig(64, 2, 4, "tma", 2),
     StreamConfig(64, 2, 4, "tma", 4),

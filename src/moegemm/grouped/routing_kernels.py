@@ -29,9 +29,8 @@ from .._triton_common import launch
 CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
 EB = 128  # experts per step of the count and scan loops
 PB = 128  # chunks per step of the scan (its one program walks the chunks serially: few, long steps)
-# the most slots plan_and_gather takes: at 128 slots over 64 or more experts its one launch made the layer
-# slower than the plan and two gathers (results/nvidia-h200/runs/S22-3/probe_decode_routing.csv, on the tune
-# models too: Qwen3-30B-A3B and DeepSeek-V3 at T=16); up to 64 it was as fast or faster
+# the most slots plan_and_gather takes: its one program per column block works the whole plan out, so past
+# 64 slots over many experts that serial plan costs more than the separate plan and two gathers save
 GATHER_SLOTS = 64
 
 

@@ -1,6 +1,6 @@
 """The order in which the contiguous-layout TMA kernel takes its tiles, written out in Python (host side,
 for analysis; the kernel computes it on the GPU from the group offsets). Tests check the kernel against it
-under Triton's interpreter; experiments/probe_mixed_order.py models a launch from it."""
+under Triton's interpreter; :func:`wave_model_us` models a launch from it."""
 
 from __future__ import annotations
 
