@@ -21,16 +21,23 @@ if not torch.cuda.is_available():  # Triton decides this when moegemm's kernels 
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from moegemm import decompose_k  # noqa: E402
-from moegemm.grouped import (grouped_mm, grouped_mm_masked, moe_ffn, permute, route, sorted_weights,  # noqa: E402
-                             unpermute)
+from moegemm.grouped import (  # noqa: E402
+    grouped_mm,
+    grouped_mm_masked,
+    moe_ffn,
+    permute,
+    route,
+    sorted_weights,
+    unpermute,
+)
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPE = torch.bfloat16
 TOL = 2e-2  # bf16 inputs, fp32 accumulation: largest error over the reference's largest magnitude
 
-# tokens, hidden size, expert FFN width, experts, experts per token
-T, H, I, E, TOP_K = (512, 2048, 768, 64, 8) if ON_GPU else (8, 32, 16, 4, 2)
+# tokens, hidden size, expert FFN (intermediate) width, experts, experts per token
+T, H, INTER, E, TOP_K = (512, 2048, 768, 64, 8) if ON_GPU else (8, 32, 16, 4, 2)
 
 failures: list[str] = []
 
@@ -48,14 +55,15 @@ def report(step: str, got: torch.Tensor, ref: torch.Tensor) -> None:
 def main() -> int:
     torch.manual_seed(0)
     where = "GPU " + torch.cuda.get_device_name() if ON_GPU else "CPU (Triton interpreter)"
-    print(f"moegemm quick start on {where}: T={T} tokens, H={H}, I={I}, E={E} experts, top-{TOP_K}, {DTYPE}")
+    print(f"moegemm quick start on {where}: T={T} tokens, H={H}, I={INTER}, E={E} experts, top-{TOP_K}, "
+          f"{DTYPE}")
     rand = lambda *shape, scale=1.0: (torch.randn(*shape) * scale).to(DEVICE, DTYPE)  # noqa: E731
 
     x = rand(T, H)
     w_router = rand(E, H, scale=H**-0.5)  # nn.Linear(H, E).weight
-    w_up = rand(E, I, H, scale=H**-0.5)  # one nn.Linear(H, I) per expert, stacked: [E, N, K]
-    w_down = rand(E, H, I, scale=I**-0.5)  # nn.Linear(I, H) per expert
-    w_gate_up = rand(E, 2 * I, H, scale=H**-0.5)  # gate rows first, then up rows
+    w_up = rand(E, INTER, H, scale=H**-0.5)  # one nn.Linear(H, INTER) per expert, stacked: [E, N, K]
+    w_down = rand(E, H, INTER, scale=INTER**-0.5)  # nn.Linear(INTER, H) per expert
+    w_gate_up = rand(E, 2 * INTER, H, scale=H**-0.5)  # gate rows first, then up rows
     x64 = x.double().cpu()
 
     # 1. The router GEMM by Decompose-K: a skinny [T, H] @ [H, E] with a long K.
@@ -98,14 +106,14 @@ def main() -> int:
     report("grouped_mm_masked", torch.cat([h_e[e, : off[e + 1] - off[e]] for e in range(E)]), h64)
 
     # 6. The whole expert FFN in one call: SwiGLU experts, routing and combine included. The reference
-    # rounds the [rows, I] activation to bf16, as the layer keeps it in x's dtype between its two GEMMs.
+    # rounds the [rows, INTER] activation to bf16, as the layer keeps it in x's dtype between its two GEMMs.
     y = moe_ffn(x, ids, weights, w_gate_up, w_down)
     gu64, y64 = w_gate_up.double().cpu(), torch.zeros(T, H, dtype=torch.float64)
     for t in range(T):
         for j in range(TOP_K):
             e = int(ids[t, j])
             gu = x64[t] @ gu64[e].t()
-            act = (torch.nn.functional.silu(gu[:I]) * gu[I:]).to(DTYPE).double()
+            act = (torch.nn.functional.silu(gu[:INTER]) * gu[INTER:]).to(DTYPE).double()
             y64[t] += float(weights[t, j]) * (act @ dn64[e].t())
     report("moe_ffn", y, y64)
 
