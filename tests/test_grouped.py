@@ -716,14 +716,14 @@ def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]
     lowest: dict = {}  # program -> lowest element it stored (dicts keep the programs' order)
     real = interp.InterpreterBuilder.create_masked_store
 
-    def counting(self, ptrs, value, mask, cache_policy):
+    def counting(self, ptrs, value, mask, *rest):  # rest: the cache policy (and eviction, Triton >= 3.7)
         addr = ptrs.data[mask.data.astype(bool) & np.ones_like(ptrs.data, dtype=bool)]
         addr = addr[(addr >= lo) & (addr < hi)]
         np.add.at(writes, (addr - lo) // out.element_size(), 1)
         if len(addr):
             pid, first = tuple(self.grid_idx), int((addr.min() - lo) // out.element_size())
             lowest[pid] = min(lowest.get(pid, first), first)
-        return real(self, ptrs, value, mask, cache_policy)
+        return real(self, ptrs, value, mask, *rest)
 
     interp.InterpreterBuilder.create_masked_store = counting
     try:
