@@ -66,7 +66,8 @@ def dot_meta(dtype: torch.dtype, allow_tf32: bool) -> dict:
 def check_dtype(name: str, t: torch.Tensor, allowed=SUPPORTED_DTYPES) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name}: unsupported dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}")
+        got = str(t.dtype).replace("torch.", "")
+        raise TypeError(f"{name}: unsupported dtype {got}; expected one of {names}")
 
 
 def _raw_stream_fn():
@@ -194,8 +195,9 @@ def sm_resources(device_index: int) -> dict:
 def compiled_per_sm(compiled, num_warps: int, device_index: int) -> int:
     """:func:`programs_per_sm` of a compiled, loaded kernel (Triton's metadata) on this GPU."""
     res = sm_resources(device_index)
-    return programs_per_sm(int(getattr(compiled.metadata, "shared", 0) or 0),
-                           int(getattr(compiled, "n_regs", 0) or 0), num_warps, smem_per_sm=res["smem_per_sm"],
+    shared = int(getattr(compiled.metadata, "shared", 0) or 0)
+    regs = int(getattr(compiled, "n_regs", 0) or 0)
+    return programs_per_sm(shared, regs, num_warps, smem_per_sm=res["smem_per_sm"],
                            regs_per_sm=res["regs_per_sm"], threads_per_sm=res["threads_per_sm"])
 
 

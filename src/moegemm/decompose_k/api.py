@@ -100,7 +100,9 @@ class Plan:
     def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend == "empty_out":  # M or N is 0: nothing to compute
-            return out if out is not None else torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+            if out is not None:
+                return out
+            return torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         if self.backend == "cublas" and out is None:  # cuBLAS allocates its own output (cheaper than out=)
             c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
             return self._activate(c)
@@ -297,16 +299,19 @@ def _(a, b, bias, kernel, split_k, epilogue, config, allow_tf32):
 
 # Read here, not while tracing (Dynamo does not trace dataclasses.fields on a class).
 _FIELDS = tuple(f.name for f in dataclasses.fields(DecomposeKConfig))
-_DEFAULTS = tuple(None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(DecomposeKConfig))
+_DEFAULTS = tuple(None if f.default is dataclasses.MISSING else f.default
+                  for f in dataclasses.fields(DecomposeKConfig))
 
 
 def _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32):
-    """What :func:`matmul` does while being traced: the custom op, then a copy into ``out`` if one is given."""
+    """What :func:`matmul` does while being traced: the custom op, then a copy into ``out`` if one is
+    given."""
     if isinstance(config, dict):
         config = {k: v for k, v in config.items() if k not in LEGACY or v != LEGACY[k]}
         unknown = [key for key in config if key not in _FIELDS]
         if unknown or "split_k" not in config:
-            raise ValueError(f"config: unknown keys {sorted(unknown)}" if unknown else "config: missing key 'split_k'")
+            raise ValueError(f"config: unknown keys {sorted(unknown)}" if unknown
+                             else "config: missing key 'split_k'")
         fields = [config.get(name, default) for name, default in zip(_FIELDS, _DEFAULTS)]
     elif config is not None:
         fields = [getattr(config, name) for name in _FIELDS]

@@ -194,7 +194,8 @@ DK_MAX_OUTPUT = 256 * 256
 
 def heuristic_choice(m: int, n: int, k: int) -> str:
     """The backend ``auto`` takes for a shape the tuned table lacks: our single-launch kernel for skinny,
-    long-K products (at most DK_MAX_OUTPUT outputs and K at least twice the larger of M and N), else cuBLAS."""
+    long-K products (at most DK_MAX_OUTPUT outputs and K at least twice the larger of M and N), else
+    cuBLAS."""
     return HEURISTIC_KERNEL if m * n <= DK_MAX_OUTPUT and k >= 2 * max(m, n) else "cublas"
 
 

@@ -223,8 +223,8 @@ def compile_for(p: Prepared, cfg: DecomposeKConfig) -> tuple[object, bool]:
     device = p.a.device.index if p.a.device.index is not None else torch.cuda.current_device()
     if cfg.split_k > 1:
         ws, cnt = coop_state(p.m, p.n, cfg, p.a.device)
-        coop_kernel = compile_only(_single_launch_kernel, g, (),
-                                   dict(kernel_args(p, cfg, ws, cnt, True), launch_cooperative_grid=True, **meta))
+        coop_args = dict(kernel_args(p, cfg, ws, cnt, True), launch_cooperative_grid=True, **meta)
+        coop_kernel = compile_only(_single_launch_kernel, g, (), coop_args)
         resident = compiled_per_sm(coop_kernel, cfg.num_warps, device) * sm_resources(device)["sms"]
         if g[0] * g[1] <= resident:
             return coop_kernel, True

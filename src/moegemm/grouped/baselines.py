@@ -1,5 +1,5 @@
-"""What the grouped kernels are measured against (all in PyTorch). Expert weights as for the kernels: [E, N, K]
-(w_layout="nk", nn.Linear's, the default) or [E, K, N] ("kn")."""
+"""What the grouped kernels are measured against (all in PyTorch). Expert weights as for the kernels:
+[E, N, K] (w_layout="nk", nn.Linear's, the default) or [E, K, N] ("kn")."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def torch_grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: tor
     return torch._grouped_mm(x_sorted, _w_kn(w, w_layout), offs=group_offsets[1:].to(torch.int32))
 
 
-def dense_reference(x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str = "nk", expert: int = 0) -> torch.Tensor:
+def dense_reference(x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str = "nk", expert: int = 0
+                    ) -> torch.Tensor:
     """One ordinary GEMM over all M_total rows with one expert's weights: the yardstick of a dense GEMM that
     moves the activations but only one expert's weights."""
     return x_sorted @ _w_kn(w, w_layout)[expert]

@@ -57,7 +57,8 @@ def check_w(w, x: torch.Tensor, w_layout: str, k: int, x_name: str = "x", w_name
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{w_name}: expected a torch.Tensor, got {type(w).__name__}")
     if w_layout not in ("kn", "nk"):
-        raise ValueError(f"w_layout: expected 'nk' ([E, N, K], nn.Linear's) or 'kn' ([E, K, N]), got {w_layout!r}")
+        raise ValueError(f"w_layout: expected 'nk' ([E, N, K], nn.Linear's) or 'kn' ([E, K, N]), "
+                         f"got {w_layout!r}")
     if w.dim() != 3:
         raise ValueError(f"{w_name}: expected a 3-D [E, N, K] (w_layout='nk') or [E, K, N] ('kn') tensor, "
                          f"got shape {tuple(w.shape)}")

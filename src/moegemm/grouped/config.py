@@ -36,8 +36,9 @@ class GroupedConfig:
     # warps set apart.
     flatten: bool = False
     tail_m: int = 0  # with tma: a tile of <= tail_m rows of its expert is computed as a tail_m-row tile
-    merge_tail: bool = False  # with tail_m: an expert's last <= tail_m rows after a whole row tile computed by
-    #                           that tile's program from the same weight tiles (no tile of their own)
+    # with tail_m: an expert's last <= tail_m rows after a whole row tile computed by that tile's program
+    # from the same weight tiles (no tile of their own)
+    merge_tail: bool = False
     mix: int = 0  # with tma: the tiles of experts of at least this many row tiles (tensor-bound: each weight
     #               tile reused from L2) dealt out in proportion among the other experts' (memory-bound), not
     #               in expert order (0); a skewed load then keeps tensor cores and memory busy together
@@ -95,7 +96,8 @@ def config_of(fields: list[int] | None) -> GroupedConfig | None:
     """The inverse of :func:`config_list`."""
     if not fields:
         return None
-    return GroupedConfig(**{name: bool(v) if is_bool else int(v) for (name, is_bool), v in zip(_FIELDS, fields)})
+    return GroupedConfig(**{name: bool(v) if is_bool else int(v)
+                            for (name, is_bool), v in zip(_FIELDS, fields)})
 
 
 def rows_bucket(rows: int, num_experts: int) -> int | float:
@@ -143,7 +145,8 @@ def shortlist(rows: int, num_experts: int, n: int, slug: str) -> tuple[GroupedCo
     return (heuristic_config(rows, num_experts, n),)
 
 
-def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str = "nk") -> tuple[GroupedConfig, str]:
+def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str = "nk"
+                  ) -> tuple[GroupedConfig, str]:
     """(config, source) for this GPU, shape and mean rows per expert, without timing anything. source is
     'tuned' for an exact entry of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K,
     N) whose rows bucket is nearest (log scale; the same w layout preferred), 'autotuned' for a choice an

@@ -53,11 +53,11 @@ def grouped_mm(
         n = w.shape[2] if w_layout == "kn" else w.shape[1]
         out = x_sorted.new_empty((x_sorted.shape[0], n)) if out is None else out
         epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
-        grouped_mm_op(x_sorted, w, group_offsets, out, w_layout, epi, row_scale, config_list(config), allow_tf32,
-                      validate)
+        grouped_mm_op(x_sorted, w, group_offsets, out, w_layout, epi, row_scale, config_list(config),
+                      allow_tf32, validate)
         return out
-    return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate,
-                    swiglu=False)
+    return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32,
+                    validate, swiglu=False)
 
 
 def grouped_mm_swiglu(
@@ -85,8 +85,8 @@ def grouped_mm_swiglu(
     if torch.compiler.is_compiling():
         n2 = w_gate_up.shape[2] if w_layout == "kn" else w_gate_up.shape[1]
         out = x_sorted.new_empty((x_sorted.shape[0], n2 // 2)) if out is None else out
-        grouped_mm_swiglu_op(x_sorted, w_gate_up, group_offsets, out, w_layout, row_scale, config_list(config),
-                             allow_tf32, validate)
+        grouped_mm_swiglu_op(x_sorted, w_gate_up, group_offsets, out, w_layout, row_scale,
+                             config_list(config), allow_tf32, validate)
         return out
     return _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, allow_tf32,
                     validate, swiglu=True)
@@ -120,7 +120,8 @@ def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, valid
         check_offsets(group_offsets, m_total)
     if row_scale is not None:
         if not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != (m_total,):
-            raise ValueError(f"row_scale: expected shape ({m_total},), got {getattr(row_scale, 'shape', None)}")
+            got = getattr(row_scale, "shape", None)
+            raise ValueError(f"row_scale: expected shape ({m_total},), got {got}")
         if row_scale.device != x_sorted.device:
             raise ValueError(f"row_scale: on {row_scale.device}, but x_sorted is on {x_sorted.device}")
         row_scale = row_scale.contiguous()
@@ -136,7 +137,8 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
     """grouped_mm, or with ``swiglu`` grouped_mm_swiglu: checks, the config (tuned, autotuned on a shape's
     first call, or given), the launch. A call like an earlier one in everything the checks, the config and
     the compiled kernel depend on (see _plan_key) goes straight to that call's launch (GroupedPlan)."""
-    key = _plan_key(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu)
+    key = _plan_key(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, config, allow_tf32,
+                    swiglu)
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None:
         return plan.run(x_sorted, w, group_offsets, row_scale, out, validate)
@@ -154,8 +156,8 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
         if swiglu:
             return spec_swiglu(swiglu_config(cfg), x_sorted, w, w_strides, w_layout, offsets, scale,
                                row_scale is not None, out, e, n, k, allow_tf32)
-        return spec_contiguous(cfg, x_sorted, w, w_strides, w_layout, offsets, scale, row_scale is not None, out,
-                               e, n, k, epi, allow_tf32)
+        return spec_contiguous(cfg, x_sorted, w, w_strides, w_layout, offsets, scale, row_scale is not None,
+                               out, e, n, k, epi, allow_tf32)
 
     def run(cfg: GroupedConfig) -> None:
         kernel, work_items, args, kwargs, _ = spec(cfg)
@@ -185,9 +187,9 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
                 #     off (the key holds whether it is, see _plan_key)
                 final = not autotune.enabled()
     if key is not None and final and not torch.cuda.is_current_stream_capturing():
-        plan = GroupedPlan.make(spec(cfg), swiglu_config(cfg) if swiglu else cfg, x_sorted, w_layout, e, n_w, n,
-                                k, swiglu, row_scale is not None,
-                                group_offsets.dtype == torch.int32 and group_offsets.is_contiguous())
+        offsets_ready = group_offsets.dtype == torch.int32 and group_offsets.is_contiguous()
+        plan = GroupedPlan.make(spec(cfg), swiglu_config(cfg) if swiglu else cfg, x_sorted, w_layout, e, n_w,
+                                n, k, swiglu, row_scale is not None, offsets_ready)
         if plan is not None:
             _PLANS[key] = plan
             return plan.run(x_sorted, w, group_offsets, row_scale, out, False)
@@ -203,11 +205,13 @@ def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_t
     devices and alignment (Triton specializes pointers on 16-byte alignment, TMA needs it), the other
     arguments, and with no config whether first calls may time (moegemm.grouped.autotune); None where no plan
     applies (not CUDA tensors, the interpreter, an unhashable argument)."""
-    if INTERPRET or type(x) is not torch.Tensor or type(w) is not torch.Tensor or type(offsets) is not torch.Tensor \
+    tensor = torch.Tensor
+    if INTERPRET or type(x) is not tensor or type(w) is not tensor or type(offsets) is not tensor \
             or not x.is_cuda:
         return None
-    key = (_operand_key(x), _operand_key(w), _operand_key(offsets), _operand_key(row_scale), _operand_key(out),
-           w_layout, epilogue, config, allow_tf32, swiglu, config is None and autotune.enabled())
+    key = (_operand_key(x), _operand_key(w), _operand_key(offsets), _operand_key(row_scale),
+           _operand_key(out), w_layout, epilogue, config, allow_tf32, swiglu,
+           config is None and autotune.enabled())
     try:
         hash(key)
     except TypeError:
@@ -241,10 +245,10 @@ def _(x_sorted, w, group_offsets, out, w_layout, epilogue, row_scale, config, al
 
 @torch.library.custom_op("moegemm::grouped_mm_swiglu", mutates_args=("out",))
 def grouped_mm_swiglu_op(x_sorted: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor,
-                         out: torch.Tensor, w_layout: str, row_scale: torch.Tensor | None, config: list[int] | None,
-                         allow_tf32: bool, validate: bool) -> None:
-    _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config_of(config), out, allow_tf32,
-             validate, swiglu=True)
+                         out: torch.Tensor, w_layout: str, row_scale: torch.Tensor | None,
+                         config: list[int] | None, allow_tf32: bool, validate: bool) -> None:
+    _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config_of(config), out,
+             allow_tf32, validate, swiglu=True)
 
 
 @grouped_mm_swiglu_op.register_fake

@@ -61,13 +61,15 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
         return True
     two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
     slug = gpu_slug(xs)
-    key = autotune_key(xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i, w_layout + "+ffn-gate-up")
+    key = autotune_key(xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i,
+                       w_layout + "+ffn-gate-up")
     hit = autotune.lookup(slug, key)
     if hit is not None:
         return bool(hit["fused"])
     if not autotune.can_time(xs):
         return True
-    runs = {"fused": lambda: grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False),
+    runs = {"fused": lambda: grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout,
+                                               validate=False),
             "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout)}
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
     autotune.remember(slug, key, {"fused": best == "fused"}, times)
@@ -76,24 +78,25 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
             w_down: torch.Tensor, *, w_layout: str = "nk", validate: bool = True) -> torch.Tensor:
-    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j], FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
+    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
+    FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
 
-    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the gate
-    and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the nn.Linear layout Hugging Face and
-    vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn"). Returns [T, H] in x's
-    dtype.
+    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the
+    gate and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the default: the nn.Linear layout
+    Hugging Face and vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn").
+    Returns [T, H] in x's dtype. Errors name these arguments (each is checked here, before any step).
 
     Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode), then
     two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the epilogue
     (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a separate
     SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused into its
-    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids, on a GPU on the device, see
-    :func:`moegemm.grouped.route`; the group offsets come from that routing, so the GEMMs do not check them
-    again), so the layer can be captured in a CUDA graph; under torch.compile it traces with no graph break
-    and runs the same kernels (custom ops).
+    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids,
+    on a GPU on the device, see :func:`moegemm.grouped.route`; the group offsets come from that routing, so
+    the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under torch.compile it
+    traces with no graph break and runs the same kernels (custom ops).
     """
-    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w_gate_up", w_gate_up),
-                    ("w_down", w_down)):
+    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                    ("w_gate_up", w_gate_up), ("w_down", w_down)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if x.dim() != 2:

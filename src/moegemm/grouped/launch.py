@@ -43,7 +43,8 @@ def tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: 
     if b is None:
         return None
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
-    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
+    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) \
+        if cfg.tail_m else a
     return a, b, at
 
 
@@ -104,8 +105,8 @@ def _max_tiles(m_total: int, e: int, n: int, cfg: GroupedConfig, what: str) -> i
 
 
 def spec_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
-                    offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int, n: int,
-                    k: int, epi: Epilogue, allow_tf32: bool) -> tuple:
+                    offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
+                    n: int, k: int, epi: Epilogue, allow_tf32: bool) -> tuple:
     """(kernel, work items, args, kwargs, slots) of one launch of the contiguous layout's kernel for ``cfg``
     (TMA where the inputs allow it); w_strides: (expert, K, N) strides of w; slots: how many leading
     arguments change from call to call."""
@@ -126,7 +127,8 @@ def spec_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor,
         x_sorted, w, out, offsets, scale,
         n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
+    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common,
+            **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
 
 
 def spec_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
@@ -145,7 +147,8 @@ def spec_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_s
         return _grouped_mm_swiglu_tma_kernel, max_tiles, (
             descs[0], descs[1], out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
         ), dict(W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.flatten, FLATTEN=cfg.flatten,
-                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common), _SWIGLU_TMA_SLOTS
+                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
+                **common), _SWIGLU_TMA_SLOTS
     return _grouped_mm_kernel, max_tiles, (
         x_sorted, w, out, offsets, scale, n, k, e,
         x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
@@ -234,8 +237,9 @@ class GroupedPlan:
             bound = BoundKernel(kernel, (grid_size(work_items, cfg, x, n_sm),), args, kwargs, slots)
         except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
             return None
-        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=kernel is not _grouped_mm_kernel, w_layout=w_layout,
-                   e=e, n_w=n_w, n=n, k=k, swiglu=swiglu, has_scale=has_scale, offsets_ready=offsets_ready)
+        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=kernel is not _grouped_mm_kernel,
+                   w_layout=w_layout, e=e, n_w=n_w, n=n, k=k, swiglu=swiglu, has_scale=has_scale,
+                   offsets_ready=offsets_ready)
 
     def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:
         m_total = x.shape[0]

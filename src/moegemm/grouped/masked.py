@@ -58,9 +58,12 @@ def grouped_mm_masked(
     return _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m)
 
 
-def _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m=False) -> torch.Tensor:
+def _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m=False
+            ) -> torch.Tensor:
+    """grouped_mm_masked's checks and launch."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+        got = getattr(x, "shape", type(x).__name__)
+        raise ValueError(f"x: expected a 3-D [E, m_max, K] tensor, got {got}")
     check_dtype("x", x)
     check_device("x", x)
     ex, m_max, k = x.shape
@@ -68,7 +71,8 @@ def _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_m
     if e != ex:
         raise ValueError(f"w: has {e} experts but x has {ex}")
     if not isinstance(masked_m, torch.Tensor) or tuple(masked_m.shape) != (e,):
-        raise ValueError(f"masked_m: expected an int tensor of shape ({e},), got {getattr(masked_m, 'shape', None)}")
+        got = getattr(masked_m, "shape", None)
+        raise ValueError(f"masked_m: expected an int tensor of shape ({e},), got {got}")
     if masked_m.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"masked_m: expected int32 or int64, got {masked_m.dtype}")
     if masked_m.device != x.device:
@@ -87,8 +91,8 @@ def _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_m
     cfg = masked_config(x, n, w_layout, config)
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
-        raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of {cfg.block_m}x{cfg.block_n}, "
-                         "more than the kernel's int32 tile index holds")
+        raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of "
+                         f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=_config.GROUP_M, EPILOGUE=int(epi),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -101,7 +101,8 @@ def _checked_flat(topk_ids, num_experts, validate: bool):
         else:
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= num_experts:
-                raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
+                raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), "
+                                 f"got range [{lo}, {hi}]")
     return flat, t, k, on_device_check
 
 
@@ -109,15 +110,17 @@ def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
                       validate: bool = True) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
     """(plan, x_sorted, weights_sorted): :func:`route`, :func:`permute` and :func:`sorted_weights` in one
     call, with the same results. Where Triton runs and the step has at most 64 slots (T * top_k, decode;
-    ``routing_kernels.GATHER_SLOTS``), the three are one launch (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile
-    the same, as a custom op); else they run in turn."""
+    ``routing_kernels.GATHER_SLOTS``), the three are one launch
+    (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile the same, as a custom op);
+    else they run in turn."""
     flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     if x.shape[0] != t:
         raise ValueError(f"x: has {x.shape[0]} rows but topk_ids routes {t} tokens")
     if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (t, k):
-        raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {getattr(topk_weights, 'shape', None)}")
+        got = getattr(topk_weights, "shape", None)
+        raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {got}")
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
@@ -140,8 +143,8 @@ def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
     return tuple(arrays)
 
 
-def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor,
-                  check: bool):
+def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor,
+                  flat_weights: torch.Tensor, check: bool):
     """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the one-launch
     kernel (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
     *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
@@ -164,9 +167,10 @@ def _(flat_ids, num_experts, top_k, check):
 
 
 @torch.library.custom_op("moegemm::route_gather", mutates_args=())
-def route_gather_op(flat_ids: torch.Tensor, x: torch.Tensor, flat_weights: torch.Tensor, num_experts: int, top_k: int,
-                    check: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                          torch.Tensor, torch.Tensor]:
+def route_gather_op(flat_ids: torch.Tensor, x: torch.Tensor, flat_weights: torch.Tensor, num_experts: int,
+                    top_k: int, check: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor]:
     return gather_arrays(flat_ids, num_experts, top_k, x, flat_weights, check)
 
 
@@ -230,8 +234,8 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
     """y_sorted [T * top_k, N] -> y [T, N] = sum_j weight[t, j] * (row of slot (t, j)), in fp32, cast back.
 
     Deterministic: each token gathers its top_k rows (``plan.slot_rows``) and sums them in a fixed order, in
-    one Triton kernel on a GPU (:func:`moegemm.grouped.pointwise.combine`). ``topk_weights=None`` means the gating
-    weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
+    one Triton kernel on a GPU (:func:`moegemm.grouped.pointwise.combine`). ``topk_weights=None`` means the
+    gating weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
     """
     if not isinstance(y_sorted, torch.Tensor) or y_sorted.dim() != 2:
         raise ValueError(f"y_sorted: expected a 2-D tensor, got {getattr(y_sorted, 'shape', None)}")

@@ -33,8 +33,8 @@ def row_tiles(m: int, cfg: GroupedConfig) -> int:
 def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]:
     """The kernel's tiles in tile-number order (the order the plain grid's programs take them; the persistent
     grid's program p takes numbers p, p + grid, ...): experts in order, and inside an expert bands of
-    config.GROUP_M row tiles walked column by column; with ``cfg.mix`` the tiles of experts of at least mix row
-    tiles dealt out in proportion among the others' (tile t of the launch is one of the heavy experts'
+    config.GROUP_M row tiles walked column by column; with ``cfg.mix`` the tiles of experts of at least mix
+    row tiles dealt out in proportion among the others' (tile t of the launch is one of the heavy experts'
     where floor((t + 1) H / total) > floor(t H / total), H of them in all)."""
     step = cfg.block_m
     n_tiles = -(-n // cfg.block_n)
