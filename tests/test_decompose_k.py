@@ -456,6 +456,12 @@ def test_bound_kernel_launches_through_either_launcher_convention():
                 launch_exit_hook, *args):
             calls.append(("direct", (gridX, gridY, gridZ), stream, function, kernel_metadata, args))
 
+    class Older:  # the launcher of Triton versions that take everything after the function as *args
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, gridX, gridY, gridZ, stream, function, *args):
+            calls.append(("direct", (gridX, gridY, gridZ), stream, function, args[0], args[4:]))
+
     class Other:
         function, packed_metadata = "fn", "meta"
 
@@ -465,13 +471,14 @@ def test_bound_kernel_launches_through_either_launcher_convention():
         def __getitem__(self, grid):
             return lambda *args, stream=None: calls.append(("own", grid, stream, args))
 
-    for compiled in (Known(), Other()):
+    for compiled in (Known(), Older(), Other()):
         bound = BoundKernel(kern, (5,), ("x0", "y0", 7, 16), dict(BLOCK=32), 2, compiled=compiled)
         bound(99, "x1", "y1")
         bound.on_grid((2, 3), 98, ("x2", "y2"))
     assert calls == [
         ("direct", (5, 1, 1), 99, "fn", "meta", ("x1", "y1", 7, 16, 32, 3)),
         ("direct", (2, 3, 1), 98, "fn", "meta", ("x2", "y2", 7, 16, 32, 3)),
+    ] * 2 + [
         ("own", (5, 1, 1), 99, ("x1", "y1", 7, 16, 32, 3)),
         ("own", (2, 3, 1), 98, ("x2", "y2", 7, 16, 32, 3)),
     ]

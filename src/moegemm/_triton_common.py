@@ -134,10 +134,12 @@ class BoundKernel:
             self._compiled[g](*values, *self._tail, stream=stream)
 
 
-# The compiled launcher's leading parameters, in the order Triton 3.6-3.9 call it with (see
-# CompiledKernel.__getitem__): grid, stream, the loaded function, the packed metadata, the launch metadata
-# and the two launch hooks, then the kernel's arguments (all of them, constexprs included, which it skips).
-_LAUNCHER_PARAMS = ("gridX", "gridY", "gridZ", "stream", "function")
+# The compiled launcher's leading parameters, in the order Triton 3.x calls it (CompiledKernel.__getitem__):
+# the grid, the stream and the loaded function, then the packed metadata, the launch metadata and the two
+# launch hooks (named in some versions, taken by *args in others), then the kernel's arguments (all of them,
+# constexprs included, which it skips).
+_LAUNCHER_HEAD = ("gridX", "gridY", "gridZ", "stream", "function")
+_LAUNCHER_NAMED = ("kernel_metadata", "launch_metadata", "launch_enter_hook", "launch_exit_hook")
 
 
 def _direct_launcher(compiled) -> tuple:
@@ -145,12 +147,20 @@ def _direct_launcher(compiled) -> tuple:
     convention above, else (None, None, None): the caller then launches through ``compiled[grid]``."""
     try:
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
-        params = list(inspect.signature(run).parameters)
+        params = list(inspect.signature(run).parameters.values())
     except (AttributeError, TypeError, ValueError):
         return None, None, None
-    if params[:len(_LAUNCHER_PARAMS)] != list(_LAUNCHER_PARAMS) or len(params) < 10:
+    head = len(_LAUNCHER_HEAD)
+    if [p.name for p in params[:head]] != list(_LAUNCHER_HEAD):
         return None, None, None
-    return run, function, packed
+    rest = params[head:]
+    if rest and rest[0].kind is inspect.Parameter.VAR_POSITIONAL:  # everything after the function as *args
+        return run, function, packed
+    named = [p.name for p in rest[:len(_LAUNCHER_NAMED)]]
+    if named == list(_LAUNCHER_NAMED) and len(rest) > len(named) \
+            and rest[len(named)].kind is inspect.Parameter.VAR_POSITIONAL:
+        return run, function, packed
+    return None, None, None
 
 
 def compile_only(kernel, grid: tuple, args: tuple, kwargs: dict):
