@@ -426,7 +426,7 @@ def test_occupancy_model_rounds_registers_per_warp():
     assert programs_per_sm(0, 250, 4, smem_per_sm=smem) == 2  # 8000 per warp rounds up to 8192
     assert programs_per_sm(0, 249, 4, smem_per_sm=smem) == 2
     assert programs_per_sm(0, 63, 4, smem_per_sm=smem) == 8  # 2016 -> 2048 per warp: 8 programs by registers
-    assert programs_per_sm(0, 33, 1, smem_per_sm=smem) == 32  # 1056 -> 1280 per warp: 51 by registers, 32 blocks
+    assert programs_per_sm(0, 33, 1, smem_per_sm=smem) == 32  # 1056 -> 1280 per warp: 51 by registers
     assert programs_per_sm(0, 8, 16, smem_per_sm=smem) == 4  # threads: 2048 / 512
     assert programs_per_sm(smem // 2 - 1024, 32, 4, smem_per_sm=smem) == 2
     assert programs_per_sm(smem // 2, 32, 4, smem_per_sm=smem) == 1  # 1 KiB reserved each
@@ -452,8 +452,8 @@ def test_bound_kernel_launches_through_either_launcher_convention():
     class Known:
         function, packed_metadata = "fn", "meta"
 
-        def run(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
-                launch_exit_hook, *args):
+        def run(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                launch_enter_hook, launch_exit_hook, *args):
             calls.append(("direct", (gridX, gridY, gridZ), stream, function, kernel_metadata, args))
 
     class Older:  # the launcher of Triton versions that take everything after the function as *args

@@ -55,7 +55,8 @@ def _cases(n, seed):
 
 
 @pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
-def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device, monkeypatch):
+def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device,
+                           monkeypatch):
     bm, bn, bk, gm, tma = blocks  # gm: row tiles of an expert walked together (partial bands included)
     monkeypatch.setattr(gconfig, "GROUP_M", gm)
     cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, tma=tma)
@@ -275,7 +276,8 @@ def test_moe_expert_path_end_to_end(device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("cfg,gm", [(GroupedConfig(16, 16, 16), 8), (GroupedConfig(16, 16, 16, persistent=True), 2),
+@pytest.mark.parametrize("cfg,gm", [(GroupedConfig(16, 16, 16), 8),
+                                    (GroupedConfig(16, 16, 16, persistent=True), 2),
                                     (GroupedConfig(16, 16, 16), 1), (None, 8),
                                     (GroupedConfig(64, 16, 16, tma=True, flatten=True, tail_m=32), 8)],
                          ids=["grid", "persistent", "rowwise", "default", "prefill-tiles"])
@@ -312,8 +314,8 @@ def test_masked_m_values_are_clamped(persistent, device):
     w = (torch.randn(e, k, n) / k**0.5).to(device)
     cfg = GroupedConfig(16, 16, 16, persistent=persistent)
     out = torch.full((e, m_max, n), SENTINEL).to(device)
-    got = grouped_mm_masked(x, w, torch.tensor([-3, 25, 5], dtype=torch.int32).to(device), w_layout="kn", out=out,
-                            config=cfg)
+    masked = torch.tensor([-3, 25, 5], dtype=torch.int32).to(device)
+    got = grouped_mm_masked(x, w, masked, w_layout="kn", out=out, config=cfg)
     assert (got[0] == SENTINEL).all()
     ref = x[1].double() @ w[1].double()
     torch.testing.assert_close(got[1].double(), ref, rtol=1e-5, atol=1e-4)
@@ -329,10 +331,9 @@ def test_baselines(device):
     xs = permute(torch.randn(t, hidden).to(device), plan)
     w = torch.randn(e, hidden, n).to(device)
     ref = _ref(xs.cpu(), w.cpu(), plan.group_offsets.cpu())
-    torch.testing.assert_close(per_expert_loop(xs, w, plan.group_offsets, "kn").cpu().double(), ref, rtol=1e-5,
-                               atol=1e-4)
-    torch.testing.assert_close(torch_grouped_mm(xs, w, plan.group_offsets, "kn").cpu().double(), ref, rtol=1e-5,
-                               atol=1e-4)
+    for baseline in (per_expert_loop, torch_grouped_mm):
+        got = baseline(xs, w, plan.group_offsets, "kn")
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(dense_reference(xs, w, "kn").cpu(), (xs @ w[0]).cpu())
     y, dropped = padded_bmm(xs, w, plan, 1.0, "kn")
     c = capacity(t * k, e, 1.0)  # 8 rows per expert: experts 0 and 1 hold 10 each -> 2 + 2 dropped
@@ -545,7 +546,8 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     # removed options: read from old tables and CSVs at their no-op values, refused otherwise
     assert GroupedConfig.from_dict({"block_m": 32, "split_k": 1, "stream_k": False, "tma_store": 0,
                                     "extra_m": 0, "group_m": 8}) == GroupedConfig(block_m=32)
-    assert GroupedConfig.from_dict({"tma": True, "warp_specialize": True}) == GroupedConfig(tma=True, flatten=True)
+    renamed = GroupedConfig.from_dict({"tma": True, "warp_specialize": True})  # flatten's former name
+    assert renamed == GroupedConfig(tma=True, flatten=True)
     for bad in (dict(split_k=2), dict(stream_k=True), dict(tma_store=1), dict(extra_m=16), dict(group_m=4)):
         with pytest.raises(ValueError, match=f"config.{next(iter(bad))}: no longer an option"):
             GroupedConfig.from_dict({"block_m": 64, "tma": True, **bad})
@@ -790,7 +792,8 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
     (False, False, 0, False), (True, False, 16, False), (True, True, 0, False),
     (False, False, 16, True), (True, True, 16, True)])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout, launched, device, monkeypatch):
+def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout, launched, device,
+                                            monkeypatch):
     """Mixed tile order (config.mix = 2 row tiles): two heavy experts (130 and 200 rows: several 32-row
     tiles) dealt out among light ones of 0, 1, 5, 17, 33 (one row tile, or one and a tail) and 40 rows
     (two tiles, or one with its tail merged: heavy or light by the tiles it has), with ReLU, row scale,
@@ -1094,9 +1097,10 @@ def test_grouped_mm_swiglu_edges_and_errors(device):
 
     d = lambda v: v.to(device)  # noqa: E731
     off = d(torch.tensor([0, 2, 3], dtype=torch.int32))
-    y = grouped_mm_swiglu(d(torch.randn(3, 0)), d(torch.randn(2, 8, 0)), off, config=GroupedConfig(16, 16, 16))
+    y = grouped_mm_swiglu(d(torch.randn(3, 0)), d(torch.randn(2, 8, 0)), off,
+                          config=GroupedConfig(16, 16, 16))
     assert y.shape == (3, 4) and (y == 0).all()
-    y = grouped_mm_swiglu(d(torch.randn(0, 8)), d(torch.randn(2, 8, 8)), d(torch.tensor([0, 0, 0])))  # [E, 2I, K]
+    y = grouped_mm_swiglu(d(torch.randn(0, 8)), d(torch.randn(2, 8, 8)), d(torch.tensor([0, 0, 0])))
     assert y.shape == (0, 4)
     with pytest.raises(ValueError, match="w_gate_up: expected an even gate/up width"):
         grouped_mm_swiglu(d(torch.randn(3, 8)), d(torch.randn(2, 7, 8)), off)
@@ -1184,7 +1188,8 @@ def test_masked_m_checked_on_request(persistent, device):
     cfg = GroupedConfig(16, 16, 16, persistent=persistent)
     for bad in ([-1, 3, 5], [0, 19, 5]):
         with pytest.raises(ValueError, match=r"masked_m: values must lie in \[0, m_max=18\]"):
-            grouped_mm_masked(x, w, torch.tensor(bad, dtype=torch.int32).to(device), config=cfg, check_masked_m=True)
+            grouped_mm_masked(x, w, torch.tensor(bad, dtype=torch.int32).to(device), config=cfg,
+                              check_masked_m=True)
     masked = torch.tensor([0, 18, 5], dtype=torch.int32).to(device)
     out = torch.full((e, m_max, n), SENTINEL).to(device)
     got = grouped_mm_masked(x, w, masked, config=cfg, out=out, check_masked_m=True)
@@ -1218,8 +1223,8 @@ def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
     nk = grouped_mm(xs, w, off, w_layout="nk", config=cfg)
     assert torch.equal(grouped_mm(xs, w, off, config=cfg), nk)
     assert not torch.allclose(grouped_mm(xs, w, off, w_layout="kn", config=cfg), nk)
-    ref = torch.cat([xs[a:b].cpu().double() @ w[i].cpu().double().T for i, (a, b) in enumerate([(0, 4), (4, 4),
-                                                                                                (4, 10)])])
+    rows = [(0, 4), (4, 4), (4, 10)]  # of each expert
+    ref = torch.cat([xs[a:b].cpu().double() @ w[i].cpu().double().T for i, (a, b) in enumerate(rows)])
     torch.testing.assert_close(nk.cpu().double(), ref, rtol=1e-4, atol=1e-4)
     assert torch.equal(grouped_mm_swiglu(xs, w[:, :16], off, config=cfg),
                        grouped_mm_swiglu(xs, w[:, :16], off, w_layout="nk", config=cfg))
@@ -1231,7 +1236,8 @@ def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
     ids = d(torch.tensor([[0, 2], [1, 2], [2, 0]]))
     wts = d(torch.rand(3, 2, generator=g))
     w_gu, w_dn = d(torch.randn(e, 16, k, generator=g) / 6), d(torch.randn(e, k, 8, generator=g) / 3)
-    assert torch.equal(moe_ffn(xs[:3], ids, wts, w_gu, w_dn), moe_ffn(xs[:3], ids, wts, w_gu, w_dn, w_layout="nk"))
+    default = moe_ffn(xs[:3], ids, wts, w_gu, w_dn)
+    assert torch.equal(default, moe_ffn(xs[:3], ids, wts, w_gu, w_dn, w_layout="nk"))
     for name in ("per_expert_loop", "torch_grouped_mm"):
         fn = getattr(baselines, name)
         if name == "torch_grouped_mm" and not hasattr(torch, "_grouped_mm"):
@@ -1240,15 +1246,19 @@ def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
 
 
 _ENTRY_ERRORS = [  # (call on the arguments a, exception, message)
-    (lambda a: a.moe_ffn(a.x.to(torch.int8), a.ids, a.wts, a.w_gu, a.w_dn), TypeError, "^x: unsupported dtype int8"),
-    (lambda a: a.moe_ffn(a.x.to("meta"), a.ids, a.wts, a.w_gu, a.w_dn), ValueError, "^x: unsupported device meta"),
+    (lambda a: a.moe_ffn(a.x.to(torch.int8), a.ids, a.wts, a.w_gu, a.w_dn), TypeError,
+     "^x: unsupported dtype int8"),
+    (lambda a: a.moe_ffn(a.x.to("meta"), a.ids, a.wts, a.w_gu, a.w_dn), ValueError,
+     "^x: unsupported device meta"),
     (lambda a: a.moe_ffn(a.x, a.ids, a.wts, a.w_gu.half(), a.w_dn), TypeError, "^w_gate_up: dtype"),
     (lambda a: a.moe_ffn(a.x, a.ids, a.wts, a.w_gu, a.w_dn.half()), TypeError, "^w_down: dtype"),
     (lambda a: a.grouped_mm_swiglu(a.x, a.w_gu.half(), a.off), TypeError, "^w_gate_up: dtype"),
-    (lambda a: a.grouped_mm_swiglu(a.x.to(torch.int8), a.w_gu, a.off), TypeError, "^x_sorted: unsupported dtype"),
+    (lambda a: a.grouped_mm_swiglu(a.x.to(torch.int8), a.w_gu, a.off), TypeError,
+     "^x_sorted: unsupported dtype"),
     (lambda a: a.grouped_mm_swiglu(a.x, a.w_gu[:, :, :8], a.off), ValueError, "^w_gate_up: K=8"),
     (lambda a: grouped_mm(a.x, a.w_gu, a.off, w_layout="nk "), ValueError, "^w_layout: expected"),
-    (lambda a: grouped_mm_masked(a.x[None].to(torch.int8), a.w_gu[:1], a.m), TypeError, "^x: unsupported dtype"),
+    (lambda a: grouped_mm_masked(a.x[None].to(torch.int8), a.w_gu[:1], a.m), TypeError,
+     "^x: unsupported dtype"),
     (lambda a: grouped_mm_masked(a.x[None], a.w_gu[:1].half(), a.m), TypeError, "^w: dtype"),
 ]
 
