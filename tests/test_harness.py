@@ -304,14 +304,14 @@ def test_grouped_tuner_candidates_by_regime():
             # decode: 16-row tiles (32 with TMA loads; 64 with TMA loads and 16-row tails for hot experts)
             assert c.block_m <= (16 if not c.tma else 32 if not c.tail_m else 64) or mean > 16, (mean, c)
             assert c.tail_m <= 16 or mean > 16, (mean, c)
-            assert not c.warp_specialize or c.persistent
-        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
-        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
+            assert not c.flatten or c.persistent
+        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.flatten}
+        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.flatten}
         assert plain == pers, mean  # every tile config on both grids
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32))
     # past the middle regime, merged tails only as 32-row tails of 128 x 256 tiles, without warp specialization
-    assert {(c.block_m, c.block_n, c.tail_m, c.warp_specialize) for mean in (128, 512) for c in candidates(mean)
+    assert {(c.block_m, c.block_n, c.tail_m, c.flatten) for mean in (128, 512) for c in candidates(mean)
             if c.merge_tail} == {(128, 256, 32, False)}
 
 
@@ -454,7 +454,7 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
         assert ok, (c.name, why)
-    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, warp_specialize=True)
+    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, flatten=True)
     assert probe.variant(big) == big
     assert probe.variant(big, tail_m=64, merge_tail=True).num_stages == 3
     assert probe.variant(GroupedConfig(), tail_m=32) is None
