@@ -233,8 +233,14 @@ def tune_loads(g: dict, tokens: int) -> tuple[str, ...]:
 
 
 def config_key(row: dict) -> str:
-    """A row's config as canonical JSON (rows resumed from the .partial log hold dicts)."""
-    return json.dumps(config_cell(row["config"]), sort_keys=True)
+    """A row's config as canonical JSON (rows resumed from the .partial log hold dicts), in the current
+    fields where GroupedConfig.from_dict reads it (rows written before hold fields since renamed or fixed)."""
+    raw = config_cell(row["config"])
+    try:
+        raw = dataclasses.asdict(GroupedConfig.from_dict(raw))
+    except (TypeError, ValueError):  # an option since removed, at a value the kernels no longer take
+        pass
+    return json.dumps(raw, sort_keys=True)
 
 
 def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, str]]:
