@@ -212,7 +212,8 @@ def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(
 
     made, order = _fake_graph_timers(monkeypatch, lambda timer, count: 100.0 + timer)
     plan, xs, w = _tuner_cell(device)
-    cfgs = [GroupedConfig(16, bn, bk, num_stages=st) for bn in (16, 32, 64) for bk in (16, 32) for st in (2, 3)][:9]
+    cfgs = [GroupedConfig(16, bn, bk, num_stages=st)
+            for bn in (16, 32, 64) for bk in (16, 32) for st in (2, 3)][:9]
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
     rows = tg.time_configs(cfgs, writer, {"model": "m", "proj": "up", "tokens": 12}, xs, [w],
                            plan.group_offsets, ref_rows(xs, w, plan.group_offsets))
