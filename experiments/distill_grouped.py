@@ -27,7 +27,7 @@ from collections import defaultdict
 
 from experiments._io import atomic_path, write_json
 from experiments.common import config_cell, load_config
-from moegemm.grouped.api import REGIMES, GroupedConfig, regime_of
+from moegemm.grouped.config import REGIMES, GroupedConfig, regime_of
 
 SHORTLIST = 6  # configs timed on the first call of an unseen shape
 
@@ -42,7 +42,7 @@ def cell_times(rows: list[dict], tune_models: set[str]) -> tuple[dict, dict]:
         if r["model"] not in tune_models or r.get("stage", "screen") != "screen" or r["status"] != "ok":
             continue
         raw = config_cell(r["config"])
-        if any(raw.get(name, noop) != noop for name, noop in GroupedConfig.REMOVED.items()):
+        if any(raw.get(name, noop) != noop for name, noop in GroupedConfig.LEGACY.items()):
             continue  # a config of an option since removed from the kernels (it never won a cell)
         cell = (r["model"], r["proj"], int(r["tokens"]))
         cfg = json.dumps(dataclass_dict(raw), sort_keys=True)

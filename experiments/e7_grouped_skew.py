@@ -46,7 +46,7 @@ from moegemm.bench.stream import check_stream, stream_bytes, stream_setup
 from moegemm.bench.stream import fits as stream_fits
 from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
-from moegemm.grouped.api import masked_config, shortlist
+from moegemm.grouped.config import masked_config, shortlist
 from moegemm.grouped.routing import gather_rows, row_positions
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 

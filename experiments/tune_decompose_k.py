@@ -19,7 +19,7 @@ from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, check
                                 load_config, provenance_fields, require_gpu, timing_settings, write_table)
 from moegemm._runtime import slugify
 from moegemm.bench.runner import prewarm
-from moegemm.decompose_k import matmul
+from moegemm.decompose_k import DecomposeKConfig, matmul
 
 
 # The kernels tuned; `auto` chooses between the fastest of them and cuBLAS.
@@ -87,7 +87,8 @@ def table_entries(rows: list[dict], activation_us: float) -> list[dict]:
                         "graph_us": float(win["graph_us"]),
                         "backend_us": {kn: round(float(r["graph_us"]), 3) for kn, r in sorted(per.items())},
                         "activation_us": round(float(activation_us), 3),
-                        "per_kernel": {kn: config_cell(r["config"]) for kn, r in per.items() if kn != "cublas"}})
+                        "per_kernel": {kn: DecomposeKConfig.coerce(config_cell(r["config"])).as_dict()
+                                       for kn, r in per.items() if kn != "cublas"}})
     return entries
 
 

@@ -25,7 +25,7 @@ from experiments.e7_grouped_skew import expert_weights, ref_rows, tuner_tokens
 from moegemm._runtime import slugify
 from moegemm.bench.runner import Settings, prewarm
 from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
-from moegemm.grouped.api import rows_bucket
+from moegemm.grouped.config import rows_bucket
 
 
 def candidates(mean_rows: float) -> list[GroupedConfig]:
@@ -36,7 +36,7 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       loads), deep K steps, several stages, for many loads in flight per multiprocessor; also 32-row TMA
       tiles (an expert of up to 32 rows in one row tile), and 64-row TMA tiles with 16-row tail tiles (a
       skewed load's hot expert in one row tile, the others in 16-row tiles); 16-row tiles on the flattened
-      persistent loop (warp_specialize) too, for many short tiles.
+      persistent loop (flatten) too, for many short tiles.
     - middle (<= 64 rows): 64-row tiles, N tiles of 64/128, TMA loads, and 32-row tail tiles (an expert of
       at most 32 rows costs a 32-row tile), also merged into the row tile before them; 128 x 128 tiles
       with 32-row tails (hot experts in fewer row tiles).
@@ -97,7 +97,7 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
             continue
         for persistent in (False, True) if not ws else (True,):
             out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                                     persistent=persistent, group_m=8, tma=tma, warp_specialize=ws,
+                                     persistent=persistent, tma=tma, flatten=ws,
                                      tail_m=tail_m, merge_tail=merge))
     return out
 
@@ -233,8 +233,14 @@ def tune_loads(g: dict, tokens: int) -> tuple[str, ...]:
 
 
 def config_key(row: dict) -> str:
-    """A row's config as canonical JSON (rows resumed from the .partial log hold dicts)."""
-    return json.dumps(config_cell(row["config"]), sort_keys=True)
+    """A row's config as canonical JSON (rows resumed from the .partial log hold dicts), in the current
+    fields where GroupedConfig.from_dict reads it (rows written before hold fields since renamed or fixed)."""
+    raw = config_cell(row["config"])
+    try:
+        raw = dataclasses.asdict(GroupedConfig.from_dict(raw))
+    except (TypeError, ValueError):  # an option since removed, at a value the kernels no longer take
+        pass
+    return json.dumps(raw, sort_keys=True)
 
 
 def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, str]]:
@@ -307,7 +313,7 @@ def main():
         cands = candidates(t * top_k / e)
         rows = []
         for ld, (xs, offsets, ref, _) in inputs.items():
-            rows += time_configs([c for c in cands if not c.persistent or c.warp_specialize], writer,
+            rows += time_configs([c for c in cands if not c.persistent or c.flatten], writer,
                                  {**base, "load": ld}, xs, ws, offsets, ref, settings)
         here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)]
         plain = [c for _, c in robust_order(here, loads) if not json.loads(c)["persistent"]]

@@ -128,7 +128,7 @@ def variant(cfg, **changes):
     if not cfg.tma:
         return None
     c = dataclasses.replace(cfg, **changes)
-    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.warp_specialize,
+    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.flatten,
                      c.tail_m if c.merge_tail else 0) > SMEM:
         if c.num_stages <= 2:
             return None

@@ -72,18 +72,18 @@ def steps(x, ids, wts, w_gu, w_dn, e: int) -> dict:
 @contextlib.contextmanager
 def triton_launch():
     """Inside: no grouped plan, and the small kernels through Triton's own launch."""
-    from moegemm.grouped import api, pointwise, routing_kernels
+    from moegemm.grouped import contiguous, pointwise, routing_kernels
 
-    saved = api._plan_key, pointwise.launch, routing_kernels.launch
+    saved = contiguous._plan_key, pointwise.launch, routing_kernels.launch
 
     def jit(kernel, grid, args, kwargs):
         kernel[grid](*args, **kwargs)
 
-    api._plan_key, pointwise.launch, routing_kernels.launch = (lambda *a: None), jit, jit
+    contiguous._plan_key, pointwise.launch, routing_kernels.launch = (lambda *a: None), jit, jit
     try:
         yield
     finally:
-        api._plan_key, pointwise.launch, routing_kernels.launch = saved
+        contiguous._plan_key, pointwise.launch, routing_kernels.launch = saved
 
 
 def in_triton_launch(fn):

@@ -23,12 +23,12 @@ import math
 from experiments.e7_grouped_skew import ours, run_probe
 from moegemm.bench.runner import Contender
 from moegemm.grouped import GroupedConfig
-from moegemm.grouped.api import choose_config
+from moegemm.grouped.config import choose_config
 
 CELLS = [(model, proj, t, load) for model, t in (("deepseek-v3", 1024), ("qwen3-30b-a3b", 1024), ("mixtral-8x7b", 256))
          for proj in ("up", "down") for load in ("uniform", "zipf1.2")]
 
-_BASE = dict(group_m=8, tma=True)
+_BASE = dict(tma=True)
 NEW = {  # name -> (block_m, block_n, block_k, num_warps, num_stages, tail_m)
     "k256-s2": (64, 128, 256, 4, 2, 0),
     "k256-s2-t32": (64, 128, 256, 4, 2, 32),

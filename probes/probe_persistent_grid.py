@@ -20,8 +20,8 @@ import math
 from experiments.e7_grouped_skew import masked_inputs, ours, run_probe
 from moegemm.bench.correctness import check
 from moegemm.bench.runner import Contender
-from moegemm.grouped import api, choose_config, grouped_mm_masked
-from moegemm.grouped.api import masked_config
+from moegemm.grouped import choose_config, contiguous, grouped_mm_masked, launch
+from moegemm.grouped.config import masked_config
 
 CELLS = [  # (model, projection, tokens, load): E7's cells where the grids differed most, and a few others
     ("deepseek-v3", "up", 4096, "uniform"), ("deepseek-v3", "down", 4096, "uniform"),
@@ -30,7 +30,7 @@ CELLS = [  # (model, projection, tokens, load): E7's cells where the grids diffe
     ("qwen3-30b-a3b", "up", 4096, "uniform"), ("deepseek-v3", "up", 64, "uniform"),
     ("mixtral-8x7b", "up", 256, "uniform"), ("qwen3-30b-a3b", "down", 256, "zipf1.2"),
 ]
-SHIPPED, SHIPPED_PLAN_KEY = api._per_sm, api._plan_key
+SHIPPED, SHIPPED_PLAN_KEY = launch.per_sm, contiguous._plan_key
 
 
 def _no_plan(*args):
@@ -47,12 +47,12 @@ def with_per_sm(per_sm, fn, fields: dict):
         return got
 
     def call():
-        # and no plan (api._GroupedPlan keeps the grid it was made with)
-        api._per_sm, api._plan_key = forced, _no_plan
+        # and no plan (launch.GroupedPlan keeps the grid it was made with)
+        launch.per_sm, contiguous._plan_key = forced, _no_plan
         try:
             return fn()
         finally:
-            api._per_sm, api._plan_key = SHIPPED, SHIPPED_PLAN_KEY
+            launch.per_sm, contiguous._plan_key = SHIPPED, SHIPPED_PLAN_KEY
     return call
 
 

@@ -7,7 +7,6 @@ image's Triton (3.6) from a CPU machine.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import sys
@@ -25,7 +24,7 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
-from moegemm.grouped.api import swiglu_config  # noqa: E402
+from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
 from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
@@ -156,21 +155,21 @@ def variants():
     seen = set()
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
-            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, c.group_m, c.tma, c.warp_specialize,
+            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, GROUP_M, c.tma, c.flatten,
                    c.tail_m, c.merge_tail, c.mix)
             if key in seen:
                 continue
             seen.add(key)
             opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
-            tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=c.group_m,
+            tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=GROUP_M,
                          HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
             # the masked layout's TMA kernel, same tiles
-            if c.tma and not (c.warp_specialize or c.tail_m):
+            if c.tma and not (c.flatten or c.tail_m):
                 mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
                        "masked_m_ptr": "*i32"}
                 yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
                        dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
-                            GROUP_M=c.group_m, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
+                            GROUP_M=GROUP_M, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
             if c.tma:  # the fused SwiGLU kernel on the tiles it derives from this candidate
                 sw = swiglu_config(c)
                 sio = {"a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
@@ -178,16 +177,16 @@ def variants():
                        "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
                 yield (("grouped_swiglu_tune", *key), _grouped_mm_swiglu_tma_kernel, sio,
                        dict(BLOCK_M=sw.block_m, BLOCK_N=sw.block_n, BLOCK_K=sw.block_k, E_BLOCK=256,
-                            GROUP_M=sw.group_m, W_KN=False, WARP_SPECIALIZE=sw.warp_specialize,
-                            FLATTEN=sw.warp_specialize, HAS_SCALE=False, UPCAST=False, MIX=sw.mix), opts)
+                            GROUP_M=GROUP_M, W_KN=False, WARP_SPECIALIZE=sw.flatten,
+                            FLATTEN=sw.flatten, HAS_SCALE=False, UPCAST=False, MIX=sw.mix), opts)
             if c.tma:
                 tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
                        "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
                        "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
                        "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
                 yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
-                       dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.warp_specialize,
-                            FLATTEN=c.warp_specialize, MERGE_TAIL=c.merge_tail, MIX=c.mix), opts)
+                       dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.flatten,
+                            FLATTEN=c.flatten, MERGE_TAIL=c.merge_tail, MIX=c.mix), opts)
             else:
                 yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
                        dict(tiles, EVEN_K=True, PRECISION="tf32", SWIGLU=False), opts)

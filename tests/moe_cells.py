@@ -25,7 +25,7 @@ def small_ffn_cell(device, monkeypatch, seed: int):
     GEMM's config tables replaced by one small config."""
     import torch
 
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.grouped import GroupedConfig
     from tests.test_grouped import _ffn_ref
 

@@ -62,7 +62,7 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     distilled shortlist's first config, and torch._grouped_mm, each right against float64 on fresh data; no
     tuned entry covers the shape."""
     import experiments.e7_grouped_skew as e7
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.bench.correctness import check
     from moegemm.grouped import GroupedConfig, autotune
 
@@ -97,7 +97,7 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
 
     pytest.importorskip("transformers.integrations.moe")
     import experiments.e8_moe_layer as e8
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.bench.correctness import check
     from moegemm.grouped import GroupedConfig
 

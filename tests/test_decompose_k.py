@@ -365,17 +365,17 @@ def test_torch_compile_fullgraph_traces_the_custom_op(with_out, device):
 
 def test_custom_op_fake_and_schema(device):
     """The custom op's schema and fake implementation (torch's opcheck), on the device the kernels run on."""
-    from moegemm.decompose_k import ops
+    from moegemm.decompose_k import api
 
-    torch.library.opcheck(ops.dk_matmul, (torch.randn(5, 40).to(device), torch.randn(40, 6).to(device), None,
+    torch.library.opcheck(api.dk_matmul, (torch.randn(5, 40).to(device), torch.randn(40, 6).to(device), None,
                                           "two_stage", 4, "relu", None, False),
                           test_utils=("test_schema", "test_faketensor"))
 
 
 def test_fast_launch_arguments_follow_the_kernel_signature(device):
-    """The plan's direct launch passes the kernel's arguments by position: kernel_args must name every
-    argument of the kernel, and the plan's tail (from M on) must be in the kernel's order."""
-    from moegemm.decompose_k import single_launch
+    """The plan's direct launch (a BoundKernel) passes the kernel's arguments by position: kernel_args must
+    name every argument of the kernel, and the six it passes anew on every call (the pointers) lead."""
+    from moegemm.decompose_k import api, single_launch
     from moegemm.decompose_k.configs import Prepared
     from moegemm.epilogue import Epilogue
 
@@ -388,6 +388,7 @@ def test_fast_launch_arguments_follow_the_kernel_signature(device):
         names = single_launch._single_launch_kernel.arg_names
         assert list(args) == list(names) or sorted(args) == sorted(names)
         assert names[:7] == ["a_ptr", "b_ptr", "p_ptr", "c_ptr", "bias_ptr", "counter_ptr", "M"]
+        assert api._DYNAMIC == 6
         assert args["COOP"] is coop and args["SLICE"] * cfg.split_k >= cfg.block_m * cfg.block_n
 
 
@@ -399,3 +400,87 @@ def test_plan_refuses_bad_input_by_name_and_runs_empty_shapes(device):
     a, b = torch.randn(0, 32).to(device), torch.randn(32, 5).to(device)
     got = plan(a, b).run(a, b)
     assert got.shape == (0, 5)
+
+
+def test_legacy_config_fields_read_at_their_constant_value():
+    """group_m and reduce_warps are constants now; older tables and CSVs that hold them at those values still
+    read, other values are refused by name."""
+    from moegemm.decompose_k.configs import GROUP_M, REDUCE_WARPS
+
+    cfg = DecomposeKConfig.coerce({"split_k": 4, "group_m": GROUP_M, "reduce_warps": REDUCE_WARPS})
+    assert cfg == DecomposeKConfig(split_k=4)
+    for bad in ({"group_m": 4}, {"reduce_warps": 8}):
+        with pytest.raises(ValueError, match=f"config.{next(iter(bad))}: no longer a config field"):
+            DecomposeKConfig.coerce({"split_k": 4, **bad})
+
+
+def test_occupancy_model_rounds_registers_per_warp():
+    """The occupancy model both kernel families share: registers are allocated per warp in units of 256, so
+    255 registers per thread take 8192 per warp (two 4-warp programs fit in 64K, not more); shared memory
+    counts 1 KiB reserved per program; threads and the resident-block limit cap the rest."""
+    from moegemm._triton_common import programs_per_sm
+
+    smem = 228 * 1024
+    assert programs_per_sm(0, 255, 4, smem_per_sm=smem) == 2  # 8192 x 4 = 32K per program
+    assert programs_per_sm(0, 256, 4, smem_per_sm=smem) == 2
+    assert programs_per_sm(0, 250, 4, smem_per_sm=smem) == 2  # 8000 per warp rounds up to 8192
+    assert programs_per_sm(0, 249, 4, smem_per_sm=smem) == 2
+    assert programs_per_sm(0, 63, 4, smem_per_sm=smem) == 8  # 2016 -> 2048 per warp: 8 programs by registers
+    assert programs_per_sm(0, 33, 1, smem_per_sm=smem) == 32  # 1056 -> 1280 per warp: 51 by registers
+    assert programs_per_sm(0, 8, 16, smem_per_sm=smem) == 4  # threads: 2048 / 512
+    assert programs_per_sm(smem // 2 - 1024, 32, 4, smem_per_sm=smem) == 2
+    assert programs_per_sm(smem // 2, 32, 4, smem_per_sm=smem) == 1  # 1 KiB reserved each
+    assert programs_per_sm(smem, 32, 4, smem_per_sm=smem) == 0
+
+
+def test_bound_kernel_launches_through_either_launcher_convention():
+    """BoundKernel passes the leading arguments anew and keeps the rest (constexprs included, in the kernel's
+    order): straight through a compiled launcher of the known convention, or through the compiled kernel's
+    own ``compiled[grid](...)`` where the launcher's convention is another (a Triton this code does not
+    know). Faked compiled kernels: nothing is compiled or launched."""
+    import triton
+    import triton.language as tl
+
+    from moegemm._triton_common import BoundKernel
+
+    @triton.jit
+    def kern(x_ptr, y_ptr, n, stride, BLOCK: tl.constexpr, FLAG: tl.constexpr = 3):
+        pass
+
+    calls = []
+
+    class Known:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                launch_enter_hook, launch_exit_hook, *args):
+            calls.append(("direct", (gridX, gridY, gridZ), stream, function, kernel_metadata, args))
+
+    class Older:  # the launcher of Triton versions that take everything after the function as *args
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, gridX, gridY, gridZ, stream, function, *args):
+            calls.append(("direct", (gridX, gridY, gridZ), stream, function, args[0], args[4:]))
+
+    class Other:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, grid, stream, *args):  # a launcher of another convention
+            raise AssertionError("must not be called")
+
+        def __getitem__(self, grid):
+            return lambda *args, stream=None: calls.append(("own", grid, stream, args))
+
+    for compiled in (Known(), Older(), Other()):
+        bound = BoundKernel(kern, (5,), ("x0", "y0", 7, 16), dict(BLOCK=32), 2, compiled=compiled)
+        bound(99, "x1", "y1")
+        bound.on_grid((2, 3), 98, ("x2", "y2"))
+    assert calls == [
+        ("direct", (5, 1, 1), 99, "fn", "meta", ("x1", "y1", 7, 16, 32, 3)),
+        ("direct", (2, 3, 1), 98, "fn", "meta", ("x2", "y2", 7, 16, 32, 3)),
+    ] * 2 + [
+        ("own", (5, 1, 1), 99, ("x1", "y1", 7, 16, 32, 3)),
+        ("own", (2, 3, 1), 98, ("x2", "y2", 7, 16, 32, 3)),
+    ]
+    with pytest.raises(ValueError, match="slots"):
+        BoundKernel(kern, (1,), ("x0",), dict(BLOCK=32), 2, compiled=Known())

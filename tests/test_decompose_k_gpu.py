@@ -97,7 +97,7 @@ def test_single_launch_takes_the_cooperative_form_where_the_grid_fits():
     b = torch.randn(8192, 16, device="cuda").to(torch.bfloat16)
     cfg = DecomposeKConfig(split_k=64, block_m=16, block_n=16, block_k=128)
     p = plan(a, b, kernel="single_launch", config=cfg, epilogue="relu")
-    assert p.coop and p._launch is not None
+    assert p.coop and p._bound is not None
     fast = matmul(a, b, kernel="single_launch", config=cfg, epilogue="relu")
     from moegemm.decompose_k import single_launch
     from moegemm.decompose_k.configs import Prepared

@@ -14,6 +14,7 @@ from helpers import TOL
 
 from moegemm.grouped import (GroupedConfig, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
                              unpermute)
+from moegemm.grouped import config as gconfig
 from moegemm.grouped.baselines import capacity, dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
 SENTINEL = 12345.0
@@ -54,27 +55,29 @@ def _cases(n, seed):
 
 
 @pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
-def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device):
+def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device,
+                           monkeypatch):
     bm, bn, bk, gm, tma = blocks  # gm: row tiles of an expert walked together (partial bands included)
-    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, group_m=gm, tma=tma)
+    monkeypatch.setattr(gconfig, "GROUP_M", gm)
+    cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, tma=tma)
     _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device)
 
 
 @pytest.fixture
 def launched(monkeypatch):
     """The kernels grouped_mm launches, in order (each launch still runs): through Triton, or on a GPU
-    through a call's plan (api._GroupedPlan)."""
-    import moegemm.grouped.api as api
+    through a call's plan (launch.GroupedPlan)."""
+    from moegemm.grouped import contiguous, launch
 
     kernels = []
-    real, real_run = api._launch, api._GroupedPlan.run
+    real, real_run = contiguous.launch, launch.GroupedPlan.run
 
     def run(plan, *a):
         kernels.append(plan.kernel)
         return real_run(plan, *a)
 
-    monkeypatch.setattr(api, "_launch", lambda kernel, *a: (kernels.append(kernel), real(kernel, *a)))
-    monkeypatch.setattr(api._GroupedPlan, "run", run)
+    monkeypatch.setattr(contiguous, "launch", lambda kernel, *a: (kernels.append(kernel), real(kernel, *a)))
+    monkeypatch.setattr(launch.GroupedPlan, "run", run)
     return kernels
 
 
@@ -273,13 +276,16 @@ def test_moe_expert_path_end_to_end(device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("cfg", [GroupedConfig(16, 16, 16), GroupedConfig(16, 16, 16, persistent=True, group_m=2),
-                                 GroupedConfig(16, 16, 16, group_m=1), None,
-                                 GroupedConfig(64, 16, 16, tma=True, warp_specialize=True, tail_m=32)],
+@pytest.mark.parametrize("cfg,gm", [(GroupedConfig(16, 16, 16), 8),
+                                    (GroupedConfig(16, 16, 16, persistent=True), 2),
+                                    (GroupedConfig(16, 16, 16), 1), (None, 8),
+                                    (GroupedConfig(64, 16, 16, tma=True, flatten=True, tail_m=32), 8)],
                          ids=["grid", "persistent", "rowwise", "default", "prefill-tiles"])
-def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, device):
+def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, gm, device, monkeypatch):
     """prefill-tiles: a tuned prefill config (TMA, tail tiles) given to the masked layout, whose row tiles
-    shrink to m_max (20 rows: 32) below the config's tail_m; its TMA settings are not used."""
+    shrink to m_max (20 rows: 32) below the config's tail_m; its TMA settings are not used. gm: the row
+    tiles walked together (rowwise: one)."""
+    monkeypatch.setattr(gconfig, "GROUP_M", gm)
     torch.manual_seed(3)
     e, m_max, k, n = 5, 20, 40, 24
     x = torch.randn(e, m_max, k).to(dtype)
@@ -308,7 +314,8 @@ def test_masked_m_values_are_clamped(persistent, device):
     w = (torch.randn(e, k, n) / k**0.5).to(device)
     cfg = GroupedConfig(16, 16, 16, persistent=persistent)
     out = torch.full((e, m_max, n), SENTINEL).to(device)
-    got = grouped_mm_masked(x, w, torch.tensor([-3, 25, 5], dtype=torch.int32).to(device), out=out, config=cfg)
+    masked = torch.tensor([-3, 25, 5], dtype=torch.int32).to(device)
+    got = grouped_mm_masked(x, w, masked, w_layout="kn", out=out, config=cfg)
     assert (got[0] == SENTINEL).all()
     ref = x[1].double() @ w[1].double()
     torch.testing.assert_close(got[1].double(), ref, rtol=1e-5, atol=1e-4)
@@ -324,11 +331,11 @@ def test_baselines(device):
     xs = permute(torch.randn(t, hidden).to(device), plan)
     w = torch.randn(e, hidden, n).to(device)
     ref = _ref(xs.cpu(), w.cpu(), plan.group_offsets.cpu())
-    torch.testing.assert_close(per_expert_loop(xs, w, plan.group_offsets).cpu().double(), ref, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(torch_grouped_mm(xs, w, plan.group_offsets).cpu().double(), ref, rtol=1e-5,
-                               atol=1e-4)
-    torch.testing.assert_close(dense_reference(xs, w).cpu(), (xs @ w[0]).cpu())
-    y, dropped = padded_bmm(xs, w, plan, 1.0)
+    for baseline in (per_expert_loop, torch_grouped_mm):
+        got = baseline(xs, w, plan.group_offsets, "kn")
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(dense_reference(xs, w, "kn").cpu(), (xs @ w[0]).cpu())
+    y, dropped = padded_bmm(xs, w, plan, 1.0, "kn")
     c = capacity(t * k, e, 1.0)  # 8 rows per expert: experts 0 and 1 hold 10 each -> 2 + 2 dropped
     assert c == 8 and int(dropped) == 4
     off = plan.group_offsets.tolist()
@@ -336,14 +343,14 @@ def test_baselines(device):
     torch.testing.assert_close(y.cpu().double()[kept], ref[kept], rtol=1e-5, atol=1e-4)
     dropped_rows = torch.tensor(sorted(set(range(t * k)) - set(kept.tolist())))
     assert (y.cpu()[dropped_rows] == 0).all()
-    y2, d2 = padded_bmm(xs, w, plan, 2.0)
+    y2, d2 = padded_bmm(xs, w, plan, 2.0, "kn")
     assert int(d2) == 0
     torch.testing.assert_close(y2.cpu().double(), ref, rtol=1e-5, atol=1e-4)
 
 
 def _ok(device):
     xs = torch.randn(10, 16).to(device)
-    w = torch.randn(3, 16, 8).to(device)
+    w = torch.randn(3, 8, 16).to(device)  # [E, N, K], the default layout
     off = torch.tensor([0, 4, 4, 10], dtype=torch.int32).to(device)
     return xs, w, off
 
@@ -358,8 +365,8 @@ DEVICE_CHECKED = ("not monotone", "end at M_total=10", "start at 0")
     (lambda xs, w, off: dict(x_sorted=xs, w=w[0], group_offsets=off), ValueError, "w: expected a 3-D"),
     (lambda xs, w, off: dict(x_sorted=xs, w=w.half(), group_offsets=off), TypeError, "w: dtype"),
     (lambda xs, w, off: dict(x_sorted=xs.double(), w=w.double(), group_offsets=off), TypeError, "x_sorted: unsupported"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w[:, :8], group_offsets=off), ValueError, "w: K=8"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="nk"), ValueError, "w: K=8"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w[:, :, :8], group_offsets=off), ValueError, "w: K=8"),
+    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kn"), ValueError, "w: K=8"),
     (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kk"), ValueError, "w_layout"),
     (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off[:3]), ValueError, "group_offsets: expected length"),
     (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off.float()), TypeError, "group_offsets: expected int32"),
@@ -372,7 +379,7 @@ DEVICE_CHECKED = ("not monotone", "end at M_total=10", "start at 0")
     (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, row_scale=torch.ones(9, device=off.device)),
      ValueError, "row_scale: expected shape"),
     (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, epilogue="gelu"), ValueError, "epilogue"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=torch.empty(3, 16, 8, device="meta"), group_offsets=off),
+    (lambda xs, w, off: dict(x_sorted=xs, w=torch.empty(3, 8, 16, device="meta"), group_offsets=off),
      ValueError, "w: on meta"),
 ])
 def test_grouped_mm_bad_input(mutate, exc, match, device):
@@ -420,7 +427,7 @@ def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
     the interpreter) nothing is timed."""
     import json
 
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.grouped import autotune
 
     short = [(GroupedConfig(16, 64, 16 << i), GroupedConfig(16, 32, 16 << i)) for i in range(4)]
@@ -464,12 +471,12 @@ def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
 def test_default_path_computes_the_product_on_an_unseen_shape(device, monkeypatch):
     """grouped_mm with no config on a shape no tuned entry covers runs the shortlist's first config (the
     interpreter does not time) and is right: merged tails and the mixed order, or plain pointer tiles."""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
 
     for first in (GroupedConfig(32, 16, 32, tma=True, tail_m=16, merge_tail=True, mix=2), GroupedConfig(16, 16, 32)):
         monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
         monkeypatch.setattr(api, "_default_table", lambda slug, f=first: ((f, GroupedConfig(64, 64, 64)),) * 4)
-        assert api._choose(76, 64, torch.bfloat16, "any", 4, 24, "nk") == (first, "default")
+        assert api.choose(76, 64, torch.bfloat16, "any", 4, 24, "nk") == (first, "default")
         for sizes in ([3, 0, 1, 2], [40, 0, 3, 33]):
             _check_grouped(len(sizes), sizes, 64, 24, "nk", "relu", True, torch.bfloat16, None, device)
 
@@ -513,7 +520,7 @@ def test_distilled_shortlist_is_greedy_over_cells():
 
 
 def test_config_lookup_exact_nearest_heuristic(monkeypatch):
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
 
     a, b = GroupedConfig(16, 64, 256), GroupedConfig(128, 128, 64, num_warps=8)
     table = {("bfloat16", 8, 64, 32, "nk", 1): a, ("bfloat16", 8, 64, 32, "nk", 128): b}
@@ -534,13 +541,15 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     assert api.choose_config(x(64), 256, 32, "nk") == (c, "tuned-nearest")  # 1/4: the only entry of E=256
     cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N, no shortlist for this GPU
     assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
-    with pytest.raises(ValueError, match="group_m"):
-        GroupedConfig(group_m=0)
+    with pytest.raises(TypeError):
+        GroupedConfig(group_m=8)  # a constant (config.GROUP_M), not a field
     # removed options: read from old tables and CSVs at their no-op values, refused otherwise
     assert GroupedConfig.from_dict({"block_m": 32, "split_k": 1, "stream_k": False, "tma_store": 0,
-                                    "extra_m": 0}) == GroupedConfig(block_m=32)
-    for bad in (dict(split_k=2), dict(stream_k=True), dict(tma_store=1), dict(extra_m=16)):
-        with pytest.raises(ValueError, match=f"config.{next(iter(bad))}: this option was removed"):
+                                    "extra_m": 0, "group_m": 8}) == GroupedConfig(block_m=32)
+    renamed = GroupedConfig.from_dict({"tma": True, "warp_specialize": True})  # flatten's former name
+    assert renamed == GroupedConfig(tma=True, flatten=True)
+    for bad in (dict(split_k=2), dict(stream_k=True), dict(tma_store=1), dict(extra_m=16), dict(group_m=4)):
+        with pytest.raises(ValueError, match=f"config.{next(iter(bad))}: no longer an option"):
             GroupedConfig.from_dict({"block_m": 64, "tma": True, **bad})
     with pytest.raises(TypeError):
         GroupedConfig(split_k=2)
@@ -553,8 +562,9 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
     expert, a full one, one row, counts that are not multiples of the tile; rows past masked_m are NaN in x
     and must not reach a stored row, and are not written. (That they are not read at all rests on the
     in-kernel descriptor ending at masked_m[e]: a row past it could only reach a row that is not stored.)"""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.masked as api
 
+    monkeypatch.setattr(gconfig, "GROUP_M", group_m)
     launches = []
     real = api._grouped_mm_masked_tma_kernel
 
@@ -573,7 +583,7 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
     for ex, mm in enumerate(masked.tolist()):
         x[ex, mm:] = float("nan")
     out = torch.full((e, m_max, n), SENTINEL, dtype=torch.bfloat16)
-    cfg = GroupedConfig(16, 16, 32, persistent=persistent, group_m=group_m, tma=True, tail_m=0)
+    cfg = GroupedConfig(16, 16, 32, persistent=persistent, tma=True, tail_m=0)
     got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout=layout, epilogue="relu",
                             out=out.to(device), config=cfg).cpu()
     assert len(launches) == 1, "expected the TMA kernel"
@@ -589,13 +599,11 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
 
 
 def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, device):
-    """E7 (runs S4) found this: the tuned table's choice for the masked layout (here a middle-regime
-    config, 64-row tiles with 32-row tails) shrinks its row tiles to m_max; that must not trip over the
-    tail setting the masked kernel does not use."""
-    import moegemm.grouped.api as api
-
+    """The tuned table's choice for the masked layout (here a middle-regime config, 64-row tiles with 32-row
+    tails) shrinks its row tiles to m_max; that must not trip over the tail setting the masked kernel does
+    not use."""
     tuned = GroupedConfig(64, 32, 16, tma=True, tail_m=32)
-    monkeypatch.setattr(api, "_choose", lambda *a, **k: (tuned, "tuned"))
+    monkeypatch.setattr(gconfig, "choose", lambda *a, **k: (tuned, "tuned"))
     torch.manual_seed(11)
     e, m_max, k, n = 4, 12, 32, 40
     x, w = torch.randn(e, m_max, k), torch.randn(e, n, k) / k**0.5
@@ -612,7 +620,7 @@ def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, d
 @pytest.mark.parametrize("persistent,ws,tail,merge", [
     (False, False, 0, False), (True, False, 0, False), (True, True, 0, False), (False, False, 16, False),
     (True, True, 16, False), (False, False, 16, True), (True, True, 16, True), (True, False, 16, True)])
-def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, device):
+def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, device, monkeypatch):
     """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
     expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows. With
     tail tiles (32-row tiles, 16-row tails): experts of 5 and 1 rows are tails only, 37 rows are a full tile
@@ -620,8 +628,9 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, d
     tiles (the second of 24 rows). Merged, the tails of 5 and 6 rows ride with the row tile before them
     (the last expert's past M_total, where the box reads zeros). The NaN-poisoned output shows any row or
     column left unwritten."""
-    import moegemm.grouped.api as api
+    from moegemm.grouped import launch
 
+    monkeypatch.setattr(gconfig, "GROUP_M", 2)
     g = torch.Generator().manual_seed(k * 31 + n)
     sizes = [5, 0, 37, 1, 18, 56, 70]
     e, m = len(sizes), sum(sizes)
@@ -630,10 +639,10 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, d
     w_kn = (torch.randn(e, k, n, generator=g) / k**0.5).to(torch.bfloat16)
     w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
     rs = torch.rand(m, generator=g).to(torch.bfloat16)
-    cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent, group_m=2,
-                        tma=True, warp_specialize=ws, tail_m=tail, merge_tail=merge)
+    cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent,
+                        tma=True, flatten=ws, tail_m=tail, merge_tail=merge)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-    descs = api._tma_descriptors(xs, w, layout, e, n, k, cfg)
+    descs = launch.tma_descriptors(xs, w, layout, e, n, k, cfg)
     assert descs is not None, "expected the TMA path"
     assert (descs[2] is not descs[0]) == bool(tail), "expected a tail descriptor exactly with tail tiles"
     got = grouped_mm(xs.to(device), w.to(device), offsets.to(device), w_layout=layout, epilogue="relu",
@@ -645,19 +654,19 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, d
 
 
 def test_tma_path_declines_unsuitable_inputs():
-    import moegemm.grouped.api as api
+    from moegemm.grouped import launch as api
 
     cfg = GroupedConfig(block_m=16, block_n=16, block_k=32, tma=True)
     x = torch.randn(8, 64).to(torch.bfloat16)
     w = torch.randn(3, 64, 32).to(torch.bfloat16)
-    assert api._tma_descriptors(x, w, "kn", 3, 32, 64, cfg) is not None
-    assert api._tma_descriptors(x.float(), w.float(), "kn", 3, 32, 64, cfg) is None  # fp32
-    assert api._tma_descriptors(x[:, :40], w[:, :40], "kn", 3, 32, 40, cfg) is None  # kn with a K tail
+    assert api.tma_descriptors(x, w, "kn", 3, 32, 64, cfg) is not None
+    assert api.tma_descriptors(x.float(), w.float(), "kn", 3, 32, 64, cfg) is None  # fp32
+    assert api.tma_descriptors(x[:, :40], w[:, :40], "kn", 3, 32, 40, cfg) is None  # kn with a K tail
     x97 = torch.randn(8, 97).to(torch.bfloat16)
-    assert api._tma_descriptors(x97, torch.randn(3, 8, 97).to(torch.bfloat16), "nk", 3, 8, 97, cfg) is None
-    assert api._tma_descriptors(x, w.transpose(1, 2).contiguous().transpose(1, 2), "kn", 3, 32, 64, cfg) is None
-    with pytest.raises(ValueError, match="warp_specialize"):
-        GroupedConfig(warp_specialize=True)
+    assert api.tma_descriptors(x97, torch.randn(3, 8, 97).to(torch.bfloat16), "nk", 3, 8, 97, cfg) is None
+    assert api.tma_descriptors(x, w.transpose(1, 2).contiguous().transpose(1, 2), "kn", 3, 32, 64, cfg) is None
+    with pytest.raises(ValueError, match="flatten"):
+        GroupedConfig(flatten=True)
     for bad in (8, 24, 64, 128):
         with pytest.raises(ValueError, match=r"config.tail_m: expected 0 or a power of two in \[16, block_m\)"):
             GroupedConfig(block_m=64, tma=True, tail_m=bad)
@@ -671,7 +680,7 @@ def test_persistent_programs_per_sm():
     """The persistent grid's programs per SM from a compiled kernel's shared memory and registers (numbers
     of the kind Triton 3.6 reports for sm_90): a 128x256 tile in four stages fits once, a 64x128 tile in four
     stages twice, never more than two, never fewer than one."""
-    from moegemm.grouped.api import fit_per_sm
+    from moegemm.grouped.launch import fit_per_sm
 
     smem = 228 * 1024
     assert fit_per_sm(196640, 168, 8, smem) == 1
@@ -682,8 +691,8 @@ def test_persistent_programs_per_sm():
 
 
 def test_persistent_grid_size(monkeypatch):
-    """_launch sizes a persistent grid by _per_sm (capped by the work), a plain grid by the work."""
-    import moegemm.grouped.api as api
+    """launch sizes a persistent grid by per_sm (capped by the work), a plain grid by the work."""
+    from moegemm.grouped import launch as api
 
     seen = []
 
@@ -693,11 +702,11 @@ def test_persistent_grid_size(monkeypatch):
             return lambda *a, **k: None
 
     monkeypatch.setattr(api, "device_sm_count", lambda x: 132)
-    monkeypatch.setattr(api, "_per_sm", lambda *a: 1)
+    monkeypatch.setattr(api, "per_sm", lambda *a: 1)
     x = torch.zeros(4, 8)
-    api._launch(K(), 1000, GroupedConfig(persistent=True), x, (), {})
-    api._launch(K(), 100, GroupedConfig(persistent=True), x, (), {})
-    api._launch(K(), 1000, GroupedConfig(persistent=False), x, (), {})
+    api.launch(K(), 1000, GroupedConfig(persistent=True), x, (), {})
+    api.launch(K(), 100, GroupedConfig(persistent=True), x, (), {})
+    api.launch(K(), 1000, GroupedConfig(persistent=False), x, (), {})
     assert seen == [132, 100, 1000]
 
 
@@ -709,14 +718,14 @@ def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]
     lowest: dict = {}  # program -> lowest element it stored (dicts keep the programs' order)
     real = interp.InterpreterBuilder.create_masked_store
 
-    def counting(self, ptrs, value, mask, cache_policy):
+    def counting(self, ptrs, value, mask, *rest):  # rest: the cache policy (and eviction, Triton >= 3.7)
         addr = ptrs.data[mask.data.astype(bool) & np.ones_like(ptrs.data, dtype=bool)]
         addr = addr[(addr >= lo) & (addr < hi)]
         np.add.at(writes, (addr - lo) // out.element_size(), 1)
         if len(addr):
             pid, first = tuple(self.grid_idx), int((addr.min() - lo) // out.element_size())
             lowest[pid] = min(lowest.get(pid, first), first)
-        return real(self, ptrs, value, mask, cache_policy)
+        return real(self, ptrs, value, mask, *rest)
 
     interp.InterpreterBuilder.create_masked_store = counting
     try:
@@ -735,8 +744,8 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, persistent):
     computing rows that another tile also stores would still give right values; this catches it. Experts
     of 70 and 101 rows hold several 32-row tiles before their last (merged or not)."""
     interp = pytest.importorskip("triton.runtime.interpreter")
-    import moegemm.grouped.api as api
     from moegemm._runtime import INTERPRET
+    from moegemm.grouped import launch as api
 
     if not INTERPRET or not hasattr(getattr(interp, "InterpreterBuilder", None), "create_masked_store"):
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) and its store hook")
@@ -750,7 +759,7 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, persistent):
     cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True, tail_m=tail,
                         merge_tail=merge)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
+    assert api.tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
     writes, _ = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out))
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
     ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
@@ -761,7 +770,7 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
     """The committed H200 table (written by tune_grouped) and the library's lookup agree on the key: every
     (model, projection, T) that config.yaml has the tuner tune finds its own entry ("tuned", not the
     nearest), T=1 and T=8 of the many-expert models included (buckets below one row per expert)."""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from experiments.common import load_config
 
     g = load_config()["grouped"]
@@ -773,7 +782,7 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
         for proj in ("up", "down"):
             k, n = m[proj]
             for t in g["tune_tokens"]:
-                cfg, source = api._choose(t * m["top_k"], k, torch.bfloat16, "nvidia-h200", m["experts"], n, "nk")
+                cfg, source = api.choose(t * m["top_k"], k, torch.bfloat16, "nvidia-h200", m["experts"], n, "nk")
                 assert source == "tuned", (model, proj, t, api.rows_bucket(t * m["top_k"], m["experts"]))
                 assert cfg == table[("bfloat16", m["experts"], k, n, "nk",
                                      api.rows_bucket(t * m["top_k"], m["experts"]))]
@@ -783,7 +792,8 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
     (False, False, 0, False), (True, False, 16, False), (True, True, 0, False),
     (False, False, 16, True), (True, True, 16, True)])
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout, launched, device):
+def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout, launched, device,
+                                            monkeypatch):
     """Mixed tile order (config.mix = 2 row tiles): two heavy experts (130 and 200 rows: several 32-row
     tiles) dealt out among light ones of 0, 1, 5, 17, 33 (one row tile, or one and a tail) and 40 rows
     (two tiles, or one with its tail merged: heavy or light by the tiles it has), with ReLU, row scale,
@@ -791,16 +801,17 @@ def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout,
     merged)."""
     from moegemm.grouped.kernels import _grouped_mm_tma_kernel
 
+    monkeypatch.setattr(gconfig, "GROUP_M", 2)
     sizes = [5, 130, 0, 1, 33, 17, 200, 40]
-    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, group_m=2, tma=True,
-                        warp_specialize=ws, tail_m=tail, merge_tail=merge, mix=2)
+    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True,
+                        flatten=ws, tail_m=tail, merge_tail=merge, mix=2)
     _check_grouped(len(sizes), sizes, 64, 40, layout, "relu", True, torch.bfloat16, cfg, device)
     assert launched == [_grouped_mm_tma_kernel]
 
 
 @pytest.mark.parametrize("mix,tail,merge,group_m", [(2, 0, False, 2), (3, 16, True, 8), (0, 0, False, 2),
                                                      (0, 16, True, 2), (2, 16, False, 1)])
-def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m):
+def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m, monkeypatch):
     """Under the interpreter (programs run one after another in program order, one tile each on the plain
     grid), the lowest output element each program stores is the first element of the tile that
     moegemm.grouped.schedule.tile_order puts at that number: expert order with bands of group_m row tiles
@@ -810,11 +821,12 @@ def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m):
     from moegemm.grouped.schedule import tile_order
 
     interp = pytest.importorskip("triton.runtime.interpreter")
-    import moegemm.grouped.api as api
     from moegemm._runtime import INTERPRET
+    from moegemm.grouped import launch as api
 
     if not INTERPRET or not hasattr(getattr(interp, "InterpreterBuilder", None), "create_masked_store"):
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) and its store hook")
+    monkeypatch.setattr(gconfig, "GROUP_M", group_m)
     g = torch.Generator().manual_seed(11)
     sizes = [3, 300, 20, 0, 9, 150, 31, 2, 40]
     e, k, n, bm = len(sizes), 32, 40, 32
@@ -822,10 +834,9 @@ def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m):
     offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32)
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
-    cfg = GroupedConfig(block_m=bm, block_n=16, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix,
-                        group_m=group_m)
+    cfg = GroupedConfig(block_m=bm, block_n=16, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-    assert api._tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
+    assert api.tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
     writes, first = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg,
                                                                   out=out))
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
@@ -926,25 +937,26 @@ def test_torch_compile_traces_the_masked_layout(device):
 def test_grouped_custom_ops_fake_and_schema(device):
     """torch's opcheck of the GEMMs' custom ops and the one-launch routing's (schema, fake implementation), and
     a config's round trip through the ops' int list."""
-    from moegemm.grouped import ops
+    from moegemm.grouped import contiguous, masked, routing
+    from moegemm.grouped.config import config_list, config_of
 
     cfg = GroupedConfig(32, 16, 32, persistent=True, tma=True, tail_m=16, merge_tail=True, mix=2)
-    assert ops.config_of(ops.config_list(cfg)) == cfg and ops.config_of(None) is None
+    assert config_of(config_list(cfg)) == cfg and config_of(None) is None
     g = torch.Generator().manual_seed(7)
     xs = torch.randn(10, 32, generator=g).to(device)
     w = torch.randn(3, 32, 16, generator=g).to(device)
     off = torch.tensor([0, 4, 4, 10], dtype=torch.int32).to(device)
     out = torch.empty(10, 16).to(device)
-    torch.library.opcheck(ops.grouped_mm_op, (xs, w, off, out, "kn", "relu", None,
-                                              ops.config_list(GroupedConfig(16, 16, 16)), False, True),
+    torch.library.opcheck(contiguous.grouped_mm_op, (xs, w, off, out, "kn", "relu", None,
+                                                     config_list(GroupedConfig(16, 16, 16)), False, True),
                           test_utils=("test_schema", "test_faketensor"))
     xm = torch.randn(3, 4, 32, generator=g).to(device)
-    torch.library.opcheck(ops.grouped_mm_masked_op, (xm, w, torch.tensor([1, 0, 4]).to(device),
-                                                     torch.empty(3, 4, 16).to(device), "kn", "none",
-                                                     ops.config_list(GroupedConfig(16, 16, 16)), False),
+    torch.library.opcheck(masked.grouped_mm_masked_op, (xm, w, torch.tensor([1, 0, 4]).to(device),
+                                                        torch.empty(3, 4, 16).to(device), "kn", "none",
+                                                        config_list(GroupedConfig(16, 16, 16)), False),
                           test_utils=("test_schema", "test_faketensor"))
     ids = torch.tensor([2, 0, 2, 1, 0, 2], dtype=torch.int32).to(device)  # 3 tokens, top_k 2
-    torch.library.opcheck(ops.route_gather_op, (ids, xs[:3], torch.rand(6, generator=g).to(device), 3, 2, False),
+    torch.library.opcheck(routing.route_gather_op, (ids, xs[:3], torch.rand(6, generator=g).to(device), 3, 2, False),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -969,7 +981,7 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
     """moe_ffn: routing, fused gate/up (gate first), SiLU(gate) * up, down with the gating weights, combine;
     against a float64 token-by-token reference on fresh random data, both weight layouts; experts left
     empty by the routing included; bad shapes refused by name."""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.grouped import ffn, grouped_mm_swiglu, moe_ffn
 
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
@@ -1005,7 +1017,7 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
 @pytest.mark.parametrize("t", [6, 40])  # 12 slots: routing and gathers in one launch; 80: in three
 def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
     """moe_ffn under torch.compile(fullgraph=True): one graph, no break, right against float64."""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.grouped import moe_ffn
 
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
@@ -1037,18 +1049,20 @@ def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("cfg", [
-    GroupedConfig(16, 32, 32), GroupedConfig(32, 32, 32, persistent=True, group_m=2),
-    GroupedConfig(32, 32, 32, tma=True), GroupedConfig(32, 64, 32, tma=True, persistent=True, warp_specialize=True),
+    GroupedConfig(16, 32, 32), GroupedConfig(32, 32, 32, persistent=True),
+    GroupedConfig(32, 32, 32, tma=True), GroupedConfig(32, 64, 32, tma=True, persistent=True, flatten=True),
     GroupedConfig(32, 32, 32, tma=True, mix=2, tail_m=16, merge_tail=True)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_grouped_mm_swiglu_matches_float64(layout, cfg, dtype, device, launched):
+def test_grouped_mm_swiglu_matches_float64(layout, cfg, dtype, device, launched, monkeypatch):
     """The fused gate/up with SwiGLU: silu(x G_e) * (x U_e) * row_scale on experts of 0, 1, 5, 40 and 70 rows
     (several row tiles), I = 24 (a column tail in every tile shape), NaN-poisoned output; pointer and TMA
     kernels (16-bit takes TMA where asked), both grids, the flattened loop, the mixed order (tails of the
-    given config are not used). Against float64."""
+    given config are not used; the persistent one walks two row tiles together). Against float64."""
     from moegemm.grouped import grouped_mm_swiglu
     from moegemm.grouped.kernels import _grouped_mm_kernel, _grouped_mm_swiglu_tma_kernel
 
+    if cfg.persistent and not cfg.tma:
+        monkeypatch.setattr(gconfig, "GROUP_M", 2)
     g = torch.Generator().manual_seed(12)
     sizes = [5, 0, 40, 1, 70]
     e, m, k, i = len(sizes), sum(sizes), 64, 24
@@ -1077,24 +1091,27 @@ def test_grouped_mm_swiglu_edges_and_errors(device):
     """K = 0 gives zeros; M = 0 an empty output; an odd gate/up width is refused by name; the config of the
     unfused product maps to the fused kernel's (half the columns, no tails); under torch.compile it traces
     as the custom op; opcheck of the op."""
-    from moegemm.grouped import grouped_mm_swiglu, ops
-    from moegemm.grouped.api import swiglu_config
+    from moegemm.grouped import grouped_mm_swiglu
+    from moegemm.grouped.config import config_list, swiglu_config
+    from moegemm.grouped.contiguous import grouped_mm_swiglu_op
 
     d = lambda v: v.to(device)  # noqa: E731
     off = d(torch.tensor([0, 2, 3], dtype=torch.int32))
-    y = grouped_mm_swiglu(d(torch.randn(3, 0)), d(torch.randn(2, 0, 8)), off, config=GroupedConfig(16, 16, 16))
+    y = grouped_mm_swiglu(d(torch.randn(3, 0)), d(torch.randn(2, 8, 0)), off,
+                          config=GroupedConfig(16, 16, 16))
     assert y.shape == (3, 4) and (y == 0).all()
     y = grouped_mm_swiglu(d(torch.randn(0, 8)), d(torch.randn(2, 8, 8)), d(torch.tensor([0, 0, 0])))
     assert y.shape == (0, 4)
     with pytest.raises(ValueError, match="w_gate_up: expected an even gate/up width"):
-        grouped_mm_swiglu(d(torch.randn(3, 8)), d(torch.randn(2, 8, 7)), off)
+        grouped_mm_swiglu(d(torch.randn(3, 8)), d(torch.randn(2, 7, 8)), off)
     assert swiglu_config(GroupedConfig(128, 256, 64, tma=True, tail_m=32, merge_tail=True, mix=2)) == \
         GroupedConfig(128, 128, 64, tma=True, mix=2)
     assert swiglu_config(GroupedConfig(16, 16, 16)).block_n == 16
     g = torch.Generator().manual_seed(13)
     xs, w = torch.randn(3, 16, generator=g), torch.randn(2, 16, 8, generator=g)
     torch._dynamo.reset()
-    f = torch.compile(lambda xs, w, off: grouped_mm_swiglu(xs, w, off, config=GroupedConfig(16, 16, 16)) + 0.0,
+    f = torch.compile(lambda xs, w, off: grouped_mm_swiglu(xs, w, off, w_layout="kn",
+                                                           config=GroupedConfig(16, 16, 16)) + 0.0,
                       fullgraph=True, backend="aot_eager")
     got = f(d(xs), d(w), off)
     ref = torch.empty(3, 4, dtype=torch.float64)
@@ -1102,8 +1119,8 @@ def test_grouped_mm_swiglu_edges_and_errors(device):
         p = xs[r].double() @ w[ex].double()
         ref[r] = torch.nn.functional.silu(p[:4]) * p[4:]
     torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=1e-4)
-    torch.library.opcheck(ops.grouped_mm_swiglu_op, (d(xs), d(w), off, d(torch.empty(3, 4)), "kn", None,
-                                                     ops.config_list(GroupedConfig(16, 16, 16)), False, True),
+    torch.library.opcheck(grouped_mm_swiglu_op, (d(xs), d(w), off, d(torch.empty(3, 4)), "kn", None,
+                                                 config_list(GroupedConfig(16, 16, 16)), False, True),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -1146,7 +1163,7 @@ def test_cached_launch_keys_are_at_least_as_fine_as_tritons_specialization():
     on every property Triton specializes a kernel on, or finer: pointer alignment, ints equal to 1 or
     divisible by 16 and their width, bools apart from ints; a CPU call (or the interpreter) has no plan."""
     from moegemm._triton_common import _specialization
-    from moegemm.grouped import api
+    from moegemm.grouped import contiguous as api
 
     base = torch.empty(64, dtype=torch.float32)
     assert _specialization(base) != _specialization(base[1:])  # 4 bytes in: off 16-byte alignment
@@ -1158,3 +1175,108 @@ def test_cached_launch_keys_are_at_least_as_fine_as_tritons_specialization():
     x, w = torch.randn(8, 16), torch.randn(2, 16, 8)
     offsets = torch.tensor([0, 3, 8], dtype=torch.int32)
     assert api._plan_key(x, w, offsets, None, None, "kn", "none", None, False, False) is None
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_masked_m_checked_on_request(persistent, device):
+    """check_masked_m=True refuses a masked_m value outside [0, m_max] with a ValueError naming masked_m (the
+    default clamps it, with no sync); values inside pass and give the product."""
+    torch.manual_seed(15)
+    e, m_max, k, n = 3, 18, 32, 24
+    x = torch.randn(e, m_max, k).to(device)
+    w = (torch.randn(e, n, k) / k**0.5).to(device)
+    cfg = GroupedConfig(16, 16, 16, persistent=persistent)
+    for bad in ([-1, 3, 5], [0, 19, 5]):
+        with pytest.raises(ValueError, match=r"masked_m: values must lie in \[0, m_max=18\]"):
+            grouped_mm_masked(x, w, torch.tensor(bad, dtype=torch.int32).to(device), config=cfg,
+                              check_masked_m=True)
+    masked = torch.tensor([0, 18, 5], dtype=torch.int32).to(device)
+    out = torch.full((e, m_max, n), SENTINEL).to(device)
+    got = grouped_mm_masked(x, w, masked, config=cfg, out=out, check_masked_m=True)
+    for ex, mm in enumerate(masked.tolist()):
+        torch.testing.assert_close(got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5,
+                                   atol=1e-4)
+        assert (got[ex, mm:] == SENTINEL).all()
+
+
+def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
+    """Every public function that takes expert weights reads them as nn.Linear's [E, N, K] when no w_layout
+    is given: the default call equals the explicit w_layout="nk" call, and differs from the "kn" reading
+    of the same (square) tensor."""
+    import inspect
+
+    from moegemm.grouped import baselines, choose_config, grouped_mm_swiglu, moe_ffn
+    from moegemm.grouped.config import masked_config
+
+    for fn in (grouped_mm, grouped_mm_masked, grouped_mm_swiglu, moe_ffn, choose_config, masked_config,
+               baselines.per_expert_loop, baselines.padded_bmm, baselines.torch_grouped_mm,
+               baselines.dense_reference):
+        assert inspect.signature(fn).parameters["w_layout"].default == "nk", fn.__name__
+    monkeypatch.setattr(gconfig, "_tuned_table", lambda slug: {})
+    monkeypatch.setattr(gconfig, "_default_table", lambda slug: ((GroupedConfig(16, 16, 16),),) * 4)
+    g = torch.Generator().manual_seed(16)
+    e, k = 3, 32
+    d = lambda v: v.to(device)  # noqa: E731
+    xs, w = d(torch.randn(10, k, generator=g)), d(torch.randn(e, k, k, generator=g) / 6)
+    off = d(torch.tensor([0, 4, 4, 10], dtype=torch.int32))
+    cfg = GroupedConfig(16, 16, 16)
+    nk = grouped_mm(xs, w, off, w_layout="nk", config=cfg)
+    assert torch.equal(grouped_mm(xs, w, off, config=cfg), nk)
+    assert not torch.allclose(grouped_mm(xs, w, off, w_layout="kn", config=cfg), nk)
+    rows = [(0, 4), (4, 4), (4, 10)]  # of each expert
+    ref = torch.cat([xs[a:b].cpu().double() @ w[i].cpu().double().T for i, (a, b) in enumerate(rows)])
+    torch.testing.assert_close(nk.cpu().double(), ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(grouped_mm_swiglu(xs, w[:, :16], off, config=cfg),
+                       grouped_mm_swiglu(xs, w[:, :16], off, w_layout="nk", config=cfg))
+    xm, masked = d(torch.randn(e, 4, k, generator=g)), d(torch.tensor([4, 1, 0], dtype=torch.int32))
+    out_a, out_b = d(torch.zeros(e, 4, k)), d(torch.zeros(e, 4, k))
+    grouped_mm_masked(xm, w, masked, config=cfg, out=out_a)
+    grouped_mm_masked(xm, w, masked, w_layout="nk", config=cfg, out=out_b)
+    assert torch.equal(out_a, out_b)
+    ids = d(torch.tensor([[0, 2], [1, 2], [2, 0]]))
+    wts = d(torch.rand(3, 2, generator=g))
+    w_gu, w_dn = d(torch.randn(e, 16, k, generator=g) / 6), d(torch.randn(e, k, 8, generator=g) / 3)
+    default = moe_ffn(xs[:3], ids, wts, w_gu, w_dn)
+    assert torch.equal(default, moe_ffn(xs[:3], ids, wts, w_gu, w_dn, w_layout="nk"))
+    for name in ("per_expert_loop", "torch_grouped_mm"):
+        fn = getattr(baselines, name)
+        if name == "torch_grouped_mm" and not hasattr(torch, "_grouped_mm"):
+            continue
+        torch.testing.assert_close(fn(xs, w, off).cpu().double(), ref, rtol=1e-4, atol=1e-4)
+
+
+_ENTRY_ERRORS = [  # (call on the arguments a, exception, message)
+    (lambda a: a.moe_ffn(a.x.to(torch.int8), a.ids, a.wts, a.w_gu, a.w_dn), TypeError,
+     "^x: unsupported dtype int8"),
+    (lambda a: a.moe_ffn(a.x.to("meta"), a.ids, a.wts, a.w_gu, a.w_dn), ValueError,
+     "^x: unsupported device meta"),
+    (lambda a: a.moe_ffn(a.x, a.ids, a.wts, a.w_gu.half(), a.w_dn), TypeError, "^w_gate_up: dtype"),
+    (lambda a: a.moe_ffn(a.x, a.ids, a.wts, a.w_gu, a.w_dn.half()), TypeError, "^w_down: dtype"),
+    (lambda a: a.grouped_mm_swiglu(a.x, a.w_gu.half(), a.off), TypeError, "^w_gate_up: dtype"),
+    (lambda a: a.grouped_mm_swiglu(a.x.to(torch.int8), a.w_gu, a.off), TypeError,
+     "^x_sorted: unsupported dtype"),
+    (lambda a: a.grouped_mm_swiglu(a.x, a.w_gu[:, :, :8], a.off), ValueError, "^w_gate_up: K=8"),
+    (lambda a: grouped_mm(a.x, a.w_gu, a.off, w_layout="nk "), ValueError, "^w_layout: expected"),
+    (lambda a: grouped_mm_masked(a.x[None].to(torch.int8), a.w_gu[:1], a.m), TypeError,
+     "^x: unsupported dtype"),
+    (lambda a: grouped_mm_masked(a.x[None], a.w_gu[:1].half(), a.m), TypeError, "^w: dtype"),
+]
+
+
+@pytest.mark.parametrize("call,exc,match", _ENTRY_ERRORS, ids=[m for _, _, m in _ENTRY_ERRORS])
+def test_errors_name_the_callers_argument(call, exc, match, device):
+    """Each public entry point checks its own arguments, so an error names the argument the caller passed
+    (x, w_gate_up, w_down), not an internal one."""
+    from types import SimpleNamespace
+
+    from moegemm.grouped import grouped_mm_swiglu, moe_ffn
+
+    e, h, i = 3, 16, 8
+    a = SimpleNamespace(moe_ffn=moe_ffn, grouped_mm_swiglu=grouped_mm_swiglu, x=torch.randn(5, h).to(device),
+                        ids=torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 0]]).to(device),
+                        wts=torch.rand(5, 2).to(device), w_gu=torch.randn(e, 2 * i, h).to(device),
+                        w_dn=torch.randn(e, h, i).to(device),
+                        off=torch.tensor([0, 2, 2, 5], dtype=torch.int32).to(device),
+                        m=torch.tensor([5], dtype=torch.int32).to(device))
+    with pytest.raises(exc, match=match):
+        call(a)

@@ -115,18 +115,18 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     # tuned table's choice on this GPU
     tma = dataclasses.replace(heur, tma=True, num_stages=3)
     tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
-                                                                      warp_specialize=True),
-             dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, warp_specialize=True)] \
+                                                                      flatten=True),
+             dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, flatten=True)] \
         if heur.block_m > 32 else [  # an expert's last few rows as smaller tiles, or with the tile before them
             # decode: a hot expert's rows in one 64-row tile, the others' as 16-row tiles
             GroupedConfig(64, 128, 128, num_stages=4, tma=True, tail_m=16),
             GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True)]
     # the mixed tile order (heavy experts' tiles among the light ones'): plain grid with tails merged, and the
     # flattened loop
-    mixed = [dataclasses.replace(tails[-1], persistent=False, warp_specialize=False, mix=2),
-             dataclasses.replace(tma, persistent=True, warp_specialize=True, mix=2)]
+    mixed = [dataclasses.replace(tails[-1], persistent=False, flatten=False, mix=2),
+             dataclasses.replace(tma, persistent=True, flatten=True, mix=2)]
     for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
-                dataclasses.replace(tma, persistent=True, warp_specialize=True), *tails, *mixed, None):
+                dataclasses.replace(tma, persistent=True, flatten=True), *tails, *mixed, None):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")
@@ -175,7 +175,7 @@ def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, m
         w_nk = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
         w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
         rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
-        cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, warp_specialize=ws,
+        cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, flatten=ws,
                                   persistent=persistent, num_stages=3, tail_m=tail, merge_tail=merge)
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
@@ -219,7 +219,7 @@ def test_unseen_shape_autotunes_once_then_captures(t, tmp_path, monkeypatch):
     shortlist and keeps the fastest (in memory and in the cache file); the next call, captured in a CUDA
     graph, neither times nor syncs, and every replay with new routing and activations is right. A shape
     first met inside a capture takes the shortlist's first config and stays right on replay."""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
     from moegemm.grouped import autotune
 
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
@@ -308,7 +308,7 @@ def test_moe_ffn_real_dimensions_and_graph_capture(t):
     and the unfused gate/up by timing both, and the capture takes that choice."""
     from moegemm._runtime import gpu_slug
     from moegemm.grouped import autotune, ffn, moe_ffn
-    from moegemm.grouped.api import autotune_key
+    from moegemm.grouped.config import autotune_key
 
     torch.manual_seed(t)
     e, top_k, h, i = 128, 8, 2048, 768
@@ -411,13 +411,13 @@ def test_bad_values_fail_on_the_device(call, bad):
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_repeat_calls_take_the_plan_and_stay_right(layout, tma, persistent, swiglu, monkeypatch):
     """A repeat call of a (shape, strides, dtype, alignment) goes straight to the compiled kernel of the
-    first one (api._GroupedPlan): right on new activations, routing, gating weights and outputs; a call
+    first one (launch.GroupedPlan): right on new activations, routing, gating weights and outputs; a call
     whose activations sit at another 16-byte alignment (rows of K = 1028: a pointer-kernel view) or whose
     offsets are int64 gets a plan of its own; the plans hold no tensor of the calls they were made from."""
     import gc
     import weakref
 
-    import moegemm.grouped.api as api
+    import moegemm.grouped.contiguous as api
     from moegemm.grouped import grouped_mm_swiglu
 
     monkeypatch.setattr(api, "_PLANS", {})

@@ -24,7 +24,7 @@ from moegemm.grouped import GroupedConfig  # noqa: E402
 @pytest.fixture
 def small_tiles(monkeypatch, tmp_path):
     """Interpreter-sized tiles for every shape (no tuned entry covers these), and no cache file at home."""
-    import moegemm.grouped.api as api
+    import moegemm.grouped.config as api
 
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})

@@ -57,7 +57,7 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     ref = ref_rows(xs, w, plan.group_offsets)
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
     base = {"model": "m", "proj": "up", "tokens": 12}
-    cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32, group_m=1)]
+    cfgs = [GroupedConfig(16, 16, 16), GroupedConfig(16, 32, 16), GroupedConfig(32, 16, 32, num_warps=2)]
     writer.add(tg.time_configs(cfgs[:1], writer, base, xs, [w], plan.group_offsets, ref))
     rows = tg.time_configs(cfgs, writer, base, xs, [w], plan.group_offsets, ref)
     assert [GroupedConfig(**r["config"]) for r in rows] == cfgs[1:]  # the first was done already
@@ -80,7 +80,8 @@ def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(
 
     made, order = _fake_graph_timers(monkeypatch, lambda timer, count: 100.0 + timer)
     plan, xs, w = _tuner_cell(device)
-    cfgs = [GroupedConfig(16, bn, bk, group_m=gm) for bn in (16, 32, 64) for bk in (16, 32) for gm in (1, 8)][:9]
+    cfgs = [GroupedConfig(16, bn, bk, num_stages=st)
+            for bn in (16, 32, 64) for bk in (16, 32) for st in (2, 3)][:9]
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
     rows = tg.time_configs(cfgs, writer, {"model": "m", "proj": "up", "tokens": 12}, xs, [w],
                            plan.group_offsets, ref_rows(xs, w, plan.group_offsets))
@@ -172,14 +173,14 @@ def test_grouped_tuner_candidates_by_regime():
             # decode: 16-row tiles (32 with TMA loads; 64 with TMA loads and 16-row tails for hot experts)
             assert c.block_m <= (16 if not c.tma else 32 if not c.tail_m else 64) or mean > 16, (mean, c)
             assert c.tail_m <= 16 or mean > 16, (mean, c)
-            assert not c.warp_specialize or c.persistent
-        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.warp_specialize}
-        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.warp_specialize}
+            assert not c.flatten or c.persistent
+        plain = {dataclasses.replace(c, persistent=False) for c in cs if not c.flatten}
+        pers = {dataclasses.replace(c, persistent=False) for c in cs if c.persistent and not c.flatten}
         assert plain == pers, mean  # every tile config on both grids
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32))
     # past the middle regime, merged tails only as 32-row tails of 128 x 256 tiles, without warp specialization
-    assert {(c.block_m, c.block_n, c.tail_m, c.warp_specialize) for mean in (128, 512) for c in candidates(mean)
+    assert {(c.block_m, c.block_n, c.tail_m, c.flatten) for mean in (128, 512) for c in candidates(mean)
             if c.merge_tail} == {(128, 256, 32, False)}
 
 

@@ -17,7 +17,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
     programs per SM they launched with, and leave the library's own sizing in place afterwards."""
 
     from moegemm.bench.correctness import check
-    from moegemm.grouped import api
+    from moegemm.grouped import contiguous, launch
     from probes import probe_persistent_grid as probe
 
     e, k, n = 4, 64, 48
@@ -34,7 +34,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
             assert c.fields["per_sm"] == int(forced)
         elif forced == "auto":
             assert c.fields["per_sm"] in (1, 2)
-        assert api._per_sm is probe.SHIPPED and api._plan_key is probe.SHIPPED_PLAN_KEY
+        assert launch.per_sm is probe.SHIPPED and contiguous._plan_key is probe.SHIPPED_PLAN_KEY
 
 
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
@@ -63,7 +63,7 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
         assert ok, (c.name, why)
-    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, warp_specialize=True)
+    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=4, persistent=True, tma=True, flatten=True)
     assert probe.variant(big) == big
     assert probe.variant(big, tail_m=64, merge_tail=True).num_stages == 3
     assert probe.variant(GroupedConfig(), tail_m=32) is None

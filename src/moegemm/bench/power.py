@@ -41,19 +41,22 @@ class NvmlError(RuntimeError):
 
 
 class Nvml:
-    """The few NVML calls we need, on the device CUDA calls ``cuda:0`` (matched by UUID where torch gives one)."""
+    """The few NVML calls we need, on the device CUDA calls ``cuda:0`` (matched by UUID where torch gives
+    one)."""
 
     def __init__(self):
         try:
             self.lib = ctypes.CDLL("libnvidia-ml.so.1")
         except OSError as e:
-            raise NvmlError(f"NVML: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver here?): {e}") from e
+            raise NvmlError(f"NVML: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver here?): {e}"
+                            ) from e
         self._ok(self.lib.nvmlInit_v2(), "nvmlInit_v2")
         self.handle = ctypes.c_void_p()
         uuid = _cuda_uuid()
-        if uuid is not None and self.lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self.handle)) == 0:
+        handle = ctypes.byref(self.handle)
+        if uuid is not None and self.lib.nvmlDeviceGetHandleByUUID(uuid.encode(), handle) == 0:
             return
-        self._ok(self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.handle)), "nvmlDeviceGetHandleByIndex_v2")
+        self._ok(self.lib.nvmlDeviceGetHandleByIndex_v2(0, handle), "nvmlDeviceGetHandleByIndex_v2")
 
     def _ok(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -114,8 +117,8 @@ class Sampler:
         t0 = time.perf_counter()
         while not self._stop.is_set():
             n = self.nvml
-            self.samples.append(Sample(time.perf_counter() - t0, n.clock_mhz(CLOCK_SM), n.clock_mhz(CLOCK_MEM),
-                                       n.power_w(), n.reasons()))
+            self.samples.append(Sample(time.perf_counter() - t0, n.clock_mhz(CLOCK_SM),
+                                       n.clock_mhz(CLOCK_MEM), n.power_w(), n.reasons()))
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> "Sampler":
@@ -135,7 +138,8 @@ def summary(samples: list[Sample], since: float, power_since: float | None = Non
     cap, by thermal slowdown, or by the hardware (slowdown or power brake)."""
     kept = [s for s in samples if s.t >= since]
     if not kept:
-        raise ValueError(f"summary: no samples at or after {since} s (of {len(samples)}); hold the load longer")
+        raise ValueError(f"summary: no samples at or after {since} s (of {len(samples)}); "
+                         "hold the load longer")
     later = [s for s in samples if s.t >= (since if power_since is None else power_since)] or kept
     sm = sorted(s.sm_mhz for s in kept)
     q = statistics.quantiles(sm, n=5, method="inclusive") if len(sm) > 1 else [sm[0]] * 4

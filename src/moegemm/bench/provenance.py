@@ -45,7 +45,8 @@ def _static(repo: str | None) -> dict:
     shipped = os.environ.get("MOEGEMM_COMMIT")
     commit = shipped or _git("rev-parse", "HEAD", cwd=repo) or "unknown"
     recorded_dirty = "MOEGEMM_DIRTY" in os.environ
-    status = None if shipped and recorded_dirty else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
+    status = None if shipped and recorded_dirty \
+        else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
     if status is None and recorded_dirty:  # recorded by whoever shipped the tree (or no git here)
         status = "dirty" if os.environ["MOEGEMM_DIRTY"] == "1" else ""
     info = {

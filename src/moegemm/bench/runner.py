@@ -166,7 +166,8 @@ def check_contenders(contenders: list[Contender], input_sets: list[tuple], ref64
         except Exception as e:  # a contender that cannot run is recorded, not fatal
             ok, rel, why = False, math.nan, f"error: {type(e).__name__}: {str(e)[:200]}"
         row = {"contender": c.name, **c.fields,  # fields may have been filled in by the first call
-               "config": c.config if isinstance(c.config, str) else json.dumps(c.config or {}, sort_keys=True)}
+               "config": c.config if isinstance(c.config, str)
+               else json.dumps(c.config or {}, sort_keys=True)}
         row.update(status=status_of(ok, why), rel_err=rel, note=why)
         rows[c.name] = row
         if ok:

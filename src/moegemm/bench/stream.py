@@ -40,9 +40,9 @@ class StreamConfig:
     num_stages: int = 3
 
 
-# the light search E7 runs once per (model, projection, tokens): the fastest one is the ceiling. From
-# experiments/probe_stream_ceiling.py on our H200: 64-row TMA boxes, two or four programs per SM, were the
-# fastest on every slab size (4.56 TB/s on 13 GB); the pointer-load shapes serve weights TMA cannot box.
+# the light search E7 runs once per (model, projection, tokens): the fastest one is the ceiling. 64-row TMA
+# boxes with two or four programs per SM stream an H200's HBM fastest on every slab size; the pointer-load
+# shapes serve weights TMA cannot box.
 CANDIDATES = (
     StreamConfig(64, 2, 4, "tma", 2),
     StreamConfig(64, 2, 4, "tma", 4),
@@ -149,8 +149,8 @@ def stream_setup(w: torch.Tensor, group_sizes: torch.Tensor, rows: int, config: 
     if config.kind not in ("flat", "tma"):
         raise ValueError(f"config.kind: expected 'flat' or 'tma', got {config.kind!r}")
     if not fits(w, config):
-        raise ValueError(f"config.kind: 'tma' needs 16-bit weights of a multiple of {COLS} elements per expert "
-                         f"and Triton's TensorDescriptor, got {w.dtype} [{w.shape[1]}, {w.shape[2]}]")
+        raise ValueError(f"config.kind: 'tma' needs 16-bit weights of a multiple of {COLS} elements per "
+                         f"expert and Triton's TensorDescriptor, got {w.dtype} [{w.shape[1]}, {w.shape[2]}]")
     active = int((group_sizes > 0).sum())
     programs = config.programs_per_sm * _sm_count(w.device)
     return Stream(active=active, y=torch.empty(rows, w.shape[1], dtype=w.dtype, device=w.device),
@@ -201,4 +201,5 @@ def check_stream(out: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, x: tor
     got = float(sums.double().sum())
     rel = abs(got - ref) / max(scale, 1e-30)
     ok = rel <= 1e-5 and got == got
-    return ok, rel, "ok: every byte read once, every output element written" if ok else f"sum off by {rel:.2e}"
+    why = "ok: every byte read once, every output element written" if ok else f"sum off by {rel:.2e}"
+    return ok, rel, why

@@ -1,9 +1,9 @@
 """Decompose-K: skinny, long-K GEMMs split over K into an fp32 [S, M, N] buffer, reduced with a fused
 epilogue. See :func:`matmul`; the seed's PyTorch formulation is :func:`reference.decompose_k`."""
 
-from . import ops  # noqa: F401 (registers the custom op moegemm::dk_matmul)
 from .api import Plan, matmul, plan
 from .configs import BACKENDS, KERNELS, DecomposeKConfig, heuristic_config
 from .reference import decompose_k
 
-__all__ = ["matmul", "plan", "Plan", "decompose_k", "DecomposeKConfig", "KERNELS", "BACKENDS", "heuristic_config"]
+__all__ = ["matmul", "plan", "Plan", "decompose_k", "DecomposeKConfig", "KERNELS", "BACKENDS",
+           "heuristic_config"]

@@ -6,24 +6,27 @@ compiled kernel's launch handle, the grid and, per stream, the workspace and cou
 computes its key, finds the plan and launches: no table look-up, no device-name query, no validation
 beyond what the key already pins. ``plan(...)`` hands the plan to callers who want no look-up at all.
 
-Under ``torch.compile`` the call goes through the custom op ``moegemm::dk_matmul`` (see ``ops.py``), which
-runs the same plans at run time and gives the compiler a fake implementation to trace.
+Under ``torch.compile`` the call goes through the custom op ``moegemm::dk_matmul`` (registered below,
+beside the cached plans it runs), so that ``torch.compile(fullgraph=True)`` traces a caller with no graph
+break: its real implementation runs the same plans, its fake one gives the compiler the output's shape,
+dtype and (contiguous) strides. Eager calls do not pass through the op: a plan costs less CPU time per
+call than the dispatcher would.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
-
 import torch
 
 from .._runtime import INTERPRET, check_device
-from .._triton_common import check_dtype, raw_stream
+from .._triton_common import BoundKernel, check_dtype, raw_stream
 from ..epilogue import Epilogue
 from . import flat, single_launch, two_stage
-from .configs import BACKENDS, KERNELS, DecomposeKConfig, Prepared, choose
+from .configs import BACKENDS, KERNELS, LEGACY, DecomposeKConfig, Prepared, choose
 
 _LAUNCHERS = {"two_stage": two_stage.launch, "flat": flat.launch, "single_launch": single_launch.launch}
+# single_launch's leading arguments, the ones a plan's launch passes anew: a, b, workspace, c, bias, counters
+_DYNAMIC = 6
 
 
 def _validate(a, b, bias, out, split_k):
@@ -87,11 +90,8 @@ class Plan:
     allow_tf32: bool
     key: tuple
     coop: bool = False
-    _launch: Callable | None = None       # the compiled kernel's launcher (single_launch on a GPU)
-    _function: object = None
-    _packed: object = None
+    _bound: BoundKernel | None = None  # the compiled single_launch kernel (on a GPU)
     _grid: tuple = (1, 1)
-    _tail: tuple = ()
     _per_stream: dict = dataclasses.field(default_factory=dict)
 
     def matches(self, a, b, bias=None, out=None) -> bool:
@@ -100,21 +100,22 @@ class Plan:
     def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
         if self.backend == "empty_out":  # M or N is 0: nothing to compute
-            return out if out is not None else torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+            if out is not None:
+                return out
+            return torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         if self.backend == "cublas" and out is None:  # cuBLAS allocates its own output (cheaper than out=)
             c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
             return self._activate(c)
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
-        if self._launch is not None:
+        if self._bound is not None:
             stream = raw_stream(self.device.index)
             state = self._per_stream.get(stream)
             if state is None:
                 state = self._stream_state(stream)
             ws, cnt = state
-            self._launch(self._grid[0], self._grid[1], 1, stream, self._function, self._packed, None, None, None,
-                         a.data_ptr(), b.data_ptr(), ws, out.data_ptr(),
-                         out.data_ptr() if bias is None else bias.data_ptr(), cnt, *self._tail)
+            self._bound(stream, a.data_ptr(), b.data_ptr(), ws, out.data_ptr(),
+                        out.data_ptr() if bias is None else bias.data_ptr(), cnt)
             return out
         return self._run_generic(a, b, bias, out)
 
@@ -151,7 +152,9 @@ class Plan:
         return c
 
     def _bind_fast(self, a, b, bias, out) -> None:
-        """On a GPU, compile single_launch now and keep its launcher, so that run() goes straight to it."""
+        """On a GPU, compile single_launch now and bind it, so that run() launches it directly: the six
+        pointers change from call to call, M, the strides (fixed by the plan's key) and the constexprs
+        do not."""
         if INTERPRET or self.backend != "single_launch" or self.device.type != "cuda":
             return
         if bias is not None and bias.stride(0) != 1:
@@ -159,13 +162,10 @@ class Plan:
         p = Prepared(a=a, b=b, out=out, bias=bias, epilogue=self.epilogue, allow_tf32=self.allow_tf32)
         self._grid = single_launch.grid(self.m, self.n, self.config)
         compiled, self.coop = single_launch.compile_for(p, self.config)
-        names = single_launch._single_launch_kernel.arg_names
-        dummy = single_launch.kernel_args(p, self.config, None, None, self.coop)
-        # M, the strides (fixed by the plan's key) and the constexprs, in the kernel's argument order
-        self._tail = tuple(dummy[nm] for nm in names[names.index("M"):])
-        if not all(hasattr(compiled, f) for f in ("run", "function", "packed_metadata")):
-            return  # another Triton: the generic launch serves
-        self._launch, self._function, self._packed = compiled.run, compiled.function, compiled.packed_metadata
+        kernel = single_launch._single_launch_kernel
+        named = single_launch.kernel_args(p, self.config, None, None, self.coop)
+        args = tuple(named[name] for name in kernel.arg_names)
+        self._bound = BoundKernel(kernel, self._grid, args, {}, _DYNAMIC, compiled=compiled)
 
 
 def _empty_sum(out, bias, epi):
@@ -275,14 +275,54 @@ def matmul(
     Under ``torch.compile`` this traces as the custom op ``moegemm::dk_matmul``.
     """
     if torch.compiler.is_compiling():
-        from . import ops
-
-        return ops.traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
+        return _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
     return _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32).run(a, b, bias, out)
 
 
 def _plain(t) -> bool:
     return t is None or isinstance(t, torch.Tensor)
+
+
+@torch.library.custom_op("moegemm::dk_matmul", mutates_args=())
+def dk_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, kernel: str, split_k: int | None,
+              epilogue: str, config: list[int] | None, allow_tf32: bool) -> torch.Tensor:
+    cfg = DecomposeKConfig(*config) if config else None
+    return _cached_plan(a, b, kernel, split_k, epilogue, bias, cfg, None, allow_tf32).run(a, b, bias, None)
+
+
+@dk_matmul.register_fake
+def _(a, b, bias, kernel, split_k, epilogue, config, allow_tf32):
+    torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
+    torch._check(a.shape[1] == b.shape[0], lambda: "b: inner dimensions differ")
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+# Read here, not while tracing (Dynamo does not trace dataclasses.fields on a class).
+_FIELDS = tuple(f.name for f in dataclasses.fields(DecomposeKConfig))
+_DEFAULTS = tuple(None if f.default is dataclasses.MISSING else f.default
+                  for f in dataclasses.fields(DecomposeKConfig))
+
+
+def _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32):
+    """What :func:`matmul` does while being traced: the custom op, then a copy into ``out`` if one is
+    given."""
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in LEGACY or v != LEGACY[k]}
+        unknown = [key for key in config if key not in _FIELDS]
+        if unknown or "split_k" not in config:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}" if unknown
+                             else "config: missing key 'split_k'")
+        fields = [config.get(name, default) for name, default in zip(_FIELDS, _DEFAULTS)]
+    elif config is not None:
+        fields = [getattr(config, name) for name in _FIELDS]
+    else:
+        fields = None
+    epi = epilogue.name.lower() if isinstance(epilogue, Epilogue) else epilogue
+    res = dk_matmul(a, b, bias, kernel, split_k, epi, fields, allow_tf32)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
 
 
 __all__ = ["matmul", "plan", "Plan", "KERNELS", "BACKENDS"]

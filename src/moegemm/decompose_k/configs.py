@@ -16,6 +16,7 @@ from .. import tuned
 from .._runtime import device_sm_count, gpu_slug
 from .._triton_common import dot_meta
 from ..epilogue import Epilogue
+from ._partial import _partial_mm_kernel
 
 KERNELS = ("two_stage", "flat", "single_launch")  # our Triton kernels
 BACKENDS = KERNELS + ("cublas",)  # what a plan may run: cuBLAS (torch.mm) with the epilogue after it
@@ -40,20 +41,26 @@ def _pow2(name: str, v: int, lo: int, hi: int) -> None:
         raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
 
 
+# Row tiles walked together, column by column, so that they share the columns of b in L2; and the flat
+# reducer's warps. Every tuned entry took these values, so they are constants, not config fields.
+GROUP_M = 8
+REDUCE_WARPS = 4
+# Fields older tables and CSVs hold, accepted by DecomposeKConfig.coerce at the constant's value only.
+LEGACY = {"group_m": GROUP_M, "reduce_warps": REDUCE_WARPS}
+
+
 @dataclasses.dataclass(frozen=True)
 class DecomposeKConfig:
-    """Tile and launch parameters. ``xblock``/``rblock``/``reduce_warps`` are the flat reducer's."""
+    """Tile and launch parameters. ``xblock``/``rblock`` are the flat reducer's."""
 
     split_k: int
     block_m: int = 16
     block_n: int = 16
     block_k: int = 128
-    group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
     xblock: int = 64
     rblock: int = 16
-    reduce_warps: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.split_k, int) or self.split_k < 1:
@@ -63,9 +70,6 @@ class DecomposeKConfig:
         _pow2("xblock", self.xblock, 1, 4096)
         _pow2("rblock", self.rblock, 1, 1024)
         _pow2("num_warps", self.num_warps, 1, 16)
-        _pow2("reduce_warps", self.reduce_warps, 1, 16)
-        if not isinstance(self.group_m, int) or self.group_m < 1:
-            raise ValueError(f"config.group_m: expected an int >= 1, got {self.group_m!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"config.num_stages: expected an int >= 1, got {self.num_stages!r}")
 
@@ -74,6 +78,10 @@ class DecomposeKConfig:
         if isinstance(config, cls):
             return config
         if isinstance(config, dict):
+            config = dict(config)
+            for name, value in LEGACY.items():
+                if name in config and config.pop(name) != value:
+                    raise ValueError(f"config.{name}: no longer a config field; it is always {value}")
             unknown = set(config) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
                 raise ValueError(f"config: unknown keys {sorted(unknown)}")
@@ -126,15 +134,13 @@ class Prepared:
         return self.k % cfg.split_k == 0 and kps % cfg.block_k == 0
 
     def stage1(self, cfg: DecomposeKConfig) -> torch.Tensor:
-        from ._partial import _partial_mm_kernel
-
         partials = alloc_partials(cfg.split_k, self.m, self.n, self.a.device)
         tiles = cdiv(self.m, cfg.block_m) * cdiv(self.n, cfg.block_n)
         _partial_mm_kernel[(tiles, cfg.split_k)](
             self.a, self.b, partials,
             self.m, self.n, self.k, self.k_per_split(cfg),
             self.a.stride(0), self.a.stride(1), self.b.stride(0), self.b.stride(1),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=GROUP_M,
             EVEN_K=self.even_k(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             **self.dot_meta,
         )
@@ -188,7 +194,8 @@ DK_MAX_OUTPUT = 256 * 256
 
 def heuristic_choice(m: int, n: int, k: int) -> str:
     """The backend ``auto`` takes for a shape the tuned table lacks: our single-launch kernel for skinny,
-    long-K products (at most DK_MAX_OUTPUT outputs and K at least twice the larger of M and N), else cuBLAS."""
+    long-K products (at most DK_MAX_OUTPUT outputs and K at least twice the larger of M and N), else
+    cuBLAS."""
     return HEURISTIC_KERNEL if m * n <= DK_MAX_OUTPUT and k >= 2 * max(m, n) else "cublas"
 
 

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ..epilogue import apply_epilogue
-from .configs import DecomposeKConfig, Prepared, cdiv
+from .configs import REDUCE_WARPS, DecomposeKConfig, Prepared, cdiv
 
 
 @triton.jit
@@ -48,6 +48,6 @@ def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
         p.out.stride(0), p.out.stride(1),
         XBLOCK=cfg.xblock, RBLOCK=cfg.rblock,
         C_CONTIGUOUS=contiguous, HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue),
-        num_warps=cfg.reduce_warps,
+        num_warps=REDUCE_WARPS,
     )
     return p.out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..epilogue import Epilogue
+
 
 def _bmm_fp32(a3: torch.Tensor, b3: torch.Tensor) -> torch.Tensor:
     """Batched product with fp32 output. ``torch.bmm(..., out_dtype=torch.float32)`` where the backend
@@ -51,8 +53,6 @@ def reference_mm(
 ) -> torch.Tensor:
     """float64 ground truth of ``epilogue(a @ b + bias)``: on the CPU, or where the operands live
     (``on_cpu=False``, e.g. a GPU's float64 matmul for the large experiment shapes)."""
-    from ..epilogue import Epilogue
-
     dev = torch.device("cpu") if on_cpu else a.device
     c = a.detach().to(dev, torch.float64) @ b.detach().to(dev, torch.float64)
     if bias is not None:

@@ -27,16 +27,15 @@ every token count.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from .._triton_common import mma
+from .._triton_common import compile_only, compiled_per_sm, mma, sm_resources
 from ..epilogue import apply_epilogue
 from ._partial import tile_coords
-from .configs import DecomposeKConfig, Prepared, cdiv, next_pow2
+from . import configs
+from .configs import GROUP_M, DecomposeKConfig, Prepared, cdiv, next_pow2
 
 
 @triton.jit
@@ -186,8 +185,6 @@ def workspace_numel(m: int, n: int, cfg: DecomposeKConfig) -> int:
 
 def alloc_workspace(m: int, n: int, cfg: DecomposeKConfig, device) -> torch.Tensor:
     """The last-arriver form's fp32 partials (every element written before it is read)."""
-    from . import configs
-
     numel = workspace_numel(m, n, cfg)
     return configs.alloc_partials(1, 1, numel, device).view(-1)  # poisoned by the tests like any partials
 
@@ -209,36 +206,13 @@ def kernel_args(p: Prepared, cfg: DecomposeKConfig, workspace, counter_buf, coop
         M=p.m, stride_am=p.a.stride(0), stride_ak=p.a.stride(1), stride_bk=p.b.stride(0),
         stride_bn=p.b.stride(1), stride_cm=p.out.stride(0), stride_cn=p.out.stride(1),
         N=p.n, K=p.k, S=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, SP=next_pow2(cfg.split_k), SLICE=slice_len(cfg), CHUNK=chunk_len(cfg), COOP=coop,
+        GROUP_M=GROUP_M, SP=next_pow2(cfg.split_k), SLICE=slice_len(cfg), CHUNK=chunk_len(cfg), COOP=coop,
         HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue), **p.dot_meta,
     )
 
 
 def grid(m: int, n: int, cfg: DecomposeKConfig) -> tuple[int, int]:
     return (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n), cfg.split_k)
-
-
-def resident_programs(compiled, num_warps: int, device_index: int) -> int:
-    """How many programs of this compiled kernel the GPU holds at once (all SMs), from its registers and
-    shared memory; rounded against the kernel (register allocation in 256-register units per warp, 1 KiB
-    of shared memory the system reserves per block), so the answer errs low."""
-    props = _props(device_index)
-    regs = max(int(getattr(compiled, "n_regs", 0) or 0), 1)
-    shared = int(getattr(compiled.metadata, "shared", 0) or 0)
-    per_warp = cdiv(regs * 32, 256) * 256
-    by_regs = props["regs"] // (per_warp * num_warps)
-    by_threads = props["threads"] // (32 * num_warps)
-    by_smem = props["smem"] // (shared + 1024)
-    return max(0, min(by_regs, by_threads, by_smem, 32)) * props["sms"]
-
-
-@functools.lru_cache(maxsize=None)
-def _props(device_index: int) -> dict:
-    p = torch.cuda.get_device_properties(device_index)
-    return {"regs": int(getattr(p, "regs_per_multiprocessor", 65536)),
-            "threads": int(getattr(p, "max_threads_per_multi_processor", 2048)),
-            "smem": int(getattr(p, "shared_memory_per_multiprocessor", 228 * 1024)),
-            "sms": p.multi_processor_count}
 
 
 def compile_for(p: Prepared, cfg: DecomposeKConfig) -> tuple[object, bool]:
@@ -249,15 +223,14 @@ def compile_for(p: Prepared, cfg: DecomposeKConfig) -> tuple[object, bool]:
     device = p.a.device.index if p.a.device.index is not None else torch.cuda.current_device()
     if cfg.split_k > 1:
         ws, cnt = coop_state(p.m, p.n, cfg, p.a.device)
-        coop_kernel = _single_launch_kernel.warmup(**kernel_args(p, cfg, ws, cnt, True), grid=g,
-                                                   launch_cooperative_grid=True, **meta)
-        coop_kernel._init_handles()
-        if g[0] * g[1] <= resident_programs(coop_kernel, cfg.num_warps, device):
+        coop_args = dict(kernel_args(p, cfg, ws, cnt, True), launch_cooperative_grid=True, **meta)
+        coop_kernel = compile_only(_single_launch_kernel, g, (), coop_args)
+        resident = compiled_per_sm(coop_kernel, cfg.num_warps, device) * sm_resources(device)["sms"]
+        if g[0] * g[1] <= resident:
             return coop_kernel, True
     ws = alloc_workspace(p.m, p.n, cfg, p.a.device)
-    plain = _single_launch_kernel.warmup(**kernel_args(p, cfg, ws, counters(p.a.device, g[0]), False), grid=g,
-                                         **meta)
-    plain._init_handles()
+    plain = compile_only(_single_launch_kernel, g, (),
+                         dict(kernel_args(p, cfg, ws, counters(p.a.device, g[0]), False), **meta))
     return plain, False
 
 

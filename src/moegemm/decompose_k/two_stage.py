@@ -9,7 +9,7 @@ import triton.language as tl
 
 from ..epilogue import apply_epilogue
 from ._partial import tile_coords
-from .configs import DecomposeKConfig, Prepared, cdiv
+from .configs import GROUP_M, DecomposeKConfig, Prepared, cdiv
 
 
 @triton.jit
@@ -43,7 +43,7 @@ def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
         partials, p.out, p.bias_arg,
         p.m, p.n, cfg.split_k,
         p.out.stride(0), p.out.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=GROUP_M,
         HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue),
         num_warps=cfg.num_warps,
     )

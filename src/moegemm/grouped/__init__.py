@@ -1,10 +1,17 @@
 """Grouped GEMM for MoE expert layers: routing (permute / unpermute), one-launch grouped kernels in the
-contiguous and masked layouts, and the baselines they are measured against."""
+contiguous and masked layouts, the expert FFN in one call, and the baselines they are measured against.
 
-from . import ops as _ops  # noqa: F401 - registers the custom ops moegemm::grouped_mm(_masked)
-from .api import GroupedConfig, choose_config, grouped_mm, grouped_mm_masked, grouped_mm_swiglu, heuristic_config
+Modules, top to bottom: ``config`` (configs and their choice; ``autotune`` times a shortlist on a shape's
+first call), ``kernels`` (the Triton kernels), ``checks`` (argument checks), ``launch`` (one launch's
+arguments, the grid, plans), ``contiguous`` and ``masked`` (the public GEMMs and their custom ops),
+``routing`` with ``routing_kernels`` and ``pointwise``, ``ffn`` (``moe_ffn``)."""
+
+from .config import GroupedConfig, choose_config, heuristic_config
+from .contiguous import grouped_mm, grouped_mm_swiglu
 from .ffn import moe_ffn
+from .masked import grouped_mm_masked
 from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights, unpermute
 
-__all__ = ["route", "permute", "route_and_permute", "unpermute", "sorted_weights", "RoutingPlan", "grouped_mm",
-           "grouped_mm_masked", "GroupedConfig", "heuristic_config", "choose_config", "moe_ffn", "grouped_mm_swiglu"]
+__all__ = ["route", "permute", "route_and_permute", "unpermute", "sorted_weights", "RoutingPlan",
+           "grouped_mm", "grouped_mm_masked", "GroupedConfig", "heuristic_config", "choose_config", "moe_ffn",
+           "grouped_mm_swiglu"]

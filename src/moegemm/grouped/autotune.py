@@ -20,7 +20,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+import triton
 
+from .. import __version__
 from .._runtime import INTERPRET
 
 REPS, ROUNDS = 5, 3  # calls per timing, interleaved rounds over the shortlist
@@ -50,10 +52,6 @@ def cache_file(slug: str) -> Path | None:
 
 
 def _versions() -> dict:
-    import triton
-
-    from .. import __version__
-
     return {"triton": triton.__version__, "moegemm": __version__}
 
 

@@ -1,4 +1,5 @@
-"""What the grouped kernels are measured against (all in PyTorch)."""
+"""What the grouped kernels are measured against (all in PyTorch). Expert weights as for the kernels:
+[E, N, K] (w_layout="nk", nn.Linear's, the default) or [E, K, N] ("kn")."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def _w_kn(w: torch.Tensor, w_layout: str) -> torch.Tensor:
 
 
 def per_expert_loop(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
-                    w_layout: str = "kn") -> torch.Tensor:
+                    w_layout: str = "nk") -> torch.Tensor:
     """One torch.mm per expert: reads the offsets on the host (a sync) and launches E GEMMs."""
     wk = _w_kn(w, w_layout)
     out = torch.empty((x_sorted.shape[0], wk.shape[2]), dtype=x_sorted.dtype, device=x_sorted.device)
@@ -30,7 +31,7 @@ def capacity(num_rows: int, num_experts: int, capacity_factor: float) -> int:
 
 
 def padded_bmm(x_sorted: torch.Tensor, w: torch.Tensor, plan: RoutingPlan, capacity_factor: float,
-               w_layout: str = "kn") -> tuple[torch.Tensor, torch.Tensor]:
+               w_layout: str = "nk") -> tuple[torch.Tensor, torch.Tensor]:
     """Pad every expert to a capacity C = ceil(cf * T*k / E) rows and run one bmm; rows past C are dropped
     (their output is zero). Returns (y_sorted, number of dropped rows as a device tensor). No host sync."""
     wk = _w_kn(w, w_layout)
@@ -48,14 +49,15 @@ def padded_bmm(x_sorted: torch.Tensor, w: torch.Tensor, plan: RoutingPlan, capac
 
 
 def torch_grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
-                     w_layout: str = "kn") -> torch.Tensor:
+                     w_layout: str = "nk") -> torch.Tensor:
     """``torch._grouped_mm`` (CUTLASS on sm90 for bf16), where this PyTorch has it."""
     if not hasattr(torch, "_grouped_mm"):
         raise NotImplementedError("this PyTorch has no torch._grouped_mm")
     return torch._grouped_mm(x_sorted, _w_kn(w, w_layout), offs=group_offsets[1:].to(torch.int32))
 
 
-def dense_reference(x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str = "kn", expert: int = 0) -> torch.Tensor:
+def dense_reference(x_sorted: torch.Tensor, w: torch.Tensor, w_layout: str = "nk", expert: int = 0
+                    ) -> torch.Tensor:
     """One ordinary GEMM over all M_total rows with one expert's weights: the yardstick of a dense GEMM that
     moves the activations but only one expert's weights."""
     return x_sorted @ _w_kn(w, w_layout)[expert]

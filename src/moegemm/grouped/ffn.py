@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import gpu_slug
-from .api import autotune_key, grouped_mm, grouped_mm_swiglu
-from .ops import gate_up_act_op
+from .._runtime import check_device, gpu_slug
+from .._triton_common import check_dtype
+from . import autotune
+from .config import autotune_key
+from .contiguous import grouped_mm, grouped_mm_swiglu
 from .pointwise import silu_mul
 from .routing import route_and_permute, triton_here, unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
-# SiLU(gate) * up a separate op: there, on the tune split of E8 (results/nvidia-h200/runs/S16-1/moe_layer.csv),
-# the fused kernel (half-width N tiles, no tail tiles) ran 1-6% slower; above it, it was faster in most cells
-# but not all (results/nvidia-h200/probe_fused_tuned.csv), so there the first call of a shape times both.
+# SiLU(gate) * up a separate op: there, on E8's tune split, the fused kernel (half-width N tiles, no tail
+# tiles) was slower; above it, it was faster in most cells but not all, so there the first call of a shape
+# times both.
 FUSE_ABOVE_ROWS_PER_EXPERT = 16
 
 
@@ -32,6 +34,20 @@ def gate_up_act(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.
     return _unfused(xs, w_gate_up, group_offsets, w_layout)
 
 
+@torch.library.custom_op("moegemm::gate_up_act", mutates_args=())
+def gate_up_act_op(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
+                   ) -> torch.Tensor:
+    """:func:`gate_up_act` as the custom op ``moe_ffn`` traces as under torch.compile (the same choice and
+    kernels)."""
+    return gate_up_act(xs, w_gate_up, group_offsets, w_layout)
+
+
+@gate_up_act_op.register_fake
+def _(xs, w_gate_up, group_offsets, w_layout):
+    two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
+    return xs.new_empty((xs.shape[0], two_i // 2))
+
+
 def _unfused(xs, w_gate_up, group_offsets, w_layout):
     gu = grouped_mm(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
     if not triton_here(gu):
@@ -41,19 +57,19 @@ def _unfused(xs, w_gate_up, group_offsets, w_layout):
 
 
 def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
-    from . import autotune
-
     if not triton_here(xs):
         return True
     two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
     slug = gpu_slug(xs)
-    key = autotune_key(xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i, w_layout + "+ffn-gate-up")
+    key = autotune_key(xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i,
+                       w_layout + "+ffn-gate-up")
     hit = autotune.lookup(slug, key)
     if hit is not None:
         return bool(hit["fused"])
     if not autotune.can_time(xs):
         return True
-    runs = {"fused": lambda: grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False),
+    runs = {"fused": lambda: grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout,
+                                               validate=False),
             "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout)}
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
     autotune.remember(slug, key, {"fused": best == "fused"}, times)
@@ -62,30 +78,38 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
 
 def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
             w_down: torch.Tensor, *, w_layout: str = "nk", validate: bool = True) -> torch.Tensor:
-    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j], FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
+    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
+    FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
 
-    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the gate
-    and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the nn.Linear layout Hugging Face and
-    vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn"). Returns [T, H] in x's
-    dtype.
+    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the
+    gate and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the default: the nn.Linear layout
+    Hugging Face and vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn").
+    Returns [T, H] in x's dtype. Errors name these arguments (each is checked here, before any step).
 
     Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode), then
     two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the epilogue
     (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a separate
     SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused into its
-    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids, on a GPU on the device, see
-    :func:`moegemm.grouped.route`; the group offsets come from that routing, so the GEMMs do not check them
-    again), so the layer can be captured in a CUDA graph; under torch.compile it traces with no graph break
-    and runs the same kernels (custom ops).
+    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids,
+    on a GPU on the device, see :func:`moegemm.grouped.route`; the group offsets come from that routing, so
+    the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under torch.compile it
+    traces with no graph break and runs the same kernels (custom ops).
     """
-    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w_gate_up", w_gate_up),
-                    ("w_down", w_down)):
+    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                    ("w_gate_up", w_gate_up), ("w_down", w_down)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [T, H] tensor, got shape {tuple(x.shape)}")
+    check_dtype("x", x)
+    check_device("x", x)
     if w_layout not in ("nk", "kn"):
-        raise ValueError(f"w_layout: expected 'kn' or 'nk', got {w_layout!r}")
+        raise ValueError(f"w_layout: expected 'nk' or 'kn', got {w_layout!r}")
+    for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from x's {x.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, but x is on {x.device}")
     if w_gate_up.dim() != 3 or w_down.dim() != 3:
         raise ValueError(f"w_gate_up, w_down: expected 3-D tensors, got shapes {tuple(w_gate_up.shape)} and "
                          f"{tuple(w_down.shape)}")

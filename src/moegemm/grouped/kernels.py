@@ -14,11 +14,13 @@ from ..epilogue import apply_epilogue
 def _tile_mm(a_ptr, w_ptr, rows, offs_n, k0, k1, stride_am, stride_ak, stride_wk, stride_wn,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N] = A[rows, k0:k1] @ W[k0:k1, offs_n] (rows/offs_n already clamped into range)."""
+    """fp32 [BLOCK_M, BLOCK_N] = A[rows, k0:k1] @ W[k0:k1, offs_n] (rows/offs_n already clamped into
+    range)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-    return k_loop(a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+    return k_loop(a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION,
+                  UPCAST)
 
 
 @triton.jit
@@ -63,7 +65,8 @@ def _mixed_plan(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     n_tiles = tl.cdiv(N, BLOCK_N)
     heavy = tl.where(m_tiles >= MIX, m_tiles, 0)
     light = m_tiles - heavy
-    return tl.cumsum(heavy, axis=0) * n_tiles, tl.cumsum(light, axis=0) * n_tiles, tl.sum(heavy, axis=0) * n_tiles
+    return (tl.cumsum(heavy, axis=0) * n_tiles, tl.cumsum(light, axis=0) * n_tiles,
+            tl.sum(heavy, axis=0) * n_tiles)
 
 
 @triton.jit
@@ -119,7 +122,8 @@ def _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr, 
 
 @triton.jit
 def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr,
+                EPILOGUE: tl.constexpr):
     """epilogue(acc) * row_scale into the rows [row0, min(row0 + BLOCK_M, row_end)) and columns < N."""
     acc = _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -280,7 +284,8 @@ def _grouped_mm_tma_kernel(
 
 
 @triton.jit
-def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr):
+def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 E_BLOCK: tl.constexpr):
     """_tile_plan for the masked layout: each expert's rows are [0, masked_m[e]) of its own block, the
     counts clamped to [0, m_max]."""
     e_offs = tl.arange(0, E_BLOCK)
@@ -335,8 +340,8 @@ def _grouped_mm_masked_tma_kernel(
         expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
                                                               BLOCK_M, BLOCK_N, GROUP_M, 0)
         e64 = expert.to(tl.int64)
-        a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K], strides=[stride_am, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
+        a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K],
+                                           strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
         acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
                           UPCAST)
         _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,

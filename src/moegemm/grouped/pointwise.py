@@ -47,18 +47,31 @@ def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
     w = topk_weights.reshape(-1).contiguous() if topk_weights is not None else slot_rows
     launch(_combine_kernel, (t, triton.cdiv(n, block_n)),
            (y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0)),
-           dict(TOP_K=top_k, HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2))
+           dict(TOP_K=top_k, HAS_W=topk_weights is not None, BLOCK_N=block_n,
+                num_warps=4 if block_n >= 512 else 2))
     return out
 
 
+@torch.library.custom_op("moegemm::combine", mutates_args=())
+def combine_op(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
+               topk_weights: torch.Tensor | None) -> torch.Tensor:
+    """:func:`combine` as the custom op ``unpermute`` traces as under torch.compile."""
+    return combine(y_sorted, slot_rows, top_k, topk_weights)
+
+
+@combine_op.register_fake
+def _(y_sorted, slot_rows, top_k, topk_weights):
+    return y_sorted.new_empty((y_sorted.shape[0] // max(top_k, 1), y_sorted.shape[1]))
+
+
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK: tl.constexpr):
-    """out[r, block] = silu(gu[r, block]) * gu[r, I + block], in fp32."""
+def _silu_mul_kernel(gu_ptr, out_ptr, HALF, stride_g, stride_o, BLOCK: tl.constexpr):
+    """out[r, block] = silu(gu[r, block]) * gu[r, HALF + block], in fp32 (HALF: I, half gu's columns)."""
     r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < I
+    mask = offs < HALF
     g = tl.load(gu_ptr + r * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + r * stride_g + I + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r * stride_g + HALF + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + r * stride_o + offs, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 

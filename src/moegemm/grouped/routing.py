@@ -11,8 +11,8 @@ import dataclasses
 import torch
 
 from .._runtime import INTERPRET
-from .pointwise import combine
-from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays
+from .pointwise import combine, combine_op
+from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays, plan_buffers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +62,6 @@ def _plan(flat: torch.Tensor, t: int, k: int, num_experts: int, on_device_check:
     if flat.numel() and triton_here(flat):
         # a few Triton launches (routing_kernels); under torch.compile the same, as one custom op
         if torch.compiler.is_compiling():
-            from .ops import route_op
-
             arrays = route_op(flat, num_experts, k, on_device_check)
         else:
             arrays = route_arrays(flat, num_experts, k, on_device_check)
@@ -103,7 +101,8 @@ def _checked_flat(topk_ids, num_experts, validate: bool):
         else:
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= num_experts:
-                raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]")
+                raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), "
+                                 f"got range [{lo}, {hi}]")
     return flat, t, k, on_device_check
 
 
@@ -111,15 +110,17 @@ def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
                       validate: bool = True) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
     """(plan, x_sorted, weights_sorted): :func:`route`, :func:`permute` and :func:`sorted_weights` in one
     call, with the same results. Where Triton runs and the step has at most 64 slots (T * top_k, decode;
-    ``routing_kernels.GATHER_SLOTS``), the three are one launch (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile
-    the same, as a custom op); else they run in turn."""
+    ``routing_kernels.GATHER_SLOTS``), the three are one launch
+    (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile the same, as a custom op);
+    else they run in turn."""
     flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     if x.shape[0] != t:
         raise ValueError(f"x: has {x.shape[0]} rows but topk_ids routes {t} tokens")
     if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (t, k):
-        raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {getattr(topk_weights, 'shape', None)}")
+        got = getattr(topk_weights, "shape", None)
+        raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {got}")
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
@@ -128,8 +129,6 @@ def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
     flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
     if torch.compiler.is_compiling():
-        from .ops import route_gather_op
-
         *arrays, xs, ws = route_gather_op(flat, x, w, num_experts, k, on_device_check)
     else:
         *arrays, xs, ws = gather_arrays(flat, num_experts, k, x, w, on_device_check)
@@ -144,13 +143,41 @@ def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
     return tuple(arrays)
 
 
-def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor,
-                  check: bool):
+def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor,
+                  flat_weights: torch.Tensor, check: bool):
     """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the one-launch
     kernel (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
     *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
     _assert_ids(ok, num_experts, check)
     return (*arrays, xs, ws)
+
+
+# The routing steps as custom ops, for the traced path to run the same kernels as the eager one. Each returns
+# new tensors (no mutation); its fake implementation gives their shapes.
+
+@torch.library.custom_op("moegemm::route", mutates_args=())
+def route_op(flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return route_arrays(flat_ids, num_experts, top_k, check)
+
+
+@route_op.register_fake
+def _(flat_ids, num_experts, top_k, check):
+    return plan_buffers(flat_ids, num_experts)[:5]
+
+
+@torch.library.custom_op("moegemm::route_gather", mutates_args=())
+def route_gather_op(flat_ids: torch.Tensor, x: torch.Tensor, flat_weights: torch.Tensor, num_experts: int,
+                    top_k: int, check: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor]:
+    return gather_arrays(flat_ids, num_experts, top_k, x, flat_weights, check)
+
+
+@route_gather_op.register_fake
+def _(flat_ids, x, flat_weights, num_experts, top_k, check):
+    n = flat_ids.shape[0]
+    return (*plan_buffers(flat_ids, num_experts)[:5], x.new_empty((n, x.shape[1])), flat_weights.new_empty(n))
 
 
 def _assert_ids(ok: torch.Tensor, num_experts: int, check: bool) -> None:
@@ -189,18 +216,26 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """src.index_select(0, index); under torch.compile the same ATen kernel as a custom op, so that the traced
     layer gathers as the eager one does."""
     if torch.compiler.is_compiling():
-        from .ops import gather_rows_op
-
         return gather_rows_op(src, index)
     return src.index_select(0, index)
+
+
+@torch.library.custom_op("moegemm::gather_rows", mutates_args=())
+def gather_rows_op(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return src.index_select(0, index)
+
+
+@gather_rows_op.register_fake
+def _(src, index):
+    return src.new_empty((index.shape[0], *src.shape[1:]))
 
 
 def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Tensor | None) -> torch.Tensor:
     """y_sorted [T * top_k, N] -> y [T, N] = sum_j weight[t, j] * (row of slot (t, j)), in fp32, cast back.
 
     Deterministic: each token gathers its top_k rows (``plan.slot_rows``) and sums them in a fixed order, in
-    one Triton kernel on a GPU (:func:`moegemm.grouped.pointwise.combine`). ``topk_weights=None`` means the gating
-    weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
+    one Triton kernel on a GPU (:func:`moegemm.grouped.pointwise.combine`). ``topk_weights=None`` means the
+    gating weights were already applied (e.g. fused as ``row_scale`` into the grouped GEMM).
     """
     if not isinstance(y_sorted, torch.Tensor) or y_sorted.dim() != 2:
         raise ValueError(f"y_sorted: expected a 2-D tensor, got {getattr(y_sorted, 'shape', None)}")
@@ -213,8 +248,6 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
         raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
     if triton_here(y_sorted):  # one Triton kernel; under torch.compile the same, as a custom op
         if torch.compiler.is_compiling():
-            from .ops import combine_op
-
             return combine_op(y_sorted, plan.slot_rows, k, topk_weights)
         return combine(y_sorted, plan.slot_rows, k, topk_weights)
     # on the CPU without the interpreter: torch ops

@@ -29,15 +29,15 @@ from .._triton_common import launch
 CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
 EB = 128  # experts per step of the count and scan loops
 PB = 128  # chunks per step of the scan (its one program walks the chunks serially: few, long steps)
-# the most slots plan_and_gather takes: at 128 slots over 64 or more experts its one launch made the layer
-# slower than the plan and two gathers (results/nvidia-h200/runs/S22-3/probe_decode_routing.csv, on the tune
-# models too: Qwen3-30B-A3B and DeepSeek-V3 at T=16); up to 64 it was as fast or faster
+# the most slots plan_and_gather takes: its one program per column block works the whole plan out, so past
+# 64 slots over many experts that serial plan costs more than the separate plan and two gathers save
 GATHER_SLOTS = 64
 
 
 @triton.jit
 def _experts_of(ids_ptr, s, live, E):
-    """(expert of each slot, 0 for an id outside [0, E); 1 where the id is outside [0, E) and the slot live)."""
+    """(expert of each slot, 0 for an id outside [0, E); 1 where the id is outside [0, E) and the slot
+    live)."""
     v = tl.load(ids_ptr + s, mask=live, other=0)
     ok = (v >= 0) & (v < E)
     return tl.where(ok, v, 0).to(tl.int32), (live & (ok == 0)).to(tl.int32)
@@ -71,7 +71,8 @@ def _scan_kernel(hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P,
         size = tl.zeros((EB,), dtype=tl.int32)
         for p0 in range(0, P, PB):
             pr = p0 + tl.arange(0, PB)
-            h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=(pr < P)[:, None] & em[None, :], other=0)
+            h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=(pr < P)[:, None] & em[None, :],
+                        other=0)
             size += tl.sum(h, axis=0)
         start = done + tl.cumsum(size, axis=0) - size
         tl.store(sizes_ptr + ec, size, mask=em)
@@ -82,7 +83,8 @@ def _scan_kernel(hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P,
             pr = p0 + tl.arange(0, PB)
             m = (pr < P)[:, None] & em[None, :]
             h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=m, other=0)
-            tl.store(base_ptr + pr[:, None] * E + ec[None, :], run[None, :] + tl.cumsum(h, axis=0) - h, mask=m)
+            tl.store(base_ptr + pr[:, None] * E + ec[None, :], run[None, :] + tl.cumsum(h, axis=0) - h,
+                     mask=m)
             run += tl.sum(h, axis=0)
     tl.store(offsets_ptr + E, done)
 
@@ -170,9 +172,9 @@ def _small_gather_kernel(ids_ptr, x_ptr, w_ptr, xs_ptr, ws_ptr, tok_ptr, slot_pt
 
 
 def small_blocks(n: int, num_experts: int) -> tuple[int, int]:
-    """(CHUNK, EB) of ``_small_kernel`` for n <= CHUNK slots over ``num_experts``: the slots and the experts per
-    step rounded up to powers of two (at least 16), so that a decode step's few slots compare only with each
-    other and with as many experts as there are."""
+    """(CHUNK, EB) of ``_small_kernel`` for n <= CHUNK slots over ``num_experts``: the slots and the experts
+    per step rounded up to powers of two (at least 16), so that a decode step's few slots compare only with
+    each other and with as many experts as there are."""
     return max(16, triton.next_power_of_2(n)), min(EB, max(16, triton.next_power_of_2(num_experts)))
 
 
@@ -205,11 +207,13 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     hist, base, bad = scratch[: p * e], scratch[p * e: 2 * p * e], scratch[2 * p * e:]
     launch(_count_kernel, (p,), (flat_ids, hist, bad, n, e), dict(CHUNK=CHUNK, EB=EB, num_warps=4))
     launch(_scan_kernel, (1,), (hist, bad, base, sizes, offsets, ok, p, e), dict(PB=PB, EB=EB, num_warps=8))
-    launch(_place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k), dict(CHUNK=CHUNK, num_warps=4))
+    launch(_place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k),
+           dict(CHUNK=CHUNK, num_warps=4))
     return tok, slot, rows, sizes, offsets, ok
 
 
-def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor):
+def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor,
+                    flat_weights: torch.Tensor):
     """plan_arrays for at most GATHER_SLOTS slots, with x's rows permuted (``xs`` [n, H]: row i is token
     sorted_token_ids[i]) and the gating weights in row order (``ws`` [n]), all in one launch:
     (sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok, xs, ws). x: [T, H] with unit
@@ -224,6 +228,7 @@ def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: tor
     chunk, eb = small_blocks(n, e)
     block_h = max(64, 8192 // chunk)
     launch(_small_gather_kernel, (max(1, triton.cdiv(h, block_h)),),
-           (flat_ids, x, flat_weights, xs, ws, tok, slot, rows, sizes, offsets, ok, n, e, top_k, h, x.stride(0)),
+           (flat_ids, x, flat_weights, xs, ws, tok, slot, rows, sizes, offsets, ok, n, e, top_k, h,
+            x.stride(0)),
            dict(CHUNK=chunk, EB=eb, BLOCK_H=block_h, num_warps=4))
     return tok, slot, rows, sizes, offsets, ok, xs, ws

@@ -1,12 +1,13 @@
 """The order in which the contiguous-layout TMA kernel takes its tiles, written out in Python (host side,
 for analysis; the kernel computes it on the GPU from the group offsets). Tests check the kernel against it
-under Triton's interpreter; experiments/probe_mixed_order.py models a launch from it."""
+under Triton's interpreter; :func:`wave_model_us` models a launch from it."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from .api import GroupedConfig
+from . import config
+from .config import GroupedConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +33,8 @@ def row_tiles(m: int, cfg: GroupedConfig) -> int:
 def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]:
     """The kernel's tiles in tile-number order (the order the plain grid's programs take them; the persistent
     grid's program p takes numbers p, p + grid, ...): experts in order, and inside an expert bands of
-    group_m row tiles walked column by column; with ``cfg.mix`` the tiles of experts of at least mix row
-    tiles dealt out in proportion among the others' (tile t of the launch is one of the heavy experts'
+    config.GROUP_M row tiles walked column by column; with ``cfg.mix`` the tiles of experts of at least mix
+    row tiles dealt out in proportion among the others' (tile t of the launch is one of the heavy experts'
     where floor((t + 1) H / total) > floor(t H / total), H of them in all)."""
     step = cfg.block_m
     n_tiles = -(-n // cfg.block_n)
@@ -41,8 +42,8 @@ def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]
 
     def expert_tiles(e: int) -> list[Tile]:
         m, mt, out = group_sizes[e], row_tiles(group_sizes[e], cfg), []
-        for band in range(0, mt, cfg.group_m):
-            band_rows = min(cfg.group_m, mt - band)
+        for band in range(0, mt, config.GROUP_M):
+            band_rows = min(config.GROUP_M, mt - band)
             for tn in range(n_tiles):
                 for j in range(band_rows):
                     r = (band + j) * step

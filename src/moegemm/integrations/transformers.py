@@ -58,11 +58,12 @@ def moegemm_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, 
     if why is not None:
         if why not in _WARNED:
             _WARNED.add(why)
-            warnings.warn(f"moegemm experts: {why} is not supported; running transformers' grouped_mm instead",
-                          stacklevel=2)
+            warnings.warn(f"moegemm experts: {why} is not supported; running transformers' grouped_mm "
+                          "instead", stacklevel=2)
         return hf_moe.grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    y = moe_ffn(hidden_states, top_k_index, top_k_weights.to(torch.float32), self.gate_up_proj, self.down_proj,
-                w_layout="kn" if getattr(self, "is_transposed", False) else "nk", validate=False)
+    w_layout = "kn" if getattr(self, "is_transposed", False) else "nk"
+    y = moe_ffn(hidden_states, top_k_index, top_k_weights.to(torch.float32), self.gate_up_proj,
+                self.down_proj, w_layout=w_layout, validate=False)
     return y
 
 

@@ -1,0 +1,260 @@
+"""Launching the grouped kernels: the arguments of one launch of each (TMA descriptors where the inputs
+allow them), the grid and its occupancy, and the plans that let a repeat call skip all of it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from .._runtime import device_sm_count
+from .._triton_common import BoundKernel, compile_only, compiled_per_sm, dot_meta, programs_per_sm, raw_stream
+from ..epilogue import Epilogue
+from .checks import check_offsets
+from . import config
+from .config import GroupedConfig
+from .kernels import _grouped_mm_kernel, _grouped_mm_swiglu_tma_kernel, _grouped_mm_tma_kernel
+
+try:  # host-side tensor descriptors (Triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the pointer kernel serves every config
+    TensorDescriptor = None
+
+try:  # Triton's allocator for descriptors made in-kernel
+    from triton.runtime._allocation import NullAllocator, _allocator
+except ImportError:  # pragma: no cover - a Triton without the allocator API has no in-kernel descriptors
+    NullAllocator = _allocator = None
+
+
+# -- TMA descriptors ------------------------------------------------------------------------------------
+
+def tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
+                    cfg: GroupedConfig):
+    """(x descriptor, w descriptor, x descriptor of tail_m-row boxes) for the TMA kernel, or None where the
+    inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension with 16-byte
+    aligned rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or [E*K, N]
+    matrix); for "kn", K a multiple of BLOCK_K (a K tail would read the next expert's rows). The pointer
+    kernel, same tiles, serves the rest. Without tail_m the third descriptor is the first (the kernel does
+    not use it)."""
+    if not tma_rows_ok(x):
+        return None
+    b = w_descriptor(w, w_layout, e, n, k, cfg)
+    if b is None:
+        return None
+    a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
+    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) \
+        if cfg.tail_m else a
+    return a, b, at
+
+
+def tma_rows_ok(x: torch.Tensor) -> bool:
+    """x can be read by TMA boxes along its last dimension: 16-bit, that dimension contiguous, base and
+    every other stride 16-byte aligned (x of the contiguous layout [M_total, K], or of the masked one)."""
+    if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+            and all((s * x.element_size()) % 16 == 0 for s in x.stride()[:-1]))
+
+
+def w_descriptor(w: torch.Tensor, w_layout: str, e: int, n: int, k: int, cfg: GroupedConfig):
+    """w as one 2-D TMA descriptor, [E*N, K] ("nk") or [E*K, N] ("kn"), or None where it cannot be: not
+    16-bit, last dimension not contiguous, rows or base not 16-byte aligned, experts not stacked densely,
+    or "kn" with K not a multiple of BLOCK_K (a K tail would read the next expert's rows)."""
+    if TensorDescriptor is None or w.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if w.stride(2) != 1 or w.data_ptr() % 16 or (w.stride(1) * 2) % 16:
+        return None
+    if e > 1 and w.stride(0) != w.shape[1] * w.stride(1):
+        return None
+    if w_layout == "kn" and k % cfg.block_k:
+        return None
+    rows_w, cols_w = (e * n, k) if w_layout == "nk" else (e * k, n)
+    box = [cfg.block_n, cfg.block_k] if w_layout == "nk" else [cfg.block_k, cfg.block_n]
+    return TensorDescriptor(w, [rows_w, cols_w], [w.stride(1), 1], box)
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory for descriptors made in-kernel (Triton calls this at launch; inside a CUDA-graph
+    capture the tensor comes from the graph's pool and stays with the graph)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Triton's allocator for in-kernel descriptors, unless the caller set one. It lives in a context
+    variable, which a new thread does not inherit, so this runs before every such launch."""
+    if _allocator is not None and isinstance(_allocator.get(), NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+# -- one launch's arguments -----------------------------------------------------------------------------
+
+# How many leading arguments of each kernel change from call to call (the operands, the output, the
+# offsets and scales); a plan keeps the rest (see GroupedPlan).
+_TMA_SLOTS, _SWIGLU_TMA_SLOTS, _PTR_SLOTS = 6, 5, 5
+
+
+def _max_tiles(m_total: int, e: int, n: int, cfg: GroupedConfig, what: str) -> int:
+    """An upper bound on the tiles known without a sync: at most min(E, M_total) experts hold rows, and
+    each adds at most one partly filled row tile to ceil(M_total / BLOCK_M)."""
+    max_tiles = (triton.cdiv(m_total, cfg.block_m) + min(e, m_total)) * triton.cdiv(n, cfg.block_n)
+    if max_tiles >= 2**31:
+        raise ValueError(f"x_sorted: {m_total} rows x {what}={n} need {max_tiles} tiles of "
+                         f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
+    return max_tiles
+
+
+def spec_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
+                    offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
+                    n: int, k: int, epi: Epilogue, allow_tf32: bool) -> tuple:
+    """(kernel, work items, args, kwargs, slots) of one launch of the contiguous layout's kernel for ``cfg``
+    (TMA where the inputs allow it); w_strides: (expert, K, N) strides of w; slots: how many leading
+    arguments change from call to call."""
+    s_e, s_k, s_n = w_strides
+    max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "N")
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=config.GROUP_M,
+                  HAS_SCALE=has_scale, EPILOGUE=int(epi), num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    descs = tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
+    if descs is not None:
+        return _grouped_mm_tma_kernel, max_tiles, (
+            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
+        ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.flatten,
+                FLATTEN=cfg.flatten, MERGE_TAIL=cfg.merge_tail, MIX=cfg.mix,
+                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common), _TMA_SLOTS
+    return _grouped_mm_kernel, max_tiles, (
+        x_sorted, w, out, offsets, scale,
+        n, k, e,
+        x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
+    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common,
+            **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
+
+
+def spec_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
+                offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
+                n: int, k: int, allow_tf32: bool) -> tuple:
+    """(kernel, work items, args, kwargs, slots) of one launch of the fused SwiGLU kernel (``cfg`` already
+    swiglu_config's; n: the output's columns, the weights have 2n per expert), TMA where the inputs allow
+    it."""
+    s_e, s_k, s_n = w_strides
+    max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "I")
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=config.GROUP_M, HAS_SCALE=has_scale,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    descs = tma_descriptors(x_sorted, w, w_layout, e, 2 * n, k, cfg) if cfg.tma else None
+    if descs is not None:
+        return _grouped_mm_swiglu_tma_kernel, max_tiles, (
+            descs[0], descs[1], out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
+        ), dict(W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.flatten, FLATTEN=cfg.flatten,
+                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
+                **common), _SWIGLU_TMA_SLOTS
+    return _grouped_mm_kernel, max_tiles, (
+        x_sorted, w, out, offsets, scale, n, k, e,
+        x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
+    ), dict(EVEN_K=k % cfg.block_k == 0, EPILOGUE=0, SWIGLU=True, **common,
+            **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
+
+
+# -- the grid -------------------------------------------------------------------------------------------
+
+def grid_size(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2) -> int:
+    """Programs to launch: one per work item (an upper bound; extra programs exit at once), or on the
+    persistent grid ``per_sm`` per SM (as many as can be resident at once, see per_sm), each looping over
+    the items."""
+    return min(work_items, per_sm * device_sm_count(x)) if cfg.persistent else work_items
+
+
+def launch(kernel, work_items: int, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> None:
+    """Launch ``kernel`` through Triton on the grid grid_size gives, the persistent one sized by per_sm."""
+    n = per_sm(kernel, cfg, x, args, kwargs) if cfg.persistent else 2
+    kernel[(grid_size(work_items, cfg, x, n),)](*args, **kwargs)
+
+
+_PER_SM: dict = {}
+
+
+def per_sm(kernel, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dict) -> int:
+    """Programs of this compiled kernel that fit on one multiprocessor together, capped at two: by its
+    shared memory and registers as compiled (Triton's metadata, read once per kernel variant; the shared
+    occupancy model of moegemm._triton_common), one for the flattened loop. Programs beyond what fits only
+    wait for a resident one to finish all its tiles. For tiles of which only one fits, neither one nor two
+    per SM is the better in every cell, so the tuner chooses between this grid and the plain one per cell;
+    where two fit, one per SM leaves the multiprocessor half idle. Where the metadata cannot be had (the
+    interpreter), two."""
+    if cfg.flatten:
+        return 1
+    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel), x.dtype, x.device.index,
+           tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, str)))))
+    hit = _PER_SM.get(key)
+    if hit is None:
+        hit = 2
+        if torch.cuda.is_available() and x.is_cuda and hasattr(kernel, "warmup"):
+            try:
+                compiled = compile_only(kernel, (1,), args, kwargs)
+                device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+                hit = max(1, min(2, compiled_per_sm(compiled, cfg.num_warps, device)))
+            except Exception:  # noqa: BLE001 - an API this Triton lacks: the grid of two per SM
+                hit = 2
+        _PER_SM[key] = hit
+    return hit
+
+
+def fit_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, smem_per_sm: int) -> int:
+    """per_sm's answer for a kernel of these resources: the programs that fit together, in [1, 2]."""
+    return max(1, min(2, programs_per_sm(shared_bytes, regs_per_thread, num_warps, smem_per_sm=smem_per_sm)))
+
+
+# -- plans ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(eq=False)
+class GroupedPlan:
+    """One (shapes, strides, dtypes, alignment, arguments) of grouped_mm or grouped_mm_swiglu, checked and
+    configured once: a later call builds its TMA descriptors (where the kernel takes them) and launches the
+    compiled kernel directly (moegemm._triton_common.BoundKernel). Holds no tensor."""
+
+    kernel: object  # the Triton kernel it launches
+    bound: BoundKernel
+    cfg: GroupedConfig
+    tma: bool
+    w_layout: str
+    e: int
+    n_w: int
+    n: int
+    k: int
+    swiglu: bool
+    has_scale: bool
+    offsets_ready: bool  # group_offsets is already int32 and contiguous
+
+    @classmethod
+    def make(cls, spec: tuple, cfg: GroupedConfig, x, w_layout, e, n_w, n, k, swiglu, has_scale,
+             offsets_ready) -> "GroupedPlan | None":
+        kernel, work_items, args, kwargs, slots = spec
+        if not hasattr(kernel, "warmup"):
+            return None
+        n_sm = per_sm(kernel, cfg, x, args, kwargs) if cfg.persistent else 2
+        try:
+            bound = BoundKernel(kernel, (grid_size(work_items, cfg, x, n_sm),), args, kwargs, slots)
+        except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
+            return None
+        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=kernel is not _grouped_mm_kernel,
+                   w_layout=w_layout, e=e, n_w=n_w, n=n, k=k, swiglu=swiglu, has_scale=has_scale,
+                   offsets_ready=offsets_ready)
+
+    def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:
+        m_total = x.shape[0]
+        if validate:
+            check_offsets(group_offsets, m_total)
+        if out is None:
+            out = torch.empty((m_total, self.n), dtype=x.dtype, device=x.device)
+        offsets = group_offsets if self.offsets_ready else group_offsets.to(torch.int32).contiguous()
+        scale = row_scale.contiguous() if self.has_scale else out
+        stream = raw_stream(x.device.index)
+        if self.tma:
+            descs = tma_descriptors(x, w, self.w_layout, self.e, self.n_w, self.k, self.cfg)
+            if self.swiglu:
+                descs = descs[:2]
+            self.bound(stream, *descs, out, offsets, scale)
+        else:
+            self.bound(stream, x, w, out, offsets, scale)
+        return out
