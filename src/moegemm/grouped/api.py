@@ -246,6 +246,12 @@ def grouped_mm(
     tiles are dealt out in proportion among the other experts' (a skewed load: a hot expert's
     tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
     """
+    if torch.is_grad_enabled() and _any_requires_grad(x_sorted, w, row_scale):  # training: autograd
+        from .autograd import grouped_mm_train
+
+        return grouped_mm_train(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
+                                row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
+                                validate=validate, swiglu=False)
     if torch.compiler.is_compiling():
         from . import ops
 
@@ -277,6 +283,12 @@ def grouped_mm_swiglu(
     tiles are not used. Default: timed on the first call of a shape (as :func:`grouped_mm` times an untuned
     one, and kept apart from its choices) among the distilled shortlist of its regime and, where the tuned
     table has the unfused shape, that entry's tiles."""
+    if torch.is_grad_enabled() and _any_requires_grad(x_sorted, w_gate_up, row_scale):  # training: autograd
+        from .autograd import grouped_mm_train
+
+        return grouped_mm_train(x_sorted, w_gate_up, group_offsets, w_layout=w_layout, epilogue="none",
+                                row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
+                                validate=validate, swiglu=True)
     if torch.compiler.is_compiling():
         from . import ops
 
@@ -284,6 +296,11 @@ def grouped_mm_swiglu(
                                             allow_tf32, validate)
     return _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, allow_tf32,
                     validate, swiglu=True)
+
+
+def _any_requires_grad(*tensors) -> bool:
+    """Whether one of the operands requires grad (then the call records gradients: grouped.autograd)."""
+    return any(getattr(t, "requires_grad", False) for t in tensors)
 
 
 def swiglu_config(cfg: GroupedConfig) -> GroupedConfig:

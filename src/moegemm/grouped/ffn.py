@@ -104,6 +104,11 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
                          f"{tuple(topk_weights.shape)}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, topk_weights, w_gate_up, w_down)):
+        from .autograd import moe_ffn_train  # training: gradients (moegemm.grouped.autograd)
+
+        return moe_ffn_train(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout,
+                             validate=validate)
     plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=validate)
     if torch.compiler.is_compiling() and triton_here(xs):  # the same choice and kernels, as a custom op
         act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
