@@ -34,7 +34,7 @@ TEX = shutil.which("latexmk") is not None
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
 NUMBERS_CODE = ["paper/make_numbers.py"] + sorted(str(p) for p in Path("paper/numbers").glob("*.py"))
 
-EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
+EXPERIMENTS = {  # output CSV -> experiment module (E1..E9)
     "compile_modes": "e1_compile_modes",
     "inductor_codegen": "e2_inductor_codegen",
     "epilogue_fusion": "e3_epilogue_fusion",
@@ -43,6 +43,7 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
     "router_gemm": "e6_router_gemm",
     "grouped_skew": "e7_grouped_skew",
     "moe_layer": "e8_moe_layer",
+    "moe_train": "e9_moe_train",
 }
 # With several GPUs the longest experiments run as one shard per GPU, merged on the CPU (rules measure_shard,
 # merge_shards); with one, as one job like the others.
@@ -216,7 +217,7 @@ if GPUS:
     # seed's search), the grouped ones (E7, E8) the grouped tables. No experiment reads the floors (the
     # write-up does), so with several GPUs E7 and E8 start once the grouped tuner is done, beside the
     # Decompose-K and seed tuners.
-    GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer")
+    GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer", "moe_train")
     MEASURE_INPUT = dict(
         verify=f"results/{HERE}/verify.json",
         seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
