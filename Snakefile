@@ -59,6 +59,7 @@ FIGURE_INPUTS = {  # figure script -> the results it draws
     "e4_split_sweep": ["split_sweep"], "e5_decompose_k_grid": ["decompose_k_grid"],
     "e6_router_gemm": ["router_gemm"], "e7_grouped_skew": ["grouped_skew"],
     "e8_moe_layer": ["moe_layer"],
+    "e9_moe_train": ["moe_train"],
     "hero": ["decompose_k_grid"] + (["grouped_skew"] if "grouped_skew" in WRITEUP else []),
 }
 FIGURES = [f for f, needs in FIGURE_INPUTS.items() if all(n in WRITEUP for n in needs)]

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_probes, e8
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_probes, e8, e9
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, update_readme
 from paper.numbers.runtime import runtime, runtime_block
@@ -30,7 +30,7 @@ def main():
     n = Numbers()
     provenance(n, results)
     p = e7_probes
-    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, p.tails, p.prefill_probe, p.prefill_counters, runtime):
+    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, e9.e9, p.tails, p.prefill_probe, p.prefill_counters, runtime):
         f(n, results, gen)
     for f in (p.merged_tails, p.robust_tuning, p.tma_splits, p.extra_rows, p.stream_k_probe, p.mixed_order_probe,
               p.middle_tiles_probe, p.heldout_ceilings_probe, p.rotation_runs, p.gluon_probe):

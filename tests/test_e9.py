@@ -121,3 +121,53 @@ def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypa
         for k in [k for k in sys.modules if k == "unsloth" or k.startswith("unsloth.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e9 and figures/e9_moe_train on a moe_train CSV (synthetic test data made here, not a
+    measurement): the held-out step and backward against the best peer, the memory against the torch
+    pipeline, save over recompute; the table; a figure; no CSV, no numbers."""
+    import subprocess
+    from pathlib import Path
+
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e9 import e9
+
+    n = Numbers()
+    e9(n, tmp_path, tmp_path)
+    assert not n.items
+    step = {"ours:moe_ffn": 100.0, "ours:moe_ffn:save-gate-up": 110.0, "torch._grouped_mm pipeline": 150.0,
+            "torch._grouped_mm pipeline:compiled": 140.0, "hf:grouped_mm:compiled": 160.0,
+            "unsloth:grouped_gemm": 130.0, "per-expert-loop": 900.0}
+    fwd = {c: v / 3 for c, v in step.items()}
+    fwd["ours:moe_ffn"] = 40.0  # ours: backward 60; best peer (unsloth) backward 130 - 43.3
+    mem = {c: 2e9 for c in step}
+    mem["torch._grouped_mm pipeline"] = 3e9
+    rows = []
+    for m, s in (("a", "tune"), ("b", "heldout"), ("c", "heldout")):
+        for t in (4096, 16384):
+            for ld in ("uniform", "zipf1.2"):
+                for c in step:
+                    for phase, us in (("fwd+bwd", step[c]), ("fwd", fwd[c])):
+                        gus = float("nan") if c == "per-expert-loop" else us
+                        rows.append({"model": m, "split": s, "tokens": t, "load": ld, "contender": c,
+                                     "phase": phase, "status": "ok", "graph_us": gus,
+                                     "launch_us": us * 1.1, "peak_mem_bytes": mem[c], "gpu": "Test GPU",
+                                     "torch": "x", "triton": "y"})
+    rows.append({**rows[0], "contender": "unsloth:grouped_gemm", "status": "error", "graph_us": float("nan")})
+    pd.DataFrame(rows).to_csv(tmp_path / "moe_train.csv", index=False)
+    e9(n, tmp_path, tmp_path)
+    assert n.items["ENineModels"] == "3" and n.items["ENineHeldModels"] == "2"
+    assert n.items["ENineHeldVsPeer"] == "1.30" and n.items["ENineHeldCells"] == "8"
+    assert n.items["ENineHeldCellsAboveTarget"] == "8"
+    assert n.items["ENineHeldBwdVsPeer"] == f"{(130 - 130 / 3) / 60:.2f}"
+    assert n.items["ENineMemVsTorch"] == "1.50" and n.items["ENineMemCellsNotAbove"] == "12"
+    assert n.items["ENineSaveOverRecompute"] == "1.10"
+    assert "tab:e9" in (tmp_path / "table_e9.tex").read_text()
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "figures.e9_moe_train", "--results", str(tmp_path), "--out",
+                          str(tmp_path / "e9")], cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "e9.pdf").exists()
