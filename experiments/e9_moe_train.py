@@ -37,7 +37,7 @@ import time
 import torch
 
 from experiments import unsloth_moe
-from experiments.common import Progress, shard_cells
+from experiments.common import Progress, raise_recompile_limit, shard_cells
 from experiments.e7_grouped_skew import failed_contender, graph_rates, start
 from experiments.e8_moe_layer import annotate, ffn_weights, hf_experts, layer_sizes
 from moegemm.bench.correctness import check
@@ -241,6 +241,7 @@ def main():
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b"][:1]
     cells = shard_cells(cells, args.shard)
+    raise_recompile_limit(256)  # the compiled contenders: a graph per (T, load, phase) of each model
     uk, why = unsloth_moe.load()
     print(f"Unsloth's MoE kernels: {uk.origin if uk else why}", flush=True)
     bar = Progress(len(cells), "E9")
