@@ -48,11 +48,14 @@ def _root(source: str) -> Path:
 
 
 def revision_of(root: Path) -> str:
+    """The commit of the git repository whose top is ``root`` (not of a repository it merely sits in), else
+    MOEGEMM_UNSLOTH_REVISION, else "unknown"."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        lines = out.stdout.split()
+        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == root.resolve():
+            return lines[1]
     except (OSError, subprocess.SubprocessError):
         pass
     return os.environ.get("MOEGEMM_UNSLOTH_REVISION", "unknown")
