@@ -35,7 +35,7 @@ SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of 
 NUMBERS_CODE = (["paper/make_numbers.py", "probes/writeup.py", "experiments/report.py"]
                 + sorted(str(p) for p in Path("paper/numbers").glob("*.py")))
 
-EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
+EXPERIMENTS = {  # output CSV -> experiment module (E1..E9)
     "compile_modes": "e1_compile_modes",
     "inductor_codegen": "e2_inductor_codegen",
     "epilogue_fusion": "e3_epilogue_fusion",
@@ -44,6 +44,7 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E8)
     "router_gemm": "e6_router_gemm",
     "grouped_skew": "e7_grouped_skew",
     "moe_layer": "e8_moe_layer",
+    "moe_train": "e9_moe_train",
 }
 # With several GPUs the longest experiments run as one shard per GPU, merged on the CPU (rules measure_shard,
 # merge_shards); with one, as one job like the others.
@@ -59,6 +60,7 @@ FIGURE_INPUTS = {  # figure script -> the results it draws
     "e4_split_sweep": ["split_sweep"], "e5_decompose_k_grid": ["decompose_k_grid"],
     "e6_router_gemm": ["router_gemm"], "e7_grouped_skew": ["grouped_skew"],
     "e8_moe_layer": ["moe_layer"],
+    "e9_moe_train": ["moe_train"],
     "hero": ["decompose_k_grid"] + (["grouped_skew"] if "grouped_skew" in WRITEUP else []),
 }
 FIGURES = [f for f, needs in FIGURE_INPUTS.items() if all(n in WRITEUP for n in needs)]
@@ -217,7 +219,7 @@ if GPUS:
     # seed's search), the grouped ones (E7, E8) the grouped tables. No experiment reads the floors (the
     # write-up does), so with several GPUs E7 and E8 start once the grouped tuner is done, beside the
     # Decompose-K and seed tuners.
-    GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer")
+    GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer", "moe_train")
     MEASURE_INPUT = dict(
         verify=f"results/{HERE}/verify.json",
         seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, update_readme
 from paper.numbers.runtime import runtime, runtime_block
@@ -31,7 +31,7 @@ def main():
     n = Numbers()
     provenance(n, results)
     t, p = e7_tuner, probes  # numbers.tex keeps the order of the macros: the calls are interleaved
-    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, t.tails,
+    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, e9.e9, t.tails,
               p.prefill_probe, p.prefill_counters, runtime):
         f(n, results, gen)
     for f in (t.merged_tails, t.robust_tuning, t.tma_splits, t.extra_rows, p.stream_k_probe, p.mixed_order_probe,

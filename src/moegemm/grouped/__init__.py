@@ -3,12 +3,13 @@ contiguous and masked layouts, the expert FFN in one call, and the baselines the
 
 Modules, top to bottom: ``config`` (configs and their choice; ``autotune`` times a shortlist on a shape's
 first call), ``kernels`` (the Triton kernels), ``checks`` (argument checks), ``launch`` (one launch's
-arguments, the grid, plans), ``contiguous`` and ``masked`` (the public GEMMs and their custom ops),
-``routing`` with ``routing_kernels`` and ``pointwise``, ``ffn`` (``moe_ffn``)."""
+arguments, the grid, plans), ``contiguous`` and ``masked`` (the GEMMs' forward and their custom ops),
+``routing`` with ``routing_kernels`` and ``pointwise``, ``ffn`` (the expert FFN's forward),
+``backward_kernels`` and ``backward`` (the gradients' GEMMs), ``autograd`` (autograd functions and the
+training ops), ``api`` (``grouped_mm``, ``grouped_mm_swiglu``, ``moe_ffn``: training or forward alone)."""
 
+from .api import grouped_mm, grouped_mm_swiglu, moe_ffn
 from .config import GroupedConfig, choose_config, heuristic_config
-from .contiguous import grouped_mm, grouped_mm_swiglu
-from .ffn import moe_ffn
 from .masked import grouped_mm_masked
 from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights, unpermute
 

@@ -1,4 +1,4 @@
-"""``grouped_mm`` and ``grouped_mm_swiglu``, the contiguous layout (rows grouped by expert, one launch for
+"""The forward of ``grouped_mm`` and ``grouped_mm_swiglu``, the contiguous layout (rows grouped by expert, one launch for
 all experts): argument checks, the config (given, tuned, or timed on a shape's first call), the launch, and
 the plan a repeat call of the same shape takes. Each is also a torch custom op (registered here, beside the
 implementation it runs), which is what ``torch.compile`` traces."""
@@ -18,7 +18,7 @@ from .config import GroupedConfig, autotune_key, choose, config_list, config_of,
 from .launch import GroupedPlan, launch, spec_contiguous, spec_swiglu
 
 
-def grouped_mm(
+def grouped_mm_forward(
     x_sorted: torch.Tensor,
     w: torch.Tensor,
     group_offsets: torch.Tensor,
@@ -31,24 +31,8 @@ def grouped_mm(
     allow_tf32: bool = False,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Y[rows of e] = epilogue(X[rows of e] @ W_e^T) * row_scale[rows], for every expert e, in ONE launch.
-
-    x_sorted: [M_total, K], rows grouped by expert; group_offsets: int [E + 1], non-decreasing, from 0 to
-    M_total (row range of each expert; m_e = 0 allowed). w: [E, N, K] (w_layout="nk", the default: the
-    nn.Linear convention) or [E, K, N] ("kn"). row_scale: optional [M_total] (e.g. the gating weights in
-    sorted order). ``validate`` checks the offsets' values: on a GPU on the device, with no host sync (a
-    call can be captured in a CUDA graph; a failed check is a device-side assertion), on the CPU with a
-    ValueError. Under ``torch.compile`` this traces as the custom op ``moegemm::grouped_mm``.
-    config: tiles, grid and load path; default: :func:`moegemm.grouped.choose_config` (this GPU's tuned
-    table, else a config autotuned on the first call of an unseen shape, else the distilled default). A
-    config with ``tma=True`` uses the TMA kernel where the inputs allow it (16-bit, rows 16-byte aligned,
-    experts stacked densely; "kn" needs K % block_k == 0) and the pointer kernel with the same tiles
-    elsewhere; with ``tail_m`` it computes a tile holding at most tail_m rows of its expert as a smaller,
-    transposed tile (prefill: the last row tile of most experts), or with ``merge_tail`` beside the
-    expert's previous row tile, from the same weight tiles; with ``mix`` the tiles of experts of at least
-    that many row tiles are dealt out in proportion among the other experts' (a skewed load: a hot
-    expert's tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
-    """
+    """:func:`moegemm.grouped.grouped_mm` recording no gradient: the custom op under ``torch.compile``,
+    else the launch."""
     if torch.compiler.is_compiling():
         n = w.shape[2] if w_layout == "kn" else w.shape[1]
         out = x_sorted.new_empty((x_sorted.shape[0], n)) if out is None else out
@@ -60,7 +44,7 @@ def grouped_mm(
                     validate, swiglu=False)
 
 
-def grouped_mm_swiglu(
+def grouped_mm_swiglu_forward(
     x_sorted: torch.Tensor,
     w_gate_up: torch.Tensor,
     group_offsets: torch.Tensor,
@@ -72,16 +56,8 @@ def grouped_mm_swiglu(
     allow_tf32: bool = False,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Y[rows of e] = silu(X[rows of e] G_e) * (X[rows of e] U_e) * row_scale[rows], for every expert e,
-    in ONE launch: the gate and up projections fused with SwiGLU in the epilogue. w_gate_up: [E, 2I, K]
-    ("nk", the default: the nn.Linear layout) or [E, K, 2I] ("kn"), each expert's gate rows (or columns)
-    first, then its up ones; returns [M_total, I]. Both products of an output tile come from the same row
-    tile, so the [M_total, 2I] product is never written. Arguments as for :func:`grouped_mm` (no epilogue:
-    SwiGLU is it). ``config`` names the tiles of the unfused [E, K, 2I] product: a tile of the fused
-    kernel computes block_n / 2 output columns of each of the two halves, so that it holds as many
-    accumulators; its tail tiles are not used. Default: timed on the first call of a shape (as
-    :func:`grouped_mm` times an untuned one, and kept apart from its choices) among the distilled
-    shortlist of its regime and, where the tuned table has the unfused shape, that entry's tiles."""
+    """:func:`moegemm.grouped.grouped_mm_swiglu` recording no gradient: the custom op under
+    ``torch.compile``, else the launch."""
     if torch.compiler.is_compiling():
         n2 = w_gate_up.shape[2] if w_layout == "kn" else w_gate_up.shape[1]
         out = x_sorted.new_empty((x_sorted.shape[0], n2 // 2)) if out is None else out

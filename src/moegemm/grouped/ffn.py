@@ -1,4 +1,5 @@
-"""The whole expert FFN of an MoE layer behind one call: routing in, combined [T, H] out."""
+"""The forward of the whole expert FFN of an MoE layer (routing in, combined [T, H] out), and the choice of
+its gate/up step: fused SwiGLU or the product and a separate SiLU * up."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from .._runtime import check_device, gpu_slug
 from .._triton_common import check_dtype
 from . import autotune
 from .config import autotune_key
-from .contiguous import grouped_mm, grouped_mm_swiglu
+from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .pointwise import silu_mul
 from .routing import route_and_permute, triton_here, unpermute
 
@@ -30,7 +31,7 @@ def gate_up_act(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.
     the interpreter, where a shape not yet timed takes the fused kernel)."""
     e = w_gate_up.shape[0]
     if xs.shape[0] > FUSE_ABOVE_ROWS_PER_EXPERT * e and _fused_faster(xs, w_gate_up, group_offsets, w_layout):
-        return grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+        return grouped_mm_swiglu_forward(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
     return _unfused(xs, w_gate_up, group_offsets, w_layout)
 
 
@@ -49,7 +50,7 @@ def _(xs, w_gate_up, group_offsets, w_layout):
 
 
 def _unfused(xs, w_gate_up, group_offsets, w_layout):
-    gu = grouped_mm(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+    gu = grouped_mm_forward(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
     if not triton_here(gu):
         i = gu.shape[1] // 2
         return (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
@@ -68,7 +69,7 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
         return bool(hit["fused"])
     if not autotune.can_time(xs):
         return True
-    runs = {"fused": lambda: grouped_mm_swiglu(xs, w_gate_up, group_offsets, w_layout=w_layout,
+    runs = {"fused": lambda: grouped_mm_swiglu_forward(xs, w_gate_up, group_offsets, w_layout=w_layout,
                                                validate=False),
             "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout)}
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
@@ -76,25 +77,9 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
     return best == "fused"
 
 
-def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-            w_down: torch.Tensor, *, w_layout: str = "nk", validate: bool = True) -> torch.Tensor:
-    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
-    FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
-
-    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the
-    gate and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the default: the nn.Linear layout
-    Hugging Face and vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn").
-    Returns [T, H] in x's dtype. Errors name these arguments (each is checked here, before any step).
-
-    Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode), then
-    two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the epilogue
-    (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a separate
-    SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused into its
-    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids,
-    on a GPU on the device, see :func:`moegemm.grouped.route`; the group offsets come from that routing, so
-    the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under torch.compile it
-    traces with no graph break and runs the same kernels (custom ops).
-    """
+def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -> int:
+    """The argument checks of :func:`moegemm.grouped.moe_ffn`, each error naming its argument; returns the
+    number of experts E."""
     for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
                     ("w_gate_up", w_gate_up), ("w_down", w_down)):
         if not isinstance(t, torch.Tensor):
@@ -128,10 +113,20 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
                          f"{tuple(topk_weights.shape)}")
+    return e
+
+
+def moe_ffn_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    w_gate_up: torch.Tensor, w_down: torch.Tensor, *, w_layout: str = "nk",
+                    validate: bool = True) -> torch.Tensor:
+    """:func:`moegemm.grouped.moe_ffn` recording no gradient (arguments checked by :func:`check_moe_ffn`):
+    routing and the permutation, gate/up with SwiGLU, down with the gating weights fused into its store,
+    the un-permute."""
+    e = w_gate_up.shape[0]
     plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=validate)
     if torch.compiler.is_compiling() and triton_here(xs):  # the same choice and kernels, as a custom op
         act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
     else:
         act = gate_up_act(xs, w_gate_up, plan.group_offsets, w_layout)
-    ys = grouped_mm(act, w_down, plan.group_offsets, w_layout=w_layout, row_scale=ws, validate=False)
+    ys = grouped_mm_forward(act, w_down, plan.group_offsets, w_layout=w_layout, row_scale=ws, validate=False)
     return unpermute(ys, plan, None)

@@ -1,0 +1,281 @@
+"""E9 moe-train: the expert layer of an MoE model in training, forward plus backward.
+
+Per zoo model (config.yaml's grouped.models, tune and held-out, weights as E8's: gate_up [E, 2I, H], down
+[E, H, I], bf16), tokens per step T (moe_train.tokens, where the layer fits in memory: see ``fits``) and
+load (uniform, Zipf 1.2): one step is the layer's forward on x [T, H] with the router's top-k ids and
+gating weights, then the backward of a fixed upstream gradient dY, computing the gradients of x, the gating
+weights (the router learns) and both weights. Contenders:
+
+- ``ours:moe_ffn``: moegemm.grouped.moe_ffn (the gate/up product recomputed in the backward's fused
+  SwiGLU-backward kernel, the default); ``ours:moe_ffn:save-gate-up``: the same keeping the [rows, 2I]
+  gate/up product from the forward (moegemm.grouped.autograd.SAVE_GATE_UP);
+- ``torch._grouped_mm pipeline`` (torchtitan's path): routing, the permutation as a gather, torch._grouped_mm
+  for gate/up, SiLU * up, torch._grouped_mm for down, the gating weights and a scatter-add back to the
+  tokens, all torch ops with torch's autograd; eager, and ``...:compiled`` under torch.compile;
+- ``hf:grouped_mm:compiled``: transformers' grouped_mm experts backend (Qwen3-MoE's experts module over the
+  cell's weights, as E8 runs it), under torch.compile;
+- ``unsloth:grouped_gemm``: Unsloth's Triton MoE kernels with their own backward, loaded at run time from
+  their source (MOEGEMM_UNSLOTH_SOURCE; experiments/unsloth_moe.py; the revision in the row);
+- ``per-expert-loop``: transformers' eager experts (a loop over the experts hit; host syncs: launch clock
+  only).
+
+Each phase in moe_train.phases is its own row: "fwd+bwd" (the step; its output, dX, checked against a
+float64 dX) and "fwd" (the forward alone with autograd recording, checked against the float64 output);
+the backward's time is their difference. Both clocks (GPU time through a CUDA graph where the contender
+captures, and launch-inclusive), and the peak memory of one step (``peak_mem_bytes``:
+torch.cuda.max_memory_allocated over the step; ``step_mem_bytes``: that less what was allocated before it).
+
+    python -m experiments.e9_moe_train --out results/<slug>/moe_train.csv
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import torch
+
+from experiments import unsloth_moe
+from experiments.common import Progress, raise_recompile_limit, shard_cells
+from experiments.e7_grouped_skew import failed_contender, graph_rates, start
+from experiments.e8_moe_layer import annotate, ffn_weights, hf_experts, layer_sizes
+from moegemm.bench.correctness import check
+from moegemm.bench.moe_loads import sample_topk
+from moegemm.bench.runner import Contender, measure
+from moegemm.grouped import moe_ffn, route
+
+CELL_KEYS = ("model", "tokens", "load")
+PHASES = ("fwd+bwd", "fwd")
+
+
+@torch.no_grad()
+def ref_step(x, ids, wts, w_gu, w_dn, dy) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (y [T, H], dX [T, H]) of the layer and of dY's backward, expert by expert (each expert's
+    weights in float64 one at a time)."""
+    i = w_gu.shape[1] // 2
+    y = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    dx = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, j = torch.nonzero(ids == e, as_tuple=True)
+        gu_w, dn_w = w_gu[e].double(), w_dn[e].double()  # [2I, H], [H, I]
+        xe = x[tok].double()
+        h = xe @ gu_w.T
+        g, u = h[:, :i], h[:, i:]
+        sg = torch.sigmoid(g)
+        act = g * sg * u
+        s = wts[tok, j].double()[:, None]
+        y.index_add_(0, tok, s * (act @ dn_w.T))
+        da = s * (dy[tok].double() @ dn_w)
+        dg = da * u * sg * (1 + g * (1 - sg))
+        du = da * g * sg
+        dx.index_add_(0, tok, torch.cat([dg, du], 1) @ gu_w)
+    return y, dx
+
+
+def torch_pipeline_train(x, ids, wts, w_gu, w_dn, e: int) -> torch.Tensor:
+    """torchtitan's MoE path in torch ops (differentiable): routing (ours: no host sync), the permutation as
+    a gather, torch._grouped_mm for gate/up, SiLU * up, torch._grouped_mm for down, the gating weights in
+    fp32 and a scatter-add back to the tokens."""
+    plan = route(ids, e, validate=False)
+    offs = plan.group_offsets[1:].to(torch.int32)
+    xs = x.index_select(0, plan.sorted_token_ids)
+    gu = torch._grouped_mm(xs, w_gu.transpose(1, 2), offs=offs)
+    i = gu.shape[1] // 2
+    act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+    ys = torch._grouped_mm(act, w_dn.transpose(1, 2), offs=offs)
+    ws = wts.reshape(-1).index_select(0, plan.sorted_slot)
+    ys = (ys.float() * ws[:, None]).to(x.dtype)
+    idx = plan.sorted_token_ids.to(torch.int64)[:, None].expand(-1, x.shape[1])
+    return torch.zeros_like(x).scatter_add(0, idx, ys)
+
+
+class Step:
+    """One contender's step over shared leaves: the forward ``fwd(x, wts, w_gu, w_dn)`` and, for
+    "fwd+bwd", the backward of ``dy``; returns dX (or, for "fwd", the output). Every gradient is cleared
+    before the step and the weights' and gating weights' after it, so that no contender holds another's
+    gradients (their memory is part of the step, each step allocating its own)."""
+
+    def __init__(self, fwd, leaves, params, dy, phase: str):
+        self.fwd, self.leaves, self.params, self.dy, self.phase = fwd, leaves, params, dy, phase
+
+    def __call__(self):
+        x = self.leaves[0]
+        for p in (*self.leaves, *self.params):
+            p.grad = None
+        y = self.fwd()
+        if self.phase == "fwd":
+            return y
+        y.backward(self.dy)
+        for p in (*self.leaves[1:], *self.params):
+            p.grad = None
+        return x.grad
+
+
+def memo_bind(make):
+    """A contender's bind that makes its call once per input set (measure and the peak-memory step share
+    it; a compiled contender compiles once)."""
+    made = {}
+
+    def bind(inp):
+        key = tuple(id(t) for t in inp)
+        if key not in made:
+            made[key] = make(inp)
+        return made[key]
+    return bind
+
+
+def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: bool, uk) -> list[Contender]:
+    """The contenders of one cell and phase (see the module's docstring). ``x`` and ``wts`` are the leaves
+    (requires_grad); an input set is (w_gate_up, w_down), leaves too."""
+    from moegemm.grouped import autograd as ag
+
+    own = (lambda out: check(out, ref_y, k)) if phase == "fwd" else None
+    fields = {"phase": phase}
+
+    def plain(name, fn, graph=True, extra=None):
+        def make(inp):
+            return Step(lambda: fn(x, ids, wts, inp[0], inp[1]), (x, wts, inp[0], inp[1]), (), dy, phase)
+        return Contender(name, memo_bind(make), graph=graph, check=own, fields={**fields, **(extra or {})})
+
+    def ours_save(x, ids, wts, a, b):
+        old = ag.SAVE_GATE_UP
+        ag.SAVE_GATE_UP = True
+        try:
+            return moe_ffn(x, ids, wts, a, b, w_layout="nk", validate=False)
+        finally:
+            ag.SAVE_GATE_UP = old
+
+    def hf(name, impl, comp, graph=True):
+        try:
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # noqa: F401
+        except ImportError as ex:
+            return failed_contender(name, f"transformers 5.x (ExpertsInterface) not importable: {ex}")
+
+        def make(inp):
+            mod = hf_experts(inp[0], inp[1], impl)
+            for p in mod.parameters():
+                p.requires_grad_(True)
+            fn = torch.compile(mod, fullgraph=True) if comp else mod
+            return Step(lambda: fn(x, ids, wts), (x, wts), tuple(mod.parameters()), dy, phase)
+        return Contender(name, memo_bind(make), graph=graph, check=own,
+                         fields={**fields, "config_source": impl + (", compiled" if comp else "")})
+
+    def ours(x, ids, wts, a, b):
+        return moe_ffn(x, ids, wts, a, b, w_layout="nk", validate=False)
+
+    def pipeline(x, ids, wts, a, b):
+        return torch_pipeline_train(x, ids, wts, a, b, e)
+
+    cs = [plain("ours:moe_ffn", ours), plain("ours:moe_ffn:save-gate-up", ours_save),
+          plain("torch._grouped_mm pipeline", pipeline)]
+    if compiled:
+        cs += [plain("torch._grouped_mm pipeline:compiled", torch.compile(pipeline)),
+               hf("hf:grouped_mm:compiled", "grouped_mm", True)]
+    if uk is not None:
+        def unsloth(x, ids, wts, a, b):
+            return unsloth_moe.moe_layer(uk, x, ids, wts, a, b)
+
+        cs.append(plain("unsloth:grouped_gemm", unsloth,
+                        extra={"config_source": uk.origin, "peer_revision": uk.revision}))
+    cs.append(hf("per-expert-loop", "eager", False, graph=False))
+    return cs
+
+
+def step_columns(rows: list[dict]) -> None:
+    """A fwd+bwd row's FLOPs and floor: three times the forward's (dX and dW each one more pass of the
+    forward's GEMMs), and the rates from them."""
+    for r in rows:
+        r["flops"] *= 3
+        r["floor_us"] *= 3
+        r.update(graph_rates(r.get("graph_us", math.nan), r["flops"], r["floor_us"]))
+
+
+def step_memory(call) -> tuple[int, int]:
+    """(torch.cuda.max_memory_allocated over one call, that less what was allocated before it)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak, peak - base
+
+
+def fits(m: dict, t: int, total_bytes: int) -> bool:
+    """Whether a cell's step fits: the weights and their gradients, and the largest contender's activations
+    and transients (the torch pipeline's: rows x (2H + 6I) elements kept or in flight, bf16, and fp32 copies
+    of the down output), with the float64 reference's dX and y, within 80% of the GPU's memory."""
+    h, i = layer_sizes(m)
+    rows = t * m["top_k"]
+    weights = m["experts"] * 3 * h * i * 2
+    acts = rows * (2 * h + 6 * i) * 2 + rows * h * 4 + 2 * t * h * 8
+    return 2 * weights + 2 * acts < 0.8 * total_bytes
+
+
+def cell_inputs(g: dict, model: str, t: int, load: str, weights: dict, device="cuda"):
+    """(zoo entry, E, top_k, H, I, ids, x, gating weights, dY) of one cell from fixed seeds (E8's weights;
+    ``weights`` holds one model's at a time); x and the gating weights require grad."""
+    m = g["models"][model]
+    e, top_k = m["experts"], m["top_k"]
+    h, i = layer_sizes(m)
+    if model not in weights:
+        weights.clear()
+        torch._dynamo.reset()
+        weights[model] = tuple(w.requires_grad_() for w in ffn_weights(g["seed"] + 8, e, h, i, device=device))
+    seed = g["seed"] + 9 * 1009 + t * 7 + sum(map(ord, load))
+    ids = sample_topk(t, e, top_k, load, seed).to(torch.int64).to(device)
+    gx = torch.Generator(device=device).manual_seed(seed + 1)
+    x = torch.randn(t, h, device=device, generator=gx).to(torch.bfloat16).requires_grad_()
+    wts = torch.softmax(torch.randn(t, top_k, device=device, generator=gx), -1).requires_grad_()
+    dy = (torch.randn(t, h, device=device, generator=gx) / math.sqrt(h)).to(torch.bfloat16)
+    return m, e, top_k, h, i, ids, x, wts, dy
+
+
+def main():
+    args, cfg, g, settings, prov, slug, writer = start(__doc__, ("model", "tokens", "load", "phase"))
+    e9 = cfg["moe_train"]
+    total = torch.cuda.get_device_properties(0).total_memory
+    cells = [(model, t, load) for model in g["models"] for t in e9["tokens"] for load in e9["loads"]
+             if fits(g["models"][model], t, total)]
+    if args.quick:
+        cells = [c for c in cells if c[0] == "qwen3-30b-a3b"][:1]
+    cells = shard_cells(cells, args.shard)
+    raise_recompile_limit(256)  # the compiled contenders: a graph per (T, load, phase) of each model
+    uk, why = unsloth_moe.load()
+    print(f"Unsloth's MoE kernels: {uk.origin if uk else why}", flush=True)
+    bar = Progress(len(cells), "E9")
+    weights: dict = {}
+    for model, t, load in cells:
+        t_cell = time.perf_counter()
+        m, e, top_k, h, i, ids, x, wts, dy = cell_inputs(g, model, t, load, weights)
+        w_gu, w_dn = weights[model]
+        active = int(torch.unique(ids).numel())
+        with torch.no_grad():
+            ref_y, ref_dx = ref_step(x, ids, wts, w_gu, w_dn, dy)
+        for phase in e9["phases"]:
+            if writer.done(model=model, tokens=t, load=load, phase=phase):
+                continue
+            cs = contenders(x, ids, wts, dy, e, phase, ref_y, h + i, t in e9["compiled_tokens"], uk)
+            sets = [(w_gu, w_dn)]
+            out = measure(cs, sets, ref_dx, h + i, settings)
+            for c, row in zip(cs, out):
+                if row.get("status") == "ok":
+                    try:
+                        row["peak_mem_bytes"], row["step_mem_bytes"] = step_memory(c.bind(sets[0]))
+                    except Exception as ex:  # noqa: BLE001 - recorded, not fatal
+                        row["note"] = (row.get("note") or "") + f" peak memory: {type(ex).__name__}"
+            annotate(out, "E9", m, model, t, load, h, i, active, len(sets), slug, prov)
+            if phase == "fwd+bwd":
+                step_columns(out)
+            writer.add(out)
+            del cs
+        del ref_y, ref_dx
+        print(f"E9 {model} T={t} {load}: {time.perf_counter() - t_cell:.1f} s", file=sys.stderr, flush=True)
+        bar.update()
+    bar.close()
+    writer.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The grouped GEMMs' and the MoE layer's public entry points: a call whose operands require grad (with grad
+mode on) records gradients (:mod:`moegemm.grouped.autograd`); any other call runs the forward alone
+(:mod:`moegemm.grouped.contiguous`, :mod:`moegemm.grouped.ffn`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..epilogue import Epilogue
+from . import autograd
+from .config import GroupedConfig
+from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
+from .ffn import check_moe_ffn, moe_ffn_forward
+
+
+def _records_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+def grouped_mm(
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    w_layout: str = "nk",
+    epilogue: str | Epilogue = "none",
+    row_scale: torch.Tensor | None = None,
+    config: GroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    allow_tf32: bool = False,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Y[rows of e] = epilogue(X[rows of e] @ W_e^T) * row_scale[rows], for every expert e, in ONE launch.
+
+    x_sorted: [M_total, K], rows grouped by expert; group_offsets: int [E + 1], non-decreasing, from 0 to
+    M_total (row range of each expert; m_e = 0 allowed). w: [E, N, K] (w_layout="nk", the default: the
+    nn.Linear convention) or [E, K, N] ("kn"). row_scale: optional [M_total] (e.g. the gating weights in
+    sorted order). ``validate`` checks the offsets' values: on a GPU on the device, with no host sync (a
+    call can be captured in a CUDA graph; a failed check is a device-side assertion), on the CPU with a
+    ValueError. Under ``torch.compile`` this traces as the custom op ``moegemm::grouped_mm``.
+    config: tiles, grid and load path; default: :func:`moegemm.grouped.choose_config` (this GPU's tuned
+    table, else a config autotuned on the first call of an unseen shape, else the distilled default). A
+    config with ``tma=True`` uses the TMA kernel where the inputs allow it (16-bit, rows 16-byte aligned,
+    experts stacked densely; "kn" needs K % block_k == 0) and the pointer kernel with the same tiles
+    elsewhere; with ``tail_m`` it computes a tile holding at most tail_m rows of its expert as a smaller,
+    transposed tile (prefill: the last row tile of most experts), or with ``merge_tail`` beside the
+    expert's previous row tile, from the same weight tiles; with ``mix`` the tiles of experts of at least
+    that many row tiles are dealt out in proportion among the other experts' (a skewed load: a hot
+    expert's tensor-bound tiles run beside cold experts' memory-bound ones, not before or after them).
+    Gradients (an operand requiring grad, grad mode on): for x_sorted, w and row_scale, with epilogue "none"
+    and no ``out`` (:mod:`moegemm.grouped.autograd`).
+    """
+    if _records_grad(x_sorted, w, row_scale):
+        return autograd.grouped_mm_train(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
+                                         row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
+                                         validate=validate, swiglu=False)
+    return grouped_mm_forward(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
+                              row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
+                              validate=validate)
+
+
+def grouped_mm_swiglu(
+    x_sorted: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    w_layout: str = "nk",
+    row_scale: torch.Tensor | None = None,
+    config: GroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    allow_tf32: bool = False,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Y[rows of e] = silu(X[rows of e] G_e) * (X[rows of e] U_e) * row_scale[rows], for every expert e,
+    in ONE launch: the gate and up projections fused with SwiGLU in the epilogue. w_gate_up: [E, 2I, K]
+    ("nk", the default: the nn.Linear layout) or [E, K, 2I] ("kn"), each expert's gate rows (or columns)
+    first, then its up ones; returns [M_total, I]. Both products of an output tile come from the same row
+    tile, so the [M_total, 2I] product is never written. Arguments as for :func:`grouped_mm` (no epilogue:
+    SwiGLU is it). ``config`` names the tiles of the unfused [E, K, 2I] product: a tile of the fused
+    kernel computes block_n / 2 output columns of each of the two halves, so that it holds as many
+    accumulators; its tail tiles are not used. Default: timed on the first call of a shape (as
+    :func:`grouped_mm` times an untuned one, and kept apart from its choices) among the distilled
+    shortlist of its regime and, where the tuned table has the unfused shape, that entry's tiles. Gradients:
+    for x_sorted, w_gate_up and row_scale, the SwiGLU backward fused into one grouped GEMM's epilogue."""
+    if _records_grad(x_sorted, w_gate_up, row_scale):
+        return autograd.grouped_mm_train(x_sorted, w_gate_up, group_offsets, w_layout=w_layout, epilogue="none",
+                                         row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
+                                         validate=validate, swiglu=True)
+    return grouped_mm_swiglu_forward(x_sorted, w_gate_up, group_offsets, w_layout=w_layout, row_scale=row_scale,
+                                     config=config, out=out, allow_tf32=allow_tf32, validate=validate)
+
+
+def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+            w_down: torch.Tensor, *, w_layout: str = "nk", validate: bool = True) -> torch.Tensor:
+    """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
+    FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
+
+    x: [T, H]. topk_ids, topk_weights: [T, top_k] (the router's choice and gating weights). w_gate_up: the
+    gate and up projections fused, gate first: [E, 2I, H] (w_layout="nk", the default: the nn.Linear layout
+    Hugging Face and vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn").
+    Returns [T, H] in x's dtype. Errors name these arguments (each is checked here, before any step).
+
+    Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode), then
+    two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the epilogue
+    (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a separate
+    SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused into its
+    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids,
+    on a GPU on the device, see :func:`moegemm.grouped.route`; the group offsets come from that routing, so
+    the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under torch.compile it
+    traces with no graph break and runs the same kernels (custom ops). Gradients: for x, topk_weights (so the
+    router learns), w_gate_up and w_down; deterministic, no host sync (:mod:`moegemm.grouped.autograd`).
+    """
+    check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
+    if _records_grad(x, topk_weights, w_gate_up, w_down):
+        return autograd.moe_ffn_train(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout,
+                                      validate=validate)
+    return moe_ffn_forward(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate)

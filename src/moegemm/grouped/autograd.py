@@ -1,0 +1,331 @@
+"""Gradients of :func:`grouped_mm`, :func:`grouped_mm_swiglu` and :func:`moe_ffn`.
+
+A call whose tensors require grad (with grad mode on) runs here: eagerly through a
+``torch.autograd.Function``, under ``torch.compile`` through functional custom ops (``moegemm::*_train``, each
+returning its outputs) whose autograd is registered with ``torch.library.register_autograd`` and whose
+backward is a custom op too, so a compiled training step traces with no graph break and runs the same
+kernels. Both paths share the forward and backward implementations below. A call that needs no gradient
+takes the inference path unchanged.
+
+The backward GEMMs:
+
+- dX = dY W_e^T, the forward's grouped GEMM through the other weight layout: an [E, N, K] weight is the
+  [E, K', N'] = [E, N, K] operand of dY @ W^T (and the other way round), so no weight is copied, and the
+  forward's tuned configs and TMA path serve it.
+- dW_e = X_e^T dY_e (:func:`grouped_dw`), a grouped GEMM whose reduction length is each expert's own row
+  count: one program per (expert, output tile), rows walked in order, fp32 accumulation. Bitwise
+  deterministic (no atomics, no split), exact zeros for an expert with no rows, written in the weight's
+  own layout.
+- The SwiGLU backward runs in the epilogue of one grouped GEMM (:func:`swiglu_backward`,
+  moegemm.grouped.backward_kernels._swiglu_bwd_kernel): for moe_ffn, a tile computes P = dY D_e^T (the down
+  projection's dX, its rows gathered from the layer's output gradient through the permutation) and, in the
+  same K loop, recomputes G, U = X W_g, X W_u (the tokens' rows gathered likewise), then dA = s P,
+  dG, dU, A and the gating weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order.
+
+What moe_ffn keeps from the forward for the backward (beyond x, the weights and topk_weights, which the
+caller holds anyway), per token, for top_k routed copies:
+
+- ``SAVE_GATE_UP = False`` (default, recompute): the routing's three int32 arrays, ``12 * top_k`` bytes
+  (plus 4 (E + 1) bytes per layer for the group offsets). The backward recomputes the gate/up product,
+  2 * top_k * H * 2I flops per token, inside the kernel above.
+- ``SAVE_GATE_UP = True`` (save): also the [rows, 2I] gate/up pre-activations,
+  ``12 * top_k + 2 * I * top_k * b`` bytes (b: bytes per element of x's dtype, 2 for bf16/fp16, 4 for
+  fp32); the forward then writes them (the unfused gate/up GEMM and SiLU * up) instead of running the
+  fused SwiGLU kernel, and the backward loads them.
+
+The backward's transient buffers (freed by the step's end): dGU [rows, 2I] and A [rows, I] in x's dtype,
+dX's rows [rows, H], fp32 partials [rows, ceil(I / 64)]. The torch._grouped_mm pipeline keeps the permuted
+rows, gate/up, the activation and the down output for its backward: top_k * (2H + 3I) * b bytes per token
+and more.
+
+No host sync with the default arguments: every grid is a bound known from the shapes, each tile finds its
+expert from the group offsets in-kernel, and the reductions are torch ops on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..epilogue import Epilogue
+from .backward import ffn_backward, ffn_forward, mm_backward, mm_forward
+from .config import config_list
+from .routing import route
+
+# moe_ffn's choice of what the backward reads: False recomputes the gate/up product in the backward's fused
+# kernel (nothing of size [rows, 2I] kept between forward and backward); True keeps it from the forward.
+SAVE_GATE_UP = False
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
+        ctx.save_for_backward(x, w, group_offsets, row_scale)
+        ctx.meta = (w_layout, swiglu)
+        return mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offsets, row_scale = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        dx, dw, ds = mm_backward(dy, x, w, offsets, row_scale, *ctx.meta, (n[0], n[1], n[3]))
+        return dx, dw, None, ds, None, None, None, None, None
+
+
+@torch.library.custom_op("moegemm::grouped_mm_train", mutates_args=())
+def grouped_mm_train_op(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    w_layout: str,
+    swiglu: bool,
+    config: list[int] | None,
+    allow_tf32: bool,
+    validate: bool,
+) -> torch.Tensor:
+    return mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate)
+
+
+@grouped_mm_train_op.register_fake
+def _(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
+    n = w.shape[2] if w_layout == "kn" else w.shape[1]
+    return x.new_empty((x.shape[0], n // 2 if swiglu else n))
+
+
+@torch.library.custom_op("moegemm::grouped_mm_train_backward", mutates_args=())
+def grouped_mm_train_backward_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    w_layout: str,
+    swiglu: bool,
+    needs: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dw, ds = mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs)
+    empty = x.new_empty(0)
+    return (
+        dx if dx is not None else empty,
+        dw if dw is not None else empty.clone(),
+        ds if ds is not None else empty.clone(),
+    )
+
+
+@grouped_mm_train_backward_op.register_fake
+def _(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
+    return (
+        x.new_empty(x.shape) if needs[0] else x.new_empty(0),
+        w.new_empty(w.shape) if needs[1] else x.new_empty(0),
+        row_scale.new_empty(row_scale.shape) if needs[2] and row_scale is not None else x.new_empty(0),
+    )
+
+
+def _mm_setup(ctx, inputs, output):
+    x, w, group_offsets, row_scale, w_layout, swiglu, *_ = inputs
+    ctx.save_for_backward(x, w, group_offsets, row_scale)
+    ctx.meta = (w_layout, swiglu)
+
+
+def _mm_grad(ctx, dy):
+    x, w, offsets, row_scale = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    needs = [bool(n[0]), bool(n[1]), bool(n[3]) and row_scale is not None]
+    dx, dw, ds = grouped_mm_train_backward_op(dy, x, w, offsets, row_scale, *ctx.meta, needs)
+    return (
+        dx if needs[0] else None,
+        dw if needs[1] else None,
+        None,
+        ds if needs[2] else None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+torch.library.register_autograd("moegemm::grouped_mm_train", _mm_grad, setup_context=_mm_setup)
+
+
+def grouped_mm_train(
+    x_sorted,
+    w,
+    group_offsets,
+    *,
+    w_layout,
+    epilogue,
+    row_scale,
+    config,
+    out,
+    allow_tf32,
+    validate,
+    swiglu: bool,
+) -> torch.Tensor:
+    """grouped_mm (``swiglu``: grouped_mm_swiglu) recording gradients for x_sorted, w and row_scale."""
+    if Epilogue.parse(epilogue) != Epilogue.NONE:
+        raise ValueError(f"epilogue: gradients are computed for epilogue='none' only, got {epilogue!r}")
+    if out is not None:
+        raise ValueError("out: not supported when gradients are recorded (the output is a new tensor)")
+    if w_layout not in ("kn", "nk"):
+        raise ValueError(f"w_layout: expected 'kn' ([E, K, N]) or 'nk' ([E, N, K]), got {w_layout!r}")
+    for name, t in (("x_sorted", x_sorted), ("w", w), ("group_offsets", group_offsets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if row_scale is not None and not isinstance(row_scale, torch.Tensor):
+        raise TypeError(f"row_scale: expected a torch.Tensor or None, got {type(row_scale).__name__}")
+    if getattr(group_offsets, "requires_grad", False):
+        raise TypeError("group_offsets: an int tensor, cannot require grad")
+    if torch.compiler.is_compiling():
+        return grouped_mm_train_op(
+            x_sorted, w, group_offsets, row_scale, w_layout, swiglu, config_list(config), allow_tf32, validate
+        )
+    return _GroupedMM.apply(
+        x_sorted, w, group_offsets, row_scale, w_layout, swiglu, config_list(config), allow_tf32, validate
+    )
+
+
+class _MoEFFN(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
+    ):
+        y, gu = ffn_forward(
+            x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
+        )
+        ctx.save_for_backward(x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu)
+        ctx.meta = (w_layout, top_k)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = ctx.saved_tensors
+        grads = ffn_backward(dy, *saved, *ctx.meta, ctx.needs_input_grad[:4])
+        return (*grads, None, None, None, None, None, None, None)
+
+
+@torch.library.custom_op("moegemm::moe_ffn_train", mutates_args=())
+def moe_ffn_train_op(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    tok: torch.Tensor,
+    sorted_slot: torch.Tensor,
+    slot_rows: torch.Tensor,
+    offsets: torch.Tensor,
+    w_layout: str,
+    top_k: int,
+    save: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, gu = ffn_forward(
+        x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
+    )
+    return y, (gu if gu is not None else x.new_empty(0))
+
+
+@moe_ffn_train_op.register_fake
+def _(x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save):
+    two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
+    return x.new_empty(x.shape), (x.new_empty((tok.shape[0], two_i)) if save else x.new_empty(0))
+
+
+@torch.library.custom_op("moegemm::moe_ffn_train_backward", mutates_args=())
+def moe_ffn_train_backward_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    tok: torch.Tensor,
+    sorted_slot: torch.Tensor,
+    slot_rows: torch.Tensor,
+    offsets: torch.Tensor,
+    gu: torch.Tensor | None,
+    w_layout: str,
+    top_k: int,
+    needs: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grads = ffn_backward(
+        dy,
+        x,
+        topk_weights,
+        w_gate_up,
+        w_down,
+        tok,
+        sorted_slot,
+        slot_rows,
+        offsets,
+        gu,
+        w_layout,
+        top_k,
+        needs,
+    )
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+
+
+@moe_ffn_train_backward_op.register_fake
+def _(
+    dy, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu, w_layout, top_k, needs
+):
+    like = (x, topk_weights, w_gate_up, w_down)
+    return tuple(t.new_empty(t.shape) if need else x.new_empty(0) for t, need in zip(like, needs))
+
+
+def _ffn_setup(ctx, inputs, output):
+    x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save = inputs
+    ctx.save_for_backward(
+        x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, output[1] if save else None
+    )
+    ctx.meta = (w_layout, top_k)
+    ctx.set_materialize_grads(False)
+
+
+def _ffn_grad(ctx, dy, _dgu):
+    saved = ctx.saved_tensors
+    if dy is None:  # the output took no part in the loss
+        return (None,) * 11
+    needs = [bool(v) for v in ctx.needs_input_grad[:4]]
+    grads = moe_ffn_train_backward_op(dy, *saved, *ctx.meta, needs)
+    return (*(g if need else None for g, need in zip(grads, needs)), None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("moegemm::moe_ffn_train", _ffn_grad, setup_context=_ffn_setup)
+
+
+def moe_ffn_train(
+    x,
+    topk_ids,
+    topk_weights,
+    w_gate_up,
+    w_down,
+    *,
+    w_layout: str,
+    validate: bool,
+    save_gate_up: bool | None = None,
+) -> torch.Tensor:
+    """moe_ffn recording gradients for x, topk_weights, w_gate_up and w_down (arguments checked by moe_ffn).
+    ``save_gate_up``: keep the gate/up pre-activations for the backward (None: :data:`SAVE_GATE_UP`)."""
+    save = SAVE_GATE_UP if save_gate_up is None else bool(save_gate_up)
+    if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        raise TypeError(
+            f"w_gate_up, w_down: dtypes {w_gate_up.dtype}, {w_down.dtype} differ from x's {x.dtype}"
+        )
+    if not topk_weights.is_floating_point():
+        raise TypeError(f"topk_weights: expected a float tensor, got {topk_weights.dtype}")
+    plan = route(topk_ids, w_gate_up.shape[0], validate=validate)
+    args = (
+        x,
+        topk_weights,
+        w_gate_up,
+        w_down,
+        plan.sorted_token_ids,
+        plan.sorted_slot,
+        plan.slot_rows,
+        plan.group_offsets,
+        w_layout,
+        plan.top_k,
+        save,
+    )
+    if torch.compiler.is_compiling():
+        return moe_ffn_train_op(*args)[0]
+    return _MoEFFN.apply(*args)

@@ -1,0 +1,307 @@
+"""The backward of the grouped GEMMs and of the MoE layer: the weight-gradient GEMM (varlen K), the SwiGLU
+backward fused into one grouped GEMM's epilogue, and the forward and backward steps that the autograd
+functions and custom ops of :mod:`moegemm.grouped.autograd` run. See that module for what is computed and
+what is kept between forward and backward."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .._runtime import INTERPRET
+from .._triton_common import dot_meta
+from .backward_kernels import _grouped_dw_kernel, _swiglu_bwd_kernel
+from .config import config_of
+from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
+from .ffn import gate_up_act
+from .pointwise import combine, silu_mul
+
+# Tiles of the backward kernels on a GPU, per kernel and operand dtype (module-level so that they can be
+# measured and changed); the interpreter takes 16-wide tiles.
+DW_TILES = {
+    torch.bfloat16: dict(BLOCK_M=64, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=8, num_stages=3),
+    torch.float16: dict(BLOCK_M=64, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=8, num_stages=3),
+    torch.float32: dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=8, num_stages=2),
+}
+SWIGLU_TILES = {
+    torch.bfloat16: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
+    torch.float16: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
+    torch.float32: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2),
+}
+_INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
+_INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
+
+
+def other_layout(w_layout: str) -> str:
+    """The layout under which a weight of ``w_layout`` is the operand of dY @ W^T."""
+    return "nk" if w_layout == "kn" else "kn"
+
+
+def _w_dims(w: torch.Tensor, w_layout: str) -> tuple[int, int, int, int, int, int]:
+    """(E, K, N, stride over E, over K, over N) of a weight of the forward product X[., K] @ W_e[K, N]."""
+    if w_layout == "kn":
+        e, k, n = w.shape
+        s_e, s_k, s_n = w.stride()
+    else:
+        e, n, k = w.shape
+        s_e, s_n, s_k = w.stride()
+    return e, k, n, s_e, s_k, s_n
+
+
+def grouped_dw(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_offsets: torch.Tensor,
+    w_like: torch.Tensor,
+    w_layout: str,
+    *,
+    a_idx: torch.Tensor | None = None,
+    b_idx: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """dW, shaped and laid out as ``w_like`` ([E, K, N] for "kn", [E, N, K] for "nk"), with
+    dW_e[k, n] = sum over rows r of expert e of A[r, k] * B[r, n] * scale[r], r in order; rows of A read
+    through ``a_idx`` (A[a_idx[r]]) and of B through ``b_idx`` where given. A, B: [*, K] and [*, N] in w's
+    dtype; group_offsets: int32 [E + 1]. Deterministic; exact zeros for an expert with no rows."""
+    dw = torch.empty(w_like.shape, dtype=w_like.dtype, device=w_like.device)
+    e, k, n, s_e, s_k, s_n = _w_dims(dw, w_layout)
+    if e == 0 or k == 0 or n == 0:
+        return dw
+    meta = dict(_INTERPRET_DW if INTERPRET else DW_TILES[dw.dtype])
+    grid = e * triton.cdiv(k, meta["BLOCK_K"]) * triton.cdiv(n, meta["BLOCK_N"])
+    offsets = group_offsets.to(torch.int32).contiguous()
+    _grouped_dw_kernel[(grid,)](
+        a,
+        a_idx if a_idx is not None else offsets,
+        b,
+        b_idx if b_idx is not None else offsets,
+        scale.contiguous() if scale is not None else offsets,
+        offsets,
+        dw,
+        k,
+        n,
+        e,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        s_e,
+        s_k,
+        s_n,
+        A_IDX=a_idx is not None,
+        B_IDX=b_idx is not None,
+        HAS_SCALE=scale is not None,
+        **dot_meta(dw.dtype, False),
+        **meta,
+    )
+    return dw
+
+
+def swiglu_backward(
+    group_offsets: torch.Tensor,
+    rows: int,
+    dy: torch.Tensor,
+    *,
+    x: torch.Tensor | None,
+    w_gate_up: torch.Tensor,
+    w_layout: str,
+    gu: torch.Tensor | None = None,
+    x_idx: torch.Tensor | None = None,
+    w_down: torch.Tensor | None = None,
+    dy_idx: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    rowdot: bool = False,
+    store_act: bool = False,
+):
+    """(dGU [rows, 2I], A [rows, I] or None, row-scale gradient [rows] fp32 or None) of
+    y = s * silu(G) * U (per permuted row), in one launch.
+
+    G, U: from ``gu`` [rows, 2I] where given, else recomputed as X @ W_gate_up (X's rows: x[x_idx[r]]).
+    The activation's upstream gradient: ``dy`` [rows, I] itself, or with ``w_down`` dY @ D_e^T (the down
+    projection y = s * A @ D_e; dY's rows: dy[dy_idx[r]]). ``rowdot``: also the gradient of s (rowdot of the
+    upstream gradient and A). ``store_act``: also A."""
+    e, h, two_i, s_ge, s_gk, s_gn = _w_dims(w_gate_up, w_layout)
+    i = two_i // 2
+    dtype = w_gate_up.dtype
+    dgu = torch.empty((rows, two_i), dtype=dtype, device=w_gate_up.device)
+    act = torch.empty((rows, i), dtype=dtype, device=w_gate_up.device) if store_act else None
+    meta = dict(_INTERPRET_SWIGLU if INTERPRET else SWIGLU_TILES[dtype])
+    n_tiles = triton.cdiv(i, meta["BLOCK_N"]) if i else 0
+    part = torch.empty((rows, max(n_tiles, 1)), dtype=torch.float32, device=dgu.device) if rowdot else None
+    if rows == 0 or i == 0:
+        return dgu, act, (part.sum(1) if rowdot else None)
+    if w_down is not None:
+        _, di, dh, s_de, s_dk, s_dn = _w_dims(w_down, w_layout)  # down: A[., I] @ D_e[I, H]
+        d_strides = (s_de, s_dn, s_dk)  # read as D_e^T [H, I]: (expert, over H, over I)
+    else:
+        d_strides = (0, 0, 0)
+    if gu is None and (x is None or h == 0):
+        raise ValueError("x: the gate/up recompute needs the forward's input")
+    offsets = group_offsets.to(torch.int32).contiguous()
+    bm = meta["BLOCK_M"]
+    tiles = (triton.cdiv(rows, bm) + min(e, rows)) * n_tiles
+    dummy = offsets
+    xt = x if x is not None else dgu
+    gut = gu if gu is not None else dgu
+    _swiglu_bwd_kernel[(tiles,)](
+        xt,
+        x_idx if x_idx is not None else dummy,
+        w_gate_up,
+        gut,
+        dy,
+        dy_idx if dy_idx is not None else dummy,
+        w_down if w_down is not None else dgu,
+        scale.contiguous() if scale is not None else dummy,
+        offsets,
+        dgu,
+        act if act is not None else dgu,
+        part if part is not None else dummy,
+        i,
+        h,
+        e,
+        xt.stride(0),
+        xt.stride(1),
+        s_ge,
+        s_gk,
+        s_gn,
+        gut.stride(0),
+        gut.stride(1),
+        dy.stride(0),
+        dy.stride(1),
+        *d_strides,
+        dgu.stride(0),
+        dgu.stride(1),
+        act.stride(0) if act is not None else 0,
+        act.stride(1) if act is not None else 0,
+        part.stride(0) if part is not None else 0,
+        E_BLOCK=max(16, triton.next_power_of_2(e)),
+        EVEN_K=h % meta["BLOCK_K"] == 0,
+        RECOMPUTE=gu is None,
+        P_GEMM=w_down is not None,
+        X_IDX=x_idx is not None,
+        DY_IDX=dy_idx is not None,
+        HAS_SCALE=scale is not None,
+        ROWDOT=rowdot,
+        STORE_ACT=store_act,
+        **dot_meta(dtype, False),
+        **meta,
+    )
+    return dgu, act, (part.sum(1) if rowdot else None)
+
+
+# ---- grouped_mm / grouped_mm_swiglu ----
+
+
+def mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
+    fn = grouped_mm_swiglu_forward if swiglu else grouped_mm_forward
+    with torch.no_grad():
+        return fn(
+            x,
+            w,
+            group_offsets,
+            w_layout=w_layout,
+            row_scale=row_scale,
+            config=config_of(config),
+            allow_tf32=allow_tf32,
+            validate=validate,
+        )
+
+
+def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
+    """(dx, dw, d_row_scale), each None where ``needs`` (three bools) says it is not wanted."""
+    need_x, need_w, need_s = needs
+    need_s = need_s and row_scale is not None
+    dx = dw = ds = None
+    dy = dy.contiguous()
+    with torch.no_grad():
+        if swiglu:
+            dgu, _, ds = swiglu_backward(
+                group_offsets,
+                x.shape[0],
+                dy,
+                x=x,
+                w_gate_up=w,
+                w_layout=w_layout,
+                scale=row_scale,
+                rowdot=need_s,
+            )
+            if need_x:
+                dx = grouped_mm_forward(dgu, w, group_offsets, w_layout=other_layout(w_layout), validate=False)
+            if need_w:
+                dw = grouped_dw(x, dgu, group_offsets, w, w_layout)
+        else:
+            if need_s:  # the unscaled dX rows serve both dx and rowdot(dY, X W) = rowdot(dY W^T, X)
+                p = grouped_mm_forward(dy, w, group_offsets, w_layout=other_layout(w_layout), validate=False)
+                ds = (p.float() * x.float()).sum(1)
+                if need_x:
+                    dx = (p.float() * row_scale.float()[:, None]).to(x.dtype)
+            elif need_x:
+                dx = grouped_mm_forward(
+                    dy, w, group_offsets, w_layout=other_layout(w_layout), row_scale=row_scale, validate=False
+                )
+            if need_w:
+                dw = grouped_dw(x, dy, group_offsets, w, w_layout, scale=row_scale)
+    if ds is not None:
+        ds = ds.to(row_scale.dtype)
+    return dx, dw, ds
+
+
+
+# ---- moe_ffn ----
+
+
+def ffn_forward(
+    x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
+):
+    """(y [T, H], the gate/up pre-activations [rows, 2I] where ``save``, else None)."""
+    with torch.no_grad():
+        xs = x.index_select(0, tok)
+        ws = topk_weights.reshape(-1).index_select(0, sorted_slot)
+        if save:
+            gu = grouped_mm_forward(xs, w_gate_up, offsets, w_layout=w_layout, validate=False)
+            act = silu_mul(gu)
+        else:
+            gu = None
+            act = gate_up_act(xs, w_gate_up, offsets, w_layout)
+        del xs
+        ys = grouped_mm_forward(act, w_down, offsets, w_layout=w_layout, row_scale=ws, validate=False)
+        return combine(ys, slot_rows, top_k, None), gu
+
+
+def ffn_backward(
+    dy, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu, w_layout, top_k, needs
+):
+    """(dx, d topk_weights, d w_gate_up, d w_down), each None where ``needs`` says it is not wanted."""
+    need_x, need_tw, need_gu, need_d = needs
+    rows = tok.numel()
+    dx = dtw = dwgu = dwd = None
+    dy = dy.contiguous()
+    with torch.no_grad():
+        ws = topk_weights.reshape(-1).index_select(0, sorted_slot)
+        dgu, act, ds = swiglu_backward(
+            offsets,
+            rows,
+            dy,
+            x=x,
+            x_idx=tok,
+            w_gate_up=w_gate_up,
+            w_layout=w_layout,
+            gu=gu,
+            w_down=w_down,
+            dy_idx=tok,
+            scale=ws,
+            rowdot=need_tw,
+            store_act=need_d,
+        )
+        if need_d:
+            dwd = grouped_dw(act, dy, offsets, w_down, w_layout, b_idx=tok, scale=ws)
+        del act
+        if need_gu:
+            dwgu = grouped_dw(x, dgu, offsets, w_gate_up, w_layout, a_idx=tok)
+        if need_x:
+            dxs = grouped_mm_forward(dgu, w_gate_up, offsets, w_layout=other_layout(w_layout), validate=False)
+            del dgu
+            dx = combine(dxs, slot_rows, top_k, None)
+        if need_tw:
+            dtw = ds.index_select(0, slot_rows).view(topk_weights.shape).to(topk_weights.dtype)
+    return dx, dtw, dwgu, dwd

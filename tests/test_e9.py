@@ -1,0 +1,173 @@
+"""E9 (experiments/e9_moe_train.py) on the CPU under the interpreter: each contender's step computes the
+layer's dX (and, in the forward phase, its output) against E9's float64 reference on a tiny zoo-like layer;
+the float64 reference against torch's autograd; the Unsloth loader's set-up on a stand-in source tree."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def small_tiles(monkeypatch, tmp_path):
+    import moegemm.grouped.config as api
+    from moegemm.grouped import GroupedConfig
+
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+
+
+def tiny_cell(device):
+    import experiments.e8_moe_layer as e8
+
+    e, top_k, t, h, i = 6, 2, 5, 32, 16
+    w_gu, w_dn = (w.requires_grad_() for w in e8.ffn_weights(3, e, h, i, device=device))
+    g = torch.Generator().manual_seed(4)
+    ids = torch.stack([torch.randperm(e - 1, generator=g)[:top_k] for _ in range(t)]).to(device)  # 5 idle
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device).requires_grad_()
+    wts = torch.softmax(torch.randn(t, top_k, generator=g), -1).to(device).requires_grad_()
+    dy = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
+    return e, h, i, ids, x, wts, dy, w_gu, w_dn
+
+
+def test_e9_reference_matches_autograd(device):
+    """ref_step's closed-form float64 dX equals torch's float64 autograd of the layer."""
+    import experiments.e8_moe_layer as e8
+    import experiments.e9_moe_train as e9
+
+    e, h, i, ids, x, wts, dy, w_gu, w_dn = tiny_cell(device)
+    y, dx = e9.ref_step(x, ids, wts, w_gu, w_dn, dy)
+    xd = x.detach().double().requires_grad_()
+    want = e8.ref_ffn(xd, ids, wts.detach(), w_gu.detach(), w_dn.detach())
+    want.backward(dy.double())
+    torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dx, xd.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("phase", ["fwd+bwd", "fwd"])
+def test_e9_contenders_compute_the_step(phase, device, small_tiles):
+    """E9's contenders (ours in both save modes, the torch._grouped_mm pipeline, transformers' eager loop)
+    each give dX (fwd+bwd) or the output (fwd) within the harness's tolerance of float64; each step leaves
+    no weight gradient behind, and two steps give the same dX."""
+    pytest.importorskip("transformers.integrations.moe")
+    import experiments.e9_moe_train as e9
+    from moegemm.bench.correctness import check
+
+    e, h, i, ids, x, wts, dy, w_gu, w_dn = tiny_cell(device)
+    ref_y, ref_dx = e9.ref_step(x, ids, wts, w_gu, w_dn, dy)
+    cs = e9.contenders(x, ids, wts, dy, e, phase, ref_y, h + i, compiled=False, uk=None)
+    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:moe_ffn:save-gate-up", "torch._grouped_mm pipeline",
+                                    "per-expert-loop"]
+    for c in cs:
+        call = c.bind((w_gu, w_dn))
+        assert c.bind((w_gu, w_dn)) is call  # one call per input set
+        out = call()
+        ok, rel, why = c.check(out) if c.check is not None else check(out, ref_dx, h + i)
+        assert ok, (c.name, why)
+        assert c.fields["phase"] == phase
+        if phase == "fwd+bwd":
+            assert w_gu.grad is None and w_dn.grad is None and wts.grad is None
+            assert torch.equal(call(), out)
+
+
+def test_e9_step_columns_and_fit():
+    """fwd+bwd rows count three forwards' FLOPs and floor; the fit rule keeps a small layer's largest T and
+    drops a layer whose weights and gradients alone pass 80% of the memory."""
+    import math
+
+    import experiments.e9_moe_train as e9
+
+    rows = [{"flops": 10.0, "floor_us": 2.0, "graph_us": 6.0},
+            {"flops": 10.0, "floor_us": 2.0, "graph_us": math.nan}]
+    e9.step_columns(rows)
+    assert rows[0]["flops"] == 30.0 and rows[0]["floor_us"] == 6.0 and rows[0]["pct_floor_graph"] == 100.0
+    assert math.isnan(rows[1]["tflops_graph"])
+    small = {"experts": 128, "top_k": 8, "up": [2048, 1536], "down": [768, 2048]}
+    huge = {"experts": 256, "top_k": 8, "up": [7168, 4096], "down": [2048, 7168]}
+    gib = 1 << 30
+    assert e9.fits(small, 32768, 141 * gib)
+    assert not e9.fits(huge, 4096, 40 * gib)
+
+
+def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypatch):
+    """load(): no source -> None with the reason; a tree without the package -> None naming it; a stand-in
+    tree with the package's two modules -> their functions, unsloth's own __init__ never run."""
+    import experiments.unsloth_moe as um
+
+    monkeypatch.delenv(um.ENV, raising=False)
+    assert um.load()[0] is None and um.ENV in um.load()[1]
+    assert um.load(str(tmp_path))[0] is None
+    pkg = tmp_path / "unsloth" / "kernels" / "moe" / "grouped_gemm"
+    (pkg / "reference").mkdir(parents=True)
+    (tmp_path / "unsloth" / "__init__.py").write_text("raise ImportError('the whole stack')\n")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "reference" / "__init__.py").write_text("")
+    (pkg / "interface.py").write_text("from unsloth import DEVICE_TYPE\n"
+                                      "def grouped_gemm(**kw):\n    return DEVICE_TYPE\n")
+    (pkg / "reference" / "moe_ops.py").write_text("def get_routing_indices(ids, e):\n    return 'routing'\n")
+    monkeypatch.setenv("MOEGEMM_UNSLOTH_REVISION", "abc123")
+    saved = {k: v for k, v in sys.modules.items() if k == "unsloth" or k.startswith("unsloth.")}
+    try:
+        for k in saved:
+            del sys.modules[k]
+        uk, why = um.load(str(pkg))
+        assert uk is not None, why
+        assert uk.grouped_gemm() == "cuda" and uk.get_routing_indices(None, 1) == "routing"
+        assert uk.revision == "abc123"  # (tmp_path is no repository's top)
+    finally:
+        for k in [k for k in sys.modules if k == "unsloth" or k.startswith("unsloth.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
+    """paper.numbers.e9 and figures/e9_moe_train on a moe_train CSV (synthetic test data made here, not a
+    measurement): the held-out step and backward against the best peer, the memory against the torch
+    pipeline, save over recompute; the table; a figure; no CSV, no numbers."""
+    import subprocess
+    from pathlib import Path
+
+    import pandas as pd
+
+    from paper.numbers.common import Numbers
+    from paper.numbers.e9 import e9
+
+    n = Numbers()
+    e9(n, tmp_path, tmp_path)
+    assert not n.items
+    step = {"ours:moe_ffn": 100.0, "ours:moe_ffn:save-gate-up": 110.0, "torch._grouped_mm pipeline": 150.0,
+            "torch._grouped_mm pipeline:compiled": 140.0, "hf:grouped_mm:compiled": 160.0,
+            "unsloth:grouped_gemm": 130.0, "per-expert-loop": 900.0}
+    fwd = {c: v / 3 for c, v in step.items()}
+    fwd["ours:moe_ffn"] = 40.0  # ours: backward 60; best peer (unsloth) backward 130 - 43.3
+    mem = {c: 2e9 for c in step}
+    mem["torch._grouped_mm pipeline"] = 3e9
+    rows = []
+    for m, s in (("a", "tune"), ("b", "heldout"), ("c", "heldout")):
+        for t in (4096, 16384):
+            for ld in ("uniform", "zipf1.2"):
+                for c in step:
+                    for phase, us in (("fwd+bwd", step[c]), ("fwd", fwd[c])):
+                        gus = float("nan") if c == "per-expert-loop" else us
+                        rows.append({"model": m, "split": s, "tokens": t, "load": ld, "contender": c,
+                                     "phase": phase, "status": "ok", "graph_us": gus,
+                                     "launch_us": us * 1.1, "peak_mem_bytes": mem[c], "gpu": "Test GPU",
+                                     "torch": "x", "triton": "y"})
+    rows.append({**rows[0], "contender": "unsloth:grouped_gemm", "status": "error", "graph_us": float("nan")})
+    pd.DataFrame(rows).to_csv(tmp_path / "moe_train.csv", index=False)
+    e9(n, tmp_path, tmp_path)
+    assert n.items["ENineModels"] == "3" and n.items["ENineHeldModels"] == "2"
+    assert n.items["ENineHeldVsPeer"] == "1.30" and n.items["ENineHeldCells"] == "8"
+    assert n.items["ENineHeldCellsAboveTarget"] == "8"
+    assert n.items["ENineHeldBwdVsPeer"] == f"{(130 - 130 / 3) / 60:.2f}"
+    assert n.items["ENineMemVsTorch"] == "1.50" and n.items["ENineMemCellsNotAbove"] == "12"
+    assert n.items["ENineSaveOverRecompute"] == "1.10"
+    assert "tab:e9" in (tmp_path / "table_e9.tex").read_text()
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "figures.e9_moe_train", "--results", str(tmp_path), "--out",
+                          str(tmp_path / "e9")], cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "e9.pdf").exists()

@@ -1,0 +1,484 @@
+"""Gradients of grouped_mm, grouped_mm_swiglu and moe_ffn (moegemm.grouped.autograd) against float64
+references: on the CPU under Triton's interpreter at small shapes, on a GPU (-m gpu) at real ones."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+import moegemm.grouped.config as api
+from moegemm.grouped import GroupedConfig, grouped_mm, grouped_mm_swiglu, moe_ffn
+from moegemm.grouped import autograd as ag
+from moegemm.grouped import backward as bw
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 6e-3}  # largest error / largest value
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch, tmp_path):
+    """Interpreter-sized forward tiles for every shape, and no cache file at home (on a GPU: the library's
+    own choice)."""
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+        monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every float tensor torch.empty makes starts as NaN, so an output element a kernel forgot shows up."""
+    real = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert not torch.isnan(got).any() and not torch.isinf(got).any()
+    return ((got.double().cpu() - want.cpu()).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def offsets_of(sizes, device) -> torch.Tensor:
+    off = [0]
+    for s in sizes:
+        off.append(off[-1] + s)
+    return torch.tensor(off, dtype=torch.int32, device=device)
+
+
+def ref_mm(x, w, sizes, w_layout, row_scale, swiglu):
+    out, r = [], 0
+    for e, m in enumerate(sizes):
+        we = w[e] if w_layout == "kn" else w[e].transpose(0, 1)
+        y = x[r:r + m] @ we
+        if swiglu:
+            i = y.shape[1] // 2
+            y = torch.nn.functional.silu(y[:, :i]) * y[:, i:]
+        out.append(y)
+        r += m
+    y = torch.cat(out)
+    return y * row_scale[:, None] if row_scale is not None else y
+
+
+def weight(e, k, n, w_layout, dtype, device, g, transposed=False):
+    """[E, K, N] ("kn") or [E, N, K] ("nk"); ``transposed``: the same values as a transposed view of the
+    other layout's contiguous tensor (strides not those of a contiguous weight)."""
+    base = torch.randn(e, k, n, generator=g) * 0.3
+    if w_layout == "nk":
+        base = base.transpose(1, 2)
+    w = base.contiguous() if not transposed else base.transpose(1, 2).contiguous().transpose(1, 2)
+    return w.to(dtype).to(device).requires_grad_()
+
+
+CASES = {  # rows per expert
+    "ragged-empty": [5, 0, 12, 3],
+    "one-takes-all": [0, 21, 0, 0],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_grouped_mm_grads_match_float64(dtype, w_layout, swiglu, case, device, poison):
+    """Gradients for x, w and row_scale against float64 autograd on fresh random data: ragged experts with
+    an empty one and one expert taking every row; K and N not multiples of the tiles; x a strided view.
+    An expert with no rows gets a weight gradient of exact zeros."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{dtype}{w_layout}{swiglu}{case}".encode()))
+    sizes = CASES[case]
+    m, k, n = sum(sizes), 24, 20
+    xb = torch.randn(m, 2 * k, generator=g).to(dtype).to(device)
+    x = xb[:, ::2].detach().requires_grad_()  # column stride 2
+    w = weight(len(sizes), k, n, w_layout, dtype, device, g)
+    rs = torch.rand(m, generator=g).to(device).requires_grad_()
+    fn = grouped_mm_swiglu if swiglu else grouped_mm
+    y = fn(x, w, offsets_of(sizes, device), w_layout=w_layout, row_scale=rs)
+    dy = torch.randn(y.shape, generator=g).to(dtype).to(device)
+    y.backward(dy)
+    xd, wd, rd = (t.detach().double().cpu().requires_grad_() for t in (x, w, rs))
+    yr = ref_mm(xd, wd, sizes, w_layout, rd, swiglu)
+    yr.backward(dy.double().cpu())
+    tol = TOL[dtype]
+    assert rel_err(y.detach(), yr.detach()) < tol
+    for name, got, want in (("x", x.grad, xd.grad), ("w", w.grad, wd.grad), ("row_scale", rs.grad, rd.grad)):
+        assert rel_err(got, want.to(torch.float64)) < tol * (2 if name == "row_scale" else 1), name
+    for e, s in enumerate(sizes):
+        if s == 0:
+            assert (w.grad[e] == 0).all()
+    assert x.grad.dtype == dtype and w.grad.dtype == dtype and rs.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_transposed_weight_views_get_their_gradient(w_layout, device):
+    """A weight given as a transposed view (its strides not a contiguous tensor's) gets the same gradient
+    as its contiguous copy, in its own shape."""
+    g = torch.Generator().manual_seed(3)
+    sizes = [7, 2, 0, 9]
+    x = torch.randn(18, 16, generator=g).to(device).requires_grad_()
+    w = weight(4, 16, 24, w_layout, torch.float32, device, g, transposed=True)
+    assert not w.is_contiguous()
+    wc = w.detach().contiguous().requires_grad_()
+    off = offsets_of(sizes, device)
+    dy = torch.randn(18, 12, generator=g).to(device)
+    grouped_mm_swiglu(x, w, off, w_layout=w_layout).backward(dy)
+    grouped_mm_swiglu(x.detach(), wc, off, w_layout=w_layout).backward(dy)
+    assert w.grad.shape == w.shape
+    torch.testing.assert_close(w.grad, wc.grad, rtol=0, atol=0)
+
+
+def ref_ffn(x, ids, tw, wgu, wd, w_layout):
+    y = torch.zeros_like(x)
+    i = wd.shape[2] if w_layout == "nk" else wd.shape[1]
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            g = wgu[e] if w_layout == "kn" else wgu[e].transpose(0, 1)
+            d = wd[e] if w_layout == "kn" else wd[e].transpose(0, 1)
+            h = x[t] @ g
+            y[t] = y[t] + tw[t, j] * ((torch.nn.functional.silu(h[:i]) * h[i:]) @ d)
+    return y
+
+
+def ffn_inputs(dtype, w_layout, device, seed, t=9, h=24, i=20, e=5, k=2, empty=(3,)):
+    g = torch.Generator().manual_seed(seed)
+    allowed = [x for x in range(e) if x not in empty]
+    pick = [torch.randperm(len(allowed), generator=g)[:k] for _ in range(t)]
+    ids = torch.stack([torch.tensor(allowed)[p] for p in pick])
+    x = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_()
+    tw = torch.rand(t, k, generator=g).to(device).requires_grad_()
+    wgu = weight(e, h, 2 * i, w_layout, dtype, device, g)
+    wd = weight(e, i, h, w_layout, dtype, device, g)
+    return x, ids.to(device), tw, wgu, wd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
+def test_moe_ffn_grads_match_float64(dtype, w_layout, save, device, monkeypatch, poison):
+    """moe_ffn's gradients for x, topk_weights, w_gate_up and w_down against float64 autograd, with the
+    gate/up product recomputed in the backward or saved from the forward (SAVE_GATE_UP); an expert no
+    token chose gets exact zero weight gradients."""
+    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
+    x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=11 + save)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(dtype).to(device)
+    y.backward(dy)
+    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
+    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], w_layout)
+    yr.backward(dy.double().cpu())
+    tol = TOL[dtype]
+    assert rel_err(y.detach(), yr.detach()) < tol
+    names = ("x", "topk_weights", "w_gate_up", "w_down")
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad),
+                               (r.grad for r in ref)):
+        assert got.dtype == (torch.float32 if name == "topk_weights" else dtype)
+        assert rel_err(got, want) < tol * (2 if dtype != torch.float32 else 1), name
+    assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
+
+
+def test_backward_is_bitwise_deterministic(device):
+    """Two backward passes on the same inputs give bitwise-identical gradients (bf16, the fused kernel's
+    partials and the weight gradients' ordered reductions)."""
+    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=21)
+    grads = []
+    for _ in range(2):
+        for t in (x, tw, wgu, wd):
+            t.grad = None
+        moe_ffn(x, ids, tw, wgu, wd, w_layout="nk").float().square().sum().backward()
+        grads.append([t.grad.clone() for t in (x, tw, wgu, wd)])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_grouped_dw_against_float64(w_layout, device, poison):
+    """grouped_dw alone: gathered A and B rows, scaled B rows, an expert with no rows (exact zeros), the
+    result in the weight's layout; every element written (the output starts as NaN here)."""
+    g = torch.Generator().manual_seed(9)
+    sizes = [0, 13, 1, 0, 20]
+    m, k, n = sum(sizes), 33, 17
+    a_src = torch.randn(40, k, generator=g).to(device)
+    b_src = torch.randn(50, n, generator=g).to(device)
+    a_idx = torch.randint(0, 40, (m,), generator=g).to(torch.int32).to(device)
+    b_idx = torch.randint(0, 50, (m,), generator=g).to(torch.int32).to(device)
+    s = torch.rand(m, generator=g).to(device)
+    w_like = torch.empty((5, k, n) if w_layout == "kn" else (5, n, k), device=device)
+    dw = bw.grouped_dw(a_src, b_src, offsets_of(sizes, device), w_like, w_layout, a_idx=a_idx, b_idx=b_idx,
+                       scale=s)
+    a = a_src.double().cpu()[a_idx.long().cpu()]
+    b = b_src.double().cpu()[b_idx.long().cpu()] * s.double().cpu()[:, None]
+    r = 0
+    for e, sz in enumerate(sizes):
+        want = a[r:r + sz].T @ b[r:r + sz]
+        got = dw[e] if w_layout == "kn" else dw[e].T
+        if sz == 0:
+            assert (got == 0).all()
+        else:
+            torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+        r += sz
+
+
+@pytest.mark.filterwarnings("ignore:Input #:UserWarning")
+def test_gradcheck_in_float32(device):
+    """torch.autograd.gradcheck of grouped_mm_swiglu (x, w, row_scale) and moe_ffn (x, topk_weights) in
+    float32 (the kernels take no float64: their tl.dot runs 16- and 32-bit operands), at step 1e-2 and
+    tolerance 1e-3, on tiny shapes (the step's error: a few 1e-5 here). Not fast mode: a random projection
+    of the Jacobian missed a 10% error in silu's derivative."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 4, generator=g).to(device).requires_grad_()
+    w = torch.randn(2, 4, 4, generator=g).to(device).requires_grad_()
+    rs = torch.rand(4, generator=g).to(device).requires_grad_()
+    off = offsets_of([4, 0], device)
+    f = lambda x, w, rs: grouped_mm_swiglu(x, w, off, w_layout="nk", row_scale=rs)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w, rs), eps=1e-2, atol=1e-3, rtol=1e-3)
+    x2, ids, tw, wgu, wd = ffn_inputs(torch.float32, "kn", device, seed=8, t=2, h=4, i=4, e=3, empty=())
+    wgu, wd = (t.detach() * 3 for t in (wgu, wd))
+    assert torch.autograd.gradcheck(lambda x, tw: moe_ffn(x, ids, tw, wgu, wd, w_layout="kn"), (x2, tw),
+                                    eps=1e-2, atol=1e-3, rtol=1e-3)
+
+
+def test_bad_input_raises_naming_the_argument(device):
+    x = torch.randn(6, 8, device=device, requires_grad=True)
+    w = torch.randn(2, 8, 4, device=device, requires_grad=True)
+    off = offsets_of([2, 4], device)
+    with pytest.raises(ValueError, match="epilogue"):
+        grouped_mm(x, w, off, w_layout="kn", epilogue="relu")
+    with pytest.raises(ValueError, match="out"):
+        grouped_mm(x, w, off, w_layout="kn", out=torch.empty(6, 4, device=device))
+    with pytest.raises(ValueError, match="w_layout"):
+        grouped_mm(x, w, off, w_layout="km")
+    with pytest.raises(ValueError, match="w: K="):
+        grouped_mm(x, w, off, w_layout="nk")
+    with pytest.raises(TypeError, match="w: dtype"):
+        grouped_mm(x, w.detach().half().requires_grad_(), off, w_layout="kn")
+    xf, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=1)
+    with pytest.raises(TypeError, match="w_gate_up: dtype"):
+        moe_ffn(xf, ids, tw, wgu.detach().half().requires_grad_(), wd, w_layout="nk")
+    with pytest.raises(ValueError, match="topk_ids"):
+        moe_ffn(xf, ids + 10, tw, wgu, wd, w_layout="nk")
+
+
+def test_no_grad_calls_take_the_inference_path(device, monkeypatch):
+    """Under torch.no_grad (or with nothing requiring grad) no autograd Function runs."""
+    called = []
+    monkeypatch.setattr(ag, "grouped_mm_train", lambda *a, **k: called.append(1))
+    monkeypatch.setattr(ag, "moe_ffn_train", lambda *a, **k: called.append(1))
+    x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=2)
+    with torch.no_grad():
+        moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
+        grouped_mm(x, wgu, offsets_of([9, 0, 0, 0, 0], device), w_layout="nk")
+    assert not called
+
+
+def test_torch_compile_backward_matches_eager(device):
+    """moe_ffn and grouped_mm under torch.compile(fullgraph=True): the training ops (functional custom ops
+    with registered autograd) trace with no graph break, and the compiled step's gradients equal the eager
+    ones bitwise (the same kernels)."""
+    torch._dynamo.reset()
+    x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "kn", device, seed=31)
+    off = offsets_of([4, 5, 0, 3], device)
+    w2 = weight(4, 24, 8, "nk", torch.float32, device, torch.Generator().manual_seed(1))
+
+    def step(x, tw, wgu, wd, w2):
+        y = moe_ffn(x, ids, tw, wgu, wd, w_layout="kn")
+        z = grouped_mm(y[:, :24].repeat(2, 1)[:12], w2, off, w_layout="nk")
+        return y.square().sum() + z.sum()
+
+    leaves = (x, tw, wgu, wd, w2)
+    step(*leaves).backward()
+    eager = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled(*leaves).backward()
+    for a, b in zip(eager, (t.grad for t in leaves)):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+    explained = torch._dynamo.explain(step)(*leaves)
+    assert explained.graph_break_count == 0
+
+
+def test_checkpoint_recomputes_the_layer(device):
+    """Inside torch.utils.checkpoint (non-reentrant) the layer's gradients equal those without it."""
+    x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=41)
+    leaves = (x, tw, wgu, wd)
+    moe_ffn(x, ids, tw, wgu, wd, w_layout="nk").square().sum().backward()
+    plain = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    y = torch.utils.checkpoint.checkpoint(lambda *a: moe_ffn(a[0], ids, *a[1:], w_layout="nk"), *leaves,
+                                          use_reentrant=False)
+    y.square().sum().backward()
+    for a, b in zip(plain, (t.grad for t in leaves)):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_transformers_backend_backward(device):
+    """loss.backward() through a transformers MoE block on experts_implementation="moegemm": every
+    parameter's gradient (the router's included) against the same block in float64 on the eager experts."""
+    pytest.importorskip("transformers")
+    moe = pytest.importorskip("transformers.integrations.moe")
+    if not hasattr(moe, "ExpertsInterface"):
+        pytest.skip("transformers without ExpertsInterface")
+    import copy
+
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    import moegemm.integrations.transformers  # noqa: F401
+
+    cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1,
+                         head_dim=16, vocab_size=97)
+    block = Qwen3MoeSparseMoeBlock(cfg)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    ref = Qwen3MoeSparseMoeBlock(copy.deepcopy(cfg)).double()
+    ref.load_state_dict(block.state_dict())
+    ref.experts.config._experts_implementation = "eager"
+    block = block.to(device)
+    block.experts.config._experts_implementation = "moegemm"
+    x = torch.randn(2, 5, 32, generator=g)
+    out = block(x.to(device))
+    out = out[0] if isinstance(out, tuple) else out
+    out.square().sum().backward()
+    want = ref(x.double())
+    want = want[0] if isinstance(want, tuple) else want
+    want.square().sum().backward()
+    torch.testing.assert_close(out.double().cpu(), want, rtol=1e-4, atol=1e-4)
+    for (name, p), (_, q) in zip(block.named_parameters(), ref.named_parameters()):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad.double().cpu(), q.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+# ---- GPU, real shapes ----
+
+REAL = [  # (E, H, I, top_k): Qwen3-30B-A3B, Qwen3-235B-A22B, Mixtral-8x7B (their float64 references fit)
+    (128, 2048, 768, 8), (128, 4096, 1536, 8), (8, 4096, 14336, 2)]
+
+
+def _real_inputs(e, h, i, k, t, w_layout, dtype, seed, zipf=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if zipf:
+        p = 1.0 / torch.arange(1, e + 1, device="cuda", dtype=torch.float64) ** 1.2
+        ids = torch.multinomial(p.expand(t, e).float(), k, generator=g)
+    else:
+        ids = torch.rand(t, e, device="cuda", generator=g).topk(k, dim=1).indices
+    x = torch.randn(t, h, device="cuda", generator=g).to(dtype).requires_grad_()
+    tw = torch.rand(t, k, device="cuda", generator=g).softmax(-1).requires_grad_()
+    wgu = (torch.randn((e, h, 2 * i) if w_layout == "kn" else (e, 2 * i, h), device="cuda", generator=g)
+           * h ** -0.5).to(dtype).requires_grad_()
+    wd = (torch.randn((e, i, h) if w_layout == "kn" else (e, h, i), device="cuda", generator=g)
+          * i ** -0.5).to(dtype).requires_grad_()
+    return x, ids, tw, wgu, wd
+
+
+def ffn_float64(x, ids, tw, wgu, wd, w_layout):
+    """The layer in float64 on the GPU, expert by expert (autograd)."""
+    e = wgu.shape[0]
+    y = torch.zeros_like(x)
+    for ex in range(e):
+        tok, j = (ids == ex).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        g = wgu[ex] if w_layout == "kn" else wgu[ex].T
+        d = wd[ex] if w_layout == "kn" else wd[ex].T
+        h = x[tok] @ g
+        i = h.shape[1] // 2
+        y = y.index_add(0, tok, tw[tok, j][:, None] * ((torch.nn.functional.silu(h[:, :i]) * h[:, i:]) @ d))
+    return y
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", REAL, ids=["qwen3-30b", "qwen3-235b", "mixtral-8x7b"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("zipf", [False, True], ids=["uniform", "zipf"])
+def test_gpu_moe_ffn_grads_at_real_shapes(shape, dtype, zipf):
+    e, h, i, k = shape
+    t = 1024 if dtype == torch.float32 else 2048
+    x, ids, tw, wgu, wd = _real_inputs(e, h, i, k, t, "nk", dtype, seed=1, zipf=zipf)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref = [a.detach().double().requires_grad_() for a in (x, tw, wgu, wd)]
+    yr = ffn_float64(ref[0], ids, *ref[1:], "nk")
+    yr.backward(dy.double())
+    tol = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}[dtype]
+    names = ("x", "topk_weights", "w_gate_up", "w_down")
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad),
+                               (r.grad for r in ref)):
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < tol, (name, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
+    """A forward + backward step with default arguments captures in a CUDA graph (no host sync), replays
+    to the eager gradients, and two backward passes are bitwise equal."""
+    e, h, i, k = REAL[0]
+    x, ids, tw, wgu, wd = _real_inputs(e, h, i, k, 4096, w_layout, torch.bfloat16, seed=2, zipf=True)
+    leaves = (x, tw, wgu, wd)
+
+    def step():
+        for p in leaves:
+            p.grad = None
+        moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout).float().square().mean().backward()
+        return [p.grad for p in leaves]
+
+    first = [g.clone() for g in step()]
+    second = [g.clone() for g in step()]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for p in leaves:
+            p.grad = None
+        moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout).float().square().mean().backward()
+        captured = [p.grad for p in leaves]
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(first, captured):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
+def test_gpu_grouped_mm_grads_at_real_shapes(w_layout, swiglu):
+    e, h, i, _ = REAL[0]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    sizes = torch.randint(0, 200, (e,), generator=g, device="cuda")
+    sizes[::7] = 0
+    off = torch.zeros(e + 1, dtype=torch.int32, device="cuda")
+    off[1:] = sizes.cumsum(0)
+    m = int(off[-1])
+    n = 2 * i if swiglu else i
+    x = torch.randn(m, h, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn((e, h, n) if w_layout == "kn" else (e, n, h), device="cuda", generator=g)
+         * h ** -0.5).bfloat16().requires_grad_()
+    rs = torch.rand(m, device="cuda", generator=g).requires_grad_()
+    fn = grouped_mm_swiglu if swiglu else grouped_mm
+    y = fn(x, w, off, w_layout=w_layout, row_scale=rs)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref = [a.detach().double().requires_grad_() for a in (x, w, rs)]
+    yr = ref_mm(ref[0], ref[1], sizes.tolist(), w_layout, ref[2], swiglu)
+    yr.backward(dy.double())
+    for name, got, want in zip(("x", "w", "row_scale"), (x.grad, w.grad, rs.grad), (r.grad for r in ref)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 2e-2, name
+    for ex in range(e):
+        if int(sizes[ex]) == 0:
+            assert (w.grad[ex] == 0).all()
