@@ -1,0 +1,350 @@
+"""The clustered Decompose-K kernel on the GPU: its checks, then its times against the library's default,
+cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
+
+    PYTHONPATH=src python probes/cluster_bench.py            # CSVs to $OUT if set
+
+1. Checks (quick): every dtype x epilogue (+ bias) against float64 on fresh random data, outputs poisoned
+   with NaN first; K tails, a single row, b as w.t() (K-contiguous), a strided a, a transposed out; bitwise
+   identity over 100 repeats; 20 CUDA-graph replays with new inputs copied in.
+2. Times (CUDA-graph replay, 20 calls per graph over rotated input sets, median of 15 replays) on the
+   28-shape grid (M = N in {16, 32, 48, 64}, K in {8192, ..., 32768}) and the router [T, 7168] @ [7168, 256],
+   T in {1, ..., 256}, bf16 with ReLU: ``ours: auto`` (``moegemm.decompose_k.matmul``), ``cublas``
+   (``torch.relu(torch.mm)``), ``seed: optimized`` (its best config from results/<gpu>/tune_seed.csv), and
+   the clustered kernel at its heuristic config plus a sweep of S and tiles. A variant that fails to compile,
+   launch or check is recorded as such and the run goes on.
+
+Prints a compact table last.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from moegemm.decompose_k import cluster as C
+from moegemm.decompose_k import matmul as dk_matmul
+from moegemm.epilogue import Epilogue
+
+DEADLINE_S = float(os.environ.get("CLUSTER_BENCH_BUDGET_S", "220"))
+T0 = time.time()
+ROWS: list[dict] = []
+CHECKS: list[dict] = []
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+def ref64(a, b, bias, epi):
+    r = a.double() @ b.double()
+    if bias is not None:
+        r = r + bias.double()
+    if epi is Epilogue.RELU:
+        r = torch.relu(r)
+    elif epi is Epilogue.SIGMOID:
+        r = torch.sigmoid(r)
+    return r
+
+
+def rel_err(out, ref) -> float:
+    if not torch.isfinite(out).all():
+        return float("nan")
+    return float((out.double() - ref).abs().max() / max(ref.abs().max().item(), 1e-6))
+
+
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+
+
+def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False):
+    try:
+        if out is not None:
+            out.fill_(float("nan"))
+        p = C.plan(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)
+        got = C.matmul(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)
+        torch.cuda.synchronize()
+        err = rel_err(got, ref64(a, b, bias, epi))
+        tol = TOL[a.dtype] if not (allow_tf32 and a.dtype == torch.float32) else 5e-3
+        ok = not math.isnan(err) and err <= tol
+        CHECKS.append({"check": name, "dtype": str(a.dtype)[6:], "m": a.shape[0], "n": b.shape[1],
+                       "k": a.shape[1], "epilogue": epi.name.lower(), "bias": bias is not None,
+                       "clustered": p is not None,
+                       "config": p.config.as_dict() if p is not None else "fallback", "rel_err": err,
+                       "status": "ok" if ok else "WRONG"})
+    except Exception as e:  # noqa: BLE001
+        CHECKS.append({"check": name, "dtype": str(a.dtype)[6:], "m": a.shape[0], "n": b.shape[1],
+                       "k": a.shape[1], "epilogue": epi.name.lower(), "bias": bias is not None,
+                       "status": f"error: {e!r}"[:300]})
+        traceback.print_exc()
+
+
+def run_checks(dev):
+    g = torch.Generator(device=dev).manual_seed(1)
+
+    def rnd(*shape, dtype):
+        return torch.randn(*shape, device=dev, dtype=torch.float32, generator=g).to(dtype)
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for epi in Epilogue:
+            for bias_on in (False, True):
+                m, n, k = 24, 40, 3000  # K tail (not a multiple of S or BLOCK_K), ragged M and N
+                a, b = rnd(m, k, dtype=dtype), rnd(k, n, dtype=dtype)
+                bias = rnd(n, dtype=dtype) if bias_on else None
+                check("basic", a, b, epi, bias, out=torch.empty(m, n, device=dev, dtype=dtype))
+        # one row, b as w.t() (K-contiguous), the router's shape
+        w = rnd(256, 7168, dtype=dtype)
+        check("router-T1", rnd(1, 7168, dtype=dtype), w.t(), Epilogue.RELU,
+              out=torch.empty(1, 256, device=dev, dtype=dtype))
+        # strided a (a column slice with an aligned row stride), transposed out
+        big = rnd(48, 8192 + 64, dtype=dtype)
+        a = big[:, :8192]
+        b = rnd(8192, 48, dtype=dtype)
+        check("strided-a,out-T", a, b, Epilogue.SIGMOID, out=torch.empty(48, 48, device=dev, dtype=dtype).t())
+        for s in (1, 2, 4, 16):
+            cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=32,
+                                  block_k=32 if dtype == torch.float32 else 64, num_warps=2)
+            check(f"S={s}", rnd(20, 5000, dtype=dtype), rnd(5000, 33, dtype=dtype), Epilogue.RELU,
+                  rnd(33, dtype=dtype), out=torch.empty(20, 33, device=dev, dtype=dtype), config=cfg)
+        if dtype == torch.float32:
+            check("tf32", rnd(16, 4096, dtype=dtype), rnd(4096, 64, dtype=dtype), Epilogue.NONE,
+                  out=torch.empty(16, 64, device=dev, dtype=dtype), allow_tf32=True)
+    # an unaligned stride: the fallback serves it
+    a = rnd(16, 4099, dtype=torch.bfloat16)
+    check("fallback-unaligned", a, rnd(4099, 16, dtype=torch.bfloat16), Epilogue.RELU,
+          out=torch.empty(16, 16, device=dev, dtype=torch.bfloat16))
+
+    # determinism: bitwise identical over 100 repeats
+    a, b = rnd(64, 32768, dtype=torch.bfloat16), rnd(32768, 64, dtype=torch.bfloat16)
+    try:
+        first = C.matmul(a, b, epilogue="relu")
+        same = all(torch.equal(first, C.matmul(a, b, epilogue="relu")) for _ in range(100))
+        CHECKS.append({"check": "bitwise-100", "m": 64, "n": 64, "k": 32768,
+                       "status": "ok" if same else "WRONG"})
+    except Exception as e:  # noqa: BLE001
+        CHECKS.append({"check": "bitwise-100", "status": f"error: {e!r}"[:300]})
+
+    # CUDA graph: 20 replays, new inputs copied into the captured buffers each time
+    try:
+        x, w = rnd(7, 7168, dtype=torch.bfloat16), rnd(256, 7168, dtype=torch.bfloat16)
+        out = torch.empty(7, 256, device=dev, dtype=torch.bfloat16)
+        C.matmul(x, w.t(), epilogue="relu", out=out)  # warm-up (compile, plan) outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            C.matmul(x, w.t(), epilogue="relu", out=out)
+        worst = 0.0
+        for _ in range(20):
+            x.copy_(rnd(7, 7168, dtype=torch.bfloat16))
+            w.copy_(rnd(256, 7168, dtype=torch.bfloat16))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            e = rel_err(out, ref64(x, w.t(), None, Epilogue.RELU))
+            worst = e if math.isnan(e) else max(worst, e)
+        ok = not math.isnan(worst) and worst <= TOL[torch.bfloat16]
+        CHECKS.append({"check": "graph-20", "m": 7, "n": 256, "k": 7168, "rel_err": worst,
+                       "status": "ok" if ok else "WRONG"})
+    except Exception as e:  # noqa: BLE001
+        CHECKS.append({"check": "graph-20", "status": f"error: {e!r}"[:300]})
+
+
+# ----------------------------------------------------------------------------------------------------
+
+def graph_us(calls, per_graph=20, replays=15) -> float:
+    from moegemm.bench.timing import GraphTimer
+
+    t = GraphTimer(calls, calls_per_graph=per_graph)
+    return statistics.median(t.sample(replays=replays))
+
+
+def seed_configs():
+    """{(m, n, k): the seed's best optimized bf16 config} from the committed tuning rows, with the module."""
+    try:
+        from experiments import seed_dk
+
+        kern = seed_dk.load()
+    except Exception as e:  # noqa: BLE001
+        print("seed kernels not loaded:", e)
+        return None, {}
+    if kern is None:
+        return None, {}
+    best = {}
+    for path in ROOT.glob("results/*/tune_seed.csv"):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if r["variant"] == "optimized" and r["dtype"] == "bfloat16" and r["best"] == "True":
+                    best[(int(r["m"]), int(r["n"]), int(r["k"]))] = r
+    return kern.modules["optimized"], best
+
+
+def sweep(m, n, k):
+    h = C.heuristic_config(m, n, k, torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count)
+    out = [h]
+    for s in (4, 8, 16):
+        for bm, bn in ((h.block_m, h.block_n), (16, 16), (16, 32), (32, 32), (64, 32)):
+            if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 16) or k < s * 64:
+                continue
+            c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64,
+                                num_warps=4 if bm * bn >= 1024 else 2)
+            if c not in out:
+                out.append(c)
+    return out[:5]
+
+
+def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
+    g = torch.Generator(device=dev).manual_seed(m * 131 + k)
+    nbytes = (m * k + k * n) * 2
+    from moegemm.bench.timing import input_sets_for
+
+    nsets = input_sets_for(nbytes, max_sets=4)
+    sets = []
+    for _ in range(nsets):
+        a = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+        if kind == "router":
+            b = torch.randn(n, k, device=dev, generator=g).to(torch.bfloat16).t()
+        else:
+            b = torch.randn(k, n, device=dev, generator=g).to(torch.bfloat16)
+        sets.append((a, b, torch.empty(m, n, device=dev, dtype=torch.bfloat16)))
+    ref = ref64(sets[0][0], sets[0][1], None, Epilogue.RELU)
+    base = {"kind": kind, "m": m, "n": n, "k": k, "dtype": "bfloat16", "epilogue": "relu"}
+
+    def measure(name, make_call, config=""):
+        row = dict(base, contender=name, config=str(config))
+        try:
+            calls = [make_call(a, b, c) for a, b, c in sets]
+            sets[0][2].fill_(float("nan"))
+            calls[0]()
+            torch.cuda.synchronize()
+            err = rel_err(sets[0][2], ref)
+            row["rel_err"] = err
+            if math.isnan(err) or err > 2e-2:
+                row["status"] = "wrong"
+            else:
+                row["graph_us"] = graph_us(calls)
+                row["status"] = "ok"
+        except Exception as e:  # noqa: BLE001
+            row["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+        ROWS.append(row)
+        return row
+
+    measure("ours: auto", lambda a, b, c: (lambda: dk_matmul(a, b, epilogue="relu", out=c)))
+    measure("cublas", lambda a, b, c: (lambda: c.copy_(torch.relu(torch.mm(a, b)))))
+    if seed_mod is not None and (m, n, k) in seed_best:
+        r = seed_best[(m, n, k)]
+        fields = ("split_k", "block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
+        cfg = seed_mod.KernelConfig(**{f: int(r[f]) for f in fields})
+
+        def seed_call(a, b, c, cfg=cfg):
+            bc = b.contiguous() if kind == "router" else b
+            partials = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=dev)
+            return lambda: seed_mod.decompose_k_relu_out(a, bc, c, partials, cfg, fuse_relu=True)
+
+        measure("seed: optimized", seed_call, {f: int(r[f]) for f in fields[:4]})
+    for i, cfg in enumerate(sweep(m, n, k)):
+        if i > 0 and elapsed() > DEADLINE_S:
+            ROWS.append(dict(base, contender="cluster", config=str(cfg.as_dict()),
+                             status="skipped: time budget"))
+            continue
+
+        def call(a, b, c, cfg=cfg):
+            p = C.plan(a, b, epilogue="relu", out=c, config=cfg)
+            if p is None:
+                raise RuntimeError("no clustered plan (fell back)")
+            return lambda: p.run(a, b, None, c)
+
+        measure("cluster: heuristic" if i == 0 else "cluster", call, cfg.as_dict())
+
+
+def write_csv(name, rows):
+    out = os.environ.get("OUT")
+    if not out or not rows:
+        return
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    path = Path(out) / name
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.rename(path)
+
+
+def main() -> int:
+    dev = torch.device("cuda")
+    import triton
+
+    print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
+    print("cluster supported:", C.cluster_supported(dev), C.unsupported_reason(0))
+    run_checks(dev)
+    print(f"checks done at {elapsed():.0f}s")
+    for r in CHECKS:
+        if r["status"] != "ok":
+            print("CHECK", r)
+    print(f"checks: {sum(r['status'] == 'ok' for r in CHECKS)} ok of {len(CHECKS)}")
+    write_csv("cluster_checks.csv", CHECKS)
+
+    seed_mod, seed_best = seed_configs()
+    shapes = [("grid", s, s, k) for s in (16, 32, 48, 64) for k in range(8192, 32768 + 1, 4096)]
+    shapes += [("router", t, 256, 7168) for t in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    for kind, m, n, k in shapes:
+        try:
+            time_shape(kind, m, n, k, seed_mod, seed_best, dev)
+        except Exception as e:  # noqa: BLE001
+            ROWS.append({"kind": kind, "m": m, "n": n, "k": k, "status": f"error: {e!r}"[:300]})
+        write_csv("cluster_bench.csv", ROWS)
+    print(f"timing done at {elapsed():.0f}s")
+
+    # the compact table
+    print(f"{'shape':>22} {'auto':>6} {'cublas':>6} {'seed':>6} {'clu-h':>6} {'clu-best':>8}  "
+          f"{'best/seed':>9} {'best/auto':>9}  best config")
+    ratios_seed, ratios_auto = [], []
+    for kind, m, n, k in shapes:
+        rs = [r for r in ROWS if (r.get("kind"), r.get("m"), r.get("n"), r.get("k")) == (kind, m, n, k)]
+        t = {}
+        for r in rs:
+            if r.get("status") == "ok":
+                name = r["contender"]
+                key = "cluster" if name.startswith("cluster") else name
+                if key not in t or r["graph_us"] < t[key][0]:
+                    t[key] = (r["graph_us"], r["config"])
+                if name == "cluster: heuristic":
+                    t["heur"] = (r["graph_us"], r["config"])
+
+        def f(key, t=t):
+            return f"{t[key][0]:6.2f}" if key in t else "     -"
+
+        both = "cluster" in t and "seed: optimized" in t
+        rseed = t["seed: optimized"][0] / t["cluster"][0] if both else math.nan
+        rauto = t["ours: auto"][0] / t["cluster"][0] if "cluster" in t and "ours: auto" in t else math.nan
+        if not math.isnan(rseed):
+            ratios_seed.append(rseed)
+        if not math.isnan(rauto):
+            ratios_auto.append(rauto)
+        cfg = t["cluster"][1] if "cluster" in t else ""
+        print(f"{kind:>6} {m:>4}x{n:<4}x{k:<6} {f('ours: auto')} {f('cublas')} {f('seed: optimized')} "
+              f"{f('heur')} {f('cluster'):>8}  {rseed:9.3f} {rauto:9.3f}  {cfg}")
+
+    def gm(xs):
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+    print(f"geomean best-cluster speedup: vs seed {gm(ratios_seed):.3f} ({len(ratios_seed)} shapes), "
+          f"vs ours:auto {gm(ratios_auto):.3f} ({len(ratios_auto)} shapes); total {elapsed():.0f}s")
+    bad = [r for r in CHECKS if r["status"] != "ok"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
