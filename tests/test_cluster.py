@@ -1,0 +1,362 @@
+"""The clustered Decompose-K kernel (moegemm.decompose_k.cluster).
+
+CPU: every variant (dtype x epilogue x bias x b's layout x cluster size) compiles for sm_90a, and its PTX
+holds the cluster launch and the exchange (``.reqnctapercluster``, ``mapa``, ``st.shared::cluster``, the two
+cluster barriers, one TMA barrier per CTA); the fallback where the Gluon features are missing; bad input.
+Gluon has no interpreter, so the compile runs in a subprocess without TRITON_INTERPRET (this file as a
+script). GPU (``-m gpu``): results against float64 with poisoned outputs, every dtype, epilogue, K tail,
+stride class; bitwise identity over 100 repeats; 20 CUDA-graph replays with new inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if __name__ == "__main__":  # the compile check runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import DTYPES, assert_close_to_ref, make, poisoned
+
+from moegemm.decompose_k import cluster as C
+from moegemm.decompose_k.reference import reference_mm
+from moegemm.epilogue import Epilogue
+
+# ---------------------------------------------------------------------------------------------------------------
+# sm_90a compile checks (a subprocess runs this file as a script)
+# ---------------------------------------------------------------------------------------------------------------
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+
+
+def compile_variants():
+    """(name, dtype key, n, k, config, b_kn, epilogue, bias): every dtype x epilogue x bias x b layout, the
+    cluster size and the ring (stages below the K steps) cycling through them; small K keeps compiles quick."""
+    sizes = itertools.cycle((1, 2, 4, 8, 16))
+    ring = itertools.cycle((0, 2, 0))
+    for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
+        s = next(sizes)
+        bk = 32 if dt in ("fp32", "tf32") else 64
+        bm, bn = ((16, 32), (32, 16), (64, 64))[(s + int(epi)) % 3]
+        cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring))
+        yield f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}", dt, 48, \
+            1000 + 7 * s, cfg, kn, epi, bias
+
+
+def ptx_facts(ptx: str) -> dict:
+    m = re.search(r"\.reqnctapercluster\s+(\d+)", ptx)
+    return {
+        "reqnctapercluster": int(m.group(1)) if m else 0,
+        "mapa": len(re.findall(r"mapa\.shared::cluster", ptx)),
+        "st_cluster": len(re.findall(r"st\.shared::cluster\.f32", ptx)),
+        "arrive_relaxed": len(re.findall(r"barrier\.cluster\.arrive\.relaxed", ptx)),
+        "arrive": len(re.findall(r"barrier\.cluster\.arrive", ptx)),
+        "wait": len(re.findall(r"barrier\.cluster\.wait", ptx)),
+        "ctarank": len(re.findall(r"%cluster_ctarank", ptx)),
+        "clusterid": len(re.findall(r"%clusterid\.x", ptx)),
+        "dyn_smem": len(re.findall(r"%dynamic_smem_size", ptx)),
+        "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+        "multicast": len(re.findall(r"multicast::cluster", ptx)),
+        "skip_wait": len(re.findall(r"skipWait", ptx)),
+        "expect_bytes": sorted({int(b) for b in re.findall(r"expect_tx\.shared::cta\.b64 _, \[%r\d+\], (\d+);", ptx)}),
+        "mma": len(re.findall(r"mma\.sync", ptx)),
+        "fma": len(re.findall(r"fma\.rn\.f32", ptx)),
+    }
+
+
+def _compile_main(shard: int, shards: int) -> int:
+    out = []
+    for i, (name, dt, n, k, cfg, kn, epi, bias) in enumerate(compile_variants()):
+        if i % shards != shard:
+            continue
+        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0}
+        try:
+            ck = C.compile_sm90(DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias, allow_tf32=dt == "tf32")
+            esize = 4 if dt in ("fp32", "tf32") else 2
+            rec["box_bytes"] = (cfg.block_m + cfg.block_n) * cfg.block_k * esize
+            rec.update(ptx_facts(ck.asm["ptx"]), ok=True, shared=int(ck.metadata.shared))
+        except Exception as e:  # noqa: BLE001
+            rec.update(ok=False, error=str(e).splitlines()[-1][:300] if str(e) else repr(e))
+        out.append(rec)
+    print(json.dumps(out))
+    return 0
+
+
+SHARDS = 2
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
+    if C._gluon_api_ok() is not None:
+        pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent / "src"),
+                                         env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, __file__, "--compile", f"{shard}/{SHARDS}"], capture_output=True,
+                         text=True, env=env, timeout=1800, check=False)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(recs) == len(list(compile_variants())[shard::SHARDS]) > 0
+    for r in recs:
+        assert r["ok"], r
+        f = r
+        assert f["tma"] > 0 and f["multicast"] == 0, r
+        assert f["skip_wait"] == 0, r  # every CTA waits on its own TMA barriers
+        assert f["expect_bytes"] == [r["box_bytes"]], r  # a CTA expects its own boxes' bytes, not the cluster's
+        assert (f["fma"] > 0) == (r["dt"] == "fp32") and (f["mma"] > 0) == (r["dt"] != "fp32"), r
+        if r["s"] > 1:
+            assert f["reqnctapercluster"] == r["s"], r
+            assert f["mapa"] > 0 and f["mapa"] == f["st_cluster"], r
+            assert f["arrive_relaxed"] == 1 and f["arrive"] == 2 and f["wait"] == 2, r
+            assert f["ctarank"] >= 1 and f["clusterid"] == 1 and f["dyn_smem"] > 0, r
+        else:
+            assert f["reqnctapercluster"] == 0 and f["mapa"] == 0 and f["arrive"] == 0 and f["wait"] == 0, r
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: feature detection, the fallback, configs, bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_gluon_features_detected_on_this_triton():
+    """The installed Triton (3.7) has everything the kernel uses; the reason names what is missing else."""
+    import triton
+
+    if not triton.__version__.startswith("3.7"):
+        pytest.skip(f"triton {triton.__version__}")
+    assert C._gluon_api_ok() is None
+
+
+def test_missing_gluon_features_fall_back(monkeypatch, device):
+    """A Triton whose Gluon lacks the features (3.6; or 3.8, where the TMA copy is async_load): not
+    supported, no plan, and matmul serves the call through the default kernels, right."""
+    C.unsupported_reason.cache_clear()
+    monkeypatch.setattr(C, "_PLANS", {})
+    monkeypatch.setattr(C, "_IMPORT_ERROR", "AttributeError: module 'tma' has no attribute "
+                                            "'async_copy_global_to_shared'")
+    try:
+        assert not C.cluster_supported()
+        assert "async_copy_global_to_shared" in C.unsupported_reason()
+        g = torch.Generator().manual_seed(3)
+        a = make((5, 300), torch.float32, "contiguous", g, device)
+        b = make((300, 7), torch.float32, "contiguous", g, device)
+        bias = make((1, 7), torch.float32, "contiguous", g, device)[0]
+        assert C.plan(a, b, epilogue="relu", bias=bias) is None
+        out = poisoned((5, 7), torch.float32, device)
+        got = C.matmul(a, b, epilogue="relu", bias=bias, out=out)
+        assert got is out
+        assert_close_to_ref(got, reference_mm(a, b, "relu", bias), 300, "fallback")
+    finally:
+        C.unsupported_reason.cache_clear()
+
+
+def test_interpreter_falls_back(device):
+    """Gluon has no interpreter: under TRITON_INTERPRET=1 the default kernels serve every call."""
+    if device != "cpu":
+        pytest.skip("on a GPU the clustered kernel runs")
+    assert "interpreter" in (C.unsupported_reason() or "")
+    g = torch.Generator().manual_seed(4)
+    for dtype in DTYPES:
+        a = make((3, 130), dtype, "contiguous", g, device)
+        b = make((130, 9), dtype, "transposed", g, device)
+        got = C.matmul(a, b, epilogue="sigmoid")
+        assert_close_to_ref(got, reference_mm(a, b, "sigmoid"), 130, f"interpreter fallback {dtype}")
+
+
+def test_bad_input_names_the_argument(device):
+    a = torch.randn(4, 64, device=device)
+    b = torch.randn(64, 8, device=device)
+    with pytest.raises(ValueError, match="b: inner dimensions"):
+        C.matmul(a, torch.randn(63, 8, device=device))
+    with pytest.raises(TypeError, match="b: dtype"):
+        C.matmul(a, b.half())
+    with pytest.raises(ValueError, match="epilogue"):
+        C.matmul(a, b, epilogue="gelu")
+    with pytest.raises(ValueError, match="bias: expected shape"):
+        C.matmul(a, b, bias=torch.randn(7, device=device))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        C.matmul(a, b, out=torch.empty(4, 9, device=device))
+    with pytest.raises(ValueError, match="config.split_k"):
+        C.matmul(a, b, config={"split_k": 3})
+    with pytest.raises(ValueError, match="config.block_m"):
+        C.matmul(a, b, config={"split_k": 2, "block_m": 24})
+    with pytest.raises(ValueError, match="config: unknown keys"):
+        C.matmul(a, b, config={"split_k": 2, "xblock": 64})
+    with pytest.raises(TypeError, match="config"):
+        C.matmul(a, b, config=(2, 16))
+    with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
+        C.matmul(a.numpy() if device == "cpu" else [1], b)
+
+
+def test_dispatch_takes_cluster_as_a_named_kernel(device):
+    """``moegemm.decompose_k.matmul(kernel="cluster")`` plans the clustered kernel where it can run, else the
+    single-launch kernel; either way the result is right. A DecomposeKConfig never reaches the clustered
+    kernel; a config of the wrong type for it is a TypeError naming config."""
+    from moegemm.decompose_k import api, matmul
+
+    g = torch.Generator().manual_seed(9)
+    a = make((6, 512), torch.float32, "contiguous", g, device)
+    b = make((512, 24), torch.float32, "transposed", g, device)
+    p = api.plan(a, b, kernel="cluster", epilogue="relu")
+    assert p.backend == ("cluster" if C.cluster_supported(a.device) else "single_launch")
+    got = matmul(a, b, kernel="cluster", epilogue="relu", out=poisoned((6, 24), torch.float32, device))
+    assert_close_to_ref(got, reference_mm(a, b, "relu"), 512, "kernel='cluster'")
+    if C.cluster_supported(a.device):
+        with pytest.raises(TypeError, match="config"):
+            api.plan(a, b, kernel="cluster", config=object())
+
+
+def test_heuristic_config_fills_the_gpu_with_portable_clusters():
+    for m, n, k in [(16, 16, 8192), (64, 64, 32768), (1, 256, 7168), (256, 256, 7168), (33, 70, 300)]:
+        for dtype in DTYPES:
+            cfg = C.heuristic_config(m, n, k, dtype, 132)
+            ctas = -(-m // cfg.block_m) * -(-n // cfg.block_n) * cfg.split_k
+            assert cfg.split_k <= 8 and ctas <= 132, (m, n, k, cfg)
+            assert k >= 2 * cfg.split_k * cfg.block_k or cfg.split_k == 1, (m, n, k, cfg)
+            assert C.stages_for(k, cfg, 4 if dtype == torch.float32 else 2) >= 1
+    assert C.heuristic_config(64, 64, 32768, torch.bfloat16, 132).split_k == 8
+
+
+def test_split_boundaries_cover_k_once():
+    """K per split is a whole number of BLOCK_K steps and the S splits cover [0, K) (the last ones may run
+    past K: TMA reads zeros there), so no element of K is summed twice or missed."""
+    for k in (1, 63, 64, 1000, 3000, 7168, 8191, 32768):
+        for s in (1, 2, 4, 8, 16):
+            cfg = C.ClusterConfig(split_k=s, block_k=64)
+            kps = C.k_per_split(k, cfg)
+            assert kps % 64 == 0 and kps < -(-k // s) + 64, (k, s, kps)
+            assert sum(max(0, min(k, (r + 1) * kps) - r * kps) for r in range(s)) == k, (k, s, kps)
+
+
+def test_exchange_area_fits_the_budget():
+    for s in (2, 4, 8, 16):
+        for bm, bn in itertools.product((16, 32, 64, 128), repeat=2):
+            cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn)
+            sl = -(-bm * bn // s)
+            assert C.exchange_bytes(cfg) == s * sl * 4 >= bm * bn * 4
+            st = C.stages_for(1 << 20, cfg, 2)
+            assert st * C._stage_bytes(cfg, 2) + C.exchange_bytes(cfg) <= C.SMEM_BUDGET or st == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+
+def _ref(a, b, epilogue="none", bias=None):
+    return reference_mm(a, b, epilogue, bias, on_cpu=False)
+
+
+def _need_cluster():
+    if not C.cluster_supported(torch.device("cuda")):
+        pytest.skip(f"clustered kernel not supported here: {C.unsupported_reason(torch.cuda.current_device())}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("epilogue", ["none", "relu", "sigmoid"])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_gpu_every_dtype_epilogue_k_tail(dtype, epilogue, has_bias):
+    _need_cluster()
+    g = torch.Generator(device="cuda").manual_seed(hash((str(dtype), epilogue, has_bias)) % 1000)
+    for (m, n, k), s in itertools.product(((1, 16, 8192), (24, 40, 3000), (64, 256, 7168), (33, 70, 4097 + 3)),
+                                          (None, 1, 2, 4, 8, 16)):
+        if k % (8 if dtype != torch.float32 else 4):
+            continue  # rows of a not 16-byte aligned: the fallback (tested below)
+        a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+        b = torch.randn(k, n, device="cuda", generator=g).to(dtype)
+        bias = torch.randn(n, device="cuda", generator=g).to(dtype) if has_bias else None
+        cfg = None if s is None else C.ClusterConfig(split_k=s, block_m=16, block_n=32,
+                                                     block_k=32 if dtype == torch.float32 else 64)
+        assert C.plan(a, b, epilogue=epilogue, bias=bias, config=cfg) is not None
+        out = poisoned((m, n), dtype, "cuda")
+        got = C.matmul(a, b, epilogue=epilogue, bias=bias, out=out, config=cfg)
+        assert_close_to_ref(got, _ref(a, b, epilogue, bias), k, f"cluster {m}x{n}x{k} S={s} {dtype} {epilogue}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("la,lb,lo", [("contiguous", "transposed", "contiguous"),
+                                      ("contiguous", "contiguous", "transposed"),
+                                      ("transposed", "contiguous", "contiguous"),
+                                      ("sliced", "sliced", "contiguous")])
+def test_gpu_every_stride_class(dtype, la, lb, lo):
+    """b as w.t() (K-contiguous) and a transposed out take the clustered kernel; a column-major a or
+    unaligned rows take the default kernels; every one is right."""
+    _need_cluster()
+    g = torch.Generator().manual_seed(11)
+    m, n, k = 20, 48, 4096
+    a = make((m, k), dtype, la, g, "cuda")
+    b = make((k, n), dtype, lb, g, "cuda")
+    out = poisoned((m, n), dtype, "cuda", lo)
+    p = C.plan(a, b, epilogue="relu", out=out)
+    assert (p is not None) == (la == "contiguous"), (la, lb, lo)
+    got = C.matmul(a, b, epilogue="relu", out=out)
+    assert_close_to_ref(got, _ref(a, b, "relu"), k, f"strides {la} {lb} {lo}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_grid_and_router(dtype):
+    _need_cluster()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    shapes = [(mn, mn, k, False) for mn in (16, 32, 48, 64) for k in (8192, 20480, 32768)]
+    shapes += [(t, 256, 7168, True) for t in (1, 2, 8, 32, 128, 256)]
+    for m, n, k, router in shapes:
+        a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+        b = (torch.randn(n, k, device="cuda", generator=g).to(dtype).t() if router
+             else torch.randn(k, n, device="cuda", generator=g).to(dtype))
+        assert C.plan(a, b, epilogue="relu") is not None
+        got = C.matmul(a, b, epilogue="relu", out=poisoned((m, n), dtype, "cuda"))
+        assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s", [2, 8, 16])
+def test_gpu_bitwise_identical_over_100_repeats(s):
+    _need_cluster()
+    g = torch.Generator(device="cuda").manual_seed(s)
+    a = torch.randn(64, 32768, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(32768, 64, device="cuda", generator=g).to(torch.bfloat16)
+    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16)
+    first = C.matmul(a, b, epilogue="relu", config=cfg)
+    for i in range(100):
+        assert torch.equal(C.matmul(a, b, epilogue="relu", config=cfg), first), f"repeat {i} differs"
+    assert_close_to_ref(first, _ref(a, b, "relu"), 32768, "bitwise shape")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_20_replays_with_new_inputs():
+    _need_cluster()
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(7, 7168, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(256, 7168, device="cuda", generator=g).to(torch.bfloat16)
+    bias = torch.randn(256, device="cuda", generator=g).to(torch.bfloat16)
+    out = torch.empty(7, 256, device="cuda", dtype=torch.bfloat16)
+    C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out)  # compiles and plans outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out)
+    for i in range(20):
+        x.copy_(torch.randn(7, 7168, device="cuda", generator=g))
+        w.copy_(torch.randn(256, 7168, device="cuda", generator=g))
+        bias.copy_(torch.randn(256, device="cuda", generator=g))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_ref(out, _ref(x, w.t(), "sigmoid", bias), 7168, f"replay {i}")
+        eager = C.matmul(x, w.t(), epilogue="sigmoid", bias=bias)
+        assert torch.equal(eager, out), f"replay {i} differs from an eager call"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--compile"]:
+        i, n = (int(v) for v in sys.argv[2].split("/"))
+        sys.exit(_compile_main(i, n))
