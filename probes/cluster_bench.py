@@ -67,7 +67,7 @@ def rel_err(out, ref) -> float:
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 
 
-def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False):
+def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False, clustered=True):
     try:
         if out is not None:
             out.fill_(float("nan"))
@@ -76,11 +76,13 @@ def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False):
         torch.cuda.synchronize()
         err = rel_err(got, ref64(a, b, bias, epi))
         tol = TOL[a.dtype] if not (allow_tf32 and a.dtype == torch.float32) else 5e-3
-        ok = not math.isnan(err) and err <= tol
+        ok = not math.isnan(err) and err <= tol and (p is not None) == clustered
         CHECKS.append({"check": name, "dtype": str(a.dtype)[6:], "m": a.shape[0], "n": b.shape[1],
                        "k": a.shape[1], "epilogue": epi.name.lower(), "bias": bias is not None,
                        "clustered": p is not None,
                        "config": p.config.as_dict() if p is not None else "fallback", "rel_err": err,
+                       "why": "" if p is not None else str(C.FALLBACK_REASONS.get((a.shape[0], b.shape[1],
+                                                                                   a.shape[1], config), "")),
                        "status": "ok" if ok else "WRONG"})
     except Exception as e:  # noqa: BLE001
         CHECKS.append({"check": name, "dtype": str(a.dtype)[6:], "m": a.shape[0], "n": b.shape[1],
@@ -114,15 +116,15 @@ def run_checks(dev):
         for s in (1, 2, 4, 16):
             cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=32,
                                   block_k=32 if dtype == torch.float32 else 64, num_warps=2)
-            check(f"S={s}", rnd(20, 5000, dtype=dtype), rnd(5000, 33, dtype=dtype), Epilogue.RELU,
-                  rnd(33, dtype=dtype), out=torch.empty(20, 33, device=dev, dtype=dtype), config=cfg)
+            check(f"S={s}", rnd(20, 5000, dtype=dtype), rnd(5000, 40, dtype=dtype), Epilogue.RELU,
+                  rnd(40, dtype=dtype), out=torch.empty(20, 40, device=dev, dtype=dtype), config=cfg)
         if dtype == torch.float32:
             check("tf32", rnd(16, 4096, dtype=dtype), rnd(4096, 64, dtype=dtype), Epilogue.NONE,
                   out=torch.empty(16, 64, device=dev, dtype=dtype), allow_tf32=True)
     # an unaligned stride: the fallback serves it
     a = rnd(16, 4099, dtype=torch.bfloat16)
     check("fallback-unaligned", a, rnd(4099, 16, dtype=torch.bfloat16), Epilogue.RELU,
-          out=torch.empty(16, 16, device=dev, dtype=torch.bfloat16))
+          out=torch.empty(16, 16, device=dev, dtype=torch.bfloat16), clustered=False)
 
     # determinism: bitwise identical over 100 repeats
     a, b = rnd(64, 32768, dtype=torch.bfloat16), rnd(32768, 64, dtype=torch.bfloat16)

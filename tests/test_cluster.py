@@ -29,16 +29,17 @@ from moegemm.decompose_k import cluster as C
 from moegemm.decompose_k.reference import reference_mm
 from moegemm.epilogue import Epilogue
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # sm_90a compile checks (a subprocess runs this file as a script)
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 
 
 def compile_variants():
     """(name, dtype key, n, k, config, b_kn, epilogue, bias): every dtype x epilogue x bias x b layout, the
-    cluster size and the ring (stages below the K steps) cycling through them; small K keeps compiles quick."""
+    cluster size and the ring (stages below the K steps) cycling through them; small K keeps compiles
+    quick."""
     sizes = itertools.cycle((1, 2, 4, 8, 16))
     ring = itertools.cycle((0, 2, 0))
     for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
@@ -48,6 +49,9 @@ def compile_variants():
         cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring))
         yield f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}", dt, 48, \
             1000 + 7 * s, cfg, kn, epi, bias
+
+
+EXPECT_TX = r"expect_tx\.shared::cta\.b64 _, \[%r\d+\], (\d+);"
 
 
 def ptx_facts(ptx: str) -> dict:
@@ -65,7 +69,7 @@ def ptx_facts(ptx: str) -> dict:
         "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
         "multicast": len(re.findall(r"multicast::cluster", ptx)),
         "skip_wait": len(re.findall(r"skipWait", ptx)),
-        "expect_bytes": sorted({int(b) for b in re.findall(r"expect_tx\.shared::cta\.b64 _, \[%r\d+\], (\d+);", ptx)}),
+        "expect_bytes": sorted({int(b) for b in re.findall(EXPECT_TX, ptx)}),
         "mma": len(re.findall(r"mma\.sync", ptx)),
         "fma": len(re.findall(r"fma\.rn\.f32", ptx)),
     }
@@ -78,7 +82,8 @@ def _compile_main(shard: int, shards: int) -> int:
             continue
         rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0}
         try:
-            ck = C.compile_sm90(DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias, allow_tf32=dt == "tf32")
+            ck = C.compile_sm90(DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias,
+                                allow_tf32=dt == "tf32")
             esize = 4 if dt in ("fp32", "tf32") else 2
             rec["box_bytes"] = (cfg.block_m + cfg.block_n) * cfg.block_k * esize
             rec.update(ptx_facts(ck.asm["ptx"]), ok=True, shared=int(ck.metadata.shared))
@@ -87,6 +92,78 @@ def _compile_main(shard: int, shards: int) -> int:
         out.append(rec)
     print(json.dumps(out))
     return 0
+
+
+class _CompileOnlyDriver:
+    """Enough of a CUDA driver for Triton's JIT to bind and compile a kernel for sm_90 on a CPU machine
+    (warmup: no launch)."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def _jit_main() -> int:
+    """Bind and compile through Triton's launcher path (the JIT's binder, constexprs, descriptors, options)
+    exactly as a launch would, for each operand class; print the facts as JSON."""
+    from triton.runtime import driver
+
+    driver.set_active(_CompileOnlyDriver())
+    g = torch.Generator().manual_seed(0)
+    out = []
+    cases = [((16, 8192), (8192, 16), "kn", None, False), ((1, 7168), (256, 7168), "wt", None, True),
+             ((33, 3000), (3000, 72), "kn", 8, True), ((20, 4096), (4096, 48), "kn", 16, False),
+             ((64, 2048), (2048, 64), "kn", 1, True)]
+    for dtype in (torch.bfloat16, torch.float32):
+        for (sa, sb, lb, s, bias_on) in cases:
+            a = torch.randn(*sa, generator=g).to(dtype)
+            b = torch.randn(*sb, generator=g).to(dtype)
+            b = b.t() if lb == "wt" else b
+            m, n = sa[0], b.shape[1]
+            bias = torch.randn(n, generator=g).to(dtype) if bias_on else None
+            o = torch.empty(n, m, dtype=dtype).t()  # a transposed out
+            geo = C._tma_operands(a, b)
+            cfg = C.heuristic_config(m, n, sa[1], dtype) if s is None else C.ClusterConfig(
+                split_k=s, block_m=16, block_n=32, block_k=32 if dtype == torch.float32 else 64)
+            rec = {"case": f"{dtype} {sa} {lb} S={cfg.split_k}", "s": cfg.split_k, "b_kn": lb == "kn"}
+            try:
+                p, ck = C.compile_for(a, b, geo, Epilogue.RELU, bias, o, cfg, False)
+                names = list(C._cluster_dk_kernel.arg_names)
+                rec.update(ok=True, num_ctas=ck.metadata.num_ctas, plan_b_kn=p.b_kn, grid=p.grid,
+                           reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"],
+                           tail=names[names.index("stride_cn") + 1:] == list(C.constexprs(
+                               n, sa[1], dtype, cfg, p.b_kn, Epilogue.RELU, bias_on, False)))
+            except Exception as e:  # noqa: BLE001
+                rec.update(ok=False, error=repr(e)[-400:])
+            out.append(rec)
+    print(json.dumps(out))
+    return 0
+
+
+def test_launch_path_binds_and_compiles_without_a_gpu():
+    """Triton's JIT binds every argument (descriptors, constexprs, num_ctas) and compiles what a launch
+    would, for b [K, N] and w.t(), a transposed out, a bias, S = 1..16 (a fake driver: compile, no launch)."""
+    if C._gluon_api_ok() is not None:
+        pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent / "src"),
+                                         env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, __file__, "--jit"], capture_output=True, text=True, env=env,
+                         timeout=1800, check=False)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(recs) == 10
+    for r in recs:
+        assert r["ok"], r
+        assert r["num_ctas"] == r["s"] and r["plan_b_kn"] == r["b_kn"] and r["tail"], r
+        assert r["reqn"] == (r["s"] if r["s"] > 1 else 0), r
 
 
 SHARDS = 2
@@ -110,7 +187,7 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
         f = r
         assert f["tma"] > 0 and f["multicast"] == 0, r
         assert f["skip_wait"] == 0, r  # every CTA waits on its own TMA barriers
-        assert f["expect_bytes"] == [r["box_bytes"]], r  # a CTA expects its own boxes' bytes, not the cluster's
+        assert f["expect_bytes"] == [r["box_bytes"]], r  # its own boxes' bytes, not the cluster's
         assert (f["fma"] > 0) == (r["dt"] == "fp32") and (f["mma"] > 0) == (r["dt"] != "fp32"), r
         if r["s"] > 1:
             assert f["reqnctapercluster"] == r["s"], r
@@ -121,9 +198,9 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
             assert f["reqnctapercluster"] == 0 and f["mapa"] == 0 and f["arrive"] == 0 and f["wait"] == 0, r
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # CPU: feature detection, the fallback, configs, bad input
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 
 def test_gluon_features_detected_on_this_triton():
     """The installed Triton (3.7) has everything the kernel uses; the reason names what is missing else."""
@@ -245,9 +322,9 @@ def test_exchange_area_fits_the_budget():
             assert st * C._stage_bytes(cfg, 2) + C.exchange_bytes(cfg) <= C.SMEM_BUDGET or st == 1
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # GPU
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 
 def _ref(a, b, epilogue="none", bias=None):
     return reference_mm(a, b, epilogue, bias, on_cpu=False)
@@ -255,7 +332,8 @@ def _ref(a, b, epilogue="none", bias=None):
 
 def _need_cluster():
     if not C.cluster_supported(torch.device("cuda")):
-        pytest.skip(f"clustered kernel not supported here: {C.unsupported_reason(torch.cuda.current_device())}")
+        why = C.unsupported_reason(torch.cuda.current_device())
+        pytest.skip(f"clustered kernel not supported here: {why}")
 
 
 @pytest.mark.gpu
@@ -265,8 +343,8 @@ def _need_cluster():
 def test_gpu_every_dtype_epilogue_k_tail(dtype, epilogue, has_bias):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(hash((str(dtype), epilogue, has_bias)) % 1000)
-    for (m, n, k), s in itertools.product(((1, 16, 8192), (24, 40, 3000), (64, 256, 7168), (33, 70, 4097 + 3)),
-                                          (None, 1, 2, 4, 8, 16)):
+    shapes = ((1, 16, 8192), (24, 40, 3000), (64, 256, 7168), (33, 72, 4097 + 3))
+    for (m, n, k), s in itertools.product(shapes, (None, 1, 2, 4, 8, 16)):
         if k % (8 if dtype != torch.float32 else 4):
             continue  # rows of a not 16-byte aligned: the fallback (tested below)
         a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
@@ -277,7 +355,7 @@ def test_gpu_every_dtype_epilogue_k_tail(dtype, epilogue, has_bias):
         assert C.plan(a, b, epilogue=epilogue, bias=bias, config=cfg) is not None
         out = poisoned((m, n), dtype, "cuda")
         got = C.matmul(a, b, epilogue=epilogue, bias=bias, out=out, config=cfg)
-        assert_close_to_ref(got, _ref(a, b, epilogue, bias), k, f"cluster {m}x{n}x{k} S={s} {dtype} {epilogue}")
+        assert_close_to_ref(got, _ref(a, b, epilogue, bias), k, f"{m}x{n}x{k} S={s} {dtype} {epilogue}")
 
 
 @pytest.mark.gpu
@@ -360,3 +438,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--compile"]:
         i, n = (int(v) for v in sys.argv[2].split("/"))
         sys.exit(_compile_main(i, n))
+    if sys.argv[1:2] == ["--jit"]:
+        sys.exit(_jit_main())

@@ -50,6 +50,7 @@ try:  # Gluon as Triton 3.7 spells it; a Triton without it (or with another API)
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import constexpr_function
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import cluster, fence_async_shared, mbarrier, tma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -116,6 +117,14 @@ def cluster_supported(device: torch.device | int | None = None) -> bool:
 
 if gluon is not None:
 
+    @constexpr_function
+    def _bases(s, rank, rows):
+        """CGA bases for a cluster of s CTAs: all zero (each CTA holds the whole tensor), or CTA r holding
+        row r of dimension 0. Built in the kernel: lists are no constexpr arguments for Triton's launcher."""
+        s, rank, rows = (getattr(v, "value", v) for v in (s, rank, rows))
+        n = int(s).bit_length() - 1
+        return [[(1 << i) if (rows and d == 0) else 0 for d in range(rank)] for i in range(n)]
+
     @gluon.jit
     def _sreg(layout: gl.constexpr, ASM: gl.constexpr):
         """A special register (``%cluster_ctarank``, ``%clusterid.x``) as an int32 scalar."""
@@ -178,11 +187,13 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
         B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr,
         WARPS_M: gl.constexpr, WARPS_N: gl.constexpr, SL: gl.constexpr, SLP: gl.constexpr,
-        HAS_BIAS: gl.constexpr, EPILOGUE: gl.constexpr, CGA: gl.constexpr, CGA1: gl.constexpr,
-        CGA_ROWS: gl.constexpr,
+        HAS_BIAS: gl.constexpr, EPILOGUE: gl.constexpr,
     ):
         """C tile (cluster id) = epilogue(sum over the S CTAs of A[tile rows, split r] @ B[split r, cols])."""
         NW: gl.constexpr = WARPS_M * WARPS_N
+        CGA: gl.constexpr = _bases(S, 2, False)  # every CTA holds the whole tensor (its own values)
+        CGA1: gl.constexpr = _bases(S, 1, False)
+        CGA_ROWS: gl.constexpr = _bases(S, 2, True)  # CTA r holds row r
         STEPS: gl.constexpr = KPS // BLOCK_K
         XBYTES: gl.constexpr = S * SL * 4  # this CTA's exchange area: S rows of SL fp32
         lin: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0], cga_layout=CGA1)
@@ -427,9 +438,7 @@ def constexprs(n: int, k: int, dtype: torch.dtype, cfg: ClusterConfig, b_kn: boo
             "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize), "B_KN": b_kn,
             "FMA": fma, "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
             "PRECISION": "ieee" if fma else "tf32", "WARPS_M": wm, "WARPS_N": wn, "SL": sl,
-            "SLP": max(32, _pow2(sl)), "HAS_BIAS": has_bias, "EPILOGUE": int(epilogue),
-            "CGA": _cga(cfg.split_k, 2), "CGA1": _cga(cfg.split_k, 1),
-            "CGA_ROWS": [[1 << i, 0] for i in range(int(math.log2(cfg.split_k)))]}
+            "SLP": max(32, _pow2(sl)), "HAS_BIAS": has_bias, "EPILOGUE": int(epilogue)}
 
 
 def compile_sm90(dtype: torch.dtype, n: int, k: int, cfg: ClusterConfig, *, b_kn: bool = True,
@@ -522,6 +531,7 @@ class ClusterPlan:
 
 
 _PLANS: dict = {}
+FALLBACK_REASONS: dict = {}  # (m, n, k, config) -> why a compiled kernel could not be launched here
 
 
 def _key(a, b, bias, out, epilogue, config, allow_tf32):
@@ -541,13 +551,41 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
     geo = _tma_operands(a, b)
     if geo is None or (bias is not None and bias.stride(0) != 1 and bias.shape[0] > 1):
         return None
+    from .._runtime import device_sm_count
+
+    m, k = a.shape
+    n = b.shape[1]
+    cfg = ClusterConfig.coerce(config) if config is not None else heuristic_config(m, n, k, a.dtype,
+                                                                                     device_sm_count(a))
+    p, compiled = compile_for(a, b, geo, epilogue, bias, out, cfg, allow_tf32)
+    compiled._init_handles()
+    p.shared = _cdiv(int(compiled.metadata.shared), 16) * 16 + exchange_bytes(cfg)
+    from triton.runtime import driver
+
+    # sets the kernel's dynamic shared memory limit to what the launch asks (and allows 16-CTA clusters)
+    try:
+        p.max_clusters = int(driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function, p.shared,
+                                                                               cfg.split_k))
+    except RuntimeError as e:  # e.g. more shared memory than a block may have
+        FALLBACK_REASONS[(m, n, k, cfg)] = f"occupancy query: {e}"
+        return None
+    if p.max_clusters < 1:
+        FALLBACK_REASONS[(m, n, k, cfg)] = f"no cluster of {cfg.split_k} CTAs with {p.shared} B fits"
+        return None
+    p._run, p._function = compiled.run, compiled.function
+    p._packed = (compiled.metadata.num_warps, compiled.metadata.num_ctas, p.shared)
+    names = list(_cluster_dk_kernel.arg_names)
+    c = constexprs(n, k, a.dtype, cfg, p.b_kn, epilogue, bias is not None, allow_tf32)
+    p._tail = tuple(c[nm] for nm in names[names.index("stride_cn") + 1:])
+    return p
+
+
+def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: bool):
+    """(the plan without its launch handles, the kernel compiled through Triton's launcher for exactly these
+    arguments) - what a launch would compile; no launch."""
     a_io, b_io, b_kn = geo
     m, k = a.shape
     n = b.shape[1]
-    from .._runtime import device_sm_count
-
-    cfg = ClusterConfig.coerce(config) if config is not None else heuristic_config(m, n, k, a.dtype,
-                                                                                     device_sm_count(a))
     c = constexprs(n, k, a.dtype, cfg, b_kn, epilogue, bias is not None, allow_tf32)
     la, lb, box_a, box_b = _layouts(a.dtype, cfg, b_kn)
     grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
@@ -558,24 +596,10 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
     da, db = p.descriptors(a, b)
     compiled = _cluster_dk_kernel.warmup(da, db, probe, bias if bias is not None else probe, m,
                                          probe.stride(0), probe.stride(1), grid=(grid,),
-                                         num_warps=c["WARPS_M"] * c["WARPS_N"],
-                                         num_ctas=cfg.split_k, **c)
-    if hasattr(compiled, "result"):
+                                         num_warps=c["WARPS_M"] * c["WARPS_N"], num_ctas=cfg.split_k, **c)
+    if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
         compiled = compiled.result()
-    compiled._init_handles()
-    p.shared = _cdiv(int(compiled.metadata.shared), 16) * 16 + exchange_bytes(cfg)
-    from triton.runtime import driver
-
-    # sets the kernel's dynamic shared memory limit to what the launch asks (and allows 16-CTA clusters)
-    p.max_clusters = int(driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function, p.shared,
-                                                                           cfg.split_k))
-    if p.max_clusters < 1:
-        return None
-    p._run, p._function = compiled.run, compiled.function
-    p._packed = (compiled.metadata.num_warps, compiled.metadata.num_ctas, p.shared)
-    names = list(_cluster_dk_kernel.arg_names)
-    p._tail = tuple(c[nm] for nm in names[names.index("stride_cn") + 1:])
-    return p
+    return p, compiled
 
 
 def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=False) -> ClusterPlan | None:
