@@ -75,6 +75,63 @@ def ptx_facts(ptx: str) -> dict:
     }
 
 
+def grouped_variants():
+    """(name, dtype, config, w_kn, epilogue, row scale) of the multicast grouped kernel."""
+    from moegemm.grouped.cluster_kernels import ClusterGroupedConfig
+
+    tiles = itertools.cycle([(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 4, 3),
+                             (64, 64, 32, 4, 6)])
+    for dt, kn, epi, scale in itertools.product(("bf16", "fp16"), (True, False), Epilogue, (False, True)):
+        bm, bn, bk, nw, st = next(tiles)
+        cfg = ClusterGroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st)
+        name = f"grouped-{dt}-{'kn' if kn else 'nk'}-{epi.name.lower()}-{'scale' if scale else 'noscale'}"
+        yield f"{name}-{bm}x{bn}", dt, cfg, kn, epi, scale
+
+
+def _grouped_main() -> int:
+    from moegemm.grouped import cluster_kernels as G
+
+    out = []
+    for name, dt, cfg, kn, epi, scale in grouped_variants():
+        rec = {"name": name, "box_bytes": (2 * cfg.block_m // 2 + cfg.block_n) * cfg.block_k * 2}
+        try:
+            ck = G.compile_sm90(DT[dt], 8, cfg, w_kn=kn, epilogue=epi, has_scale=scale)
+            ptx = ck.asm["ptx"]
+            rec.update(ptx_facts(ptx), ok=True, arrive_remote=len(re.findall(
+                r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)))
+        except Exception as e:  # noqa: BLE001
+            rec.update(ok=False, error=str(e).splitlines()[-1][:300] if str(e) else repr(e))
+        out.append(rec)
+    print(json.dumps(out))
+    return 0
+
+
+@pytest.mark.long
+def test_grouped_multicast_kernel_compiles_for_sm90():
+    """Every variant of the multicast grouped kernel compiles; its PTX holds a 2-CTA cluster, the weight
+    copies with .multicast::cluster, the remote arrive on the lead's barrier and a barrier per CTA for
+    the copies (each expecting its x half and the whole weight box)."""
+    if C._gluon_api_ok() is not None:
+        pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
+    res = subprocess.run([sys.executable, __file__, "--grouped"], capture_output=True, text=True, env=_env(),
+                         timeout=1800, check=False)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(recs) == len(list(grouped_variants())) > 0
+    for r in recs:
+        assert r["ok"], r
+        assert r["reqnctapercluster"] == 2 and r["multicast"] > 0 and r["arrive_remote"] == 1, r
+        assert r["skip_wait"] == 0 and r["expect_bytes"] == [r["box_bytes"]], r
+        assert r["wait"] == 2 and r["arrive"] == 2, r  # the init sync and the exit barrier
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent / "src"),
+                                         env.get("PYTHONPATH", "")])
+    return env
+
+
 def _compile_main(shard: int, shards: int) -> int:
     out = []
     for i, (name, dt, n, k, cfg, kn, epi, bias) in enumerate(compile_variants()):
@@ -143,13 +200,33 @@ def _jit_main() -> int:
             except Exception as e:  # noqa: BLE001
                 rec.update(ok=False, error=repr(e)[-400:])
             out.append(rec)
+    from moegemm.grouped import cluster_kernels as G
+
+    for dtype, kn, scale_on in ((torch.bfloat16, True, False), (torch.float16, False, True)):
+        e, k, n, m = 4, 256, 192, 300
+        x = torch.randn(m, k, generator=g).to(dtype)
+        w = torch.randn(e, k, n, generator=g).to(dtype) if kn else torch.randn(e, n, k, generator=g).to(dtype)
+        offsets = torch.tensor([0, 100, 100, 250, 300], dtype=torch.int32)
+        y = torch.empty(m, n, dtype=dtype)
+        scale = torch.rand(m, generator=g).to(dtype) if scale_on else y
+        cfg = G.ClusterGroupedConfig()
+        rec = {"case": f"grouped {dtype} {'kn' if kn else 'nk'}", "s": 2, "b_kn": kn}
+        try:
+            ck, c, grid, *_ = G.compile_for(x, w, "kn" if kn else "nk", offsets, scale, y, e, n, k,
+                                            Epilogue.RELU, scale_on, cfg)
+            rec.update(ok=True, num_ctas=ck.metadata.num_ctas, plan_b_kn=c["W_KN"], grid=grid,
+                       reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"], tail=True)
+        except Exception as e:  # noqa: BLE001
+            rec.update(ok=False, error=repr(e)[-400:])
+        out.append(rec)
     print(json.dumps(out))
     return 0
 
 
 def test_launch_path_binds_and_compiles_without_a_gpu():
     """Triton's JIT binds every argument (descriptors, constexprs, num_ctas) and compiles what a launch
-    would, for b [K, N] and w.t(), a transposed out, a bias, S = 1..16 (a fake driver: compile, no launch)."""
+    would, for b [K, N] and w.t(), a transposed out, a bias, S = 1..16, and the multicast grouped kernel
+    in both weight layouts (a fake driver: compile, no launch)."""
     if C._gluon_api_ok() is not None:
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -159,7 +236,7 @@ def test_launch_path_binds_and_compiles_without_a_gpu():
                          timeout=1800, check=False)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(recs) == 10
+    assert len(recs) == 12
     for r in recs:
         assert r["ok"], r
         assert r["num_ctas"] == r["s"] and r["plan_b_kn"] == r["b_kn"] and r["tail"], r
@@ -434,9 +511,115 @@ def test_gpu_cuda_graph_20_replays_with_new_inputs():
         assert torch.equal(eager, out), f"replay {i} differs from an eager call"
 
 
+# ----------------------------------------------------------------------------------------------------
+# the multicast grouped kernel
+# ----------------------------------------------------------------------------------------------------
+
+def _grouped_ref(x, w, offsets, w_layout, epilogue, scale):
+    out = torch.zeros(x.shape[0], w.shape[2] if w_layout == "kn" else w.shape[1], dtype=torch.float64,
+                      device=x.device)
+    off = offsets.tolist()
+    for e in range(w.shape[0]):
+        we = w[e].double() if w_layout == "kn" else w[e].double().t()
+        out[off[e]:off[e + 1]] = x[off[e]:off[e + 1]].double() @ we
+    out = Epilogue.parse(epilogue).torch_apply(out)
+    return out * scale.double()[:, None] if scale is not None else out
+
+
+def _partition(m, e, g, empty=(1,)):
+    cuts = torch.sort(torch.randint(0, m + 1, (e - 1,), generator=g)).values.tolist()
+    sizes = [b - a for a, b in zip([0] + cuts, cuts + [m])]
+    for i in empty:  # empty experts: their rows go to the next one
+        if i < e - 1:
+            sizes[i + 1] += sizes[i]
+            sizes[i] = 0
+    return torch.tensor([0] + list(itertools.accumulate(sizes)), dtype=torch.int32)
+
+
+def test_grouped_falls_back_where_it_cannot_serve(device, monkeypatch):
+    """On the CPU (or without the features) the library's grouped_mm serves the call, right."""
+    from moegemm.grouped import cluster_kernels as G
+
+    monkeypatch.setattr(G, "gluon", None)
+    assert not G.cluster_supported()
+    g = torch.Generator().manual_seed(2)
+    x = make((40, 48), torch.float32, "contiguous", g, device)
+    w = torch.randn(3, 48, 24, generator=g).to(device)
+    offsets = _partition(40, 3, g).to(device)
+    got = G.grouped_mm(x, w, offsets, epilogue="relu")
+    assert_close_to_ref(got, _grouped_ref(x, w, offsets.cpu(), "kn", "relu", None), 48, "grouped fallback")
+    with pytest.raises(TypeError, match="config"):
+        G.grouped_mm(x, w, offsets, config={"block_m": 64})
+    with pytest.raises(ValueError, match="config.block_m"):
+        G.ClusterGroupedConfig(block_m=32)
+    with pytest.raises(ValueError, match="w_layout"):
+        G.grouped_mm(x, w, offsets, w_layout="mk")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+@pytest.mark.parametrize("cfg_i", [0, 1, 2])
+def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
+    from moegemm.grouped import cluster_kernels as G
+
+    if not G.cluster_supported(torch.device("cuda")):
+        pytest.skip("multicast grouped kernel not supported here")
+    monkeypatch.setattr(G, "_PLANS", {})
+    cfg = [G.ClusterGroupedConfig(), G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=128, stages=3),
+           G.ClusterGroupedConfig(block_n=256, stages=3)][cfg_i]
+    g = torch.Generator().manual_seed(cfg_i)
+    cases = (((1000, 8, 512, 384), "none", False), ((777, 5, 320, 200), "relu", True),
+             ((64, 4, 1024, 128), "sigmoid", True), ((3000, 3, 256, 512), "none", True))
+    for (m, e, k, n), epilogue, scale_on in cases:
+        x = torch.randn(m, k, generator=g).to(dtype).cuda()
+        shape = (e, k, n) if w_layout == "kn" else (e, n, k)
+        w = (torch.randn(*shape, generator=g) / 8).to(dtype).cuda()
+        offsets = _partition(m, e, g).cuda()
+        scale = torch.rand(m, generator=g).to(dtype).cuda() if scale_on else None
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        got = G.grouped_mm(x, w, offsets, w_layout=w_layout, epilogue=epilogue, row_scale=scale, config=cfg,
+                           out=out)
+        clustered = [p for p in G._PLANS.values() if p is not None]
+        assert clustered, f"fell back: {G.FALLBACK_REASONS}"
+        assert_close_to_ref(got, _grouped_ref(x, w, offsets.cpu(), w_layout, epilogue, scale), k,
+                            f"grouped {m}x{k}x{n} E={e} {w_layout} {dtype} {cfg}")
+
+
+@pytest.mark.gpu
+def test_gpu_grouped_multicast_graph_replays_new_routing():
+    """20 replays of one captured call, each with new x, w and a new split of the rows among the experts
+    (the tile map is computed in the kernel from the offsets)."""
+    from moegemm.grouped import cluster_kernels as G
+
+    if not G.cluster_supported(torch.device("cuda")):
+        pytest.skip("multicast grouped kernel not supported here")
+    g = torch.Generator().manual_seed(5)
+    m, e, k, n = 2048, 8, 1024, 512
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    w = torch.randn(e, n, k, generator=g).to(torch.bfloat16).cuda()
+    offsets = _partition(m, e, g).cuda()
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    G.grouped_mm(x, w, offsets, w_layout="nk", out=out, validate=False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G.grouped_mm(x, w, offsets, w_layout="nk", out=out, validate=False)
+    for i in range(20):
+        x.copy_(torch.randn(m, k, generator=g).to(torch.bfloat16))
+        w.copy_((torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16))
+        offsets.copy_(_partition(m, e, g, empty=(i % e,)))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_ref(out, _grouped_ref(x, w, offsets.cpu(), "nk", "none", None), k, f"replay {i}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--compile"]:
         i, n = (int(v) for v in sys.argv[2].split("/"))
         sys.exit(_compile_main(i, n))
     if sys.argv[1:2] == ["--jit"]:
         sys.exit(_jit_main())
+    if sys.argv[1:2] == ["--grouped"]:
+        sys.exit(_grouped_main())

@@ -122,6 +122,7 @@ if gluon is not None:
             add.u32 %xa, %xa, %xd;
             add.u32 %xa, %xa, $2;
             @%xp mbarrier.init.shared::cta.b64 [%xa], $3;
+            @%xp fence.mbarrier_init.release.cluster;
             mov.u32 $0, 0;
             }""",
             "=r,r,r,r", [lanes, lanes + off, lanes + count], dtype=gl.int32, is_pure=False, pack=1)
@@ -365,6 +366,15 @@ FALLBACK_REASONS: dict = {}
 
 
 def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg):
+    compiled, c, grid, geom, la, lw, box_a, box_w = compile_for(x, w, w_layout, offsets, scale, out, e, n, k,
+                                                                 epi, has_scale, cfg)
+    compiled._init_handles()
+    return _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, x.shape[0], n, k, cfg)
+
+
+def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg):
+    """The kernel compiled through Triton's launcher for exactly these arguments (no launch), with what the
+    plan needs: (compiled, constexprs, grid, w's 2-D view, the layouts and boxes of x and w)."""
     w_kn = w_layout == "kn"
     m = x.shape[0]
     geom = ((e * k, n),) if w_kn else ((e * n, k),)
@@ -377,9 +387,12 @@ def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg
     dw = TensorDescriptor(w2, list(w2.shape), [w2.stride(0), 1], box_w, lw)
     compiled = _grouped_cluster_kernel.warmup(da, dw, out, offsets, scale, e, n, k, out.stride(0),
                                               grid=(grid,), num_warps=cfg.num_warps, num_ctas=2, **c)
-    if hasattr(compiled, "result"):
+    if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
         compiled = compiled.result()
-    compiled._init_handles()
+    return compiled, c, grid, geom, la, lw, box_a, box_w
+
+
+def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg):
     shared = _cdiv(int(compiled.metadata.shared), 16) * 16 + 8 * cfg.stages  # + the pair's empty barriers
     from triton.runtime import driver
 
