@@ -13,12 +13,16 @@ cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
    the clustered kernel at its heuristic config plus a sweep of S and tiles. A variant that fails to compile,
    launch or check is recorded as such and the run goes on.
 
+3. The multicast grouped kernel (2-CTA clusters sharing each weight tile) against the library's grouped_mm
+   and torch._grouped_mm at prefill: E = 8, K = 4096, N = 14336, 2048-16384 rows split evenly, w [E, N, K].
+
 Prints a compact table last.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 import statistics
@@ -37,7 +41,9 @@ from moegemm.decompose_k import cluster as C
 from moegemm.decompose_k import matmul as dk_matmul
 from moegemm.epilogue import Epilogue
 
-DEADLINE_S = float(os.environ.get("CLUSTER_BENCH_BUDGET_S", "220"))
+# past this many seconds the Decompose-K sweep times only the heuristic config, and past it + 50 the
+# grouped part skips its remaining shapes: the whole run stays under 4 minutes
+DEADLINE_S = float(os.environ.get("CLUSTER_BENCH_BUDGET_S", "150"))
 T0 = time.time()
 ROWS: list[dict] = []
 CHECKS: list[dict] = []
@@ -269,6 +275,62 @@ def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
         measure("cluster: heuristic" if i == 0 else "cluster", call, cfg.as_dict())
 
 
+GROUPED: list[dict] = []
+
+
+def time_grouped(dev):
+    """The multicast grouped kernel against the library's grouped_mm (its default: tuned, or timed on the
+    first call) and torch._grouped_mm, prefill: E = 8, K = 4096, N = 14336, uniform rows, w [E, N, K] bf16."""
+    from moegemm.grouped import cluster_kernels as G
+    from moegemm.grouped import grouped_mm
+
+    e, k, n = 8, 4096, 14336
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = (torch.randn(e, n, k, device=dev, generator=g) / 16).to(torch.bfloat16)
+    configs = [G.ClusterGroupedConfig(), G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=3),
+               G.ClusterGroupedConfig(block_n=256, stages=3), G.ClusterGroupedConfig(stages=6)]
+    for rows in (2048, 4096, 8192, 16384):
+        if elapsed() > DEADLINE_S + 50:
+            GROUPED.append({"rows": rows, "status": "skipped: time budget"})
+            continue
+        x = torch.randn(rows, k, device=dev, generator=g).to(torch.bfloat16)
+        offsets = torch.arange(0, e + 1, device=dev, dtype=torch.int32) * (rows // e)
+        ref = torch.empty(rows, n, device=dev, dtype=torch.float32)
+        for i in range(e):
+            r0, r1 = i * (rows // e), (i + 1) * (rows // e)
+            ref[r0:r1] = x[r0:r1].float() @ w[i].float().t()
+        base = {"E": e, "K": k, "N": n, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
+        contenders = [("grouped_mm", "",
+                       lambda x=x, o=offsets: grouped_mm(x, w, o, w_layout="nk", validate=False))]
+        if hasattr(torch, "_grouped_mm"):
+            contenders.append(("torch._grouped_mm", "",
+                               lambda x=x, o=offsets: torch._grouped_mm(x, w.transpose(-2, -1), offs=o[1:])))
+        for cfg in configs:
+            contenders.append(("cluster-multicast", dataclasses.asdict(cfg),
+                               lambda cfg=cfg, x=x, o=offsets: G.grouped_mm(x, w, o, w_layout="nk",
+                                                                            config=cfg, validate=False)))
+        for name, cfg, call in contenders:
+            row = dict(base, contender=name, config=str(cfg))
+            try:
+                fallbacks = sum(p is None for p in G._PLANS.values())
+                got = call()
+                torch.cuda.synchronize()
+                err = float((got.float() - ref).abs().max() / ref.abs().max())
+                row["rel_err"] = err
+                if name == "cluster-multicast" and sum(p is None for p in G._PLANS.values()) > fallbacks:
+                    row["status"] = f"fell back: {G.FALLBACK_REASONS}"[:300]
+                elif math.isnan(err) or err > 2e-2:
+                    row["status"] = "wrong"
+                else:
+                    row["graph_us"] = graph_us([call], per_graph=5, replays=10)
+                    row["tflops"] = 2 * rows * n * k / row["graph_us"] / 1e6
+                    row["status"] = "ok"
+            except Exception as exc:  # noqa: BLE001
+                row["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            GROUPED.append(row)
+        write_csv("cluster_grouped.csv", GROUPED)
+
+
 def write_csv(name, rows):
     out = os.environ.get("OUT")
     if not out or not rows:
@@ -309,6 +371,12 @@ def main() -> int:
             ROWS.append({"kind": kind, "m": m, "n": n, "k": k, "status": f"error: {e!r}"[:300]})
         write_csv("cluster_bench.csv", ROWS)
     print(f"timing done at {elapsed():.0f}s")
+    try:
+        time_grouped(dev)
+    except Exception as exc:  # noqa: BLE001
+        GROUPED.append({"status": f"error: {exc!r}"[:300]})
+        traceback.print_exc()
+    print(f"grouped done at {elapsed():.0f}s")
 
     # the compact table
     print(f"{'shape':>22} {'auto':>6} {'cublas':>6} {'seed':>6} {'clu-h':>6} {'clu-best':>8}  "
@@ -345,6 +413,11 @@ def main() -> int:
 
     print(f"geomean best-cluster speedup: vs seed {gm(ratios_seed):.3f} ({len(ratios_seed)} shapes), "
           f"vs ours:auto {gm(ratios_auto):.3f} ({len(ratios_auto)} shapes); total {elapsed():.0f}s")
+    print(f"{'grouped prefill (E=8, K=4096, N=14336, nk)':<44} {'us':>9} {'TFLOP/s':>8}  config / status")
+    for r in GROUPED:
+        us = f"{r['graph_us']:9.1f} {r['tflops']:8.1f}" if "graph_us" in r else f"{'-':>9} {'-':>8}"
+        print(f"  rows={r.get('rows', '?'):<6} {r.get('contender', ''):<30} {us}  {r.get('config', '')} "
+              f"{'' if r.get('status') == 'ok' else r.get('status')}")
     bad = [r for r in CHECKS if r["status"] != "ok"]
     return 1 if bad else 0
 
