@@ -76,7 +76,7 @@ def ptx_facts(ptx: str) -> dict:
 
 
 def grouped_variants():
-    """(name, dtype, config, w_kn, epilogue, row scale) of the multicast grouped kernel."""
+    """(name, dtype, config, w_kn, epilogue, row scale, swiglu) of the multicast grouped kernel."""
     from moegemm.grouped.cluster_kernels import ClusterGroupedConfig
 
     tiles = itertools.cycle([(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 4, 3),
@@ -85,17 +85,21 @@ def grouped_variants():
         bm, bn, bk, nw, st = next(tiles)
         cfg = ClusterGroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st)
         name = f"grouped-{dt}-{'kn' if kn else 'nk'}-{epi.name.lower()}-{'scale' if scale else 'noscale'}"
-        yield f"{name}-{bm}x{bn}", dt, cfg, kn, epi, scale
+        yield f"{name}-{bm}x{bn}", dt, cfg, kn, epi, scale, False
+    for dt, kn, scale in itertools.product(("bf16", "fp16"), (True, False), (False, True)):  # fused SwiGLU
+        cfg = ClusterGroupedConfig(block_m=64, block_n=128 if scale else 64, num_warps=4, stages=3)
+        yield f"grouped-swiglu-{dt}-{'kn' if kn else 'nk'}-{scale}", dt, cfg, kn, Epilogue.NONE, scale, True
 
 
 def _grouped_main() -> int:
     from moegemm.grouped import cluster_kernels as G
 
     out = []
-    for name, dt, cfg, kn, epi, scale in grouped_variants():
-        rec = {"name": name, "box_bytes": (2 * cfg.block_m // 2 + cfg.block_n) * cfg.block_k * 2}
+    for name, dt, cfg, kn, epi, scale, swiglu in grouped_variants():
+        w_boxes = 2 if swiglu else 1
+        rec = {"name": name, "box_bytes": (cfg.block_m + w_boxes * cfg.block_n) * cfg.block_k * 2}
         try:
-            ck = G.compile_sm90(DT[dt], 8, cfg, w_kn=kn, epilogue=epi, has_scale=scale)
+            ck = G.compile_sm90(DT[dt], 8, cfg, w_kn=kn, epilogue=epi, has_scale=scale, swiglu=swiglu)
             ptx = ck.asm["ptx"]
             rec.update(ptx_facts(ptx), ok=True, arrive_remote=len(re.findall(
                 r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)))
@@ -202,10 +206,13 @@ def _jit_main() -> int:
             out.append(rec)
     from moegemm.grouped import cluster_kernels as G
 
-    for dtype, kn, scale_on in ((torch.bfloat16, True, False), (torch.float16, False, True)):
+    cases = ((torch.bfloat16, True, False, False), (torch.float16, False, True, False),
+             (torch.bfloat16, False, True, True))
+    for dtype, kn, scale_on, swiglu in cases:
         e, k, n, m = 4, 256, 192, 300
+        wn = 2 * n if swiglu else n
         x = torch.randn(m, k, generator=g).to(dtype)
-        w = torch.randn(e, k, n, generator=g).to(dtype) if kn else torch.randn(e, n, k, generator=g).to(dtype)
+        w = torch.randn(*((e, k, wn) if kn else (e, wn, k)), generator=g).to(dtype)
         offsets = torch.tensor([0, 100, 100, 250, 300], dtype=torch.int32)
         y = torch.empty(m, n, dtype=dtype)
         scale = torch.rand(m, generator=g).to(dtype) if scale_on else y
@@ -213,7 +220,7 @@ def _jit_main() -> int:
         rec = {"case": f"grouped {dtype} {'kn' if kn else 'nk'}", "s": 2, "b_kn": kn}
         try:
             ck, c, grid, *_ = G.compile_for(x, w, "kn" if kn else "nk", offsets, scale, y, e, n, k,
-                                            Epilogue.RELU, scale_on, cfg)
+                                            Epilogue.RELU, scale_on, cfg, swiglu)
             rec.update(ok=True, num_ctas=ck.metadata.num_ctas, plan_b_kn=c["W_KN"], grid=grid,
                        reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"], tail=True)
         except Exception as e:  # noqa: BLE001
@@ -236,7 +243,7 @@ def test_launch_path_binds_and_compiles_without_a_gpu():
                          timeout=1800, check=False)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(recs) == 12
+    assert len(recs) == 13
     for r in recs:
         assert r["ok"], r
         assert r["num_ctas"] == r["s"] and r["plan_b_kn"] == r["b_kn"] and r["tail"], r
@@ -584,6 +591,31 @@ def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
         assert clustered, f"fell back: {G.FALLBACK_REASONS}"
         assert_close_to_ref(got, _grouped_ref(x, w, offsets.cpu(), w_layout, epilogue, scale), k,
                             f"grouped {m}x{k}x{n} E={e} {w_layout} {dtype} {cfg}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_gpu_grouped_multicast_swiglu(dtype, w_layout, monkeypatch):
+    from moegemm.grouped import cluster_kernels as G
+
+    if not G.cluster_supported(torch.device("cuda")):
+        pytest.skip("multicast grouped kernel not supported here")
+    monkeypatch.setattr(G, "_PLANS", {})
+    g = torch.Generator().manual_seed(3)
+    for (m, e, k, i), scale_on in (((1000, 8, 512, 192), True), ((300, 3, 256, 64), False)):
+        x = torch.randn(m, k, generator=g).to(dtype).cuda()
+        shape = (e, k, 2 * i) if w_layout == "kn" else (e, 2 * i, k)
+        w = (torch.randn(*shape, generator=g) / 8).to(dtype).cuda()
+        offsets = _partition(m, e, g).cuda()
+        scale = torch.rand(m, generator=g).to(dtype).cuda() if scale_on else None
+        got = G.grouped_mm_swiglu(x, w, offsets, w_layout=w_layout, row_scale=scale,
+                                  out=torch.full((m, i), float("nan"), dtype=dtype, device="cuda"))
+        assert [p for p in G._PLANS.values() if p is not None], f"fell back: {G.FALLBACK_REASONS}"
+        gu = _grouped_ref(x, w, offsets.cpu(), w_layout, "none", None)
+        ref = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+        ref = ref * scale.double()[:, None] if scale is not None else ref
+        assert_close_to_ref(got, ref, k, f"swiglu {m}x{k}x{i} E={e} {w_layout} {dtype}")
 
 
 @pytest.mark.gpu

@@ -18,9 +18,10 @@ The map from cluster to (expert, row pair, column tile) is computed in-kernel fr
 the library's kernels (expert by expert, bands of GROUP_M row pairs column by column); the grid is an upper
 bound of the pair tiles and the clusters past the last one exit at once.
 
-Where it cannot serve a call (a Triton without these Gluon features, not Hopper, operands TMA cannot read,
-fp32, "kn" with K not a multiple of BLOCK_K), :func:`grouped_mm` runs the library's
-:func:`moegemm.grouped.grouped_mm`.
+:func:`grouped_mm_swiglu` fuses the gate and up projections with SwiGLU the same way (both weight tiles of
+a K step multicast, two accumulators). Where it cannot serve a call (a Triton without these Gluon features,
+not Hopper, operands TMA cannot read, fp32, "kn" with K not a multiple of BLOCK_K), the library's
+:func:`moegemm.grouped.grouped_mm` (or ``grouped_mm_swiglu``) runs it.
 """
 
 from __future__ import annotations
@@ -200,13 +201,38 @@ if gluon is not None:
         return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N, total
 
     @gluon.jit
+    def _w_copies(w_desc, w_bufs, u_bufs, bar, expert, k, col0, N, K, W_KN: gl.constexpr,
+                  SWIGLU: gl.constexpr, pred):
+        """The lead CTA's multicast copies of one K step's weight box (and with SWIGLU the up projection's,
+        N columns further on in each expert's 2N)."""
+        WN = 2 * N if SWIGLU else N
+        if W_KN:
+            _tma_copy(w_desc, [expert * K + k, col0], bar, w_bufs, pred=pred, multicast=True)
+            if SWIGLU:
+                _tma_copy(w_desc, [expert * K + k, N + col0], bar, u_bufs, pred=pred, multicast=True)
+        else:
+            _tma_copy(w_desc, [expert * WN + col0, k], bar, w_bufs, pred=pred, multicast=True)
+            if SWIGLU:
+                _tma_copy(w_desc, [expert * WN + N + col0, k], bar, u_bufs, pred=pred, multicast=True)
+
+    @gluon.jit
+    def _wgmma(a_smem, w_smem, acc, W_KN: gl.constexpr):
+        if W_KN:
+            acc = warpgroup_mma(a_smem, w_smem, acc)
+        else:
+            acc = warpgroup_mma(a_smem, w_smem.permute((1, 0)), acc)
+        return acc
+
+    @gluon.jit
     def _grouped_cluster_kernel(
         a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
         E, N, K, stride_ym,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
         GROUP_M: gl.constexpr, STAGES: gl.constexpr, W_KN: gl.constexpr, HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr,
+        EPILOGUE: gl.constexpr, SWIGLU: gl.constexpr,
     ):
+        """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
+        silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows)."""
         NW: gl.constexpr = gl.num_warps()
         PAIR: gl.constexpr = 2 * BLOCK_M
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -215,6 +241,11 @@ if gluon is not None:
         # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        if SWIGLU:
+            u_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape,
+                                               w_desc.layout)
+        else:
+            u_bufs = w_bufs
         ready = mbarrier.allocate_mbarrier(batch=STAGES)  # one per CTA: its x half and the whole w box
         lanes = _lane_tensor(NW)
         XB: gl.constexpr = 8 * STAGES  # the pair's empty barriers (used on the lead CTA), from the end
@@ -229,30 +260,24 @@ if gluon is not None:
                                                      NW)
         if tile < total:
             steps = gl.cdiv(K, BLOCK_K)
-            nbytes: gl.constexpr = a_desc.nbytes_per_cta + w_desc.nbytes_per_cta
-            if W_KN:
-                w_row = expert * K
-            else:
-                w_row = expert * N + col0
+            W_BOXES: gl.constexpr = 2 if SWIGLU else 1
+            nbytes: gl.constexpr = a_desc.nbytes_per_cta + W_BOXES * w_desc.nbytes_per_cta
             for j in gl.static_range(STAGES):
                 if j < steps:
                     mbarrier.expect(ready.index(j), nbytes)
                     _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
-                    if W_KN:
-                        _tma_copy(w_desc, [w_row + j * BLOCK_K, col0], ready.index(j), w_bufs.index(j),
-                                  multicast=True)
-                    else:
-                        _tma_copy(w_desc, [w_row, j * BLOCK_K], ready.index(j), w_bufs.index(j),
-                                  multicast=True)
+                    _w_copies(w_desc, w_bufs.index(j), u_bufs.index(j), ready.index(j), expert, j * BLOCK_K,
+                              col0, N, K, W_KN, SWIGLU, True)
             acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+            if SWIGLU:
+                acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
             for i in range(steps):
                 s = i % STAGES
                 ph = (i // STAGES) & 1
                 mbarrier.wait(ready.index(s), ph)
-                if W_KN:
-                    acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s), acc)
-                else:
-                    acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc)
+                acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
+                if SWIGLU:
+                    acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
                 gl.barrier()  # every warp of this CTA has read slot s ...
                 _empty_arrive(lanes, 8 * s - XB)  # ... which thread 0 tells the lead
                 nxt = i + STAGES
@@ -260,16 +285,14 @@ if gluon is not None:
                 _empty_wait(lanes, 8 * s - XB, ph, refill.to(gl.int32))  # the lead: both CTAs have
                 mbarrier.expect(ready.index(s), nbytes, pred=refill)
                 _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(s), a_bufs.index(s), pred=refill)
-                if W_KN:
-                    _tma_copy(w_desc, [w_row + nxt * BLOCK_K, col0], ready.index(s), w_bufs.index(s),
-                              pred=refill, multicast=True)
-                else:
-                    _tma_copy(w_desc, [w_row, nxt * BLOCK_K], ready.index(s), w_bufs.index(s), pred=refill,
-                              multicast=True)
+                _w_copies(w_desc, w_bufs.index(s), u_bufs.index(s), ready.index(s), expert, nxt * BLOCK_K,
+                          col0, N, K, W_KN, SWIGLU, refill)
             rows = row0 + gl.arange(0, PAIR, layout=gl.SliceLayout(1, acc_layout))
             cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
             if HAS_SCALE:
                 sc = gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32)
+            if SWIGLU:
+                acc = acc / (1.0 + gl.exp(-acc)) * acc_up
             if EPILOGUE == 1:
                 acc = gl.where(acc < 0.0, 0.0, acc)
             elif EPILOGUE == 2:
@@ -297,14 +320,15 @@ def _layouts(dtype: torch.dtype, cfg: ClusterGroupedConfig, w_kn: bool):
 
 
 def constexprs(num_experts: int, cfg: ClusterGroupedConfig, w_kn: bool, epilogue: Epilogue,
-               has_scale: bool) -> dict:
+               has_scale: bool, swiglu: bool = False) -> dict:
     return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
             "E_BLOCK": triton.next_power_of_2(max(num_experts + 1, 2)), "GROUP_M": cfg.group_m,
-            "STAGES": cfg.stages, "W_KN": w_kn, "HAS_SCALE": has_scale, "EPILOGUE": int(epilogue)}
+            "STAGES": cfg.stages, "W_KN": w_kn, "HAS_SCALE": has_scale, "EPILOGUE": int(epilogue),
+            "SWIGLU": swiglu}
 
 
 def compile_sm90(dtype: torch.dtype, num_experts: int, cfg: ClusterGroupedConfig, *, w_kn: bool = False,
-                 epilogue: Epilogue = Epilogue.NONE, has_scale: bool = False):
+                 epilogue: Epilogue = Epilogue.NONE, has_scale: bool = False, swiglu: bool = False):
     """The kernel compiled for sm_90a with the installed Triton, no GPU needed; returns Triton's compiled
     kernel (``.asm["ptx"]``)."""
     from triton.backends.compiler import GPUTarget
@@ -316,7 +340,7 @@ def compile_sm90(dtype: torch.dtype, num_experts: int, cfg: ClusterGroupedConfig
            "w_desc": f"tensordesc<{t}[{box_w[0]},{box_w[1]}],{lw!r}>",
            "y_ptr": f"*{t}", "offsets_ptr": "*i32", "scale_ptr": f"*{t}", "E": "i32", "N": "i32", "K": "i32",
            "stride_ym": "i32"}
-    c = constexprs(num_experts, cfg, w_kn, epilogue, has_scale)
+    c = constexprs(num_experts, cfg, w_kn, epilogue, has_scale, swiglu)
     sig.update({name: "constexpr" for name in c})
     return triton.compile(GluonASTSource(fn=_grouped_cluster_kernel, signature=sig, constexprs=c),
                           target=GPUTarget("cuda", 90, 32),
@@ -365,21 +389,22 @@ _PLANS: dict = {}
 FALLBACK_REASONS: dict = {}
 
 
-def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg):
+def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu=False):
     compiled, c, grid, geom, la, lw, box_a, box_w = compile_for(x, w, w_layout, offsets, scale, out, e, n, k,
-                                                                 epi, has_scale, cfg)
+                                                                 epi, has_scale, cfg, swiglu)
     compiled._init_handles()
     return _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, x.shape[0], n, k, cfg)
 
 
-def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg):
+def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu=False):
     """The kernel compiled through Triton's launcher for exactly these arguments (no launch), with what the
     plan needs: (compiled, constexprs, grid, w's 2-D view, the layouts and boxes of x and w)."""
     w_kn = w_layout == "kn"
     m = x.shape[0]
-    geom = ((e * k, n),) if w_kn else ((e * n, k),)
+    wn = 2 * n if swiglu else n  # the weights' columns per expert
+    geom = ((e * k, wn),) if w_kn else ((e * wn, k),)
     la, lw, box_a, box_w = _layouts(x.dtype, cfg, w_kn)
-    c = constexprs(e, cfg, w_kn, epi, has_scale)
+    c = constexprs(e, cfg, w_kn, epi, has_scale, swiglu)
     pair = 2 * cfg.block_m
     grid = (_cdiv(m, pair) + e) * _cdiv(n, cfg.block_n)  # an upper bound of the pair tiles
     w2 = w.view(geom[0])
@@ -422,11 +447,29 @@ def grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Ten
     """:func:`moegemm.grouped.grouped_mm` (same arguments and result) on 2-CTA clusters that multicast each
     weight tile to both CTAs. Where this kernel cannot serve the call (see the module's docstring), the
     library's grouped_mm does."""
+    return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, False)
+
+
+def grouped_mm_swiglu(x_sorted: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, *,
+                      w_layout: str = "kn", row_scale: torch.Tensor | None = None,
+                      config: ClusterGroupedConfig | None = None, out: torch.Tensor | None = None,
+                      validate: bool = True) -> torch.Tensor:
+    """:func:`moegemm.grouped.grouped_mm_swiglu` (same arguments and result: silu(x @ G_e) * (x @ U_e) *
+    row_scale, [M_total, I]) on 2-CTA clusters: both weight tiles of a K step are multicast. block_n is the
+    output columns of a tile (of each of the two products), at most 128."""
+    return _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, validate,
+                    True)
+
+
+def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, swiglu):
     from .._runtime import check_device
     from .._triton_common import check_dtype
     from . import api as gapi
 
     def fallback():
+        if swiglu:
+            return gapi.grouped_mm_swiglu(x_sorted, w, group_offsets, w_layout=w_layout, row_scale=row_scale,
+                                          out=out, validate=validate)
         return gapi.grouped_mm(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
                                row_scale=row_scale, out=out, validate=validate)
 
@@ -440,6 +483,12 @@ def grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Ten
     e, n, *_ = gapi._check_w(w, x_sorted, w_layout, k)
     epi = Epilogue.parse(epilogue)
     cfg = config or ClusterGroupedConfig()
+    if swiglu:
+        if n % 2:
+            raise ValueError(f"w_gate_up: expected an even gate/up width 2I, got {n}")
+        n //= 2
+        if cfg.block_n > 128:
+            cfg = dataclasses.replace(cfg, block_n=128)  # two accumulators of 2 * block_m x block_n
     if not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype != torch.int32 \
             or group_offsets.shape != (e + 1,) or not group_offsets.is_contiguous() \
             or m == 0 or n == 0 or k == 0:
@@ -456,15 +505,15 @@ def grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Ten
         return fallback()
     if validate:
         gapi.check_offsets(group_offsets, m)
-    key = (tuple(x_sorted.shape), x_sorted.stride(), tuple(w.shape), w.dtype, w_layout, epi, cfg,
+    key = (tuple(x_sorted.shape), x_sorted.stride(), tuple(w.shape), w.dtype, w_layout, epi, cfg, swiglu,
            None if row_scale is None else (row_scale.dtype, row_scale.data_ptr() % 16 == 0), y.stride(),
            y.data_ptr() % 16 == 0, group_offsets.data_ptr() % 16 == 0, x_sorted.device)
+    scale = row_scale if row_scale is not None else y
     if key not in _PLANS:
-        scale = row_scale if row_scale is not None else y
         _PLANS[key] = _make_plan(x_sorted, w, w_layout, group_offsets, scale, y, e, n, k, epi,
-                                 row_scale is not None, cfg)
+                                 row_scale is not None, cfg, swiglu)
     p = _PLANS[key]
     if p is None:
         return fallback()
-    p.run(x_sorted, w, group_offsets, row_scale if row_scale is not None else y, y, e, n, k)
+    p.run(x_sorted, w, group_offsets, scale, y, e, n, k)
     return y
