@@ -330,6 +330,48 @@ def time_grouped(dev):
                 row["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             GROUPED.append(row)
         write_csv("cluster_grouped.csv", GROUPED)
+    time_swiglu(dev, e, k, n)
+
+
+def time_swiglu(dev, e, k, i, rows=8192):
+    """The fused gate/up + SwiGLU: the multicast kernel against the library's grouped_mm_swiglu, one prefill
+    shape (w_gate_up [E, 2I, K])."""
+    from moegemm.grouped import cluster_kernels as G
+    from moegemm.grouped import grouped_mm_swiglu
+
+    if elapsed() > DEADLINE_S + 50:
+        GROUPED.append({"rows": rows, "contender": "swiglu", "status": "skipped: time budget"})
+        return
+    g = torch.Generator(device=dev).manual_seed(1)
+    w = (torch.randn(e, 2 * i, k, device=dev, generator=g) / 16).to(torch.bfloat16)
+    x = torch.randn(rows, k, device=dev, generator=g).to(torch.bfloat16)
+    offsets = torch.arange(0, e + 1, device=dev, dtype=torch.int32) * (rows // e)
+    ref = torch.empty(rows, i, device=dev, dtype=torch.float32)
+    for j in range(e):
+        r0, r1 = j * (rows // e), (j + 1) * (rows // e)
+        gu = x[r0:r1].float() @ w[j].float().t()
+        ref[r0:r1] = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
+    base = {"E": e, "K": k, "N": 2 * i, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
+    for name, cfg, call in (
+            ("grouped_mm_swiglu", "", lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
+            ("cluster-multicast-swiglu", dataclasses.asdict(G.ClusterGroupedConfig()),
+             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False))):
+        row = dict(base, contender=name, config=str(cfg))
+        try:
+            got = call()
+            torch.cuda.synchronize()
+            err = float((got.float() - ref).abs().max() / ref.abs().max())
+            row["rel_err"] = err
+            if math.isnan(err) or err > 2e-2:
+                row["status"] = "wrong"
+            else:
+                row["graph_us"] = graph_us([call], per_graph=5, replays=10)
+                row["tflops"] = 2 * rows * 2 * i * k / row["graph_us"] / 1e6
+                row["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            row["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+        GROUPED.append(row)
+    write_csv("cluster_grouped.csv", GROUPED)
 
 
 def write_csv(name, rows):
