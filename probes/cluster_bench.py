@@ -353,7 +353,8 @@ def time_swiglu(dev, e, k, i, rows=8192):
         ref[r0:r1] = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
     base = {"E": e, "K": k, "N": 2 * i, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
     for name, cfg, call in (
-            ("grouped_mm_swiglu", "", lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
+            ("grouped_mm_swiglu", "",
+             lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
             ("cluster-multicast-swiglu", dataclasses.asdict(G.ClusterGroupedConfig()),
              lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False))):
         row = dict(base, contender=name, config=str(cfg))
