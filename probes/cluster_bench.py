@@ -200,15 +200,15 @@ def sweep(m, n, k):
     """The heuristic config first, then S = 16 (non-portable clusters) and S = 4 and other tiles."""
     h = C.heuristic_config(m, n, k, torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [h]
-    for s, bm, bn in ((16, h.block_m, h.block_n), (16, 16, 16), (8, 16, 32), (8, 32, 32), (4, 16, 16),
-                      (8, 64, 32)):
-        if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 16) or k < s * 64:
+    for s, bm, bn in ((16, h.block_m, h.block_n), (16, 16, 16), (16, 16, 8), (8, 16, 32), (8, 32, 32),
+                      (4, 16, 16), (8, 64, 32)):
+        if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < s * 64 or (bn == 8 and m * n > 64 * 64):
             continue
         c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64,
                             num_warps=4 if bm * bn >= 1024 else 2)
         if c not in out:
             out.append(c)
-    return out[:6]
+    return out[:7]
 
 
 def time_shape(kind, m, n, k, seed_mod, seed_best, dev):

@@ -45,7 +45,7 @@ def compile_variants():
     for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
         s = next(sizes)
         bk = 32 if dt in ("fp32", "tf32") else 64
-        bm, bn = ((16, 32), (32, 16), (64, 64))[(s + int(epi)) % 3]
+        bm, bn = ((16, 32), (32, 16), (64, 64), (16, 8))[(s + int(epi) + int(bias)) % 4]
         cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring))
         yield f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}", dt, 48, \
             1000 + 7 * s, cfg, kn, epi, bias

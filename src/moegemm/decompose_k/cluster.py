@@ -316,7 +316,8 @@ def _pow2(x: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterConfig:
-    """split_k: S, the CTAs of a cluster (1, 2, 4, 8 or 16); block_m/block_n: the output tile; block_k: the
+    """split_k: S, the CTAs of a cluster (1, 2, 4, 8 or 16); block_m/block_n: the output tile (block_n 8:
+    twice the tiles of 16, so twice the CTAs on a tiny output); block_k: the
     K step of one MMA (one TMA box; 16-bit: 64, fp32: 32 give 128-byte rows); num_warps; stages: ring slots
     (0: as many as the shared-memory budget allows, at most one per K step)."""
 
@@ -331,7 +332,7 @@ class ClusterConfig:
         if self.split_k not in (1, 2, 4, 8, 16):
             raise ValueError(f"config.split_k: expected 1, 2, 4, 8 or 16 (CTAs of a cluster), "
                              f"got {self.split_k!r}")
-        for name, lo, hi in (("block_m", 16, 128), ("block_n", 16, 128), ("block_k", 16, 128),
+        for name, lo, hi in (("block_m", 16, 128), ("block_n", 8, 128), ("block_k", 16, 128),
                              ("num_warps", 1, 8)):
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo or v > hi or v & (v - 1):
