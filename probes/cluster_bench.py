@@ -10,7 +10,8 @@ cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
    28-shape grid (M = N in {16, 32, 48, 64}, K in {8192, ..., 32768}) and the router [T, 7168] @ [7168, 256],
    T in {1, ..., 256}, bf16 with ReLU: ``ours: auto`` (``moegemm.decompose_k.matmul``), ``cublas``
    (``torch.relu(torch.mm)``), ``seed: optimized`` (its best config from results/<gpu>/tune_seed.csv), and
-   the clustered kernel at its heuristic config plus a sweep of S and tiles. A variant that fails to compile,
+   the clustered kernel at its heuristic config on every cell, plus a sweep of its knobs (chains, stages,
+   S, tiles) on 12 grid cells and 4 router cells. A variant that fails to compile,
    launch or check is recorded as such and the run goes on.
 
 3. The multicast grouped kernel (2-CTA clusters sharing each weight tile) against the library's grouped_mm
@@ -43,7 +44,7 @@ from moegemm.epilogue import Epilogue
 
 # past this many seconds the Decompose-K sweep times only the heuristic config, and past it + 50 the
 # grouped part skips its remaining shapes: the whole run stays under 4 minutes
-DEADLINE_S = float(os.environ.get("CLUSTER_BENCH_BUDGET_S", "150"))
+DEADLINE_S = float(os.environ.get("CLUSTER_BENCH_BUDGET_S", "170"))
 T0 = time.time()
 ROWS: list[dict] = []
 CHECKS: list[dict] = []
@@ -196,19 +197,28 @@ def seed_configs():
     return kern.modules["optimized"], best
 
 
-def sweep(m, n, k):
-    """The heuristic config first, then S = 16 (non-portable clusters) and S = 4 and other tiles."""
+SWEEP_CELLS = {("grid", s, s, k) for s in (16, 32, 48, 64) for k in (8192, 20480, 32768)}
+SWEEP_CELLS |= {("router", t, 256, 7168) for t in (1, 16, 64, 256)}
+
+
+def sweep(kind, m, n, k):
+    """The heuristic config first; on the sweep's cells (4 M = N x 3 K of the grid, the router at T = 1, 16,
+    64, 256) then its knobs one at a time (one accumulator chain: what the chains buy; a ring of 4 or 8
+    slots instead of every step in flight: more CTAs per SM) and other S and tiles with 4 chains."""
     h = C.heuristic_config(m, n, k, torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [h]
-    for s, bm, bn in ((16, h.block_m, h.block_n), (16, 16, 16), (16, 16, 8), (8, 16, 32), (8, 32, 32),
-                      (4, 16, 16), (8, 64, 32)):
-        if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < s * 64 or (bn == 8 and m * n > 64 * 64):
+    if (kind, m, n, k) not in SWEEP_CELLS:
+        return out
+    out += [dataclasses.replace(h, chains=1), dataclasses.replace(h, stages=4), dataclasses.replace(h, stages=8),
+            dataclasses.replace(h, chains=2 if h.chains == 4 else 4)]
+    for s, bm, bn in ((16, 16, 16), (16, 16, 8), (16, 32, 32), (16, 16, 32), (8, 16, 32), (8, 32, 32)):
+        if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < 2 * s * 64 or (bn == 8 and n > 64):
             continue
         c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64,
-                            num_warps=4 if bm * bn >= 1024 else 2)
+                            num_warps=4 if bm * bn >= 1024 else 2, chains=4)
         if c not in out:
             out.append(c)
-    return out[:7]
+    return out[:9]
 
 
 def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
@@ -261,7 +271,7 @@ def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
             return go
 
         measure("seed: optimized", seed_call, {f: int(r[f]) for f in fields[:4]})
-    for i, cfg in enumerate(sweep(m, n, k)):
+    for i, cfg in enumerate(sweep(kind, m, n, k)):
         if i > 0 and elapsed() > DEADLINE_S:
             ROWS.append(dict(base, contender="cluster", config=str(cfg.as_dict()),
                              status="skipped: time budget"))

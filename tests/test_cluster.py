@@ -41,12 +41,14 @@ def compile_variants():
     cluster size and the ring (stages below the K steps) cycling through them; small K keeps compiles
     quick."""
     sizes = itertools.cycle((1, 2, 4, 8, 16))
-    ring = itertools.cycle((0, 2, 0))
+    ring = itertools.cycle((0, 2, 0, 4))
+    chains = itertools.cycle((1, 2, 4))
     for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
         s = next(sizes)
         bk = 32 if dt in ("fp32", "tf32") else 64
         bm, bn = ((16, 32), (32, 16), (64, 64), (16, 8))[(s + int(epi) + int(bias)) % 4]
-        cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring))
+        cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring),
+                              chains=next(chains))
         yield f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}", dt, 48, \
             1000 + 7 * s, cfg, kn, epi, bias
 
@@ -350,6 +352,10 @@ def test_bad_input_names_the_argument(device):
         C.matmul(a, b, config={"split_k": 2, "block_m": 24})
     with pytest.raises(ValueError, match="config: unknown keys"):
         C.matmul(a, b, config={"split_k": 2, "xblock": 64})
+    with pytest.raises(ValueError, match="config.block_k"):  # fp32 rows of 64 are 256 bytes: no TMA box
+        C.matmul(a, b, config={"split_k": 2, "block_k": 64})
+    with pytest.raises(ValueError, match="config.chains"):
+        C.matmul(a, b, config={"split_k": 2, "chains": 8})
     with pytest.raises(TypeError, match="config"):
         C.matmul(a, b, config=(2, 16))
     with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
@@ -374,15 +380,36 @@ def test_dispatch_takes_cluster_as_a_named_kernel(device):
             api.plan(a, b, kernel="cluster", config=object())
 
 
-def test_heuristic_config_fills_the_gpu_with_portable_clusters():
+def test_heuristic_config_spreads_k_over_16_cta_clusters_with_several_chains():
     for m, n, k in [(16, 16, 8192), (64, 64, 32768), (1, 256, 7168), (256, 256, 7168), (33, 70, 300)]:
         for dtype in DTYPES:
             cfg = C.heuristic_config(m, n, k, dtype, 132)
-            ctas = -(-m // cfg.block_m) * -(-n // cfg.block_n) * cfg.split_k
-            assert cfg.split_k <= 8 and ctas <= 132, (m, n, k, cfg)
             assert k >= 2 * cfg.split_k * cfg.block_k or cfg.split_k == 1, (m, n, k, cfg)
+            assert cfg.block_k * (4 if dtype == torch.float32 else 2) <= 128, cfg
+            assert cfg.chains > 1, cfg
             assert C.stages_for(k, cfg, 4 if dtype == torch.float32 else 2) >= 1
-    assert C.heuristic_config(64, 64, 32768, torch.bfloat16, 132).split_k == 8
+    for m, n, k in [(16, 16, 8192), (64, 64, 32768), (1, 256, 7168)]:
+        assert C.heuristic_config(m, n, k, torch.bfloat16, 132).split_k == 16
+    # every K step of a CTA in flight where shared memory holds them
+    cfg = C.heuristic_config(16, 16, 32768, torch.bfloat16, 132)
+    assert C.stages_for(32768, cfg, 2) == C.k_per_split(32768, cfg) // cfg.block_k
+
+
+def test_ring_slots_are_whole_groups_of_chains():
+    """Where the K steps outnumber the slots, the ring holds a whole number of chain groups (a group
+    refills its own slots), at least one group; where they fit, one slot per step."""
+    for chains in (1, 2, 4):
+        for stages in (0, 1, 2, 3, 5, 6, 8):
+            for k in (64, 1000, 7168, 32768, 1 << 20):
+                cfg = C.ClusterConfig(split_k=4, block_k=64, stages=stages, chains=chains)
+                steps = C.k_per_split(k, cfg) // 64
+                st = C.stages_for(k, cfg, 2)
+                if st < steps:
+                    assert st % chains == 0 and st >= chains, (chains, stages, k, st)
+                else:
+                    assert st == steps or (st == chains and steps < chains), (chains, stages, k, st)
+    with pytest.raises(ValueError, match="chains"):
+        C.ClusterConfig(split_k=4, chains=3)
 
 
 def test_split_boundaries_cover_k_once():

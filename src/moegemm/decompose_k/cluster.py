@@ -185,6 +185,7 @@ if gluon is not None:
         M, stride_cm, stride_cn,
         N: gl.constexpr, KPS: gl.constexpr, S: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+        CHAINS: gl.constexpr,
         B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr,
         WARPS_M: gl.constexpr, WARPS_N: gl.constexpr, SL: gl.constexpr, SLP: gl.constexpr,
         HAS_BIAS: gl.constexpr, EPILOGUE: gl.constexpr,
@@ -237,27 +238,83 @@ if gluon is not None:
                 else:
                     _tma_copy(b_desc, [col0, k0 + i * BLOCK_K], ready.index(i), b_bufs.index(i))
 
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        # CHAINS independent accumulators: step i adds into chain i % CHAINS, and the steps of a group are
+        # waited for together, so their MMA chains interleave (one accumulator makes every MMA of the CTA
+        # wait for the one before it); the chains are summed in a fixed order after the K loop
+        acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         if STEPS <= STAGES:  # every step has a slot of its own: no refills
-            for i in gl.static_range(STEPS):
-                mbarrier.wait(ready.index(i), 0)
-                acc = _mma_step(a_bufs.index(i), b_bufs.index(i), acc, B_KN, FMA, KW, PRECISION)
-        else:
-            for i in range(STEPS):
-                s = i % STAGES
-                mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-                acc = _mma_step(a_bufs.index(s), b_bufs.index(s), acc, B_KN, FMA, KW, PRECISION)
-                nxt = i + STAGES
-                gl.barrier()  # every warp has read slot s before the copy into it is issued
-                refill = nxt < STEPS
-                mbarrier.expect(ready.index(s), nbytes, pred=refill)
-                _tma_copy(a_desc, [row0, k0 + nxt * BLOCK_K], ready.index(s), a_bufs.index(s), pred=refill)
-                if B_KN:
-                    _tma_copy(b_desc, [k0 + nxt * BLOCK_K, col0], ready.index(s), b_bufs.index(s),
+            for g in gl.static_range(0, STEPS, CHAINS):
+                for u in gl.static_range(CHAINS):
+                    if g + u < STEPS:
+                        mbarrier.wait(ready.index(g + u), 0)
+                for u in gl.static_range(CHAINS):
+                    if g + u < STEPS:
+                        if u == 0:
+                            acc0 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc0, B_KN, FMA, KW,
+                                             PRECISION)
+                        elif u == 1:
+                            acc1 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc1, B_KN, FMA, KW,
+                                             PRECISION)
+                        elif u == 2:
+                            acc2 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc2, B_KN, FMA, KW,
+                                             PRECISION)
+                        else:
+                            acc3 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc3, B_KN, FMA, KW,
+                                             PRECISION)
+        else:  # a ring of STAGES slots (a multiple of CHAINS): one group of CHAINS slots per iteration
+            GROUPS: gl.constexpr = STEPS // CHAINS
+            for j in range(GROUPS):
+                base = (j * CHAINS) % STAGES
+                phase = ((j * CHAINS) // STAGES) & 1
+                for u in gl.static_range(CHAINS):
+                    mbarrier.wait(ready.index(base + u), phase)
+                for u in gl.static_range(CHAINS):
+                    if u == 0:
+                        acc0 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW,
+                                         PRECISION)
+                    elif u == 1:
+                        acc1 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW,
+                                         PRECISION)
+                    elif u == 2:
+                        acc2 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW,
+                                         PRECISION)
+                    else:
+                        acc3 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW,
+                                         PRECISION)
+                gl.barrier()  # every warp has read the group's slots before the copies into them are issued
+                for u in gl.static_range(CHAINS):
+                    nxt = j * CHAINS + u + STAGES
+                    refill = nxt < STEPS
+                    mbarrier.expect(ready.index(base + u), nbytes, pred=refill)
+                    _tma_copy(a_desc, [row0, k0 + nxt * BLOCK_K], ready.index(base + u), a_bufs.index(base + u),
                               pred=refill)
+                    if B_KN:
+                        _tma_copy(b_desc, [k0 + nxt * BLOCK_K, col0], ready.index(base + u),
+                                  b_bufs.index(base + u), pred=refill)
+                    else:
+                        _tma_copy(b_desc, [col0, k0 + nxt * BLOCK_K], ready.index(base + u),
+                                  b_bufs.index(base + u), pred=refill)
+            # the steps past the last whole group (fewer than CHAINS; their slots and phases are constants)
+            for t in gl.static_range(GROUPS * CHAINS, STEPS):
+                mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
+            for t in gl.static_range(GROUPS * CHAINS, STEPS):
+                if t % CHAINS == 0:
+                    acc0 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW,
+                                     PRECISION)
+                elif t % CHAINS == 1:
+                    acc1 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW,
+                                     PRECISION)
                 else:
-                    _tma_copy(b_desc, [col0, k0 + nxt * BLOCK_K], ready.index(s), b_bufs.index(s),
-                              pred=refill)
+                    acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
+                                     PRECISION)
+        acc = acc0
+        if CHAINS > 1:
+            acc = acc0 + acc1
+        if CHAINS > 2:
+            acc = acc + (acc2 + acc3)
 
         # element e = m * BLOCK_N + n of the tile belongs to CTA e // SL, at column e % SL of its area
         if S > 1:
@@ -319,7 +376,8 @@ class ClusterConfig:
     """split_k: S, the CTAs of a cluster (1, 2, 4, 8 or 16); block_m/block_n: the output tile (block_n 8:
     twice the tiles of 16, so twice the CTAs on a tiny output); block_k: the
     K step of one MMA (one TMA box; 16-bit: 64, fp32: 32 give 128-byte rows); num_warps; stages: ring slots
-    (0: as many as the shared-memory budget allows, at most one per K step)."""
+    (0: as many as the shared-memory budget allows, at most one per K step); chains: independent
+    accumulators (1, 2 or 4), whose MMAs interleave: K step i adds into chain i % chains."""
 
     split_k: int
     block_m: int = 16
@@ -327,6 +385,7 @@ class ClusterConfig:
     block_k: int = 64
     num_warps: int = 4
     stages: int = 0
+    chains: int = 1
 
     def __post_init__(self) -> None:
         if self.split_k not in (1, 2, 4, 8, 16):
@@ -339,6 +398,8 @@ class ClusterConfig:
                 raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
         if not isinstance(self.stages, int) or self.stages < 0:
             raise ValueError(f"config.stages: expected an int >= 0, got {self.stages!r}")
+        if self.chains not in (1, 2, 4):
+            raise ValueError(f"config.chains: expected 1, 2 or 4, got {self.chains!r}")
 
     @classmethod
     def coerce(cls, config) -> ClusterConfig:
@@ -357,27 +418,56 @@ class ClusterConfig:
         return dataclasses.asdict(self)
 
 
+SMEM_PER_SM = 227 * 1024
+GPC_SMS = 18  # SMs of a Hopper GPC at most: a cluster's CTAs share one GPC
+
+
+def _estimate(m: int, n: int, k: int, esize: int, sm_count: int, cfg: ClusterConfig) -> float:
+    """A relative time of the config: waves of clusters x K steps per CTA x the cost of one step.
+
+    A CTA's K loop is bound by latency (a wait, the shared-memory loads and a chain of dependent MMAs per
+    step), not by the bytes a step moves, so a step costs about one unit plus a share for its bytes; CTAs
+    that share an SM overlap their latencies, so a wave is as many clusters as the GPU holds at once (by
+    shared memory: all of a CTA's steps in flight where they fit; a 16-CTA cluster needs 16 SMs of one GPC,
+    so only one fits in a GPC)."""
+    steps = k_per_split(k, cfg) // cfg.block_k
+    stage = _stage_bytes(cfg, esize)
+    smem = stages_for(k, cfg, esize) * stage + exchange_bytes(cfg) + 1024
+    per_sm = max(1, min(8, SMEM_PER_SM // smem))
+    gpcs = max(1, sm_count // GPC_SMS)
+    held = gpcs * (GPC_SMS * per_sm // cfg.split_k) if cfg.split_k > 1 else sm_count * per_sm
+    clusters = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    waves = _cdiv(clusters, max(1, held))
+    return waves * steps * (1.0 + stage / 8192)
+
+
 def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 132) -> ClusterConfig:
-    """Fill the SMs with CTAs, one each: S = 8 (the largest portable cluster; fewer where a split would be
-    under two K steps), then the largest tiles (16, 32 or 64 rows and columns, no larger than M and N need)
-    whose count times S still keeps about every SM busy; larger tiles re-read less of A and B."""
+    """The config with the least :func:`_estimate` among S = 16 or 8 (fewer where a split would be under
+    two K steps) and tiles of 16, 32 or 64 rows and columns (8 columns where N <= 16), no larger than M and N
+    need; ties go to the config that reads the fewest bytes (larger tiles re-read less of A and B). Four
+    accumulator chains (two where a warp's share of the tile is large), every K step in flight where shared
+    memory holds them."""
+    esize = torch.empty((), dtype=dtype).element_size()
     bk = 32 if dtype == torch.float32 else 64
-    s = 8
-    while s > 1 and k < 2 * s * bk:
-        s //= 2
     best = None
-    for bm in (16, 32, 64):
-        for bn in (16, 32, 64):
-            if (bm > 16 and bm // 2 >= m) or (bn > 16 and bn // 2 >= n):
-                continue
-            ctas = _cdiv(m, bm) * _cdiv(n, bn) * s
-            score = (min(ctas, sm_count) >= 0.75 * min(sm_count, _cdiv(m, 16) * _cdiv(n, 16) * s),
-                     -max(0, ctas - sm_count), bm * bn)
-            if best is None or score > best[0]:
-                best = (score, bm, bn)
-    _, bm, bn = best
-    warps = 4 if bm * bn >= 16 * 64 else 2
-    return ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=warps)
+    for s in (16, 8, 4, 2, 1):
+        if s > 1 and k < 2 * s * bk:
+            continue
+        for bm in (16, 32, 64):
+            for bn in (8, 16, 32, 64):
+                if (bm > 16 and bm // 2 >= m) or (bn > 16 and bn // 2 >= n) or (bn == 8 and n > 16):
+                    continue
+                warps = 4 if bm * bn >= 32 * 32 else 2
+                per_thread = bm * bn // (32 * warps)
+                cfg = ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
+                                    chains=4 if per_thread <= 8 else 2)
+                reads = _cdiv(m, bm) * _cdiv(n, bn) * (bm + bn)
+                score = (_estimate(m, n, k, esize, sm_count, cfg), reads)
+                if best is None or score < best[0]:
+                    best = (score, cfg)
+        if best is not None and s <= 8:
+            break
+    return best[1]
 
 
 def _warps(cfg: ClusterConfig) -> tuple[int, int]:
@@ -409,11 +499,16 @@ def _stage_bytes(cfg: ClusterConfig, esize: int) -> int:
 
 
 def stages_for(k: int, cfg: ClusterConfig, esize: int) -> int:
+    """Ring slots: one per K step where they fit (every copy issued before the first MMA), else a multiple
+    of ``chains`` (a group of chains steps refills its own slots)."""
     steps = k_per_split(k, cfg) // cfg.block_k
     if cfg.stages:
-        return max(1, min(cfg.stages, steps))
-    budget = SMEM_BUDGET - exchange_bytes(cfg)
-    return max(1, min(steps, budget // _stage_bytes(cfg, esize)))
+        want = cfg.stages
+    else:
+        want = (SMEM_BUDGET - exchange_bytes(cfg)) // _stage_bytes(cfg, esize)
+    if want >= steps:
+        return max(1, steps)
+    return max(cfg.chains, want // cfg.chains * cfg.chains)
 
 
 def _cga(s: int, rank: int) -> list:
@@ -436,7 +531,8 @@ def constexprs(n: int, k: int, dtype: torch.dtype, cfg: ClusterConfig, b_kn: boo
     wm, wn = _warps(cfg)
     sl = _slice(cfg)
     return {"N": n, "KPS": k_per_split(k, cfg), "S": cfg.split_k, "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize), "B_KN": b_kn,
+            "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize),
+            "CHAINS": cfg.chains, "B_KN": b_kn,
             "FMA": fma, "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
             "PRECISION": "ieee" if fma else "tf32", "WARPS_M": wm, "WARPS_N": wn, "SL": sl,
             "SLP": max(32, _pow2(sl)), "HAS_BIAS": has_bias, "EPILOGUE": int(epilogue)}
@@ -613,6 +709,9 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
         config = ClusterConfig.coerce(config)
     elif config is not None and not isinstance(config, ClusterConfig):
         raise TypeError(f"config: expected ClusterConfig or dict, got {type(config).__name__}")
+    if config is not None and config.block_k * a.element_size() > 128:
+        raise ValueError(f"config.block_k: a TMA box row holds at most 128 bytes (swizzled), so at most "
+                         f"{128 // a.element_size()} for {a.dtype}; got {config.block_k}")
     key = _key(a, b, bias, out, epi, config, allow_tf32)
     if key in _PLANS:
         return _PLANS[key]
