@@ -121,10 +121,17 @@ def run_checks(dev):
         b = rnd(8192, 48, dtype=dtype)
         check("strided-a,out-T", a, b, Epilogue.SIGMOID, out=torch.empty(48, 48, device=dev, dtype=dtype).t())
         for s in (1, 2, 4, 16):
-            cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=32,
-                                  block_k=32 if dtype == torch.float32 else 64, num_warps=2)
-            check(f"S={s}", rnd(20, 5000, dtype=dtype), rnd(5000, 40, dtype=dtype), Epilogue.RELU,
-                  rnd(40, dtype=dtype), out=torch.empty(20, 40, device=dev, dtype=dtype), config=cfg)
+            bk = 32 if dtype == torch.float32 else 64
+            for name, cfg in ((f"S={s}", C.ClusterConfig(split_k=s, block_m=16, block_n=32, block_k=bk,
+                                                         num_warps=2)),
+                              (f"S={s},producer,chains=4,ring", C.ClusterConfig(
+                                  split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, stages=4,
+                                  chains=4, producer=True)),
+                              (f"S={s},chains=2,ring", C.ClusterConfig(
+                                  split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2, stages=2,
+                                  chains=2))):
+                check(name, rnd(20, 5000, dtype=dtype), rnd(5000, 40, dtype=dtype), Epilogue.RELU,
+                      rnd(40, dtype=dtype), out=torch.empty(20, 40, device=dev, dtype=dtype), config=cfg)
         if dtype == torch.float32:
             check("tf32", rnd(16, 4096, dtype=dtype), rnd(4096, 64, dtype=dtype), Epilogue.NONE,
                   out=torch.empty(16, 64, device=dev, dtype=dtype), allow_tf32=True)
@@ -203,22 +210,24 @@ SWEEP_CELLS |= {("router", t, 256, 7168) for t in (1, 16, 64, 256)}
 
 def sweep(kind, m, n, k):
     """The heuristic config first; on the sweep's cells (4 M = N x 3 K of the grid, the router at T = 1, 16,
-    64, 256) then its knobs one at a time (one accumulator chain: what the chains buy; a ring of 4 or 8
-    slots instead of every step in flight: more CTAs per SM) and other S and tiles with 4 chains."""
+    64, 256) then its knobs one at a time (no producer warp; one accumulator chain; a ring of 4 or 8 slots
+    instead of every step in flight, so more CTAs share an SM; the other chain count) and other S and
+    tiles."""
     h = C.heuristic_config(m, n, k, torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [h]
     if (kind, m, n, k) not in SWEEP_CELLS:
         return out
-    out += [dataclasses.replace(h, chains=1), dataclasses.replace(h, stages=4), dataclasses.replace(h, stages=8),
-            dataclasses.replace(h, chains=2 if h.chains == 4 else 4)]
-    for s, bm, bn in ((16, 16, 16), (16, 16, 8), (16, 32, 32), (16, 16, 32), (8, 16, 32), (8, 32, 32)):
+    rp = dataclasses.replace
+    out += [rp(h, producer=False, num_warps=2 if h.block_m * h.block_n < 1024 else 4), rp(h, chains=1),
+            rp(h, stages=4), rp(h, stages=8), rp(h, chains=2 if h.chains == 4 else 4)]
+    for s, bm, bn in ((16, 16, 16), (16, 16, 8), (16, 32, 32), (16, 16, 64), (16, 16, 32), (8, 16, 32),
+                      (8, 32, 32)):
         if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < 2 * s * 64 or (bn == 8 and n > 64):
             continue
-        c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64,
-                            num_warps=4 if bm * bn >= 1024 else 2, chains=4)
+        c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=True)
         if c not in out:
             out.append(c)
-    return out[:9]
+    return out[:10]
 
 
 def time_shape(kind, m, n, k, seed_mod, seed_best, dev):

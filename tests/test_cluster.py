@@ -43,14 +43,15 @@ def compile_variants():
     sizes = itertools.cycle((1, 2, 4, 8, 16))
     ring = itertools.cycle((0, 2, 0, 4))
     chains = itertools.cycle((1, 2, 4))
+    producer = itertools.cycle((False, True, True, False, True))
     for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
         s = next(sizes)
         bk = 32 if dt in ("fp32", "tf32") else 64
         bm, bn = ((16, 32), (32, 16), (64, 64), (16, 8))[(s + int(epi) + int(bias)) % 4]
         cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring),
-                              chains=next(chains))
-        yield f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}", dt, 48, \
-            1000 + 7 * s, cfg, kn, epi, bias
+                              chains=next(chains), producer=next(producer))
+        name = f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}"
+        yield name + ("-producer" if cfg.producer else ""), dt, 48, 1000 + 7 * s, cfg, kn, epi, bias
 
 
 EXPECT_TX = r"expect_tx\.shared::cta\.b64 _, \[%r\d+\], (\d+);"
@@ -143,7 +144,7 @@ def _compile_main(shard: int, shards: int) -> int:
     for i, (name, dt, n, k, cfg, kn, epi, bias) in enumerate(compile_variants()):
         if i % shards != shard:
             continue
-        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0}
+        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0, "producer": cfg.producer}
         try:
             ck = C.compile_sm90(DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias,
                                 allow_tf32=dt == "tf32")
@@ -278,7 +279,10 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
         if r["s"] > 1:
             assert f["reqnctapercluster"] == r["s"], r
             assert f["mapa"] > 0 and f["mapa"] == f["st_cluster"], r
-            assert f["arrive_relaxed"] == 1 and f["arrive"] == 2 and f["wait"] == 2, r
+            if r["producer"]:  # the 4 worker warps: two relaxed arrivals each, one wait
+                assert f["arrive_relaxed"] == 1 + 8 and f["arrive"] == 2 + 8 and f["wait"] == 2 + 4, r
+            else:
+                assert f["arrive_relaxed"] == 1 and f["arrive"] == 2 and f["wait"] == 2, r
             assert f["ctarank"] >= 1 and f["clusterid"] == 1 and f["dyn_smem"] > 0, r
         else:
             assert f["reqnctapercluster"] == 0 and f["mapa"] == 0 and f["arrive"] == 0 and f["wait"] == 0, r
@@ -386,7 +390,7 @@ def test_heuristic_config_spreads_k_over_16_cta_clusters_with_several_chains():
             cfg = C.heuristic_config(m, n, k, dtype, 132)
             assert k >= 2 * cfg.split_k * cfg.block_k or cfg.split_k == 1, (m, n, k, cfg)
             assert cfg.block_k * (4 if dtype == torch.float32 else 2) <= 128, cfg
-            assert cfg.chains > 1, cfg
+            assert cfg.chains > 1 and cfg.producer and cfg.num_warps % 4 == 0, cfg
             assert C.stages_for(k, cfg, 4 if dtype == torch.float32 else 2) >= 1
     for m, n, k in [(16, 16, 8192), (64, 64, 32768), (1, 256, 7168)]:
         assert C.heuristic_config(m, n, k, torch.bfloat16, 132).split_k == 16
@@ -507,13 +511,38 @@ def test_gpu_grid_and_router(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("s", [2, 8, 16])
-def test_gpu_bitwise_identical_over_100_repeats(s):
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_chains_stages_and_producer(dtype):
+    """Every accumulator-chain count, a ring shorter than the K steps (whole groups and a tail) or one slot
+    per step, with and without the producer warp, on K tails and both layouts of b."""
+    _need_cluster()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    bk = 32 if dtype == torch.float32 else 64
+    cfgs = [C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st, chains=ch,
+                            producer=pr)
+            for s, bm, bn, nw, st, ch, pr in [(1, 16, 16, 2, 4, 4, False), (4, 16, 32, 2, 0, 2, False),
+                                              (16, 16, 8, 4, 0, 4, True), (8, 32, 32, 4, 4, 4, True),
+                                              (16, 16, 16, 4, 8, 2, True), (2, 64, 64, 8, 6, 2, True),
+                                              (16, 32, 16, 4, 0, 1, True), (8, 16, 16, 2, 2, 1, False)]]
+    for (m, n, k), kn in itertools.product([(24, 40, 4100), (1, 256, 7168), (64, 64, 20480 + 8)],
+                                           (True, False)):
+        a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+        b = (torch.randn(k, n, device="cuda", generator=g).to(dtype) if kn
+             else torch.randn(n, k, device="cuda", generator=g).to(dtype).t())
+        for cfg in cfgs:
+            assert C.plan(a, b, epilogue="relu", config=cfg) is not None, cfg
+            got = C.matmul(a, b, epilogue="relu", config=cfg, out=poisoned((m, n), dtype, "cuda"))
+            assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} kn={kn} {cfg}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s,producer", [(2, False), (8, True), (16, False), (16, True)])
+def test_gpu_bitwise_identical_over_100_repeats(s, producer):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(s)
     a = torch.randn(64, 32768, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(32768, 64, device="cuda", generator=g).to(torch.bfloat16)
-    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16)
+    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16, num_warps=4, chains=4, producer=producer)
     first = C.matmul(a, b, epilogue="relu", config=cfg)
     for i in range(100):
         assert torch.equal(C.matmul(a, b, epilogue="relu", config=cfg), first), f"repeat {i} differs"

@@ -180,12 +180,103 @@ if gluon is not None:
         return acc
 
     @gluon.jit
+    def _ws_produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row0, col0, k0, STEPS: gl.constexpr,
+                    STAGES: gl.constexpr, BLOCK_K: gl.constexpr, B_KN: gl.constexpr, S: gl.constexpr):
+        """The producer warp: every K step's two copies into its slot, the slot's ready barrier counting the
+        bytes; in a ring, first the wait for the consumers to hand the slot back (a fresh barrier passes a
+        wait on parity 1, so the first pass over the ring does not wait).
+
+        A cluster barrier waits for every thread of the cluster that has not exited, and the worker warps
+        do not run the code outside their function: they arrive on both of the exchange's cluster barriers
+        there (the first, relaxed, at once, as the consumers did before the split; the second once the first
+        has passed), so the consumers' waits pass. They never wait for the second: the consumers arrive on
+        it only after the split has joined, which waits for these warps to return."""
+        if S > 1:
+            cluster.arrive(relaxed=True)
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        for i in range(STEPS):
+            s = i % STAGES
+            if STEPS > STAGES:
+                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            _tma_copy(a_desc, [row0, k0 + i * BLOCK_K], ready.index(s), a_bufs.index(s))
+            if B_KN:
+                _tma_copy(b_desc, [k0 + i * BLOCK_K, col0], ready.index(s), b_bufs.index(s))
+            else:
+                _tma_copy(b_desc, [col0, k0 + i * BLOCK_K], ready.index(s), b_bufs.index(s))
+        if S > 1:
+            cluster.wait()
+            cluster.arrive(relaxed=True)
+
+    @gluon.jit
+    def _ws_idle(S: gl.constexpr):
+        """A worker warp that only arrives on the exchange's two cluster barriers (see :func:`_ws_produce`):
+        Triton runs workers in whole warp groups, and a warp it added on its own would never arrive."""
+        if S > 1:
+            cluster.arrive(relaxed=True)
+            cluster.wait()
+            cluster.arrive(relaxed=True)
+
+    @gluon.jit
+    def _ws_consume(a_bufs, b_bufs, ready, empty, acc_layout: gl.constexpr, STEPS: gl.constexpr,
+                    STAGES: gl.constexpr, CHAINS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr):
+        """The consumer warps: step i into chain i % CHAINS, a group of CHAINS steps waited for together; in a
+        ring, the group's slots handed back once every consumer warp has read them. Returns the chains'
+        sum (fixed order)."""
+        acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        GROUPS: gl.constexpr = STEPS // CHAINS
+        for j in range(GROUPS):
+            base = (j * CHAINS) % STAGES
+            phase = ((j * CHAINS) // STAGES) & 1
+            for u in gl.static_range(CHAINS):
+                mbarrier.wait(ready.index(base + u), phase)
+            for u in gl.static_range(CHAINS):
+                if u == 0:
+                    acc0 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW,
+                                     PRECISION)
+                elif u == 1:
+                    acc1 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW,
+                                     PRECISION)
+                elif u == 2:
+                    acc2 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW,
+                                     PRECISION)
+                else:
+                    acc3 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW,
+                                     PRECISION)
+            if STEPS > STAGES:
+                gl.barrier()  # every consumer warp has read the group's slots
+                for u in gl.static_range(CHAINS):
+                    mbarrier.arrive(empty.index(base + u))
+        for t in gl.static_range(GROUPS * CHAINS, STEPS):
+            mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
+        for t in gl.static_range(GROUPS * CHAINS, STEPS):
+            if t % CHAINS == 0:
+                acc0 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW,
+                                 PRECISION)
+            elif t % CHAINS == 1:
+                acc1 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW,
+                                 PRECISION)
+            else:
+                acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
+                                 PRECISION)
+        acc = acc0
+        if CHAINS > 1:
+            acc = acc0 + acc1
+        if CHAINS > 2:
+            acc = acc + (acc2 + acc3)
+        return acc
+
+    @gluon.jit
     def _cluster_dk_kernel(
         a_desc, b_desc, c_ptr, bias_ptr,
         M, stride_cm, stride_cn,
         N: gl.constexpr, KPS: gl.constexpr, S: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-        CHAINS: gl.constexpr,
+        CHAINS: gl.constexpr, PRODUCER: gl.constexpr,
         B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr,
         WARPS_M: gl.constexpr, WARPS_N: gl.constexpr, SL: gl.constexpr, SLP: gl.constexpr,
         HAS_BIAS: gl.constexpr, EPILOGUE: gl.constexpr,
@@ -213,6 +304,10 @@ if gluon is not None:
         ready = mbarrier.allocate_mbarrier(batch=STAGES)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
+        if PRODUCER:  # slots handed back by the consumers (a ring only: else each slot is used once)
+            empty = mbarrier.allocate_mbarrier(batch=STAGES)
+            for i in gl.static_range(STAGES):
+                mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         if S > 1:
             cluster.arrive(relaxed=True)  # "this CTA runs": waited on before the first remote store
@@ -230,7 +325,7 @@ if gluon is not None:
 
         # prologue: fill every slot (boxes past K, M or N read zeros)
         for i in gl.static_range(STAGES):
-            if i < STEPS:
+            if i < STEPS and not PRODUCER:
                 mbarrier.expect(ready.index(i), nbytes)
                 _tma_copy(a_desc, [row0, k0 + i * BLOCK_K], ready.index(i), a_bufs.index(i))
                 if B_KN:
@@ -245,7 +340,15 @@ if gluon is not None:
         acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        if STEPS <= STAGES:  # every step has a slot of its own: no refills
+        if PRODUCER:  # one more warp issues every copy while these warps multiply
+            acc = gl.warp_specialize([
+                (_ws_consume, (a_bufs, b_bufs, ready, empty, acc_layout, STEPS, STAGES, CHAINS, BLOCK_M,
+                               BLOCK_N, B_KN, FMA, KW, PRECISION)),
+                (_ws_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row0, col0, k0, STEPS, STAGES,
+                               BLOCK_K, B_KN, S)),
+                (_ws_idle, (S,)), (_ws_idle, (S,)), (_ws_idle, (S,)),
+            ], [1, 1, 1, 1])
+        elif STEPS <= STAGES:  # every step has a slot of its own: no refills
             for g in gl.static_range(0, STEPS, CHAINS):
                 for u in gl.static_range(CHAINS):
                     if g + u < STEPS:
@@ -310,11 +413,12 @@ if gluon is not None:
                 else:
                     acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
                                      PRECISION)
-        acc = acc0
-        if CHAINS > 1:
-            acc = acc0 + acc1
-        if CHAINS > 2:
-            acc = acc + (acc2 + acc3)
+        if not PRODUCER:
+            acc = acc0
+            if CHAINS > 1:
+                acc = acc0 + acc1
+            if CHAINS > 2:
+                acc = acc + (acc2 + acc3)
 
         # element e = m * BLOCK_N + n of the tile belongs to CTA e // SL, at column e % SL of its area
         if S > 1:
@@ -377,7 +481,9 @@ class ClusterConfig:
     twice the tiles of 16, so twice the CTAs on a tiny output); block_k: the
     K step of one MMA (one TMA box; 16-bit: 64, fp32: 32 give 128-byte rows); num_warps; stages: ring slots
     (0: as many as the shared-memory budget allows, at most one per K step); chains: independent
-    accumulators (1, 2 or 4), whose MMAs interleave: K step i adds into chain i % chains."""
+    accumulators (1, 2 or 4), whose MMAs interleave: K step i adds into chain i % chains; producer: one more
+    warp issues every TMA copy (warp-specialized) while the num_warps warps multiply, so no copy and no
+    barrier it needs lies on their path."""
 
     split_k: int
     block_m: int = 16
@@ -386,6 +492,7 @@ class ClusterConfig:
     num_warps: int = 4
     stages: int = 0
     chains: int = 1
+    producer: bool = False
 
     def __post_init__(self) -> None:
         if self.split_k not in (1, 2, 4, 8, 16):
@@ -398,6 +505,11 @@ class ClusterConfig:
                 raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
         if not isinstance(self.stages, int) or self.stages < 0:
             raise ValueError(f"config.stages: expected an int >= 0, got {self.stages!r}")
+        if not isinstance(self.producer, bool):
+            raise TypeError(f"config.producer: expected a bool, got {self.producer!r}")
+        if self.producer and self.num_warps % 4:
+            raise ValueError(f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, "
+                             f"got {self.num_warps}")
         if self.chains not in (1, 2, 4):
             raise ValueError(f"config.chains: expected 1, 2 or 4, got {self.chains!r}")
 
@@ -445,8 +557,8 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
     """The config with the least :func:`_estimate` among S = 16 or 8 (fewer where a split would be under
     two K steps) and tiles of 16, 32 or 64 rows and columns (8 columns where N <= 16), no larger than M and N
     need; ties go to the config that reads the fewest bytes (larger tiles re-read less of A and B). Four
-    accumulator chains (two where a warp's share of the tile is large), every K step in flight where shared
-    memory holds them."""
+    accumulator chains (two on tiles over 32 x 32), every K step in flight where shared memory holds them,
+    a producer warp issuing the copies beside 4 multiplying warps (8 on 64 x 64 tiles)."""
     esize = torch.empty((), dtype=dtype).element_size()
     bk = 32 if dtype == torch.float32 else 64
     best = None
@@ -457,10 +569,9 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
             for bn in (8, 16, 32, 64):
                 if (bm > 16 and bm // 2 >= m) or (bn > 16 and bn // 2 >= n) or (bn == 8 and n > 16):
                     continue
-                warps = 4 if bm * bn >= 32 * 32 else 2
-                per_thread = bm * bn // (32 * warps)
-                cfg = ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
-                                    chains=4 if per_thread <= 8 else 2)
+                cfg = ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
+                                    num_warps=8 if bm * bn >= 64 * 64 else 4,
+                                    chains=4 if bm * bn <= 32 * 32 else 2, producer=True)
                 reads = _cdiv(m, bm) * _cdiv(n, bn) * (bm + bn)
                 score = (_estimate(m, n, k, esize, sm_count, cfg), reads)
                 if best is None or score < best[0]:
@@ -472,10 +583,11 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
 
 def _warps(cfg: ClusterConfig) -> tuple[int, int]:
     """(warps along M, along N) for the MMA layout: M first (16 rows per warp), the rest along N (8 columns
-    per warp at least)."""
+    per warp at least). A warp-specialized kernel keeps all num_warps (a multiple of 4): on a tile smaller
+    than they cover, warps hold copies of the same values."""
     wm = min(cfg.num_warps, cfg.block_m // 16)
     wn = cfg.num_warps // wm
-    while wn > 1 and wn * 8 > cfg.block_n:
+    while wn > 1 and wn * 8 > cfg.block_n and not cfg.producer:
         wn //= 2
     return wm, wn
 
@@ -532,7 +644,7 @@ def constexprs(n: int, k: int, dtype: torch.dtype, cfg: ClusterConfig, b_kn: boo
     sl = _slice(cfg)
     return {"N": n, "KPS": k_per_split(k, cfg), "S": cfg.split_k, "BLOCK_M": cfg.block_m,
             "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize),
-            "CHAINS": cfg.chains, "B_KN": b_kn,
+            "CHAINS": cfg.chains, "PRODUCER": cfg.producer, "B_KN": b_kn,
             "FMA": fma, "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
             "PRECISION": "ieee" if fma else "tf32", "WARPS_M": wm, "WARPS_N": wn, "SL": sl,
             "SLP": max(32, _pow2(sl)), "HAS_BIAS": has_bias, "EPILOGUE": int(epilogue)}
