@@ -307,8 +307,10 @@ def time_grouped(dev):
     e, k, n = 8, 4096, 14336
     g = torch.Generator(device=dev).manual_seed(0)
     w = (torch.randn(e, n, k, device=dev, generator=g) / 16).to(torch.bfloat16)
-    configs = [G.ClusterGroupedConfig(), G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=3),
-               G.ClusterGroupedConfig(block_n=256, stages=3), G.ClusterGroupedConfig(stages=6)]
+    configs = [G.ClusterGroupedConfig(), G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4),
+               G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3),
+               G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4),
+               G.ClusterGroupedConfig(block_n=256, stages=4)]
     for rows in (2048, 4096, 8192, 16384):
         if elapsed() > DEADLINE_S + 50:
             GROUPED.append({"rows": rows, "status": "skipped: time budget"})
@@ -371,11 +373,14 @@ def time_swiglu(dev, e, k, i, rows=8192):
         gu = x[r0:r1].float() @ w[j].float().t()
         ref[r0:r1] = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
     base = {"E": e, "K": k, "N": 2 * i, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
+    big = G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4)
     for name, cfg, call in (
             ("grouped_mm_swiglu", "",
              lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
             ("cluster-multicast-swiglu", dataclasses.asdict(G.ClusterGroupedConfig()),
-             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False))):
+             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
+            ("cluster-multicast-swiglu", dataclasses.asdict(big),
+             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False, config=big))):
         row = dict(base, contender=name, config=str(cfg))
         try:
             got = call()

@@ -7,11 +7,12 @@ step, so it is loaded once: the cluster's lead CTA issues one TMA copy with ``.m
 lands in both CTAs' shared memory and signals both CTAs' barriers; each CTA copies its own x rows. The weight
 tile crosses L2 once for two SMs (what CUTLASS's 2x1x1 clusters do).
 
-Per K step, ring slot s: each CTA waits for its slot (its ``ready`` barrier counts its x box and the whole
-weight box), multiplies on the tensor cores (``wgmma``), and both CTAs arrive on the lead's ``empty``
-barrier of the slot (a barrier of the pair: the lead waits on it). The next copy into slot s is issued after
-that: by each CTA for its x rows (it has read the slot itself), by the lead for the weight tile once both
-have (it writes into both CTAs' slots). A cluster barrier at the end keeps either CTA from exiting while the
+Per K step i, ring slot s: each CTA waits for its slot (its ``ready`` barrier counts its x box and the whole
+weight box) and issues its ``wgmma`` asynchronously; once step i - 1's wgmma has finished (one group stays
+in flight), both CTAs arrive on the lead's ``empty`` barrier of step i - 1's slot (a barrier of the pair:
+the lead waits on it), and the next copy into that slot is issued while step i multiplies: by each CTA for
+its x rows (it has read the slot itself), by the lead for the weight tile once both have (it writes into
+both CTAs' slots). A cluster barrier at the end keeps either CTA from exiting while the
 other may still signal it.
 
 The map from cluster to (expert, row pair, column tile) is computed in-kernel from the group offsets, as in
@@ -44,6 +45,7 @@ try:
         mbarrier,
         tma,
         warpgroup_mma,
+        warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -217,10 +219,11 @@ if gluon is not None:
 
     @gluon.jit
     def _wgmma(a_smem, w_smem, acc, W_KN: gl.constexpr):
+        """Issues the K step's wgmma and returns at once (the caller waits with warpgroup_mma_wait)."""
         if W_KN:
-            acc = warpgroup_mma(a_smem, w_smem, acc)
+            acc = warpgroup_mma(a_smem, w_smem, acc, is_async=True)
         else:
-            acc = warpgroup_mma(a_smem, w_smem.permute((1, 0)), acc)
+            acc = warpgroup_mma(a_smem, w_smem.permute((1, 0)), acc, is_async=True)
         return acc
 
     @gluon.jit
@@ -271,6 +274,7 @@ if gluon is not None:
             acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
             if SWIGLU:
                 acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+            # step i's wgmma runs while step i - 1's slot is handed back and refilled (one group in flight)
             for i in range(steps):
                 s = i % STAGES
                 ph = (i // STAGES) & 1
@@ -278,15 +282,25 @@ if gluon is not None:
                 acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
                 if SWIGLU:
                     acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
-                gl.barrier()  # every warp of this CTA has read slot s ...
-                _empty_arrive(lanes, 8 * s - XB)  # ... which thread 0 tells the lead
-                nxt = i + STAGES
-                refill = nxt < steps
-                _empty_wait(lanes, 8 * s - XB, ph, refill.to(gl.int32))  # the lead: both CTAs have
-                mbarrier.expect(ready.index(s), nbytes, pred=refill)
-                _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(s), a_bufs.index(s), pred=refill)
-                _w_copies(w_desc, w_bufs.index(s), u_bufs.index(s), ready.index(s), expert, nxt * BLOCK_K,
-                          col0, N, K, W_KN, SWIGLU, refill)
+                    acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if i > 0:  # step i - 1's wgmma (slot p) is done in this warp group
+                    p = (i - 1) % STAGES
+                    pph = ((i - 1) // STAGES) & 1
+                    gl.barrier()  # ... and in every warp group of this CTA ...
+                    _empty_arrive(lanes, 8 * p - XB)  # ... which thread 0 tells the lead
+                    nxt = i - 1 + STAGES
+                    refill = nxt < steps
+                    _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32))  # the lead: both CTAs have
+                    mbarrier.expect(ready.index(p), nbytes, pred=refill)
+                    _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
+                    _w_copies(w_desc, w_bufs.index(p), u_bufs.index(p), ready.index(p), expert,
+                              nxt * BLOCK_K, col0, N, K, W_KN, SWIGLU, refill)
+            if SWIGLU:
+                acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             rows = row0 + gl.arange(0, PAIR, layout=gl.SliceLayout(1, acc_layout))
             cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
             if HAS_SCALE:
