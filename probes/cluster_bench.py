@@ -129,7 +129,10 @@ def run_checks(dev):
                                   chains=4, producer=True)),
                               (f"S={s},chains=2,ring", C.ClusterConfig(
                                   split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2, stages=2,
-                                  chains=2))):
+                                  chains=2)),
+                              (f"S={s},producer,clusters=4", C.ClusterConfig(
+                                  split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, chains=4,
+                                  producer=True, clusters=4))):
                 check(name, rnd(20, 5000, dtype=dtype), rnd(5000, 40, dtype=dtype), Epilogue.RELU,
                       rnd(40, dtype=dtype), out=torch.empty(20, 40, device=dev, dtype=dtype), config=cfg)
         if dtype == torch.float32:
@@ -150,15 +153,22 @@ def run_checks(dev):
     except Exception as e:  # noqa: BLE001
         CHECKS.append({"check": "bitwise-100", "status": f"error: {e!r}"[:300]})
 
-    # CUDA graph: 20 replays, new inputs copied into the captured buffers each time
+    # CUDA graph: 20 replays, new inputs copied into the captured buffers each time (the heuristic config,
+    # and 4 clusters per tile: the counters go back to zero in each replay)
+    for gcfg in (None, C.ClusterConfig(split_k=16, block_m=16, block_n=16, num_warps=4, chains=4, producer=True,
+                                       clusters=4)):
+        graph_check(dev, rnd, gcfg)
+
+
+def graph_check(dev, rnd, cfg):
     try:
         x, w = rnd(7, 7168, dtype=torch.bfloat16), rnd(256, 7168, dtype=torch.bfloat16)
         out = torch.empty(7, 256, device=dev, dtype=torch.bfloat16)
-        C.matmul(x, w.t(), epilogue="relu", out=out)  # warm-up (compile, plan) outside capture
+        C.matmul(x, w.t(), epilogue="relu", out=out, config=cfg)  # warm-up (compile, plan) outside capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            C.matmul(x, w.t(), epilogue="relu", out=out)
+            C.matmul(x, w.t(), epilogue="relu", out=out, config=cfg)
         worst = 0.0
         for _ in range(20):
             x.copy_(rnd(7, 7168, dtype=torch.bfloat16))
@@ -170,9 +180,9 @@ def run_checks(dev):
             worst = e if math.isnan(e) else max(worst, e)
         ok = not math.isnan(worst) and worst <= TOL[torch.bfloat16]
         CHECKS.append({"check": "graph-20", "m": 7, "n": 256, "k": 7168, "rel_err": worst,
-                       "status": "ok" if ok else "WRONG"})
+                       "config": str(cfg), "status": "ok" if ok else "WRONG"})
     except Exception as e:  # noqa: BLE001
-        CHECKS.append({"check": "graph-20", "status": f"error: {e!r}"[:300]})
+        CHECKS.append({"check": "graph-20", "config": str(cfg), "status": f"error: {e!r}"[:300]})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -211,8 +221,8 @@ SWEEP_CELLS |= {("router", t, 256, 7168) for t in (1, 16, 64, 256)}
 def sweep(kind, m, n, k):
     """The heuristic config first; on the sweep's cells (4 M = N x 3 K of the grid, the router at T = 1, 16,
     64, 256) then its knobs one at a time (no producer warp; one accumulator chain; a ring of 4 or 8 slots
-    instead of every step in flight, so more CTAs share an SM; the other chain count) and other S and
-    tiles."""
+    instead of every step in flight, so more CTAs share an SM; the other chain count; 2 or 4 clusters per
+    tile, combined through a workspace) and other S and tiles."""
     h = C.heuristic_config(m, n, k, torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [h]
     if (kind, m, n, k) not in SWEEP_CELLS:
@@ -220,6 +230,7 @@ def sweep(kind, m, n, k):
     rp = dataclasses.replace
     out += [rp(h, producer=False, num_warps=2 if h.block_m * h.block_n < 1024 else 4), rp(h, chains=1),
             rp(h, stages=4), rp(h, stages=8), rp(h, chains=2 if h.chains == 4 else 4)]
+    out += [rp(h, clusters=c) for c in (2, 4) if k >= 2 * h.split_k * c * h.block_k]
     for s, bm, bn in ((16, 16, 16), (16, 16, 8), (16, 32, 32), (16, 16, 64), (16, 16, 32), (8, 16, 32),
                       (8, 32, 32)):
         if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < 2 * s * 64 or (bn == 8 and n > 64):
@@ -227,7 +238,7 @@ def sweep(kind, m, n, k):
         c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=True)
         if c not in out:
             out.append(c)
-    return out[:10]
+    return out[:12]
 
 
 def time_shape(kind, m, n, k, seed_mod, seed_best, dev):

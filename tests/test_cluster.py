@@ -44,14 +44,16 @@ def compile_variants():
     ring = itertools.cycle((0, 2, 0, 4))
     chains = itertools.cycle((1, 2, 4))
     producer = itertools.cycle((False, True, True, False, True))
+    groups = itertools.cycle((1, 2, 1, 4, 1, 1, 2))
     for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
         s = next(sizes)
         bk = 32 if dt in ("fp32", "tf32") else 64
         bm, bn = ((16, 32), (32, 16), (64, 64), (16, 8))[(s + int(epi) + int(bias)) % 4]
         cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring),
-                              chains=next(chains), producer=next(producer))
+                              chains=next(chains), producer=next(producer), clusters=next(groups))
         name = f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}"
-        yield name + ("-producer" if cfg.producer else ""), dt, 48, 1000 + 7 * s, cfg, kn, epi, bias
+        name += ("-producer" if cfg.producer else "") + (f"-G{cfg.clusters}" if cfg.clusters > 1 else "")
+        yield name, dt, 48, 1000 + 7 * s * cfg.clusters, cfg, kn, epi, bias
 
 
 EXPECT_TX = r"expect_tx\.shared::cta\.b64 _, \[%r\d+\], (\d+);"
@@ -75,6 +77,8 @@ def ptx_facts(ptx: str) -> dict:
         "expect_bytes": sorted({int(b) for b in re.findall(EXPECT_TX, ptx)}),
         "mma": len(re.findall(r"mma\.sync", ptx)),
         "fma": len(re.findall(r"fma\.rn\.f32", ptx)),
+        "atom": re.findall(r"atom\.global\.[\w.]+", ptx),
+        "ld_cg": len(re.findall(r"ld\.global\.cg", ptx)),
     }
 
 
@@ -144,7 +148,8 @@ def _compile_main(shard: int, shards: int) -> int:
     for i, (name, dt, n, k, cfg, kn, epi, bias) in enumerate(compile_variants()):
         if i % shards != shard:
             continue
-        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0, "producer": cfg.producer}
+        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0, "producer": cfg.producer,
+               "clusters": cfg.clusters}
         try:
             ck = C.compile_sm90(DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias,
                                 allow_tf32=dt == "tf32")
@@ -286,6 +291,10 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
             assert f["ctarank"] >= 1 and f["clusterid"] == 1 and f["dyn_smem"] > 0, r
         else:
             assert f["reqnctapercluster"] == 0 and f["mapa"] == 0 and f["arrive"] == 0 and f["wait"] == 0, r
+        if r["clusters"] > 1:  # one counter increment (acq_rel, GPU scope); the clusters' rows read past L1
+            assert f["atom"] == ["atom.global.gpu.acq_rel.add.u32"] and f["ld_cg"] >= r["clusters"], r
+        else:
+            assert f["atom"] == [] and f["ld_cg"] == 0, r
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -360,6 +369,14 @@ def test_bad_input_names_the_argument(device):
         C.matmul(a, b, config={"split_k": 2, "block_k": 64})
     with pytest.raises(ValueError, match="config.chains"):
         C.matmul(a, b, config={"split_k": 2, "chains": 8})
+    with pytest.raises(ValueError, match="config.clusters"):
+        C.matmul(a, b, config={"split_k": 2, "clusters": 3})
+    with pytest.raises(ValueError, match="config.clusters"):  # 16 x 8 splits of K = 64
+        C.matmul(a, b, config={"split_k": 16, "block_k": 16, "clusters": 8})
+    with pytest.raises(ValueError, match="config.num_warps"):
+        C.matmul(a, b, config={"split_k": 2, "num_warps": 2, "producer": True})
+    with pytest.raises(TypeError, match="config.producer"):
+        C.matmul(a, b, config={"split_k": 2, "num_warps": 4, "producer": 1})
     with pytest.raises(TypeError, match="config"):
         C.matmul(a, b, config=(2, 16))
     with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
@@ -420,11 +437,12 @@ def test_split_boundaries_cover_k_once():
     """K per split is a whole number of BLOCK_K steps and the S splits cover [0, K) (the last ones may run
     past K: TMA reads zeros there), so no element of K is summed twice or missed."""
     for k in (1, 63, 64, 1000, 3000, 7168, 8191, 32768):
-        for s in (1, 2, 4, 8, 16):
-            cfg = C.ClusterConfig(split_k=s, block_k=64)
+        for s, cg in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8)):
+            cfg = C.ClusterConfig(split_k=s, block_k=64, clusters=cg)
             kps = C.k_per_split(k, cfg)
-            assert kps % 64 == 0 and kps < -(-k // s) + 64, (k, s, kps)
-            assert sum(max(0, min(k, (r + 1) * kps) - r * kps) for r in range(s)) == k, (k, s, kps)
+            assert kps % 64 == 0 and kps < -(-k // (s * cg)) + 64, (k, s, kps)
+            # CTA r of cluster g of a tile starts at (g * S + r) * kps
+            assert sum(max(0, min(k, (j + 1) * kps) - j * kps) for j in range(s * cg)) == k, (k, s, cg, kps)
 
 
 def test_exchange_area_fits_the_budget():
@@ -514,16 +532,18 @@ def test_gpu_grid_and_router(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_chains_stages_and_producer(dtype):
     """Every accumulator-chain count, a ring shorter than the K steps (whole groups and a tail) or one slot
-    per step, with and without the producer warp, on K tails and both layouts of b."""
+    per step, with and without the producer warp, 1 to 8 clusters per tile (each launch twice: the counters
+    must be back at zero), on K tails and both layouts of b."""
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(11)
     bk = 32 if dtype == torch.float32 else 64
     cfgs = [C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st, chains=ch,
-                            producer=pr)
-            for s, bm, bn, nw, st, ch, pr in [(1, 16, 16, 2, 4, 4, False), (4, 16, 32, 2, 0, 2, False),
-                                              (16, 16, 8, 4, 0, 4, True), (8, 32, 32, 4, 4, 4, True),
-                                              (16, 16, 16, 4, 8, 2, True), (2, 64, 64, 8, 6, 2, True),
-                                              (16, 32, 16, 4, 0, 1, True), (8, 16, 16, 2, 2, 1, False)]]
+                            producer=pr, clusters=cg)
+            for s, bm, bn, nw, st, ch, pr, cg in [
+                (1, 16, 16, 2, 4, 4, False, 1), (4, 16, 32, 2, 0, 2, False, 1), (16, 16, 8, 4, 0, 4, True, 1),
+                (8, 32, 32, 4, 4, 4, True, 1), (16, 16, 16, 4, 8, 2, True, 1), (2, 64, 64, 8, 6, 2, True, 1),
+                (16, 32, 16, 4, 0, 1, True, 1), (8, 16, 16, 2, 2, 1, False, 1), (16, 16, 8, 4, 0, 4, True, 4),
+                (8, 16, 32, 2, 4, 2, False, 2), (1, 32, 16, 4, 0, 4, True, 8), (4, 64, 64, 8, 0, 2, True, 2)]]
     for (m, n, k), kn in itertools.product([(24, 40, 4100), (1, 256, 7168), (64, 64, 20480 + 8)],
                                            (True, False)):
         a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
@@ -531,18 +551,21 @@ def test_gpu_chains_stages_and_producer(dtype):
              else torch.randn(n, k, device="cuda", generator=g).to(dtype).t())
         for cfg in cfgs:
             assert C.plan(a, b, epilogue="relu", config=cfg) is not None, cfg
-            got = C.matmul(a, b, epilogue="relu", config=cfg, out=poisoned((m, n), dtype, "cuda"))
-            assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} kn={kn} {cfg}")
+            for rep in range(2 if cfg.clusters > 1 else 1):
+                got = C.matmul(a, b, epilogue="relu", config=cfg, out=poisoned((m, n), dtype, "cuda"))
+                assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} kn={kn} {cfg} launch {rep}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("s,producer", [(2, False), (8, True), (16, False), (16, True)])
-def test_gpu_bitwise_identical_over_100_repeats(s, producer):
+@pytest.mark.parametrize("s,producer,clusters", [(2, False, 1), (8, True, 1), (16, False, 1), (16, True, 1),
+                                                (16, True, 4), (4, False, 2)])
+def test_gpu_bitwise_identical_over_100_repeats(s, producer, clusters):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(s)
     a = torch.randn(64, 32768, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(32768, 64, device="cuda", generator=g).to(torch.bfloat16)
-    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16, num_warps=4, chains=4, producer=producer)
+    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16, num_warps=4, chains=4, producer=producer,
+                          clusters=clusters)
     first = C.matmul(a, b, epilogue="relu", config=cfg)
     for i in range(100):
         assert torch.equal(C.matmul(a, b, epilogue="relu", config=cfg), first), f"repeat {i} differs"
@@ -550,18 +573,20 @@ def test_gpu_bitwise_identical_over_100_repeats(s, producer):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_20_replays_with_new_inputs():
+@pytest.mark.parametrize("config", [None, {"split_k": 16, "block_m": 16, "block_n": 16, "num_warps": 4,
+                                           "chains": 4, "producer": True, "clusters": 4}], ids=["heuristic", "G4"])
+def test_gpu_cuda_graph_20_replays_with_new_inputs(config):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(7)
     x = torch.randn(7, 7168, device="cuda", generator=g).to(torch.bfloat16)
     w = torch.randn(256, 7168, device="cuda", generator=g).to(torch.bfloat16)
     bias = torch.randn(256, device="cuda", generator=g).to(torch.bfloat16)
     out = torch.empty(7, 256, device="cuda", dtype=torch.bfloat16)
-    C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out)  # compiles and plans outside capture
+    C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out, config=config)  # compiles, plans outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out)
+        C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out, config=config)
     for i in range(20):
         x.copy_(torch.randn(7, 7168, device="cuda", generator=g))
         w.copy_(torch.randn(256, 7168, device="cuda", generator=g))
@@ -570,7 +595,7 @@ def test_gpu_cuda_graph_20_replays_with_new_inputs():
         graph.replay()
         torch.cuda.synchronize()
         assert_close_to_ref(out, _ref(x, w.t(), "sigmoid", bias), 7168, f"replay {i}")
-        eager = C.matmul(x, w.t(), epilogue="sigmoid", bias=bias)
+        eager = C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, config=config)
         assert torch.equal(eager, out), f"replay {i} differs from an eager call"
 
 

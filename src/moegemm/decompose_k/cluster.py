@@ -272,9 +272,9 @@ if gluon is not None:
 
     @gluon.jit
     def _cluster_dk_kernel(
-        a_desc, b_desc, c_ptr, bias_ptr,
+        a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, cnt_ptr,
         M, stride_cm, stride_cn,
-        N: gl.constexpr, KPS: gl.constexpr, S: gl.constexpr,
+        N: gl.constexpr, KPS: gl.constexpr, S: gl.constexpr, CG: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
         CHAINS: gl.constexpr, PRODUCER: gl.constexpr,
         B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr,
@@ -318,9 +318,14 @@ if gluon is not None:
         else:
             tile = gl.program_id(0)
         tiles_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+        if CG > 1:  # CG clusters per tile, cluster g taking K splits g * S ... g * S + S - 1
+            g = tile % CG
+            tile = tile // CG
+            k0 = (g * S + rank) * KPS
+        else:
+            k0 = rank * KPS
         row0 = (tile // tiles_n) * BLOCK_M
         col0 = (tile % tiles_n) * BLOCK_N
-        k0 = rank * KPS
         nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
         # prologue: fill every slot (boxes past K, M or N read zeros)
@@ -421,6 +426,9 @@ if gluon is not None:
                 acc = acc + (acc2 + acc3)
 
         # element e = m * BLOCK_N + n of the tile belongs to CTA e // SL, at column e % SL of its area
+        # (rows of out2: CTA r holds row r; stores of a tensor whose layout has zero CTA bases are left to the
+        # lead CTA alone)
+        out2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, NW], [1, 0], cga_layout=CGA_ROWS)
         if S > 1:
             m = gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)), 1)
             n = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), 0)
@@ -431,9 +439,6 @@ if gluon is not None:
             _push(acc, off, owner)
             cluster.arrive()  # release: this CTA's remote stores ...
             cluster.wait()  # ... and every other's, acquired
-            # the slice in a layout sharded over the cluster: CTA r holds row r (stores of a tensor whose
-            # layout has zero CTA bases are left to the lead CTA alone)
-            out2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, NW], [1, 0], cga_layout=CGA_ROWS)
             me = gl.expand_dims(gl.arange(0, S, layout=gl.SliceLayout(1, out2)), 1)  # = rank in CTA rank
             i = gl.expand_dims(gl.arange(0, SLP, layout=gl.SliceLayout(0, out2)), 0)
             ic = gl.where(i < SL, i, 0)  # lanes past the slice read a valid word; their store is masked
@@ -441,15 +446,43 @@ if gluon is not None:
             for src in gl.static_range(S):  # rank order: the same sum on every run
                 total += _pull((src * SL + ic) * 4 - XBYTES)
             e1 = me * SL + i
-            live = (i < SL) & (e1 < BLOCK_M * BLOCK_N)
+            inside = i < SL
+            live = inside & (e1 < BLOCK_M * BLOCK_N)
             rows = row0 + e1 // BLOCK_N
             cols = col0 + e1 % BLOCK_N
         else:
             total = acc
-            rows = row0 + gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)), 1)
-            cols = col0 + gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), 0)
-            live = True
+            m = gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)), 1)
+            n = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout)), 0)
+            e1 = m * BLOCK_N + n
+            inside = e1 >= 0
+            live = inside
+            rows = row0 + m
+            cols = col0 + n
         ok = live & (rows < M) & (cols < N)
+        if CG > 1:
+            # this cluster's sums of the tile into the workspace (row g of the tile's CG rows), then the
+            # counter of (tile, rank); the CTA that counts last (of the CG holding this slice) sums the CG
+            # rows in cluster order (the same sum whichever cluster ends last), stores, and sets the
+            # counter back to zero for the next launch
+            TE: gl.constexpr = S * SL
+            base = ws_ptr + tile.to(gl.int64) * (CG * TE)
+            gl.store(base + g * TE + e1, total, mask=inside)
+            gl.barrier()  # every thread's store before the release below
+            lane = gl.expand_dims(gl.arange(0, 32 * NW, layout=gl.SliceLayout(0, out2)), 0)
+            mine = gl.expand_dims(gl.arange(0, S, layout=gl.SliceLayout(1, out2)), 1)  # = rank
+            first = (lane == 0) & (mine >= 0)
+            cnt = cnt_ptr + tile * S + mine + lane * 0
+            old = gl.atomic_add(cnt, gl.full([S, 32 * NW], 1, gl.int32, out2), mask=first, sem="acq_rel",
+                                scope="gpu")
+            last = gl.expand_dims(gl.max(gl.where(first, old, -1), axis=1), 1) == CG - 1  # [S, 1]
+            gl.store(cnt, gl.zeros([S, 32 * NW], gl.int32, out2), mask=first & last)
+            if S == 1:
+                last = gl.max(gl.max(gl.where(first, old, -1), axis=1), axis=0) == CG - 1
+            total = gl.load(base + e1, mask=inside & last, other=0.0, cache_modifier=".cg")
+            for q in gl.static_range(1, CG):
+                total += gl.load(base + q * TE + e1, mask=inside & last, other=0.0, cache_modifier=".cg")
+            ok = ok & last
         if HAS_BIAS:
             total = total + gl.load(bias_ptr + cols, mask=ok, other=0.0).to(gl.float32)
         if EPILOGUE == 1:  # NaN propagates, as in torch.relu
@@ -483,7 +516,9 @@ class ClusterConfig:
     (0: as many as the shared-memory budget allows, at most one per K step); chains: independent
     accumulators (1, 2 or 4), whose MMAs interleave: K step i adds into chain i % chains; producer: one more
     warp issues every TMA copy (warp-specialized) while the num_warps warps multiply, so no copy and no
-    barrier it needs lies on their path."""
+    barrier it needs lies on their path; clusters: clusters per output tile (K split over S * clusters
+    CTAs), each reducing through its shared memory, then the last to finish summing the clusters' partials
+    from a workspace in cluster order."""
 
     split_k: int
     block_m: int = 16
@@ -493,6 +528,7 @@ class ClusterConfig:
     stages: int = 0
     chains: int = 1
     producer: bool = False
+    clusters: int = 1
 
     def __post_init__(self) -> None:
         if self.split_k not in (1, 2, 4, 8, 16):
@@ -510,6 +546,8 @@ class ClusterConfig:
         if self.producer and self.num_warps % 4:
             raise ValueError(f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, "
                              f"got {self.num_warps}")
+        if self.clusters not in (1, 2, 4, 8):
+            raise ValueError(f"config.clusters: expected 1, 2, 4 or 8, got {self.clusters!r}")
         if self.chains not in (1, 2, 4):
             raise ValueError(f"config.chains: expected 1, 2 or 4, got {self.chains!r}")
 
@@ -603,7 +641,7 @@ def exchange_bytes(cfg: ClusterConfig) -> int:
 def k_per_split(k: int, cfg: ClusterConfig) -> int:
     """K per CTA: a whole number of BLOCK_K steps (the last split may be shorter, or empty: boxes past K read
     zeros)."""
-    return _cdiv(_cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    return _cdiv(_cdiv(k, cfg.split_k * cfg.clusters), cfg.block_k) * cfg.block_k
 
 
 def _stage_bytes(cfg: ClusterConfig, esize: int) -> int:
@@ -642,7 +680,7 @@ def constexprs(n: int, k: int, dtype: torch.dtype, cfg: ClusterConfig, b_kn: boo
     fma = dtype == torch.float32 and not allow_tf32
     wm, wn = _warps(cfg)
     sl = _slice(cfg)
-    return {"N": n, "KPS": k_per_split(k, cfg), "S": cfg.split_k, "BLOCK_M": cfg.block_m,
+    return {"N": n, "KPS": k_per_split(k, cfg), "S": cfg.split_k, "CG": cfg.clusters, "BLOCK_M": cfg.block_m,
             "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize),
             "CHAINS": cfg.chains, "PRODUCER": cfg.producer, "B_KN": b_kn,
             "FMA": fma, "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
@@ -662,7 +700,8 @@ def compile_sm90(dtype: torch.dtype, n: int, k: int, cfg: ClusterConfig, *, b_kn
     t = _SIG[dtype]
     sig = {"a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
            "b_desc": f"tensordesc<{t}[{box_b[0]},{box_b[1]}],{lb!r}>",
-           "c_ptr": f"*{t}", "bias_ptr": f"*{t}", "M": "i32", "stride_cm": "i32", "stride_cn": "i32"}
+           "c_ptr": f"*{t}", "bias_ptr": f"*{t}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
+           "stride_cm": "i32", "stride_cn": "i32"}
     sig.update({name: "constexpr" for name in c})
     return triton.compile(GluonASTSource(fn=_cluster_dk_kernel, signature=sig, constexprs=c),
                           target=GPUTarget("cuda", 90, 32),
@@ -716,6 +755,8 @@ class ClusterPlan:
     grid: int
     shared: int             # dynamic shared memory per CTA: Triton's + the exchange area
     max_clusters: int       # clusters of this kernel the GPU holds at once (0: it cannot launch)
+    ws: torch.Tensor = None   # clusters > 1: each tile's partial sums, one row per cluster (fp32)
+    cnt: torch.Tensor = None  # clusters > 1: per (tile, rank) the clusters done; back to zero after each launch
     _run: object = None
     _function: object = None
     _packed: tuple = ()
@@ -734,8 +775,8 @@ class ClusterPlan:
 
         da, db = self.descriptors(a, b)
         self._run(self.grid, 1, 1, raw_stream(self.device.index), self._function, self._packed, None, None,
-                  None, da, db, out, out if bias is None else bias, self.m, out.stride(0), out.stride(1),
-                  *self._tail)
+                  None, da, db, out, out if bias is None else bias, self.ws, self.cnt, self.m, out.stride(0),
+                  out.stride(1), *self._tail)
         return out
 
 
@@ -797,13 +838,19 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
     n = b.shape[1]
     c = constexprs(n, k, a.dtype, cfg, b_kn, epilogue, bias is not None, allow_tf32)
     la, lb, box_a, box_b = _layouts(a.dtype, cfg, b_kn)
-    grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+    grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.clusters
     p = ClusterPlan(config=cfg, epilogue=epilogue, m=m, n=n, k=k, dtype=a.dtype, device=a.device, b_kn=b_kn,
                     a_geom=a_io, b_geom=b_io, boxes=(tuple(box_a), tuple(box_b)), layouts=(la, lb), grid=grid,
                     shared=0, max_clusters=0)
+    tiles = grid // cfg.clusters
+    # the workspace and the counters (zero: each launch leaves them so) belong to the plan; a dummy word each
+    # where the kernel has one cluster per tile
+    p.ws = torch.empty(tiles * cfg.clusters * cfg.split_k * _slice(cfg) if cfg.clusters > 1 else 1,
+                       dtype=torch.float32, device=a.device)
+    p.cnt = torch.zeros(tiles * cfg.split_k if cfg.clusters > 1 else 1, dtype=torch.int32, device=a.device)
     probe = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     da, db = p.descriptors(a, b)
-    compiled = _cluster_dk_kernel.warmup(da, db, probe, bias if bias is not None else probe, m,
+    compiled = _cluster_dk_kernel.warmup(da, db, probe, bias if bias is not None else probe, p.ws, p.cnt, m,
                                          probe.stride(0), probe.stride(1), grid=(grid,),
                                          num_warps=c["WARPS_M"] * c["WARPS_N"], num_ctas=cfg.split_k, **c)
     if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
@@ -831,6 +878,9 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     n = b.shape[1]
     if config is not None and config.split_k > 1 and k < config.split_k:
         raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {config.split_k}")
+    if config is not None and config.clusters > 1 and k < config.split_k * config.clusters:
+        raise ValueError(f"config.clusters: expected split_k * clusters <= K={k}, got "
+                         f"{config.split_k} * {config.clusters}")
     p = None
     if m > 0 and n > 0 and k > 0:
         p = make_plan(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)
