@@ -126,13 +126,13 @@ def run_checks(dev):
                                                          num_warps=2)),
                               (f"S={s},producer,chains=4,ring", C.ClusterConfig(
                                   split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, stages=4,
-                                  chains=4, producer=True)),
+                                  chains=4, producer=False)),
                               (f"S={s},chains=2,ring", C.ClusterConfig(
                                   split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2, stages=2,
                                   chains=2)),
                               (f"S={s},producer,clusters=4", C.ClusterConfig(
                                   split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, chains=4,
-                                  producer=True, clusters=4))):
+                                  producer=False, clusters=4))):
                 check(name, rnd(20, 5000, dtype=dtype), rnd(5000, 40, dtype=dtype), Epilogue.RELU,
                       rnd(40, dtype=dtype), out=torch.empty(20, 40, device=dev, dtype=dtype), config=cfg)
         if dtype == torch.float32:
@@ -155,7 +155,7 @@ def run_checks(dev):
 
     # CUDA graph: 20 replays, new inputs copied into the captured buffers each time (the heuristic config,
     # and 4 clusters per tile: the counters go back to zero in each replay)
-    for gcfg in (None, C.ClusterConfig(split_k=16, block_m=16, block_n=16, num_warps=4, chains=4, producer=True,
+    for gcfg in (None, C.ClusterConfig(split_k=16, block_m=16, block_n=16, num_warps=4, chains=4, producer=False,
                                        clusters=4)):
         graph_check(dev, rnd, gcfg)
 
@@ -235,7 +235,7 @@ def sweep(kind, m, n, k):
                       (8, 32, 32)):
         if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < 2 * s * 64 or (bn == 8 and n > 64):
             continue
-        c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=True)
+        c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=False)
         if c not in out:
             out.append(c)
     return out[:12]

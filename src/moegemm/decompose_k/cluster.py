@@ -608,8 +608,8 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
                 if (bm > 16 and bm // 2 >= m) or (bn > 16 and bn // 2 >= n) or (bn == 8 and n > 16):
                     continue
                 cfg = ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                    num_warps=8 if bm * bn >= 64 * 64 else 4,
-                                    chains=4 if bm * bn <= 32 * 32 else 2, producer=True)
+                                    num_warps=2 if bm * bn < 32 * 32 else 4,
+                                    chains=4 if bm * bn <= 32 * 32 else 2, producer=False)
                 reads = _cdiv(m, bm) * _cdiv(n, bn) * (bm + bn)
                 score = (_estimate(m, n, k, esize, sm_count, cfg), reads)
                 if best is None or score < best[0]:
