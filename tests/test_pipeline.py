@@ -1,5 +1,6 @@
 """The pipeline without a GPU: DAG shape on CPU and with (fake) GPUs, GPU pinning, paper build,
-no hand-typed numbers, and the Dockerfile checked statically."""
+no hand-typed numbers, and the Dockerfile checked statically. Snakemake runs in a copy of the checkout
+(conftest.copy_checkout), never in the checkout itself."""
 
 from __future__ import annotations
 
@@ -13,31 +14,27 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import SNAKEMAKE_GROUP, job_counts, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("snakemake")
 pytestmark = pytest.mark.pipeline
+in_snakemake_group = pytest.mark.xdist_group(SNAKEMAKE_GROUP)
 
 
-def _snake(*args, env_extra=None, timeout=600):
-    env = {**os.environ, **(env_extra or {})}
-    env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def _snake(tree: Path, *args, env_extra=None, timeout=600):
+    """Snakemake in ``tree`` (a copy of the checkout, from the tree_copy fixture)."""
+    assert tree != ROOT, "Snakemake runs in a copy of the checkout, never in it"
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=tree, capture_output=True,
+                          text=True, timeout=timeout, env=snakemake_env(**(env_extra or {})), check=False)
 
 
-def _job_counts(out: str) -> dict[str, int]:
-    stats = out.split("Job stats:", 1)[1].split("Reasons", 1)[0] if "Job stats:" in out else ""
-    counts = {}
-    for line in stats.splitlines():
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if m and m.group(1) != "total":
-            counts[m.group(1)] = int(m.group(2))
-    return counts
+_job_counts = job_counts
 
 
-def test_cpu_dag_rebuilds_write_up_from_committed_results(tmp_path):
-    res = _snake("-n", "--cores", "1", "--forceall", env_extra={"MOEGEMM_FORCE_CPU": "1"})
+@in_snakemake_group
+def test_cpu_dag_rebuilds_write_up_from_committed_results(tree_copy):
+    res = _snake(tree_copy, "-n", "--cores", "1", "--forceall", env_extra={"MOEGEMM_FORCE_CPU": "1"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
@@ -46,8 +43,9 @@ def test_cpu_dag_rebuilds_write_up_from_committed_results(tmp_path):
     assert "rebuilt from the committed results/nvidia-h200/" in out
 
 
-def test_gpu_dag_splits_experiments_into_gpu_jobs():
-    res = _snake("-n", "--cores", "8", "--resources", "gpu=2", "--forceall",
+@in_snakemake_group
+def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
+    res = _snake(tree_copy, "-n", "--cores", "8", "--resources", "gpu=2", "--forceall",
                  env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -62,7 +60,7 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs():
         name = block.split(":", 1)[0]
         if name in ("measure", "measure_shard", "tune", "tune_grouped", "floors"):
             assert "gpu=1" in block, block
-    one = _snake("-n", "--cores", "8", "--forceall", env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
+    one = _snake(tree_copy, "-n", "--cores", "8", "--forceall", env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
     counts = _job_counts(one.stdout + one.stderr)
     assert counts.get("measure") == 8 and "measure_shard" not in counts and "merge_shards" not in counts, counts
 
@@ -128,18 +126,24 @@ def test_gpu_slot_honours_visible_devices(tmp_path):
     assert out.stdout.strip() == "3", out.stderr
 
 
-def test_paper_builds_from_committed_results():
-    if shutil.which("latexmk") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must build the paper: latexmk is missing")
-        pytest.skip("latexmk not installed")
-    res = _snake("--cores", "2", "paper/build/nvidia-h200/paper.pdf", "figures/hero.png", "--forcerun", "numbers",
+@in_snakemake_group
+def test_paper_builds_from_committed_results(tree_copy):
+    """Figures, numbers and (with TeX) the paper, built by Snakemake in a copy of the checkout."""
+    tex = shutil.which("latexmk") is not None
+    if not tex and os.environ.get("CI") == "true":
+        pytest.fail("CI must build the paper: latexmk is missing")
+    pdf = tree_copy / "paper" / "build" / "nvidia-h200" / "paper.pdf"
+    targets = [str(pdf.relative_to(tree_copy))] if tex else ["paper/build/nvidia-h200/generated/numbers.tex"]
+    res = _snake(tree_copy, "--cores", "2", *targets, "figures/hero.png", "--forcerun", "numbers",
                  env_extra={"MOEGEMM_FORCE_CPU": "1"})
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    pdf = ROOT / "paper" / "build" / "nvidia-h200" / "paper.pdf"
+    assert (tree_copy / "figures" / "nvidia-h200" / "hero.png").stat().st_size > 10_000
+    numbers = (tree_copy / "paper" / "build" / "nvidia-h200" / "generated" / "numbers.tex").read_text()
+    if not tex:
+        assert re.search(r"\\newcommand\{\\[A-Za-z]+\}", numbers)
+        pytest.skip("latexmk not installed: figures and numbers built, the PDF not")
     assert pdf.stat().st_size > 100_000
-    numbers = (ROOT / "paper" / "build" / "nvidia-h200" / "generated" / "numbers.tex").read_text()
-    used = set(re.findall(r"\\([A-Za-z]+)", (ROOT / "paper" / "paper.tex").read_text()))
+    used = set(re.findall(r"\\([A-Za-z]+)", (tree_copy / "paper" / "paper.tex").read_text()))
     defined = set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}", numbers))
     assert defined and defined <= used | {"EFiveRows"} | defined  # every macro is well-formed
     log = (pdf.parent / "paper.log").read_text(errors="replace")
@@ -150,7 +154,7 @@ def test_paper_builds_from_committed_results():
     assert first_appendix_page - 1 <= 8, f"the main text takes {first_appendix_page - 1} pages"
 
 
-def test_figures_refuse_small_print_and_many_panels():
+def test_figures_refuse_small_print_and_many_panels(tmp_path):
     """figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with more
     than 4 panels, is refused (naming it); one within both is saved."""
     import matplotlib.pyplot as plt
@@ -162,10 +166,10 @@ def test_figures_refuse_small_print_and_many_panels():
     ax.plot([1, 2], [3, 4])
     ax.set_title("small", fontsize=5)
     with pytest.raises(ValueError, match=r"tiny: prints its smallest font at [0-9.]+ pt"):
-        common.save(fig, "/tmp/moegemm-test-fig/tiny")
+        common.save(fig, str(tmp_path / "tiny"))
     fig, axes = plt.subplots(1, 5, figsize=(7.0, 2.0))
     with pytest.raises(ValueError, match="with 5 panels"):
-        common.save(fig, "/tmp/moegemm-test-fig/five")
+        common.save(fig, str(tmp_path / "five"))
     fig, ax = plt.subplots(figsize=(7.0, 2.0))
     ax.plot([1, 2], [3, 4])
     smallest, panels = common.print_check(fig)

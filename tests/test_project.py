@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import SNAKEMAKE_GROUP, checkout_state, dry_run_jobs, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +33,12 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert ci[-1].strip() == test_cmd, "the last line of .ci/run must be the README's test command"
     install = _readme_commands()[0].split("&&")[1].strip()  # the pip install of command 1
     assert any(line.strip().endswith(install.split("pip ", 1)[1]) for line in ci), install
+    # the test command uses the cores it has, the Snakemake tests kept together on one of them (xdist_group)
+    assert " -n auto" in test_cmd and "--dist loadgroup" in test_cmd, test_cmd
+    # and CI lints with the ruff the `test` extra pins
+    assert ".venv/bin/ruff check ." in [line.strip() for line in ci]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("ruff==") for r in extras["test"]), extras["test"]
 
 
 def test_pins_match_what_we_run():
@@ -57,13 +64,42 @@ def test_pins_match_what_we_run():
 
 
 @pytest.mark.pipeline
-def test_snakemake_lint_is_clean():
+@pytest.mark.xdist_group(SNAKEMAKE_GROUP)
+def test_snakemake_lint_is_clean(tree_copy):
     pytest.importorskip("snakemake")  # installed by the `pipeline` extra (CI has it; the bare GPU image not)
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**__import__("os").environ, "MOEGEMM_FORCE_CPU": "1"})
+    res = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=tree_copy, capture_output=True,
+                         text=True, timeout=300, env=snakemake_env(MOEGEMM_FORCE_CPU="1"), check=False)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "Lints for" not in out, out
+
+
+@pytest.mark.pipeline
+def test_dry_run_check_leaves_no_trace(tree_copy):
+    """conftest.dry_run_jobs: the jobs `snakemake -n` lists (in a fresh copy: the verify step among them),
+    and Snakemake's directory put back as it was: none where there was none, its I/O cache restored."""
+    got = dry_run_jobs(tree_copy)
+    assert got["jobs"].get("verify") == 1 and any("verify.json" in o for o in got["outputs"]), got
+    assert not (tree_copy / ".snakemake").exists()
+    cache = tree_copy / ".snakemake" / "iocache" / "latest.pkl"
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"before")
+    assert dry_run_jobs(tree_copy) == got
+    assert cache.read_bytes() == b"before"
+    assert sorted(p.name for p in (tree_copy / ".snakemake").rglob("*")) == ["iocache", "latest.pkl"]
+
+
+@pytest.mark.pipeline
+@pytest.mark.xdist_group(SNAKEMAKE_GROUP)
+def test_pipeline_tests_leave_the_checkout_alone(checkout_before):
+    """After the tests that run Snakemake (the same xdist group, so they ran before this one, in this
+    process): `git status`, what `snakemake -n` would run, and the files where the pipeline writes are as
+    the first of them found them."""
+    after = checkout_state()
+    for what in ("git status", "snakemake -n"):
+        assert after[what] == checkout_before[what], (what, checkout_before[what], after[what])
+    changed = sorted(set(after["outputs"].items()) ^ set(checkout_before["outputs"].items()))
+    assert not changed, f"files the tests wrote into the checkout: {sorted({p for p, _ in changed})[:20]}"
 
 
 def test_readme_is_short():
@@ -72,3 +108,28 @@ def test_readme_is_short():
     assert len(lines) <= 120, len(lines)
     for link in re.findall(r"\]\(((?:docs|figures|results)/[^)#]+)\)", "\n".join(lines)):
         assert (ROOT / link).exists(), link
+
+
+def test_long_tests_and_the_snakemake_group_are_dealt_first():
+    """conftest.long_first (`--dist loadgroup`): the tests marked long and those of an xdist group first, in
+    their order, then the rest in theirs; none lost or doubled; without workers nothing moves."""
+    from types import SimpleNamespace
+
+    from conftest import long_first
+
+    def item(i):
+        group = i in (5, 50)
+        def marker(name, g=group):
+            return object() if g and name == "xdist_group" else None
+
+        keywords = {"long"} if i in (3, 70) else set()
+        return SimpleNamespace(name=f"t{i}", keywords=keywords, get_closest_marker=marker)
+
+    items = [item(i) for i in range(100)]
+    names = [it.name for it in items]
+    long_first(items, 1)
+    assert [it.name for it in items] == names
+    long_first(items, 2)
+    got = [it.name for it in items]
+    assert got[:4] == ["t3", "t5", "t50", "t70"]
+    assert got[4:] == [n for n in names if n not in got[:4]]
