@@ -60,7 +60,8 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
         name = block.split(":", 1)[0]
         if name in ("measure", "measure_shard", "tune", "tune_grouped", "floors"):
             assert "gpu=1" in block, block
-    one = _snake(tree_copy, "-n", "--cores", "8", "--forceall", env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
+    one = _snake(tree_copy, "-n", "--cores", "8", "--forceall",
+                 env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
     counts = _job_counts(one.stdout + one.stderr)
     assert counts.get("measure") == 8 and "measure_shard" not in counts and "merge_shards" not in counts, counts
 
@@ -218,6 +219,32 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
         assert line.strip() in readme, f"README must document: {line.strip()}"
 
 
+def test_docker_image_prints_and_records_its_torch_and_triton(tmp_path):
+    """The image's ENTRYPOINT runs the script its Dockerfile writes, then the command: that script, taken out
+    of the Dockerfile and run here, prints this torch and Triton (and Triton's distribution: `pytorch-triton`
+    in the nightly image) and writes them to results/<this machine's slug>/image_versions.json."""
+    import triton
+    import torch
+
+    docker = (ROOT / "Dockerfile").read_text()
+    block = docker.split("RUN printf '%s\\n' \\\n", 1)[1].split("> /usr/local/bin/moegemm-versions.py", 1)[0]
+    script = "\n".join(re.fullmatch(r"\s*'(.*)' \\", line).group(1) for line in block.splitlines()[:-1])
+    assert re.search(r'^ENTRYPOINT \["/bin/sh", "-c", "python /usr/local/bin/moegemm-versions.py && exec '
+                     r'\\"\$@\\"", "moegemm"\]$', docker, flags=re.MULTILINE)
+    (tmp_path / "versions.py").write_text(script + "\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")]),
+           "MOEGEMM_FORCE_CPU": "1", "MOEGEMM_COMMIT": "abc1234"}
+    res = subprocess.run([sys.executable, str(tmp_path / "versions.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"torch {torch.__version__}, Triton {triton.__version__} (" in res.stdout, res.stdout
+    got = json.loads((tmp_path / "results" / "cpu-interpreter" / "image_versions.json").read_text())
+    assert got["torch"] == torch.__version__ and got["triton"] == triton.__version__, got
+    assert re.fullmatch(r"(pytorch-triton|triton) " + re.escape(triton.__version__.split("+")[0]) + r"\S*",
+                        got["triton_distribution"]), got
+    assert got["git_commit"] == "abc1234"
+
+
 def test_readme_headline_is_generated_from_committed_results():
     from paper.numbers.readme import README_END, README_START, headline
     from paper.numbers.runtime import RUNTIME_END, RUNTIME_START, runtime_block
@@ -258,6 +285,61 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert df.seconds["moe_layer"] == 240 and df.shards["moe_layer"] == 2
     text = runtime_block(tmp_path)
     assert "grouped_skew 550 s over 2 device calls" in text and "moe_layer 240 s in 2 shards" in text
+
+
+def test_headline_names_the_triton_each_result_used(tmp_path):
+    """paper.numbers.readme.versions_text reads torch and Triton from the CSV rows (synthetic ones here): one
+    pair for all, or each pair with the experiments measured with it."""
+    import pandas as pd
+
+    from paper.numbers.readme import EXPERIMENT_CSVS, versions_text
+
+    for name in EXPERIMENT_CSVS[:6]:
+        pd.DataFrame({"x": [1, 2], "torch": "2.11.0+cu130", "triton": "3.6.0"}).to_csv(tmp_path / f"{name}.csv")
+    assert versions_text(tmp_path) == "torch 2.11.0+cu130, Triton 3.6.0"
+    for name in EXPERIMENT_CSVS[6:]:
+        pd.DataFrame({"torch": ["2.11.0+cu130"] * 2, "triton": "3.7.1"}).to_csv(tmp_path / f"{name}.csv")
+    pd.DataFrame({"torch": ["2.11.0+cu130", "2.11.0+cu130"], "triton": ["3.6.0", "3.7.1"]}).to_csv(
+        tmp_path / "inductor_codegen.csv")
+    assert versions_text(tmp_path) == ("torch 2.11.0+cu130, Triton 3.6.0 for E1-E6; "
+                                       "torch 2.11.0+cu130, Triton 3.7.1 for E2, E7, E8")
+
+
+def test_cpu_times_come_from_the_recorded_run(tmp_path):
+    """paper.numbers.runtime.cpu_paragraph: the README's CPU times are the step files .ci/record-cpu-times
+    wrote (synthetic ones here), the verify step and the figures and numbers from Snakemake's own benchmark
+    files of that run, the machine and its load from machine.json; nothing recorded, nothing claimed."""
+    from paper.numbers.runtime import cpu_paragraph, runtime_block
+
+    cpu = tmp_path / "cpu"
+    assert "not recorded" in cpu_paragraph(cpu)
+    bench = cpu / "benchmarks"
+    (bench / "pipeline").mkdir(parents=True)
+    for name, s in (("install", 75.0), ("pipeline", 412.0), ("tests", 205.0), ("pipeline_warm", 132.0),
+                    ("tests_warm", 96.0), ("pipeline/verify", 393.0),
+                    ("pipeline/figure_e1_compile_modes", 6.5), ("pipeline/numbers", 10.5)):
+        (bench / f"{name}.tsv").write_text(f"s\th:m:s\n{s}\t0:00:00\n")
+    assert "not recorded" in cpu_paragraph(cpu)  # no machine.json: not a recorded run
+    machine = {"commit": "0123456789abcdef", "machine": {"cpu": "Test CPU", "cores": 2, "memory_gib": 23.4},
+               "load_average_during": {"install": {"mean": 1.5, "exit_status": 0},
+                                       "tests": {"mean": 4.25, "exit_status": 0},
+                                       "tests_warm": {"mean": 3.0, "exit_status": 1}}}
+    (cpu / "machine.json").write_text(json.dumps(machine))
+    text = cpu_paragraph(cpu)
+    for part in ("2-core CPU machine (Test CPU, 23 GiB; shared with other work, its 1-minute load average "
+                 "1.5-4.2", "fresh clone at 0123456", "the install took 75 s",
+                 "`snakemake --cores 1` 6.9 minutes from empty", "the verify step 6.5 minutes of it",
+                 "figures and numbers 17 s", "the PDF not built", "2.2 minutes again with the caches warm",
+                 "the test command 3.4 minutes from empty caches and 96 s warm, on 2 pytest-xdist workers "
+                 "(with failures: tests_warm)"):
+        assert part in text, (part, text)
+    (bench / "pipeline" / "paper.tsv").write_text("s\th:m:s\n30.0\t0:00:30\n")
+    assert "the PDF 30 s" in cpu_paragraph(cpu)
+    (bench / "tests.tsv").write_text("s\th:m:s\tcpu_time\n205.0\t0:03:25\t330.0\n")  # with its CPU time
+    assert "the test command 3.4 minutes (5.5 minutes of CPU time) from empty caches" in cpu_paragraph(cpu)
+    (tmp_path / "gpu").mkdir()
+    block = runtime_block(tmp_path / "gpu")
+    assert block.startswith(cpu_paragraph(cpu)) and "GPU run time: not recorded" in block
 
 
 def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):

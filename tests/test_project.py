@@ -133,3 +133,48 @@ def test_long_tests_and_the_snakemake_group_are_dealt_first():
     got = [it.name for it in items]
     assert got[:4] == ["t3", "t5", "t50", "t70"]
     assert got[4:] == [n for n in names if n not in got[:4]]
+
+
+def _api_calls(src: str, api: set[str]) -> set[tuple[str, str | None]]:
+    """(function, keyword) of every call in ``src`` of a name in ``api`` (plain or as an attribute), keyword
+    None for the call itself."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in api:
+                out |= {(name, None)} | {(name, k.arg) for k in node.keywords}
+    return out
+
+
+def test_readme_library_excerpt_is_what_the_quickstart_runs():
+    """The README's library code is an excerpt of examples/quickstart.py (which runs in CI): every moegemm
+    function it calls, with every keyword it passes, is called so in the quick start; it names no layout
+    (the default is nn.Linear's [E, N, K] everywhere)."""
+    import ast
+
+    section = (ROOT / "README.md").read_text().split("## The library", 1)[1].split("\n## ", 1)[0]
+    assert "examples/quickstart.py" in section
+    code = re.findall(r"```python\n(.*?)\n```", section, flags=re.DOTALL)[0]
+    tree = ast.parse(code)
+    api = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.startswith("moegemm"):
+            api |= {a.name for a in node.names}
+    modules = {a for a in api if (ROOT / "src" / "moegemm" / a).is_dir()}
+    import importlib
+
+    for m in modules:
+        api |= {n for n in dir(importlib.import_module(f"moegemm.{m}")) if not n.startswith("_")}
+    shown = _api_calls(code, api)
+    assert {"route", "permute", "grouped_mm", "unpermute", "grouped_mm_masked", "moe_ffn", "matmul"} <= {
+        n for n, _ in shown}, shown
+    assert not any(k == "w_layout" for _, k in shown)
+    quickstart = ROOT / "examples" / "quickstart.py"
+    if not quickstart.exists():
+        pytest.skip("examples/quickstart.py is not in this tree")
+    missing = shown - _api_calls(quickstart.read_text(), api)
+    assert not missing, f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
