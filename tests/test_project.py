@@ -170,7 +170,8 @@ def test_readme_library_excerpt_is_what_the_quickstart_runs():
     for m in modules:
         api |= {n for n in dir(importlib.import_module(f"moegemm.{m}")) if not n.startswith("_")}
     shown = _api_calls(code, api)
-    assert {"route", "permute", "grouped_mm", "unpermute", "grouped_mm_masked", "moe_ffn", "matmul"} <= {
+    assert {"route", "permute", "grouped_mm", "unpermute", "grouped_mm_masked", "moe_ffn", "matmul",
+            "sorted_weights"} <= {
         n for n, _ in shown}, shown
     assert not any(k == "w_layout" for _, k in shown)
     quickstart = ROOT / "examples" / "quickstart.py"
