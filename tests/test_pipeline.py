@@ -326,8 +326,8 @@ def test_cpu_times_come_from_the_recorded_run(tmp_path):
                                        "tests_warm": {"mean": 3.0, "exit_status": 1}}}
     (cpu / "machine.json").write_text(json.dumps(machine))
     text = cpu_paragraph(cpu)
-    for part in ("2-core CPU machine (Test CPU, 23 GiB; shared with other work, its 1-minute load average "
-                 "1.5-4.2", "fresh clone at 0123456", "the install took 75 s",
+    for part in ("fresh clone at 0123456, on a 2-core Test CPU machine with 23 GiB, shared with other work "
+                 "(1-minute load average 1.5-4.2 while it ran", "the install took 75 s",
                  "`snakemake --cores 1` 6.9 minutes from empty", "the verify step 6.5 minutes of it",
                  "figures and numbers 17 s", "the PDF not built", "2.2 minutes again with the caches warm",
                  "the test command 3.4 minutes from empty caches and 96 s warm, on 2 pytest-xdist workers "

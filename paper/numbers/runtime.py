@@ -127,11 +127,13 @@ def cpu_paragraph(cpu: Path) -> str:
 
     load = [v["mean"] for v in m.get("load_average_during", {}).values()]
     mach = m["machine"]
-    where = (f"Timed on a {mach['cores']}-core CPU machine ({mach['cpu']}, {mach['memory_gib']:.0f} GiB"
-             + (f"; shared with other work, its 1-minute load average {min(load):.1f}-{max(load):.1f} while "
-                "the commands ran, so a machine of your own is faster" if load and max(load) > mach["cores"]
-                else "")
-             + f"), by `.ci/record-cpu-times` in a fresh clone at {m['commit'][:7]} (`results/cpu/`): ")
+    lo, hi = (f"{min(load):.1f}", f"{max(load):.1f}") if load else ("", "")
+    spread = lo if lo == hi else f"{lo}-{hi}"
+    shared = (f", shared with other work (1-minute load average {spread} while it ran, so a machine of your "
+              "own is faster)" if load and max(load) > mach["cores"] else "")
+    where = (f"On a CPU (timed by `.ci/record-cpu-times` in a fresh clone at {m['commit'][:7]}, on a "
+             f"{mach['cores']}-core {mach['cpu']} machine with {mach['memory_gib']:.0f} GiB{shared}; "
+             "`results/cpu/`): ")
     parts = []
     if "install" in s:
         parts.append(f"the install took {took('install')}")
