@@ -62,6 +62,18 @@ def spread_long_tests(items: list, workers: int) -> None:
     items[:] = out
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per CPU this process may use; with a GPU at most 8 and one per two CPUs (the
+    real-shape grouped tests hold up to ~10 GB of GPU memory each, as in experiments/verify.py).
+    MOEGEMM_TEST_WORKERS overrides."""
+    if os.environ.get("MOEGEMM_TEST_WORKERS"):
+        return max(1, int(os.environ["MOEGEMM_TEST_WORKERS"]))
+    from moegemm._runtime import usable_cpus
+
+    cpus = usable_cpus()
+    return max(1, min(8, cpus // 2)) if HAS_CUDA else cpus
+
+
 def long_first(items: list, workers: int) -> None:
     """Under pytest-xdist's scope schedulers (`--dist loadgroup`) the work units are handed out in collection
     order, two to a worker and one more each time one finishes: the long tests and the Snakemake group go

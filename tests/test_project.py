@@ -179,3 +179,22 @@ def test_readme_library_excerpt_is_what_the_quickstart_runs():
         pytest.skip("examples/quickstart.py is not in this tree")
     missing = shown - _api_calls(quickstart.read_text(), api)
     assert not missing, f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
+
+
+def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
+    """conftest's `-n auto`: a worker per usable CPU without a GPU; with one, at most 8, one per two CPUs;
+    MOEGEMM_TEST_WORKERS wins."""
+    import conftest
+
+    from moegemm import _runtime
+
+    monkeypatch.delenv("MOEGEMM_TEST_WORKERS", raising=False)
+    monkeypatch.setattr(_runtime, "usable_cpus", lambda: 64)
+    monkeypatch.setattr(conftest, "HAS_CUDA", False)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 64
+    monkeypatch.setattr(conftest, "HAS_CUDA", True)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 8
+    monkeypatch.setattr(_runtime, "usable_cpus", lambda: 6)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 3
+    monkeypatch.setenv("MOEGEMM_TEST_WORKERS", "2")
+    assert conftest.pytest_xdist_auto_num_workers(None) == 2
