@@ -315,11 +315,21 @@ def test_cpu_times_come_from_the_recorded_run(tmp_path):
     assert "not recorded" in cpu_paragraph(cpu)
     bench = cpu / "benchmarks"
     (bench / "pipeline").mkdir(parents=True)
-    for name, s in (("install", 75.0), ("pipeline", 412.0), ("tests", 205.0), ("pipeline_warm", 132.0),
-                    ("tests_warm", 96.0), ("pipeline/verify", 393.0),
-                    ("pipeline/figure_e1_compile_modes", 6.5), ("pipeline/numbers", 10.5)):
+    steps = (("install", 75.0), ("pipeline", 412.0), ("tests", 205.0), ("pipeline_warm", 132.0),
+             ("tests_warm", 96.0), ("pipeline/verify", 393.0), ("pipeline/figure_e1_compile_modes", 6.5),
+             ("pipeline/numbers", 10.5))
+    for name, s in steps:
         (bench / f"{name}.tsv").write_text(f"s\th:m:s\n{s}\t0:00:00\n")
     assert "not recorded" in cpu_paragraph(cpu)  # no machine.json: not a recorded run
+    (cpu / "machine.json").write_text(json.dumps({"commit": "0123456789", "machine": {
+        "cpu": "Test CPU", "cores": 2, "memory_gib": 23.4}}))
+    for name in ("install", "tests", "pipeline_warm", "tests_warm"):  # a run stopped after the pipeline
+        (bench / f"{name}.tsv").unlink()
+    assert cpu_paragraph(cpu).endswith("; not timed in that run: the install, the test command, the pipeline "
+                                       "warm, the tests warm."), cpu_paragraph(cpu)
+    assert "shared with other work" not in cpu_paragraph(cpu)  # no load recorded, none claimed
+    for name, s in steps:
+        (bench / f"{name}.tsv").write_text(f"s\th:m:s\n{s}\t0:00:00\n")
     machine = {"commit": "0123456789abcdef", "machine": {"cpu": "Test CPU", "cores": 2, "memory_gib": 23.4},
                "load_average_during": {"install": {"mean": 1.5, "exit_status": 0},
                                        "tests": {"mean": 4.25, "exit_status": 0},

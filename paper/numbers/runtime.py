@@ -158,6 +158,11 @@ def cpu_paragraph(cpu: Path) -> str:
                      + (f" and {took('tests_warm')} warm" if "tests_warm" in s else "")
                      + f", on {mach['cores']} pytest-xdist workers"
                      + (f" (with failures: {', '.join(failed)})" if failed else ""))
+    labels = {"install": "the install", "pipeline": "the pipeline", "tests": "the test command",
+              "pipeline_warm": "the pipeline warm", "tests_warm": "the tests warm"}
+    untimed = [label for step, label in labels.items() if step not in s]
+    if untimed:
+        parts.append("not timed in that run: " + ", ".join(untimed))
     return where + "; ".join(parts) + "."
 
 
