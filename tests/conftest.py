@@ -166,13 +166,15 @@ def job_counts(out: str) -> dict[str, int]:
 def checkout_state() -> dict:
     """What a user sees of the checkout: `git status --porcelain`, the jobs `snakemake -n` would run, and the
     modification time and size of every file where the pipeline writes (results/, figures/, paper/build/,
-    logs/, Snakemake's records)."""
+    logs/, Snakemake's records and logs, what .snakemake/ holds)."""
     git = None
     if (ROOT / ".git").exists() and shutil.which("git"):
         git = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
                              timeout=60, check=False).stdout
-    outputs = {}
-    for top in ("results", "figures", "paper/build", "logs", ".snakemake/metadata", ".snakemake/incomplete"):
+    state = ROOT / ".snakemake"
+    outputs = {".snakemake/": sorted(p.name for p in state.iterdir()) if state.is_dir() else None}
+    for top in ("results", "figures", "paper/build", "logs", ".snakemake/metadata", ".snakemake/incomplete",
+                ".snakemake/log"):
         for p in (ROOT / top).rglob("*") if (ROOT / top).is_dir() else ():
             if p.is_file() and "__pycache__" not in p.parts:
                 st = p.stat()

@@ -924,12 +924,14 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     assert (tmp_path / "e8.pdf").exists()
 
 
-def test_experiments_wait_only_for_the_tables_they_read():
+@in_snakemake_group
+def test_experiments_wait_only_for_the_tables_they_read(tree_copy, monkeypatch):
     """With several GPUs, E7 and E8 start once the grouped tables exist (not after the Decompose-K or seed
     tuners), E1-E6 once the Decompose-K table does; no experiment waits for the floors (the write-up reads
     them)."""
     from experiments import schedule
 
+    monkeypatch.setattr(schedule, "ROOT", tree_copy)  # Snakemake writes its log where it runs
     nodes, edges = schedule.dag(2, "NVIDIA H100 80GB HBM3")
     parents: dict = {}
     for a, b in edges:
