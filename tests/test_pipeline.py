@@ -1,5 +1,6 @@
 """The pipeline without a GPU: DAG shape on CPU and with (fake) GPUs, GPU pinning, paper build,
-no hand-typed numbers, and the Dockerfile checked statically."""
+no hand-typed numbers, and the Dockerfile checked statically. Snakemake runs in a copy of the checkout
+(conftest.copy_checkout), never in the checkout itself."""
 
 from __future__ import annotations
 
@@ -13,31 +14,27 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import SNAKEMAKE_GROUP, job_counts, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("snakemake")
 pytestmark = pytest.mark.pipeline
+in_snakemake_group = pytest.mark.xdist_group(SNAKEMAKE_GROUP)
 
 
-def _snake(*args, env_extra=None, timeout=600):
-    env = {**os.environ, **(env_extra or {})}
-    env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def _snake(tree: Path, *args, env_extra=None, timeout=600):
+    """Snakemake in ``tree`` (a copy of the checkout, from the tree_copy fixture)."""
+    assert tree != ROOT, "Snakemake runs in a copy of the checkout, never in it"
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=tree, capture_output=True,
+                          text=True, timeout=timeout, env=snakemake_env(**(env_extra or {})), check=False)
 
 
-def _job_counts(out: str) -> dict[str, int]:
-    stats = out.split("Job stats:", 1)[1].split("Reasons", 1)[0] if "Job stats:" in out else ""
-    counts = {}
-    for line in stats.splitlines():
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if m and m.group(1) != "total":
-            counts[m.group(1)] = int(m.group(2))
-    return counts
+_job_counts = job_counts
 
 
-def test_cpu_dag_rebuilds_write_up_from_committed_results(tmp_path):
-    res = _snake("-n", "--cores", "1", "--forceall", env_extra={"MOEGEMM_FORCE_CPU": "1"})
+@in_snakemake_group
+def test_cpu_dag_rebuilds_write_up_from_committed_results(tree_copy):
+    res = _snake(tree_copy, "-n", "--cores", "1", "--forceall", env_extra={"MOEGEMM_FORCE_CPU": "1"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
@@ -46,8 +43,9 @@ def test_cpu_dag_rebuilds_write_up_from_committed_results(tmp_path):
     assert "rebuilt from the committed results/nvidia-h200/" in out
 
 
-def test_gpu_dag_splits_experiments_into_gpu_jobs():
-    res = _snake("-n", "--cores", "8", "--resources", "gpu=2", "--forceall",
+@in_snakemake_group
+def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
+    res = _snake(tree_copy, "-n", "--cores", "8", "--resources", "gpu=2", "--forceall",
                  env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3"})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -62,7 +60,8 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs():
         name = block.split(":", 1)[0]
         if name in ("measure", "measure_shard", "tune", "tune_grouped", "floors"):
             assert "gpu=1" in block, block
-    one = _snake("-n", "--cores", "8", "--forceall", env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
+    one = _snake(tree_copy, "-n", "--cores", "8", "--forceall",
+                 env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"})
     counts = _job_counts(one.stdout + one.stderr)
     assert counts.get("measure") == 8 and "measure_shard" not in counts and "merge_shards" not in counts, counts
 
@@ -128,18 +127,24 @@ def test_gpu_slot_honours_visible_devices(tmp_path):
     assert out.stdout.strip() == "3", out.stderr
 
 
-def test_paper_builds_from_committed_results():
-    if shutil.which("latexmk") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must build the paper: latexmk is missing")
-        pytest.skip("latexmk not installed")
-    res = _snake("--cores", "2", "paper/build/nvidia-h200/paper.pdf", "figures/hero.png", "--forcerun", "numbers",
+@in_snakemake_group
+def test_paper_builds_from_committed_results(tree_copy):
+    """Figures, numbers and (with TeX) the paper, built by Snakemake in a copy of the checkout."""
+    tex = shutil.which("latexmk") is not None
+    if not tex and os.environ.get("CI") == "true":
+        pytest.fail("CI must build the paper: latexmk is missing")
+    pdf = tree_copy / "paper" / "build" / "nvidia-h200" / "paper.pdf"
+    targets = [str(pdf.relative_to(tree_copy))] if tex else ["paper/build/nvidia-h200/generated/numbers.tex"]
+    res = _snake(tree_copy, "--cores", "2", *targets, "figures/hero.png", "--forcerun", "numbers",
                  env_extra={"MOEGEMM_FORCE_CPU": "1"})
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    pdf = ROOT / "paper" / "build" / "nvidia-h200" / "paper.pdf"
+    assert (tree_copy / "figures" / "nvidia-h200" / "hero.png").stat().st_size > 10_000
+    numbers = (tree_copy / "paper" / "build" / "nvidia-h200" / "generated" / "numbers.tex").read_text()
+    if not tex:
+        assert re.search(r"\\newcommand\{\\[A-Za-z]+\}", numbers)
+        pytest.skip("latexmk not installed: figures and numbers built, the PDF not")
     assert pdf.stat().st_size > 100_000
-    numbers = (ROOT / "paper" / "build" / "nvidia-h200" / "generated" / "numbers.tex").read_text()
-    used = set(re.findall(r"\\([A-Za-z]+)", (ROOT / "paper" / "paper.tex").read_text()))
+    used = set(re.findall(r"\\([A-Za-z]+)", (tree_copy / "paper" / "paper.tex").read_text()))
     defined = set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}", numbers))
     assert defined and defined <= used | {"EFiveRows"} | defined  # every macro is well-formed
     log = (pdf.parent / "paper.log").read_text(errors="replace")
@@ -150,7 +155,7 @@ def test_paper_builds_from_committed_results():
     assert first_appendix_page - 1 <= 8, f"the main text takes {first_appendix_page - 1} pages"
 
 
-def test_figures_refuse_small_print_and_many_panels():
+def test_figures_refuse_small_print_and_many_panels(tmp_path):
     """figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with more
     than 4 panels, is refused (naming it); one within both is saved."""
     import matplotlib.pyplot as plt
@@ -162,10 +167,10 @@ def test_figures_refuse_small_print_and_many_panels():
     ax.plot([1, 2], [3, 4])
     ax.set_title("small", fontsize=5)
     with pytest.raises(ValueError, match=r"tiny: prints its smallest font at [0-9.]+ pt"):
-        common.save(fig, "/tmp/moegemm-test-fig/tiny")
+        common.save(fig, str(tmp_path / "tiny"))
     fig, axes = plt.subplots(1, 5, figsize=(7.0, 2.0))
     with pytest.raises(ValueError, match="with 5 panels"):
-        common.save(fig, "/tmp/moegemm-test-fig/five")
+        common.save(fig, str(tmp_path / "five"))
     fig, ax = plt.subplots(figsize=(7.0, 2.0))
     ax.plot([1, 2], [3, 4])
     smallest, panels = common.print_check(fig)
@@ -214,6 +219,32 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
         assert line.strip() in readme, f"README must document: {line.strip()}"
 
 
+def test_docker_image_prints_and_records_its_torch_and_triton(tmp_path):
+    """The image's ENTRYPOINT runs the script its Dockerfile writes, then the command: that script, taken out
+    of the Dockerfile and run here, prints this torch and Triton (and Triton's distribution: `pytorch-triton`
+    in the nightly image) and writes them to results/<this machine's slug>/image_versions.json."""
+    import triton
+    import torch
+
+    docker = (ROOT / "Dockerfile").read_text()
+    block = docker.split("RUN printf '%s\\n' \\\n", 1)[1].split("> /usr/local/bin/moegemm-versions.py", 1)[0]
+    script = "\n".join(re.fullmatch(r"\s*'(.*)' \\", line).group(1) for line in block.splitlines()[:-1])
+    assert re.search(r'^ENTRYPOINT \["/bin/sh", "-c", "python /usr/local/bin/moegemm-versions.py && exec '
+                     r'\\"\$@\\"", "moegemm"\]$', docker, flags=re.MULTILINE)
+    (tmp_path / "versions.py").write_text(script + "\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")]),
+           "MOEGEMM_FORCE_CPU": "1", "MOEGEMM_COMMIT": "abc1234"}
+    res = subprocess.run([sys.executable, str(tmp_path / "versions.py")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"torch {torch.__version__}, Triton {triton.__version__} (" in res.stdout, res.stdout
+    got = json.loads((tmp_path / "results" / "cpu-interpreter" / "image_versions.json").read_text())
+    assert got["torch"] == torch.__version__ and got["triton"] == triton.__version__, got
+    assert re.fullmatch(r"(pytorch-triton|triton) " + re.escape(triton.__version__.split("+")[0]) + r"\S*",
+                        got["triton_distribution"]), got
+    assert got["git_commit"] == "abc1234"
+
+
 def test_readme_headline_is_generated_from_committed_results():
     from paper.numbers.readme import README_END, README_START, headline
     from paper.numbers.runtime import RUNTIME_END, RUNTIME_START, runtime_block
@@ -254,6 +285,71 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert df.seconds["moe_layer"] == 240 and df.shards["moe_layer"] == 2
     text = runtime_block(tmp_path)
     assert "grouped_skew 550 s over 2 device calls" in text and "moe_layer 240 s in 2 shards" in text
+
+
+def test_headline_names_the_triton_each_result_used(tmp_path):
+    """paper.numbers.readme.versions_text reads torch and Triton from the CSV rows (synthetic ones here): one
+    pair for all, or each pair with the experiments measured with it."""
+    import pandas as pd
+
+    from paper.numbers.readme import EXPERIMENT_CSVS, versions_text
+
+    for name in EXPERIMENT_CSVS[:6]:
+        pd.DataFrame({"x": [1, 2], "torch": "2.11.0+cu130", "triton": "3.6.0"}).to_csv(tmp_path / f"{name}.csv")
+    assert versions_text(tmp_path) == "torch 2.11.0+cu130, Triton 3.6.0"
+    for name in EXPERIMENT_CSVS[6:]:
+        pd.DataFrame({"torch": ["2.11.0+cu130"] * 2, "triton": "3.7.1"}).to_csv(tmp_path / f"{name}.csv")
+    pd.DataFrame({"torch": ["2.11.0+cu130", "2.11.0+cu130"], "triton": ["3.6.0", "3.7.1"]}).to_csv(
+        tmp_path / "inductor_codegen.csv")
+    assert versions_text(tmp_path) == ("torch 2.11.0+cu130, Triton 3.6.0 for E1-E6; "
+                                       "torch 2.11.0+cu130, Triton 3.7.1 for E2, E7, E8")
+
+
+def test_cpu_times_come_from_the_recorded_run(tmp_path):
+    """paper.numbers.runtime.cpu_paragraph: the README's CPU times are the step files .ci/record-cpu-times
+    wrote (synthetic ones here), the verify step and the figures and numbers from Snakemake's own benchmark
+    files of that run, the machine and its load from machine.json; nothing recorded, nothing claimed."""
+    from paper.numbers.runtime import cpu_paragraph, runtime_block
+
+    cpu = tmp_path / "cpu"
+    assert "not recorded" in cpu_paragraph(cpu)
+    bench = cpu / "benchmarks"
+    (bench / "pipeline").mkdir(parents=True)
+    steps = (("install", 75.0), ("pipeline", 412.0), ("tests", 205.0), ("pipeline_warm", 132.0),
+             ("tests_warm", 96.0), ("pipeline/verify", 393.0), ("pipeline/figure_e1_compile_modes", 6.5),
+             ("pipeline/numbers", 10.5))
+    for name, s in steps:
+        (bench / f"{name}.tsv").write_text(f"s\th:m:s\n{s}\t0:00:00\n")
+    assert "not recorded" in cpu_paragraph(cpu)  # no machine.json: not a recorded run
+    (cpu / "machine.json").write_text(json.dumps({"commit": "0123456789", "machine": {
+        "cpu": "Test CPU", "cores": 2, "memory_gib": 23.4}}))
+    for name in ("install", "tests", "pipeline_warm", "tests_warm"):  # a run stopped after the pipeline
+        (bench / f"{name}.tsv").unlink()
+    assert cpu_paragraph(cpu).endswith("; not timed in that run: the install, the test command, the pipeline "
+                                       "warm, the tests warm."), cpu_paragraph(cpu)
+    assert "shared with other work" not in cpu_paragraph(cpu)  # no load recorded, none claimed
+    for name, s in steps:
+        (bench / f"{name}.tsv").write_text(f"s\th:m:s\n{s}\t0:00:00\n")
+    machine = {"commit": "0123456789abcdef", "machine": {"cpu": "Test CPU", "cores": 2, "memory_gib": 23.4},
+               "load_average_during": {"install": {"mean": 1.5, "exit_status": 0},
+                                       "tests": {"mean": 4.25, "exit_status": 0},
+                                       "tests_warm": {"mean": 3.0, "exit_status": 1}}}
+    (cpu / "machine.json").write_text(json.dumps(machine))
+    text = cpu_paragraph(cpu)
+    for part in ("fresh clone at 0123456, on a 2-core Test CPU machine with 23 GiB, shared with other work "
+                 "(1-minute load average 1.5-4.2 while it ran", "the install took 75 s",
+                 "`snakemake --cores 1` 6.9 minutes from empty", "the verify step 6.5 minutes of it",
+                 "figures and numbers 17 s", "the PDF not built", "2.2 minutes again with the caches warm",
+                 "the test command 3.4 minutes from empty caches and 96 s warm, on 2 pytest-xdist workers "
+                 "(with failures: tests_warm)"):
+        assert part in text, (part, text)
+    (bench / "pipeline" / "paper.tsv").write_text("s\th:m:s\n30.0\t0:00:30\n")
+    assert "the PDF 30 s" in cpu_paragraph(cpu)
+    (bench / "tests.tsv").write_text("s\th:m:s\tcpu_time\n205.0\t0:03:25\t330.0\n")  # with its CPU time
+    assert "the test command 3.4 minutes (5.5 minutes of CPU time) from empty caches" in cpu_paragraph(cpu)
+    (tmp_path / "gpu").mkdir()
+    block = runtime_block(tmp_path / "gpu")
+    assert block.startswith(cpu_paragraph(cpu)) and "GPU run time: not recorded" in block
 
 
 def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
@@ -657,12 +753,14 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     assert (tmp_path / "e8.pdf").exists()
 
 
-def test_experiments_wait_only_for_the_tables_they_read():
+@in_snakemake_group
+def test_experiments_wait_only_for_the_tables_they_read(tree_copy, monkeypatch):
     """With several GPUs, E7 and E8 start once the grouped tables exist (not after the Decompose-K or seed
     tuners), E1-E6 once the Decompose-K table does; no experiment waits for the floors (the write-up reads
     them)."""
     from experiments import schedule
 
+    monkeypatch.setattr(schedule, "ROOT", tree_copy)  # Snakemake writes its log where it runs
     nodes, edges = schedule.dag(2, "NVIDIA H100 80GB HBM3")
     parents: dict = {}
     for a, b in edges:

@@ -24,7 +24,7 @@ def headline(results: Path) -> str:
     d = pd.read_csv(results / "decompose_k_grid.csv")
     d = d[d.status == "ok"]
     gpu = d.iloc[0]["gpu"]
-    lines = [f"Measured on an {gpu} (torch {d.iloc[0]['torch']}, Triton {d.iloc[0]['triton']}); geometric means "
+    lines = [f"Measured on an {gpu} ({versions_text(results)}); geometric means "
              f"over the {len(d.drop_duplicates(['m', 'k']))} shapes M=N in {{{','.join(map(str, sorted(d.m.unique())))}}} x "
              f"K in {{{d.k.min()}..{d.k.max()}}}; x = contender time / the time of our default, "
              "`kernel=\"auto\"` (> 1: ours is faster). The seed's two Triton kernels ran at the configs of "
@@ -141,6 +141,39 @@ def grouped_headline(results: Path) -> list[str]:
                                       for r in host)
                           + "."]
     return lines
+
+
+EXPERIMENT_CSVS = ("compile_modes", "inductor_codegen", "epilogue_fusion", "split_sweep", "decompose_k_grid",
+                   "router_gemm", "grouped_skew", "moe_layer")  # E1..E8
+
+
+def versions_text(results: Path) -> str:
+    """Which torch and Triton the results used, from their CSV rows (the provenance every row carries): one
+    pair, or each pair with the experiments (E1..E8) measured with it."""
+    used: dict[tuple[str, str], list[int]] = {}
+    for i, name in enumerate(EXPERIMENT_CSVS, 1):
+        f = results / f"{name}.csv"
+        if not f.exists():
+            continue
+        v = pd.read_csv(f, usecols=lambda c: c in ("torch", "triton"), dtype=str).dropna().drop_duplicates()
+        for torch_v, triton_v in v[["torch", "triton"]].itertuples(index=False):
+            used.setdefault((torch_v, triton_v), []).append(i)
+    if len(used) == 1:
+        (torch_v, triton_v), _ = next(iter(used.items()))
+        return f"torch {torch_v}, Triton {triton_v}"
+    return "; ".join(f"torch {a}, Triton {b} for {_experiments(e)}" for (a, b), e in sorted(used.items()))
+
+
+def _experiments(ids: list[int]) -> str:
+    runs, out = [], []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, b in runs:
+        out.append(f"E{a}" if a == b else f"E{a}, E{b}" if b == a + 1 else f"E{a}-E{b}")
+    return ", ".join(out)
 
 
 def update_readme(readme: Path, block: str, runtime_text: str | None = None) -> None:
