@@ -92,8 +92,13 @@ def copy_checkout(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     listed = None
     if (ROOT / ".git").exists() and shutil.which("git"):
-        res = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, timeout=60, check=False)
+        res = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         if res.returncode == 0:
             listed = [f for f in res.stdout.decode().split("\0") if f]
     if listed is None:  # e.g. a source tree without .git
@@ -134,8 +139,15 @@ def dry_run_jobs(cwd: Path) -> dict:
     if state.exists():
         before = {p: (p.read_bytes() if p.is_file() else None) for p in state.rglob("*")}
     try:
-        res = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1"], cwd=cwd,
-                             capture_output=True, text=True, timeout=300, env=snakemake_env(), check=False)
+        res = subprocess.run(
+            [sys.executable, "-m", "snakemake", "-n", "--cores", "1"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=snakemake_env(),
+            check=False,
+        )
     finally:
         if before is None:
             shutil.rmtree(state, ignore_errors=True)
@@ -169,12 +181,25 @@ def checkout_state() -> dict:
     logs/, Snakemake's records and logs, what .snakemake/ holds)."""
     git = None
     if (ROOT / ".git").exists() and shutil.which("git"):
-        git = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=60, check=False).stdout
+        git = subprocess.run(
+            ["git", "status", "--porcelain"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
     state = ROOT / ".snakemake"
     outputs = {".snakemake/": sorted(p.name for p in state.iterdir()) if state.is_dir() else None}
-    for top in ("results", "figures", "paper/build", "logs", ".snakemake/metadata", ".snakemake/incomplete",
-                ".snakemake/log"):
+    for top in (
+        "results",
+        "figures",
+        "paper/build",
+        "logs",
+        ".snakemake/metadata",
+        ".snakemake/incomplete",
+        ".snakemake/log",
+    ):
         for p in (ROOT / top).rglob("*") if (ROOT / top).is_dir() else ():
             if p.is_file() and "__pycache__" not in p.parts:
                 st = p.stat()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from conftest import SNAKEMAKE_GROUP, checkout_state, dry_run_jobs, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,8 +67,15 @@ def test_pins_match_what_we_run():
 @pytest.mark.xdist_group(SNAKEMAKE_GROUP)
 def test_snakemake_lint_is_clean(tree_copy):
     pytest.importorskip("snakemake")  # installed by the `pipeline` extra (CI has it; the bare GPU image not)
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=tree_copy, capture_output=True,
-                         text=True, timeout=300, env=snakemake_env(MOEGEMM_FORCE_CPU="1"), check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint"],
+        cwd=tree_copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=snakemake_env(MOEGEMM_FORCE_CPU="1"),
+        check=False,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "Lints for" not in out, out
@@ -120,6 +127,7 @@ def test_long_tests_and_the_snakemake_group_are_dealt_first():
 
     def item(i):
         group = i in (5, 50)
+
         def marker(name, g=group):
             return object() if g and name == "xdist_group" else None
 
@@ -171,15 +179,24 @@ def test_readme_library_excerpt_is_what_the_quickstart_runs():
     for m in modules:
         api |= {n for n in dir(importlib.import_module(f"moegemm.{m}")) if not n.startswith("_")}
     shown = _api_calls(code, api)
-    assert {"route", "permute", "grouped_mm", "unpermute", "grouped_mm_masked", "moe_ffn", "matmul",
-            "sorted_weights"} <= {
-        n for n, _ in shown}, shown
+    assert {
+        "route",
+        "permute",
+        "grouped_mm",
+        "unpermute",
+        "grouped_mm_masked",
+        "moe_ffn",
+        "matmul",
+        "sorted_weights",
+    } <= {n for n, _ in shown}, shown
     assert not any(k == "w_layout" for _, k in shown)
     quickstart = ROOT / "examples" / "quickstart.py"
     if not quickstart.exists():
         pytest.skip("examples/quickstart.py is not in this tree")
     missing = shown - _api_calls(quickstart.read_text(), api)
-    assert not missing, f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
+    assert not missing, (
+        f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
+    )
 
 
 def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):

@@ -72,8 +72,8 @@ def _gluon_api_ok() -> str | None:
     import inspect
 
     need = {
-        "tma.async_copy_global_to_shared(multicast=)":
-            "multicast" in inspect.signature(tma.async_copy_global_to_shared).parameters,
+        "tma.async_copy_global_to_shared(multicast=)": "multicast"
+        in inspect.signature(tma.async_copy_global_to_shared).parameters,
         "hopper.cluster.arrive/wait": hasattr(cluster, "arrive") and hasattr(cluster, "wait"),
         "gl.inline_asm_elementwise": hasattr(gl, "inline_asm_elementwise"),
         "gl.dot_fma": hasattr(gl, "dot_fma"),
@@ -106,8 +106,11 @@ def cluster_supported(device: torch.device | int | None = None) -> bool:
     """True when the clustered kernel can run: this Triton has the Gluon features it needs and (given a
     device) the GPU is a Hopper."""
     if isinstance(device, torch.device):
-        device = None if device.type != "cuda" else (device.index if device.index is not None
-                                                        else torch.cuda.current_device())
+        device = (
+            None
+            if device.type != "cuda"
+            else (device.index if device.index is not None else torch.cuda.current_device())
+        )
     return unsupported_reason(device) is None
 
 
@@ -147,7 +150,12 @@ if gluon is not None:
             st.shared::cluster.f32 [%xa], $1;
             mov.u32 $0, 0;
             }""",
-            "=r,f,r,r", [val, off, dst], dtype=gl.int32, is_pure=False, pack=1)
+            "=r,f,r,r",
+            [val, off, dst],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _pull(off):
@@ -161,11 +169,17 @@ if gluon is not None:
             add.u32 %xa, %xa, $1;
             ld.shared.f32 $0, [%xa];
             }""",
-            "=f,r", [off], dtype=gl.float32, is_pure=False, pack=1)
+            "=f,r",
+            [off],
+            dtype=gl.float32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
-    def _mma_step(a_smem, b_smem, acc, B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr,
-                  PRECISION: gl.constexpr):
+    def _mma_step(
+        a_smem, b_smem, acc, B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr
+    ):
         acc_layout: gl.constexpr = acc.type.layout
         if B_KN:
             b_view = b_smem
@@ -180,8 +194,22 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _ws_produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row0, col0, k0, STEPS: gl.constexpr,
-                    STAGES: gl.constexpr, BLOCK_K: gl.constexpr, B_KN: gl.constexpr, S: gl.constexpr):
+    def _ws_produce(
+        a_desc,
+        b_desc,
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        row0,
+        col0,
+        k0,
+        STEPS: gl.constexpr,
+        STAGES: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        B_KN: gl.constexpr,
+        S: gl.constexpr,
+    ):
         """The producer warp: every K step's two copies into its slot, the slot's ready barrier counting the
         bytes; in a ring, first the wait for the consumers to hand the slot back (a fresh barrier passes a
         wait on parity 1, so the first pass over the ring does not wait).
@@ -218,9 +246,22 @@ if gluon is not None:
             cluster.arrive(relaxed=True)
 
     @gluon.jit
-    def _ws_consume(a_bufs, b_bufs, ready, empty, acc_layout: gl.constexpr, STEPS: gl.constexpr,
-                    STAGES: gl.constexpr, CHAINS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr):
+    def _ws_consume(
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        acc_layout: gl.constexpr,
+        STEPS: gl.constexpr,
+        STAGES: gl.constexpr,
+        CHAINS: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        B_KN: gl.constexpr,
+        FMA: gl.constexpr,
+        KW: gl.constexpr,
+        PRECISION: gl.constexpr,
+    ):
         """The consumer warps: step i into chain i % CHAINS, a group of CHAINS steps waited for together; in a
         ring, the group's slots handed back once every consumer warp has read them. Returns the chains'
         sum (fixed order)."""
@@ -236,17 +277,21 @@ if gluon is not None:
                 mbarrier.wait(ready.index(base + u), phase)
             for u in gl.static_range(CHAINS):
                 if u == 0:
-                    acc0 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc0 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW, PRECISION
+                    )
                 elif u == 1:
-                    acc1 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc1 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW, PRECISION
+                    )
                 elif u == 2:
-                    acc2 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc2 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW, PRECISION
+                    )
                 else:
-                    acc3 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc3 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW, PRECISION
+                    )
             if STEPS > STAGES:
                 gl.barrier()  # every consumer warp has read the group's slots
                 for u in gl.static_range(CHAINS):
@@ -255,14 +300,17 @@ if gluon is not None:
             mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
         for t in gl.static_range(GROUPS * CHAINS, STEPS):
             if t % CHAINS == 0:
-                acc0 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW,
-                                 PRECISION)
+                acc0 = _mma_step(
+                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW, PRECISION
+                )
             elif t % CHAINS == 1:
-                acc1 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW,
-                                 PRECISION)
+                acc1 = _mma_step(
+                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW, PRECISION
+                )
             else:
-                acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
-                                 PRECISION)
+                acc2 = _mma_step(
+                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
+                )
         acc = acc0
         if CHAINS > 1:
             acc = acc0 + acc1
@@ -272,14 +320,35 @@ if gluon is not None:
 
     @gluon.jit
     def _cluster_dk_kernel(
-        a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, cnt_ptr,
-        M, stride_cm, stride_cn,
-        N: gl.constexpr, KPS: gl.constexpr, S: gl.constexpr, CG: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-        CHAINS: gl.constexpr, PRODUCER: gl.constexpr,
-        B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr,
-        WARPS_M: gl.constexpr, WARPS_N: gl.constexpr, SL: gl.constexpr, SLP: gl.constexpr,
-        HAS_BIAS: gl.constexpr, EPILOGUE: gl.constexpr,
+        a_desc,
+        b_desc,
+        c_ptr,
+        bias_ptr,
+        ws_ptr,
+        cnt_ptr,
+        M,
+        stride_cm,
+        stride_cn,
+        N: gl.constexpr,
+        KPS: gl.constexpr,
+        S: gl.constexpr,
+        CG: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        STAGES: gl.constexpr,
+        CHAINS: gl.constexpr,
+        PRODUCER: gl.constexpr,
+        B_KN: gl.constexpr,
+        FMA: gl.constexpr,
+        KW: gl.constexpr,
+        PRECISION: gl.constexpr,
+        WARPS_M: gl.constexpr,
+        WARPS_N: gl.constexpr,
+        SL: gl.constexpr,
+        SLP: gl.constexpr,
+        HAS_BIAS: gl.constexpr,
+        EPILOGUE: gl.constexpr,
     ):
         """C tile (cluster id) = epilogue(sum over the S CTAs of A[tile rows, split r] @ B[split r, cols])."""
         NW: gl.constexpr = WARPS_M * WARPS_N
@@ -290,12 +359,13 @@ if gluon is not None:
         XBYTES: gl.constexpr = S * SL * 4  # this CTA's exchange area: S rows of SL fp32
         lin: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0], cga_layout=CGA1)
         if FMA:
-            acc_layout: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [WARPS_M, WARPS_N], [1, 0],
-                                                        cga_layout=CGA)
+            acc_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 1], [4, 8], [WARPS_M, WARPS_N], [1, 0], cga_layout=CGA
+            )
         else:
-            acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
-                                                                 warps_per_cta=[WARPS_M, WARPS_N],
-                                                                 instr_shape=[16, 8], cga_layout=CGA)
+            acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8], cga_layout=CGA
+            )
 
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -346,13 +416,52 @@ if gluon is not None:
         acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         if PRODUCER:  # one more warp issues every copy while these warps multiply
-            acc = gl.warp_specialize([
-                (_ws_consume, (a_bufs, b_bufs, ready, empty, acc_layout, STEPS, STAGES, CHAINS, BLOCK_M,
-                               BLOCK_N, B_KN, FMA, KW, PRECISION)),
-                (_ws_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row0, col0, k0, STEPS, STAGES,
-                               BLOCK_K, B_KN, S)),
-                (_ws_idle, (S,)), (_ws_idle, (S,)), (_ws_idle, (S,)),
-            ], [1, 1, 1, 1])
+            acc = gl.warp_specialize(
+                [
+                    (
+                        _ws_consume,
+                        (
+                            a_bufs,
+                            b_bufs,
+                            ready,
+                            empty,
+                            acc_layout,
+                            STEPS,
+                            STAGES,
+                            CHAINS,
+                            BLOCK_M,
+                            BLOCK_N,
+                            B_KN,
+                            FMA,
+                            KW,
+                            PRECISION,
+                        ),
+                    ),
+                    (
+                        _ws_produce,
+                        (
+                            a_desc,
+                            b_desc,
+                            a_bufs,
+                            b_bufs,
+                            ready,
+                            empty,
+                            row0,
+                            col0,
+                            k0,
+                            STEPS,
+                            STAGES,
+                            BLOCK_K,
+                            B_KN,
+                            S,
+                        ),
+                    ),
+                    (_ws_idle, (S,)),
+                    (_ws_idle, (S,)),
+                    (_ws_idle, (S,)),
+                ],
+                [1, 1, 1, 1],
+            )
         elif STEPS <= STAGES:  # every step has a slot of its own: no refills
             for g in gl.static_range(0, STEPS, CHAINS):
                 for u in gl.static_range(CHAINS):
@@ -361,17 +470,21 @@ if gluon is not None:
                 for u in gl.static_range(CHAINS):
                     if g + u < STEPS:
                         if u == 0:
-                            acc0 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc0, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc0 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc0, B_KN, FMA, KW, PRECISION
+                            )
                         elif u == 1:
-                            acc1 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc1, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc1 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc1, B_KN, FMA, KW, PRECISION
+                            )
                         elif u == 2:
-                            acc2 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc2, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc2 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc2, B_KN, FMA, KW, PRECISION
+                            )
                         else:
-                            acc3 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc3, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc3 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc3, B_KN, FMA, KW, PRECISION
+                            )
         else:  # a ring of STAGES slots (a multiple of CHAINS): one group of CHAINS slots per iteration
             GROUPS: gl.constexpr = STEPS // CHAINS
             for j in range(GROUPS):
@@ -381,43 +494,65 @@ if gluon is not None:
                     mbarrier.wait(ready.index(base + u), phase)
                 for u in gl.static_range(CHAINS):
                     if u == 0:
-                        acc0 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc0 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW, PRECISION
+                        )
                     elif u == 1:
-                        acc1 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc1 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW, PRECISION
+                        )
                     elif u == 2:
-                        acc2 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc2 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW, PRECISION
+                        )
                     else:
-                        acc3 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc3 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW, PRECISION
+                        )
                 gl.barrier()  # every warp has read the group's slots before the copies into them are issued
                 for u in gl.static_range(CHAINS):
                     nxt = j * CHAINS + u + STAGES
                     refill = nxt < STEPS
                     mbarrier.expect(ready.index(base + u), nbytes, pred=refill)
-                    _tma_copy(a_desc, [row0, k0 + nxt * BLOCK_K], ready.index(base + u), a_bufs.index(base + u),
-                              pred=refill)
+                    _tma_copy(
+                        a_desc,
+                        [row0, k0 + nxt * BLOCK_K],
+                        ready.index(base + u),
+                        a_bufs.index(base + u),
+                        pred=refill,
+                    )
                     if B_KN:
-                        _tma_copy(b_desc, [k0 + nxt * BLOCK_K, col0], ready.index(base + u),
-                                  b_bufs.index(base + u), pred=refill)
+                        _tma_copy(
+                            b_desc,
+                            [k0 + nxt * BLOCK_K, col0],
+                            ready.index(base + u),
+                            b_bufs.index(base + u),
+                            pred=refill,
+                        )
                     else:
-                        _tma_copy(b_desc, [col0, k0 + nxt * BLOCK_K], ready.index(base + u),
-                                  b_bufs.index(base + u), pred=refill)
+                        _tma_copy(
+                            b_desc,
+                            [col0, k0 + nxt * BLOCK_K],
+                            ready.index(base + u),
+                            b_bufs.index(base + u),
+                            pred=refill,
+                        )
             # the steps past the last whole group (fewer than CHAINS; their slots and phases are constants)
             for t in gl.static_range(GROUPS * CHAINS, STEPS):
                 mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
             for t in gl.static_range(GROUPS * CHAINS, STEPS):
                 if t % CHAINS == 0:
-                    acc0 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc0 = _mma_step(
+                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW, PRECISION
+                    )
                 elif t % CHAINS == 1:
-                    acc1 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc1 = _mma_step(
+                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW, PRECISION
+                    )
                 else:
-                    acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc2 = _mma_step(
+                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
+                    )
         if not PRODUCER:
             acc = acc0
             if CHAINS > 1:
@@ -473,8 +608,9 @@ if gluon is not None:
             mine = gl.expand_dims(gl.arange(0, S, layout=gl.SliceLayout(1, out2)), 1)  # = rank
             first = (lane == 0) & (mine >= 0)
             cnt = cnt_ptr + tile * S + mine + lane * 0
-            old = gl.atomic_add(cnt, gl.full([S, 32 * NW], 1, gl.int32, out2), mask=first, sem="acq_rel",
-                                scope="gpu")
+            old = gl.atomic_add(
+                cnt, gl.full([S, 32 * NW], 1, gl.int32, out2), mask=first, sem="acq_rel", scope="gpu"
+            )
             last = gl.expand_dims(gl.max(gl.where(first, old, -1), axis=1), 1) == CG - 1  # [S, 1]
             gl.store(cnt, gl.zeros([S, 32 * NW], gl.int32, out2), mask=first & last)
             if S == 1:
@@ -532,10 +668,15 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.split_k not in (1, 2, 4, 8, 16):
-            raise ValueError(f"config.split_k: expected 1, 2, 4, 8 or 16 (CTAs of a cluster), "
-                             f"got {self.split_k!r}")
-        for name, lo, hi in (("block_m", 16, 128), ("block_n", 8, 128), ("block_k", 16, 128),
-                             ("num_warps", 1, 8)):
+            raise ValueError(
+                f"config.split_k: expected 1, 2, 4, 8 or 16 (CTAs of a cluster), got {self.split_k!r}"
+            )
+        for name, lo, hi in (
+            ("block_m", 16, 128),
+            ("block_n", 8, 128),
+            ("block_k", 16, 128),
+            ("num_warps", 1, 8),
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
@@ -544,8 +685,9 @@ class ClusterConfig:
         if not isinstance(self.producer, bool):
             raise TypeError(f"config.producer: expected a bool, got {self.producer!r}")
         if self.producer and self.num_warps % 4:
-            raise ValueError(f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, "
-                             f"got {self.num_warps}")
+            raise ValueError(
+                f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, got {self.num_warps}"
+            )
         if self.clusters not in (1, 2, 4, 8):
             raise ValueError(f"config.clusters: expected 1, 2, 4 or 8, got {self.clusters!r}")
         if self.chains not in (1, 2, 4):
@@ -607,9 +749,15 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
             for bn in (8, 16, 32, 64):
                 if (bm > 16 and bm // 2 >= m) or (bn > 16 and bn // 2 >= n) or (bn == 8 and n > 16):
                     continue
-                cfg = ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                    num_warps=2 if bm * bn < 32 * 32 else 4,
-                                    chains=4 if bm * bn <= 32 * 32 else 2, producer=False)
+                cfg = ClusterConfig(
+                    split_k=s,
+                    block_m=bm,
+                    block_n=bn,
+                    block_k=bk,
+                    num_warps=2 if bm * bn < 32 * 32 else 4,
+                    chains=4 if bm * bn <= 32 * 32 else 2,
+                    producer=False,
+                )
                 reads = _cdiv(m, bm) * _cdiv(n, bn) * (bm + bn)
                 score = (_estimate(m, n, k, esize, sm_count, cfg), reads)
                 if best is None or score < best[0]:
@@ -674,22 +822,55 @@ def _layouts(dtype, cfg: ClusterConfig, b_kn: bool):
     return la, lb, [cfg.block_m, cfg.block_k], box_b
 
 
-def constexprs(n: int, k: int, dtype: torch.dtype, cfg: ClusterConfig, b_kn: bool, epilogue: Epilogue,
-               has_bias: bool, allow_tf32: bool) -> dict:
+def constexprs(
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    cfg: ClusterConfig,
+    b_kn: bool,
+    epilogue: Epilogue,
+    has_bias: bool,
+    allow_tf32: bool,
+) -> dict:
     esize = torch.empty((), dtype=dtype).element_size()
     fma = dtype == torch.float32 and not allow_tf32
     wm, wn = _warps(cfg)
     sl = _slice(cfg)
-    return {"N": n, "KPS": k_per_split(k, cfg), "S": cfg.split_k, "CG": cfg.clusters, "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize),
-            "CHAINS": cfg.chains, "PRODUCER": cfg.producer, "B_KN": b_kn,
-            "FMA": fma, "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
-            "PRECISION": "ieee" if fma else "tf32", "WARPS_M": wm, "WARPS_N": wn, "SL": sl,
-            "SLP": max(32, _pow2(sl)), "HAS_BIAS": has_bias, "EPILOGUE": int(epilogue)}
+    return {
+        "N": n,
+        "KPS": k_per_split(k, cfg),
+        "S": cfg.split_k,
+        "CG": cfg.clusters,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "STAGES": stages_for(k, cfg, esize),
+        "CHAINS": cfg.chains,
+        "PRODUCER": cfg.producer,
+        "B_KN": b_kn,
+        "FMA": fma,
+        "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
+        "PRECISION": "ieee" if fma else "tf32",
+        "WARPS_M": wm,
+        "WARPS_N": wn,
+        "SL": sl,
+        "SLP": max(32, _pow2(sl)),
+        "HAS_BIAS": has_bias,
+        "EPILOGUE": int(epilogue),
+    }
 
 
-def compile_sm90(dtype: torch.dtype, n: int, k: int, cfg: ClusterConfig, *, b_kn: bool = True,
-                 epilogue: Epilogue = Epilogue.NONE, has_bias: bool = False, allow_tf32: bool = False):
+def compile_sm90(
+    dtype: torch.dtype,
+    n: int,
+    k: int,
+    cfg: ClusterConfig,
+    *,
+    b_kn: bool = True,
+    epilogue: Epilogue = Epilogue.NONE,
+    has_bias: bool = False,
+    allow_tf32: bool = False,
+):
     """The kernel compiled for sm_90a with the installed Triton, no GPU needed (raises where it does not
     compile); returns Triton's compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
     from triton.backends.compiler import GPUTarget
@@ -698,14 +879,23 @@ def compile_sm90(dtype: torch.dtype, n: int, k: int, cfg: ClusterConfig, *, b_kn
     c = constexprs(n, k, dtype, cfg, b_kn, epilogue, has_bias, allow_tf32)
     la, lb, box_a, box_b = _layouts(dtype, cfg, b_kn)
     t = _SIG[dtype]
-    sig = {"a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
-           "b_desc": f"tensordesc<{t}[{box_b[0]},{box_b[1]}],{lb!r}>",
-           "c_ptr": f"*{t}", "bias_ptr": f"*{t}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
-           "stride_cm": "i32", "stride_cn": "i32"}
+    sig = {
+        "a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
+        "b_desc": f"tensordesc<{t}[{box_b[0]},{box_b[1]}],{lb!r}>",
+        "c_ptr": f"*{t}",
+        "bias_ptr": f"*{t}",
+        "ws_ptr": "*fp32",
+        "cnt_ptr": "*i32",
+        "M": "i32",
+        "stride_cm": "i32",
+        "stride_cn": "i32",
+    }
     sig.update({name: "constexpr" for name in c})
-    return triton.compile(GluonASTSource(fn=_cluster_dk_kernel, signature=sig, constexprs=c),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": c["WARPS_M"] * c["WARPS_N"], "num_ctas": cfg.split_k})
+    return triton.compile(
+        GluonASTSource(fn=_cluster_dk_kernel, signature=sig, constexprs=c),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": c["WARPS_M"] * c["WARPS_N"], "num_ctas": cfg.split_k},
+    )
 
 
 def _tma_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[list, list, bool] | None:
@@ -753,10 +943,12 @@ class ClusterPlan:
     boxes: tuple
     layouts: tuple
     grid: int
-    shared: int             # dynamic shared memory per CTA: Triton's + the exchange area
-    max_clusters: int       # clusters of this kernel the GPU holds at once (0: it cannot launch)
-    ws: torch.Tensor = None   # clusters > 1: each tile's partial sums, one row per cluster (fp32)
-    cnt: torch.Tensor = None  # clusters > 1: per (tile, rank) the clusters done; back to zero after each launch
+    shared: int  # dynamic shared memory per CTA: Triton's + the exchange area
+    max_clusters: int  # clusters of this kernel the GPU holds at once (0: it cannot launch)
+    ws: torch.Tensor = None  # clusters > 1: each tile's partial sums, one row per cluster (fp32)
+    cnt: torch.Tensor = (
+        None  # clusters > 1: per (tile, rank) the clusters done; back to zero after each launch
+    )
     _run: object = None
     _function: object = None
     _packed: tuple = ()
@@ -764,19 +956,44 @@ class ClusterPlan:
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor):
         bt = b if self.b_kn else b.t()
-        return (TensorDescriptor(a, self.a_geom[0], self.a_geom[1], list(self.boxes[0]), self.layouts[0]),
-                TensorDescriptor(bt, self.b_geom[0], self.b_geom[1], list(self.boxes[1]), self.layouts[1]))
+        return (
+            TensorDescriptor(a, self.a_geom[0], self.a_geom[1], list(self.boxes[0]), self.layouts[0]),
+            TensorDescriptor(bt, self.b_geom[0], self.b_geom[1], list(self.boxes[1]), self.layouts[1]),
+        )
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         from .._triton_common import raw_stream
 
         da, db = self.descriptors(a, b)
-        self._run(self.grid, 1, 1, raw_stream(self.device.index), self._function, self._packed, None, None,
-                  None, da, db, out, out if bias is None else bias, self.ws, self.cnt, self.m, out.stride(0),
-                  out.stride(1), *self._tail)
+        self._run(
+            self.grid,
+            1,
+            1,
+            raw_stream(self.device.index),
+            self._function,
+            self._packed,
+            None,
+            None,
+            None,
+            da,
+            db,
+            out,
+            out if bias is None else bias,
+            self.ws,
+            self.cnt,
+            self.m,
+            out.stride(0),
+            out.stride(1),
+            *self._tail,
+        )
         return out
 
 
@@ -787,16 +1004,21 @@ FALLBACK_REASONS: dict = {}  # (m, n, k, config) -> why a compiled kernel could 
 def _key(a, b, bias, out, epilogue, config, allow_tf32):
     def geom(t):
         return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
     return (geom(a), geom(b), geom(bias), geom(out), epilogue, config, allow_tf32)
 
 
-def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, config=None,
-              allow_tf32: bool = False) -> ClusterPlan | None:
+def make_plan(
+    a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, config=None, allow_tf32: bool = False
+) -> ClusterPlan | None:
     """The clustered kernel compiled for these operands (validated by the caller), or None where it cannot
     serve them here (see :func:`unsupported_reason`, :func:`_tma_operands`), or the GPU cannot hold one
     cluster of it."""
-    if a.device.type != "cuda" or unsupported_reason(a.device.index if a.device.index is not None
-                                                     else torch.cuda.current_device()) is not None:
+    if (
+        a.device.type != "cuda"
+        or unsupported_reason(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        is not None
+    ):
         return None
     geo = _tma_operands(a, b)
     if geo is None or (bias is not None and bias.stride(0) != 1 and bias.shape[0] > 1):
@@ -805,8 +1027,11 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
 
     m, k = a.shape
     n = b.shape[1]
-    cfg = ClusterConfig.coerce(config) if config is not None else heuristic_config(m, n, k, a.dtype,
-                                                                                     device_sm_count(a))
+    cfg = (
+        ClusterConfig.coerce(config)
+        if config is not None
+        else heuristic_config(m, n, k, a.dtype, device_sm_count(a))
+    )
     p, compiled = compile_for(a, b, geo, epilogue, bias, out, cfg, allow_tf32)
     compiled._init_handles()
     p.shared = _cdiv(int(compiled.metadata.shared), 16) * 16 + exchange_bytes(cfg)
@@ -814,8 +1039,9 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
 
     # sets the kernel's dynamic shared memory limit to what the launch asks (and allows 16-CTA clusters)
     try:
-        p.max_clusters = int(driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function, p.shared,
-                                                                               cfg.split_k))
+        p.max_clusters = int(
+            driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function, p.shared, cfg.split_k)
+        )
     except RuntimeError as e:  # e.g. more shared memory than a block may have
         FALLBACK_REASONS[(m, n, k, cfg)] = f"occupancy query: {e}"
         return None
@@ -826,7 +1052,7 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
     p._packed = (compiled.metadata.num_warps, compiled.metadata.num_ctas, p.shared)
     names = list(_cluster_dk_kernel.arg_names)
     c = constexprs(n, k, a.dtype, cfg, p.b_kn, epilogue, bias is not None, allow_tf32)
-    p._tail = tuple(c[nm] for nm in names[names.index("stride_cn") + 1:])
+    p._tail = tuple(c[nm] for nm in names[names.index("stride_cn") + 1 :])
     return p
 
 
@@ -839,20 +1065,49 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
     c = constexprs(n, k, a.dtype, cfg, b_kn, epilogue, bias is not None, allow_tf32)
     la, lb, box_a, box_b = _layouts(a.dtype, cfg, b_kn)
     grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.clusters
-    p = ClusterPlan(config=cfg, epilogue=epilogue, m=m, n=n, k=k, dtype=a.dtype, device=a.device, b_kn=b_kn,
-                    a_geom=a_io, b_geom=b_io, boxes=(tuple(box_a), tuple(box_b)), layouts=(la, lb), grid=grid,
-                    shared=0, max_clusters=0)
+    p = ClusterPlan(
+        config=cfg,
+        epilogue=epilogue,
+        m=m,
+        n=n,
+        k=k,
+        dtype=a.dtype,
+        device=a.device,
+        b_kn=b_kn,
+        a_geom=a_io,
+        b_geom=b_io,
+        boxes=(tuple(box_a), tuple(box_b)),
+        layouts=(la, lb),
+        grid=grid,
+        shared=0,
+        max_clusters=0,
+    )
     tiles = grid // cfg.clusters
     # the workspace and the counters (zero: each launch leaves them so) belong to the plan; a dummy word each
     # where the kernel has one cluster per tile
-    p.ws = torch.empty(tiles * cfg.clusters * cfg.split_k * _slice(cfg) if cfg.clusters > 1 else 1,
-                       dtype=torch.float32, device=a.device)
+    p.ws = torch.empty(
+        tiles * cfg.clusters * cfg.split_k * _slice(cfg) if cfg.clusters > 1 else 1,
+        dtype=torch.float32,
+        device=a.device,
+    )
     p.cnt = torch.zeros(tiles * cfg.split_k if cfg.clusters > 1 else 1, dtype=torch.int32, device=a.device)
     probe = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     da, db = p.descriptors(a, b)
-    compiled = _cluster_dk_kernel.warmup(da, db, probe, bias if bias is not None else probe, p.ws, p.cnt, m,
-                                         probe.stride(0), probe.stride(1), grid=(grid,),
-                                         num_warps=c["WARPS_M"] * c["WARPS_N"], num_ctas=cfg.split_k, **c)
+    compiled = _cluster_dk_kernel.warmup(
+        da,
+        db,
+        probe,
+        bias if bias is not None else probe,
+        p.ws,
+        p.cnt,
+        m,
+        probe.stride(0),
+        probe.stride(1),
+        grid=(grid,),
+        num_warps=c["WARPS_M"] * c["WARPS_N"],
+        num_ctas=cfg.split_k,
+        **c,
+    )
     if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
         compiled = compiled.result()
     return p, compiled
@@ -869,8 +1124,10 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     elif config is not None and not isinstance(config, ClusterConfig):
         raise TypeError(f"config: expected ClusterConfig or dict, got {type(config).__name__}")
     if config is not None and config.block_k * a.element_size() > 128:
-        raise ValueError(f"config.block_k: a TMA box row holds at most 128 bytes (swizzled), so at most "
-                         f"{128 // a.element_size()} for {a.dtype}; got {config.block_k}")
+        raise ValueError(
+            f"config.block_k: a TMA box row holds at most 128 bytes (swizzled), so at most "
+            f"{128 // a.element_size()} for {a.dtype}; got {config.block_k}"
+        )
     key = _key(a, b, bias, out, epi, config, allow_tf32)
     if key in _PLANS:
         return _PLANS[key]
@@ -879,8 +1136,9 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     if config is not None and config.split_k > 1 and k < config.split_k:
         raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {config.split_k}")
     if config is not None and config.clusters > 1 and k < config.split_k * config.clusters:
-        raise ValueError(f"config.clusters: expected split_k * clusters <= K={k}, got "
-                         f"{config.split_k} * {config.clusters}")
+        raise ValueError(
+            f"config.clusters: expected split_k * clusters <= K={k}, got {config.split_k} * {config.clusters}"
+        )
     p = None
     if m > 0 and n > 0 and k > 0:
         p = make_plan(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)
@@ -888,10 +1146,16 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     return p
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, epilogue: str | Epilogue = "none",
-           bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           config: ClusterConfig | dict | None = None,
-           allow_tf32: bool = False) -> torch.Tensor:
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    epilogue: str | Epilogue = "none",
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: ClusterConfig | dict | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
     """``epilogue(a @ b + bias)`` by the clustered Decompose-K kernel (bitwise deterministic, CUDA-graph
     safe, no workspace). Same arguments and contract as :func:`moegemm.decompose_k.matmul`; where the
     clustered kernel cannot serve the call (see the module's docstring), that function serves it."""

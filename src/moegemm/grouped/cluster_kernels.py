@@ -58,8 +58,11 @@ def cluster_supported(device: torch.device | int | None = None) -> bool:
     """True when the multicast kernel can run: the Gluon features (the Decompose-K cluster kernel's probe,
     which checks the same ones) and, given a device, a Hopper GPU."""
     if isinstance(device, torch.device):
-        device = None if device.type != "cuda" else (device.index if device.index is not None
-                                                        else torch.cuda.current_device())
+        device = (
+            None
+            if device.type != "cuda"
+            else (device.index if device.index is not None else torch.cuda.current_device())
+        )
     return gluon is not None and unsupported_reason(device) is None
 
 
@@ -77,8 +80,10 @@ class ClusterGroupedConfig:
 
     def __post_init__(self) -> None:
         if self.num_warps not in (4, 8) or self.block_m != 16 * self.num_warps:
-            raise ValueError(f"config.block_m, num_warps: expected 64 with 4 warps or 128 with 8, got "
-                             f"{self.block_m}, {self.num_warps}")
+            raise ValueError(
+                f"config.block_m, num_warps: expected 64 with 4 warps or 128 with 8, got "
+                f"{self.block_m}, {self.num_warps}"
+            )
         if self.block_n not in (64, 128, 256):
             raise ValueError(f"config.block_n: expected 64, 128 or 256, got {self.block_n!r}")
         if self.block_k not in (32, 64):
@@ -128,7 +133,12 @@ if gluon is not None:
             @%xp fence.mbarrier_init.release.cluster;
             mov.u32 $0, 0;
             }""",
-            "=r,r,r,r", [lanes, lanes + off, lanes + count], dtype=gl.int32, is_pure=False, pack=1)
+            "=r,r,r,r",
+            [lanes, lanes + off, lanes + count],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _empty_arrive(lanes, off):
@@ -148,7 +158,12 @@ if gluon is not None:
             @%xp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%xa];
             mov.u32 $0, 0;
             }""",
-            "=r,r,r", [lanes, lanes + off], dtype=gl.int32, is_pure=False, pack=1)
+            "=r,r,r",
+            [lanes, lanes + off],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _empty_wait(lanes, off, phase, pred):
@@ -173,12 +188,25 @@ if gluon is not None:
             XDONE:
             mov.u32 $0, 0;
             }""",
-            "=r,r,r,r,r", [lanes, lanes + off, lanes + phase, lanes + pred], dtype=gl.int32, is_pure=False,
-            pack=1)
+            "=r,r,r,r,r",
+            [lanes, lanes + off, lanes + phase, lanes + pred],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
-    def _coords(tile, offsets_ptr, E, N, PAIR: gl.constexpr, BLOCK_N: gl.constexpr, E_BLOCK: gl.constexpr,
-                GROUP_M: gl.constexpr, WARPS: gl.constexpr):
+    def _coords(
+        tile,
+        offsets_ptr,
+        E,
+        N,
+        PAIR: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
         """(expert, first row of the pair, the expert's end row, first column, all pair tiles) of pair tile
         ``tile``: experts in order, bands of GROUP_M row pairs walked column by column."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0], cga_layout=_bases(1, False))
@@ -203,8 +231,9 @@ if gluon is not None:
         return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N, total
 
     @gluon.jit
-    def _w_copies(w_desc, w_bufs, u_bufs, bar, expert, k, col0, N, K, W_KN: gl.constexpr,
-                  SWIGLU: gl.constexpr, pred):
+    def _w_copies(
+        w_desc, w_bufs, u_bufs, bar, expert, k, col0, N, K, W_KN: gl.constexpr, SWIGLU: gl.constexpr, pred
+    ):
         """The lead CTA's multicast copies of one K step's weight box (and with SWIGLU the up projection's,
         N columns further on in each expert's 2N)."""
         WN = 2 * N if SWIGLU else N
@@ -228,25 +257,40 @@ if gluon is not None:
 
     @gluon.jit
     def _grouped_cluster_kernel(
-        a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
-        E, N, K, stride_ym,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-        GROUP_M: gl.constexpr, STAGES: gl.constexpr, W_KN: gl.constexpr, HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr, SWIGLU: gl.constexpr,
+        a_desc,
+        w_desc,
+        y_ptr,
+        offsets_ptr,
+        scale_ptr,
+        E,
+        N,
+        K,
+        stride_ym,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        W_KN: gl.constexpr,
+        HAS_SCALE: gl.constexpr,
+        EPILOGUE: gl.constexpr,
+        SWIGLU: gl.constexpr,
     ):
         """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
         silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows)."""
         NW: gl.constexpr = gl.num_warps()
         PAIR: gl.constexpr = 2 * BLOCK_M
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                             instr_shape=[16, BLOCK_N, 16],
-                                                             cga_layout=_bases(2, True))
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16], cga_layout=_bases(2, True)
+        )
         # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         if SWIGLU:
-            u_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape,
-                                               w_desc.layout)
+            u_bufs = gl.allocate_shared_memory(
+                w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
+            )
         else:
             u_bufs = w_bufs
         ready = mbarrier.allocate_mbarrier(batch=STAGES)  # one per CTA: its x half and the whole w box
@@ -259,8 +303,9 @@ if gluon is not None:
         mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
 
         tile = gl.program_id(0)
-        expert, row0, row_end, col0, total = _coords(tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M,
-                                                     NW)
+        expert, row0, row_end, col0, total = _coords(
+            tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M, NW
+        )
         if tile < total:
             steps = gl.cdiv(K, BLOCK_K)
             W_BOXES: gl.constexpr = 2 if SWIGLU else 1
@@ -269,8 +314,20 @@ if gluon is not None:
                 if j < steps:
                     mbarrier.expect(ready.index(j), nbytes)
                     _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
-                    _w_copies(w_desc, w_bufs.index(j), u_bufs.index(j), ready.index(j), expert, j * BLOCK_K,
-                              col0, N, K, W_KN, SWIGLU, True)
+                    _w_copies(
+                        w_desc,
+                        w_bufs.index(j),
+                        u_bufs.index(j),
+                        ready.index(j),
+                        expert,
+                        j * BLOCK_K,
+                        col0,
+                        N,
+                        K,
+                        W_KN,
+                        SWIGLU,
+                        True,
+                    )
             acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
             if SWIGLU:
                 acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
@@ -295,8 +352,20 @@ if gluon is not None:
                     _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32))  # the lead: both CTAs have
                     mbarrier.expect(ready.index(p), nbytes, pred=refill)
                     _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
-                    _w_copies(w_desc, w_bufs.index(p), u_bufs.index(p), ready.index(p), expert,
-                              nxt * BLOCK_K, col0, N, K, W_KN, SWIGLU, refill)
+                    _w_copies(
+                        w_desc,
+                        w_bufs.index(p),
+                        u_bufs.index(p),
+                        ready.index(p),
+                        expert,
+                        nxt * BLOCK_K,
+                        col0,
+                        N,
+                        K,
+                        W_KN,
+                        SWIGLU,
+                        refill,
+                    )
             if SWIGLU:
                 acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
             else:
@@ -333,16 +402,38 @@ def _layouts(dtype: torch.dtype, cfg: ClusterGroupedConfig, w_kn: bool):
     return la, lw, box_a, box_w
 
 
-def constexprs(num_experts: int, cfg: ClusterGroupedConfig, w_kn: bool, epilogue: Epilogue,
-               has_scale: bool, swiglu: bool = False) -> dict:
-    return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-            "E_BLOCK": triton.next_power_of_2(max(num_experts + 1, 2)), "GROUP_M": cfg.group_m,
-            "STAGES": cfg.stages, "W_KN": w_kn, "HAS_SCALE": has_scale, "EPILOGUE": int(epilogue),
-            "SWIGLU": swiglu}
+def constexprs(
+    num_experts: int,
+    cfg: ClusterGroupedConfig,
+    w_kn: bool,
+    epilogue: Epilogue,
+    has_scale: bool,
+    swiglu: bool = False,
+) -> dict:
+    return {
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "E_BLOCK": triton.next_power_of_2(max(num_experts + 1, 2)),
+        "GROUP_M": cfg.group_m,
+        "STAGES": cfg.stages,
+        "W_KN": w_kn,
+        "HAS_SCALE": has_scale,
+        "EPILOGUE": int(epilogue),
+        "SWIGLU": swiglu,
+    }
 
 
-def compile_sm90(dtype: torch.dtype, num_experts: int, cfg: ClusterGroupedConfig, *, w_kn: bool = False,
-                 epilogue: Epilogue = Epilogue.NONE, has_scale: bool = False, swiglu: bool = False):
+def compile_sm90(
+    dtype: torch.dtype,
+    num_experts: int,
+    cfg: ClusterGroupedConfig,
+    *,
+    w_kn: bool = False,
+    epilogue: Epilogue = Epilogue.NONE,
+    has_scale: bool = False,
+    swiglu: bool = False,
+):
     """The kernel compiled for sm_90a with the installed Triton, no GPU needed; returns Triton's compiled
     kernel (``.asm["ptx"]``)."""
     from triton.backends.compiler import GPUTarget
@@ -350,19 +441,29 @@ def compile_sm90(dtype: torch.dtype, num_experts: int, cfg: ClusterGroupedConfig
 
     la, lw, box_a, box_w = _layouts(dtype, cfg, w_kn)
     t = _SIG[dtype]
-    sig = {"a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
-           "w_desc": f"tensordesc<{t}[{box_w[0]},{box_w[1]}],{lw!r}>",
-           "y_ptr": f"*{t}", "offsets_ptr": "*i32", "scale_ptr": f"*{t}", "E": "i32", "N": "i32", "K": "i32",
-           "stride_ym": "i32"}
+    sig = {
+        "a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
+        "w_desc": f"tensordesc<{t}[{box_w[0]},{box_w[1]}],{lw!r}>",
+        "y_ptr": f"*{t}",
+        "offsets_ptr": "*i32",
+        "scale_ptr": f"*{t}",
+        "E": "i32",
+        "N": "i32",
+        "K": "i32",
+        "stride_ym": "i32",
+    }
     c = constexprs(num_experts, cfg, w_kn, epilogue, has_scale, swiglu)
     sig.update({name: "constexpr" for name in c})
-    return triton.compile(GluonASTSource(fn=_grouped_cluster_kernel, signature=sig, constexprs=c),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": cfg.num_warps, "num_ctas": 2})
+    return triton.compile(
+        GluonASTSource(fn=_grouped_cluster_kernel, signature=sig, constexprs=c),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": cfg.num_warps, "num_ctas": 2},
+    )
 
 
-def _eligible(x: torch.Tensor, w: torch.Tensor, w_layout: str, out: torch.Tensor, row_scale,
-              cfg: ClusterGroupedConfig) -> bool:
+def _eligible(
+    x: torch.Tensor, w: torch.Tensor, w_layout: str, out: torch.Tensor, row_scale, cfg: ClusterGroupedConfig
+) -> bool:
     """TMA reads x and w as the kernel needs (16-bit; rows 16-byte aligned; experts stacked densely), the
     output's rows are contiguous and "kn" weights hold a whole number of BLOCK_K rows per expert."""
     if x.dtype not in _GL or x.device.type != "cuda":
@@ -395,8 +496,27 @@ class _Plan:
         dw = TensorDescriptor(w2, list(w2.shape), [w2.stride(0), 1], list(self.boxes[1]), self.layouts[1])
         from .._triton_common import raw_stream
 
-        self.run_fn(self.grid, 1, 1, raw_stream(x.device.index), self.function, self.packed, None, None, None,
-                    da, dw, out, offsets, scale, e, n, k, out.stride(0), *self.tail)
+        self.run_fn(
+            self.grid,
+            1,
+            1,
+            raw_stream(x.device.index),
+            self.function,
+            self.packed,
+            None,
+            None,
+            None,
+            da,
+            dw,
+            out,
+            offsets,
+            scale,
+            e,
+            n,
+            k,
+            out.stride(0),
+            *self.tail,
+        )
 
 
 _PLANS: dict = {}
@@ -404,8 +524,9 @@ FALLBACK_REASONS: dict = {}
 
 
 def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu=False):
-    compiled, c, grid, geom, la, lw, box_a, box_w = compile_for(x, w, w_layout, offsets, scale, out, e, n, k,
-                                                                 epi, has_scale, cfg, swiglu)
+    compiled, c, grid, geom, la, lw, box_a, box_w = compile_for(
+        x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu
+    )
     compiled._init_handles()
     return _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, x.shape[0], n, k, cfg)
 
@@ -424,8 +545,21 @@ def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cf
     w2 = w.view(geom[0])
     da = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], box_a, la)
     dw = TensorDescriptor(w2, list(w2.shape), [w2.stride(0), 1], box_w, lw)
-    compiled = _grouped_cluster_kernel.warmup(da, dw, out, offsets, scale, e, n, k, out.stride(0),
-                                              grid=(grid,), num_warps=cfg.num_warps, num_ctas=2, **c)
+    compiled = _grouped_cluster_kernel.warmup(
+        da,
+        dw,
+        out,
+        offsets,
+        scale,
+        e,
+        n,
+        k,
+        out.stride(0),
+        grid=(grid,),
+        num_warps=cfg.num_warps,
+        num_ctas=2,
+        **c,
+    )
     if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
         compiled = compiled.result()
     return compiled, c, grid, geom, la, lw, box_a, box_w
@@ -444,35 +578,59 @@ def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg):
         FALLBACK_REASONS[(m, n, k, cfg)] = f"no 2-CTA cluster with {shared} B of shared memory fits"
         return None
     names = list(_grouped_cluster_kernel.arg_names)
-    tail = tuple(c[nm] for nm in names[names.index("stride_ym") + 1:])
-    return _Plan(grid=grid, shared=shared, geom=geom, layouts=(la, lw), boxes=(tuple(box_a), tuple(box_w)),
-                 run_fn=compiled.run, function=compiled.function,
-                 packed=(compiled.metadata.num_warps, compiled.metadata.num_ctas, shared), tail=tail)
+    tail = tuple(c[nm] for nm in names[names.index("stride_ym") + 1 :])
+    return _Plan(
+        grid=grid,
+        shared=shared,
+        geom=geom,
+        layouts=(la, lw),
+        boxes=(tuple(box_a), tuple(box_w)),
+        run_fn=compiled.run,
+        function=compiled.function,
+        packed=(compiled.metadata.num_warps, compiled.metadata.num_ctas, shared),
+        tail=tail,
+    )
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def grouped_mm(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, *, w_layout: str = "kn",
-               epilogue: str | Epilogue = "none", row_scale: torch.Tensor | None = None,
-               config: ClusterGroupedConfig | None = None, out: torch.Tensor | None = None,
-               validate: bool = True) -> torch.Tensor:
+def grouped_mm(
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    w_layout: str = "kn",
+    epilogue: str | Epilogue = "none",
+    row_scale: torch.Tensor | None = None,
+    config: ClusterGroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
     """:func:`moegemm.grouped.grouped_mm` (same arguments and result) on 2-CTA clusters that multicast each
     weight tile to both CTAs. Where this kernel cannot serve the call (see the module's docstring), the
     library's grouped_mm does."""
     return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, False)
 
 
-def grouped_mm_swiglu(x_sorted: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, *,
-                      w_layout: str = "kn", row_scale: torch.Tensor | None = None,
-                      config: ClusterGroupedConfig | None = None, out: torch.Tensor | None = None,
-                      validate: bool = True) -> torch.Tensor:
+def grouped_mm_swiglu(
+    x_sorted: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    w_layout: str = "kn",
+    row_scale: torch.Tensor | None = None,
+    config: ClusterGroupedConfig | None = None,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
     """:func:`moegemm.grouped.grouped_mm_swiglu` (same arguments and result: silu(x @ G_e) * (x @ U_e) *
     row_scale, [M_total, I]) on 2-CTA clusters: both weight tiles of a K step are multicast. block_n is the
     output columns of a tile (of each of the two products), at most 128."""
-    return _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, validate,
-                    True)
+    return _grouped(
+        x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, validate, True
+    )
 
 
 def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, swiglu):
@@ -482,10 +640,19 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
 
     def fallback():
         if swiglu:
-            return gapi.grouped_mm_swiglu(x_sorted, w, group_offsets, w_layout=w_layout, row_scale=row_scale,
-                                          out=out, validate=validate)
-        return gapi.grouped_mm(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
-                               row_scale=row_scale, out=out, validate=validate)
+            return gapi.grouped_mm_swiglu(
+                x_sorted, w, group_offsets, w_layout=w_layout, row_scale=row_scale, out=out, validate=validate
+            )
+        return gapi.grouped_mm(
+            x_sorted,
+            w,
+            group_offsets,
+            w_layout=w_layout,
+            epilogue=epilogue,
+            row_scale=row_scale,
+            out=out,
+            validate=validate,
+        )
 
     if config is not None and not isinstance(config, ClusterGroupedConfig):
         raise TypeError(f"config: expected ClusterGroupedConfig or None, got {type(config).__name__}")
@@ -503,29 +670,49 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
         n //= 2
         if cfg.block_n > 128:
             cfg = dataclasses.replace(cfg, block_n=128)  # two accumulators of 2 * block_m x block_n
-    if not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype != torch.int32 \
-            or group_offsets.shape != (e + 1,) or not group_offsets.is_contiguous() \
-            or m == 0 or n == 0 or k == 0:
+    if (
+        not isinstance(group_offsets, torch.Tensor)
+        or group_offsets.dtype != torch.int32
+        or group_offsets.shape != (e + 1,)
+        or not group_offsets.is_contiguous()
+        or m == 0
+        or n == 0
+        or k == 0
+    ):
         return fallback()
     if group_offsets.device != x_sorted.device:
         raise ValueError(f"group_offsets: on {group_offsets.device}, but x_sorted is on {x_sorted.device}")
     if row_scale is not None and (not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != (m,)):
         raise ValueError(f"row_scale: expected shape ({m},), got {getattr(row_scale, 'shape', None)}")
-    if out is not None and (tuple(out.shape) != (m, n) or out.dtype != x_sorted.dtype
-                            or out.device != x_sorted.device):
+    if out is not None and (
+        tuple(out.shape) != (m, n) or out.dtype != x_sorted.dtype or out.device != x_sorted.device
+    ):
         raise ValueError(f"out: expected a ({m}, {n}) {x_sorted.dtype} tensor on {x_sorted.device}")
     y = out if out is not None else torch.empty((m, n), dtype=x_sorted.dtype, device=x_sorted.device)
     if not cluster_supported(x_sorted.device) or not _eligible(x_sorted, w, w_layout, y, row_scale, cfg):
         return fallback()
     if validate:
         gapi.check_offsets(group_offsets, m)
-    key = (tuple(x_sorted.shape), x_sorted.stride(), tuple(w.shape), w.dtype, w_layout, epi, cfg, swiglu,
-           None if row_scale is None else (row_scale.dtype, row_scale.data_ptr() % 16 == 0), y.stride(),
-           y.data_ptr() % 16 == 0, group_offsets.data_ptr() % 16 == 0, x_sorted.device)
+    key = (
+        tuple(x_sorted.shape),
+        x_sorted.stride(),
+        tuple(w.shape),
+        w.dtype,
+        w_layout,
+        epi,
+        cfg,
+        swiglu,
+        None if row_scale is None else (row_scale.dtype, row_scale.data_ptr() % 16 == 0),
+        y.stride(),
+        y.data_ptr() % 16 == 0,
+        group_offsets.data_ptr() % 16 == 0,
+        x_sorted.device,
+    )
     scale = row_scale if row_scale is not None else y
     if key not in _PLANS:
-        _PLANS[key] = _make_plan(x_sorted, w, w_layout, group_offsets, scale, y, e, n, k, epi,
-                                 row_scale is not None, cfg, swiglu)
+        _PLANS[key] = _make_plan(
+            x_sorted, w, w_layout, group_offsets, scale, y, e, n, k, epi, row_scale is not None, cfg, swiglu
+        )
     p = _PLANS[key]
     if p is None:
         return fallback()
