@@ -13,6 +13,10 @@ from moegemm.grouped import GroupedConfig, grouped_mm, grouped_mm_swiglu, moe_ff
 from moegemm.grouped import autograd as ag
 from moegemm.grouped import backward as bw
 
+# The GPU tests at real shapes hold tens of GiB each (float64 references included): under pytest-xdist they
+# run one after another on one worker, or several at once run the GPU out of memory.
+BIG_ON_ONE_WORKER = pytest.mark.xdist_group("gpu-real-shapes")
+
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 6e-3}  # largest error / largest value
 
 
@@ -419,6 +423,7 @@ def ffn_float64(x, ids, tw, wgu, wd, w_layout):
 
 
 @pytest.mark.gpu
+@BIG_ON_ONE_WORKER
 @pytest.mark.parametrize("shape", REAL, ids=["qwen3-30b", "qwen3-235b", "mixtral-8x7b"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("zipf", [False, True], ids=["uniform", "zipf"])
@@ -440,6 +445,7 @@ def test_gpu_moe_ffn_grads_at_real_shapes(shape, dtype, zipf):
 
 
 @pytest.mark.gpu
+@BIG_ON_ONE_WORKER
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
     """A forward + backward step with default arguments captures in a CUDA graph (no host sync), replays
@@ -476,6 +482,7 @@ def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
 
 
 @pytest.mark.gpu
+@BIG_ON_ONE_WORKER
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
 def test_gpu_grouped_mm_grads_at_real_shapes(w_layout, swiglu):
