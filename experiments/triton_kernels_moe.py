@@ -21,8 +21,9 @@ cell, outside the timing, and named in the rows:
   with ``alpha = 1``, no clamp and a bias of -1 on every up column (its fused bias), it is SiLU(gate) * up
   exactly, the zoo's activation. It reads gate and up interleaved, so the gate/up weights' rows are
   interleaved once (as vLLM's gpt-oss weight loader lays them out).
-- the cell's routing is given (top-k ids and weights): ``routing`` takes the ids (``expt_indx``) and, as
-  logits, the log of the weights at those ids (its softmax over the top-k gives the weights back).
+- the cell's routing is given (top-k ids and weights): ``routing`` takes the ids (``expt_indx``, in int32:
+  see ``routing_indices``) and, as logits, the log of the weights at those ids (its softmax over the top-k
+  gives the weights back).
 Weights stay [E, N, K] as E7 and E8 hold them; matmul_ogs takes them as [E, K, N] (a transposed view:
 its ``w_transpose`` path).
 """
@@ -169,9 +170,24 @@ def silu_activation(tk: TritonKernels):
         return mo.FusedActivation(specs, (1.0, None))
 
 
+def routing_indices(topk_ids: torch.Tensor) -> torch.Tensor:
+    """The top-k ids as its routing() takes them (``expt_indx``): int32, contiguous [T, top_k].
+
+    Not int16, the type its top-k kernel writes ids in when it picks them itself: with the ids given, that
+    kernel builds the expert bitmatrix (the histogram, hence every offset and index downstream) from them
+    as ``1 << (id % 32)`` in the ids' own type. In int16 the shift drops the experts 16-31 of each word of
+    32 and sign-extends expert 15 over them, so with more than 16 experts the routing is wrong. In int32
+    every bit of the word is kept."""
+    if topk_ids.ndim != 2:
+        raise ValueError(f"topk_ids: expected [T, top_k], got shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+        raise TypeError(f"topk_ids: expected an integer dtype, got {topk_ids.dtype}")
+    return topk_ids.to(torch.int32).contiguous()
+
+
 def route(tk: TritonKernels, topk_ids: torch.Tensor, logits: torch.Tensor):
     """(routing data, gather indices, scatter indices) from its routing() with the ids given."""
-    return tk.routing.routing(logits, topk_ids.shape[1], sm_first=False, expt_indx=topk_ids.to(torch.int16))
+    return tk.routing.routing(logits, topk_ids.shape[1], sm_first=False, expt_indx=routing_indices(topk_ids))
 
 
 def slot_order(gather) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """experiments/triton_kernels_moe.py: OpenAI's triton_kernels as an E7/E8 contender, loaded at run time.
 
-On the CPU: the loader (on stand-in trees), the routing logits, the gate/up interleave and, with
-MOEGEMM_TRITON_KERNELS_SOURCE set, its own ``swiglu_fn`` with the adapter's alpha and bias under Triton's
-interpreter against float64. Its routing and matmul_ogs cannot run under the interpreter (its Tensor wrapper
-is not a torch tensor the interpreter can copy, and matmul_ogs asks the CUDA device for its capability and SM
-count), so their numbers are checked on a GPU (``-m gpu``, with the source set)."""
+On the CPU: the loader (on stand-in trees), the routing logits and indices, the gate/up interleave and, with
+MOEGEMM_TRITON_KERNELS_SOURCE set, under Triton's interpreter: its own ``swiglu_fn`` with the adapter's alpha
+and bias against float64, and its routing kernels on the adapter's ids against torch (routing() itself hands
+its top-k kernel a Tensor wrapper the interpreter cannot copy, so that kernel is launched on plain tensors).
+matmul_ogs cannot run under the interpreter (it asks the CUDA device for its capability and SM count), so
+its numbers are checked on a GPU (``-m gpu``, with the source set)."""
 
 from __future__ import annotations
 
@@ -125,6 +126,76 @@ def test_interleave_gate_up_alternates_rows():
         tkm.interleave_gate_up(w[:, :5])
     b = tkm.silu_bias(2, 6, "cpu")
     assert b.tolist() == [[0.0, -1.0] * 3] * 2
+
+
+def test_routing_indices_are_int32_rows():
+    ids = torch.tensor([[31, 15, 40], [16, 0, 7]]).t()  # [3, 2], not contiguous
+    got = tkm.routing_indices(ids)
+    assert got.dtype == torch.int32 and got.is_contiguous() and torch.equal(got.long(), ids)
+    with pytest.raises(ValueError, match="topk_ids"):
+        tkm.routing_indices(ids.reshape(-1))
+    with pytest.raises(TypeError, match="topk_ids"):
+        tkm.routing_indices(ids.float())
+
+
+def _its_routing(tk, logits, ids):
+    """Its routing() for the given ids: on a GPU the adapter's own call; under the interpreter (which cannot
+    copy the Tensor wrapper routing() hands its top-k kernel) that kernel is launched here on plain tensors,
+    as routing() launches it, and the rest is its routing_from_bitmatrix."""
+    if HAS_CUDA:
+        return tkm.route(tk, ids, logits)
+    from triton_kernels.tensor import Bitmatrix
+    from triton_kernels.topk_details._topk_forward import _topk_forward
+
+    t, e = logits.shape
+    k = ids.shape[1]
+    idx = tkm.routing_indices(ids)
+    e_pad = triton.cdiv(e, 32) * 32
+    vals = torch.full((t, k), float("nan"), dtype=logits.dtype, device=logits.device)
+    words = torch.empty(e_pad // 32, triton.cdiv(t, 32) * 32, dtype=torch.uint32, device=logits.device)
+    bits = words.transpose(0, 1)[:t]
+    s_blocks = triton.cdiv(e, 128)
+    zeros = torch.empty(s_blocks * 128, dtype=torch.int32, device=logits.device)
+    _topk_forward[(max(triton.cdiv(t, 32), s_blocks),)](
+        logits, logits.stride(0), vals, idx, vals.stride(0), True, bits, bits.stride(0), bits.stride(1), t, e,
+        zeros, 128, s_blocks, APPLY_SOFTMAX=True, BLOCK_M=32, BLOCK_N=32, N_EXPTS_PAD=e_pad, N_EXPTS_ACT=k)
+    bitmatrix = Bitmatrix(bits, shape=[t, e_pad], shape_max=[t, None], scratchpad=zeros)
+    return tk.routing.routing_from_bitmatrix(bitmatrix, vals, idx, e, k)
+
+
+@needs_source
+@pytest.mark.parametrize("t,e,k", [(5, 8, 2), (45, 32, 4), (70, 40, 2)])
+def test_its_routing_of_the_given_ids_matches_a_reference(fresh, t, e, k):
+    """Its routing kernels fed the adapter's ids (more than 16 experts, more than one block of 32 tokens)
+    against torch: the histogram, the expert-sorted order (gather) and its inverse (scatter), the gammas in
+    that order, and the tile maps matmul_ogs reads for each block size."""
+    tk = tkm.load(SOURCE)
+    g = torch.Generator().manual_seed(t)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(DEVICE)
+    wts = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEVICE)
+    rd, gather, scatter = _its_routing(tk, tkm.routing_logits(ids, wts, e), ids)
+    flat = ids.reshape(-1)
+    hist = torch.bincount(flat, minlength=e)
+    assert torch.equal(rd.expt_hist.long(), hist)
+    order = tkm.slot_order(gather)
+    assert torch.equal(torch.sort(order).values, torch.arange(t * k, device=DEVICE))
+    assert torch.equal(flat[order], torch.sort(flat).values)  # expert-sorted
+    assert torch.equal(scatter.src_indx.long()[order], torch.arange(t * k, device=DEVICE))
+    assert torch.equal(gather.dst_indx.long(), scatter.src_indx.long())
+    torch.testing.assert_close(rd.gate_scal.float(), wts.reshape(-1)[order].float(), atol=1e-6, rtol=1e-5)
+    assert (rd.n_expts_tot, rd.n_expts_act) == (e, k)
+    data = rd.expt_data
+    starts = torch.cat([hist.new_zeros(1), hist.cumsum(0)])
+    assert torch.equal(data.token_offs_raw.long(), starts)
+    for block, tile_map in data.block_pid_map.items():
+        tiles = (hist + block - 1) // block
+        offs = torch.cat([tiles.new_zeros(1), tiles.cumsum(0)])
+        assert torch.equal(data.token_offs_pad[block].long(), offs), block
+        want = torch.full_like(tile_map, -1)
+        for x in range(e):  # (tile of the expert << 16) + expert, in expert order; -1 after the last
+            blocks = torch.arange(int(tiles[x]), device=DEVICE, dtype=torch.int32)
+            want[int(offs[x]):int(offs[x + 1])] = (blocks << 16) + x
+        assert torch.equal(tile_map, want), block
 
 
 @triton.jit
