@@ -157,8 +157,26 @@ def _its_routing(tk, logits, ids):
     s_blocks = triton.cdiv(e, 128)
     zeros = torch.empty(s_blocks * 128, dtype=torch.int32, device=logits.device)
     _topk_forward[(max(triton.cdiv(t, 32), s_blocks),)](
-        logits, logits.stride(0), vals, idx, vals.stride(0), True, bits, bits.stride(0), bits.stride(1), t, e,
-        zeros, 128, s_blocks, APPLY_SOFTMAX=True, BLOCK_M=32, BLOCK_N=32, N_EXPTS_PAD=e_pad, N_EXPTS_ACT=k)
+        logits,
+        logits.stride(0),
+        vals,
+        idx,
+        vals.stride(0),
+        True,
+        bits,
+        bits.stride(0),
+        bits.stride(1),
+        t,
+        e,
+        zeros,
+        128,
+        s_blocks,
+        APPLY_SOFTMAX=True,
+        BLOCK_M=32,
+        BLOCK_N=32,
+        N_EXPTS_PAD=e_pad,
+        N_EXPTS_ACT=k,
+    )
     bitmatrix = Bitmatrix(bits, shape=[t, e_pad], shape_max=[t, None], scratchpad=zeros)
     return tk.routing.routing_from_bitmatrix(bitmatrix, vals, idx, e, k)
 
@@ -194,7 +212,7 @@ def test_its_routing_of_the_given_ids_matches_a_reference(fresh, t, e, k):
         want = torch.full_like(tile_map, -1)
         for x in range(e):  # (tile of the expert << 16) + expert, in expert order; -1 after the last
             blocks = torch.arange(int(tiles[x]), device=DEVICE, dtype=torch.int32)
-            want[int(offs[x]):int(offs[x + 1])] = (blocks << 16) + x
+            want[int(offs[x]) : int(offs[x + 1])] = (blocks << 16) + x
         assert torch.equal(tile_map, want), block
 
 
