@@ -167,7 +167,8 @@ def require_gpu() -> None:
 
 
 def timing_settings(cfg: dict, section: str | None = None):
-    """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its own."""
+    """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its
+    own."""
     from moegemm.bench.runner import Settings
 
     t = dict(cfg.get(section, {}).get("timing") or cfg["timing"])

@@ -305,7 +305,8 @@ def run_grid(
     """The CLI body of a bf16 experiment over the M=N x K grid: one measured unit per shape, resumable.
 
     contenders_for(probe, n, k, cfg, results_dir) -> contenders, where probe is an empty [M, K] bf16 tensor
-    (for config lookup) and results_dir the output's folder (where tune_seed.csv is); seed(m, k) -> the shape's input seed."""
+    (for config lookup) and results_dir the output's folder (where tune_seed.csv is); seed(m, k) -> the
+    shape's input seed."""
     from pathlib import Path
 
     from experiments.common import (
@@ -330,7 +331,8 @@ def run_grid(
     for m, n, k in shapes:
         if not writer.done(m=m, n=n, k=k):
             if reset_dynamo:
-                torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit degrades later ones)
+                # a fresh compile per exact shape (the recompile limit degrades later ones)
+                torch._dynamo.reset()
             probe = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
             writer.add(
                 run_shape(
@@ -366,7 +368,8 @@ def unfused_relu(c: Contender) -> Contender:
 
 
 def auto_choice(a: torch.Tensor, n: int, epilogue: str) -> str:
-    """What kernel="auto" runs for this shape, and from where: e.g. "single_launch (tuned)", "cublas (heuristic)"."""
+    """What kernel="auto" runs for this shape, and from where: e.g. "single_launch (tuned)",
+    "cublas (heuristic)"."""
     name, _, source = choose(a, n, Epilogue.parse(epilogue), "auto")
     return f"{name} ({source})"
 

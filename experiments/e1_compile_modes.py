@@ -27,7 +27,7 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 import torch  # noqa: E402
 
 from experiments import dk  # noqa: E402
-from experiments.common import (
+from experiments.common import (  # noqa: E402
     Progress,
     ResultWriter,
     cli,
@@ -36,8 +36,8 @@ from experiments.common import (
     require_gpu,
     timing_settings,
 )
-from moegemm.bench.runner import Contender
-from moegemm.inductor.custom_op import decompose_k_relu_impl
+from moegemm.bench.runner import Contender  # noqa: E402
+from moegemm.inductor.custom_op import decompose_k_relu_impl  # noqa: E402
 
 
 def functions(split: int) -> dict:

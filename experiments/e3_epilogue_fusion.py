@@ -1,10 +1,10 @@
 """E3 epilogue-fusion: what does fusing ReLU into the reduction's store buy?
 
 For every Decompose-K variant, ReLU fused vs ReLU as a separate op with the same config: our three kernels
-(tuned config), the seed's two Triton kernels (the configs of its own search, tune_seed), the seed's PyTorch decomposeK (eager, ReLU separate) vs the same function compiled by
-Inductor (default mode; ReLU fuses into the sum's store), and Inductor's own lowering of relu(mm) under
-max-autotune-no-cudagraphs (with what it emitted). bf16, the M=N x K grid at every other K
-(`fusion_grid_k`).
+(tuned config), the seed's two Triton kernels (the configs of its own search, tune_seed), the seed's PyTorch
+decomposeK (eager, ReLU separate) vs the same function compiled by Inductor (default mode; ReLU fuses into the
+sum's store), and Inductor's own lowering of relu(mm) under max-autotune-no-cudagraphs (with what it emitted).
+bf16, the M=N x K grid at every other K (`fusion_grid_k`).
 
     python -m experiments.e3_epilogue_fusion --out results/<slug>/epilogue_fusion.csv
 """

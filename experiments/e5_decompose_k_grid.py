@@ -74,7 +74,8 @@ def main():
             if writer.done(suite=suite, m=m, n=n, k=k):
                 bar.update()
                 continue
-            torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit would degrade later ones)
+            # a fresh compile per exact shape (the recompile limit would degrade later ones)
+            torch._dynamo.reset()
             probe = torch.empty(m, k, dtype=dtype, device="cuda")
             cs = contenders_for(
                 probe,

@@ -1,9 +1,9 @@
 """E7 grouped-skew: grouped GEMM vs its alternatives under skewed expert loads, real MoE shapes.
 
-Per model of the tune split (DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B), projection (gate/up, down; w as [E, N, K]), token
-count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...): our contiguous kernel
-(plain and persistent grid), our masked kernel (decode; where it takes TMA loads, also the same tiles on
-pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
+Per model of the tune split (DeepSeek-V3, Mixtral 8x7B, Qwen3-30B-A3B), projection (gate/up, down; w as [E, N,
+K]), token count (decode and prefill) and load (uniform, Zipf(alpha), one hot expert, ...): our contiguous
+kernel (plain and persistent grid), our masked kernel (decode; where it takes TMA loads, also the same tiles
+on pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
 a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
 count, not on the load), a memory ceiling (``ceiling:stream``, moegemm.bench.stream: one kernel that only
@@ -96,7 +96,8 @@ def floor_us(rows: int, k: int, n: int, active: int, slug: str) -> tuple[float, 
 
 
 def expert_weights(seed: int, e: int, n: int, k: int) -> torch.Tensor:
-    """One projection's expert weights, [E, N, K] bf16 (the nn.Linear layout), scaled by 1/sqrt(K); fixed seed."""
+    """One projection's expert weights, [E, N, K] bf16 (the nn.Linear layout), scaled by 1/sqrt(K); fixed
+    seed."""
     gw = torch.Generator(device="cuda").manual_seed(seed)
     return (torch.randn(e, n, k, device="cuda", generator=gw) / math.sqrt(k)).to(torch.bfloat16)
 
@@ -522,7 +523,8 @@ def failed_contender(name: str, why: str) -> Contender:
 def vllm_contender(
     vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: int, n: int, k: int
 ) -> Contender:
-    """vLLM's kernel with the searched config on an input set (the rows it reads, w); checked in slot order."""
+    """vLLM's kernel with the searched config on an input set (the rows it reads, w); checked in slot
+    order."""
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
     naive = vllm_moe.naive_assignment(ids.shape[0], top_k, plan.num_experts)
     bind = vllm_moe.launcher(vk, a, tk, plan, ids, n, choice["config"], naive)
@@ -563,7 +565,8 @@ class Vllm:
     def contender(
         self, g: dict, cell, w, settings, x, xs, plan, ids, ref, k: int, n: int
     ) -> Contender | None:
-        """vLLM's kernel on this cell's rows (cell: (model, projection, T, load)); None where it is not at hand."""
+        """vLLM's kernel on this cell's rows (cell: (model, projection, T, load)); None where it is not at
+        hand."""
         self.load()
         if self.kernel is None:
             return None
@@ -775,8 +778,8 @@ def main():
             else:
                 if (model, proj, t) not in streamed:
                     streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
-                # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform
-                # load
+                # the dense yardstick (same rows at every load) once per (model, projection, T): at the
+                # uniform load
                 cs = contenders(
                     xs,
                     plan,

@@ -28,7 +28,8 @@ GPU_RULES = ("verify", "floors", "tune", "tune_grouped", "tune_seed", "measure",
 
 
 def dag(gpus: int, gpu_name: str) -> tuple[dict[int, dict], list[tuple[int, int]]]:
-    """({node: {"rule", "wildcards"}}, [(before, after)]) of the Snakefile's DAG on a host of ``gpus`` GPUs."""
+    """({node: {"rule", "wildcards"}}, [(before, after)]) of the Snakefile's DAG on a host of ``gpus``
+    GPUs."""
     env = {**os.environ, "MOEGEMM_FAKE_GPUS": ",".join([gpu_name] * gpus)}
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run(

@@ -111,8 +111,9 @@ def search(
     top: int = 4,
 ):
     """(best config, its graph_us, configs timed) by coordinate descent over the seed's candidates:
-    every tile at the first split, every split at the best tile, the ``top`` best tiles at the best split. Each config is checked
-    against the float64 reference before it is timed; ``log`` collects one row per config tried."""
+    every tile at the first split, every split at the best tile, the ``top`` best tiles at the best split.
+    Each config is checked against the float64 reference before it is timed; ``log`` collects one row per
+    config tried."""
     from experiments.common import check_and_time
     from moegemm.bench.runner import prewarm
 

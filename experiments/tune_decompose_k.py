@@ -4,7 +4,8 @@ is the fastest the table names it, so that `auto` dispatches to it. Writes the p
 (src/moegemm/tuned/decompose_k/<slug>.json) and every timed candidate as a CSV.
 
     python -m experiments.tune_decompose_k --out results/<slug>/tune_decompose_k.csv
-    python -m experiments.tune_decompose_k --rebuild results/<slug>/tune_decompose_k.csv results/<slug>/floors.json
+    python -m experiments.tune_decompose_k \\
+        --rebuild results/<slug>/tune_decompose_k.csv results/<slug>/floors.json
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def main():
 def table_entries(rows: list[dict], activation_us: float) -> list[dict]:
     """The table from the tuner's rows: for each shape and dtype the best config per kernel, each backend's
     best time (cuBLAS's among them) and the best backend overall; ``activation_us`` (one tiny kernel's GPU
-    time on this GPU) is what ``auto`` charges cuBLAS for applying an epilogue after it, a launch of its own."""
+    time on this GPU) is what ``auto`` charges cuBLAS for applying an epilogue after it, a launch of its
+    own."""
     best = best_rows(rows, lambda r: (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]), r["kernel"]))
     by_shape: dict = {}
     for (dt, m, n, k, kernel), r in best.items():

@@ -4,8 +4,9 @@ timed on the GPU clock); ``best`` marks each search's winner.
 
 Shapes: the M=N x K grid and the router at every decode token count E6 measures, in bf16. The winners also
 serve fp16 (the same element size and tensor-core rate), the ReLU suite (whose ReLU only changes the seed's
-reducer) and, to fit the GPU run's time, fp32, where the seed's kernels run at their bf16 configs. Without ``MOEGEMM_SEED_SOURCE`` the CSV holds one row that says so, and
-the experiments run without the seed's kernels.
+reducer) and, to fit the GPU run's time, fp32, where the seed's kernels run at their bf16 configs. Without
+``MOEGEMM_SEED_SOURCE`` the CSV holds one row that says so, and the experiments run without the seed's
+kernels.
 
     python -m experiments.tune_seed --out results/<slug>/tune_seed.csv
 """

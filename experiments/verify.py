@@ -60,7 +60,8 @@ def workers(has_gpu: bool) -> int:
 
 
 def xdist_dist() -> list[str]:
-    """Work stealing (pytest-xdist >= 3.2): a few long tests otherwise hold up the process they were dealt to."""
+    """Work stealing (pytest-xdist >= 3.2): a few long tests otherwise hold up the process they were dealt
+    to."""
     from importlib.metadata import version
 
     major, minor = (int(v) for v in version("pytest-xdist").split(".")[:2])

@@ -104,7 +104,8 @@ GLUE = (
 @dataclasses.dataclass
 class VllmKernel:
     kernel: object  # the triton JITFunction
-    origin: str  # "vllm <version> (installed)", the wheel's file name, or "[vllm <version> ]fused_moe.py sha256:<hex>"
+    # "vllm <version> (installed)", the wheel's file name, or "[vllm <version> ]fused_moe.py sha256:<hex>"
+    origin: str
     configs: dict  # json file name -> {tokens: config}
     default_config: object | None  # vLLM's get_default_config, or None where it could not be read
 
@@ -209,7 +210,8 @@ def tree_version(path: Path) -> str | None:
 
 
 def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
-    """vLLM's kernel from an installed vllm, else from ``source`` (default: $MOEGEMM_VLLM_SOURCE), else None."""
+    """vLLM's kernel from an installed vllm, else from ``source`` (default: $MOEGEMM_VLLM_SOURCE), else
+    None."""
     if source is None:
         try:
             from vllm.model_executor.layers.fused_moe import fused_moe as fm  # type: ignore

@@ -1,6 +1,7 @@
 """README hero: our Decompose-K default (kernel="auto") vs the seed's optimized Triton kernel, eager and
-custom-op autotuning on the bf16+ReLU grid, and (once E7 is measured) the grouped GEMM's % of the physical floor against
-torch._grouped_mm, vLLM's fused-MoE kernel (where measured) and capacity padding; GPU time (CUDA-graph replay)."""
+custom-op autotuning on the bf16+ReLU grid, and (once E7 is measured) the grouped GEMM's % of the physical
+floor against torch._grouped_mm, vLLM's fused-MoE kernel (where measured) and capacity padding; GPU time
+(CUDA-graph replay)."""
 
 from __future__ import annotations
 

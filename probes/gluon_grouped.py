@@ -359,7 +359,8 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def shared_layouts(block_n: int, dtype: torch.dtype):
-    """The NVMMA shared-memory layouts of the x box [BLOCK_M, BLOCK_K] and the weight box [block_n, BLOCK_K]."""
+    """The NVMMA shared-memory layouts of the x box [BLOCK_M, BLOCK_K] and the weight box [block_n,
+    BLOCK_K]."""
     g = GL_DTYPES[dtype]
     return (
         gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], g),

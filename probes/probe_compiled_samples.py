@@ -7,8 +7,8 @@ about 30% slower), while probes that time only the two backends side by side fin
 E8 itself for one model (its cells in E8's order, E8's inputs, contenders and timing settings, Dynamo
 reset as E8 resets it) and records, for the cells at the largest T, each graph replay as it happens:
 contender, replay, microseconds per call, the SM clock and power read from NVML right after it, the host's
-time in the graph's replay() call, its load average, this process's threads and child processes, and the graphs
-Dynamo has compiled so far.
+time in the graph's replay() call, its load average, this process's threads and child processes, and the
+graphs Dynamo has compiled so far.
 
     python -m probes.probe_compiled_samples --out probe_compiled_samples.csv [--model gpt-oss-120b]
 """

@@ -4,8 +4,9 @@ Why: at T=1 a layer of a small MoE model takes tens of microseconds of GPU time,
 routing took three launches: the plan (one program whose blocks were sized for 128 slots and 128 experts,
 whatever the step held), then the token rows and the gating weights gathered in the plan's order. Now
 ``route_and_permute`` does all three in one launch up to 64 slots (routing_kernels.GATHER_SLOTS), and the
-plan's blocks are sized to the slots and experts. Here, per cell (E8's inputs and seeds, uniform load, every zoo model at the token counts whose
-slots fit 128), each checked against E8's float64 reference and timed interleaved:
+plan's blocks are sized to the slots and experts. Here, per cell (E8's inputs and seeds, uniform load, every
+zoo model at the token counts whose slots fit 128), each checked against E8's float64 reference and timed
+interleaved:
 - ``ours:moe_ffn``: the library's layer (one launch up to 64 slots, else three);
 - ``three-launch``: the same layer with route, permute and sorted_weights in turn (the plan's blocks sized
   to the step);
@@ -63,7 +64,8 @@ def route_128(ids: torch.Tensor, e: int) -> RoutingPlan:
 
 
 def three_launch(x, ids, wts, w_gu, w_dn, plan_of):
-    """moe_ffn's steps with the routing as three launches: ``plan_of(ids, E)``, the row gather, the weights'."""
+    """moe_ffn's steps with the routing as three launches: ``plan_of(ids, E)``, the row gather, the
+    weights'."""
     plan = plan_of(ids, w_gu.shape[0])
     xs, ws = permute(x, plan), sorted_weights(wts, plan)
     act = gate_up_act(xs, w_gu, plan.group_offsets, "nk")

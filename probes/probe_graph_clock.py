@@ -6,8 +6,8 @@ same kernels, launched as often, taking the same GPU time (probe_compiled_small)
 the two ways below grow with the host's cost of a call, which the compiled backend has more of:
 - before, the calls per graph (with min_graph_us) came from one call timed with CUDA events around the
   Python call, so the host's launches counted: E8 gave the compiled backend 2 or 3 calls per graph at T=1 and
-  the other contenders 2 to 8. Each replay was timed from the host's cudaGraphLaunch on, whose cost was then spread
-  over those few calls;
+  the other contenders 2 to 8. Each replay was timed from the host's cudaGraphLaunch on, whose cost was then
+  spread over those few calls;
 - now (runner.graph_timer, timing.GraphTimer) the count comes from a first graph's replayed GPU time, and
   each replay waits behind a spin kernel (timing.HOLD_CYCLES) until the host has launched it.
 Per contender three graph clocks, in interleaved rounds: ``before`` (the host-timed count, replays not

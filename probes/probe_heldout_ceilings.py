@@ -52,8 +52,8 @@ def summary(rows: list[dict]) -> str:
     if not (ours and torch_ and dense and stream):
         return " ".join(f"{r['contender']} {r['status']}" for r in rows)
     return (
-        f"torch/ours {torch_ / ours:.3f}  torch/dense {torch_ / dense:.3f}  torch/stream {torch_ / stream:.3f}  "
-        f"ours/dense {ours / dense:.3f}  ours/stream {ours / stream:.3f}"
+        f"torch/ours {torch_ / ours:.3f}  torch/dense {torch_ / dense:.3f}  torch/stream "
+        f"{torch_ / stream:.3f}  ours/dense {ours / dense:.3f}  ours/stream {ours / stream:.3f}"
     )
 
 

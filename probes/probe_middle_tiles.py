@@ -85,7 +85,10 @@ def summary(out: list[dict]) -> str:
     t = {r["contender"]: r.get("graph_us", math.nan) for r in out if r.get("status") == "ok"}
     base = t.pop("tuned", math.nan)
     best = min(t, key=t.get) if t else "-"
-    return f"tuned {base:.1f} us; best new {best} {t.get(best, math.nan):.1f} us ({base / t.get(best, math.nan):.3f}x)"
+    return (
+        f"tuned {base:.1f} us; best new {best} {t.get(best, math.nan):.1f} us "
+        f"({base / t.get(best, math.nan):.3f}x)"
+    )
 
 
 if __name__ == "__main__":

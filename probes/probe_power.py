@@ -5,9 +5,10 @@ easier problems (streaming the cell's bytes alone, its FLOPs as one dense GEMM a
 700 W power cap. A grouped GEMM whose tiles keep both the HBM and the tensor cores busy (the cells where
 bytes and FLOPs take about as long) may draw more power than either easier problem, and so run at a lower
 SM clock than they do. This probe measures it: each contender's CUDA graph replayed back to back for
-HOLD_S seconds, ROUNDS times in rotating order (the row keeps the medians), while moegemm.bench.power's sampler reads the SM clock, power and clock-limit reasons from
-NVML every 5 ms; the clock summarised over the samples after SETTLE_S, the power after POWER_SINCE_S (NVML
-averages power over up to a second). The time per call is the hold's own (CUDA events around it).
+HOLD_S seconds, ROUNDS times in rotating order (the row keeps the medians), while moegemm.bench.power's
+sampler reads the SM clock, power and clock-limit reasons from NVML every 5 ms; the clock summarised over the
+samples after SETTLE_S, the power after POWER_SINCE_S (NVML averages power over up to a second). The time per
+call is the hold's own (CUDA events around it).
 
 Contenders per cell, in an order rotating from cell to cell: ours (the tuned config, as the library picks
 it), torch._grouped_mm, vLLM's fused-MoE kernel where its source is at hand (as in E7: MOEGEMM_VLLM_SOURCE

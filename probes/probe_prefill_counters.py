@@ -412,8 +412,8 @@ def wanted_metrics(available: set[str]) -> list[str]:
 
 
 def parse_raw_csv(text: str) -> list[dict]:
-    """ncu's ``--csv --page raw`` report -> one dict per (kernel, kept numeric metric: see kept()): kernel id and
-    name, block and grid size, metric, unit, value. Non-numeric metrics (names, strings) are left out;
+    """ncu's ``--csv --page raw`` report -> one dict per (kernel, kept numeric metric: see kept()): kernel id
+    and name, block and grid size, metric, unit, value. Non-numeric metrics (names, strings) are left out;
     thousands separators are removed."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]  # ncu's own ==PROF== lines are not CSV
     table = list(csv.reader(io.StringIO("\n".join(lines))))

@@ -38,7 +38,8 @@ from moegemm.bench.runner import Contender
 from moegemm.grouped import choose_config, grouped_mm
 from probes.common import even_offsets, variant
 
-CELLS = [  # (model, projection, tokens, load): E7's prefill cells furthest below 70% of the floor, and two others
+# (model, projection, tokens, load): E7's prefill cells furthest below 70% of the floor, and two others
+CELLS = [
     ("mixtral-8x7b", "up", 1024, "uniform"),
     ("mixtral-8x7b", "down", 1024, "uniform"),
     ("qwen3-30b-a3b", "up", 4096, "uniform"),

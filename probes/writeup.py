@@ -188,9 +188,9 @@ def power_probe(n: Numbers, results: Path, gen: Path, e7f: pd.DataFrame | None =
                 pd.DataFrame(rows),
                 "Held back to back for about \\PowHoldS\\,s, \\PowHolds{} times each (medians) "
                 "(probes/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
-                "and power NVML reported, the share of samples in which the power cap held the clock down, and "
-                "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "
-                "ceiling solve easier problems).",
+                "and power NVML reported, the share of samples in which the power cap held the clock down, "
+                "and each kernel's held time over ours (geomean over the regime's cells; the yardstick and "
+                "the ceiling solve easier problems).",
                 "tab:power",
                 "llrrrr",
             ),
@@ -249,11 +249,11 @@ def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
         table(
             pd.DataFrame(rows),
             "Where the prefill time goes (probe, TFLOP/s on the GPU clock, side by side in one "
-            "process at E7's seeds): our grouped kernel with the tuned tiles; the same tiles with the tails merged "
-            "into the row tile before them; on weights laid out [E, K, N]; on the same rows dealt out evenly over "
-            "the experts (no ragged row tiles); one GEMM over all rows with one expert's weights, by our kernel "
-            "and by cuBLAS. Last column: \\% of the cell's floor, grouped and even (the even deal activates every "
-            "expert, so under Zipf it streams more weights than the cell).",
+            "process at E7's seeds): our grouped kernel with the tuned tiles; the same tiles with the tails "
+            "merged into the row tile before them; on weights laid out [E, K, N]; on the same rows dealt out "
+            "evenly over the experts (no ragged row tiles); one GEMM over all rows with one expert's "
+            "weights, by our kernel and by cuBLAS. Last column: \\% of the cell's floor, grouped and even "
+            "(the even deal activates every expert, so under Zipf it streams more weights than the cell).",
             "tab:probe",
             "lrrrrrrr",
         ),
@@ -360,12 +360,13 @@ def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
             pd.DataFrame(rows),
             "What limits the prefill kernels: Nsight Compute's counters of one call each "
             "(probes/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
-            "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer merged tails "
-            "on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an expert merged into the "
-            "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the "
-            "tensor cores were busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
-            "padded rows of ragged row tiles); L2 \\%: L2 throughput against its peak; L2 GB: bytes through L2; "
-            "DRAM: HBM throughput against its peak and bytes read.",
+            "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer "
+            "merged tails on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an "
+            "expert merged into the row tile before them. us: the kernel's time under the profiler; tensor "
+            "pipe: share of cycles the tensor cores were busy; tensor math / FLOPs: the bf16 tensor "
+            "operations executed over the cell's useful FLOPs (above 1: padded rows of ragged row tiles); L2 "
+            "\\%: L2 throughput against its peak; L2 GB: bytes through L2; DRAM: HBM throughput against its "
+            "peak and bytes read.",
             "tab:counters",
             "llrrrrrrr",
         ),
@@ -485,7 +486,8 @@ def gluon_probe(n: Numbers, results: Path) -> None:
     faster of ours on its two grids (``ours:*``) against the fastest config of the hand warp-specialized
     Gluon kernel (``gluon-ws:*``) and against torch._grouped_mm: the Gluon kernel's speed as a multiple of
     ours (geomean, lowest, highest, and at the probe's largest T), how often it beat ours by more than the
-    clock's 3%, how often its fastest config was the ping-pong one, and both kernels over torch._grouped_mm."""
+    clock's 3%, how often its fastest config was the ping-pong one, and both kernels over
+    torch._grouped_mm."""
     t = probe_cells(results, "probe_gluon_prefill")
     if t is None or "torch._grouped_mm" not in t:
         return

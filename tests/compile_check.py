@@ -27,9 +27,9 @@ from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
 from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
-from moegemm.grouped.kernels import (
+from moegemm.grouped.kernels import (  # noqa: E402
     _grouped_mm_kernel,
-    _grouped_mm_masked_kernel,  # noqa: E402
+    _grouped_mm_masked_kernel,
     _grouped_mm_masked_tma_kernel,
     _grouped_mm_swiglu_tma_kernel,
     _grouped_mm_tma_kernel,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def small_moe_cell(device, seed: int, e: int, k: int, n: int, t: int, top_k: int = 2):
-    """(routing plan, sorted bf16 rows, bf16 weights [E, N, K], float64 reference) of a small random MoE cell."""
+    """(routing plan, sorted bf16 rows, bf16 weights [E, N, K], float64 reference) of a small random MoE
+    cell."""
     import torch
 
     from experiments.e7_grouped_skew import ref_rows

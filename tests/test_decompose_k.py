@@ -297,12 +297,15 @@ def test_auto_charges_cublas_the_separate_activation(monkeypatch):
     from moegemm.epilogue import Epilogue
 
     cfg = DecomposeKConfig(split_k=8, block_m=64, block_n=32)
-    entry = lambda ours_us: (
-        "cublas",
-        {"single_launch": cfg, "flat": cfg},  # noqa: E731
-        {"cublas": 8.0, "single_launch": ours_us, "flat": 9.5},
-        0.9,
-    )
+
+    def entry(ours_us):
+        return (
+            "cublas",
+            {"single_launch": cfg, "flat": cfg},
+            {"cublas": 8.0, "single_launch": ours_us, "flat": 9.5},
+            0.9,
+        )
+
     table = {
         ("bfloat16", 256, 256, 7168, "none"): entry(8.5),
         ("bfloat16", 512, 256, 7168, "none"): entry(9.1),
@@ -397,7 +400,8 @@ def test_heuristic_choice():
 
 @pytest.mark.parametrize("with_out", [False, True])
 def test_torch_compile_fullgraph_traces_the_custom_op(with_out, device):
-    """fullgraph=True: no graph break; the op's fake gives the compiler the output, the real one our kernel."""
+    """fullgraph=True: no graph break; the op's fake gives the compiler the output, the real one our
+    kernel."""
     torch._dynamo.reset()
     a, b, bias = _case(12, 20, 260, torch.float32, device, seed=41, bias=True)
 

@@ -166,9 +166,10 @@ def test_route_permute_unpermute_roundtrip(device):
 )
 @pytest.mark.parametrize("load", ["uniform", "skewed"])
 def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
-    """The routing kernels (one program up to 128 slots, its blocks sized to the slots and experts; else count,
-    scan and place over chunks of 128, with experts in steps of 128) against a stable sort by expert id, element for element, for every integer id
-    dtype; an id out of range clears the check's flag and still leaves a permutation."""
+    """The routing kernels (one program up to 128 slots, its blocks sized to the slots and experts; else
+    count, scan and place over chunks of 128, with experts in steps of 128) against a stable sort by expert
+    id, element for element, for every integer id dtype; an id out of range clears the check's flag and still
+    leaves a permutation."""
     from moegemm.grouped.routing import _route_torch
     from moegemm.grouped.routing_kernels import plan_arrays
 
@@ -267,8 +268,8 @@ def test_routing_kernels_refuse_counts_past_32_bit_offsets():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("strided", [False, True])
 def test_unpermute_gathers_each_tokens_rows_in_float32(device, t, k, e, n, dtype, strided):
-    """The un-permute (a gather kernel where Triton runs, torch ops otherwise) against float64, with and without
-    gating weights, on a row-strided or column-strided y_sorted; both paths agree with each other."""
+    """The un-permute (a gather kernel where Triton runs, torch ops otherwise) against float64, with and
+    without gating weights, on a row-strided or column-strided y_sorted; both paths agree with each other."""
     from moegemm.grouped import routing
 
     torch.manual_seed(t * 31 + n)
@@ -1149,8 +1150,8 @@ def test_torch_compile_traces_the_masked_layout(device):
 
 
 def test_grouped_custom_ops_fake_and_schema(device):
-    """torch's opcheck of the GEMMs' custom ops and the one-launch routing's (schema, fake implementation), and
-    a config's round trip through the ops' int list."""
+    """torch's opcheck of the GEMMs' custom ops and the one-launch routing's (schema, fake implementation),
+    and a config's round trip through the ops' int list."""
     from moegemm.grouped import contiguous, masked, routing
     from moegemm.grouped.config import config_list, config_of
 
@@ -1270,9 +1271,9 @@ def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
     torch.testing.assert_close(got.double().cpu(), _ffn_ref(x, ids, wts, w_gu, w_dn), rtol=4e-2, atol=4e-2)
     explained = torch._dynamo.explain(moe_ffn)(*args)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
-    # the traced layer runs the eager layer's kernels and choices: routing, the row gathers, gate/up with SiLU *
-    # up (fused or not, chosen at run time as in eager), down and the un-permute as custom ops, not as torch ops
-    # for Inductor to re-derive
+    # the traced layer runs the eager layer's kernels and choices: routing, the row gathers, gate/up with
+    # SiLU * up (fused or not, chosen at run time as in eager), down and the un-permute as custom ops, not as
+    # torch ops for Inductor to re-derive
     code = str(explained.graphs[0].graph)
     steps = ("moegemm.route_gather",) if t * top_k <= 64 else ("moegemm.route.default", "moegemm.gather_rows")
     ops = (*steps, "moegemm.gate_up_act", "moegemm.grouped_mm", "moegemm.combine")

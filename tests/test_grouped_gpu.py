@@ -82,9 +82,9 @@ def test_routing_kernels_match_the_stable_sort_on_the_gpu(t, e, k, skew):
     "t,e,k,h", [(1, 256, 8, 7168), (8, 128, 8, 2048), (32, 8, 2, 6144), (1, 16, 1, 5120), (16, 128, 8, 2048)]
 )
 def test_route_and_permute_matches_its_three_steps_on_the_gpu(t, e, k, h):
-    """route_and_permute (one launch up to 64 slots, three at 128) against route, permute and sorted_weights at
-    real decode sizes, element for element (outputs poisoned first: the graph's own buffers, written on each replay), and again from a
-    CUDA graph replayed on new ids, rows and weights."""
+    """route_and_permute (one launch up to 64 slots, three at 128) against route, permute and sorted_weights
+    at real decode sizes, element for element (outputs poisoned first: the graph's own buffers, written on
+    each replay), and again from a CUDA graph replayed on new ids, rows and weights."""
     from moegemm.grouped import route_and_permute
 
     fields = ("sorted_token_ids", "sorted_slot", "slot_rows", "group_sizes", "group_offsets")
@@ -454,7 +454,10 @@ off = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")
         ("moe_ffn(x, ids + 8, wts, gu, dn)", True),
         ("route(ids - 9, 8)", True),
         (
-            "route(torch.randint(0, 8, (100, 2), device='cuda').index_fill_(0, torch.tensor([70], device='cuda'), 8), 8)",
+            (
+                "route(torch.randint(0, 8, (100, 2), device='cuda')"
+                ".index_fill_(0, torch.tensor([70], device='cuda'), 8), 8)"
+            ),
             True,
         ),
         ("grouped_mm(xs, gu[:3], off([0, 6, 4, 10]), w_layout='nk')", True),

@@ -337,8 +337,8 @@ def test_readme_headline_is_generated_from_committed_results():
 
     text = (ROOT / "README.md").read_text()
     fix = (
-        "run python -m paper.make_numbers --results results/nvidia-h200 --out paper/build/nvidia-h200/generated "
-        "--readme README.md"
+        "run python -m paper.make_numbers --results results/nvidia-h200 --out "
+        "paper/build/nvidia-h200/generated --readme README.md"
     )
     block = text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
     assert block == headline(ROOT / "results" / "nvidia-h200").strip(), (
@@ -618,10 +618,10 @@ def test_robust_tuning_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_decode_routing_numbers_on_synthetic_csvs(tmp_path):
-    """paper.numbers.e8.decode_routing_probe on the probe's CSV and an earlier run's under runs/ (synthetic test
-    data made here): at T=1 the three-launch layer at 128-slot blocks over moe_ffn, per split, and the two
-    parts of it; at a T with at most 64 slots and past it; the earlier run's lowest at 128 slots over 64 or
-    more experts (a failed row left out); no numbers without the current CSV."""
+    """paper.numbers.e8.decode_routing_probe on the probe's CSV and an earlier run's under runs/ (synthetic
+    test data made here): at T=1 the three-launch layer at 128-slot blocks over moe_ffn, per split, and the
+    two parts of it; at a T with at most 64 slots and past it; the earlier run's lowest at 128 slots over 64
+    or more experts (a failed row left out); no numbers without the current CSV."""
     import pandas as pd
 
     from paper.numbers.common import Numbers
@@ -1136,7 +1136,8 @@ def test_schedule_is_list_scheduling_on_the_gpus():
 def test_compiled_order_and_ffn_ceiling_numbers_on_synthetic_csvs(tmp_path):
     """paper.numbers.e8's compiled_order_probe (per order, the eager backend's time over the compiled one's,
     over the loads; rotation read from its first and last measurement) and ffn_ceiling_probe (the pipeline's
-    and ours' times over dense:ffn's), on synthetic CSVs made here; a wrong row left out; no CSV, no numbers."""
+    and ours' times over dense:ffn's), on synthetic CSVs made here; a wrong row left out; no CSV, no
+    numbers."""
     import pandas as pd
 
     from paper.numbers.common import Numbers
@@ -1219,7 +1220,8 @@ def test_compiled_order_and_ffn_ceiling_numbers_on_synthetic_csvs(tmp_path):
 def test_rotation_run_numbers_compare_the_same_cells(tmp_path):
     """paper.numbers.e7_tuner.rotation_runs (synthetic test data made here): per experiment, over the cells
     both runs hold, the balanced run's time over the rotated one's for ours and for the peers (geomeans), and
-    the rotated run's held-out headline; a cell only one run holds is left out; the current run is not read."""
+    the rotated run's held-out headline; a cell only one run holds is left out; the current run is not
+    read."""
     import pandas as pd
 
     from paper.numbers.common import Numbers

@@ -115,7 +115,8 @@ def test_moe_block_matches_eager_experts_in_float64(block_cls, config, dtype, de
     if dtype == torch.bfloat16:
         # as accurate as transformers' own experts in bf16 on the same routing (its eager loop, which also
         # rounds the gate/up product and the activation to bf16), within a factor: the largest error against
-        # float64 at most 3x its own (Triton's CPU interpreter, where this runs in CI, rounds more than the GPU)
+        # float64 at most 3x its own (Triton's CPU interpreter, where this runs in CI, rounds more than the
+        # GPU)
         ours.experts.config._experts_implementation = "eager"
         with torch.no_grad():
             hf = ours.experts(xd, ids, weights).double().cpu()

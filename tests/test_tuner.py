@@ -214,7 +214,8 @@ def test_grouped_tuner_candidates_by_regime():
         assert plain == pers, mean  # every tile config on both grids
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32))
-    # past the middle regime, merged tails only as 32-row tails of 128 x 256 tiles, without warp specialization
+    # past the middle regime, merged tails only as 32-row tails of 128 x 256 tiles, without warp
+    # specialization
     assert {
         (c.block_m, c.block_n, c.tail_m, c.flatten)
         for mean in (128, 512)

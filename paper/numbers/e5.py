@@ -121,9 +121,10 @@ def shape_table(n: Numbers, df: pd.DataFrame, gen: Path, suite: str = "bf16-relu
         gen / "table_e5_shapes.tex",
         table(
             t,
-            f"E5, {suite}, shape by shape [us]: GPU time (CUDA-graph replay) of each contender, launch-inclusive "
-            "time (do\\_bench, L2 flushed) and Python's cost of one call (cpu: the host time of 200 calls back to "
-            "back, no sync); cuBLAS is eager relu(mm); custom-op only at the K where it was compiled.",
+            f"E5, {suite}, shape by shape [us]: GPU time (CUDA-graph replay) of each contender, "
+            "launch-inclusive time (do\\_bench, L2 flushed) and Python's cost of one call (cpu: the host "
+            "time of 200 calls back to back, no sync); cuBLAS is eager relu(mm); custom-op only at the K "
+            "where it was compiled.",
             "tab:e5shapes",
             "ll" + "r" * (len(t.columns) - 2),
         ),

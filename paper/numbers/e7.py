@@ -1,4 +1,5 @@
-"""E7 grouped GEMM under skew: the frame every E7 number reads, the practical ceiling, the numbers and tables."""
+"""E7 grouped GEMM under skew: the frame every E7 number reads, the practical ceiling, the numbers and
+tables."""
 
 from __future__ import annotations
 
@@ -131,11 +132,11 @@ def e7_phase_numbers(n: Numbers, gen: Path, df: pd.DataFrame, prefix: str = "ESe
             gen / "table_e7_phase.tex",
             table(
                 t,
-                "E7, tune models, per phase (decode $T\\le 256$, prefill $T\\ge 1024$): each peer's time over "
-                "ours (the default path, \\texttt{grouped\\_mm} with no config; with its gather of the rows "
-                "timed against the kernels that gather theirs), geomean over cells and projections with its "
-                "95\\% bootstrap interval over cells and rounds, both clocks; ``parity'' where the interval "
-                "holds 1.0.",
+                "E7, tune models, per phase (decode $T\\le 256$, prefill $T\\ge 1024$): each peer's time "
+                "over ours (the default path, \\texttt{grouped\\_mm} with no config; with its gather of the "
+                "rows timed against the kernels that gather theirs), geomean over cells and projections with "
+                "its 95\\% bootstrap interval over cells and rounds, both clocks; ``parity'' where the "
+                "interval holds 1.0.",
                 "tab:e7phase",
                 "lllllr",
             ),
@@ -334,7 +335,10 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     hist = sorted((results / "history").glob("grouped_skew_*.csv")) if (results / "history").exists() else []
     if hist:
         h = e7_frame_of(pd.read_csv(hist[0]))
-        cell = lambda f: f[(f.model == "mixtral-8x7b") & (f.tokens == 64) & (f.load == "uniform")].pct
+
+        def cell(f):
+            return f[(f.model == "mixtral-8x7b") & (f.tokens == 64) & (f.load == "uniform")].pct
+
         if len(cell(h)) and len(cell(o)):
             n.add("ESevenBandBefore", gm(cell(h)), "{:.0f}")
             n.add("ESevenBandAfter", gm(cell(o)), "{:.0f}")
@@ -403,8 +407,8 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         table(
             pd.DataFrame(targets, columns=cols),
             f"E7 against the targets (GPU time; ours = {ours_name(df)}). Zipf 1.2 "
-            "activates fewer experts than uniform at decode, so its time ratio can be below 1; the \\% of floor "
-            "ratio accounts for that." + how_ceil,
+            "activates fewer experts than uniform at decode, so its time ratio can be below 1; the \\% of "
+            "floor ratio accounts for that." + how_ceil,
             "tab:e7targets",
             "l" * len(cols),
         ),

@@ -254,8 +254,8 @@ def probe_times(path: Path, names: tuple[str, ...]) -> tuple[pd.DataFrame, pd.Da
 
 
 def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | None:
-    """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or None
-    where it or either contender is missing."""
+    """(``slow``'s GPU time over ``fast``'s per (model, tokens), the probe's commit) from a probe's CSV, or
+    None where it or either contender is missing."""
     got = probe_times(path, (slow, fast))
     if got is None:
         return None
@@ -557,10 +557,10 @@ def phase_numbers(n: Numbers, gen: Path, held: pd.DataFrame) -> None:
             table(
                 pd.DataFrame(table_rows),
                 "E8, held-out models, per phase (decode $T\\le 256$, prefill "
-                "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over cells "
-                "with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and launch-inclusive; "
-                "``parity'' where the interval holds 1.0; the best peer is the fastest peer per cell and clock; "
-                "host cost: Python's time to issue one call (median over cells).",
+                "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over "
+                "cells with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and "
+                "launch-inclusive; ``parity'' where the interval holds 1.0; the best peer is the fastest "
+                "peer per cell and clock; host cost: Python's time to issue one call (median over cells).",
                 "tab:e8phase",
                 "llllrl"[: len(table_rows[0])],
             ),
@@ -708,10 +708,11 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             table(
                 pd.DataFrame(rows),
                 "E8, held-out models: the whole expert FFN (\\texttt{moe\\_ffn}) against the faster of "
-                "transformers' compiled \\texttt{grouped\\_mm} backend and the \\texttt{torch.\\_grouped\\_mm} pipeline, "
-                "and against vLLM's kernel at prefill; their time over ours, geomean (lowest) over token counts and "
-                "loads; GPU time. Last column: our time with SwiGLU as a separate op over the fused one, where "
-                f"\\texttt{{moe\\_ffn}} fuses (above {FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
+                "transformers' compiled \\texttt{grouped\\_mm} backend and the "
+                "\\texttt{torch.\\_grouped\\_mm} pipeline, and against vLLM's kernel at prefill; their time "
+                "over ours, geomean (lowest) over token counts and loads; GPU time. Last column: our time "
+                f"with SwiGLU as a separate op over the fused one, where \\texttt{{moe\\_ffn}} fuses (above "
+                f"{FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
                 "tab:e8",
                 "l" + "r" * (len(rows[0]) - 1),
             ),

@@ -97,8 +97,8 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
             table(
                 tab,
                 "E9, held-out models: each peer's forward + backward time over ours (GPU clock, "
-                "launch-inclusive clock) and its step's peak memory over ours, geomean over models and loads, "
-                "by tokens per step T.",
+                "launch-inclusive clock) and its step's peak memory over ours, geomean over models and "
+                "loads, by tokens per step T.",
                 "tab:e9",
                 "r" + "r" * (len(tab.columns) - 1),
             ),

@@ -41,8 +41,9 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
         table(
             t.assign(seconds=t.seconds.round(0).astype(int).astype(str)),
             "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
-            "(Snakemake's benchmark files of the runs that made the committed results; a step run after others on the "
-            "same machine found their compile caches warm, so a run from cold caches takes longer: see RUNS.md).",
+            "(Snakemake's benchmark files of the runs that made the committed results; a step run after "
+            "others on the same machine found their compile caches warm, so a run from cold caches takes "
+            "longer: see RUNS.md).",
             "tab:runtime",
             "lr",
         ),
@@ -77,9 +78,9 @@ def gpu_paragraph(results: Path) -> str:
     aim = f"{'within' if minutes <= RUNTIME_AIM_MIN else 'over'} the {RUNTIME_AIM_MIN} minutes we aim for"
     return (
         f"Full GPU run of `snakemake --cores 1` on one {gpu_name(results)}: **{minutes:.1f} "
-        f"minutes** for {what}, {aim}, from Snakemake's benchmark files in `results/{results.name}/benchmarks/` "
-        f"({steps}; a step run after others on one machine found their compile caches warm, so a cold run "
-        f"takes longer: RUNS.md)."
+        f"minutes** for {what}, {aim}, from Snakemake's benchmark files in "
+        f"`results/{results.name}/benchmarks/` ({steps}; a step run after others on one machine found their "
+        f"compile caches warm, so a cold run takes longer: RUNS.md)."
     )
 
 

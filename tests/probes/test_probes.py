@@ -364,11 +364,21 @@ def test_prefill_counters_probe_reads_ncu_raw_pages():
     text = "\n".join(
         [
             "==PROF== Connected to process 1",
-            '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
-            '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
+            (
+                '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+                '"Block Size","Grid Size","Device","CC","gpu__time_duration.sum","lts__t_bytes.sum",'
+                '"sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",'
+                '"device__attribute_display_name","zz__other.sum"'
+            ),
             '"","","","","","","","","","","","nsecond","byte","%","",""',
-            '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)","0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"',
-            '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"',
+            (
+                '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)",'
+                '"0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"'
+            ),
+            (
+                '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)",'
+                '"0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"'
+            ),
         ]
     )
     rows = probe.parse_raw_csv(text)
@@ -541,7 +551,8 @@ def test_gluon_kernel_compiles_for_sm90_with_split_warps():
         "    for e, dt in ((8, torch.bfloat16), (256, torch.bfloat16), (16, torch.float16)):\n"
         "        k = compile_sm90(e, bn, st, pp, dt)\n"
         "        ptx = k.asm['ptx']\n"
-        "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, 'wgmma.mma_async' in ptx)\n"
+        "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, "
+        "'wgmma.mma_async' in ptx)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(

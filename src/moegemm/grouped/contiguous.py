@@ -1,7 +1,7 @@
-"""The forward of ``grouped_mm`` and ``grouped_mm_swiglu``, the contiguous layout (rows grouped by expert, one launch for
-all experts): argument checks, the config (given, tuned, or timed on a shape's first call), the launch, and
-the plan a repeat call of the same shape takes. Each is also a torch custom op (registered here, beside the
-implementation it runs), which is what ``torch.compile`` traces."""
+"""The forward of ``grouped_mm`` and ``grouped_mm_swiglu``, the contiguous layout (rows grouped by expert, one
+launch for all experts): argument checks, the config (given, tuned, or timed on a shape's first call), the
+launch, and the plan a repeat call of the same shape takes. Each is also a torch custom op (registered here,
+beside the implementation it runs), which is what ``torch.compile`` traces."""
 
 from __future__ import annotations
 
