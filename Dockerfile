@@ -3,9 +3,12 @@
 #   docker build --build-arg MOEGEMM_COMMIT=$(git rev-parse HEAD) -t moegemm .
 #   docker run --rm --gpus all -v $PWD/results:/work/results moegemm
 #
-# Base: the PyTorch nightly the seed study measured with (torch 2.12.0.dev20260408, CUDA 12.8). Our
-# committed H200 results came from torch 2.11.0+cu130 / Triton 3.6.0 (the lent GPU machine's image); the
-# two differ, and every CSV row records the versions that produced it.
+# Base: the PyTorch nightly the seed study measured with (torch 2.12.0.dev20260408, CUDA 12.8; it ships
+# Triton as the `pytorch-triton` package). Which torch and Triton a result used is in its CSV rows (the
+# README's headline names them, from those rows): the committed H200 results so far came from torch
+# 2.11.0+cu130 with Triton 3.6.0 (the lent GPU machine's image), and the next ones from the same torch with
+# Triton 3.7.1 (the Triton torch 2.12 and 2.13 require). At start the container prints its own torch and
+# Triton and records them in results/<gpu>/image_versions.json (the ENTRYPOINT below).
 FROM ghcr.io/pytorch/pytorch-nightly:2.12.0.dev20260408-cuda12.8-cudnn9-devel
 
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
@@ -41,4 +44,29 @@ ENV MOEGEMM_SEED_SOURCE=/opt/seed/decompose-k
 ARG MOEGEMM_COMMIT=unknown
 ENV MOEGEMM_COMMIT=${MOEGEMM_COMMIT}
 
+# Every start: print the image's torch, Triton (its `pytorch-triton` distribution) and CUDA, write them to
+# results/<gpu>/image_versions.json (the folder this machine's results go to), then run the command.
+RUN printf '%s\n' \
+      'import datetime, importlib.metadata as md, json, os, pathlib, sys' \
+      'sys.path.insert(0, os.getcwd())  # the project folder (WORKDIR), for experiments.pipeline' \
+      'import torch, triton' \
+      'from experiments.pipeline import local_gpus, machine_slug' \
+      'def dist(names):' \
+      '    for name in names:' \
+      '        try:' \
+      '            return f"{name} {md.version(name)}"' \
+      '        except md.PackageNotFoundError:' \
+      '            pass' \
+      '    return "none"' \
+      'v = {"torch": torch.__version__, "triton": triton.__version__,' \
+      '     "triton_distribution": dist(["pytorch-triton", "triton"]), "cuda": torch.version.cuda,' \
+      '     "python": sys.version.split()[0], "git_commit": os.environ.get("MOEGEMM_COMMIT", "unknown"),' \
+      '     "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}' \
+      'print("moegemm image: torch %s, Triton %s (%s), CUDA %s"' \
+      '      % (v["torch"], v["triton"], v["triton_distribution"], v["cuda"]), flush=True)' \
+      'out = pathlib.Path("results") / machine_slug(local_gpus()) / "image_versions.json"' \
+      'out.parent.mkdir(parents=True, exist_ok=True)' \
+      'out.write_text(json.dumps(v, indent=1) + "\n")' \
+    > /usr/local/bin/moegemm-versions.py
+ENTRYPOINT ["/bin/sh", "-c", "python /usr/local/bin/moegemm-versions.py && exec \"$@\"", "moegemm"]
 CMD ["snakemake", "--cores", "1"]

@@ -55,8 +55,9 @@ def report(step: str, got: torch.Tensor, ref: torch.Tensor) -> None:
 def main() -> int:
     torch.manual_seed(0)
     where = "GPU " + torch.cuda.get_device_name() if ON_GPU else "CPU (Triton interpreter)"
-    print(f"moegemm quick start on {where}: T={T} tokens, H={H}, I={INTER}, E={E} experts, top-{TOP_K}, "
-          f"{DTYPE}")
+    print(
+        f"moegemm quick start on {where}: T={T} tokens, H={H}, I={INTER}, E={E} experts, top-{TOP_K}, {DTYPE}"
+    )
     rand = lambda *shape, scale=1.0: (torch.randn(*shape) * scale).to(DEVICE, DTYPE)  # noqa: E731
 
     x = rand(T, H)
@@ -100,7 +101,7 @@ def main() -> int:
     m_max = max(1, max(off[e + 1] - off[e] for e in range(E)))
     x_e = torch.zeros(E, m_max, H, device=DEVICE, dtype=DTYPE)
     for e in range(E):
-        x_e[e, : off[e + 1] - off[e]] = xs[off[e]:off[e + 1]]
+        x_e[e, : off[e + 1] - off[e]] = xs[off[e] : off[e + 1]]
     masked_m = plan.group_sizes
     h_e = grouped_mm_masked(x_e, w_up, masked_m)
     report("grouped_mm_masked", torch.cat([h_e[e, : off[e + 1] - off[e]] for e in range(E)]), h64)

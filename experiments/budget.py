@@ -22,16 +22,27 @@ from __future__ import annotations
 BASELINE = {
     "compile_shapes": 2,
     "compile_modes": ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
-    "codegen_shapes": 4, "grid_mn": 4, "grid_k": 7, "fusion_grid_k": 4, "split_sweep": 13, "suites": 4,
-    "grid_compiled_suites": 1, "grid_compiled_k": 4,
+    "codegen_shapes": 4,
+    "grid_mn": 4,
+    "grid_k": 7,
+    "fusion_grid_k": 4,
+    "split_sweep": 13,
+    "suites": 4,
+    "grid_compiled_suites": 1,
+    "grid_compiled_k": 4,
     "router_tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384],
-    "router_tune_tokens": 11, "router_compiled_tokens": [1, 4, 16, 64, 256, 1024, 4096],
+    "router_tune_tokens": 11,
+    "router_compiled_tokens": [1, 4, 16, 64, 256, 1024, 4096],
     "seed_max_tokens": 256,
     "router_epilogues": ["none", "sigmoid"],
-    "tune_models": 3, "grouped_tune_tokens": [1, 8, 64, 256, 1024, 4096, 16384], "tune_loads": 2,
+    "tune_models": 3,
+    "grouped_tune_tokens": [1, 8, 64, 256, 1024, 4096, 16384],
+    "tune_loads": 2,
     # E7 and E8: their work in contender-cells, under the committed run's code and config (grouped_skew_work
     # and moe_layer_work of that config, with the contender lists of that code), and its rounds
-    "grouped_skew_work": 2514.0, "moe_layer_work": 1890.0, "grouped_rounds": 2,
+    "grouped_skew_work": 2514.0,
+    "moe_layer_work": 1890.0,
+    "grouped_rounds": 2,
 }
 # E7's and E8's share of time in the timed rounds (committed run: about 83 of 433 s and 100 of 778 s)
 TIMED_SHARE = 0.2
@@ -77,8 +88,9 @@ def grouped_skew_work(cfg: dict) -> float:
         elif g["models"][model]["split"] == "heldout":
             work += 6
         else:
-            work += (9 + len(g["capacity_factors"]) + (load == "uniform")
-                     + (2 if t in g["decode_tokens"] else 0))
+            work += (
+                9 + len(g["capacity_factors"]) + (load == "uniform") + (2 if t in g["decode_tokens"] else 0)
+            )
     return work
 
 
@@ -117,10 +129,14 @@ def work(cfg: dict) -> dict[str, float]:
         + 8 * len(d["grid_mn"]) * compiled_k * len(d.get("grid_compiled_suites", d["suites"])),
         "tune": 2 * grid + len(r.get("tune_tokens", r["tokens"])),
         "tune_seed": grid + sum(t <= r["seed_max_tokens"] for t in r["tokens"]),
-        "router_gemm": _router_work(r["tokens"], set(r.get("compiled_tokens", r["tokens"])), r["epilogues"],
-                                    r.get("relu_max_tokens")),
-        "tune_grouped": _tune_grouped_work(sum(v["split"] == "tune" for v in g["models"].values()),
-                                           g["tune_tokens"], len(g.get("tune_loads", ["uniform"]))),
+        "router_gemm": _router_work(
+            r["tokens"], set(r.get("compiled_tokens", r["tokens"])), r["epilogues"], r.get("relu_max_tokens")
+        ),
+        "tune_grouped": _tune_grouped_work(
+            sum(v["split"] == "tune" for v in g["models"].values()),
+            g["tune_tokens"],
+            len(g.get("tune_loads", ["uniform"])),
+        ),
         "grouped_skew": grouped_skew_work(cfg) * round_factor,
         "moe_layer": moe_layer_work(cfg) * round_factor,
     }
@@ -138,8 +154,9 @@ def baseline_work() -> dict[str, float]:
         + 8 * b["grid_mn"] * b["grid_compiled_k"] * b["grid_compiled_suites"],
         "tune": 2 * grid + b["router_tune_tokens"],
         "tune_seed": grid + sum(t <= b["seed_max_tokens"] for t in b["router_tokens"]),
-        "router_gemm": _router_work(b["router_tokens"], set(b["router_compiled_tokens"]),
-                                    b["router_epilogues"]),
+        "router_gemm": _router_work(
+            b["router_tokens"], set(b["router_compiled_tokens"]), b["router_epilogues"]
+        ),
         "tune_grouped": _tune_grouped_work(b["tune_models"], b["grouped_tune_tokens"], b["tune_loads"]),
         "grouped_skew": b["grouped_skew_work"],
         "moe_layer": b["moe_layer_work"],

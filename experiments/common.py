@@ -33,9 +33,13 @@ def cli(description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", required=True, help="CSV to write (atomically, when every row is done)")
     ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
-    ap.add_argument("--shard", default="0/1", type=parse_shard,
-                    help="I/N: only shard I of N (0-based) of the cells, whole models each (E7, E8); the pipeline "
-                         "runs one shard per GPU and merges them")
+    ap.add_argument(
+        "--shard",
+        default="0/1",
+        type=parse_shard,
+        help="I/N: only shard I of N (0-based) of the cells, whole models each (E7, E8); the pipeline "
+        "runs one shard per GPU and merges them",
+    )
     return ap.parse_args()
 
 
@@ -134,8 +138,15 @@ def best_rows(rows: list[dict], key) -> dict:
 def write_table(family: str, slug: str, entries: list[dict]) -> Path:
     """Write a tuned table the library reads (src/moegemm/tuned/<family>/<slug>.json), with provenance."""
     table = ROOT / "src" / "moegemm" / "tuned" / family / f"{slug}.json"
-    write_json(table, {"gpu": torch.cuda.get_device_name(0), "clock": "CUDA-graph replay",
-                       "provenance": provenance_fields(), "entries": entries})
+    write_json(
+        table,
+        {
+            "gpu": torch.cuda.get_device_name(0),
+            "clock": "CUDA-graph replay",
+            "provenance": provenance_fields(),
+            "entries": entries,
+        },
+    )
     print(f"wrote {table} ({len(entries)} entries)")
     return table
 
@@ -215,8 +226,12 @@ def raise_recompile_limit(n: int) -> None:
     """Dynamo's per-code-object recompile limit (``recompile_limit``; ``cache_size_limit`` before 2.6)."""
     import torch._dynamo.config as dc
 
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
+    for name in (
+        "recompile_limit",
+        "cache_size_limit",
+        "accumulated_recompile_limit",
+        "accumulated_cache_size_limit",
+    ):
         if hasattr(dc, name):
             setattr(dc, name, max(n, getattr(dc, name)))
 
@@ -239,4 +254,3 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-

@@ -52,7 +52,9 @@ def cell_times(rows: list[dict], tune_models: set[str]) -> tuple[dict, dict]:
     out = {}
     for cell, cfgs in per.items():
         n = len(loads[cell])
-        out[cell] = {c: math.exp(sum(math.log(v) for v in t.values()) / n) for c, t in cfgs.items() if len(t) == n}
+        out[cell] = {
+            c: math.exp(sum(math.log(v) for v in t.values()) / n) for c, t in cfgs.items() if len(t) == n
+        }
     return out, mean_rows
 
 
@@ -77,7 +79,9 @@ def shortlist(cells: list, times: dict, size: int = SHORTLIST) -> list[str]:
     pool = sorted(set().union(*(times[c] for c in cells)))
     chosen: list[str] = []
     while len(chosen) < min(size, len(pool)):
-        chosen.append(min((x for x in pool if x not in chosen), key=lambda x: slowdown(cells, times, chosen + [x])))
+        chosen.append(
+            min((x for x in pool if x not in chosen), key=lambda x: slowdown(cells, times, chosen + [x]))
+        )
     return chosen
 
 
@@ -107,10 +111,15 @@ def main(argv=None) -> None:
         if not cells:
             raise SystemExit(f"{args.csv}: no tune cell in the regime of at most {bound} rows per expert")
         chosen = shortlist(cells, times)
-        entries.append({"max_mean_rows": bound if bound != math.inf else None, "cells": len(cells),
-                        "slowdown_first": slowdown(cells, times, chosen[:1]),
-                        "slowdown_shortlist": slowdown(cells, times, chosen),
-                        "configs": [json.loads(c) for c in chosen]})
+        entries.append(
+            {
+                "max_mean_rows": bound if bound != math.inf else None,
+                "cells": len(cells),
+                "slowdown_first": slowdown(cells, times, chosen[:1]),
+                "slowdown_shortlist": slowdown(cells, times, chosen),
+                "configs": [json.loads(c) for c in chosen],
+            }
+        )
         for left in sorted({c[0] for c in cells}):
             seen = [c for c in cells if c[0] != left]
             if not seen:
@@ -120,22 +129,45 @@ def main(argv=None) -> None:
                 best = min(times[c].values())
                 first = times[c].get(picked[0], math.nan)
                 timed = [times[c][x] for x in picked if x in times[c]]
-                loo.append({"model": c[0], "proj": c[1], "tokens": c[2], "mean_rows": mean_rows[c], "regime": i,
-                            "best_us": best, "first_us": first, "shortlist_us": min(timed) if timed else math.nan,
-                            "shortlist_timed": len(timed), "first_slowdown": first / best,
-                            "shortlist_slowdown": min(timed) / best if timed else math.nan})
+                loo.append(
+                    {
+                        "model": c[0],
+                        "proj": c[1],
+                        "tokens": c[2],
+                        "mean_rows": mean_rows[c],
+                        "regime": i,
+                        "best_us": best,
+                        "first_us": first,
+                        "shortlist_us": min(timed) if timed else math.nan,
+                        "shortlist_timed": len(timed),
+                        "first_slowdown": first / best,
+                        "shortlist_slowdown": min(timed) / best if timed else math.nan,
+                    }
+                )
     git = sorted({r["git_commit"] for r in rows if r["model"] in tune})
-    write_json(args.out, {"gpu": rows[0]["gpu"], "clock": "CUDA-graph replay",
-                          "provenance": {"source": args.csv, "tune_models": sorted(tune), "tuner_commits": git,
-                                         "shortlist": SHORTLIST},
-                          "entries": entries})
+    write_json(
+        args.out,
+        {
+            "gpu": rows[0]["gpu"],
+            "clock": "CUDA-graph replay",
+            "provenance": {
+                "source": args.csv,
+                "tune_models": sorted(tune),
+                "tuner_commits": git,
+                "shortlist": SHORTLIST,
+            },
+            "entries": entries,
+        },
+    )
     with atomic_path(args.loo) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(loo[0]))
         w.writeheader()
         w.writerows(loo)
     for e in entries:
-        print(f"<= {e['max_mean_rows']} rows/expert: {e['cells']} cells, first {e['slowdown_first']:.3f}x, "
-              f"best of {len(e['configs'])} {e['slowdown_shortlist']:.3f}x of the tuned best")
+        print(
+            f"<= {e['max_mean_rows']} rows/expert: {e['cells']} cells, first {e['slowdown_first']:.3f}x, "
+            f"best of {len(e['configs'])} {e['slowdown_shortlist']:.3f}x of the tuned best"
+        )
 
 
 if __name__ == "__main__":

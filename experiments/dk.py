@@ -36,8 +36,14 @@ def make_inputs(m, n, k, dtype, seed: int, n_sets: int = 1, bias: bool = False) 
     return sets
 
 
-def ours(kernel: str, epilogue: str, config: DecomposeKConfig | None = None, fused: bool = True,
-         name: str | None = None, **fields) -> Contender:
+def ours(
+    kernel: str,
+    epilogue: str,
+    config: DecomposeKConfig | None = None,
+    fused: bool = True,
+    name: str | None = None,
+    **fields,
+) -> Contender:
     epi = Epilogue.parse(epilogue)
 
     def bind(inp):
@@ -47,8 +53,9 @@ def ours(kernel: str, epilogue: str, config: DecomposeKConfig | None = None, fus
         return lambda: epi.torch_apply(matmul(a, b, kernel=kernel, bias=bias, config=config))
 
     label = name or (f"ours:{kernel}" + ("" if fused or epi is Epilogue.NONE else "+unfused"))
-    return Contender(label, bind, config=config.as_dict() if config else "auto", fields=fields,
-                     parallel_compile=True)
+    return Contender(
+        label, bind, config=config.as_dict() if config else "auto", fields=fields, parallel_compile=True
+    )
 
 
 def eager(epilogue: str, **fields) -> Contender:
@@ -75,8 +82,9 @@ def seed_decompose_k(split: int, epilogue: str, **fields) -> Contender:
     return Contender("pytorch:decompose_k", bind, config={"split_k": split}, fields=fields)
 
 
-def compiled(fn, mode: str, name: str, config="", inspect_mn: tuple[int, int] | None = None,
-             **fields) -> Contender:
+def compiled(
+    fn, mode: str, name: str, config="", inspect_mn: tuple[int, int] | None = None, **fields
+) -> Contender:
     """torch.compile(fn, mode). The first call (the correctness check) compiles; its wall time is recorded
     as ``compile_s`` and, with ``inspect_mn``, what Inductor emitted (see moegemm.inductor.codegen)."""
     import time
@@ -102,9 +110,13 @@ def compiled(fn, mode: str, name: str, config="", inspect_mn: tuple[int, int] | 
                 out, code, _ = run_and_get_code(cf, a, b)
                 info = inspect(code, *inspect_mn)
                 contender.fields.update(
-                    inductor_kernels=" ".join(info["kernels"]), inductor_externs=" ".join(info["extern_calls"]),
-                    inductor_decompose_k=info["decompose_k"], inductor_split_k=info["split_k"],
-                    inductor_relu=info["relu"], inductor_launches=info["n_kernel_launches"])
+                    inductor_kernels=" ".join(info["kernels"]),
+                    inductor_externs=" ".join(info["extern_calls"]),
+                    inductor_decompose_k=info["decompose_k"],
+                    inductor_split_k=info["split_k"],
+                    inductor_relu=info["relu"],
+                    inductor_launches=info["n_kernel_launches"],
+                )
             torch.cuda.synchronize()
             contender.fields["compile_s"] = round(time.perf_counter() - t0, 2)
             return out
@@ -130,8 +142,9 @@ def _blocks(dim: int) -> list[int]:
     return [min(64, max(16, 1 << (dim - 1).bit_length()))] if dim <= 64 else [64, 128]
 
 
-def wide_candidates(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int, stages=(3, 4),
-                    max_waves: int = 4) -> list[DecomposeKConfig]:
+def wide_candidates(
+    m: int, n: int, k: int, dtype: torch.dtype, sm_count: int, stages=(3, 4), max_waves: int = 4
+) -> list[DecomposeKConfig]:
     """The single-launch kernel's space: 16-wide tiles beside the covering ones, 1 warp or 4 on small tiles,
     BLOCK_K 64-256, S a power of two from 8 with at most ``max_waves`` programs per SM."""
     bks = [32, 64, 128] if dtype == torch.float32 else [64, 128, 256]
@@ -143,7 +156,7 @@ def wide_candidates(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int, s
             if bn > max(16, cover(n)) or bm > max(16, cover(m)):
                 continue
             tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-            for warps in ((1, 4) if bm * bn <= 256 else (4,)):
+            for warps in (1, 4) if bm * bn <= 256 else (4,):
                 for bk in bks:
                     for st in stages:
                         if (bm * bk + bk * bn) * elt * st > 160 * 1024:
@@ -151,12 +164,22 @@ def wide_candidates(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int, s
                         for s in (8, 16, 32, 64, 128, 256):
                             if k // s < bk or tiles * s > max_waves * sm_count:
                                 continue
-                            out.append(DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                                        num_warps=warps, num_stages=st))
+                            out.append(
+                                DecomposeKConfig(
+                                    split_k=s,
+                                    block_m=bm,
+                                    block_n=bn,
+                                    block_k=bk,
+                                    num_warps=warps,
+                                    num_stages=st,
+                                )
+                            )
     return out
 
 
-def candidates(m: int, n: int, k: int, dtype: torch.dtype, kernel: str, sm_count: int) -> list[DecomposeKConfig]:
+def candidates(
+    m: int, n: int, k: int, dtype: torch.dtype, kernel: str, sm_count: int
+) -> list[DecomposeKConfig]:
     """The tuner's search space for one shape and kernel: about a dozen configs for the two-launch kernels on
     the skinny shapes; for the single-launch kernel (the default) on 16-bit inputs ``wide_candidates`` at 3
     stages and at most one program per SM (the fastest configs of a wider probe all were), plus S = 1 (no
@@ -184,14 +207,35 @@ def _covering(m, n, k, dtype, kernel, sm_count) -> list[DecomposeKConfig]:
                     if k // s < bk or tiles * s > 8 * sm_count or (s == 1 and kernel != "single_launch"):
                         continue
                     xb = 32 if m * n <= 4096 else 128
-                    out.append(DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                                num_warps=warps, num_stages=stages,
-                                                xblock=xb, rblock=min(32, triton.next_power_of_2(s))))
+                    out.append(
+                        DecomposeKConfig(
+                            split_k=s,
+                            block_m=bm,
+                            block_n=bn,
+                            block_k=bk,
+                            num_warps=warps,
+                            num_stages=stages,
+                            xblock=xb,
+                            rblock=min(32, triton.next_power_of_2(s)),
+                        )
+                    )
     return out
 
 
-__all__ = ["KERNELS", "grid_shapes", "router_shapes", "make_inputs", "ours", "eager", "seed_decompose_k",
-           "compiled", "candidates", "tuned_or_heuristic", "epilogue_fn", "seed_kernels"]
+__all__ = [
+    "KERNELS",
+    "grid_shapes",
+    "router_shapes",
+    "make_inputs",
+    "ours",
+    "eager",
+    "seed_decompose_k",
+    "compiled",
+    "candidates",
+    "tuned_or_heuristic",
+    "epilogue_fn",
+    "seed_kernels",
+]
 
 
 def tiny_kernel_us() -> float:
@@ -203,16 +247,27 @@ def tiny_kernel_us() -> float:
     return sorted(t.sample(11))[5]
 
 
-def run_shape(experiment: str, contenders: list[Contender], m: int, n: int, k: int, dtype: torch.dtype,
-              epilogue: str, settings, prov: dict, tiny_us: float, seed: int, bias: bool = False,
-              **fields) -> list[dict]:
+def run_shape(
+    experiment: str,
+    contenders: list[Contender],
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    epilogue: str,
+    settings,
+    prov: dict,
+    tiny_us: float,
+    seed: int,
+    bias: bool = False,
+    **fields,
+) -> list[dict]:
     """Measure the contenders of one shape; rows carry shape, floor and provenance."""
+    from experiments.common import ref64
     from moegemm._runtime import slugify
     from moegemm.bench.floors import gemm_bytes, gemm_floor_us
     from moegemm.bench.runner import measure
     from moegemm.bench.timing import input_sets_for
-
-    from experiments.common import ref64
 
     elt = torch.tensor([], dtype=dtype).element_size()
     sets = make_inputs(m, n, k, dtype, seed, n_sets=input_sets_for((m * k + k * n) * elt), bias=bias)
@@ -221,22 +276,47 @@ def run_shape(experiment: str, contenders: list[Contender], m: int, n: int, k: i
     slug = slugify(prov["gpu"])
     floor = gemm_floor_us(m, n, k, elt, slug, tiny_us, fp32=dtype == torch.float32)
     for r in rows:
-        r.update(experiment=experiment, m=m, n=n, k=k, dtype=str(dtype).replace("torch.", ""),
-                 epilogue=epilogue, bytes=gemm_bytes(m, n, k, elt), flops=2 * m * n * k,
-                 floor_us=floor, tiny_kernel_us=tiny_us, **fields, **prov)
+        r.update(
+            experiment=experiment,
+            m=m,
+            n=n,
+            k=k,
+            dtype=str(dtype).replace("torch.", ""),
+            epilogue=epilogue,
+            bytes=gemm_bytes(m, n, k, elt),
+            flops=2 * m * n * k,
+            floor_us=floor,
+            tiny_kernel_us=tiny_us,
+            **fields,
+            **prov,
+        )
     return rows
 
 
-def run_grid(experiment: str, description: str, epilogue: str, contenders_for, seed,
-             reset_dynamo: bool, ks: str = "grid_k") -> None:
+def run_grid(
+    experiment: str,
+    description: str,
+    epilogue: str,
+    contenders_for,
+    seed,
+    reset_dynamo: bool,
+    ks: str = "grid_k",
+) -> None:
     """The CLI body of a bf16 experiment over the M=N x K grid: one measured unit per shape, resumable.
 
     contenders_for(probe, n, k, cfg, results_dir) -> contenders, where probe is an empty [M, K] bf16 tensor
     (for config lookup) and results_dir the output's folder (where tune_seed.csv is); seed(m, k) -> the shape's input seed."""
     from pathlib import Path
 
-    from experiments.common import (Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
-                                    timing_settings)
+    from experiments.common import (
+        Progress,
+        ResultWriter,
+        cli,
+        load_config,
+        provenance_fields,
+        require_gpu,
+        timing_settings,
+    )
 
     args = cli(description)
     require_gpu()
@@ -252,8 +332,21 @@ def run_grid(experiment: str, description: str, epilogue: str, contenders_for, s
             if reset_dynamo:
                 torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit degrades later ones)
             probe = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
-            writer.add(run_shape(experiment, contenders_for(probe, n, k, cfg, str(Path(args.out).parent)), m, n, k, torch.bfloat16, epilogue,
-                                 settings, prov, tiny, seed=seed(m, k)))
+            writer.add(
+                run_shape(
+                    experiment,
+                    contenders_for(probe, n, k, cfg, str(Path(args.out).parent)),
+                    m,
+                    n,
+                    k,
+                    torch.bfloat16,
+                    epilogue,
+                    settings,
+                    prov,
+                    tiny,
+                    seed=seed(m, k),
+                )
+            )
         bar.update()
     bar.close()
     writer.finish()
@@ -297,15 +390,33 @@ def _seed_best(results_dir: str) -> tuple[object, dict]:
         with path.open() as f:
             for r in csv.DictReader(f):
                 if r.get("best") == "True" and r.get("status") == "ok":
-                    cfgd = {fld: int(r[fld]) for fld in ("split_k", "block_m", "block_n", "block_k", "group_m",
-                                                         "num_warps", "num_stages")}
+                    cfgd = {
+                        fld: int(r[fld])
+                        for fld in (
+                            "split_k",
+                            "block_m",
+                            "block_n",
+                            "block_k",
+                            "group_m",
+                            "num_warps",
+                            "num_stages",
+                        )
+                    }
                     best[(r["variant"], r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]))] = cfgd
     _SEED_CACHE[results_dir] = (seed, best)
     return seed, best
 
 
-def seed_kernels(results_dir: str, m: int, n: int, k: int, dtype: torch.dtype, epilogue: str,
-                 split: int | None = None, **fields) -> list[Contender]:
+def seed_kernels(
+    results_dir: str,
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    epilogue: str,
+    split: int | None = None,
+    **fields,
+) -> list[Contender]:
     """The seed's two Triton kernels ("seed: original", "seed: optimized") at the configs its own search
     chose for this shape (tune_seed; fp16 and fp32 take bf16's), or at ``split`` with the chosen tile (E4; S
     must divide K). None where the seed's source or search result is missing."""
@@ -333,15 +444,13 @@ def seed_kernels(results_dir: str, m: int, n: int, k: int, dtype: torch.dtype, e
     return out
 
 
-def shape_inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int, epilogue: str = "none"
-                 ) -> tuple[list[tuple], torch.Tensor]:
+def shape_inputs(
+    m: int, n: int, k: int, dtype: torch.dtype, seed: int, epilogue: str = "none"
+) -> tuple[list[tuple], torch.Tensor]:
     """(input sets, float64 reference of the first) for one shape, as many sets as rotate past the L2."""
-    from moegemm.bench.timing import input_sets_for
-
     from experiments.common import ref64
+    from moegemm.bench.timing import input_sets_for
 
     elt = torch.tensor([], dtype=dtype).element_size()
     sets = make_inputs(m, n, k, dtype, seed, n_sets=input_sets_for((m * k + k * n) * elt))
     return sets, ref64(sets[0][0], sets[0][1], epilogue)
-
-

@@ -27,8 +27,15 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 import torch  # noqa: E402
 
 from experiments import dk  # noqa: E402
-from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
-from experiments.common import timing_settings
+from experiments.common import (
+    Progress,
+    ResultWriter,
+    cli,
+    load_config,
+    provenance_fields,
+    require_gpu,
+    timing_settings,
+)
 from moegemm.bench.runner import Contender
 from moegemm.inductor.custom_op import decompose_k_relu_impl
 
@@ -71,10 +78,16 @@ def main():
                 bar.update()
                 continue
             torch._dynamo.reset()
-            eager = Contender("eager", lambda inp, fn=fn: (lambda: fn(inp[0], inp[1])), config="eager",
-                              fields={"compile_mode": "eager"})
-            cs = [eager] + [dk.compiled(fn, mode, f"compiled:{mode}", inspect_mn=(m, n), compile_mode=mode)
-                            for mode in modes]
+            eager = Contender(
+                "eager",
+                lambda inp, fn=fn: lambda: fn(inp[0], inp[1]),
+                config="eager",
+                fields={"compile_mode": "eager"},
+            )
+            cs = [eager] + [
+                dk.compiled(fn, mode, f"compiled:{mode}", inspect_mn=(m, n), compile_mode=mode)
+                for mode in modes
+            ]
             # Modes that replay CUDA graphs of their own (cudagraph trees) are measured in a group of their
             # own, after the graph-clock group's captured graphs are freed: interleaving our captured graphs
             # with cudagraph trees in one measurement produced an illegal memory access on torch 2.11.
@@ -82,8 +95,21 @@ def main():
             rows = []
             for group in ([c for c in cs if c.graph], own):
                 if group:
-                    rows += dk.run_shape("E1", group, m, n, k, torch.bfloat16, epilogue, settings, prov, tiny,
-                                         seed=m + k, function=fname, compile_caches=caches)
+                    rows += dk.run_shape(
+                        "E1",
+                        group,
+                        m,
+                        n,
+                        k,
+                        torch.bfloat16,
+                        epilogue,
+                        settings,
+                        prov,
+                        tiny,
+                        seed=m + k,
+                        function=fname,
+                        compile_caches=caches,
+                    )
                     torch.cuda.synchronize()
                     gc.collect()
             writer.add(rows)

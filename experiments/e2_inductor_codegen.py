@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from experiments.common import ResultWriter, cli, load_config, provenance_fields, require_gpu, write_json
 from experiments._io import write_text
+from experiments.common import ResultWriter, cli, load_config, provenance_fields, require_gpu, write_json
 from moegemm.inductor import custom_op
 from moegemm.inductor.codegen import inspect, run_and_get_code
 
@@ -48,9 +48,22 @@ def main():
                 try:
                     out, code, all_code = run_and_get_code(torch.compile(fn, mode=mode, dynamic=False), a, b)
                 except Exception as e:  # recorded, not fatal: what fails to compile is itself a finding
-                    writer.add([{"experiment": "E2", "program": pname, "mode": mode, "m": m, "n": n, "k": k,
-                                 "dtype": "bfloat16", "status": "error",
-                                 "note": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", **prov}])
+                    writer.add(
+                        [
+                            {
+                                "experiment": "E2",
+                                "program": pname,
+                                "mode": mode,
+                                "m": m,
+                                "n": n,
+                                "k": k,
+                                "dtype": "bfloat16",
+                                "status": "error",
+                                "note": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                                **prov,
+                            }
+                        ]
+                    )
                     continue
                 compile_s = time.perf_counter() - t0
                 ref = torch.relu(a.double() @ b.double())
@@ -58,13 +71,31 @@ def main():
                 info = inspect(code, m, n)
                 slug = f"{pname.replace(' ', '_').replace('(', '_').replace(')', '')}-{mode}-{m}x{n}x{k}.py"
                 write_text(code_dir / slug, all_code)
-                writer.add([{"experiment": "E2", "program": pname, "mode": mode, "m": m, "n": n, "k": k,
-                             "dtype": "bfloat16", "compile_s": round(compile_s, 2), "rel_err": rel,
-                             "status": "ok" if rel < 2e-2 else "wrong",
-                             "kernels": " ".join(info["kernels"]), "extern_calls": " ".join(info["extern_calls"]),
-                             "n_kernel_launches": info["n_kernel_launches"], "mm_template": info["mm_template"],
-                             "decompose_k": info["decompose_k"], "split_k": json.dumps(info["split_k"]),
-                             "relu": info["relu"], "code_file": f"inductor_code/{slug}", **prov}])
+                writer.add(
+                    [
+                        {
+                            "experiment": "E2",
+                            "program": pname,
+                            "mode": mode,
+                            "m": m,
+                            "n": n,
+                            "k": k,
+                            "dtype": "bfloat16",
+                            "compile_s": round(compile_s, 2),
+                            "rel_err": rel,
+                            "status": "ok" if rel < 2e-2 else "wrong",
+                            "kernels": " ".join(info["kernels"]),
+                            "extern_calls": " ".join(info["extern_calls"]),
+                            "n_kernel_launches": info["n_kernel_launches"],
+                            "mm_template": info["mm_template"],
+                            "decompose_k": info["decompose_k"],
+                            "split_k": json.dumps(info["split_k"]),
+                            "relu": info["relu"],
+                            "code_file": f"inductor_code/{slug}",
+                            **prov,
+                        }
+                    ]
+                )
     writer.finish()
     write_json(code_dir / "index.json", {"files": sorted(p.name for p in code_dir.glob("*.py"))})
 

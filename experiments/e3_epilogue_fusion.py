@@ -20,8 +20,12 @@ def contenders_for(a, n, k, cfg, results_dir) -> list:
     cs = []
     for kernel in dk.KERNELS:
         c, _ = dk.tuned_or_heuristic(a, n, "relu", kernel)
-        cs.append(dk.ours(kernel, "relu", c, fused=True, variant=kernel, epilogue_fused=True, split_k=c.split_k))
-        cs.append(dk.ours(kernel, "relu", c, fused=False, variant=kernel, epilogue_fused=False, split_k=c.split_k))
+        cs.append(
+            dk.ours(kernel, "relu", c, fused=True, variant=kernel, epilogue_fused=True, split_k=c.split_k)
+        )
+        cs.append(
+            dk.ours(kernel, "relu", c, fused=False, variant=kernel, epilogue_fused=False, split_k=c.split_k)
+        )
     m = a.shape[0]
     for fused in (True, False):  # the seed's Triton kernels, ReLU fused into their reducer or after it
         for c in dk.seed_kernels(results_dir, m, n, k, a.dtype, "relu" if fused else "none"):
@@ -30,16 +34,40 @@ def contenders_for(a, n, k, cfg, results_dir) -> list:
             c.fields["epilogue_fused"] = fused
             cs.append(c)
     cs.append(dk.seed_decompose_k(s, "relu", variant="pytorch:decompose_k", epilogue_fused=False, split_k=s))
-    cs.append(dk.compiled(lambda x, y: decompose_k_relu_impl(x, y, s), "default", "pytorch:decompose_k+compiled",
-                          inspect_mn=(a.shape[0], n), variant="pytorch:decompose_k", epilogue_fused=True, split_k=s))
-    cs.append(dk.compiled(dk.epilogue_fn("relu"), "max-autotune-no-cudagraphs", "inductor:relu(mm)",
-                          inspect_mn=(a.shape[0], n), variant="inductor", epilogue_fused="inductor's choice"))
+    cs.append(
+        dk.compiled(
+            lambda x, y: decompose_k_relu_impl(x, y, s),
+            "default",
+            "pytorch:decompose_k+compiled",
+            inspect_mn=(a.shape[0], n),
+            variant="pytorch:decompose_k",
+            epilogue_fused=True,
+            split_k=s,
+        )
+    )
+    cs.append(
+        dk.compiled(
+            dk.epilogue_fn("relu"),
+            "max-autotune-no-cudagraphs",
+            "inductor:relu(mm)",
+            inspect_mn=(a.shape[0], n),
+            variant="inductor",
+            epilogue_fused="inductor's choice",
+        )
+    )
     return cs
 
 
 def main():
-    dk.run_grid("E3", __doc__, "relu", contenders_for, seed=lambda m, k: m * 17 + k, reset_dynamo=True,
-                ks="fusion_grid_k")
+    dk.run_grid(
+        "E3",
+        __doc__,
+        "relu",
+        contenders_for,
+        seed=lambda m, k: m * 17 + k,
+        reset_dynamo=True,
+        ks="fusion_grid_k",
+    )
 
 
 if __name__ == "__main__":

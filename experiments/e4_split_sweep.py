@@ -34,8 +34,15 @@ def contenders_for(a, n, k, cfg, results_dir) -> list:
 
 
 def main():
-    dk.run_grid("E4", __doc__, "none", contenders_for, seed=lambda m, k: m * 19 + k, reset_dynamo=False,
-                ks="fusion_grid_k")
+    dk.run_grid(
+        "E4",
+        __doc__,
+        "none",
+        contenders_for,
+        seed=lambda m, k: m * 19 + k,
+        reset_dynamo=False,
+        ks="fusion_grid_k",
+    )
 
 
 if __name__ == "__main__":

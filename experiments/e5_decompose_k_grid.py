@@ -16,8 +16,16 @@ from pathlib import Path
 import torch
 
 from experiments import dk
-from experiments.common import DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
-from experiments.common import timing_settings
+from experiments.common import (
+    DTYPES,
+    Progress,
+    ResultWriter,
+    cli,
+    load_config,
+    provenance_fields,
+    require_gpu,
+    timing_settings,
+)
 from moegemm.inductor import custom_op
 
 
@@ -28,10 +36,15 @@ def contenders_for(a, n, dtype, epilogue, cfg, with_compiled: bool, results_dir:
         cs.append(dk.seed_decompose_k(cfg["decompose_k"]["seed_split"], epilogue))
     if with_compiled:
         mn = (a.shape[0], n)
-        cs.append(dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled", inspect_mn=mn))
+        cs.append(
+            dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled", inspect_mn=mn)
+        )
         op = custom_op.mm_relu if epilogue == "relu" else custom_op.mm
-        cs.append(dk.compiled(lambda x, y: op(x, y), "max-autotune-no-cudagraphs", "custom-op-autotuned",
-                              inspect_mn=mn))
+        cs.append(
+            dk.compiled(
+                lambda x, y: op(x, y), "max-autotune-no-cudagraphs", "custom-op-autotuned", inspect_mn=mn
+            )
+        )
     for kernel in dk.KERNELS:
         c, src = dk.tuned_or_heuristic(a, n, epilogue, kernel)
         cs.append(dk.ours(kernel, epilogue, c, config_source=src))
@@ -63,10 +76,31 @@ def main():
                 continue
             torch._dynamo.reset()  # a fresh compile per exact shape (the recompile limit would degrade later ones)
             probe = torch.empty(m, k, dtype=dtype, device="cuda")
-            cs = contenders_for(probe, n, dtype, s["epilogue"], cfg, suite in compiled_suites and k in compiled_k,
-                                str(Path(args.out).parent))
-            writer.add(dk.run_shape("E5", cs, m, n, k, dtype, s["epilogue"], settings, prov, tiny,
-                                    seed=m * 31 + k, suite=suite))
+            cs = contenders_for(
+                probe,
+                n,
+                dtype,
+                s["epilogue"],
+                cfg,
+                suite in compiled_suites and k in compiled_k,
+                str(Path(args.out).parent),
+            )
+            writer.add(
+                dk.run_shape(
+                    "E5",
+                    cs,
+                    m,
+                    n,
+                    k,
+                    dtype,
+                    s["epilogue"],
+                    settings,
+                    prov,
+                    tiny,
+                    seed=m * 31 + k,
+                    suite=suite,
+                )
+            )
             bar.update()
     bar.close()
     writer.finish()

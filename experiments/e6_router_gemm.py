@@ -79,18 +79,45 @@ def main():
                 # the compiled contenders (tens of seconds each) answer the sigmoid and no-epilogue questions;
                 # the ReLU cells are the like-for-like comparison with the seed's kernels
                 if t in compiled_t and epilogue != "relu":
-                    cs += [dk.compiled(dk.epilogue_fn(epilogue), "max-autotune-no-cudagraphs", "compiled",
-                                       inspect_mn=(t, r["n"])),
-                           dispatch]
+                    cs += [
+                        dk.compiled(
+                            dk.epilogue_fn(epilogue),
+                            "max-autotune-no-cudagraphs",
+                            "compiled",
+                            inspect_mn=(t, r["n"]),
+                        ),
+                        dispatch,
+                    ]
                 if t <= r["seed_max_tokens"]:
                     cs += dk.seed_kernels(results_dir, t, r["n"], r["k"], torch.bfloat16, epilogue)
                 for kernel in dk.KERNELS:
                     c, src = dk.tuned_or_heuristic(probe, r["n"], epilogue, kernel)
                     cs.append(dk.ours(kernel, epilogue, c, config_source=src))
-                cs.append(dk.ours("auto", epilogue, None, name="ours:auto",
-                                  config_source=dk.auto_choice(probe, r["n"], epilogue)))
-                writer.add(dk.run_shape("E6", cs, t, r["n"], r["k"], torch.bfloat16, epilogue, settings, prov,
-                                        tiny, seed=t, split="tune" if t in tuned else "heldout"))
+                cs.append(
+                    dk.ours(
+                        "auto",
+                        epilogue,
+                        None,
+                        name="ours:auto",
+                        config_source=dk.auto_choice(probe, r["n"], epilogue),
+                    )
+                )
+                writer.add(
+                    dk.run_shape(
+                        "E6",
+                        cs,
+                        t,
+                        r["n"],
+                        r["k"],
+                        torch.bfloat16,
+                        epilogue,
+                        settings,
+                        prov,
+                        tiny,
+                        seed=t,
+                        split="tune" if t in tuned else "heldout",
+                    )
+                )
             bar.update()
     bar.close()
     writer.finish()

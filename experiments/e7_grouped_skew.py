@@ -34,8 +34,19 @@ import time
 
 import torch
 
-from experiments.common import (Progress, ResultWriter, check_and_time, cli, load_config, provenance_fields,
-                                require_gpu, shard_cells, timing_settings, weight_sets)
+from experiments import triton_kernels_moe, vllm_moe
+from experiments.common import (
+    Progress,
+    ResultWriter,
+    check_and_time,
+    cli,
+    load_config,
+    provenance_fields,
+    require_gpu,
+    shard_cells,
+    timing_settings,
+    weight_sets,
+)
 from moegemm._runtime import gpu_slug, slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
@@ -44,13 +55,18 @@ from moegemm.bench.runner import Contender, measure, prewarm
 from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES
 from moegemm.bench.stream import check_stream, stream_bytes, stream_setup
 from moegemm.bench.stream import fits as stream_fits
-from moegemm.grouped import (choose_config, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
-                             unpermute)
+from moegemm.grouped import (
+    choose_config,
+    grouped_mm,
+    grouped_mm_masked,
+    permute,
+    route,
+    sorted_weights,
+    unpermute,
+)
+from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 from moegemm.grouped.config import masked_config, shortlist
 from moegemm.grouped.routing import gather_rows, row_positions
-from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
-
-from experiments import triton_kernels_moe, vllm_moe
 
 
 def loads(cfg: dict, t: int) -> list[str]:
@@ -58,7 +74,7 @@ def loads(cfg: dict, t: int) -> list[str]:
     ``uniform_only_tokens`` (one token's top-k experts are the same work under any load), else uniform and
     Zipf 1.2."""
     g = cfg["grouped"]
-    every = (["uniform"] + [f"zipf{a}" for a in g["zipf_alphas"]] + [f"hot{f}" for f in g["hot_fractions"]])
+    every = ["uniform"] + [f"zipf{a}" for a in g["zipf_alphas"]] + [f"hot{f}" for f in g["hot_fractions"]]
     if t in g["all_loads_at"]:
         return every
     if t in g.get("uniform_only_tokens", ()):
@@ -137,8 +153,16 @@ def start(doc: str, keys: tuple[str, ...] = ("model", "proj", "tokens", "load"))
     return args, cfg, g, settings, prov, slug, writer
 
 
-def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, rounds: int | None = None,
-              measure_cell=None, with_sets: bool = False) -> None:
+def run_probe(
+    doc: str,
+    experiment: str,
+    cells: list,
+    contenders_of,
+    summary,
+    rounds: int | None = None,
+    measure_cell=None,
+    with_sets: bool = False,
+) -> None:
     """The loop the probes share (probes/probe_*.py, not pipeline steps): per cell (model, projection,
     tokens, load), E7's weights, routing and activations, the float64 reference and the rotated weight
     sets; ``contenders_of(xs, plan, ref, w, t, e, k, n, g, cell)`` (g: config.yaml's grouped section; cell:
@@ -170,14 +194,36 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, ro
         ref = ref_rows(xs, w, plan.group_offsets)
         ws = weight_sets(w, stats["active_experts"], rows, k, n)
         more = {"ws": ws, "settings": settings, "x": x, "ids": ids} if with_sets else {}
-        cs, sets = contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load), **more), [(xs, wi) for wi in ws]
-        out = (measure(cs, sets, ref, k, settings) if measure_cell is None
-               else measure_cell(cs, sets, ref, k, settings, turn))
+        cs, sets = (
+            contenders_of(xs, plan, ref, w, t, e, k, n, g, (model, proj, t, load), **more),
+            [(xs, wi) for wi in ws],
+        )
+        out = (
+            measure(cs, sets, ref, k, settings)
+            if measure_cell is None
+            else measure_cell(cs, sets, ref, k, settings, turn)
+        )
         del cs, sets
         for r in out:
-            r.update(experiment=experiment, model=model, proj=proj, tokens=t, load=load, experts=e, top_k=top_k,
-                     k=k, n=n, rows=rows, **stats, bytes=nbytes, floor_us=fl, flops=flops, input_sets=len(ws),
-                     **graph_rates(r.get("graph_us", math.nan), flops, fl), **prov)
+            r.update(
+                experiment=experiment,
+                model=model,
+                proj=proj,
+                tokens=t,
+                load=load,
+                experts=e,
+                top_k=top_k,
+                k=k,
+                n=n,
+                rows=rows,
+                **stats,
+                bytes=nbytes,
+                floor_us=fl,
+                flops=flops,
+                input_sets=len(ws),
+                **graph_rates(r.get("graph_us", math.nan), flops, fl),
+                **prov,
+            )
         writer.add(out)
         del w, ws, ref
         bar.update()
@@ -189,15 +235,18 @@ def run_probe(doc: str, experiment: str, cells: list, contenders_of, summary, ro
 def graph_rates(gus: float, flops: float, floor: float) -> dict:
     """A timed row's TFLOP/s and % of the floor on the GPU clock (NaN where it has no time)."""
     ok = gus == gus and gus
-    return {"tflops_graph": flops / gus / 1e6 if ok else math.nan,
-            "pct_floor_graph": 100 * floor / gus if ok else math.nan}
+    return {
+        "tflops_graph": flops / gus / 1e6 if ok else math.nan,
+        "pct_floor_graph": 100 * floor / gus if ok else math.nan,
+    }
 
 
 def ours(offsets, config):
     """A contender's binder: our contiguous kernel with ``config`` on an input set (x_sorted, w as [E, N, K])
     with these group offsets."""
-    return lambda inp: (lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk", config=config,
-                                           validate=False))
+    return lambda inp: (
+        lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk", config=config, validate=False)
+    )
 
 
 def ref_rows(xs, w, offsets) -> torch.Tensor:
@@ -206,25 +255,30 @@ def ref_rows(xs, w, offsets) -> torch.Tensor:
     off = offsets.tolist()
     for e in range(w.shape[0]):
         if off[e + 1] > off[e]:
-            out[off[e]:off[e + 1]] = xs[off[e]:off[e + 1]].double() @ w[e].double().T
+            out[off[e] : off[e + 1]] = xs[off[e] : off[e + 1]].double() @ w[e].double().T
     return out
 
 
 def torch_contender(offsets) -> Contender:
     """torch._grouped_mm on an input set (x_sorted, w as [E, N, K]) with these group offsets."""
-    return Contender("torch._grouped_mm",
-                     lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], offsets, w_layout="nk")))
+    return Contender(
+        "torch._grouped_mm", lambda inp: lambda: torch_grouped_mm(inp[0], inp[1], offsets, w_layout="nk")
+    )
 
 
 def dense_contender(e: int) -> Contender:
     """The dense yardstick: one GEMM over all rows with one expert's weights per call, a different expert each
     call (no L2 reuse either); it computes another product by design, so its check only says so."""
+
     def dense(inp):
         turn = itertools.count()
         return lambda: dense_reference(inp[0], inp[1], w_layout="nk", expert=next(turn) % e)
 
-    return Contender("dense-reference", dense, check=lambda out: (
-        True, math.nan, "yardstick: one expert's weights, not the grouped result"))
+    return Contender(
+        "dense-reference",
+        dense,
+        check=lambda out: (True, math.nan, "yardstick: one expert's weights, not the grouped result"),
+    )
 
 
 def tuned_contenders(xs, offsets, e: int, n: int) -> list[Contender]:
@@ -232,27 +286,42 @@ def tuned_contenders(xs, offsets, e: int, n: int) -> list[Contender]:
     ``ours:contiguous`` and ``ours:persistent`` (what the grid choice is worth; not the headline, which is
     ``ours:auto``: auto_contender)."""
     base, source = choose_config(xs, e, n, "nk")
-    return [Contender(f"ours:{grid}", ours(offsets, c), config=dataclasses.asdict(c), fields={"config_source": source},
-                      parallel_compile=True)
-            for grid, c in (("contiguous", dataclasses.replace(base, persistent=False)),
-                            ("persistent", dataclasses.replace(base, persistent=True)))]
+    return [
+        Contender(
+            f"ours:{grid}",
+            ours(offsets, c),
+            config=dataclasses.asdict(c),
+            fields={"config_source": source},
+            parallel_compile=True,
+        )
+        for grid, c in (
+            ("contiguous", dataclasses.replace(base, persistent=False)),
+            ("persistent", dataclasses.replace(base, persistent=True)),
+        )
+    ]
 
 
 def auto_contender(xs, offsets, e: int, n: int) -> Contender:
     """Ours as the library deploys it, ``ours:auto``: grouped_mm with no config (the tuned table for this GPU,
     else the distilled default), E7's headline on every split."""
     base, source = choose_config(xs, e, n, "nk")
-    return Contender("ours:auto", lambda inp: (lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk",
-                                                                  validate=False)),
-                     config=dataclasses.asdict(base), fields={"config_source": source}, parallel_compile=True)
+    return Contender(
+        "ours:auto",
+        lambda inp: lambda: grouped_mm(inp[0], inp[1], offsets, w_layout="nk", validate=False),
+        config=dataclasses.asdict(base),
+        fields={"config_source": source},
+        parallel_compile=True,
+    )
 
 
 def gather_contender(src, index, offsets) -> Contender:
     """``ours:auto+gather``: the same work as the peers' kernels that gather their rows themselves: our gather
     of the rows (one kernel: ``src`` rows by ``index``, the tokens for gate/up, the slots for down) then
     grouped_mm with no config, both timed."""
+
     def bind(inp):
         return lambda: grouped_mm(gather_rows(src, index), inp[1], offsets, w_layout="nk", validate=False)
+
     return Contender("ours:auto+gather", bind)
 
 
@@ -281,14 +350,28 @@ def tk_contender(tk, x, xs, plan, ids, ref, proj: str, k: int) -> Contender:
     a = x if gather else in_slot_order(xs, plan)
     bind, order = triton_kernels_moe.projection(tk, a, ids, plan.num_experts, gather)
     tk_ref = in_slot_order(ref, plan)[order]
-    return Contender(triton_kernels_moe.NAME, lambda inp: bind(inp[1]),
-                     fields={"config_source": f"its own opt_flags ({tk.origin})"},
-                     check=lambda out: check(out, tk_ref, k))
+    return Contender(
+        triton_kernels_moe.NAME,
+        lambda inp: bind(inp[1]),
+        fields={"config_source": f"its own opt_flags ({tk.origin})"},
+        check=lambda out: check(out, tk_ref, k),
+    )
 
 
-def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardstick: bool = True,
-                vllm: Contender | None = None, ceiling: Contender | None = None,
-                peers: tuple[Contender, ...] = ()) -> list[Contender]:
+def contenders(
+    xs,
+    plan,
+    ref,
+    k,
+    decode: bool,
+    cfg: dict,
+    e: int,
+    n: int,
+    yardstick: bool = True,
+    vllm: Contender | None = None,
+    ceiling: Contender | None = None,
+    peers: tuple[Contender, ...] = (),
+) -> list[Contender]:
     """Every contender binds to an input set (xs, w): the sets share the activations and hold copies of
     the weights, rotated so that back-to-back calls do not find the active experts' weights in L2. The
     dense yardstick depends on the row count only, not on the load: ``yardstick`` False leaves it out.
@@ -302,8 +385,11 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
         torch_contender(off),
         *([vllm] if vllm is not None else []),
         *peers,
-        Contender("per-expert-loop", lambda inp: (lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk")),
-                  graph=False),
+        Contender(
+            "per-expert-loop",
+            lambda inp: lambda: per_expert_loop(inp[0], inp[1], off, w_layout="nk"),
+            graph=False,
+        ),
     ]
     if yardstick:
         cs.append(dense_contender(e))
@@ -317,6 +403,7 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
                 y, dropped = padded_bmm(inp[0], inp[1], plan, cf, w_layout="nk")
                 box["dropped"] = dropped
                 return y
+
             return call
 
         def check_kept(out, box=dropped_box):
@@ -330,18 +417,32 @@ def contenders(xs, plan, ref, k, decode: bool, cfg: dict, e: int, n: int, yardst
         m_max = xm.shape[1]
 
         def masked(c=None):
-            return lambda inp: (lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym, config=c))
+            return lambda inp: lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym, config=c)
 
         def check_masked(out):  # the rows below masked_m, gathered back into sorted order (not timed)
             return check(out[expert, pos], ref, k)
 
         mcfg = masked_config(xm, n, "nk")  # what grouped_mm_masked runs with (TMA where the inputs allow)
-        cs.append(Contender("ours:masked", masked(), config={"m_max": m_max, **dataclasses.asdict(mcfg)},
-                            parallel_compile=True, check=check_masked))
+        cs.append(
+            Contender(
+                "ours:masked",
+                masked(),
+                config={"m_max": m_max, **dataclasses.asdict(mcfg)},
+                parallel_compile=True,
+                check=check_masked,
+            )
+        )
         if mcfg.tma:  # the same tiles on pointer loads, side by side: what the TMA loads bring
             ptr = dataclasses.replace(mcfg, tma=False)
-            cs.append(Contender("ours:masked-pointer", masked(ptr), config={"m_max": m_max, **dataclasses.asdict(ptr)},
-                                parallel_compile=True, check=check_masked))
+            cs.append(
+                Contender(
+                    "ours:masked-pointer",
+                    masked(ptr),
+                    config={"m_max": m_max, **dataclasses.asdict(ptr)},
+                    parallel_compile=True,
+                    check=check_masked,
+                )
+            )
     return cs
 
 
@@ -375,16 +476,23 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
             seen.add(key)
             todo.append((config, source, vllm_moe.launcher(vk, a, tk, plan, ids, n, config, naive)))
     prewarm([bind(ws[0]) for _, _, bind in todo])  # the compiles, from a thread pool
-    rows = [{"config": config, "source": source, **check_and_time([bind(wi) for wi in ws], ref, k, settings)}
-            for config, source, bind in todo]
+    rows = [
+        {"config": config, "source": source, **check_and_time([bind(wi) for wi in ws], ref, k, settings)}
+        for config, source, bind in todo
+    ]
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         why = rows[0]["note"] if rows else "no config to try"
         raise RuntimeError(f"vLLM's kernel: no config right for {model} {proj} T={t}: {why}")
     best = min(ok, key=lambda r: r["graph_us"])
     own_row = rows[0] if own else None
-    return {"config": best["config"], "source": best["source"], "graph_us": best["graph_us"], "tried": len(rows),
-            "own": (own_row["source"], own_row.get("graph_us", math.nan)) if own_row else None}
+    return {
+        "config": best["config"],
+        "source": best["source"],
+        "graph_us": best["graph_us"],
+        "tried": len(rows),
+        "own": (own_row["source"], own_row.get("graph_us", math.nan)) if own_row else None,
+    }
 
 
 def load_vllm():
@@ -401,28 +509,41 @@ def load_vllm():
 
 def failed_contender(name: str, why: str) -> Contender:
     """A contender that could not be set up: its cells record ``why`` as an error (it is not timed)."""
+
     def bind(inp):
         def call():
             raise RuntimeError(why)
+
         return call
+
     return Contender(name, bind)
 
 
-def vllm_contender(vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: int, n: int, k: int) -> Contender:
+def vllm_contender(
+    vk, choice: dict, x, xs, plan, ids, ref, proj: str, top_k: int, n: int, k: int
+) -> Contender:
     """vLLM's kernel with the searched config on an input set (the rows it reads, w); checked in slot order."""
     a, tk = vllm_operands(x, xs, plan, proj, top_k)
     naive = vllm_moe.naive_assignment(ids.shape[0], top_k, plan.num_experts)
     bind = vllm_moe.launcher(vk, a, tk, plan, ids, n, choice["config"], naive)
     slot_ref = in_slot_order(ref, plan)
     own = choice["own"]
-    fields = {"config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
-              "vllm_own_config": own[0] if own else "", "vllm_own_search_us": own[1] if own else math.nan,
-              "vllm_search_us": choice["graph_us"],
-              "vllm_flags": vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype,
-                                                vllm_moe.capability_of(x))[1],
-              "naive_block_assignment": naive}
-    return Contender("vllm:fused_moe", lambda inp: bind(inp[1]), config=choice["config"], fields=fields,
-                     parallel_compile=True, check=lambda out: check(out, slot_ref, k))
+    fields = {
+        "config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
+        "vllm_own_config": own[0] if own else "",
+        "vllm_own_search_us": own[1] if own else math.nan,
+        "vllm_search_us": choice["graph_us"],
+        "vllm_flags": vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, vllm_moe.capability_of(x))[1],
+        "naive_block_assignment": naive,
+    }
+    return Contender(
+        "vllm:fused_moe",
+        lambda inp: bind(inp[1]),
+        config=choice["config"],
+        fields=fields,
+        parallel_compile=True,
+        check=lambda out: check(out, slot_ref, k),
+    )
 
 
 class Vllm:
@@ -439,7 +560,9 @@ class Vllm:
             self.loaded = True
             print(f"vLLM's fused-MoE kernel: {self.kernel.origin if self.kernel else why}", flush=True)
 
-    def contender(self, g: dict, cell, w, settings, x, xs, plan, ids, ref, k: int, n: int) -> Contender | None:
+    def contender(
+        self, g: dict, cell, w, settings, x, xs, plan, ids, ref, k: int, n: int
+    ) -> Contender | None:
         """vLLM's kernel on this cell's rows (cell: (model, projection, T, load)); None where it is not at hand."""
         self.load()
         if self.kernel is None:
@@ -453,7 +576,9 @@ class Vllm:
         choice = self.searched[model, proj, t]
         if not isinstance(choice, dict):
             return failed_contender("vllm:fused_moe", f"config search failed: {choice}")
-        return vllm_contender(self.kernel, choice, x, xs, plan, ids, ref, proj, g["models"][model]["top_k"], n, k)
+        return vllm_contender(
+            self.kernel, choice, x, xs, plan, ids, ref, proj, g["models"][model]["top_k"], n, k
+        )
 
 
 def stream_search(ws, xs, plan, settings) -> dict:
@@ -467,8 +592,13 @@ def stream_search(ws, xs, plan, settings) -> dict:
         s = stream_setup(w, plan.group_sizes, xs.shape[0], config)
         s.y.fill_(float("nan"))
         calls = [lambda wi=wi, s=s: stream_bytes(wi, xs, s) for wi in ws]
-        verdict = check_and_time(calls, None, 0, settings,
-                                 check_fn=lambda out, s=s: check_stream(out, w, xs, plan.group_sizes, s.y))
+        verdict = check_and_time(
+            calls,
+            None,
+            0,
+            settings,
+            check_fn=lambda out, s=s: check_stream(out, w, xs, plan.group_sizes, s.y),
+        )
         rows.append({"config": config, **verdict})
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
@@ -483,14 +613,18 @@ def stream_contender(choice: dict, w, xs, plan) -> Contender:
     every output element written, the sum of what was read right), not the GEMM reference."""
     s = stream_setup(w, plan.group_sizes, xs.shape[0], choice["config"])
     s.y.fill_(float("nan"))
-    return Contender("ceiling:stream", lambda inp: (lambda: stream_bytes(inp[1], inp[0], s)),
-                     config=dataclasses.asdict(choice["config"]),
-                     fields={"config_source": f"best of {choice['tried']} launch shapes"},
-                     check=lambda out: check_stream(out, w, xs, plan.group_sizes, s.y))
+    return Contender(
+        "ceiling:stream",
+        lambda inp: lambda: stream_bytes(inp[1], inp[0], s),
+        config=dataclasses.asdict(choice["config"]),
+        fields={"config_source": f"best of {choice['tried']} launch shapes"},
+        check=lambda out: check_stream(out, w, xs, plan.group_sizes, s.y),
+    )
 
 
-def heldout_contenders(xs, plan, e: int, n: int, vllm: Contender | None = None,
-                       peers: tuple[Contender, ...] = ()) -> list[Contender]:
+def heldout_contenders(
+    xs, plan, e: int, n: int, vllm: Contender | None = None, peers: tuple[Contender, ...] = ()
+) -> list[Contender]:
     """A held-out model's cell (a shape no tuned entry covers): ours as a user gets it, grouped_mm with no
     config (``ours:auto``: the distilled shortlist timed on the first call of the (shape, rows bucket), the
     fastest kept; a later load of the same bucket finds it kept), ours on the distilled shortlist's first
@@ -513,32 +647,46 @@ def heldout_contenders(xs, plan, e: int, n: int, vllm: Contender | None = None,
                 sync()
                 fields["first_call_s"] = time.perf_counter() - t0
                 kept, now = choose_config(inp[0], e, n, "nk")
-                fields["config_source"] = "autotuned on this call" if (source, now) == ("default", "autotuned") \
-                    else now
+                fields["config_source"] = (
+                    "autotuned on this call" if (source, now) == ("default", "autotuned") else now
+                )
                 auto.config = dataclasses.asdict(kept)
                 return y
             return grouped_mm(inp[0], inp[1], off, w_layout="nk", validate=False)
+
         return call
 
     auto.bind = bind
-    return [auto,
-            Contender("ours:default", ours(off, first), config=dataclasses.asdict(first),
-                      fields={"config_source": "distilled default, first"}, parallel_compile=True),
-            torch_contender(off), *([vllm] if vllm is not None else []), *peers]
+    return [
+        auto,
+        Contender(
+            "ours:default",
+            ours(off, first),
+            config=dataclasses.asdict(first),
+            fields={"config_source": "distilled default, first"},
+            parallel_compile=True,
+        ),
+        torch_contender(off),
+        *([vllm] if vllm is not None else []),
+        *peers,
+    ]
 
 
 def path_contenders(ids, wts, e) -> list[Contender]:
     """The whole expert path, ours vs torch._grouped_mm (both sync-free, so both graph-capturable); input
     sets (x, w)."""
+
     def ours(inp):
         x, w = inp
 
         def call():
             plan = route(ids, e, validate=False)
             xs = permute(x, plan)
-            ys = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
-                            validate=False)
+            ys = grouped_mm(
+                xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan), validate=False
+            )
             return unpermute(ys, plan, None)
+
         return call
 
     def theirs(inp):
@@ -548,6 +696,7 @@ def path_contenders(ids, wts, e) -> list[Contender]:
             plan = route(ids, e, validate=False)
             ys = torch_grouped_mm(permute(x, plan), w, plan.group_offsets, w_layout="nk")
             return unpermute(ys, plan, wts)
+
         return call
 
     return [Contender("path:ours", ours), Contender("path:torch._grouped_mm", theirs)]
@@ -611,8 +760,9 @@ def main():
             xs = permute(x, plan)
             ref = ref_rows(xs, w, plan.group_offsets)
             vc = vllm.contender(g, (model, proj, t, load), w, settings, x, xs, plan, ids, ref, k, n)
-            src, index = ((x, plan.sorted_token_ids) if proj == "up"
-                          else (in_slot_order(xs, plan), plan.sorted_slot))
+            src, index = (
+                (x, plan.sorted_token_ids) if proj == "up" else (in_slot_order(xs, plan), plan.sorted_slot)
+            )
             peers = [gather_contender(src, index, plan.group_offsets)]
             if tk is not None:
                 try:
@@ -627,19 +777,46 @@ def main():
                     streamed[(model, proj, t)] = stream_search(ws, xs, plan, settings)
                 # the dense yardstick (same rows at every load) once per (model, projection, T): at the uniform
                 # load
-                cs = contenders(xs, plan, ref, k, t in g["decode_tokens"], cfg, e, n, yardstick=load == "uniform",
-                                vllm=vc, ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan),
-                                peers=tuple(peers))
+                cs = contenders(
+                    xs,
+                    plan,
+                    ref,
+                    k,
+                    t in g["decode_tokens"],
+                    cfg,
+                    e,
+                    n,
+                    yardstick=load == "uniform",
+                    vllm=vc,
+                    ceiling=stream_contender(streamed[(model, proj, t)], w, xs, plan),
+                    peers=tuple(peers),
+                )
             sets = [(xs, wi) for wi in ws]
         out = measure(cs, sets, ref, k, settings)
         n_sets = len(sets)
         del ws, sets
         for r in out:
             r["timing_scope"] = timing_scope(r["contender"], proj)
-            r.update(experiment="E7", model=model, split=m["split"], proj=proj, tokens=t, load=load, experts=e,
-                     top_k=top_k, k=k,
-                     n=n, rows=rows, **stats, bytes=nbytes, flops=flops, floor_us=fl, input_sets=n_sets,
-                     **graph_rates(r.get("graph_us", math.nan), flops, fl), **prov)
+            r.update(
+                experiment="E7",
+                model=model,
+                split=m["split"],
+                proj=proj,
+                tokens=t,
+                load=load,
+                experts=e,
+                top_k=top_k,
+                k=k,
+                n=n,
+                rows=rows,
+                **stats,
+                bytes=nbytes,
+                flops=flops,
+                floor_us=fl,
+                input_sets=n_sets,
+                **graph_rates(r.get("graph_us", math.nan), flops, fl),
+                **prov,
+            )
         writer.add(out)
         bar.update()
     bar.close()

@@ -40,6 +40,7 @@ import time
 
 import torch
 
+from experiments import triton_kernels_moe, vllm_moe
 from experiments.common import Progress, shard_cells
 from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates, start
 from moegemm.bench.moe_loads import sample_topk
@@ -47,8 +48,6 @@ from moegemm.bench.runner import Contender, measure
 from moegemm.bench.timing import input_sets_for
 from moegemm.grouped import moe_ffn, route_and_permute, unpermute
 from moegemm.grouped.baselines import torch_grouped_mm
-
-from experiments import triton_kernels_moe, vllm_moe
 
 CELL_KEYS = ("model", "tokens", "load")  # a cell of E8 and of the probes that run its cells
 
@@ -131,7 +130,10 @@ def hf_contender(name: str, impl: str, x, ids, wts, compiled: bool, graph: bool 
         mod = hf_experts(inp[0], inp[1], impl)
         fn = torch.compile(mod, fullgraph=True) if compiled else mod
         return lambda: fn(x, ids, wts)
-    return Contender(name, bind, graph=graph, fields={"config_source": impl + (", compiled" if compiled else "")})
+
+    return Contender(
+        name, bind, graph=graph, fields={"config_source": impl + (", compiled" if compiled else "")}
+    )
 
 
 def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender:
@@ -142,35 +144,55 @@ def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender
     top_k = ids.shape[1]
     choice = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, i, h, 2 * i, top_k, t)
     if choice is None:
-        return failed_contender("vllm:fused_experts", "vLLM's source has neither a table nor a default config")
+        return failed_contender(
+            "vllm:fused_experts", "vLLM's source has neither a table nor a default config"
+        )
     config, source = choice
     bind = vllm_moe.layer(vk, x, ids, wts, e, config)
     _, flags = vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, torch.cuda.get_device_capability())
-    return Contender("vllm:fused_experts", lambda inp: bind(inp[0], inp[1]), config=config,
-                     fields={"config_source": f"{source} ({vk.origin})", "vllm_flags": flags,
-                             "glue": vllm_moe.GLUE,
-                             "naive_block_assignment": vllm_moe.naive_assignment(t, top_k, e)},
-                     parallel_compile=True)
+    return Contender(
+        "vllm:fused_experts",
+        lambda inp: bind(inp[0], inp[1]),
+        config=config,
+        fields={
+            "config_source": f"{source} ({vk.origin})",
+            "vllm_flags": flags,
+            "glue": vllm_moe.GLUE,
+            "naive_block_assignment": vllm_moe.naive_assignment(t, top_k, e),
+        },
+        parallel_compile=True,
+    )
 
 
 def tk_contender(tk, x, ids, wts, e: int) -> Contender:
     """OpenAI's triton_kernels as vLLM runs it for gpt-oss (triton_kernels_moe.layer), its own choices."""
     bind = triton_kernels_moe.layer(tk, x, ids, wts, e)
-    return Contender(triton_kernels_moe.NAME, lambda inp: bind(inp[0], inp[1]),
-                     fields={"config_source": f"its own opt_flags ({tk.origin})",
-                             "glue": "routing: its routing(); SwiGLU fused (swiglu_fn, alpha 1, up bias -1); "
-                                     "scatter, gammas and top-k sum fused"})
+    return Contender(
+        triton_kernels_moe.NAME,
+        lambda inp: bind(inp[0], inp[1]),
+        fields={
+            "config_source": f"its own opt_flags ({tk.origin})",
+            "glue": "routing: its routing(); SwiGLU fused (swiglu_fn, alpha 1, up bias -1); "
+            "scatter, gammas and top-k sum fused",
+        },
+    )
 
 
 def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk, tk=None) -> list[Contender]:
-    cs = [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
-          Contender("ours:unfused-swiglu", lambda inp: (lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e))),
-          hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
-          hf_contender("hf:grouped_mm", "grouped_mm", x, ids, wts, False),
-          Contender("torch._grouped_mm pipeline", lambda inp: (lambda: torch_pipeline(x, ids, wts, inp[0], inp[1], e)))]
+    cs = [
+        Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
+        Contender("ours:unfused-swiglu", lambda inp: lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)),
+        hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
+        hf_contender("hf:grouped_mm", "grouped_mm", x, ids, wts, False),
+        Contender(
+            "torch._grouped_mm pipeline", lambda inp: lambda: torch_pipeline(x, ids, wts, inp[0], inp[1], e)
+        ),
+    ]
     if compiled:
-        cs += [hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
-               hf_contender("hf:grouped_mm:compiled", "grouped_mm", x, ids, wts, True)]
+        cs += [
+            hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
+            hf_contender("hf:grouped_mm:compiled", "grouped_mm", x, ids, wts, True),
+        ]
     if vk is not None:
         cs.append(vllm_contender(vk, x, ids, wts, e, h, i, t))
     if tk is not None:
@@ -203,8 +225,20 @@ def cell_inputs(g: dict, model: str, t: int, load: str, weights: dict):
     return m, e, top_k, h, i, ids, x, wts, ref, active, sets
 
 
-def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, load: str, h: int, i: int, active: int,
-             input_sets: int, slug: str, prov: dict) -> None:
+def annotate(
+    rows: list[dict],
+    experiment: str,
+    m: dict,
+    model: str,
+    t: int,
+    load: str,
+    h: int,
+    i: int,
+    active: int,
+    input_sets: int,
+    slug: str,
+    prov: dict,
+) -> None:
     """Give an FFN cell's result rows the cell's columns: the zoo entry ``m``'s split, experts and top_k, the
     sizes, the floor, bytes and FLOPs of its two GEMMs together, each row's rates and the provenance."""
     rows_in = t * m["top_k"]
@@ -212,26 +246,48 @@ def annotate(rows: list[dict], experiment: str, m: dict, model: str, t: int, loa
     fl_dn, b_dn, f_dn = floor_us(rows_in, i, h, active, slug)
     fl = fl_up + fl_dn
     for r in rows:
-        r.update(experiment=experiment, model=model, split=m["split"], tokens=t, load=load, experts=m["experts"],
-                 top_k=m["top_k"], hidden=h, intermediate=i, active_experts=active, bytes=b_up + b_dn,
-                 flops=f_up + f_dn, floor_us=fl, input_sets=input_sets,
-                 **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl), **prov)
+        r.update(
+            experiment=experiment,
+            model=model,
+            split=m["split"],
+            tokens=t,
+            load=load,
+            experts=m["experts"],
+            top_k=m["top_k"],
+            hidden=h,
+            intermediate=i,
+            active_experts=active,
+            bytes=b_up + b_dn,
+            flops=f_up + f_dn,
+            floor_us=fl,
+            input_sets=input_sets,
+            **graph_rates(r.get("graph_us", math.nan), f_up + f_dn, fl),
+            **prov,
+        )
 
 
 def run_selection(e8: dict) -> dict:
     """The pipeline's E8 run: config.yaml's ``moe_layer.run`` over ``moe_layer`` (each key it lacks: the
     zoo's), with ``splits`` (default both) and ``uniform_only_tokens`` (default none)."""
-    return {"splits": ["tune", "heldout"], "uniform_only_tokens": [], **{k: e8[k] for k in
-            ("tokens", "loads", "compiled_tokens")}, **e8.get("run", {})}
+    return {
+        "splits": ["tune", "heldout"],
+        "uniform_only_tokens": [],
+        **{k: e8[k] for k in ("tokens", "loads", "compiled_tokens")},
+        **e8.get("run", {}),
+    }
 
 
 def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
     """E8's run's cells (model, T, load): the models of its splits, each of its T, each of its loads but the
     uniform load alone at its ``uniform_only_tokens`` (run_selection)."""
     run = run_selection(e8)
-    return [(model, t, load) for model, spec in g["models"].items() if spec["split"] in run["splits"]
-            for t in run["tokens"]
-            for load in (["uniform"] if t in run["uniform_only_tokens"] else run["loads"])]
+    return [
+        (model, t, load)
+        for model, spec in g["models"].items()
+        if spec["split"] in run["splits"]
+        for t in run["tokens"]
+        for load in (["uniform"] if t in run["uniform_only_tokens"] else run["loads"])
+    ]
 
 
 def main():

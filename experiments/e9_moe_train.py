@@ -122,6 +122,7 @@ def memo_bind(make):
         if key not in made:
             made[key] = make(inp)
         return made[key]
+
     return bind
 
 
@@ -136,6 +137,7 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
     def plain(name, fn, graph=True, extra=None):
         def make(inp):
             return Step(lambda: fn(x, ids, wts, inp[0], inp[1]), (x, wts, inp[0], inp[1]), (), dy, phase)
+
         return Contender(name, memo_bind(make), graph=graph, check=own, fields={**fields, **(extra or {})})
 
     def ours_save(x, ids, wts, a, b):
@@ -158,8 +160,14 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
                 p.requires_grad_(True)
             fn = torch.compile(mod, fullgraph=True) if comp else mod
             return Step(lambda: fn(x, ids, wts), (x, wts), tuple(mod.parameters()), dy, phase)
-        return Contender(name, memo_bind(make), graph=graph, check=own,
-                         fields={**fields, "config_source": impl + (", compiled" if comp else "")})
+
+        return Contender(
+            name,
+            memo_bind(make),
+            graph=graph,
+            check=own,
+            fields={**fields, "config_source": impl + (", compiled" if comp else "")},
+        )
 
     def ours(x, ids, wts, a, b):
         return moe_ffn(x, ids, wts, a, b, w_layout="nk", validate=False)
@@ -167,17 +175,28 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
     def pipeline(x, ids, wts, a, b):
         return torch_pipeline_train(x, ids, wts, a, b, e)
 
-    cs = [plain("ours:moe_ffn", ours), plain("ours:moe_ffn:save-gate-up", ours_save),
-          plain("torch._grouped_mm pipeline", pipeline)]
+    cs = [
+        plain("ours:moe_ffn", ours),
+        plain("ours:moe_ffn:save-gate-up", ours_save),
+        plain("torch._grouped_mm pipeline", pipeline),
+    ]
     if compiled:
-        cs += [plain("torch._grouped_mm pipeline:compiled", torch.compile(pipeline)),
-               hf("hf:grouped_mm:compiled", "grouped_mm", True)]
+        cs += [
+            plain("torch._grouped_mm pipeline:compiled", torch.compile(pipeline)),
+            hf("hf:grouped_mm:compiled", "grouped_mm", True),
+        ]
     if uk is not None:
+
         def unsloth(x, ids, wts, a, b):
             return unsloth_moe.moe_layer(uk, x, ids, wts, a, b)
 
-        cs.append(plain("unsloth:grouped_gemm", unsloth,
-                        extra={"config_source": uk.origin, "peer_revision": uk.revision}))
+        cs.append(
+            plain(
+                "unsloth:grouped_gemm",
+                unsloth,
+                extra={"config_source": uk.origin, "peer_revision": uk.revision},
+            )
+        )
     cs.append(hf("per-expert-loop", "eager", False, graph=False))
     return cs
 
@@ -236,8 +255,13 @@ def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, ("model", "tokens", "load", "phase"))
     e9 = cfg["moe_train"]
     total = torch.cuda.get_device_properties(0).total_memory
-    cells = [(model, t, load) for model in g["models"] for t in e9["tokens"] for load in e9["loads"]
-             if fits(g["models"][model], t, total)]
+    cells = [
+        (model, t, load)
+        for model in g["models"]
+        for t in e9["tokens"]
+        for load in e9["loads"]
+        if fits(g["models"][model], t, total)
+    ]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b"][:1]
     cells = shard_cells(cells, args.shard)

@@ -22,8 +22,12 @@ def local_gpus() -> list[str]:
     if os.environ.get("MOEGEMM_FAKE_GPUS"):  # for testing the DAG without a GPU: comma-separated names
         return [g.strip() for g in os.environ["MOEGEMM_FAKE_GPUS"].split(",") if g.strip()]
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:
@@ -47,9 +51,21 @@ def results_slug(gpus: list[str], committed: str) -> str:
 
 
 # The GPU steps in pipeline order (the names of their benchmark files)
-STEP_ORDER = ["verify", "floors", "tune", "tune_seed", "tune_grouped", "compile_modes", "inductor_codegen",
-              "epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm", "grouped_skew",
-              "moe_layer"]
+STEP_ORDER = [
+    "verify",
+    "floors",
+    "tune",
+    "tune_seed",
+    "tune_grouped",
+    "compile_modes",
+    "inductor_codegen",
+    "epilogue_fusion",
+    "split_sweep",
+    "decompose_k_grid",
+    "router_gemm",
+    "grouped_skew",
+    "moe_layer",
+]
 
 
 def run_times(results: Path):
@@ -64,16 +80,27 @@ def run_times(results: Path):
     rows = []
     for f in files:
         # <step>.<i>-of-<n>.tsv: one shard of a step run over several GPUs (their GPU time is summed)
-        row = {"step": f.stem.split(".")[0], "seconds": float(pd.read_csv(f, sep="\t")["s"].iloc[0]),
-               "calls": 1, "shards": 1}
+        row = {
+            "step": f.stem.split(".")[0],
+            "seconds": float(pd.read_csv(f, sep="\t")["s"].iloc[0]),
+            "calls": 1,
+            "shards": 1,
+        }
         calls = f.with_suffix(".calls")  # a step resumed over several device calls: their sum
         if calls.exists():
             c = pd.read_csv(calls, sep="\t")
             if len(c) > 1:
                 row.update(seconds=float(c.seconds.sum()), calls=len(c))
         rows.append(row)
-    rows = [{"step": step, "seconds": sum(r["seconds"] for r in rs), "calls": max(r["calls"] for r in rs),
-             "shards": len(rs)} for step, rs in _by_step(rows).items()]
+    rows = [
+        {
+            "step": step,
+            "seconds": sum(r["seconds"] for r in rs),
+            "calls": max(r["calls"] for r in rs),
+            "shards": len(rs),
+        }
+        for step, rs in _by_step(rows).items()
+    ]
     df = pd.DataFrame(rows)
     df["order"] = df.step.map(lambda s: STEP_ORDER.index(s) if s in STEP_ORDER else len(STEP_ORDER))
     return df.sort_values(["order", "step"]).drop(columns="order").reset_index(drop=True)

@@ -31,8 +31,24 @@ def dag(gpus: int, gpu_name: str) -> tuple[dict[int, dict], list[tuple[int, int]
     """({node: {"rule", "wildcards"}}, [(before, after)]) of the Snakefile's DAG on a host of ``gpus`` GPUs."""
     env = {**os.environ, "MOEGEMM_FAKE_GPUS": ",".join([gpu_name] * gpus)}
     env.pop("TRITON_INTERPRET", None)
-    out = subprocess.run([sys.executable, "-m", "snakemake", "--dag", "--forceall", "--cores", "32", "--resources",
-                          f"gpu={gpus}"], cwd=ROOT, capture_output=True, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--dag",
+            "--forceall",
+            "--cores",
+            "32",
+            "--resources",
+            f"gpu={gpus}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     nodes, edges = {}, []
     for m in re.finditer(r'^\s*(\d+)\[label = "([^"]*)"', out, re.M):
         rule, *wc = m.group(2).split("\\n")
@@ -106,9 +122,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--gpu", default="NVIDIA H200", help="the GPU kind whose committed results time the jobs")
-    ap.add_argument("--cpu-job-s", type=float, default=10.0, help="seconds per CPU job (figure, numbers, ...)")
-    ap.add_argument("--as-measured", action="store_true",
-                    help="the committed step times as measured, not scaled to the current config")
+    ap.add_argument(
+        "--cpu-job-s", type=float, default=10.0, help="seconds per CPU job (figure, numbers, ...)"
+    )
+    ap.add_argument(
+        "--as-measured",
+        action="store_true",
+        help="the committed step times as measured, not scaled to the current config",
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from experiments.pipeline import run_times
@@ -129,9 +150,11 @@ def main(argv=None) -> int:
     for start, end, label in log:
         print(f"{start:7.0f} {end:7.0f}  {label}")
     gpu_work = sum(d for i, d in dur.items() if nodes[i]["rule"] in GPU_RULES)
-    print(f"{args.gpus} x {args.gpu}: predicted {makespan:.0f} s ({makespan / 60:.1f} min); critical path "
-          f"{critical:.0f} s; GPU work {gpu_work:.0f} s ({gpu_work / args.gpus:.0f} s per GPU); CPU jobs "
-          f"{args.cpu_job_s:.0f} s each")
+    print(
+        f"{args.gpus} x {args.gpu}: predicted {makespan:.0f} s ({makespan / 60:.1f} min); critical path "
+        f"{critical:.0f} s; GPU work {gpu_work:.0f} s ({gpu_work / args.gpus:.0f} s per GPU); CPU jobs "
+        f"{args.cpu_job_s:.0f} s each"
+    )
     return 0
 
 

@@ -34,8 +34,10 @@ from moegemm.epilogue import Epilogue
 
 SEED_REPO = "shreyansh26/MLSys-Experiments"
 SEED_COMMIT = "b63fb8c71bc0019205404d1b979a519ee8a748d0"
-FILES = {"original": "kernels/decompose_k_triton_kernel.py",
-         "optimized": "kernels/decompose_k_triton_kernel_optimized.py"}
+FILES = {
+    "original": "kernels/decompose_k_triton_kernel.py",
+    "optimized": "kernels/decompose_k_triton_kernel_optimized.py",
+}
 SPLIT_LIMIT = 10  # the seed's benchmark default (--split-limit)
 VARIANTS = ("original", "optimized")
 
@@ -59,8 +61,10 @@ def load() -> SeedKernels | None:
         return None
     missing = [f for f in FILES.values() if not (root / f).is_file()]
     if missing:
-        raise FileNotFoundError(f"MOEGEMM_SEED_SOURCE={root}: missing {', '.join(missing)} (expected the "
-                                f"decompose-k folder of a clone of {SEED_REPO} at {SEED_COMMIT})")
+        raise FileNotFoundError(
+            f"MOEGEMM_SEED_SOURCE={root}: missing {', '.join(missing)} (expected the "
+            f"decompose-k folder of a clone of {SEED_REPO} at {SEED_COMMIT})"
+        )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # the seed's modules import each other as ``kernels.*``
     mods = {v: importlib.import_module(f.removesuffix(".py").replace("/", ".")) for v, f in FILES.items()}
@@ -95,8 +99,17 @@ def config_dict(config) -> dict:
     return dataclasses.asdict(config)
 
 
-def search(mod, variant: str, sets: list[tuple], ref: torch.Tensor, k: int, epilogue: str, settings,
-           log: list | None = None, top: int = 4):
+def search(
+    mod,
+    variant: str,
+    sets: list[tuple],
+    ref: torch.Tensor,
+    k: int,
+    epilogue: str,
+    settings,
+    log: list | None = None,
+    top: int = 4,
+):
     """(best config, its graph_us, configs timed) by coordinate descent over the seed's candidates:
     every tile at the first split, every split at the best tile, the ``top`` best tiles at the best split. Each config is checked
     against the float64 reference before it is timed; ``log`` collects one row per config tried."""
@@ -145,10 +158,13 @@ def contender(mod, variant: str, config, epilogue: str, **fields) -> Contender:
         return runner(mod, a, b, config, epilogue, bias)
 
     fused = epi is Epilogue.NONE or epi is Epilogue.RELU
-    return Contender(f"seed: {variant}", bind, config=config_dict(config),
-                     fields={"variant": f"seed:{variant}", "split_k": config.split_k,
-                             "epilogue_fused": fused, **fields},
-                     parallel_compile=True)
+    return Contender(
+        f"seed: {variant}",
+        bind,
+        config=config_dict(config),
+        fields={"variant": f"seed:{variant}", "split_k": config.split_k, "epilogue_fused": fused, **fields},
+        parallel_compile=True,
+    )
 
 
 def from_dict(mod, d: dict):

@@ -88,40 +88,56 @@ def load(source: str | os.PathLike | None = None) -> TritonKernels | None:
     pkg = package_dir(source)
     loaded = sys.modules.get("triton_kernels")
     if loaded is not None and Path(loaded.__file__).resolve().parent != pkg.resolve():
-        raise ValueError(f"{ENV}: a triton_kernels from {Path(loaded.__file__).parent} is already imported; "
-                         f"cannot also import the one at {pkg}")
+        raise ValueError(
+            f"{ENV}: a triton_kernels from {Path(loaded.__file__).parent} is already imported; "
+            f"cannot also import the one at {pkg}"
+        )
     root = str(pkg.parent.resolve())
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
         mods = {m: importlib.import_module(f"triton_kernels.{m}") for m in ("matmul_ogs", "swiglu")}
     except ImportError as ex:
-        raise ValueError(f"{ENV}: the triton_kernels at {pkg} has no matmul_ogs API this adapter drives "
-                         f"(a later generation: matmul in place of matmul_ogs?): {ex}") from ex
+        raise ValueError(
+            f"{ENV}: the triton_kernels at {pkg} has no matmul_ogs API this adapter drives "
+            f"(a later generation: matmul in place of matmul_ogs?): {ex}"
+        ) from ex
     try:
         mods["routing"] = importlib.import_module("triton_kernels.routing")
     except ImportError as ex:
-        raise ValueError(f"{ENV}: the triton_kernels at {pkg} has no routing() (its routing comes from "
-                         f"topk's SparseMatrix there); this adapter drives routing(): {ex}") from ex
-    for mod, names in ((mods["matmul_ogs"], ("matmul_ogs", "FusedActivation", "FnSpecs")),
-                       (mods["routing"], ("routing",)), (mods["swiglu"], ("swiglu_fn",))):
+        raise ValueError(
+            f"{ENV}: the triton_kernels at {pkg} has no routing() (its routing comes from "
+            f"topk's SparseMatrix there); this adapter drives routing(): {ex}"
+        ) from ex
+    for mod, names in (
+        (mods["matmul_ogs"], ("matmul_ogs", "FusedActivation", "FnSpecs")),
+        (mods["routing"], ("routing",)),
+        (mods["swiglu"], ("swiglu_fn",)),
+    ):
         missing = [n for n in names if not hasattr(mod, n)]
         if missing:
             raise ValueError(f"{ENV}: {mod.__name__} at {pkg} lacks {', '.join(missing)}")
-    return TritonKernels(mods["matmul_ogs"], mods["routing"], mods["swiglu"],
-                         f"triton_kernels {revision(pkg)} sha256:{tree_digest(pkg)}")
+    return TritonKernels(
+        mods["matmul_ogs"],
+        mods["routing"],
+        mods["swiglu"],
+        f"triton_kernels {revision(pkg)} sha256:{tree_digest(pkg)}",
+    )
 
 
 def routing_logits(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
     """fp32 logits [T, E] whose values at the given ids are log(weights) (-inf elsewhere): with the ids given,
     routing's softmax over the top-k values returns the weights (for weights summing to 1 per token)."""
     if topk_ids.shape != topk_weights.shape or topk_ids.ndim != 2:
-        raise ValueError(f"topk_ids, topk_weights: expected the same [T, top_k] shape, got "
-                         f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"topk_ids, topk_weights: expected the same [T, top_k] shape, got "
+            f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
+        )
     if not 0 < num_experts < 32768:
         raise ValueError(f"num_experts: expected 1..32767, got {num_experts}")
-    logits = torch.full((topk_ids.shape[0], num_experts), float("-inf"), dtype=torch.float32,
-                        device=topk_ids.device)
+    logits = torch.full(
+        (topk_ids.shape[0], num_experts), float("-inf"), dtype=torch.float32, device=topk_ids.device
+    )
     return logits.scatter_(1, topk_ids.long(), topk_weights.float().log())
 
 
@@ -183,10 +199,19 @@ def layer(tk: TritonKernels, x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
         def call():
             rd, gather, scatter = route(tk, topk_ids, logits)
             mo.matmul_ogs(x, w1, b1, rd, gather_indx=gather, fused_activation=act, y=inter)
-            mo.matmul_ogs(inter.view(t * top_k, two_i // 2), w2, None, rd, scatter_indx=scatter,
-                          gammas=rd.gate_scal, y=out)
+            mo.matmul_ogs(
+                inter.view(t * top_k, two_i // 2),
+                w2,
+                None,
+                rd,
+                scatter_indx=scatter,
+                gammas=rd.gate_scal,
+                y=out,
+            )
             return out.view(t, h)
+
         return call
+
     return bind
 
 
@@ -209,5 +234,7 @@ def projection(tk: TritonKernels, a: torch.Tensor, topk_ids: torch.Tensor, e: in
         def call():
             mo.matmul_ogs(x, wt, None, rd, gather_indx=gather if gather_rows else None, y=y)
             return y.view(order.numel(), w.shape[1])
+
         return call
+
     return bind, order

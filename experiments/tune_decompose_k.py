@@ -15,12 +15,23 @@ from pathlib import Path
 import torch
 
 from experiments import dk
-from experiments.common import (DTYPES, Progress, ResultWriter, best_rows, check_and_time, cli, config_cell,
-                                load_config, provenance_fields, require_gpu, timing_settings, write_table)
+from experiments.common import (
+    DTYPES,
+    Progress,
+    ResultWriter,
+    best_rows,
+    check_and_time,
+    cli,
+    config_cell,
+    load_config,
+    provenance_fields,
+    require_gpu,
+    timing_settings,
+    write_table,
+)
 from moegemm._runtime import slugify
 from moegemm.bench.runner import prewarm
 from moegemm.decompose_k import DecomposeKConfig, matmul
-
 
 # The kernels tuned; `auto` chooses between the fastest of them and cuBLAS.
 TUNED = dk.KERNELS
@@ -50,20 +61,45 @@ def main():
         dtype = DTYPES[dt]
         sets, ref = dk.shape_inputs(m, n, k, dtype, seed=m * 7 + n * 13 + k)
         rows = []
-        todo_c = [(kernel, c) for kernel in TUNED for c in dk.candidates(m, n, k, dtype, kernel, sms)
-                  if not writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict())]
+        todo_c = [
+            (kernel, c)
+            for kernel in TUNED
+            for c in dk.candidates(m, n, k, dtype, kernel, sms)
+            if not writer.done(m=m, n=n, k=k, dtype=dt, kernel=kernel, config=c.as_dict())
+        ]
         a0, b0, _ = sets[0]
-        prewarm([(lambda kernel=kernel, c=c: matmul(a0, b0, kernel=kernel, config=c)) for kernel, c in todo_c])
+        prewarm(
+            [(lambda kernel=kernel, c=c: matmul(a0, b0, kernel=kernel, config=c)) for kernel, c in todo_c]
+        )
         for kernel, c in todo_c:
             calls = [(lambda a=a, b=b: matmul(a, b, kernel=kernel, config=c)) for a, b, _ in sets]
-            row = {"m": m, "n": n, "k": k, "dtype": dt, "kernel": kernel, "config": c.as_dict(),
-                   "split_k": c.split_k, **check_and_time(calls, ref, k, settings)}
+            row = {
+                "m": m,
+                "n": n,
+                "k": k,
+                "dtype": dt,
+                "kernel": kernel,
+                "config": c.as_dict(),
+                "split_k": c.split_k,
+                **check_and_time(calls, ref, k, settings),
+            }
             rows.append({**row, **prov})
         if not writer.done(m=m, n=n, k=k, dtype=dt, kernel="cublas", config={}):
             # cuBLAS as a candidate of its own: where it is faster, `auto` dispatches to it
             calls = [(lambda a=a, b=b: matmul(a, b, kernel="cublas")) for a, b, _ in sets]
-            rows.append({"m": m, "n": n, "k": k, "dtype": dt, "kernel": "cublas", "config": {}, "split_k": 1,
-                         **check_and_time(calls, ref, k, settings), **prov})
+            rows.append(
+                {
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "dtype": dt,
+                    "kernel": "cublas",
+                    "config": {},
+                    "split_k": 1,
+                    **check_and_time(calls, ref, k, settings),
+                    **prov,
+                }
+            )
         writer.add(rows)
         bar.update()
     bar.close()
@@ -83,12 +119,24 @@ def table_entries(rows: list[dict], activation_us: float) -> list[dict]:
     entries = []
     for (dt, m, n, k), per in sorted(by_shape.items()):
         win = min(per.values(), key=lambda r: float(r["graph_us"]))
-        entries.append({"dtype": dt, "m": m, "n": n, "k": k, "epilogue": "none", "kernel": win["kernel"],
-                        "graph_us": float(win["graph_us"]),
-                        "backend_us": {kn: round(float(r["graph_us"]), 3) for kn, r in sorted(per.items())},
-                        "activation_us": round(float(activation_us), 3),
-                        "per_kernel": {kn: DecomposeKConfig.coerce(config_cell(r["config"])).as_dict()
-                                       for kn, r in per.items() if kn != "cublas"}})
+        entries.append(
+            {
+                "dtype": dt,
+                "m": m,
+                "n": n,
+                "k": k,
+                "epilogue": "none",
+                "kernel": win["kernel"],
+                "graph_us": float(win["graph_us"]),
+                "backend_us": {kn: round(float(r["graph_us"]), 3) for kn, r in sorted(per.items())},
+                "activation_us": round(float(activation_us), 3),
+                "per_kernel": {
+                    kn: DecomposeKConfig.coerce(config_cell(r["config"])).as_dict()
+                    for kn, r in per.items()
+                    if kn != "cublas"
+                },
+            }
+        )
     return entries
 
 
@@ -105,13 +153,23 @@ def rebuild(csv_path: str, floors_json: str) -> None:
         rows = list(csv.DictReader(f))
     act = json.loads(Path(floors_json).read_text())["measured"]["tiny_kernel_graph_us"]
     prov = {k: rows[0][k] for k in PROVENANCE_KEYS}
-    prov.update(sm_count=int(rows[0]["sm_count"]), git_dirty=rows[0]["git_dirty"] == "True",
-                utc=max(r["utc"] for r in rows))  # the last row's: when the measuring run wrote its table
+    prov.update(
+        sm_count=int(rows[0]["sm_count"]),
+        git_dirty=rows[0]["git_dirty"] == "True",
+        utc=max(r["utc"] for r in rows),
+    )  # the last row's: when the measuring run wrote its table
     slug = slugify(prov["gpu"])
     table = ROOT / "src" / "moegemm" / "tuned" / "decompose_k" / f"{slug}.json"
-    write_json(table, {"gpu": prov["gpu"], "clock": "CUDA-graph replay", "provenance": prov,
-                       "rebuilt_from": {"csv": Path(csv_path).name, "activation_us": "floors.json tiny_kernel_graph_us"},
-                       "entries": table_entries(rows, act)})
+    write_json(
+        table,
+        {
+            "gpu": prov["gpu"],
+            "clock": "CUDA-graph replay",
+            "provenance": prov,
+            "rebuilt_from": {"csv": Path(csv_path).name, "activation_us": "floors.json tiny_kernel_graph_us"},
+            "entries": table_entries(rows, act),
+        },
+    )
     print(f"wrote {table} ({len(rows)} rows)")
 
 

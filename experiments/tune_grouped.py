@@ -18,9 +18,19 @@ import math
 
 import torch
 
-from experiments.common import (Progress, ResultWriter, check_call, cli, config_cell,
-                                load_config, provenance_fields, require_gpu, timing_settings, weight_sets,
-                                write_table)
+from experiments.common import (
+    Progress,
+    ResultWriter,
+    check_call,
+    cli,
+    config_cell,
+    load_config,
+    provenance_fields,
+    require_gpu,
+    timing_settings,
+    weight_sets,
+    write_table,
+)
 from experiments.e7_grouped_skew import expert_weights, ref_rows, tuner_tokens
 from moegemm._runtime import slugify
 from moegemm.bench.runner import Settings, prewarm
@@ -83,7 +93,12 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(128, 128, 64, 8, 4, True, False, 32)]
     else:
         raw += [(128, 256, 64, 8, st, True, ws) for st in (3, 4) for ws in (False, True)]
-        raw += [(128, 256, 64, 8, st, True, ws, tail) for st in (3, 4) for tail in (32, 64) for ws in (False, True)]
+        raw += [
+            (128, 256, 64, 8, st, True, ws, tail)
+            for st in (3, 4)
+            for tail in (32, 64)
+            for ws in (False, True)
+        ]
         raw += [(128, 256, 64, 8, 4, True, False, 32, True)]  # merged 32-row tails
         raw += [(128, 128, 64, 8, 4, True, False, tail) for tail in (0, 32, 64)]
         raw += [(64, 256, 64, 8, 4, True, False)]
@@ -91,22 +106,35 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
         raw += [(256, 128, 64, 8, st, True, False, tail) for st, tail in ((4, 0), (3, 64))]
     out = []
     for bm, bn, bk, warps, stages, tma, ws, *more in raw:
-        tail_m, merge = [*more, *(0, False)[len(more):]]  # defaults: no tails, no merged tails
-        if ((bm * bk + bk * bn) * 2 * stages > 200 * 1024
-                or smem_bytes(bm, bn, bk, stages, ws, tail_m if merge else 0) > SMEM):
+        tail_m, merge = [*more, *(0, False)[len(more) :]]  # defaults: no tails, no merged tails
+        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024 or smem_bytes(
+            bm, bn, bk, stages, ws, tail_m if merge else 0
+        ) > SMEM:
             continue
         for persistent in (False, True) if not ws else (True,):
-            out.append(GroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                                     persistent=persistent, tma=tma, flatten=ws,
-                                     tail_m=tail_m, merge_tail=merge))
+            out.append(
+                GroupedConfig(
+                    block_m=bm,
+                    block_n=bn,
+                    block_k=bk,
+                    num_warps=warps,
+                    num_stages=stages,
+                    persistent=persistent,
+                    tma=tma,
+                    flatten=ws,
+                    tail_m=tail_m,
+                    merge_tail=merge,
+                )
+            )
     return out
 
 
 SMEM = 227 * 1024  # shared memory one block may have on an H100/H200
 
 
-def smem_bytes(bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False,
-               merged_tail: int = 0) -> int:
+def smem_bytes(
+    bm: int, bn: int, bk: int, stages: int, warp_specialize: bool = False, merged_tail: int = 0
+) -> int:
     """Shared memory of a 16-bit TMA tile config as Triton 3.6 lays it out for sm_90 (within 32 bytes of
     the compiled kernels' metadata for the prefill configs below, compiled without a GPU): the stages of A
     and W tiles (a separate tail tile's stages reuse them), the stages of a merged tail's rows beside them
@@ -143,7 +171,9 @@ FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
 
 def config_calls(config: GroupedConfig, xs, ws, offsets) -> list:
     """One call of the grouped kernel with ``config`` per rotated weight set of ``ws``."""
-    return [lambda wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=config, validate=False) for wi in ws]
+    return [
+        lambda wi=wi: grouped_mm(xs, wi, offsets, w_layout="nk", config=config, validate=False) for wi in ws
+    ]
 
 
 def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=None) -> list[dict]:
@@ -155,9 +185,18 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=Non
 
     settings = settings or Settings(calls_per_graph=10)
     k = xs.shape[1]
-    todo = [c for c in configs if not writer.done(model=base["model"], proj=base["proj"], tokens=base["tokens"],
-                                                  load=base.get("load"), config=dataclasses.asdict(c),
-                                                  stage=base.get("stage"))]
+    todo = [
+        c
+        for c in configs
+        if not writer.done(
+            model=base["model"],
+            proj=base["proj"],
+            tokens=base["tokens"],
+            load=base.get("load"),
+            config=dataclasses.asdict(c),
+            stage=base.get("stage"),
+        )
+    ]
     prewarm([config_calls(c, xs, ws[:1], offsets)[0] for c in todo])
     rows, right = [], []
     for c in todo:
@@ -167,9 +206,10 @@ def time_configs(configs, writer, base: dict, xs, ws, offsets, ref, settings=Non
             right.append((rows[-1], calls))
     size = screen_batch(xs.shape[0] * ws[0].shape[1] * xs.element_size())
     for i in range(0, len(right), size):
-        batch = right[i:i + size]
-        for (row, _), (n, samples) in zip(batch, side_by_side([calls for _, calls in batch], settings,
-                                                               SCREEN_ROUNDS, 1)):
+        batch = right[i : i + size]
+        for (row, _), (n, samples) in zip(
+            batch, side_by_side([calls for _, calls in batch], settings, SCREEN_ROUNDS, 1)
+        ):
             row.update(graph_us=statistics.median(samples), graph_calls=n)
     return rows
 
@@ -186,7 +226,9 @@ def screen_batch(out_bytes: int, free_bytes: int | None = None) -> int:
     return max(2, min(SCREEN_BATCH, int(SCREEN_MEMORY * free_bytes // (2 * out_bytes + (64 << 20)))))
 
 
-def side_by_side(calls_of: list[list], settings: Settings, rounds: int, replays: int) -> list[tuple[int, list]]:
+def side_by_side(
+    calls_of: list[list], settings: Settings, rounds: int, replays: int
+) -> list[tuple[int, list]]:
     """(calls per graph, samples in us) per candidate: one CUDA graph each (its calls, one per rotated input
     set), then ``rounds`` rounds over them, who goes first rotating, ``replays`` replays each per round. The
     clock swings under the power cap (see FINALISTS); timed side by side, every candidate meets the same
@@ -211,11 +253,23 @@ def final_round(configs, base: dict, xs, ws, offsets, settings=None) -> list[dic
     import statistics
 
     settings = settings or Settings(calls_per_graph=10)
-    timed = side_by_side([config_calls(c, xs, ws, offsets) for c in configs], settings, FINAL_ROUNDS,
-                         FINAL_REPLAYS)
-    return [{**base, "stage": "final", "config": dataclasses.asdict(c), "status": "ok", "rel_err": float("nan"),
-             "note": "timed again side by side; checked in the screen", "graph_us": statistics.median(s),
-             "graph_calls": n, "graph_samples": len(s)} for c, (n, s) in zip(configs, timed)]
+    timed = side_by_side(
+        [config_calls(c, xs, ws, offsets) for c in configs], settings, FINAL_ROUNDS, FINAL_REPLAYS
+    )
+    return [
+        {
+            **base,
+            "stage": "final",
+            "config": dataclasses.asdict(c),
+            "status": "ok",
+            "rel_err": float("nan"),
+            "note": "timed again side by side; checked in the screen",
+            "graph_us": statistics.median(s),
+            "graph_calls": n,
+            "graph_samples": len(s),
+        }
+        for c, (n, s) in zip(configs, timed)
+    ]
 
 
 def tune_models(g: dict) -> list[str]:
@@ -251,8 +305,11 @@ def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, 
     for r in rows:
         if r["status"] == "ok":
             times.setdefault(config_key(r), {})[r.get("load") or "uniform"] = float(r["graph_us"])
-    out = [(math.exp(sum(math.log(t[ld]) for ld in loads) / len(loads)), c)
-           for c, t in times.items() if all(ld in t for ld in loads)]
+    out = [
+        (math.exp(sum(math.log(t[ld]) for ld in loads) / len(loads)), c)
+        for c, t in times.items()
+        if all(ld in t for ld in loads)
+    ]
     return sorted(out)
 
 
@@ -266,8 +323,11 @@ def cell_choice(rows: list[dict], loads: tuple[str, ...]):
     if not order:
         return None
     best_us, best = order[0]
-    by_load = {r.get("load") or "uniform": float(r["graph_us"]) for r in rows
-               if r["status"] == "ok" and config_key(r) == best}
+    by_load = {
+        r.get("load") or "uniform": float(r["graph_us"])
+        for r in rows
+        if r["status"] == "ok" and config_key(r) == best
+    }
     return best_us, best, by_load
 
 
@@ -290,7 +350,9 @@ def main():
     prov = provenance_fields()
     writer = ResultWriter(args.out, ("model", "proj", "tokens", "load", "config", "stage"))
     # the tune set only: the held-out models are what the distilled default is judged on (E7)
-    cells = [(model, proj, t) for model in tune_models(g) for proj in ("up", "down") for t in g["tune_tokens"]]
+    cells = [
+        (model, proj, t) for model in tune_models(g) for proj in ("up", "down") for t in g["tune_tokens"]
+    ]
     bar = Progress(len(cells), "tune-grouped")
     weights: dict = {}
     for model, proj, t in cells:
@@ -305,35 +367,82 @@ def main():
         inputs = {ld: cell_inputs(g, t, ld, e, top_k, k, w) for ld in loads}
         # enough weight copies for the load with the fewest active experts (the least bytes per pass)
         ws = weight_sets(w, min(a for *_, a in inputs.values()), t * top_k, k, n)
-        base = {"model": model, "proj": proj, "tokens": t, "experts": e, "k": k, "n": n,
-                "rows_bucket": rows_bucket(t * top_k, e), "input_sets": len(ws), "stage": "screen", **prov}
+        base = {
+            "model": model,
+            "proj": proj,
+            "tokens": t,
+            "experts": e,
+            "k": k,
+            "n": n,
+            "rows_bucket": rows_bucket(t * top_k, e),
+            "input_sets": len(ws),
+            "stage": "screen",
+            **prov,
+        }
         # The grid is not part of the compiled kernel, only of the launch: every tile config is timed on the
         # plain grid (the warp-specialized ones exist only on the persistent one), then the best few (by
         # the geometric mean over the loads) also on the persistent grid -- half the timing of both grids.
         cands = candidates(t * top_k / e)
         rows = []
         for ld, (xs, offsets, ref, _) in inputs.items():
-            rows += time_configs([c for c in cands if not c.persistent or c.flatten], writer,
-                                 {**base, "load": ld}, xs, ws, offsets, ref, settings)
-        here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)]
+            rows += time_configs(
+                [c for c in cands if not c.persistent or c.flatten],
+                writer,
+                {**base, "load": ld},
+                xs,
+                ws,
+                offsets,
+                ref,
+                settings,
+            )
+        here = [
+            r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
+        ]
         plain = [c for _, c in robust_order(here, loads) if not json.loads(c)["persistent"]]
         for ld, (xs, offsets, ref, _) in inputs.items():
-            rows += time_configs([dataclasses.replace(GroupedConfig.from_dict(json.loads(c)), persistent=True)
-                                  for c in plain[:PERSISTENT_TRIES]], writer, {**base, "load": ld}, xs, ws,
-                                 offsets, ref, settings)
+            rows += time_configs(
+                [
+                    dataclasses.replace(GroupedConfig.from_dict(json.loads(c)), persistent=True)
+                    for c in plain[:PERSISTENT_TRIES]
+                ],
+                writer,
+                {**base, "load": ld},
+                xs,
+                ws,
+                offsets,
+                ref,
+                settings,
+            )
         if t * top_k / e > 16:  # past decode: the best few also in the mixed tile order (see MIX_TRIES)
-            here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
-                    and r.get("stage", "screen") == "screen"]
-            mixed = [dataclasses.replace(c, mix=MIX) for c in (GroupedConfig.from_dict(json.loads(c))
-                     for _, c in robust_order(here, loads)) if c.tma and not c.mix][:MIX_TRIES]
+            here = [
+                r
+                for r in writer.rows + rows
+                if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
+                and r.get("stage", "screen") == "screen"
+            ]
+            mixed = [
+                dataclasses.replace(c, mix=MIX)
+                for c in (GroupedConfig.from_dict(json.loads(c)) for _, c in robust_order(here, loads))
+                if c.tma and not c.mix
+            ][:MIX_TRIES]
             for ld, (xs, offsets, ref, _) in inputs.items():
                 rows += time_configs(mixed, writer, {**base, "load": ld}, xs, ws, offsets, ref, settings)
-        here = [r for r in writer.rows + rows if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
-                and r.get("stage", "screen") == "screen"]
+        here = [
+            r
+            for r in writer.rows + rows
+            if (r["model"], r["proj"], int(r["tokens"])) == (model, proj, t)
+            and r.get("stage", "screen") == "screen"
+        ]
         finalists = [GroupedConfig.from_dict(json.loads(c)) for _, c in robust_order(here, loads)[:FINALISTS]]
         for ld, (xs, offsets, ref, _) in inputs.items():
-            if len(finalists) > 1 and not writer.done(model=model, proj=proj, tokens=t, load=ld,
-                                                      config=dataclasses.asdict(finalists[0]), stage="final"):
+            if len(finalists) > 1 and not writer.done(
+                model=model,
+                proj=proj,
+                tokens=t,
+                load=ld,
+                config=dataclasses.asdict(finalists[0]),
+                stage="final",
+            ):
                 rows += final_round(finalists, {**base, "load": ld}, xs, ws, offsets, settings)
         del ws, inputs
         writer.add(rows)
@@ -352,9 +461,17 @@ def main():
         key = (m["experts"], k, n, rows_bucket(t * m["top_k"], m["experts"]))
         if key in entries and entries[key]["graph_us"] <= best_us:
             continue  # two token counts in one rows bucket (not so in config.yaml): the faster cell's choice
-        entries[key] = {"dtype": "bfloat16", "experts": key[0], "k": k, "n": n, "w_layout": "nk",
-                        "rows_bucket": key[3], "graph_us": best_us, "graph_us_by_load": by_load,
-                        "config": json.loads(best)}
+        entries[key] = {
+            "dtype": "bfloat16",
+            "experts": key[0],
+            "k": k,
+            "n": n,
+            "w_layout": "nk",
+            "rows_bucket": key[3],
+            "graph_us": best_us,
+            "graph_us_by_load": by_load,
+            "config": json.loads(best),
+        }
     write_table("grouped", slug, [entries[key] for key in sorted(entries)])
 
 

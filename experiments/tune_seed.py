@@ -15,8 +15,16 @@ from __future__ import annotations
 import torch
 
 from experiments import dk, seed_dk
-from experiments.common import (DTYPES, Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu,
-                                timing_settings)
+from experiments.common import (
+    DTYPES,
+    Progress,
+    ResultWriter,
+    cli,
+    load_config,
+    provenance_fields,
+    require_gpu,
+    timing_settings,
+)
 
 
 def shapes(cfg: dict) -> list[tuple[tuple[int, int, int], str]]:
@@ -36,8 +44,16 @@ def main():
     writer = ResultWriter(args.out, ("variant", "dtype", "m", "n", "k"))
     seed = seed_dk.load()
     if seed is None:
-        writer.add([{"variant": "none", "status": "unavailable",
-                     "note": "MOEGEMM_SEED_SOURCE is not set: the seed's kernels were not measured", **prov}])
+        writer.add(
+            [
+                {
+                    "variant": "none",
+                    "status": "unavailable",
+                    "note": "MOEGEMM_SEED_SOURCE is not set: the seed's kernels were not measured",
+                    **prov,
+                }
+            ]
+        )
         writer.finish()
         return
     todo = shapes(cfg)
@@ -51,13 +67,35 @@ def main():
             log: list = []
             best, _, _ = seed_dk.search(seed.modules[variant], variant, sets, ref, k, "none", settings, log)
             best_d = seed_dk.config_dict(best) if best is not None else None
-            rows = [{"variant": variant, "dtype": dt, "m": m, "n": n, "k": k,
-                     "best": best_d is not None and all(r.get(f) == v for f, v in best_d.items()),
-                     "seed_origin": seed.origin, **r, **prov} for r in log]
+            rows = [
+                {
+                    "variant": variant,
+                    "dtype": dt,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "best": best_d is not None and all(r.get(f) == v for f, v in best_d.items()),
+                    "seed_origin": seed.origin,
+                    **r,
+                    **prov,
+                }
+                for r in log
+            ]
             if not rows:
-                rows = [{"variant": variant, "dtype": dt, "m": m, "n": n, "k": k, "best": False,
-                         "status": "no-split", "note": "the seed offers no split for this shape",
-                         "seed_origin": seed.origin, **prov}]
+                rows = [
+                    {
+                        "variant": variant,
+                        "dtype": dt,
+                        "m": m,
+                        "n": n,
+                        "k": k,
+                        "best": False,
+                        "status": "no-split",
+                        "note": "the seed offers no split for this shape",
+                        "seed_origin": seed.origin,
+                        **prov,
+                    }
+                ]
             writer.add(rows)
             bar.update()
     bar.close()

@@ -51,8 +51,12 @@ def revision_of(root: Path) -> str:
     """The commit of the git repository whose top is ``root`` (not of a repository it merely sits in), else
     MOEGEMM_UNSLOTH_REVISION, else "unknown"."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         lines = out.stdout.split()
         if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == root.resolve():
             return lines[1]
@@ -72,8 +76,11 @@ def load(source: str | None = None) -> tuple[Unsloth | None, str]:
         return None, str(ex)
     if "unsloth" in sys.modules and not hasattr(sys.modules["unsloth"], "__path__"):
         return None, "a module named unsloth is already imported and is not a package"
-    for name, sub in (("unsloth", "unsloth"), ("unsloth.kernels", "unsloth/kernels"),
-                      ("unsloth.kernels.moe", "unsloth/kernels/moe")):
+    for name, sub in (
+        ("unsloth", "unsloth"),
+        ("unsloth.kernels", "unsloth/kernels"),
+        ("unsloth.kernels.moe", "unsloth/kernels/moe"),
+    ):
         if name not in sys.modules:
             mod = types.ModuleType(name)
             mod.__path__ = [str(root / sub)]
@@ -89,8 +96,15 @@ def load(source: str | None = None) -> tuple[Unsloth | None, str]:
     return Unsloth(interface.grouped_gemm, ops.get_routing_indices, rev, f"unsloth {rev[:12]} ({root})"), ""
 
 
-def moe_layer(uk: Unsloth, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, w_gu: torch.Tensor,
-              w_dn: torch.Tensor, autotune: bool = True) -> torch.Tensor:
+def moe_layer(
+    uk: Unsloth,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    wts: torch.Tensor,
+    w_gu: torch.Tensor,
+    w_dn: torch.Tensor,
+    autotune: bool = True,
+) -> torch.Tensor:
     """[T, H]: the expert FFN on Unsloth's kernels (w_gu [E, 2I, H], w_dn [E, H, I], as nn.Linear stores
     them; ids [T, top_k]; wts [T, top_k]); differentiable in x, wts, w_gu and w_dn."""
     t, h = x.shape
@@ -98,9 +112,27 @@ def moe_layer(uk: Unsloth, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor
     e, two_i, _ = w_gu.shape
     i = two_i // 2
     counts, gather = uk.get_routing_indices(ids, e)
-    y = uk.grouped_gemm(X=x, W=w_gu, m_sizes=counts, gather_indices=gather, topk=top_k, permute_x=True,
-                        permute_y=False, autotune=autotune, is_first_gemm=True)
+    y = uk.grouped_gemm(
+        X=x,
+        W=w_gu,
+        m_sizes=counts,
+        gather_indices=gather,
+        topk=top_k,
+        permute_x=True,
+        permute_y=False,
+        autotune=autotune,
+        is_first_gemm=True,
+    )
     act = torch.nn.functional.silu(y[:, :i]) * y[:, i:]
-    y = uk.grouped_gemm(X=act, W=w_dn, m_sizes=counts, gather_indices=gather, topk=top_k, permute_x=False,
-                        permute_y=True, autotune=autotune, is_first_gemm=False)
+    y = uk.grouped_gemm(
+        X=act,
+        W=w_dn,
+        m_sizes=counts,
+        gather_indices=gather,
+        topk=top_k,
+        permute_x=False,
+        permute_y=True,
+        autotune=autotune,
+        is_first_gemm=False,
+    )
     return (y.view(t, top_k, h) * wts[..., None].to(y.dtype)).sum(1).to(x.dtype)

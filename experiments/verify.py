@@ -31,8 +31,13 @@ def _parse_junit(path: Path) -> dict:
                 outcome = "failed"
             elif child.tag == "skipped":
                 outcome = "skipped"
-        cases.append({"id": f"{tc.get('classname')}::{tc.get('name')}", "outcome": outcome,
-                      "seconds": float(tc.get("time", 0))})
+        cases.append(
+            {
+                "id": f"{tc.get('classname')}::{tc.get('name')}",
+                "outcome": outcome,
+                "seconds": float(tc.get("time", 0)),
+            }
+        )
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
     return {"counts": counts, "cases": cases}
 
@@ -74,8 +79,17 @@ def main(argv=None) -> int:
         import torch
 
         n = workers(torch.cuda.is_available())
-        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "not pipeline", f"--junitxml={junit}",
-               *(["-n", str(n), *xdist_dist()] if n > 1 else []), *args.pytest_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "not pipeline",
+            f"--junitxml={junit}",
+            *(["-n", str(n), *xdist_dist()] if n > 1 else []),
+            *args.pytest_args,
+        ]
         env = dict(os.environ)
         if n > 1:  # the test processes already share the CPUs: no Inductor compile pool inside each
             env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -86,9 +100,14 @@ def main(argv=None) -> int:
 
     from moegemm.bench.provenance import provenance
 
-    report.update(command=" ".join(cmd[2:]), workers=n, exit_code=rc, wall_seconds=round(wall, 1),
-                  provenance=provenance(), mode=("native GPU" if provenance()["sm_count"] else
-                                                "CPU, Triton interpreter (gpu tests skipped)"))
+    report.update(
+        command=" ".join(cmd[2:]),
+        workers=n,
+        exit_code=rc,
+        wall_seconds=round(wall, 1),
+        provenance=provenance(),
+        mode=("native GPU" if provenance()["sm_count"] else "CPU, Triton interpreter (gpu tests skipped)"),
+    )
     print(f"verify: {report['counts']} in {wall:.0f}s ({report['mode']})")
     if rc != 0 or report["counts"].get("failed", 0) or not report["counts"].get("passed", 0):
         print("verify: FAILED; no report written", file=sys.stderr)

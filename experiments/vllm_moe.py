@@ -63,14 +63,42 @@ HELPERS = ("write_zeros_to_output",)  # @triton.jit functions the kernel calls
 MODULE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
 # the kernel arguments this contender passes (by name); a vLLM whose kernel lacks one is refused clearly
-ARGS = ("a_ptr", "b_ptr", "c_ptr", "b_bias_ptr", "a_scale_ptr", "b_scale_ptr", "topk_weights_ptr",
-        "sorted_token_ids_ptr", "expert_ids_ptr", "num_tokens_post_padded_ptr", "N", "K", "EM",
-        "num_valid_tokens", "stride_am", "stride_ak", "stride_be", "stride_bk", "stride_bn", "stride_cm",
-        "stride_cn", "naive_block_assignment", "BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
-        "MUL_ROUTED_WEIGHT", "top_k", "compute_type")
+ARGS = (
+    "a_ptr",
+    "b_ptr",
+    "c_ptr",
+    "b_bias_ptr",
+    "a_scale_ptr",
+    "b_scale_ptr",
+    "topk_weights_ptr",
+    "sorted_token_ids_ptr",
+    "expert_ids_ptr",
+    "num_tokens_post_padded_ptr",
+    "N",
+    "K",
+    "EM",
+    "num_valid_tokens",
+    "stride_am",
+    "stride_ak",
+    "stride_be",
+    "stride_bk",
+    "stride_bn",
+    "stride_cm",
+    "stride_cn",
+    "naive_block_assignment",
+    "BLOCK_SIZE_M",
+    "BLOCK_SIZE_N",
+    "BLOCK_SIZE_K",
+    "GROUP_SIZE_M",
+    "MUL_ROUTED_WEIGHT",
+    "top_k",
+    "compute_type",
+)
 # what stands in for vLLM's CUDA ops around its kernel (they do not load beside our torch): named in the rows
-GLUE = ("align: align_triton (2 Triton kernels); silu_and_mul: moegemm silu_mul (1 Triton kernel); "
-        "moe_sum: moe_sum (1 Triton kernel)")
+GLUE = (
+    "align: align_triton (2 Triton kernels); silu_and_mul: moegemm silu_mul (1 Triton kernel); "
+    "moe_sum: moe_sum (1 Triton kernel)"
+)
 
 
 @dataclasses.dataclass
@@ -89,7 +117,7 @@ def _segments(source: str, names: tuple[str, ...]) -> dict[str, str]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name in names:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            out[node.name] = "".join(lines[first - 1:node.end_lineno])
+            out[node.name] = "".join(lines[first - 1 : node.end_lineno])
     return out
 
 
@@ -104,9 +132,10 @@ def kernel_module(source: str, origin: str):
     missing = [n for n in (KERNEL, *HELPERS) if n not in seg]
     if missing:
         raise ValueError(f"MOEGEMM_VLLM_SOURCE: {origin} has no top-level {', '.join(missing)}")
-    text = (f"# Read at run time from {origin} (vLLM, Apache-2.0); not part of moegemm.\n"
-            "import triton\nimport triton.language as tl\n\n\n"
-            + "\n\n".join(seg[n] for n in (*HELPERS, KERNEL)))
+    text = (
+        f"# Read at run time from {origin} (vLLM, Apache-2.0); not part of moegemm.\n"
+        "import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(seg[n] for n in (*HELPERS, KERNEL))
+    )
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = _cache_dir() / f"vllm_fused_moe_{digest}.py"
     if not path.exists():
@@ -138,8 +167,12 @@ def default_config_fn(source: str):
         def is_rocm():
             return False
 
-    ns = {"envs": _Envs, "current_platform": _Platform, "torch": torch,
-          "next_power_of_2": lambda n: 1 << max(int(n) - 1, 0).bit_length()}
+    ns = {
+        "envs": _Envs,
+        "current_platform": _Platform,
+        "torch": torch,
+        "next_power_of_2": lambda n: 1 << max(int(n) - 1, 0).bit_length(),
+    }
     exec(compile(seg["get_default_config"], "<vllm get_default_config>", "exec"), ns)
     return ns["get_default_config"]
 
@@ -148,8 +181,10 @@ def _check_args(kernel, origin: str) -> None:
     names = set(getattr(kernel, "arg_names", ()))
     missing = [a for a in ARGS if a not in names]
     if missing:
-        raise ValueError(f"vLLM kernel from {origin}: its {KERNEL} has no argument(s) {', '.join(missing)}; "
-                         "this contender was written against vLLM 0.33's signature")
+        raise ValueError(
+            f"vLLM kernel from {origin}: its {KERNEL} has no argument(s) {', '.join(missing)}; "
+            "this contender was written against vLLM 0.33's signature"
+        )
 
 
 def _tables(folder: Path) -> dict:
@@ -164,8 +199,11 @@ def tree_version(path: Path) -> str | None:
         f = parent / "_version.py"
         if parent.name == "vllm" and f.is_file():
             for node in ast.parse(f.read_text()).body:
-                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-                        and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)):
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Constant)
+                    and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+                ):
                     return str(node.value.value)
     return None
 
@@ -181,8 +219,12 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
             import vllm  # type: ignore
 
             text = Path(fm.__file__).read_text()
-            vk = VllmKernel(fm.fused_moe_kernel, f"vllm {vllm.__version__} (installed)",
-                            _tables(Path(fm.__file__).parent / "configs"), default_config_fn(text))
+            vk = VllmKernel(
+                fm.fused_moe_kernel,
+                f"vllm {vllm.__version__} (installed)",
+                _tables(Path(fm.__file__).parent / "configs"),
+                default_config_fn(text),
+            )
             _check_args(vk.kernel, vk.origin)
             return vk
         source = os.environ.get("MOEGEMM_VLLM_SOURCE")
@@ -200,14 +242,15 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
                 raise ValueError(f"MOEGEMM_VLLM_SOURCE: {path.name} holds no {MODULE}") from None
             for name in z.namelist():
                 if name.startswith(CONFIGS) and name.endswith(".json"):
-                    configs[name[len(CONFIGS):]] = json.loads(z.read(name))
+                    configs[name[len(CONFIGS) :]] = json.loads(z.read(name))
         origin = path.name
     else:  # a fused_moe.py (its tuned tables beside it, in configs/), named by its content's hash
         text = path.read_text()
         configs = _tables(path.parent / "configs")
         version = tree_version(path)
-        origin = ((f"vllm {version} " if version else "")
-                  + f"{path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]}")
+        origin = (
+            f"vllm {version} " if version else ""
+        ) + f"{path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     mod = kernel_module(text, origin)
     vk = VllmKernel(getattr(mod, KERNEL), origin, configs, default_config_fn(text))
     _check_args(vk.kernel, vk.origin)
@@ -220,8 +263,9 @@ def device_file_name(gpu_name: str) -> str:
     return "NVIDIA_H200" if "H200" in name.split("_") else name
 
 
-def own_choice(vk: VllmKernel, gpu_name: str, e: int, inter: int, hidden: int, n: int, top_k: int,
-               tokens: int) -> tuple[dict, str] | None:
+def own_choice(
+    vk: VllmKernel, gpu_name: str, e: int, inter: int, hidden: int, n: int, top_k: int, tokens: int
+) -> tuple[dict, str] | None:
     """(config, source) vLLM itself would take for a bf16 layer of ``e`` experts, intermediate size ``inter``
     and hidden size ``hidden`` at ``tokens`` tokens (one config for both projections, as vLLM takes it): its
     tuned table's entry nearest ``tokens``, else its default config."""
@@ -242,14 +286,34 @@ def candidates(mean_rows: float) -> list[dict]:
     if mean_rows <= 16:
         raw = [(16, bn, bk, 4, st, 1) for bn in (64, 128) for bk in (128, 256) for st in (3, 4)]
     elif mean_rows <= 64:
-        raw = [(32, 64, 128, 4, 3, 1), (32, 128, 128, 4, 3, 1), (64, 64, 64, 4, 4, 1), (64, 128, 64, 4, 4, 1),
-               (64, 128, 128, 4, 3, 1)]
+        raw = [
+            (32, 64, 128, 4, 3, 1),
+            (32, 128, 128, 4, 3, 1),
+            (64, 64, 64, 4, 4, 1),
+            (64, 128, 64, 4, 4, 1),
+            (64, 128, 128, 4, 3, 1),
+        ]
     else:
-        raw = [(64, 128, 64, 4, 4, 16), (64, 256, 64, 8, 3, 16), (128, 128, 64, 4, 3, 16), (128, 128, 64, 8, 4, 16),
-               (128, 256, 64, 8, 3, 16), (128, 256, 64, 8, 4, 16)]
-    return [{"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": gm, "num_warps": w,
-             "num_stages": st}
-            for bm, bn, bk, w, st, gm in raw if (bm * bk + bk * bn) * 2 * st <= 200 * 1024]
+        raw = [
+            (64, 128, 64, 4, 4, 16),
+            (64, 256, 64, 8, 3, 16),
+            (128, 128, 64, 4, 3, 16),
+            (128, 128, 64, 8, 4, 16),
+            (128, 256, 64, 8, 3, 16),
+            (128, 256, 64, 8, 4, 16),
+        ]
+    return [
+        {
+            "BLOCK_SIZE_M": bm,
+            "BLOCK_SIZE_N": bn,
+            "BLOCK_SIZE_K": bk,
+            "GROUP_SIZE_M": gm,
+            "num_warps": w,
+            "num_stages": st,
+        }
+        for bm, bn, bk, w, st, gm in raw
+        if (bm * bk + bk * bn) * 2 * st <= 200 * 1024
+    ]
 
 
 def naive_assignment(tokens: int, top_k: int, e: int) -> bool:
@@ -287,17 +351,43 @@ def vllm_flags(names, dtype: torch.dtype, capability: tuple[int, int]) -> tuple[
     its gather needs sm_100). Flags the kernel at hand lacks are left out."""
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"dtype: vLLM's unquantized path takes bf16, fp16 or fp32, got {dtype}")
-    flags = {f: False for f in ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "per_channel_quant",
-                                "HAS_BIAS", "SWAP_AB", "USE_TD") if f in names}
-    why = ("SWAP_AB=0 (vLLM swaps A/B for fp8 w8a8 only); USE_TD=0 (vLLM's default off CUDA-XPU; "
-           f"its tile::gather4 needs sm_100, this GPU is sm_{capability[0]}{capability[1]})")
+    flags = {
+        f: False
+        for f in (
+            "use_fp8_w8a8",
+            "use_int8_w8a8",
+            "use_int8_w8a16",
+            "per_channel_quant",
+            "HAS_BIAS",
+            "SWAP_AB",
+            "USE_TD",
+        )
+        if f in names
+    }
+    why = (
+        "SWAP_AB=0 (vLLM swaps A/B for fp8 w8a8 only); USE_TD=0 (vLLM's default off CUDA-XPU; "
+        f"its tile::gather4 needs sm_100, this GPU is sm_{capability[0]}{capability[1]})"
+    )
     return flags, why
 
 
 @triton.jit
-def _align_offsets_kernel(ids_ptr, offs_ptr, cursor_ptr, expert_ids_ptr, post_ptr, sorted_ptr, SLOTS, E,
-                          LENGTH, TILES, BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr,
-                          TCHUNK: tl.constexpr):
+def _align_offsets_kernel(
+    ids_ptr,
+    offs_ptr,
+    cursor_ptr,
+    expert_ids_ptr,
+    post_ptr,
+    sorted_ptr,
+    SLOTS,
+    E,
+    LENGTH,
+    TILES,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TCHUNK: tl.constexpr,
+):
     """One program: each expert's slot count, padded to BM; the padded lists' starts (offs), their total
     (post), each row tile's expert, the row-id list filled with SLOTS (the kernel masks it), cursors
     zeroed."""
@@ -359,11 +449,26 @@ class AlignTriton:
         if flat.numel() != self.slots:
             raise ValueError(f"topk_ids: expected {self.slots} slots, got {flat.numel()}")
         eb = triton.next_power_of_2(self.e)
-        _align_offsets_kernel[(1,)](flat, self.offs, self.cursor, self.expert_ids, self.post, self.ids,
-                                    self.slots, self.e, self.length, self.tiles, BM=self.bm, EB=eb,
-                                    CHUNK=1024, TCHUNK=max(16, 8192 // eb), num_warps=8)
-        _align_place_kernel[(triton.cdiv(self.slots, 1024),)](flat, self.offs, self.cursor, self.ids,
-                                                                self.slots, CHUNK=1024)
+        _align_offsets_kernel[(1,)](
+            flat,
+            self.offs,
+            self.cursor,
+            self.expert_ids,
+            self.post,
+            self.ids,
+            self.slots,
+            self.e,
+            self.length,
+            self.tiles,
+            BM=self.bm,
+            EB=eb,
+            CHUNK=1024,
+            TCHUNK=max(16, 8192 // eb),
+            num_warps=8,
+        )
+        _align_place_kernel[(triton.cdiv(self.slots, 1024),)](
+            flat, self.offs, self.cursor, self.ids, self.slots, CHUNK=1024
+        )
         return self.ids, self.expert_ids, self.post
 
 
@@ -387,8 +492,9 @@ def moe_sum(y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.empty(t, n, dtype=y.dtype, device=y.device) if out is None else out
     if t and n:
         block = min(triton.next_power_of_2(n), 1024)
-        _moe_sum_kernel[(t, triton.cdiv(n, block))](y, out, n, TOP_K=k, BLOCK=block,
-                                                     num_warps=4 if block >= 512 else 2)
+        _moe_sum_kernel[(t, triton.cdiv(n, block))](
+            y, out, n, TOP_K=k, BLOCK=block, num_warps=4 if block >= 512 else 2
+        )
     return out
 
 
@@ -402,8 +508,20 @@ def _split_config(config: dict):
     return bm, bn, bk, gm, warps, stages
 
 
-def kernel_call(vk: VllmKernel, a, w, y, topk_weights, assign, n: int, slots: int, top_k: int, config: dict,
-                naive: bool, capability: tuple[int, int] = (9, 0)) -> None:
+def kernel_call(
+    vk: VllmKernel,
+    a,
+    w,
+    y,
+    topk_weights,
+    assign,
+    n: int,
+    slots: int,
+    top_k: int,
+    config: dict,
+    naive: bool,
+    capability: tuple[int, int] = (9, 0),
+) -> None:
     """One launch of vLLM's kernel as invoke_fused_moe_triton_kernel makes it: y [slots, N] (row s: slot s)
     from a [rows, K] (read at row id // top_k) and w [E, N, K]; ``assign`` = (row ids or None on the naive
     path, expert per row tile, rows after padding); ``topk_weights`` [slots] fp32 or None: applied inside
@@ -419,26 +537,75 @@ def kernel_call(vk: VllmKernel, a, w, y, topk_weights, assign, n: int, slots: in
     compute = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[a.dtype]
     names = set(vk.kernel.arg_names)
     flags, _ = vllm_flags(names, a.dtype, capability)
-    zeros = {s: 0 for s in ("stride_asm", "stride_ask", "stride_bse", "stride_bsk", "stride_bsn", "stride_bbe",
-                            "stride_bbn", "group_n", "group_k") if s in names}
+    zeros = {
+        s: 0
+        for s in (
+            "stride_asm",
+            "stride_ask",
+            "stride_bse",
+            "stride_bsk",
+            "stride_bsn",
+            "stride_bbe",
+            "stride_bbn",
+            "group_n",
+            "group_k",
+        )
+        if s in names
+    }
     if "SPLIT_K" in names:
         zeros["SPLIT_K"] = 1
     grid = (triton.cdiv(em, bm) * triton.cdiv(n, bn),)
     vk.kernel[grid](
-        a, w, y, None, None, None, topk_weights, ids, expert_ids, post, n, a.shape[1], em, slots,
-        stride_am=a.stride(0), stride_ak=a.stride(1), stride_be=w.stride(0), stride_bk=w.stride(2),
-        stride_bn=w.stride(1), stride_cm=y.stride(0), stride_cn=y.stride(1), **zeros,
-        naive_block_assignment=naive, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-        GROUP_SIZE_M=gm, MUL_ROUTED_WEIGHT=topk_weights is not None, top_k=top_k, compute_type=compute,
-        **flags, num_warps=warps, num_stages=stages)
+        a,
+        w,
+        y,
+        None,
+        None,
+        None,
+        topk_weights,
+        ids,
+        expert_ids,
+        post,
+        n,
+        a.shape[1],
+        em,
+        slots,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_be=w.stride(0),
+        stride_bk=w.stride(2),
+        stride_bn=w.stride(1),
+        stride_cm=y.stride(0),
+        stride_cn=y.stride(1),
+        **zeros,
+        naive_block_assignment=naive,
+        BLOCK_SIZE_M=bm,
+        BLOCK_SIZE_N=bn,
+        BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=gm,
+        MUL_ROUTED_WEIGHT=topk_weights is not None,
+        top_k=top_k,
+        compute_type=compute,
+        **flags,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def capability_of(t: torch.Tensor) -> tuple[int, int]:
     return torch.cuda.get_device_capability(t.device) if t.is_cuda else (9, 0)
 
 
-def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.Tensor, n: int, config: dict,
-             naive: bool):
+def launcher(
+    vk: VllmKernel,
+    a: torch.Tensor,
+    top_k: int,
+    plan,
+    topk_ids: torch.Tensor,
+    n: int,
+    config: dict,
+    naive: bool,
+):
     """bind(w) -> a call of vLLM's kernel with ``config`` writing y [slots, N] (row s: slot s) for weights
     w [E, N, K] and the slots of ``plan`` (a RoutingPlan of ``topk_ids``); ``a`` [rows, K] is read at row
     id // top_k (gate/up: a holds the tokens and top_k is the model's; down: a holds the slots and top_k is
@@ -447,8 +614,11 @@ def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.
     bm = _split_config(config)[0]  # refuses keys this contender does not pass on
     slots = plan.sorted_slot.numel()
     if naive:  # vLLM's naive path: slot s is row tile s, of expert topk_ids.flat[s]
-        assign = (None, topk_ids.reshape(-1).to(torch.int32),
-                  torch.full((1,), slots * bm, dtype=torch.int32, device=a.device))
+        assign = (
+            None,
+            topk_ids.reshape(-1).to(torch.int32),
+            torch.full((1,), slots * bm, dtype=torch.int32, device=a.device),
+        )
     else:
         assign = align(plan, bm)
     cap = capability_of(a)
@@ -459,12 +629,15 @@ def launcher(vk: VllmKernel, a: torch.Tensor, top_k: int, plan, topk_ids: torch.
         def call():
             kernel_call(vk, a, w, y, None, assign, n, slots, top_k, config, naive, cap)
             return y
+
         return call
+
     return bind
 
 
-def layer(vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, e: int,
-          config: dict):
+def layer(
+    vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, e: int, config: dict
+):
     """bind(w_gu [E, 2I, H], w_dn [E, H, I]) -> a call of the whole expert FFN as vLLM's fused_experts runs it
     for bf16 (one config for both GEMMs; see the module's docstring for the glue kernels), returning [T, H].
     The expert assignment is made inside the call, as vLLM makes it per forward."""
@@ -494,5 +667,7 @@ def layer(vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
             act = silu_mul(y1)
             kernel_call(vk, act, w_dn, y2.view(slots, h), w_flat, assign, h, slots, 1, config, naive, cap)
             return moe_sum(y2)
+
         return call
+
     return bind

@@ -22,10 +22,17 @@ CLOCKS = {
 # ratios compare it, not the per-shape best of our kernels picked afterwards.
 OURS = ["ours:auto"]
 PALETTE = {
-    "eager": "#555555", "compiled": "#d62728", "custom-op-autotuned": "#ff7f0e",
-    "custom-op-range-dispatch": "#ff7f0e", "pytorch:decompose_k": "#8c564b",
-    "ours:two_stage": "#9ecae1", "ours:flat": "#08519c", "ours:single_launch": "#3182bd", "ours:auto": "#2ca02c",
-    "seed: optimized": "#e377c2", "seed: original": "#f7b6d2",
+    "eager": "#555555",
+    "compiled": "#d62728",
+    "custom-op-autotuned": "#ff7f0e",
+    "custom-op-range-dispatch": "#ff7f0e",
+    "pytorch:decompose_k": "#8c564b",
+    "ours:two_stage": "#9ecae1",
+    "ours:flat": "#08519c",
+    "ours:single_launch": "#3182bd",
+    "ours:auto": "#2ca02c",
+    "seed: optimized": "#e377c2",
+    "seed: original": "#f7b6d2",
 }
 
 
@@ -61,9 +68,18 @@ MIN_PT, MAX_PANELS = 7.0, 4
 
 def setup() -> None:
     sns.set_theme(style="whitegrid", context="paper")
-    plt.rcParams.update({"font.size": 7.5, "axes.titlesize": 8, "axes.labelsize": 7.5, "xtick.labelsize": 7,
-                         "ytick.labelsize": 7, "legend.fontsize": 7, "legend.title_fontsize": 7,
-                         "figure.titlesize": 8.5})
+    plt.rcParams.update(
+        {
+            "font.size": 7.5,
+            "axes.titlesize": 8,
+            "axes.labelsize": 7.5,
+            "xtick.labelsize": 7,
+            "ytick.labelsize": 7,
+            "legend.fontsize": 7,
+            "legend.title_fontsize": 7,
+            "figure.titlesize": 8.5,
+        }
+    )
 
 
 def finish(fig, title: str, handles=None, labels=None, ncol: int = 4) -> None:
@@ -86,8 +102,11 @@ def print_check(fig) -> tuple[float, int]:
     fig.canvas.draw()
     width = fig.get_tightbbox(fig.canvas.get_renderer()).width  # inches
     scale = TEXT_WIDTH_IN / width
-    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text)
-             if t.get_visible() and t.get_text().strip() and t.get_figure() is not None]
+    sizes = [
+        t.get_fontsize()
+        for t in fig.findobj(matplotlib.text.Text)
+        if t.get_visible() and t.get_text().strip() and t.get_figure() is not None
+    ]
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
     return min(sizes) * scale, len(panels)
 
@@ -96,8 +115,10 @@ def save(fig, out: str | Path) -> None:
     out = Path(out)
     smallest, panels = print_check(fig)
     if smallest < MIN_PT - 1e-6 or panels > MAX_PANELS:
-        raise ValueError(f"{out.name}: prints its smallest font at {smallest:.1f} pt (at least {MIN_PT} wanted) "
-                         f"with {panels} panels (at most {MAX_PANELS}) at the paper's text width")
+        raise ValueError(
+            f"{out.name}: prints its smallest font at {smallest:.1f} pt (at least {MIN_PT} wanted) "
+            f"with {panels} panels (at most {MAX_PANELS}) at the paper's text width"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out.with_suffix(".pdf"), bbox_inches="tight")
     fig.savefig(out.with_suffix(".png"), bbox_inches="tight", dpi=130)

@@ -18,10 +18,15 @@ def main():
     df["compile_mode"] = df["compile_mode"].fillna("eager")
     panels = sorted(df["panel"].unique())
     fig, axes = plt.subplots(1, 3, figsize=(7.0, 2.6))
-    for ax, metric, label in zip(axes, ["graph_us", "launch_us", "compile_s"],
-                                 ["GPU time [us]", "launch-inclusive [us]", "first-call compile [s]"]):
+    for ax, metric, label in zip(
+        axes,
+        ["graph_us", "launch_us", "compile_s"],
+        ["GPU time [us]", "launch-inclusive [us]", "first-call compile [s]"],
+    ):
         p = df.pivot_table(index="panel", columns="compile_mode", values=metric).reindex(panels)
-        p = p.reindex(columns=[m for m in MODE_ORDER if m in df["compile_mode"].unique()])  # same bars everywhere
+        p = p.reindex(
+            columns=[m for m in MODE_ORDER if m in df["compile_mode"].unique()]
+        )  # same bars everywhere
         p.plot.barh(ax=ax, width=0.8, legend=False, colormap="viridis")
         ax.set_xlabel(label)
         ax.set_ylabel("")
@@ -30,13 +35,23 @@ def main():
         if ax is not axes[0]:
             ax.set_yticklabels([])
     handles, labels = axes[0].get_legend_handles_labels()
-    best = (df[df.compile_mode != "eager"].groupby("panel")["graph_us"].min()
-            / df[df.compile_mode == "eager"].set_index("panel")["graph_us"])
-    launch = (df[df.compile_mode != "eager"].groupby("panel")["launch_us"].min()
-              / df[df.compile_mode == "eager"].set_index("panel")["launch_us"])
-    finish(fig, f"E1: the best compile mode takes {best.min():.2f}-{best.max():.2f}x eager's GPU time and "
-                f"{launch.min():.2f}-{launch.max():.2f}x its launch-inclusive time (modes with CUDA graphs of their "
-                f"own have no GPU-time bar; {gpu_label(df)})", handles, labels, ncol=5)
+    best = (
+        df[df.compile_mode != "eager"].groupby("panel")["graph_us"].min()
+        / df[df.compile_mode == "eager"].set_index("panel")["graph_us"]
+    )
+    launch = (
+        df[df.compile_mode != "eager"].groupby("panel")["launch_us"].min()
+        / df[df.compile_mode == "eager"].set_index("panel")["launch_us"]
+    )
+    finish(
+        fig,
+        f"E1: the best compile mode takes {best.min():.2f}-{best.max():.2f}x eager's GPU time and "
+        f"{launch.min():.2f}-{launch.max():.2f}x its launch-inclusive time (modes with CUDA graphs of their "
+        f"own have no GPU-time bar; {gpu_label(df)})",
+        handles,
+        labels,
+        ncol=5,
+    )
     save(fig, a.out)
 
 

@@ -29,29 +29,52 @@ def main():
     a = args(__doc__)
     setup()
     df = load(a.results, "epilogue_fusion.csv")
-    seed = pd.read_csv(Path(a.results).parent / "reference" / "seed-h100" / "original_triton" / "epilogue_relu_bf16.csv")
+    seed = pd.read_csv(
+        Path(a.results).parent / "reference" / "seed-h100" / "original_triton" / "epilogue_relu_bf16.csv"
+    )
     sp = speedups(df, "graph_us")
     shown = VARIANTS[:3]  # our three kernels; the seed's PyTorch decomposeK in the title
     fig, axes = plt.subplots(1, 4, figsize=(7.0, 2.2))
     for ax, v in zip(axes, shown):
         p = sp[sp.variant == v].pivot(index="m", columns="k", values="speedup")
-        sns.heatmap(p, ax=ax, annot=True, fmt=".2f", cmap="Blues", vmin=0.9, vmax=2.0, cbar=False,
-                    annot_kws={"fontsize": 7})
+        sns.heatmap(
+            p,
+            ax=ax,
+            annot=True,
+            fmt=".2f",
+            cmap="Blues",
+            vmin=0.9,
+            vmax=2.0,
+            cbar=False,
+            annot_kws={"fontsize": 7},
+        )
         ax.set_title(f"ours: {v}, {geomean(p.values.ravel()):.2f}x")
         ax.set_xlabel("K")
         ax.set_ylabel("M = N" if ax is axes[0] else "")
     p = seed.pivot(index="m", columns="k", values="decompose_k_fused_vs_unfused_speedup")
-    sns.heatmap(p, ax=axes[-1], annot=True, fmt=".2f", cmap="Oranges", vmin=0.9, vmax=2.0, cbar=False,
-                annot_kws={"fontsize": 7})
+    sns.heatmap(
+        p,
+        ax=axes[-1],
+        annot=True,
+        fmt=".2f",
+        cmap="Oranges",
+        vmin=0.9,
+        vmax=2.0,
+        cbar=False,
+        annot_kws={"fontsize": 7},
+    )
     axes[-1].set_title(f"seed, H100: two-stage, {geomean(p.values.ravel()):.2f}x")
     axes[-1].set_xlabel("K")
     axes[-1].set_ylabel("")
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=90)
     torch_dk = sp[sp.variant == VARIANTS[3]].speedup
-    finish(fig, f"E3: fusing ReLU into the reduction's store is worth {geomean(sp.speedup):.2f}x (geomean over "
-                f"variants and shapes; the seed's PyTorch decomposeK {geomean(torch_dk):.2f}x). Unfused over fused "
-                f"time, GPU time ({gpu_label(df)}); the seed's H100 series launch-inclusive, from its repository")
+    finish(
+        fig,
+        f"E3: fusing ReLU into the reduction's store is worth {geomean(sp.speedup):.2f}x (geomean over "
+        f"variants and shapes; the seed's PyTorch decomposeK {geomean(torch_dk):.2f}x). Unfused over fused "
+        f"time, GPU time ({gpu_label(df)}); the seed's H100 series launch-inclusive, from its repository",
+    )
     save(fig, a.out)
 
 

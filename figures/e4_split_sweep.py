@@ -19,8 +19,17 @@ def main():
     fig, axes = plt.subplots(1, len(VARIANTS), figsize=(7.0, 2.3), sharey=True)
     for ax, v in zip(axes, VARIANTS):
         sub = df[(df.variant == v) & (df.m == m)]
-        sns.lineplot(sub, x="split_k", y="graph_us", hue="k", marker="o", ax=ax, palette="viridis",
-                     legend=ax is axes[0], markersize=3)
+        sns.lineplot(
+            sub,
+            x="split_k",
+            y="graph_us",
+            hue="k",
+            marker="o",
+            ax=ax,
+            palette="viridis",
+            legend=ax is axes[0],
+            markersize=3,
+        )
         ax.set_xscale("log", base=2)
         ax.set_title(v)
         ax.set_xlabel("split count S")
@@ -29,10 +38,15 @@ def main():
     axes[0].get_legend().remove()
     best = df.loc[df.groupby(["m", "k", "variant"])["graph_us"].idxmin()]
     med = best.groupby("variant")["split_k"].median()
-    finish(fig, f"E4: each variant has its own best S (median best S over all shapes: "
-                + ", ".join(f"{v} {int(med[v])}" for v in VARIANTS if v in med)
-                + f"). M = N = {m}, one line per K; GPU time; {gpu_label(df)}",
-           handles, [f"K = {lab}" for lab in labels], ncol=len(labels))
+    finish(
+        fig,
+        "E4: each variant has its own best S (median best S over all shapes: "
+        + ", ".join(f"{v} {int(med[v])}" for v in VARIANTS if v in med)
+        + f"). M = N = {m}, one line per K; GPU time; {gpu_label(df)}",
+        handles,
+        [f"K = {lab}" for lab in labels],
+        ncol=len(labels),
+    )
     save(fig, a.out)
 
 

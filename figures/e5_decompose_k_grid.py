@@ -10,8 +10,12 @@ import pandas as pd
 
 from figures.common import OURS, PALETTE, args, finish, geomean, gpu_label, load, save, setup
 
-SEED_FILES = {"bf16-relu": "epilogue_relu_bf16.csv", "bf16": "plain_matmul_bf16.csv",
-              "fp16": "plain_matmul_fp16.csv", "fp32": "plain_matmul_fp32.csv"}
+SEED_FILES = {
+    "bf16-relu": "epilogue_relu_bf16.csv",
+    "bf16": "plain_matmul_bf16.csv",
+    "fp16": "plain_matmul_fp16.csv",
+    "fp32": "plain_matmul_fp32.csv",
+}
 SEED_COL = {"bf16-relu": "decompose_k_fused_ms"}
 
 
@@ -24,21 +28,41 @@ def main():
     suite = suites[0]  # bf16-relu, the seed's problem; the other suites are in the tables
     ms = sorted(df.m.unique())
     seed_dir = Path(a.results).parent / "reference" / "seed-h100" / "optimized_triton_tlx"
-    seed = pd.read_csv(seed_dir / SEED_FILES[suite]) if (seed_dir / SEED_FILES.get(suite, "x")).exists() else None
+    seed = (
+        pd.read_csv(seed_dir / SEED_FILES[suite])
+        if (seed_dir / SEED_FILES.get(suite, "x")).exists()
+        else None
+    )
     fig, axes = plt.subplots(1, len(ms), figsize=(7.0, 2.5), sharex=True)
     for ax, m in zip(axes, ms):
         sub = df[(df.suite == suite) & (df.m == m)]
         for c, g in sub.groupby("contender"):
             g = g.sort_values("k")
-            ax.plot(g.k / 1024, g.graph_us, marker="o", ms=2, lw=1.6 if c in OURS else 0.9,
-                    color=PALETTE.get(c), label=c, ls="-" if c.startswith(("ours", "seed:")) else "--")
+            ax.plot(
+                g.k / 1024,
+                g.graph_us,
+                marker="o",
+                ms=2,
+                lw=1.6 if c in OURS else 0.9,
+                color=PALETTE.get(c),
+                label=c,
+                ls="-" if c.startswith(("ours", "seed:")) else "--",
+            )
         fl = sub.drop_duplicates("k").sort_values("k")
         ax.plot(fl.k / 1024, fl.floor_us, color="black", lw=1.6, label="floor")
         if seed is not None:
             s = seed[seed.m == m].sort_values("k")
             col = SEED_COL.get(suite, "decompose_k_ms")
-            ax.plot(s.k / 1024, s[col] * 1000, color="#e377c2", lw=0.9, ls=":", marker="x", ms=2,
-                    label="seed, H100 (its repository)")
+            ax.plot(
+                s.k / 1024,
+                s[col] * 1000,
+                color="#e377c2",
+                lw=0.9,
+                ls=":",
+                marker="x",
+                ms=2,
+                label="seed, H100 (its repository)",
+            )
         ax.set_title(f"M = N = {m}")
         ax.set_ylim(bottom=0)
         ax.set_ylabel("time [us]" if ax is axes[0] else "")
@@ -46,11 +70,21 @@ def main():
     h, lab = axes[0].get_legend_handles_labels()
     p = df[df.suite == suite].pivot_table(index=["m", "k"], columns="contender", values="graph_us")
     ours = p[[c for c in OURS if c in p]].min(axis=1)
-    vs = {c: geomean(p[c] / ours) for c in ("seed: optimized", "seed: original", "custom-op-autotuned", "eager")
-          if c in p}
-    finish(fig, f"E5 ({suite}): against ours (auto), " + ", ".join(f"{c} takes {v:.2f}x the time" for c, v in vs.items())
-                + f" (geomean). GPU time; the seed's H100 series (optimized two-stage) launch-inclusive; "
-                  f"{gpu_label(df)}", h, lab, ncol=4)
+    vs = {
+        c: geomean(p[c] / ours)
+        for c in ("seed: optimized", "seed: original", "custom-op-autotuned", "eager")
+        if c in p
+    }
+    finish(
+        fig,
+        f"E5 ({suite}): against ours (auto), "
+        + ", ".join(f"{c} takes {v:.2f}x the time" for c, v in vs.items())
+        + f" (geomean). GPU time; the seed's H100 series (optimized two-stage) launch-inclusive; "
+        f"{gpu_label(df)}",
+        h,
+        lab,
+        ncol=4,
+    )
     save(fig, a.out)
 
 

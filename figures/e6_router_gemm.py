@@ -20,8 +20,16 @@ def main():
             sub = df[df.epilogue == e]
             for c, g in sub.groupby("contender"):
                 g = g.sort_values("m")
-                ax.plot(g.m, g[clock], marker="o", ms=2, color=PALETTE.get(c), label=c,
-                        lw=1.6 if c in OURS else 0.9, ls="-" if c.startswith(("ours", "seed:")) else "--")
+                ax.plot(
+                    g.m,
+                    g[clock],
+                    marker="o",
+                    ms=2,
+                    color=PALETTE.get(c),
+                    label=c,
+                    lw=1.6 if c in OURS else 0.9,
+                    ls="-" if c.startswith(("ours", "seed:")) else "--",
+                )
             if clock == "graph_us":
                 fl = sub.drop_duplicates("m").sort_values("m")
                 ax.plot(fl.m, fl.floor_us, color="black", lw=1.6, label="floor")
@@ -36,9 +44,14 @@ def main():
     ahead = ours < 0.97 * p["eager"]
     wins = p.index[ahead.cummin()]  # the run of token counts from T=1 up where ours is ahead
     worst = (p["eager"] / ours).min()
-    finish(fig, f"E6: ours (auto) beats cuBLAS by > 3% for T <= {int(max(wins)) if len(wins) else 0} "
-                f"(epilogue {epis[-1]}, GPU time) and dispatches to it beyond (worst {worst:.2f}x); {gpu_label(df)}",
-           h, lab, ncol=5)
+    finish(
+        fig,
+        f"E6: ours (auto) beats cuBLAS by > 3% for T <= {int(max(wins)) if len(wins) else 0} "
+        f"(epilogue {epis[-1]}, GPU time) and dispatches to it beyond (worst {worst:.2f}x); {gpu_label(df)}",
+        h,
+        lab,
+        ncol=5,
+    )
     save(fig, a.out)
 
 

@@ -14,8 +14,13 @@ from figures.common import args, finish, geomean, gpu_label, load, save, setup
 from paper.numbers.e7 import practical_ceiling, tune_split
 from paper.numbers.e7_heldout import heldout_frame
 
-STYLE = {"ours": ("#08519c", "-"), "torch._grouped_mm": ("#d62728", "--"), "vllm:fused_moe": ("#ff7f0e", "-."),
-         "padded-bmm:cf1.25": ("#9467bd", ":"), "practical ceiling": ("#7f7f7f", (0, (1, 1)))}
+STYLE = {
+    "ours": ("#08519c", "-"),
+    "torch._grouped_mm": ("#d62728", "--"),
+    "vllm:fused_moe": ("#ff7f0e", "-."),
+    "padded-bmm:cf1.25": ("#9467bd", ":"),
+    "practical ceiling": ("#7f7f7f", (0, (1, 1))),
+}
 OURS = ["ours:contiguous", "ours:persistent"]
 
 
@@ -45,7 +50,10 @@ def skew_panel(ax, df: pd.DataFrame, t: int, label: str) -> None:
         g = cell[cell.contender == c].groupby(["load", "model", "proj"]).pct_floor_graph.max()
         if g.empty:
             continue
-        vals = [geomean(g.xs(ld, level="load")) if ld in g.index.get_level_values("load") else np.nan for ld in order]
+        vals = [
+            geomean(g.xs(ld, level="load")) if ld in g.index.get_level_values("load") else np.nan
+            for ld in order
+        ]
         ax.plot(range(len(order)), vals, marker="o", ms=2, color=color, ls=ls, label=c)
     ax.set_xticks(range(len(order)), order, rotation=90)
     ax.set_ylim(0, 100)
@@ -60,13 +68,25 @@ def main():
     df = tune_split(raw)
     df = df[(df.status == "ok") & df.proj.isin(["up", "down"])]
     c = practical_ceiling(df)
-    df = pd.concat([df, c.drop(columns="ceil_us").assign(contender="practical ceiling", graph_us=c.ceil_us,
-                                                         pct_floor_graph=100 * c.floor_us / c.ceil_us)],
-                   ignore_index=True)
+    df = pd.concat(
+        [
+            df,
+            c.drop(columns="ceil_us").assign(
+                contender="practical ceiling",
+                graph_us=c.ceil_us,
+                pct_floor_graph=100 * c.floor_us / c.ceil_us,
+            ),
+        ],
+        ignore_index=True,
+    )
     dec_t = 64 if (df.tokens == 64).any() else int(df.tokens.min())
     pre_t = 4096 if (df.tokens == 4096).any() else int(df.tokens.max())
-    fig, axes = plt.subplots(1, 4 if len(o) else 2, figsize=(6.5, 2.9),
-                             gridspec_kw={"width_ratios": [1, 1, 1.1, 1.1] if len(o) else [1, 1]})
+    fig, axes = plt.subplots(
+        1,
+        4 if len(o) else 2,
+        figsize=(6.5, 2.9),
+        gridspec_kw={"width_ratios": [1, 1, 1.1, 1.1] if len(o) else [1, 1]},
+    )
     right = axes[2:] if len(o) else axes
     if len(o):
         heldout_panel(axes[0], o, "prefill", True)
@@ -81,13 +101,22 @@ def main():
         h0, l0 = axes[0].get_legend_handles_labels()
         h, lab = h0 + h, l0 + lab
         pre = o[o.tokens >= 1024]
-        head = (f"E7: on {o.model.nunique()} models never tuned on, our default path is "
-                f"{geomean(pre.tg_us / pre.us):.2f}x as fast as torch._grouped_mm at prefill"
-                + (f" and {geomean(pre.vl_us / pre.us):.2f}x as fast as vLLM's kernel" if "vl_us" in o else "") + "; ")
+        head = (
+            f"E7: on {o.model.nunique()} models never tuned on, our default path is "
+            f"{geomean(pre.tg_us / pre.us):.2f}x as fast as torch._grouped_mm at prefill"
+            + (f" and {geomean(pre.vl_us / pre.us):.2f}x as fast as vLLM's kernel" if "vl_us" in o else "")
+            + "; "
+        )
     else:
         head = "E7: "
-    finish(fig, head + f"on the tuned models, % of the physical floor as the load grows more skewed (loads by Gini, "
-                       f"both projections). GPU time; {gpu_label(raw)}", h, lab, ncol=4)
+    finish(
+        fig,
+        head + f"on the tuned models, % of the physical floor as the load grows more skewed (loads by Gini, "
+        f"both projections). GPU time; {gpu_label(raw)}",
+        h,
+        lab,
+        ncol=4,
+    )
     save(fig, a.out)
 
 

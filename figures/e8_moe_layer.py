@@ -10,8 +10,13 @@ import numpy as np
 from figures.common import args, finish, geomean, gpu_label, load, save, setup
 from paper.numbers.e8 import HF_COMPILED, OURS, TORCH, UNFUSED, VLLM, e8_frame
 
-PEERS = {TORCH: "#d62728", HF_COMPILED: "#9467bd", "hf:grouped_mm": "#c5b0d5", VLLM: "#ff7f0e",
-         UNFUSED: "#6baed6"}
+PEERS = {
+    TORCH: "#d62728",
+    HF_COMPILED: "#9467bd",
+    "hf:grouped_mm": "#c5b0d5",
+    VLLM: "#ff7f0e",
+    UNFUSED: "#6baed6",
+}
 
 
 def main():
@@ -35,8 +40,13 @@ def main():
     axes[0].set_title("held out, per model")
     ts = sorted(held.tokens.unique())
     for c in peers:
-        axes[1].plot(ts, [geomean(held[held.tokens == t][c] / held[held.tokens == t][OURS]) for t in ts],
-                     marker="o", ms=2, color=PEERS[c])
+        axes[1].plot(
+            ts,
+            [geomean(held[held.tokens == t][c] / held[held.tokens == t][OURS]) for t in ts],
+            marker="o",
+            ms=2,
+            color=PEERS[c],
+        )
     axes[1].axhline(1.0, color="black", lw=0.8)
     axes[1].set_xscale("log", base=2)
     axes[1].set_xlabel("tokens T")
@@ -44,9 +54,15 @@ def main():
     axes[1].set_title("held out, per T")
     h, lab = axes[0].get_legend_handles_labels()
     r = (held.best_peer / held[OURS]).dropna()
-    finish(fig, f"E8: the whole expert FFN on {held.model.nunique()} models; moe_ffn is {geomean(r):.2f}x as fast as "
-                f"the faster of transformers' compiled grouped_mm and the torch._grouped_mm pipeline (geomean, "
-                f"lowest {r.min():.2f}x). GPU time; {gpu_label(raw)}", h, lab, ncol=3)
+    finish(
+        fig,
+        f"E8: the whole expert FFN on {held.model.nunique()} models; moe_ffn is {geomean(r):.2f}x as fast as "
+        f"the faster of transformers' compiled grouped_mm and the torch._grouped_mm pipeline (geomean, "
+        f"lowest {r.min():.2f}x). GPU time; {gpu_label(raw)}",
+        h,
+        lab,
+        ncol=3,
+    )
     save(fig, a.out)
 
 

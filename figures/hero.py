@@ -30,7 +30,9 @@ def main():
     for i, c in enumerate(rivals):
         r = (p[c] / ours).dropna()  # the compiled ones: only where measured
         vals = [geomean(r.xs(m, level="m")) for m in ms]
-        bars = ax.bar([x + i * width for x in range(len(ms))], vals, width, label=f"vs {c} ({geomean(r):.2f}x)")
+        bars = ax.bar(
+            [x + i * width for x in range(len(ms))], vals, width, label=f"vs {c} ({geomean(r):.2f}x)"
+        )
         ax.bar_label(bars, fmt="%.2f", fontsize=7, rotation=90, padding=2)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([x + width * (len(rivals) - 1) / 2 for x in range(len(ms))], [f"M = N = {m}" for m in ms])
@@ -38,9 +40,13 @@ def main():
     ax.set_ylim(0, 3.3)
     ax.legend(loc="upper right")
     ax.set_title("Decompose-K, relu(A@B) bf16, K = 8192..32768")
-    finish(fig, "Our Decompose-K default (kernel=\"auto\") against the seed's optimized Triton kernel, eager and "
-                "custom-op autotuning" + ("; the grouped expert GEMM's % of the physical floor" if grouped else "")
-                + f". GPU time (CUDA-graph replay); {gpu_label(df)}")
+    finish(
+        fig,
+        'Our Decompose-K default (kernel="auto") against the seed\'s optimized Triton kernel, eager and '
+        "custom-op autotuning"
+        + ("; the grouped expert GEMM's % of the physical floor" if grouped else "")
+        + f". GPU time (CUDA-graph replay); {gpu_label(df)}",
+    )
     save(fig, a.out)
 
 
@@ -54,11 +60,14 @@ def grouped_panel(ax, df) -> None:
     df["phase"] = ["decode (T<=256)" if t <= 256 else "prefill (T>=1024)" for t in df.tokens]
     key = ["model", "proj", "tokens", "load", "phase"]
     ours = ["ours:auto"] if held else ["ours:contiguous", "ours:persistent"]
-    series = {"ours": df[df.contender.isin(ours)].groupby(key).pct_floor_graph.max(),
-              "torch._grouped_mm": df[df.contender == "torch._grouped_mm"].groupby(key).pct_floor_graph.max(),
-              "vLLM fused_moe": df[df.contender == "vllm:fused_moe"].groupby(key).pct_floor_graph.max(),
-              "padded bmm, cf 1.25 (drops rows)": df[df.contender == "padded-bmm:cf1.25"].groupby(key)
-              .pct_floor_graph.max()}
+    series = {
+        "ours": df[df.contender.isin(ours)].groupby(key).pct_floor_graph.max(),
+        "torch._grouped_mm": df[df.contender == "torch._grouped_mm"].groupby(key).pct_floor_graph.max(),
+        "vLLM fused_moe": df[df.contender == "vllm:fused_moe"].groupby(key).pct_floor_graph.max(),
+        "padded bmm, cf 1.25 (drops rows)": df[df.contender == "padded-bmm:cf1.25"]
+        .groupby(key)
+        .pct_floor_graph.max(),
+    }
     series = {name: s for name, s in series.items() if len(s)}  # vLLM's kernel only where it was measured
     phases = ["decode (T<=256)", "prefill (T>=1024)"]
     width = 0.8 / len(series)

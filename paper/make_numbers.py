@@ -31,11 +31,35 @@ def main():
     n = Numbers()
     provenance(n, results)
     t, p = e7_tuner, probes  # numbers.tex keeps the order of the macros: the calls are interleaved
-    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, e9.e9, t.tails,
-              p.prefill_probe, p.prefill_counters, runtime):
+    for f in (
+        e1.e1,
+        e2.e2,
+        e3.e3,
+        e4.e4,
+        e5.e5,
+        e6.e6,
+        e7.e7,
+        e7_heldout.e7_heldout,
+        e8.e8,
+        e9.e9,
+        t.tails,
+        p.prefill_probe,
+        p.prefill_counters,
+        runtime,
+    ):
         f(n, results, gen)
-    for f in (t.merged_tails, t.robust_tuning, t.tma_splits, t.extra_rows, p.stream_k_probe, p.mixed_order_probe,
-              p.middle_tiles_probe, p.heldout_ceilings_probe, t.rotation_runs, p.gluon_probe):
+    for f in (
+        t.merged_tails,
+        t.robust_tuning,
+        t.tma_splits,
+        t.extra_rows,
+        p.stream_k_probe,
+        p.mixed_order_probe,
+        p.middle_tiles_probe,
+        p.heldout_ceilings_probe,
+        t.rotation_runs,
+        p.gluon_probe,
+    ):
         f(n, results)
     p.power_probe(n, results, gen, e7.e7_frame(results))
     for f in (p.robust_probe, p.dk_design_probe, e5.heuristic_vs_tuned, p.dk_latency_probe, e5.commits):

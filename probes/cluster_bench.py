@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from moegemm.decompose_k import matmul as dk_matmul
-from moegemm.epilogue import Epilogue
-from probes import cluster_dk as C
+from moegemm.decompose_k import matmul as dk_matmul  # noqa: E402 - after the path set-up
+from moegemm.epilogue import Epilogue  # noqa: E402 - after the path set-up
+from probes import cluster_dk as C  # noqa: E402 - after the path set-up
 
 # past this many seconds the Decompose-K sweep times only the heuristic config, and past it + 50 the
 # grouped part skips its remaining shapes: the whole run stays under 4 minutes
@@ -85,17 +85,37 @@ def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False, c
         err = rel_err(got, ref64(a, b, bias, epi))
         tol = TOL[a.dtype] if not (allow_tf32 and a.dtype == torch.float32) else 5e-3
         ok = not math.isnan(err) and err <= tol and (p is not None) == clustered
-        CHECKS.append({"check": name, "dtype": str(a.dtype)[6:], "m": a.shape[0], "n": b.shape[1],
-                       "k": a.shape[1], "epilogue": epi.name.lower(), "bias": bias is not None,
-                       "clustered": p is not None,
-                       "config": p.config.as_dict() if p is not None else "fallback", "rel_err": err,
-                       "why": "" if p is not None else str(C.FALLBACK_REASONS.get((a.shape[0], b.shape[1],
-                                                                                   a.shape[1], config), "")),
-                       "status": "ok" if ok else "WRONG"})
+        CHECKS.append(
+            {
+                "check": name,
+                "dtype": str(a.dtype)[6:],
+                "m": a.shape[0],
+                "n": b.shape[1],
+                "k": a.shape[1],
+                "epilogue": epi.name.lower(),
+                "bias": bias is not None,
+                "clustered": p is not None,
+                "config": p.config.as_dict() if p is not None else "fallback",
+                "rel_err": err,
+                "why": ""
+                if p is not None
+                else str(C.FALLBACK_REASONS.get((a.shape[0], b.shape[1], a.shape[1], config), "")),
+                "status": "ok" if ok else "WRONG",
+            }
+        )
     except Exception as e:  # noqa: BLE001
-        CHECKS.append({"check": name, "dtype": str(a.dtype)[6:], "m": a.shape[0], "n": b.shape[1],
-                       "k": a.shape[1], "epilogue": epi.name.lower(), "bias": bias is not None,
-                       "status": f"error: {e!r}"[:300]})
+        CHECKS.append(
+            {
+                "check": name,
+                "dtype": str(a.dtype)[6:],
+                "m": a.shape[0],
+                "n": b.shape[1],
+                "k": a.shape[1],
+                "epilogue": epi.name.lower(),
+                "bias": bias is not None,
+                "status": f"error: {e!r}"[:300],
+            }
+        )
         traceback.print_exc()
 
 
@@ -114,8 +134,13 @@ def run_checks(dev):
                 check("basic", a, b, epi, bias, out=torch.empty(m, n, device=dev, dtype=dtype))
         # one row, b as w.t() (K-contiguous), the router's shape
         w = rnd(256, 7168, dtype=dtype)
-        check("router-T1", rnd(1, 7168, dtype=dtype), w.t(), Epilogue.RELU,
-              out=torch.empty(1, 256, device=dev, dtype=dtype))
+        check(
+            "router-T1",
+            rnd(1, 7168, dtype=dtype),
+            w.t(),
+            Epilogue.RELU,
+            out=torch.empty(1, 256, device=dev, dtype=dtype),
+        )
         # strided a (a column slice with an aligned row stride), transposed out
         big = rnd(48, 8192 + 64, dtype=dtype)
         a = big[:, :8192]
@@ -123,41 +148,89 @@ def run_checks(dev):
         check("strided-a,out-T", a, b, Epilogue.SIGMOID, out=torch.empty(48, 48, device=dev, dtype=dtype).t())
         for s in (1, 2, 4, 16):
             bk = 32 if dtype == torch.float32 else 64
-            for name, cfg in ((f"S={s}", C.ClusterConfig(split_k=s, block_m=16, block_n=32, block_k=bk,
-                                                         num_warps=2)),
-                              (f"S={s},producer,chains=4,ring", C.ClusterConfig(
-                                  split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, stages=4,
-                                  chains=4, producer=False)),
-                              (f"S={s},chains=2,ring", C.ClusterConfig(
-                                  split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2, stages=2,
-                                  chains=2)),
-                              (f"S={s},producer,clusters=4", C.ClusterConfig(
-                                  split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, chains=4,
-                                  producer=False, clusters=4))):
-                check(name, rnd(20, 5000, dtype=dtype), rnd(5000, 40, dtype=dtype), Epilogue.RELU,
-                      rnd(40, dtype=dtype), out=torch.empty(20, 40, device=dev, dtype=dtype), config=cfg)
+            for name, cfg in (
+                (f"S={s}", C.ClusterConfig(split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2)),
+                (
+                    f"S={s},producer,chains=4,ring",
+                    C.ClusterConfig(
+                        split_k=s,
+                        block_m=16,
+                        block_n=32,
+                        block_k=bk,
+                        num_warps=4,
+                        stages=4,
+                        chains=4,
+                        producer=False,
+                    ),
+                ),
+                (
+                    f"S={s},chains=2,ring",
+                    C.ClusterConfig(
+                        split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2, stages=2, chains=2
+                    ),
+                ),
+                (
+                    f"S={s},producer,clusters=4",
+                    C.ClusterConfig(
+                        split_k=s,
+                        block_m=16,
+                        block_n=32,
+                        block_k=bk,
+                        num_warps=4,
+                        chains=4,
+                        producer=False,
+                        clusters=4,
+                    ),
+                ),
+            ):
+                check(
+                    name,
+                    rnd(20, 5000, dtype=dtype),
+                    rnd(5000, 40, dtype=dtype),
+                    Epilogue.RELU,
+                    rnd(40, dtype=dtype),
+                    out=torch.empty(20, 40, device=dev, dtype=dtype),
+                    config=cfg,
+                )
         if dtype == torch.float32:
-            check("tf32", rnd(16, 4096, dtype=dtype), rnd(4096, 64, dtype=dtype), Epilogue.NONE,
-                  out=torch.empty(16, 64, device=dev, dtype=dtype), allow_tf32=True)
+            check(
+                "tf32",
+                rnd(16, 4096, dtype=dtype),
+                rnd(4096, 64, dtype=dtype),
+                Epilogue.NONE,
+                out=torch.empty(16, 64, device=dev, dtype=dtype),
+                allow_tf32=True,
+            )
     # an unaligned stride: the fallback serves it
     a = rnd(16, 4099, dtype=torch.bfloat16)
-    check("fallback-unaligned", a, rnd(4099, 16, dtype=torch.bfloat16), Epilogue.RELU,
-          out=torch.empty(16, 16, device=dev, dtype=torch.bfloat16), clustered=False)
+    check(
+        "fallback-unaligned",
+        a,
+        rnd(4099, 16, dtype=torch.bfloat16),
+        Epilogue.RELU,
+        out=torch.empty(16, 16, device=dev, dtype=torch.bfloat16),
+        clustered=False,
+    )
 
     # determinism: bitwise identical over 100 repeats
     a, b = rnd(64, 32768, dtype=torch.bfloat16), rnd(32768, 64, dtype=torch.bfloat16)
     try:
         first = C.matmul(a, b, epilogue="relu")
         same = all(torch.equal(first, C.matmul(a, b, epilogue="relu")) for _ in range(100))
-        CHECKS.append({"check": "bitwise-100", "m": 64, "n": 64, "k": 32768,
-                       "status": "ok" if same else "WRONG"})
+        CHECKS.append(
+            {"check": "bitwise-100", "m": 64, "n": 64, "k": 32768, "status": "ok" if same else "WRONG"}
+        )
     except Exception as e:  # noqa: BLE001
         CHECKS.append({"check": "bitwise-100", "status": f"error: {e!r}"[:300]})
 
     # CUDA graph: 20 replays, new inputs copied into the captured buffers each time (the heuristic config,
     # and 4 clusters per tile: the counters go back to zero in each replay)
-    for gcfg in (None, C.ClusterConfig(split_k=16, block_m=16, block_n=16, num_warps=4, chains=4, producer=False,
-                                       clusters=4)):
+    for gcfg in (
+        None,
+        C.ClusterConfig(
+            split_k=16, block_m=16, block_n=16, num_warps=4, chains=4, producer=False, clusters=4
+        ),
+    ):
         graph_check(dev, rnd, gcfg)
 
 
@@ -180,13 +253,23 @@ def graph_check(dev, rnd, cfg):
             e = rel_err(out, ref64(x, w.t(), None, Epilogue.RELU))
             worst = e if math.isnan(e) else max(worst, e)
         ok = not math.isnan(worst) and worst <= TOL[torch.bfloat16]
-        CHECKS.append({"check": "graph-20", "m": 7, "n": 256, "k": 7168, "rel_err": worst,
-                       "config": str(cfg), "status": "ok" if ok else "WRONG"})
+        CHECKS.append(
+            {
+                "check": "graph-20",
+                "m": 7,
+                "n": 256,
+                "k": 7168,
+                "rel_err": worst,
+                "config": str(cfg),
+                "status": "ok" if ok else "WRONG",
+            }
+        )
     except Exception as e:  # noqa: BLE001
         CHECKS.append({"check": "graph-20", "config": str(cfg), "status": f"error: {e!r}"[:300]})
 
 
 # ----------------------------------------------------------------------------------------------------
+
 
 def graph_us(calls, per_graph=20, replays=15) -> float:
     from moegemm.bench.timing import GraphTimer
@@ -229,14 +312,28 @@ def sweep(kind, m, n, k):
     if (kind, m, n, k) not in SWEEP_CELLS:
         return out
     rp = dataclasses.replace
-    out += [rp(h, producer=False, num_warps=2 if h.block_m * h.block_n < 1024 else 4), rp(h, chains=1),
-            rp(h, stages=4), rp(h, stages=8), rp(h, chains=2 if h.chains == 4 else 4)]
+    out += [
+        rp(h, producer=False, num_warps=2 if h.block_m * h.block_n < 1024 else 4),
+        rp(h, chains=1),
+        rp(h, stages=4),
+        rp(h, stages=8),
+        rp(h, chains=2 if h.chains == 4 else 4),
+    ]
     out += [rp(h, clusters=c) for c in (2, 4) if k >= 2 * h.split_k * c * h.block_k]
-    for s, bm, bn in ((16, 16, 16), (16, 16, 8), (16, 32, 32), (16, 16, 64), (16, 16, 32), (8, 16, 32),
-                      (8, 32, 32)):
+    for s, bm, bn in (
+        (16, 16, 16),
+        (16, 16, 8),
+        (16, 32, 32),
+        (16, 16, 64),
+        (16, 16, 32),
+        (8, 16, 32),
+        (8, 32, 32),
+    ):
         if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < 2 * s * 64 or (bn == 8 and n > 64):
             continue
-        c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=False)
+        c = C.ClusterConfig(
+            split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=False
+        )
         if c not in out:
             out.append(c)
     return out[:12]
@@ -275,8 +372,8 @@ def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
         ROWS.append(row)
         return row
 
-    measure("ours: auto", lambda a, b, c: (lambda: dk_matmul(a, b, epilogue="relu", out=c)))
-    measure("cublas", lambda a, b, c: (lambda: torch.relu(torch.mm(a, b))))
+    measure("ours: auto", lambda a, b, c: lambda: dk_matmul(a, b, epilogue="relu", out=c))
+    measure("cublas", lambda a, b, c: lambda: torch.relu(torch.mm(a, b)))
     if seed_mod is not None and (m, n, k) in seed_best:
         r = seed_best[(m, n, k)]
         fields = ("split_k", "block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
@@ -294,8 +391,9 @@ def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
         measure("seed: optimized", seed_call, {f: int(r[f]) for f in fields[:4]})
     for i, cfg in enumerate(sweep(kind, m, n, k)):
         if i > 0 and elapsed() > DEADLINE_S:
-            ROWS.append(dict(base, contender="cluster", config=str(cfg.as_dict()),
-                             status="skipped: time budget"))
+            ROWS.append(
+                dict(base, contender="cluster", config=str(cfg.as_dict()), status="skipped: time budget")
+            )
             continue
 
         def call(a, b, c, cfg=cfg):
@@ -319,10 +417,13 @@ def time_grouped(dev):
     e, k, n = 8, 4096, 14336
     g = torch.Generator(device=dev).manual_seed(0)
     w = (torch.randn(e, n, k, device=dev, generator=g) / 16).to(torch.bfloat16)
-    configs = [G.ClusterGroupedConfig(), G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4),
-               G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3),
-               G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4),
-               G.ClusterGroupedConfig(block_n=256, stages=4)]
+    configs = [
+        G.ClusterGroupedConfig(),
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4),
+        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3),
+        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4),
+        G.ClusterGroupedConfig(block_n=256, stages=4),
+    ]
     for rows in (2048, 4096, 8192, 16384):
         if elapsed() > DEADLINE_S + 50:
             GROUPED.append({"rows": rows, "status": "skipped: time budget"})
@@ -334,15 +435,27 @@ def time_grouped(dev):
             r0, r1 = i * (rows // e), (i + 1) * (rows // e)
             ref[r0:r1] = x[r0:r1].float() @ w[i].float().t()
         base = {"E": e, "K": k, "N": n, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
-        contenders = [("grouped_mm", "",
-                       lambda x=x, o=offsets: grouped_mm(x, w, o, w_layout="nk", validate=False))]
+        contenders = [
+            ("grouped_mm", "", lambda x=x, o=offsets: grouped_mm(x, w, o, w_layout="nk", validate=False))
+        ]
         if hasattr(torch, "_grouped_mm"):
-            contenders.append(("torch._grouped_mm", "",
-                               lambda x=x, o=offsets: torch._grouped_mm(x, w.transpose(-2, -1), offs=o[1:])))
+            contenders.append(
+                (
+                    "torch._grouped_mm",
+                    "",
+                    lambda x=x, o=offsets: torch._grouped_mm(x, w.transpose(-2, -1), offs=o[1:]),
+                )
+            )
         for cfg in configs:
-            contenders.append(("cluster-multicast", dataclasses.asdict(cfg),
-                               lambda cfg=cfg, x=x, o=offsets: G.grouped_mm(x, w, o, w_layout="nk",
-                                                                            config=cfg, validate=False)))
+            contenders.append(
+                (
+                    "cluster-multicast",
+                    dataclasses.asdict(cfg),
+                    lambda cfg=cfg, x=x, o=offsets: G.grouped_mm(
+                        x, w, o, w_layout="nk", config=cfg, validate=False
+                    ),
+                )
+            )
         for name, cfg, call in contenders:
             row = dict(base, contender=name, config=str(cfg))
             try:
@@ -387,12 +500,18 @@ def time_swiglu(dev, e, k, i, rows=8192):
     base = {"E": e, "K": k, "N": 2 * i, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
     big = G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4)
     for name, cfg, call in (
-            ("grouped_mm_swiglu", "",
-             lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
-            ("cluster-multicast-swiglu", dataclasses.asdict(G.ClusterGroupedConfig()),
-             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
-            ("cluster-multicast-swiglu", dataclasses.asdict(big),
-             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False, config=big))):
+        ("grouped_mm_swiglu", "", lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
+        (
+            "cluster-multicast-swiglu",
+            dataclasses.asdict(G.ClusterGroupedConfig()),
+            lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False),
+        ),
+        (
+            "cluster-multicast-swiglu",
+            dataclasses.asdict(big),
+            lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False, config=big),
+        ),
+    ):
         row = dict(base, contender=name, config=str(cfg))
         try:
             got = call()
@@ -459,8 +578,10 @@ def main() -> int:
     print(f"grouped done at {elapsed():.0f}s")
 
     # the compact table
-    print(f"{'shape':>22} {'auto':>6} {'cublas':>6} {'seed':>6} {'clu-h':>6} {'clu-best':>8}  "
-          f"{'best/seed':>9} {'best/auto':>9}  best config")
+    print(
+        f"{'shape':>22} {'auto':>6} {'cublas':>6} {'seed':>6} {'clu-h':>6} {'clu-best':>8}  "
+        f"{'best/seed':>9} {'best/auto':>9}  best config"
+    )
     ratios_seed, ratios_auto = [], []
     for kind, m, n, k in shapes:
         rs = [r for r in ROWS if (r.get("kind"), r.get("m"), r.get("n"), r.get("k")) == (kind, m, n, k)]
@@ -485,19 +606,25 @@ def main() -> int:
         if not math.isnan(rauto):
             ratios_auto.append(rauto)
         cfg = t["cluster"][1] if "cluster" in t else ""
-        print(f"{kind:>6} {m:>4}x{n:<4}x{k:<6} {f('ours: auto')} {f('cublas')} {f('seed: optimized')} "
-              f"{f('heur')} {f('cluster'):>8}  {rseed:9.3f} {rauto:9.3f}  {cfg}")
+        print(
+            f"{kind:>6} {m:>4}x{n:<4}x{k:<6} {f('ours: auto')} {f('cublas')} {f('seed: optimized')} "
+            f"{f('heur')} {f('cluster'):>8}  {rseed:9.3f} {rauto:9.3f}  {cfg}"
+        )
 
     def gm(xs):
         return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
 
-    print(f"geomean best-cluster speedup: vs seed {gm(ratios_seed):.3f} ({len(ratios_seed)} shapes), "
-          f"vs ours:auto {gm(ratios_auto):.3f} ({len(ratios_auto)} shapes); total {elapsed():.0f}s")
+    print(
+        f"geomean best-cluster speedup: vs seed {gm(ratios_seed):.3f} ({len(ratios_seed)} shapes), "
+        f"vs ours:auto {gm(ratios_auto):.3f} ({len(ratios_auto)} shapes); total {elapsed():.0f}s"
+    )
     print(f"{'grouped prefill (E=8, K=4096, N=14336, nk)':<44} {'us':>9} {'TFLOP/s':>8}  config / status")
     for r in GROUPED:
         us = f"{r['graph_us']:9.1f} {r['tflops']:8.1f}" if "graph_us" in r else f"{'-':>9} {'-':>8}"
-        print(f"  rows={r.get('rows', '?'):<6} {r.get('contender', ''):<30} {us}  {r.get('config', '')} "
-              f"{'' if r.get('status') == 'ok' else r.get('status')}")
+        print(
+            f"  rows={r.get('rows', '?'):<6} {r.get('contender', ''):<30} {us}  {r.get('config', '')} "
+            f"{'' if r.get('status') == 'ok' else r.get('status')}"
+        )
     bad = [r for r in CHECKS if r["status"] != "ok"]
     return 1 if bad else 0
 

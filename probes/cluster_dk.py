@@ -60,10 +60,15 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         if self.split_k not in (1, 2, 4, 8, 16):
-            raise ValueError(f"config.split_k: expected 1, 2, 4, 8 or 16 (CTAs of a cluster), "
-                             f"got {self.split_k!r}")
-        for name, lo, hi in (("block_m", 16, 128), ("block_n", 8, 128), ("block_k", 16, 128),
-                             ("num_warps", 1, 8)):
+            raise ValueError(
+                f"config.split_k: expected 1, 2, 4, 8 or 16 (CTAs of a cluster), got {self.split_k!r}"
+            )
+        for name, lo, hi in (
+            ("block_m", 16, 128),
+            ("block_n", 8, 128),
+            ("block_k", 16, 128),
+            ("num_warps", 1, 8),
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo or v > hi or v & (v - 1):
                 raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
@@ -72,8 +77,9 @@ class ClusterConfig:
         if not isinstance(self.producer, bool):
             raise TypeError(f"config.producer: expected a bool, got {self.producer!r}")
         if self.producer and self.num_warps % 4:
-            raise ValueError(f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, "
-                             f"got {self.num_warps}")
+            raise ValueError(
+                f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, got {self.num_warps}"
+            )
         if self.clusters not in (1, 2, 4, 8):
             raise ValueError(f"config.clusters: expected 1, 2, 4 or 8, got {self.clusters!r}")
         if self.chains not in (1, 2, 4):
@@ -135,9 +141,15 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
             for bn in (8, 16, 32, 64):
                 if (bm > 16 and bm // 2 >= m) or (bn > 16 and bn // 2 >= n) or (bn == 8 and n > 16):
                     continue
-                cfg = ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                    num_warps=2 if bm * bn < 32 * 32 else 4,
-                                    chains=4 if bm * bn <= 32 * 32 else 2, producer=False)
+                cfg = ClusterConfig(
+                    split_k=s,
+                    block_m=bm,
+                    block_n=bn,
+                    block_k=bk,
+                    num_warps=2 if bm * bn < 32 * 32 else 4,
+                    chains=4 if bm * bn <= 32 * 32 else 2,
+                    producer=False,
+                )
                 reads = _cdiv(m, bm) * _cdiv(n, bn) * (bm + bn)
                 score = (_estimate(m, n, k, esize, sm_count, cfg), reads)
                 if best is None or score < best[0]:
@@ -196,29 +208,63 @@ def _cga(s: int, rank: int) -> list:
 
 def _layouts(dtype, cfg: ClusterConfig, b_kn: bool):
     g = getattr(K.gl, _GL[dtype])
-    la = K.gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], g,
-                                                cga_layout=_cga(cfg.split_k, 2))
+    la = K.gl.NVMMASharedLayout.get_default_for(
+        [cfg.block_m, cfg.block_k], g, cga_layout=_cga(cfg.split_k, 2)
+    )
     box_b = [cfg.block_k, cfg.block_n] if b_kn else [cfg.block_n, cfg.block_k]
     lb = K.gl.NVMMASharedLayout.get_default_for(box_b, g, cga_layout=_cga(cfg.split_k, 2))
     return la, lb, [cfg.block_m, cfg.block_k], box_b
 
 
-def constexprs(n: int, k: int, dtype: torch.dtype, cfg: ClusterConfig, b_kn: bool, epilogue: Epilogue,
-               has_bias: bool, allow_tf32: bool) -> dict:
+def constexprs(
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    cfg: ClusterConfig,
+    b_kn: bool,
+    epilogue: Epilogue,
+    has_bias: bool,
+    allow_tf32: bool,
+) -> dict:
     esize = torch.empty((), dtype=dtype).element_size()
     fma = dtype == torch.float32 and not allow_tf32
     wm, wn = _warps(cfg)
     sl = _slice(cfg)
-    return {"N": n, "KPS": k_per_split(k, cfg), "S": cfg.split_k, "CG": cfg.clusters, "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "STAGES": stages_for(k, cfg, esize),
-            "CHAINS": cfg.chains, "PRODUCER": cfg.producer, "B_KN": b_kn,
-            "FMA": fma, "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
-            "PRECISION": "ieee" if fma else "tf32", "WARPS_M": wm, "WARPS_N": wn, "SL": sl,
-            "SLP": max(32, _pow2(sl)), "HAS_BIAS": has_bias, "EPILOGUE": int(epilogue)}
+    return {
+        "N": n,
+        "KPS": k_per_split(k, cfg),
+        "S": cfg.split_k,
+        "CG": cfg.clusters,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "STAGES": stages_for(k, cfg, esize),
+        "CHAINS": cfg.chains,
+        "PRODUCER": cfg.producer,
+        "B_KN": b_kn,
+        "FMA": fma,
+        "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
+        "PRECISION": "ieee" if fma else "tf32",
+        "WARPS_M": wm,
+        "WARPS_N": wn,
+        "SL": sl,
+        "SLP": max(32, _pow2(sl)),
+        "HAS_BIAS": has_bias,
+        "EPILOGUE": int(epilogue),
+    }
 
 
-def compile_sm90(dtype: torch.dtype, n: int, k: int, cfg: ClusterConfig, *, b_kn: bool = True,
-                 epilogue: Epilogue = Epilogue.NONE, has_bias: bool = False, allow_tf32: bool = False):
+def compile_sm90(
+    dtype: torch.dtype,
+    n: int,
+    k: int,
+    cfg: ClusterConfig,
+    *,
+    b_kn: bool = True,
+    epilogue: Epilogue = Epilogue.NONE,
+    has_bias: bool = False,
+    allow_tf32: bool = False,
+):
     """The kernel compiled for sm_90a with the installed Triton, no GPU needed (raises where it does not
     compile); returns Triton's compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
     from triton.backends.compiler import GPUTarget
@@ -227,14 +273,23 @@ def compile_sm90(dtype: torch.dtype, n: int, k: int, cfg: ClusterConfig, *, b_kn
     c = constexprs(n, k, dtype, cfg, b_kn, epilogue, has_bias, allow_tf32)
     la, lb, box_a, box_b = _layouts(dtype, cfg, b_kn)
     t = _SIG[dtype]
-    sig = {"a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
-           "b_desc": f"tensordesc<{t}[{box_b[0]},{box_b[1]}],{lb!r}>",
-           "c_ptr": f"*{t}", "bias_ptr": f"*{t}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
-           "stride_cm": "i32", "stride_cn": "i32"}
+    sig = {
+        "a_desc": f"tensordesc<{t}[{box_a[0]},{box_a[1]}],{la!r}>",
+        "b_desc": f"tensordesc<{t}[{box_b[0]},{box_b[1]}],{lb!r}>",
+        "c_ptr": f"*{t}",
+        "bias_ptr": f"*{t}",
+        "ws_ptr": "*fp32",
+        "cnt_ptr": "*i32",
+        "M": "i32",
+        "stride_cm": "i32",
+        "stride_cn": "i32",
+    }
     sig.update({name: "constexpr" for name in c})
-    return triton.compile(GluonASTSource(fn=K._cluster_dk_kernel, signature=sig, constexprs=c),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": c["WARPS_M"] * c["WARPS_N"], "num_ctas": cfg.split_k})
+    return triton.compile(
+        GluonASTSource(fn=K._cluster_dk_kernel, signature=sig, constexprs=c),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": c["WARPS_M"] * c["WARPS_N"], "num_ctas": cfg.split_k},
+    )
 
 
 def _tma_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[list, list, bool] | None:
@@ -282,10 +337,12 @@ class ClusterPlan:
     boxes: tuple
     layouts: tuple
     grid: int
-    shared: int             # dynamic shared memory per CTA: Triton's + the exchange area
-    max_clusters: int       # clusters of this kernel the GPU holds at once (0: it cannot launch)
-    ws: torch.Tensor = None   # clusters > 1: each tile's partial sums, one row per cluster (fp32)
-    cnt: torch.Tensor = None  # clusters > 1: per (tile, rank) the clusters done; back to zero after each launch
+    shared: int  # dynamic shared memory per CTA: Triton's + the exchange area
+    max_clusters: int  # clusters of this kernel the GPU holds at once (0: it cannot launch)
+    ws: torch.Tensor = None  # clusters > 1: each tile's partial sums, one row per cluster (fp32)
+    cnt: torch.Tensor = (
+        None  # clusters > 1: per (tile, rank) the clusters done; back to zero after each launch
+    )
     _run: object = None
     _function: object = None
     _packed: tuple = ()
@@ -293,19 +350,44 @@ class ClusterPlan:
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor):
         bt = b if self.b_kn else b.t()
-        return (K.TensorDescriptor(a, self.a_geom[0], self.a_geom[1], list(self.boxes[0]), self.layouts[0]),
-                K.TensorDescriptor(bt, self.b_geom[0], self.b_geom[1], list(self.boxes[1]), self.layouts[1]))
+        return (
+            K.TensorDescriptor(a, self.a_geom[0], self.a_geom[1], list(self.boxes[0]), self.layouts[0]),
+            K.TensorDescriptor(bt, self.b_geom[0], self.b_geom[1], list(self.boxes[1]), self.layouts[1]),
+        )
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         from moegemm._triton_common import raw_stream
 
         da, db = self.descriptors(a, b)
-        self._run(self.grid, 1, 1, raw_stream(self.device.index), self._function, self._packed, None, None,
-                  None, da, db, out, out if bias is None else bias, self.ws, self.cnt, self.m, out.stride(0),
-                  out.stride(1), *self._tail)
+        self._run(
+            self.grid,
+            1,
+            1,
+            raw_stream(self.device.index),
+            self._function,
+            self._packed,
+            None,
+            None,
+            None,
+            da,
+            db,
+            out,
+            out if bias is None else bias,
+            self.ws,
+            self.cnt,
+            self.m,
+            out.stride(0),
+            out.stride(1),
+            *self._tail,
+        )
         return out
 
 
@@ -316,16 +398,21 @@ FALLBACK_REASONS: dict = {}  # (m, n, k, config) -> why a compiled kernel could 
 def _key(a, b, bias, out, epilogue, config, allow_tf32):
     def geom(t):
         return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
     return (geom(a), geom(b), geom(bias), geom(out), epilogue, config, allow_tf32)
 
 
-def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, config=None,
-              allow_tf32: bool = False) -> ClusterPlan | None:
+def make_plan(
+    a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, config=None, allow_tf32: bool = False
+) -> ClusterPlan | None:
     """The clustered kernel compiled for these operands (validated by the caller), or None where it cannot
     serve them here (see :func:`unsupported_reason`, :func:`_tma_operands`), or the GPU cannot hold one
     cluster of it."""
-    if a.device.type != "cuda" or unsupported_reason(a.device.index if a.device.index is not None
-                                                     else torch.cuda.current_device()) is not None:
+    if (
+        a.device.type != "cuda"
+        or unsupported_reason(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        is not None
+    ):
         return None
     geo = _tma_operands(a, b)
     if geo is None or (bias is not None and bias.stride(0) != 1 and bias.shape[0] > 1):
@@ -334,8 +421,11 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
 
     m, k = a.shape
     n = b.shape[1]
-    cfg = ClusterConfig.coerce(config) if config is not None else heuristic_config(m, n, k, a.dtype,
-                                                                                     device_sm_count(a))
+    cfg = (
+        ClusterConfig.coerce(config)
+        if config is not None
+        else heuristic_config(m, n, k, a.dtype, device_sm_count(a))
+    )
     p, compiled = compile_for(a, b, geo, epilogue, bias, out, cfg, allow_tf32)
     compiled._init_handles()
     p.shared = _cdiv(int(compiled.metadata.shared), 16) * 16 + exchange_bytes(cfg)
@@ -343,8 +433,9 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
 
     # sets the kernel's dynamic shared memory limit to what the launch asks (and allows 16-CTA clusters)
     try:
-        p.max_clusters = int(driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function, p.shared,
-                                                                               cfg.split_k))
+        p.max_clusters = int(
+            driver.active.utils.cuOccupancyMaxActiveClusters(compiled.function, p.shared, cfg.split_k)
+        )
     except RuntimeError as e:  # e.g. more shared memory than a block may have
         FALLBACK_REASONS[(m, n, k, cfg)] = f"occupancy query: {e}"
         return None
@@ -355,7 +446,7 @@ def make_plan(a, b, *, epilogue: Epilogue = Epilogue.NONE, bias=None, out=None, 
     p._packed = (compiled.metadata.num_warps, compiled.metadata.num_ctas, p.shared)
     names = list(K._cluster_dk_kernel.arg_names)
     c = constexprs(n, k, a.dtype, cfg, p.b_kn, epilogue, bias is not None, allow_tf32)
-    p._tail = tuple(c[nm] for nm in names[names.index("stride_cn") + 1:])
+    p._tail = tuple(c[nm] for nm in names[names.index("stride_cn") + 1 :])
     return p
 
 
@@ -368,20 +459,49 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
     c = constexprs(n, k, a.dtype, cfg, b_kn, epilogue, bias is not None, allow_tf32)
     la, lb, box_a, box_b = _layouts(a.dtype, cfg, b_kn)
     grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.clusters
-    p = ClusterPlan(config=cfg, epilogue=epilogue, m=m, n=n, k=k, dtype=a.dtype, device=a.device, b_kn=b_kn,
-                    a_geom=a_io, b_geom=b_io, boxes=(tuple(box_a), tuple(box_b)), layouts=(la, lb), grid=grid,
-                    shared=0, max_clusters=0)
+    p = ClusterPlan(
+        config=cfg,
+        epilogue=epilogue,
+        m=m,
+        n=n,
+        k=k,
+        dtype=a.dtype,
+        device=a.device,
+        b_kn=b_kn,
+        a_geom=a_io,
+        b_geom=b_io,
+        boxes=(tuple(box_a), tuple(box_b)),
+        layouts=(la, lb),
+        grid=grid,
+        shared=0,
+        max_clusters=0,
+    )
     tiles = grid // cfg.clusters
     # the workspace and the counters (zero: each launch leaves them so) belong to the plan; a dummy word each
     # where the kernel has one cluster per tile
-    p.ws = torch.empty(tiles * cfg.clusters * cfg.split_k * _slice(cfg) if cfg.clusters > 1 else 1,
-                       dtype=torch.float32, device=a.device)
+    p.ws = torch.empty(
+        tiles * cfg.clusters * cfg.split_k * _slice(cfg) if cfg.clusters > 1 else 1,
+        dtype=torch.float32,
+        device=a.device,
+    )
     p.cnt = torch.zeros(tiles * cfg.split_k if cfg.clusters > 1 else 1, dtype=torch.int32, device=a.device)
     probe = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     da, db = p.descriptors(a, b)
-    compiled = K._cluster_dk_kernel.warmup(da, db, probe, bias if bias is not None else probe, p.ws, p.cnt, m,
-                                         probe.stride(0), probe.stride(1), grid=(grid,),
-                                         num_warps=c["WARPS_M"] * c["WARPS_N"], num_ctas=cfg.split_k, **c)
+    compiled = K._cluster_dk_kernel.warmup(
+        da,
+        db,
+        probe,
+        bias if bias is not None else probe,
+        p.ws,
+        p.cnt,
+        m,
+        probe.stride(0),
+        probe.stride(1),
+        grid=(grid,),
+        num_warps=c["WARPS_M"] * c["WARPS_N"],
+        num_ctas=cfg.split_k,
+        **c,
+    )
     if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
         compiled = compiled.result()
     return p, compiled
@@ -398,8 +518,10 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     elif config is not None and not isinstance(config, ClusterConfig):
         raise TypeError(f"config: expected ClusterConfig or dict, got {type(config).__name__}")
     if config is not None and config.block_k * a.element_size() > 128:
-        raise ValueError(f"config.block_k: a TMA box row holds at most 128 bytes (swizzled), so at most "
-                         f"{128 // a.element_size()} for {a.dtype}; got {config.block_k}")
+        raise ValueError(
+            f"config.block_k: a TMA box row holds at most 128 bytes (swizzled), so at most "
+            f"{128 // a.element_size()} for {a.dtype}; got {config.block_k}"
+        )
     key = _key(a, b, bias, out, epi, config, allow_tf32)
     if key in _PLANS:
         return _PLANS[key]
@@ -408,8 +530,9 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     if config is not None and config.split_k > 1 and k < config.split_k:
         raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {config.split_k}")
     if config is not None and config.clusters > 1 and k < config.split_k * config.clusters:
-        raise ValueError(f"config.clusters: expected split_k * clusters <= K={k}, got "
-                         f"{config.split_k} * {config.clusters}")
+        raise ValueError(
+            f"config.clusters: expected split_k * clusters <= K={k}, got {config.split_k} * {config.clusters}"
+        )
     p = None
     if m > 0 and n > 0 and k > 0:
         p = make_plan(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)
@@ -417,10 +540,16 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     return p
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, epilogue: str | Epilogue = "none",
-           bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           config: ClusterConfig | dict | None = None,
-           allow_tf32: bool = False) -> torch.Tensor:
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    epilogue: str | Epilogue = "none",
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: ClusterConfig | dict | None = None,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
     """``epilogue(a @ b + bias)`` by the clustered Decompose-K kernel (bitwise deterministic, CUDA-graph
     safe, no workspace). Same arguments and contract as :func:`moegemm.decompose_k.matmul`; where the
     clustered kernel cannot serve the call (see the module's docstring), that function serves it."""

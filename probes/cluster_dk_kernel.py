@@ -70,8 +70,8 @@ def _gluon_api_ok() -> str | None:
     import inspect
 
     need = {
-        "tma.async_copy_global_to_shared(multicast=)":
-            "multicast" in inspect.signature(tma.async_copy_global_to_shared).parameters,
+        "tma.async_copy_global_to_shared(multicast=)": "multicast"
+        in inspect.signature(tma.async_copy_global_to_shared).parameters,
         "hopper.cluster.arrive/wait": hasattr(cluster, "arrive") and hasattr(cluster, "wait"),
         "gl.inline_asm_elementwise": hasattr(gl, "inline_asm_elementwise"),
         "gl.dot_fma": hasattr(gl, "dot_fma"),
@@ -104,8 +104,11 @@ def cluster_supported(device: torch.device | int | None = None) -> bool:
     """True when the clustered kernel can run: this Triton has the Gluon features it needs and (given a
     device) the GPU is a Hopper."""
     if isinstance(device, torch.device):
-        device = None if device.type != "cuda" else (device.index if device.index is not None
-                                                        else torch.cuda.current_device())
+        device = (
+            None
+            if device.type != "cuda"
+            else (device.index if device.index is not None else torch.cuda.current_device())
+        )
     return unsupported_reason(device) is None
 
 
@@ -145,7 +148,12 @@ if gluon is not None:
             st.shared::cluster.f32 [%xa], $1;
             mov.u32 $0, 0;
             }""",
-            "=r,f,r,r", [val, off, dst], dtype=gl.int32, is_pure=False, pack=1)
+            "=r,f,r,r",
+            [val, off, dst],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _pull(off):
@@ -159,11 +167,17 @@ if gluon is not None:
             add.u32 %xa, %xa, $1;
             ld.shared.f32 $0, [%xa];
             }""",
-            "=f,r", [off], dtype=gl.float32, is_pure=False, pack=1)
+            "=f,r",
+            [off],
+            dtype=gl.float32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
-    def _mma_step(a_smem, b_smem, acc, B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr,
-                  PRECISION: gl.constexpr):
+    def _mma_step(
+        a_smem, b_smem, acc, B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr
+    ):
         acc_layout: gl.constexpr = acc.type.layout
         if B_KN:
             b_view = b_smem
@@ -178,8 +192,22 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _ws_produce(a_desc, b_desc, a_bufs, b_bufs, ready, empty, row0, col0, k0, STEPS: gl.constexpr,
-                    STAGES: gl.constexpr, BLOCK_K: gl.constexpr, B_KN: gl.constexpr, S: gl.constexpr):
+    def _ws_produce(
+        a_desc,
+        b_desc,
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        row0,
+        col0,
+        k0,
+        STEPS: gl.constexpr,
+        STAGES: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        B_KN: gl.constexpr,
+        S: gl.constexpr,
+    ):
         """The producer warp: every K step's two copies into its slot, the slot's ready barrier counting the
         bytes; in a ring, first the wait for the consumers to hand the slot back (a fresh barrier passes a
         wait on parity 1, so the first pass over the ring does not wait).
@@ -216,9 +244,22 @@ if gluon is not None:
             cluster.arrive(relaxed=True)
 
     @gluon.jit
-    def _ws_consume(a_bufs, b_bufs, ready, empty, acc_layout: gl.constexpr, STEPS: gl.constexpr,
-                    STAGES: gl.constexpr, CHAINS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr):
+    def _ws_consume(
+        a_bufs,
+        b_bufs,
+        ready,
+        empty,
+        acc_layout: gl.constexpr,
+        STEPS: gl.constexpr,
+        STAGES: gl.constexpr,
+        CHAINS: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        B_KN: gl.constexpr,
+        FMA: gl.constexpr,
+        KW: gl.constexpr,
+        PRECISION: gl.constexpr,
+    ):
         """The consumer warps: step i into chain i % CHAINS, a group of CHAINS steps waited for together; in a
         ring, the group's slots handed back once every consumer warp has read them. Returns the chains'
         sum (fixed order)."""
@@ -234,17 +275,21 @@ if gluon is not None:
                 mbarrier.wait(ready.index(base + u), phase)
             for u in gl.static_range(CHAINS):
                 if u == 0:
-                    acc0 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc0 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW, PRECISION
+                    )
                 elif u == 1:
-                    acc1 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc1 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW, PRECISION
+                    )
                 elif u == 2:
-                    acc2 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc2 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW, PRECISION
+                    )
                 else:
-                    acc3 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc3 = _mma_step(
+                        a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW, PRECISION
+                    )
             if STEPS > STAGES:
                 gl.barrier()  # every consumer warp has read the group's slots
                 for u in gl.static_range(CHAINS):
@@ -253,14 +298,17 @@ if gluon is not None:
             mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
         for t in gl.static_range(GROUPS * CHAINS, STEPS):
             if t % CHAINS == 0:
-                acc0 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW,
-                                 PRECISION)
+                acc0 = _mma_step(
+                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW, PRECISION
+                )
             elif t % CHAINS == 1:
-                acc1 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW,
-                                 PRECISION)
+                acc1 = _mma_step(
+                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW, PRECISION
+                )
             else:
-                acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
-                                 PRECISION)
+                acc2 = _mma_step(
+                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
+                )
         acc = acc0
         if CHAINS > 1:
             acc = acc0 + acc1
@@ -270,14 +318,35 @@ if gluon is not None:
 
     @gluon.jit
     def _cluster_dk_kernel(
-        a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, cnt_ptr,
-        M, stride_cm, stride_cn,
-        N: gl.constexpr, KPS: gl.constexpr, S: gl.constexpr, CG: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-        CHAINS: gl.constexpr, PRODUCER: gl.constexpr,
-        B_KN: gl.constexpr, FMA: gl.constexpr, KW: gl.constexpr, PRECISION: gl.constexpr,
-        WARPS_M: gl.constexpr, WARPS_N: gl.constexpr, SL: gl.constexpr, SLP: gl.constexpr,
-        HAS_BIAS: gl.constexpr, EPILOGUE: gl.constexpr,
+        a_desc,
+        b_desc,
+        c_ptr,
+        bias_ptr,
+        ws_ptr,
+        cnt_ptr,
+        M,
+        stride_cm,
+        stride_cn,
+        N: gl.constexpr,
+        KPS: gl.constexpr,
+        S: gl.constexpr,
+        CG: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        STAGES: gl.constexpr,
+        CHAINS: gl.constexpr,
+        PRODUCER: gl.constexpr,
+        B_KN: gl.constexpr,
+        FMA: gl.constexpr,
+        KW: gl.constexpr,
+        PRECISION: gl.constexpr,
+        WARPS_M: gl.constexpr,
+        WARPS_N: gl.constexpr,
+        SL: gl.constexpr,
+        SLP: gl.constexpr,
+        HAS_BIAS: gl.constexpr,
+        EPILOGUE: gl.constexpr,
     ):
         """C tile (cluster id) = epilogue(sum over the S CTAs of A[tile rows, split r] @ B[split r, cols])."""
         NW: gl.constexpr = WARPS_M * WARPS_N
@@ -288,12 +357,13 @@ if gluon is not None:
         XBYTES: gl.constexpr = S * SL * 4  # this CTA's exchange area: S rows of SL fp32
         lin: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0], cga_layout=CGA1)
         if FMA:
-            acc_layout: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [WARPS_M, WARPS_N], [1, 0],
-                                                        cga_layout=CGA)
+            acc_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 1], [4, 8], [WARPS_M, WARPS_N], [1, 0], cga_layout=CGA
+            )
         else:
-            acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0],
-                                                                 warps_per_cta=[WARPS_M, WARPS_N],
-                                                                 instr_shape=[16, 8], cga_layout=CGA)
+            acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8], cga_layout=CGA
+            )
 
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -344,13 +414,52 @@ if gluon is not None:
         acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         if PRODUCER:  # one more warp issues every copy while these warps multiply
-            acc = gl.warp_specialize([
-                (_ws_consume, (a_bufs, b_bufs, ready, empty, acc_layout, STEPS, STAGES, CHAINS, BLOCK_M,
-                               BLOCK_N, B_KN, FMA, KW, PRECISION)),
-                (_ws_produce, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, row0, col0, k0, STEPS, STAGES,
-                               BLOCK_K, B_KN, S)),
-                (_ws_idle, (S,)), (_ws_idle, (S,)), (_ws_idle, (S,)),
-            ], [1, 1, 1, 1])
+            acc = gl.warp_specialize(
+                [
+                    (
+                        _ws_consume,
+                        (
+                            a_bufs,
+                            b_bufs,
+                            ready,
+                            empty,
+                            acc_layout,
+                            STEPS,
+                            STAGES,
+                            CHAINS,
+                            BLOCK_M,
+                            BLOCK_N,
+                            B_KN,
+                            FMA,
+                            KW,
+                            PRECISION,
+                        ),
+                    ),
+                    (
+                        _ws_produce,
+                        (
+                            a_desc,
+                            b_desc,
+                            a_bufs,
+                            b_bufs,
+                            ready,
+                            empty,
+                            row0,
+                            col0,
+                            k0,
+                            STEPS,
+                            STAGES,
+                            BLOCK_K,
+                            B_KN,
+                            S,
+                        ),
+                    ),
+                    (_ws_idle, (S,)),
+                    (_ws_idle, (S,)),
+                    (_ws_idle, (S,)),
+                ],
+                [1, 1, 1, 1],
+            )
         elif STEPS <= STAGES:  # every step has a slot of its own: no refills
             for g in gl.static_range(0, STEPS, CHAINS):
                 for u in gl.static_range(CHAINS):
@@ -359,17 +468,21 @@ if gluon is not None:
                 for u in gl.static_range(CHAINS):
                     if g + u < STEPS:
                         if u == 0:
-                            acc0 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc0, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc0 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc0, B_KN, FMA, KW, PRECISION
+                            )
                         elif u == 1:
-                            acc1 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc1, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc1 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc1, B_KN, FMA, KW, PRECISION
+                            )
                         elif u == 2:
-                            acc2 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc2, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc2 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc2, B_KN, FMA, KW, PRECISION
+                            )
                         else:
-                            acc3 = _mma_step(a_bufs.index(g + u), b_bufs.index(g + u), acc3, B_KN, FMA, KW,
-                                             PRECISION)
+                            acc3 = _mma_step(
+                                a_bufs.index(g + u), b_bufs.index(g + u), acc3, B_KN, FMA, KW, PRECISION
+                            )
         else:  # a ring of STAGES slots (a multiple of CHAINS): one group of CHAINS slots per iteration
             GROUPS: gl.constexpr = STEPS // CHAINS
             for j in range(GROUPS):
@@ -379,43 +492,65 @@ if gluon is not None:
                     mbarrier.wait(ready.index(base + u), phase)
                 for u in gl.static_range(CHAINS):
                     if u == 0:
-                        acc0 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc0 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW, PRECISION
+                        )
                     elif u == 1:
-                        acc1 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc1 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW, PRECISION
+                        )
                     elif u == 2:
-                        acc2 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc2 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW, PRECISION
+                        )
                     else:
-                        acc3 = _mma_step(a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW,
-                                         PRECISION)
+                        acc3 = _mma_step(
+                            a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW, PRECISION
+                        )
                 gl.barrier()  # every warp has read the group's slots before the copies into them are issued
                 for u in gl.static_range(CHAINS):
                     nxt = j * CHAINS + u + STAGES
                     refill = nxt < STEPS
                     mbarrier.expect(ready.index(base + u), nbytes, pred=refill)
-                    _tma_copy(a_desc, [row0, k0 + nxt * BLOCK_K], ready.index(base + u), a_bufs.index(base + u),
-                              pred=refill)
+                    _tma_copy(
+                        a_desc,
+                        [row0, k0 + nxt * BLOCK_K],
+                        ready.index(base + u),
+                        a_bufs.index(base + u),
+                        pred=refill,
+                    )
                     if B_KN:
-                        _tma_copy(b_desc, [k0 + nxt * BLOCK_K, col0], ready.index(base + u),
-                                  b_bufs.index(base + u), pred=refill)
+                        _tma_copy(
+                            b_desc,
+                            [k0 + nxt * BLOCK_K, col0],
+                            ready.index(base + u),
+                            b_bufs.index(base + u),
+                            pred=refill,
+                        )
                     else:
-                        _tma_copy(b_desc, [col0, k0 + nxt * BLOCK_K], ready.index(base + u),
-                                  b_bufs.index(base + u), pred=refill)
+                        _tma_copy(
+                            b_desc,
+                            [col0, k0 + nxt * BLOCK_K],
+                            ready.index(base + u),
+                            b_bufs.index(base + u),
+                            pred=refill,
+                        )
             # the steps past the last whole group (fewer than CHAINS; their slots and phases are constants)
             for t in gl.static_range(GROUPS * CHAINS, STEPS):
                 mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
             for t in gl.static_range(GROUPS * CHAINS, STEPS):
                 if t % CHAINS == 0:
-                    acc0 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc0 = _mma_step(
+                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW, PRECISION
+                    )
                 elif t % CHAINS == 1:
-                    acc1 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc1 = _mma_step(
+                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW, PRECISION
+                    )
                 else:
-                    acc2 = _mma_step(a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW,
-                                     PRECISION)
+                    acc2 = _mma_step(
+                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
+                    )
         if not PRODUCER:
             acc = acc0
             if CHAINS > 1:
@@ -471,8 +606,9 @@ if gluon is not None:
             mine = gl.expand_dims(gl.arange(0, S, layout=gl.SliceLayout(1, out2)), 1)  # = rank
             first = (lane == 0) & (mine >= 0)
             cnt = cnt_ptr + tile * S + mine + lane * 0
-            old = gl.atomic_add(cnt, gl.full([S, 32 * NW], 1, gl.int32, out2), mask=first, sem="acq_rel",
-                                scope="gpu")
+            old = gl.atomic_add(
+                cnt, gl.full([S, 32 * NW], 1, gl.int32, out2), mask=first, sem="acq_rel", scope="gpu"
+            )
             last = gl.expand_dims(gl.max(gl.where(first, old, -1), axis=1), 1) == CG - 1  # [S, 1]
             gl.store(cnt, gl.zeros([S, 32 * NW], gl.int32, out2), mask=first & last)
             if S == 1:

@@ -63,8 +63,10 @@ class ClusterGroupedConfig:
 
     def __post_init__(self) -> None:
         if self.num_warps not in (4, 8) or self.block_m != 16 * self.num_warps:
-            raise ValueError(f"config.block_m, num_warps: expected 64 with 4 warps or 128 with 8, got "
-                             f"{self.block_m}, {self.num_warps}")
+            raise ValueError(
+                f"config.block_m, num_warps: expected 64 with 4 warps or 128 with 8, got "
+                f"{self.block_m}, {self.num_warps}"
+            )
         if self.block_n not in (64, 128, 256):
             raise ValueError(f"config.block_n: expected 64, 128 or 256, got {self.block_n!r}")
         if self.block_k not in (32, 64):
@@ -114,7 +116,12 @@ if gluon is not None:
             @%xp fence.mbarrier_init.release.cluster;
             mov.u32 $0, 0;
             }""",
-            "=r,r,r,r", [lanes, lanes + off, lanes + count], dtype=gl.int32, is_pure=False, pack=1)
+            "=r,r,r,r",
+            [lanes, lanes + off, lanes + count],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _empty_arrive(lanes, off):
@@ -134,7 +141,12 @@ if gluon is not None:
             @%xp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%xa];
             mov.u32 $0, 0;
             }""",
-            "=r,r,r", [lanes, lanes + off], dtype=gl.int32, is_pure=False, pack=1)
+            "=r,r,r",
+            [lanes, lanes + off],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
     def _empty_wait(lanes, off, phase, pred):
@@ -159,12 +171,25 @@ if gluon is not None:
             XDONE:
             mov.u32 $0, 0;
             }""",
-            "=r,r,r,r,r", [lanes, lanes + off, lanes + phase, lanes + pred], dtype=gl.int32, is_pure=False,
-            pack=1)
+            "=r,r,r,r,r",
+            [lanes, lanes + off, lanes + phase, lanes + pred],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @gluon.jit
-    def _coords(tile, offsets_ptr, E, N, PAIR: gl.constexpr, BLOCK_N: gl.constexpr, E_BLOCK: gl.constexpr,
-                GROUP_M: gl.constexpr, WARPS: gl.constexpr):
+    def _coords(
+        tile,
+        offsets_ptr,
+        E,
+        N,
+        PAIR: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
         """(expert, first row of the pair, the expert's end row, first column, all pair tiles) of pair tile
         ``tile``: experts in order, bands of GROUP_M row pairs walked column by column."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0], cga_layout=_bases(1, False))
@@ -189,8 +214,9 @@ if gluon is not None:
         return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N, total
 
     @gluon.jit
-    def _w_copies(w_desc, w_bufs, u_bufs, bar, expert, k, col0, N, K, W_KN: gl.constexpr,
-                  SWIGLU: gl.constexpr, pred):
+    def _w_copies(
+        w_desc, w_bufs, u_bufs, bar, expert, k, col0, N, K, W_KN: gl.constexpr, SWIGLU: gl.constexpr, pred
+    ):
         """The lead CTA's multicast copies of one K step's weight box (and with SWIGLU the up projection's,
         N columns further on in each expert's 2N)."""
         WN = 2 * N if SWIGLU else N
@@ -214,25 +240,40 @@ if gluon is not None:
 
     @gluon.jit
     def _grouped_cluster_kernel(
-        a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
-        E, N, K, stride_ym,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-        GROUP_M: gl.constexpr, STAGES: gl.constexpr, W_KN: gl.constexpr, HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr, SWIGLU: gl.constexpr,
+        a_desc,
+        w_desc,
+        y_ptr,
+        offsets_ptr,
+        scale_ptr,
+        E,
+        N,
+        K,
+        stride_ym,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        W_KN: gl.constexpr,
+        HAS_SCALE: gl.constexpr,
+        EPILOGUE: gl.constexpr,
+        SWIGLU: gl.constexpr,
     ):
         """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
         silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows)."""
         NW: gl.constexpr = gl.num_warps()
         PAIR: gl.constexpr = 2 * BLOCK_M
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                             instr_shape=[16, BLOCK_N, 16],
-                                                             cga_layout=_bases(2, True))
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16], cga_layout=_bases(2, True)
+        )
         # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
         if SWIGLU:
-            u_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape,
-                                               w_desc.layout)
+            u_bufs = gl.allocate_shared_memory(
+                w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
+            )
         else:
             u_bufs = w_bufs
         ready = mbarrier.allocate_mbarrier(batch=STAGES)  # one per CTA: its x half and the whole w box
@@ -245,8 +286,9 @@ if gluon is not None:
         mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
 
         tile = gl.program_id(0)
-        expert, row0, row_end, col0, total = _coords(tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M,
-                                                     NW)
+        expert, row0, row_end, col0, total = _coords(
+            tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M, NW
+        )
         if tile < total:
             steps = gl.cdiv(K, BLOCK_K)
             W_BOXES: gl.constexpr = 2 if SWIGLU else 1
@@ -255,8 +297,20 @@ if gluon is not None:
                 if j < steps:
                     mbarrier.expect(ready.index(j), nbytes)
                     _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
-                    _w_copies(w_desc, w_bufs.index(j), u_bufs.index(j), ready.index(j), expert, j * BLOCK_K,
-                              col0, N, K, W_KN, SWIGLU, True)
+                    _w_copies(
+                        w_desc,
+                        w_bufs.index(j),
+                        u_bufs.index(j),
+                        ready.index(j),
+                        expert,
+                        j * BLOCK_K,
+                        col0,
+                        N,
+                        K,
+                        W_KN,
+                        SWIGLU,
+                        True,
+                    )
             acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
             if SWIGLU:
                 acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
@@ -281,8 +335,20 @@ if gluon is not None:
                     _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32))  # the lead: both CTAs have
                     mbarrier.expect(ready.index(p), nbytes, pred=refill)
                     _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
-                    _w_copies(w_desc, w_bufs.index(p), u_bufs.index(p), ready.index(p), expert,
-                              nxt * BLOCK_K, col0, N, K, W_KN, SWIGLU, refill)
+                    _w_copies(
+                        w_desc,
+                        w_bufs.index(p),
+                        u_bufs.index(p),
+                        ready.index(p),
+                        expert,
+                        nxt * BLOCK_K,
+                        col0,
+                        N,
+                        K,
+                        W_KN,
+                        SWIGLU,
+                        refill,
+                    )
             if SWIGLU:
                 acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
             else:

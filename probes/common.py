@@ -37,8 +37,12 @@ def probe_cli(description: str, default_shapes: str, flags: tuple[str, ...] = ()
     args = ap.parse_args()
     require_gpu()
     args.shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    return (args, timing_settings(load_config()), provenance_fields(),
-            torch.cuda.get_device_properties(0).multi_processor_count)
+    return (
+        args,
+        timing_settings(load_config()),
+        provenance_fields(),
+        torch.cuda.get_device_properties(0).multi_processor_count,
+    )
 
 
 def run_cells(doc: str, name: str, cells: list, make_contenders, load: str = "uniform") -> None:
@@ -54,12 +58,28 @@ def run_cells(doc: str, name: str, cells: list, make_contenders, load: str = "un
         cs = make_contenders(x, ids, wts, e)
         out = measure(cs, sets, ref, h + i, settings)
         for r in out:
-            r.update(experiment=name, model=model, split=m["split"], tokens=t, load=load, experts=e,
-                     top_k=top_k, hidden=h, intermediate=i, rounds=ROUNDS, **prov)
+            r.update(
+                experiment=name,
+                model=model,
+                split=m["split"],
+                tokens=t,
+                load=load,
+                experts=e,
+                top_k=top_k,
+                hidden=h,
+                intermediate=i,
+                rounds=ROUNDS,
+                **prov,
+            )
         writer.add(out)
         got = {r["contender"]: r.get("graph_us", math.nan) for r in out}
-        print(f"{model} T={t}: " + ", ".join(f"{k} {v:.0f} us" for k, v in got.items())
-              + f" ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+        print(
+            f"{model} T={t}: "
+            + ", ".join(f"{k} {v:.0f} us" for k, v in got.items())
+            + f" ({time.perf_counter() - t0:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         del sets, cs
     writer.finish()
 
@@ -93,8 +113,14 @@ def _profile(name: str, fn) -> list[dict]:
         if us is None:
             us = getattr(ev, "cuda_time_total", 0.0)
         if us:
-            rows.append({"contender": name, "kernel": ev.key[:160], "count": ev.count // CALLS,
-                         "us_per_call": round(us / CALLS, 2)})
+            rows.append(
+                {
+                    "contender": name,
+                    "kernel": ev.key[:160],
+                    "count": ev.count // CALLS,
+                    "us_per_call": round(us / CALLS, 2),
+                }
+            )
     return sorted(rows, key=lambda r: -r["us_per_call"])
 
 
@@ -128,8 +154,10 @@ def variant(cfg, **changes):
     if not cfg.tma:
         return None
     c = dataclasses.replace(cfg, **changes)
-    while smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.flatten,
-                     c.tail_m if c.merge_tail else 0) > SMEM:
+    while (
+        smem_bytes(c.block_m, c.block_n, c.block_k, c.num_stages, c.flatten, c.tail_m if c.merge_tail else 0)
+        > SMEM
+    ):
         if c.num_stages <= 2:
             return None
         c = dataclasses.replace(c, num_stages=c.num_stages - 1)
@@ -141,19 +169,23 @@ def even_offsets(m: int, e: int, device) -> torch.Tensor:
     return torch.tensor([i * (m // e) for i in range(e)] + [m], dtype=torch.int32, device=device)
 
 
-def screen_single_launch(sets: list[tuple], ref: torch.Tensor, cands: list[DecomposeKConfig], settings,
-                         epilogue: str = "relu") -> list[tuple[float, DecomposeKConfig, dict]]:
+def screen_single_launch(
+    sets: list[tuple], ref: torch.Tensor, cands: list[DecomposeKConfig], settings, epilogue: str = "relu"
+) -> list[tuple[float, DecomposeKConfig, dict]]:
     """The probes' screen of single-launch configs: each checked against ``ref``, then timed on the GPU
     clock (``experiments.common.check_and_time``); [(graph_us, config, row)] of the correct ones, fastest
     first (compiles from a thread pool first)."""
     a0, b0, _ = sets[0]
     k = a0.shape[1]
-    prewarm([(lambda c=c: dk_matmul(a0, b0, kernel="single_launch", config=c, epilogue=epilogue))
-             for c in cands])
+    prewarm(
+        [(lambda c=c: dk_matmul(a0, b0, kernel="single_launch", config=c, epilogue=epilogue)) for c in cands]
+    )
     timed = []
     for c in cands:
-        calls = [(lambda a=a, b=b, c=c: dk_matmul(a, b, kernel="single_launch", config=c, epilogue=epilogue))
-                 for a, b, _ in sets]
+        calls = [
+            (lambda a=a, b=b, c=c: dk_matmul(a, b, kernel="single_launch", config=c, epilogue=epilogue))
+            for a, b, _ in sets
+        ]
         row = check_and_time(calls, ref, k, settings)
         if row["status"] == "ok":
             timed.append((row["graph_us"], c, row))

@@ -48,8 +48,15 @@ def _add(a, b):
 
 
 @gluon.jit
-def _plan(offsets_ptr, E, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, E_BLOCK: gl.constexpr,
-          WARPS: gl.constexpr):
+def _plan(
+    offsets_ptr,
+    E,
+    N,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    E_BLOCK: gl.constexpr,
+    WARPS: gl.constexpr,
+):
     """(expert ids, first rows, end rows, inclusive prefix of tiles per expert, total tiles), as the library's
     _tile_plan, in a layout over the WARPS warps of the partition that computes it."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -82,9 +89,24 @@ def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _producer(
+    a_desc,
+    w_desc,
+    offsets_ptr,
+    a_bufs,
+    b_bufs,
+    ready,
+    empty,
+    E,
+    N,
+    K,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    E_BLOCK: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """One warp: per K step of every tile of this program, wait for the slot to be empty (the first pass
     over the ring finds every slot empty: a fresh barrier passes a wait on parity 1), then copy the x box and
     the weight box into it, the slot's ready barrier counting the bytes."""
@@ -102,10 +124,28 @@ def _producer(a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K
 
 
 @gluon.jit
-def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, WHICH: gl.constexpr,
-              CONSUMERS: gl.constexpr):
+def _consumer(
+    y_ptr,
+    offsets_ptr,
+    a_bufs,
+    b_bufs,
+    ready,
+    empty,
+    done,
+    E,
+    N,
+    K,
+    stride_ym,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    E_BLOCK: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    WARPS: gl.constexpr,
+    WHICH: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+):
     """WARPS warps (whole warp groups) that take every CONSUMERS-th of this program's tiles, from the
     WHICH-th on: per K step wait for the slot's copies, issue the MMA on it asynchronously, wait for the MMA
     before it (one stays in flight) and hand that one's slot back; after a tile's last step, wait for all,
@@ -115,8 +155,9 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, s
     take turns: each starts a tile's products only once the other has passed the last slot of the tile
     before (``done``, one barrier per consumer, a phase per tile). Else one could wait on a slot two of its
     uses ahead of the copies, and an mbarrier's parity cannot tell those two phases apart."""
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16]
+    )
     e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, WARPS)
     steps = gl.cdiv(K, BLOCK_K)
     j = WHICH
@@ -130,12 +171,12 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, s
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=kk > 0)
             it += 1
         if CONSUMERS > 1:
             mbarrier.arrive(done.index(WHICH))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
         cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
@@ -146,10 +187,26 @@ def _consumer(y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, s
 
 
 @gluon.jit
-def ws_grouped_kernel(a_desc, w_desc, y_ptr, offsets_ptr, E, N, K, stride_ym,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+def ws_grouped_kernel(
+    a_desc,
+    w_desc,
+    y_ptr,
+    offsets_ptr,
+    E,
+    N,
+    K,
+    stride_ym,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    E_BLOCK: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    PINGPONG: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     """y[rows of expert e, :N] = x[those rows] @ w[e].T; a_desc over x [M, K], w_desc over w as [E*N, K]
     (rows past an expert's N belong to the next expert and are computed, not stored; boxes past the ends
     read zeros). PINGPONG: two consumers of num_warps warps each on alternate tiles (CONSUMER_REGS registers
@@ -166,21 +223,136 @@ def ws_grouped_kernel(a_desc, w_desc, y_ptr, offsets_ptr, E, N, K, stride_ym,
         mbarrier.init(done.index(i), count=1)
     fence_async_shared()
     if PINGPONG:
-        gl.warp_specialize([
-            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
-                         BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 2)),
-            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
-                         BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 1, 2)),
-            (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
-                         BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
-        ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (
+                        y_ptr,
+                        offsets_ptr,
+                        a_bufs,
+                        b_bufs,
+                        ready,
+                        empty,
+                        done,
+                        E,
+                        N,
+                        K,
+                        stride_ym,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                        num_warps,
+                        0,
+                        2,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        y_ptr,
+                        offsets_ptr,
+                        a_bufs,
+                        b_bufs,
+                        ready,
+                        empty,
+                        done,
+                        E,
+                        N,
+                        K,
+                        stride_ym,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                        num_warps,
+                        1,
+                        2,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        a_desc,
+                        w_desc,
+                        offsets_ptr,
+                        a_bufs,
+                        b_bufs,
+                        ready,
+                        empty,
+                        E,
+                        N,
+                        K,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                    ),
+                ),
+            ],
+            [num_warps, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
     else:
-        gl.warp_specialize([
-            (_consumer, (y_ptr, offsets_ptr, a_bufs, b_bufs, ready, empty, done, E, N, K, stride_ym, BLOCK_M, BLOCK_N,
-                         BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 1)),
-            (_producer, (a_desc, w_desc, offsets_ptr, a_bufs, b_bufs, ready, empty, E, N, K, BLOCK_M, BLOCK_N,
-                         BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
-        ], [1], [PRODUCER_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _consumer,
+                    (
+                        y_ptr,
+                        offsets_ptr,
+                        a_bufs,
+                        b_bufs,
+                        ready,
+                        empty,
+                        done,
+                        E,
+                        N,
+                        K,
+                        stride_ym,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                        num_warps,
+                        0,
+                        1,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        a_desc,
+                        w_desc,
+                        offsets_ptr,
+                        a_bufs,
+                        b_bufs,
+                        ready,
+                        empty,
+                        E,
+                        N,
+                        K,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                    ),
+                ),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
 
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -189,26 +361,48 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 def shared_layouts(block_n: int, dtype: torch.dtype):
     """The NVMMA shared-memory layouts of the x box [BLOCK_M, BLOCK_K] and the weight box [block_n, BLOCK_K]."""
     g = GL_DTYPES[dtype]
-    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], g),
-            gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], g))
+    return (
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], g),
+        gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], g),
+    )
 
 
 def constexprs(num_experts: int, block_n: int, stages: int, group_m: int, pingpong: bool) -> dict:
     """The kernel's constexprs: cooperative, two warp groups (8 warps) on each 128-row tile; ping-pong, one
     warp group (4 warps) per consumer, two consumers."""
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, E_BLOCK=triton.next_power_of_2(max(num_experts, 2)),
-                GROUP_M=group_m, STAGES=stages, PINGPONG=pingpong, PRODUCER_REGS=PRODUCER_REGS,
-                CONSUMER_REGS=CONSUMER_REGS, num_warps=4 if pingpong else 8)
+    return dict(
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n,
+        BLOCK_K=BLOCK_K,
+        E_BLOCK=triton.next_power_of_2(max(num_experts, 2)),
+        GROUP_M=group_m,
+        STAGES=stages,
+        PINGPONG=pingpong,
+        PRODUCER_REGS=PRODUCER_REGS,
+        CONSUMER_REGS=CONSUMER_REGS,
+        num_warps=4 if pingpong else 8,
+    )
 
 
-def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None, *,
-                  block_n: int = 256, stages: int = 4, pingpong: bool = False, group_m: int = 8,
-                  programs: int | None = None) -> torch.Tensor:
+def ws_grouped_mm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block_n: int = 256,
+    stages: int = 4,
+    pingpong: bool = False,
+    group_m: int = 8,
+    programs: int | None = None,
+) -> torch.Tensor:
     """[M, N] = the rows of each expert (``offsets`` [E + 1] int32) of ``x`` [M, K] times that expert's
     ``w`` [E, N, K]^T, on a persistent grid of ``programs`` (default: one per multiprocessor). 16-bit x and w
     of one dtype, both contiguous with 16-byte aligned rows (K a multiple of 8), on a CUDA device."""
     if x.dim() != 2 or w.dim() != 3 or not x.is_contiguous() or not w.is_contiguous():
-        raise ValueError(f"x, w: expected contiguous [M, K] and [E, N, K], got {tuple(x.shape)}, {tuple(w.shape)}")
+        raise ValueError(
+            f"x, w: expected contiguous [M, K] and [E, N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
+        )
     if x.dtype not in GL_DTYPES or w.dtype != x.dtype:
         raise ValueError(f"x, w: expected one 16-bit dtype, got {x.dtype} and {w.dtype}")
     e, n, k = w.shape
@@ -219,7 +413,9 @@ def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
     if block_n not in (64, 128, 256) or stages < 2:
         raise ValueError(f"block_n, stages: expected 64, 128 or 256 and at least 2, got {block_n}, {stages}")
     if pingpong and block_n > 128:
-        raise ValueError(f"block_n: ping-pong holds a 128-row tile per warp group, so at most 128, got {block_n}")
+        raise ValueError(
+            f"block_n: ping-pong holds a 128-row tile per warp group, so at most 128, got {block_n}"
+        )
     if not x.is_cuda or TensorDescriptor is None:
         raise RuntimeError("ws_grouped_mm runs on a CUDA GPU with Gluon's TMA descriptors")
     y = out if out is not None else torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
@@ -234,11 +430,17 @@ def ws_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
 
 
 # The configs probes/probe_gluon_prefill.py measures: (name, block_n, stages, ping-pong)
-VARIANTS = (("n256-s4", 256, 4, False), ("n256-s3", 256, 3, False), ("n128-s6", 128, 6, False),
-            ("pingpong-n128-s6", 128, 6, True))
+VARIANTS = (
+    ("n256-s4", 256, 4, False),
+    ("n256-s3", 256, 3, False),
+    ("n128-s6", 128, 6, False),
+    ("pingpong-n128-s6", 128, 6, True),
+)
 
 
-def compile_sm90(num_experts: int, block_n: int, stages: int, pingpong: bool, dtype: torch.dtype = torch.bfloat16):
+def compile_sm90(
+    num_experts: int, block_n: int, stages: int, pingpong: bool, dtype: torch.dtype = torch.bfloat16
+):
     """The kernel compiled for sm_90 with the installed Triton, no GPU needed (a check: it raises where the
     kernel does not compile); returns Triton's compiled kernel."""
     from triton.backends.compiler import GPUTarget
@@ -246,10 +448,20 @@ def compile_sm90(num_experts: int, block_n: int, stages: int, pingpong: bool, dt
 
     la, lb = shared_layouts(block_n, dtype)
     t = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    sig = {"a_desc": f"tensordesc<{t}[{BLOCK_M},{BLOCK_K}],{la!r}>",
-           "w_desc": f"tensordesc<{t}[{block_n},{BLOCK_K}],{lb!r}>",
-           "y_ptr": f"*{t}", "offsets_ptr": "*i32", "E": "i32", "N": "i32", "K": "i32", "stride_ym": "i32"}
+    sig = {
+        "a_desc": f"tensordesc<{t}[{BLOCK_M},{BLOCK_K}],{la!r}>",
+        "w_desc": f"tensordesc<{t}[{block_n},{BLOCK_K}],{lb!r}>",
+        "y_ptr": f"*{t}",
+        "offsets_ptr": "*i32",
+        "E": "i32",
+        "N": "i32",
+        "K": "i32",
+        "stride_ym": "i32",
+    }
     c = constexprs(num_experts, block_n, stages, 8, pingpong)
     sig.update({name: "constexpr" for name in c})
-    return triton.compile(GluonASTSource(fn=ws_grouped_kernel, signature=sig, constexprs=c),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": c["num_warps"]})
+    return triton.compile(
+        GluonASTSource(fn=ws_grouped_kernel, signature=sig, constexprs=c),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": c["num_warps"]},
+    )

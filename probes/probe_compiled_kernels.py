@@ -21,6 +21,8 @@ from probes.common import profile_once, run_cells, write_kernels
 
 MODELS = ("gpt-oss-120b",)
 LOAD = "zipf1.2"
+
+
 def main():
     out = sys.argv[sys.argv.index("--out") + 1]
     tokens = load_config()["moe_layer"]["tokens"]
@@ -29,8 +31,10 @@ def main():
     kernels: list[dict] = []
 
     def contenders(x, ids, wts, e):
-        cs = [hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
-              hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True)]
+        cs = [
+            hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
+            hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
+        ]
         if x.shape[0] == top:
             for c in cs:
                 profile_once(c, kernels)
@@ -40,7 +44,10 @@ def main():
     write_kernels(out, kernels)
     for name in ("ours:hf-backend", "ours:hf-backend:compiled"):
         mine = [r for r in kernels if r["contender"] == name]
-        print(f"{name}: {sum(r['us_per_call'] for r in mine):.0f} us in {len(mine)} kernel names", file=sys.stderr)
+        print(
+            f"{name}: {sum(r['us_per_call'] for r in mine):.0f} us in {len(mine)} kernel names",
+            file=sys.stderr,
+        )
         for r in mine[:12]:
             print(f"  {r['us_per_call']:9.1f} us x{r['count']}  {r['kernel'][:110]}", file=sys.stderr)
 

@@ -22,9 +22,11 @@ CELLS = [(model, t) for model in MODELS for t in (4096, 16384)]
 
 
 def contenders(x, ids, wts, e: int) -> list[Contender]:
-    return [hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
-            hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
-            Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1])))]
+    return [
+        hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
+        hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
+        Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
+    ]
 
 
 if __name__ == "__main__":

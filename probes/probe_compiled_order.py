@@ -41,11 +41,13 @@ def after_eager(cs: list) -> list:
 def variants(settings: runner.Settings) -> list[tuple[str, runner.Settings, object]]:
     """(name, settings, how the contender list is arranged) of each measurement of a largest-T cell."""
     same = list
-    return [("rotate", settings, same),
-            ("balanced", dataclasses.replace(settings, order="balanced"), same),
-            ("after-eager", settings, after_eager),
-            ("balanced-4", dataclasses.replace(settings, order="balanced", rounds=4), same),
-            ("rotate-again", settings, same)]
+    return [
+        ("rotate", settings, same),
+        ("balanced", dataclasses.replace(settings, order="balanced"), same),
+        ("after-eager", settings, after_eager),
+        ("balanced-4", dataclasses.replace(settings, order="balanced", rounds=4), same),
+        ("rotate-again", settings, same),
+    ]
 
 
 def main():
@@ -66,9 +68,18 @@ def main():
             for name, st, arrange in variants(settings):
                 rows = runner.measure(arrange(cs), sets, ref, h + i, st)
                 for r in rows:
-                    r.update(experiment="probe_compiled_order", model=model, split=m["split"], tokens=t, load=load,
-                             variant=name, order=st.order, rounds=st.rounds,
-                             place=[c.name for c in arrange(cs)].index(r["contender"]), **prov)
+                    r.update(
+                        experiment="probe_compiled_order",
+                        model=model,
+                        split=m["split"],
+                        tokens=t,
+                        load=load,
+                        variant=name,
+                        order=st.order,
+                        rounds=st.rounds,
+                        place=[c.name for c in arrange(cs)].index(r["contender"]),
+                        **prov,
+                    )
                 writer.add(rows)
                 med = {r["contender"]: r.get("graph_us") for r in rows}
                 summary.append((load, name, med.get(EAGER), med.get(COMPILED)))

@@ -78,11 +78,21 @@ def main():
                 us = super().sample(1)[0]
                 out.append(us)
                 if state["cell"] is not None:
-                    log.append({"cell": state["cell"], "contender": state["name"], "replay": i, "us": round(us, 1),
-                                "sm_mhz": nvml.clock_mhz(), "power_w": round(nvml.power_w(), 1),
-                                "host_ms": round(self.graph.host_ms, 2), "load1": os.getloadavg()[0],
-                                "threads": len(os.listdir("/proc/self/task")), "children": _children(),
-                                "dynamo_graphs": _dynamo_graphs()})
+                    log.append(
+                        {
+                            "cell": state["cell"],
+                            "contender": state["name"],
+                            "replay": i,
+                            "us": round(us, 1),
+                            "sm_mhz": nvml.clock_mhz(),
+                            "power_w": round(nvml.power_w(), 1),
+                            "host_ms": round(self.graph.host_ms, 2),
+                            "load1": os.getloadavg()[0],
+                            "threads": len(os.listdir("/proc/self/task")),
+                            "children": _children(),
+                            "dynamo_graphs": _dynamo_graphs(),
+                        }
+                    )
             return out
 
     timing.GraphTimer = LoggedTimer  # what runner.graph_timer makes
@@ -103,25 +113,51 @@ def main():
                     def named():
                         state["name"] = name
                         return call()
+
                     return named
+
                 c.bind = bind
             rows = runner.measure(cs, sets, ref, h + i, settings)
             med = {r["contender"]: r.get("graph_us") for r in rows}
-            print(f"{model} T={t} {load}: eager {med.get('ours:hf-backend')} compiled "
-                  f"{med.get('ours:hf-backend:compiled')}", file=sys.stderr, flush=True)
+            print(
+                f"{model} T={t} {load}: eager {med.get('ours:hf-backend')} compiled "
+                f"{med.get('ours:hf-backend:compiled')}",
+                file=sys.stderr,
+                flush=True,
+            )
             del sets, cs
     prov = provenance_fields()
     with open(out + ".tmp", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["model", "cell", "seq", "contender", "replay", "us", "sm_mhz", "power_w",
-                                          "host_ms", "load1", "threads", "children", "dynamo_graphs", *prov])
+        w = csv.DictWriter(
+            f,
+            fieldnames=[
+                "model",
+                "cell",
+                "seq",
+                "contender",
+                "replay",
+                "us",
+                "sm_mhz",
+                "power_w",
+                "host_ms",
+                "load1",
+                "threads",
+                "children",
+                "dynamo_graphs",
+                *prov,
+            ],
+        )
         w.writeheader()
         for seq, r in enumerate(log):
             w.writerow({"model": model, "seq": seq, **r, **prov})
     os.replace(out + ".tmp", out)
     for r in log:
-        print(f"{r['cell']:16s} {r['contender']:28s} {r['replay']} {r['us']:9.1f} us {r['sm_mhz']} MHz "
-              f"{r['power_w']} W host {r['host_ms']} ms load {r['load1']:.1f} thr {r['threads']} "
-              f"ch {r['children']} dg {r['dynamo_graphs']}", file=sys.stderr)
+        print(
+            f"{r['cell']:16s} {r['contender']:28s} {r['replay']} {r['us']:9.1f} us {r['sm_mhz']} MHz "
+            f"{r['power_w']} W host {r['host_ms']} ms load {r['load1']:.1f} thr {r['threads']} "
+            f"ch {r['children']} dg {r['dynamo_graphs']}",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

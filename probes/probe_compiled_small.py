@@ -33,8 +33,10 @@ def main():
 
     def contenders(x, ids, wts, e):
         model, t = next(turn)
-        cs = [hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
-              hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True)]
+        cs = [
+            hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
+            hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
+        ]
         if t in PROFILE_TOKENS:
             for c in cs:
                 profile_once(c, kernels, model=model, tokens=t)
@@ -45,9 +47,14 @@ def main():
     for model in MODELS:
         for t in PROFILE_TOKENS:
             for name in ("ours:hf-backend", "ours:hf-backend:compiled"):
-                mine = [r for r in kernels if r["contender"] == name and r["model"] == model and r["tokens"] == t]
-                print(f"{model} T={t} {name}: {sum(r['us_per_call'] for r in mine):.1f} us in "
-                      f"{sum(r['count'] for r in mine)} launches", file=sys.stderr)
+                mine = [
+                    r for r in kernels if r["contender"] == name and r["model"] == model and r["tokens"] == t
+                ]
+                print(
+                    f"{model} T={t} {name}: {sum(r['us_per_call'] for r in mine):.1f} us in "
+                    f"{sum(r['count'] for r in mine)} launches",
+                    file=sys.stderr,
+                )
                 for r in mine:
                     print(f"  {r['us_per_call']:8.2f} us x{r['count']}  {r['kernel'][:100]}", file=sys.stderr)
 

@@ -31,8 +31,12 @@ from probes.common import run_cells
 def _cells() -> list[tuple[str, int]]:
     cfg = load_config()
     models = cfg["grouped"]["models"]
-    return [(model, t) for model, m in models.items() for t in cfg["moe_layer"]["tokens"]
-            if t * m["top_k"] <= rk.CHUNK]
+    return [
+        (model, t)
+        for model, m in models.items()
+        for t in cfg["moe_layer"]["tokens"]
+        if t * m["top_k"] <= rk.CHUNK
+    ]
 
 
 def route_128(ids: torch.Tensor, e: int) -> RoutingPlan:
@@ -40,11 +44,22 @@ def route_128(ids: torch.Tensor, e: int) -> RoutingPlan:
     flat = ids.reshape(-1).contiguous()
     n, k = flat.numel(), ids.shape[1]
     tok, slot, rows, sizes, offsets, ok = rk.plan_buffers(flat, e)
-    launch(rk._small_kernel, (1,), (flat, tok, slot, rows, sizes, offsets, ok, n, e, k),
-           dict(CHUNK=rk.CHUNK, EB=rk.EB, num_warps=4))
+    launch(
+        rk._small_kernel,
+        (1,),
+        (flat, tok, slot, rows, sizes, offsets, ok, n, e, k),
+        dict(CHUNK=rk.CHUNK, EB=rk.EB, num_warps=4),
+    )
     torch._assert_async(ok.squeeze(0), f"topk_ids: expert ids must be in [0, {e})")
-    return RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=rows, group_sizes=sizes,
-                       group_offsets=offsets, num_tokens=ids.shape[0], top_k=k)
+    return RoutingPlan(
+        sorted_token_ids=tok,
+        sorted_slot=slot,
+        slot_rows=rows,
+        group_sizes=sizes,
+        group_offsets=offsets,
+        num_tokens=ids.shape[0],
+        top_k=k,
+    )
 
 
 def three_launch(x, ids, wts, w_gu, w_dn, plan_of):
@@ -57,10 +72,14 @@ def three_launch(x, ids, wts, w_gu, w_dn, plan_of):
 
 
 def contenders(x, ids, wts, e: int) -> list[Contender]:
-    return [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
-            Contender("three-launch", lambda inp: (lambda: three_launch(x, ids, wts, inp[0], inp[1], route))),
-            Contender("three-launch, 128-slot plan",
-                      lambda inp: (lambda: three_launch(x, ids, wts, inp[0], inp[1], route_128)))]
+    return [
+        Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
+        Contender("three-launch", lambda inp: lambda: three_launch(x, ids, wts, inp[0], inp[1], route)),
+        Contender(
+            "three-launch, 128-slot plan",
+            lambda inp: lambda: three_launch(x, ids, wts, inp[0], inp[1], route_128),
+        ),
+    ]
 
 
 if __name__ == "__main__":

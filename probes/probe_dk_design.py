@@ -32,15 +32,19 @@ def direct(cfg, coop: bool, attr: bool, name: str) -> Contender:
         m, n = a.shape[0], b.shape[1]
         out = torch.empty(m, n, dtype=a.dtype, device=a.device)
         p = Prepared(a=a, b=b, out=out, bias=None, epilogue=Epilogue.RELU, allow_tf32=False)
-        ws, cnt = single_launch.coop_state(m, n, cfg, a.device) if coop else \
-            (single_launch.alloc_workspace(m, n, cfg, a.device), single_launch.counters(a.device, 4096))
+        ws, cnt = (
+            single_launch.coop_state(m, n, cfg, a.device)
+            if coop
+            else (single_launch.alloc_workspace(m, n, cfg, a.device), single_launch.counters(a.device, 4096))
+        )
         args = single_launch.kernel_args(p, cfg, ws, cnt, coop)
         g = single_launch.grid(m, n, cfg)
         extra = {"launch_cooperative_grid": True} if attr else {}
 
         def call():
-            single_launch._single_launch_kernel[g](**args, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                                   **extra)
+            single_launch._single_launch_kernel[g](
+                **args, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra
+            )
             return out
 
         return call
@@ -57,26 +61,35 @@ def main():
         sets, ref = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + 3 * k + n, epilogue="relu")
         cands = [c for c in dk.wide_candidates(m, n, k, torch.bfloat16, sms) if c.num_stages == 3]
         timed = screen_single_launch(sets, ref, cands, settings)
-        writer.add([{"m": m, "n": n, "k": k, "contender": f"screen:{i}", "config": c.as_dict(), **r, **prov}
-                    for i, (_, c, r) in enumerate(timed, 1)])
+        writer.add(
+            [
+                {"m": m, "n": n, "k": k, "contender": f"screen:{i}", "config": c.as_dict(), **r, **prov}
+                for i, (_, c, r) in enumerate(timed, 1)
+            ]
+        )
         best = timed[0][1]
         by_warps = {}
         for us, c, _ in timed:
             by_warps.setdefault(c.num_warps, (us, c))
-        cs = [direct(best, True, True, "coop"), direct(best, True, False, "coop-no-attribute"),
-              direct(best, False, False, "last-arriver")]
+        cs = [
+            direct(best, True, True, "coop"),
+            direct(best, True, False, "coop-no-attribute"),
+            direct(best, False, False, "last-arriver"),
+        ]
         for w, (us, c) in sorted(by_warps.items()):
             cs.append(dk.ours("single_launch", "relu", c, name=f"best-{w}-warps"))
-        rows = dk.run_shape("probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(),
-                            seed=m * 5 + k)
+        rows = dk.run_shape(
+            "probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(), seed=m * 5 + k
+        )
         writer.add(rows)
-        lines.append(f"{shape}: best {best.as_dict()} | " + " | ".join(
-            f"{r['contender']} {float(r.get('graph_us', 'nan')):.2f}" for r in rows)
-            + f" | floor {rows[0]['floor_us']:.2f}")
+        lines.append(
+            f"{shape}: best {best.as_dict()} | "
+            + " | ".join(f"{r['contender']} {float(r.get('graph_us', 'nan')):.2f}" for r in rows)
+            + f" | floor {rows[0]['floor_us']:.2f}"
+        )
     writer.finish()
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
     main()
-

@@ -40,10 +40,27 @@ DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64
 
 
 @triton.jit
-def _ceiling_kernel(a_ptr, b_ptr, c_ptr, M, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOAD: tl.constexpr, PRECISION: tl.constexpr,
-                    UPCAST: tl.constexpr):
+def _ceiling_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LOAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """LOAD: each program's K slice of A and B into its fp32 tile, stored into C as it is (every split
     writes the same tile: timing only); else nothing at all."""
     if LOAD:
@@ -59,13 +76,21 @@ def _ceiling_kernel(a_ptr, b_ptr, c_ptr, M, stride_am, stride_ak, stride_bk, str
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(0, KPS, BLOCK_K):
             k_ok = offs_k + kk < K
-            acc = mma(tl.load(a_ptrs, mask=k_ok[None, :], other=0.0), tl.load(b_ptrs, mask=k_ok[:, None], other=0.0),
-                      acc, PRECISION, UPCAST)
+            acc = mma(
+                tl.load(a_ptrs, mask=k_ok[None, :], other=0.0),
+                tl.load(b_ptrs, mask=k_ok[:, None], other=0.0),
+                acc,
+                PRECISION,
+                UPCAST,
+            )
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         ok = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                 acc.to(c_ptr.dtype.element_ty), mask=ok)
+        tl.store(
+            c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+            acc.to(c_ptr.dtype.element_ty),
+            mask=ok,
+        )
 
 
 def _timing_only(out):
@@ -89,8 +114,9 @@ def direct(cfg, coop_attr: bool) -> Contender:
         g = single_launch.grid(m, n, cfg)
 
         def call():
-            single_launch._single_launch_kernel[g](**args, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                                   launch_cooperative_grid=coop_attr)
+            single_launch._single_launch_kernel[g](
+                **args, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_cooperative_grid=coop_attr
+            )
             return out
 
         return call
@@ -106,11 +132,30 @@ def ceiling(cfg, load: bool, coop_attr: bool = True, label: str | None = None) -
         g = single_launch.grid(m, n, cfg)
 
         def call():
-            _ceiling_kernel[g](a, b, out, m, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-                               out.stride(1), N=n, K=a.shape[1], S=cfg.split_k, BLOCK_M=cfg.block_m,
-                               BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, LOAD=load, PRECISION="tf32",
-                               UPCAST=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                               launch_cooperative_grid=coop_attr)
+            _ceiling_kernel[g](
+                a,
+                b,
+                out,
+                m,
+                a.stride(0),
+                a.stride(1),
+                b.stride(0),
+                b.stride(1),
+                out.stride(0),
+                out.stride(1),
+                N=n,
+                K=a.shape[1],
+                S=cfg.split_k,
+                BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k,
+                LOAD=load,
+                PRECISION="tf32",
+                UPCAST=False,
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+                launch_cooperative_grid=coop_attr,
+            )
             return out
 
         return call
@@ -140,8 +185,11 @@ def fastest_ceiling(sets, cands, settings):
 
 def main():
     args, settings, prov, sms = probe_cli(__doc__, DEFAULT, flags=("--screen",))
-    results_dir = str(Path(args.out).parent) if Path(args.out).parent.joinpath("tune_seed.csv").exists() else \
-        "results/nvidia-h200"
+    results_dir = (
+        str(Path(args.out).parent)
+        if Path(args.out).parent.joinpath("tune_seed.csv").exists()
+        else "results/nvidia-h200"
+    )
     writer = ResultWriter(args.out, ("m", "n", "k", "contender"))
     table = []
     for m, k, n in args.shapes:
@@ -152,22 +200,40 @@ def main():
         cs += [ceiling(cfg, False), ceiling(cfg, True), ceiling(cfg, False, False), ceiling(cfg, True, False)]
         if args.screen:
             sets, _ = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + k + n)
-            best, n_cands = fastest_ceiling(sets, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms),
-                                            settings)
+            best, n_cands = fastest_ceiling(
+                sets, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms), settings
+            )
             c = ceiling(best, True, False, label="ceiling:load:fastest-config")
             c.fields = {"configs_timed": n_cands}
             cs.append(c)
         cs += dk.seed_kernels(results_dir, m, n, k, torch.bfloat16, "relu")
-        rows = dk.run_shape("probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(),
-                            seed=m * 7 + k, single_launch_source=source)
+        rows = dk.run_shape(
+            "probe",
+            cs,
+            m,
+            n,
+            k,
+            torch.bfloat16,
+            "relu",
+            settings,
+            prov,
+            dk.tiny_kernel_us(),
+            seed=m * 7 + k,
+            single_launch_source=source,
+        )
         writer.add(rows)
         table.append((f"{m}x{k}x{n}", {r["contender"]: r for r in rows}))
     writer.finish()
     names = [c for c in table[0][1]]
     print("shape | " + " | ".join(names) + "   (graph_us)")
     for shape, by in table:
-        print(f"{shape} | " + " | ".join(
-            "-" if by.get(nm, {}).get("status") != "ok" else f"{float(by[nm]['graph_us']):.2f}" for nm in names))
+        print(
+            f"{shape} | "
+            + " | ".join(
+                "-" if by.get(nm, {}).get("status") != "ok" else f"{float(by[nm]['graph_us']):.2f}"
+                for nm in names
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from experiments import dk, seed_dk
 from experiments.common import ResultWriter
 from probes.common import probe_cli, screen_single_launch
 
-DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,16x7168x256," \
-          "64x7168x256,256x7168x256"
+DEFAULT = (
+    "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64,1x7168x256,16x7168x256,"
+    "64x7168x256,256x7168x256"
+)
 
 
 def main():
@@ -32,22 +34,31 @@ def main():
         shape = f"{m}x{k}x{n}"
         sets, ref = dk.shape_inputs(m, n, k, torch.bfloat16, seed=m + k + n, epilogue="relu")
         t0 = time.perf_counter()
-        ours_best = screen_single_launch(sets, ref, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms),
-                                            settings)[0][1]
+        ours_best = screen_single_launch(
+            sets, ref, dk.candidates(m, n, k, torch.bfloat16, "single_launch", sms), settings
+        )[0][1]
         a0 = sets[0][0]
         t_ours = time.perf_counter() - t0
-        cs = [dk.eager("relu"), dk.ours("single_launch", "relu", ours_best, name="ours:single_launch"),
-              dk.ours("auto", "relu", None, name="ours:auto", config_source=dk.auto_choice(a0, n, "relu"))]
+        cs = [
+            dk.eager("relu"),
+            dk.ours("single_launch", "relu", ours_best, name="ours:single_launch"),
+            dk.ours("auto", "relu", None, name="ours:auto", config_source=dk.auto_choice(a0, n, "relu")),
+        ]
         t_seed = 0.0
         if seed is not None:
             for variant in seed_dk.VARIANTS:
                 t0 = time.perf_counter()
-                best, _, n_timed = seed_dk.search(seed.modules[variant], variant, sets, ref, k, "relu", settings)
+                best, _, n_timed = seed_dk.search(
+                    seed.modules[variant], variant, sets, ref, k, "relu", settings
+                )
                 t_seed += time.perf_counter() - t0
                 if best is not None:
-                    cs.append(seed_dk.contender(seed.modules[variant], variant, best, "relu", configs_timed=n_timed))
-        rows = dk.run_shape("probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(),
-                            seed=m * 3 + k)
+                    cs.append(
+                        seed_dk.contender(seed.modules[variant], variant, best, "relu", configs_timed=n_timed)
+                    )
+        rows = dk.run_shape(
+            "probe", cs, m, n, k, torch.bfloat16, "relu", settings, prov, dk.tiny_kernel_us(), seed=m * 3 + k
+        )
         for r in rows:
             r.update(search_s_ours=round(t_ours, 1), search_s_seed=round(t_seed, 1))
         writer.add(rows)
@@ -60,8 +71,11 @@ def main():
         cells = []
         for nm in names:
             r = by.get(nm)
-            cells.append("-" if r is None or r.get("status") != "ok" else
-                         f"{float(r['graph_us']):.2f} [{float(r.get('cpu_us', float('nan'))):.0f}]")
+            cells.append(
+                "-"
+                if r is None or r.get("status") != "ok"
+                else f"{float(r['graph_us']):.2f} [{float(r.get('cpu_us', float('nan'))):.0f}]"
+            )
         floor = next(iter(by.values()))["floor_us"]
         print(f"{shape} | " + " | ".join(cells) + f" | {float(floor):.2f}")
 

@@ -37,6 +37,7 @@ def dense_ffn(xs: torch.Tensor, act: torch.Tensor, e: int, down0: torch.Tensor) 
     calls find no weights in L2), on an input set (gate_up [E, 2I, H], down [E, H, I]). It returns the down
     product, which its check compares with float64 against ``down0`` (the first input set's expert 0: the
     harness checks the first call on the first set)."""
+
     def bind(inp):
         gu, dn = inp
         turn = itertools.count()
@@ -45,15 +46,25 @@ def dense_ffn(xs: torch.Tensor, act: torch.Tensor, e: int, down0: torch.Tensor) 
             j = next(turn) % e
             torch.mm(xs, gu[j].T)
             return torch.mm(act, dn[j].T)
+
         return call
 
-    return Contender("dense:ffn", bind, check=lambda out: check(out, act.double() @ down0.double().T, act.shape[1]),
-                     fields={"config_source": "cuBLAS, one expert's weights"})
+    return Contender(
+        "dense:ffn",
+        bind,
+        check=lambda out: check(out, act.double() @ down0.double().T, act.shape[1]),
+        fields={"config_source": "cuBLAS, one expert's weights"},
+    )
 
 
 def cells(g: dict, loads: list[str]) -> list[tuple]:
-    return [(model, t, load) for model, m in g["models"].items() if m["split"] == "heldout"
-            for t in TOKENS for load in loads]
+    return [
+        (model, t, load)
+        for model, m in g["models"].items()
+        if m["split"] == "heldout"
+        for t in TOKENS
+        for load in loads
+    ]
 
 
 def main():
@@ -78,8 +89,11 @@ def main():
         writer.add(out)
         us = {r["contender"]: r.get("graph_us") for r in out}
         o, p, d = (us.get(c) for c in (*KEEP, "dense:ffn"))
-        line = (f"pipeline/ours {p / o:.3f}  pipeline/dense {p / d:.3f}  ours/dense {o / d:.3f}" if o and p and d
-                else " ".join(f"{r['contender']} {r['status']}" for r in out))
+        line = (
+            f"pipeline/ours {p / o:.3f}  pipeline/dense {p / d:.3f}  ours/dense {o / d:.3f}"
+            if o and p and d
+            else " ".join(f"{r['contender']} {r['status']}" for r in out)
+        )
         print(f"{model} T={t} {load}: {line}", file=sys.stderr, flush=True)
         del sets, cs, dense, xs, act
         bar.update()

@@ -17,13 +17,22 @@ from moegemm.bench.runner import Contender
 from moegemm.grouped import moe_ffn
 from probes.common import run_cells
 
-CELLS = [("deepseek-v3", 1024), ("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-30b-a3b", 4096),
-         ("qwen3-30b-a3b", 16384), ("mixtral-8x7b", 4096), ("mixtral-8x7b", 16384)]
+CELLS = [
+    ("deepseek-v3", 1024),
+    ("deepseek-v3", 4096),
+    ("deepseek-v3", 16384),
+    ("qwen3-30b-a3b", 4096),
+    ("qwen3-30b-a3b", 16384),
+    ("mixtral-8x7b", 4096),
+    ("mixtral-8x7b", 16384),
+]
 
 
 def contenders(x, ids, wts, e: int) -> list[Contender]:
-    return [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
-            Contender("ours:unfused-swiglu", lambda inp: (lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)))]
+    return [
+        Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
+        Contender("ours:unfused-swiglu", lambda inp: lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)),
+    ]
 
 
 if __name__ == "__main__":

@@ -27,22 +27,40 @@ EDGES = (([300, 0, 7, 129, 1000], 384, 352), ([1, 2, 3, 500], 256, 64), ([4096, 
 
 
 def cells(g: dict) -> list[tuple]:
-    return [(model, proj, t, load) for model, m in g["models"].items() if m["split"] == "tune"
-            for proj in ("up", "down") for t in g["prefill_tokens"] for load in ("uniform", "zipf1.2")]
+    return [
+        (model, proj, t, load)
+        for model, m in g["models"].items()
+        if m["split"] == "tune"
+        for proj in ("up", "down")
+        for t in g["prefill_tokens"]
+        for load in ("uniform", "zipf1.2")
+    ]
 
 
 def gluon_contender(offsets, name: str, block_n: int, stages: int, pingpong: bool) -> Contender:
     """The Gluon kernel in one config on an input set (x_sorted, w as [E, N, K]), into one output per set
     poisoned with NaN before its first call (a tile it failed to write fails the check)."""
+
     def bind(inp):
-        y = torch.full((inp[0].shape[0], inp[1].shape[1]), float("nan"), dtype=inp[0].dtype, device=inp[0].device)
-        return lambda: ws_grouped_mm(inp[0], inp[1], offsets, y, block_n=block_n, stages=stages, pingpong=pingpong)
-    return Contender(f"gluon-ws:{name}", bind, config={"block_n": block_n, "stages": stages, "pingpong": pingpong})
+        y = torch.full(
+            (inp[0].shape[0], inp[1].shape[1]), float("nan"), dtype=inp[0].dtype, device=inp[0].device
+        )
+        return lambda: ws_grouped_mm(
+            inp[0], inp[1], offsets, y, block_n=block_n, stages=stages, pingpong=pingpong
+        )
+
+    return Contender(
+        f"gluon-ws:{name}", bind, config={"block_n": block_n, "stages": stages, "pingpong": pingpong}
+    )
 
 
 def contenders_of(xs, plan, ref, w, t, e, k, n, g, cell, **_):
     off = plan.group_offsets
-    return tuned_contenders(xs, off, e, n) + [gluon_contender(off, *v) for v in VARIANTS] + [torch_contender(off)]
+    return (
+        tuned_contenders(xs, off, e, n)
+        + [gluon_contender(off, *v) for v in VARIANTS]
+        + [torch_contender(off)]
+    )
 
 
 def summary(rows: list[dict]) -> str:
@@ -51,7 +69,9 @@ def summary(rows: list[dict]) -> str:
     glu = [v for c, v in us.items() if c.startswith("gluon-ws:")]
     if not mine or not glu:
         return " ".join(f"{r['contender']} {r['status']}" for r in rows)
-    return f"ours best {min(mine):.1f} us, gluon best {min(glu):.1f} us: ours/gluon {min(mine) / min(glu):.3f}"
+    return (
+        f"ours best {min(mine):.1f} us, gluon best {min(glu):.1f} us: ours/gluon {min(mine) / min(glu):.3f}"
+    )
 
 
 def check_edges() -> list[str]:
@@ -61,13 +81,14 @@ def check_edges() -> list[str]:
     for sizes, n, k in EDGES:
         e, m = len(sizes), sum(sizes)
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-        w = (torch.randn(e, n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
+        w = (torch.randn(e, n, k, device="cuda", generator=g) / k**0.5).to(torch.bfloat16)
         off = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
         ref = ref_rows(x, w, off)
         for name, block_n, stages, pingpong in VARIANTS:
             y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            ok, rel, why = check(ws_grouped_mm(x, w, off, y, block_n=block_n, stages=stages, pingpong=pingpong),
-                                 ref, k)
+            ok, rel, why = check(
+                ws_grouped_mm(x, w, off, y, block_n=block_n, stages=stages, pingpong=pingpong), ref, k
+            )
             lines.append(f"edge {sizes} N={n} K={k} {name}: {'ok' if ok else 'WRONG ' + why} (rel {rel:.2e})")
     return lines
 

@@ -72,8 +72,12 @@ def three_clocks(cs, sets, ref, k: int, settings) -> list[dict]:
             got[c.name]["now"] += now.sample(settings.graph_replays)
     for c in live:
         before, now = timers[c.name]
-        rows[c.name].update(calls_before=before.n, calls_now=now.n, rounds=ROUNDS,
-                            **{f"graph_us_{clock}": statistics.median(s) for clock, s in got[c.name].items()})
+        rows[c.name].update(
+            calls_before=before.n,
+            calls_now=now.n,
+            rounds=ROUNDS,
+            **{f"graph_us_{clock}": statistics.median(s) for clock, s in got[c.name].items()},
+        )
     del timers
     return list(rows.values())
 
@@ -115,9 +119,12 @@ def main():
 
 
 def report(cell: str, rows: list[dict], t0: float) -> None:
-    parts = [f"{r['contender']} {r.get('calls_before', '-')}->{r.get('calls_now', '-')} calls "
-             f"{r.get('graph_us_before', math.nan):.1f}/{r.get('graph_us_count', math.nan):.1f}/"
-             f"{r.get('graph_us_now', math.nan):.1f}" for r in rows]
+    parts = [
+        f"{r['contender']} {r.get('calls_before', '-')}->{r.get('calls_now', '-')} calls "
+        f"{r.get('graph_us_before', math.nan):.1f}/{r.get('graph_us_count', math.nan):.1f}/"
+        f"{r.get('graph_us_now', math.nan):.1f}"
+        for r in rows
+    ]
     print(f"{cell} ({time.perf_counter() - t0:.0f} s): " + "; ".join(parts), file=sys.stderr, flush=True)
 
 

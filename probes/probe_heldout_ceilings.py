@@ -32,8 +32,13 @@ KEEP = ("ours:auto", "torch._grouped_mm")
 
 
 def cells(g: dict) -> list[tuple]:
-    return [(model, proj, t, "uniform") for model, m in g["models"].items() if m["split"] == "heldout"
-            for proj in ("up", "down") for t in TOKENS]
+    return [
+        (model, proj, t, "uniform")
+        for model, m in g["models"].items()
+        if m["split"] == "heldout"
+        for proj in ("up", "down")
+        for t in TOKENS
+    ]
 
 
 def contenders_of(xs, plan, ref, w, t, e, k, n, g, cell, ws, settings, **_):
@@ -46,8 +51,10 @@ def summary(rows: list[dict]) -> str:
     ours, torch_, dense, stream = (us.get(c) for c in (*KEEP, "dense-reference", "ceiling:stream"))
     if not (ours and torch_ and dense and stream):
         return " ".join(f"{r['contender']} {r['status']}" for r in rows)
-    return (f"torch/ours {torch_ / ours:.3f}  torch/dense {torch_ / dense:.3f}  torch/stream {torch_ / stream:.3f}  "
-            f"ours/dense {ours / dense:.3f}  ours/stream {ours / stream:.3f}")
+    return (
+        f"torch/ours {torch_ / ours:.3f}  torch/dense {torch_ / dense:.3f}  torch/stream {torch_ / stream:.3f}  "
+        f"ours/dense {ours / dense:.3f}  ours/stream {ours / stream:.3f}"
+    )
 
 
 def main():

@@ -59,14 +59,17 @@ def steps(x, ids, wts, w_gu, w_dn, e: int) -> dict:
     act = gate_up_act(xs, w_gu, plan.group_offsets, "nk")
     sw = sorted_weights(wts, plan)
     ys = grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sw, validate=False)
-    return {"moe_ffn": lambda: moe_ffn(x, ids, wts, w_gu, w_dn),
-            "step:route": lambda: route(ids, e),
-            "step:permute": lambda: permute(x, plan),
-            "step:gate_up_act": lambda: gate_up_act(xs, w_gu, plan.group_offsets, "nk"),
-            "step:sorted_weights": lambda: sorted_weights(wts, plan),
-            "step:down": lambda: grouped_mm(act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sw,
-                                            validate=False),
-            "step:unpermute": lambda: unpermute(ys, plan, None)}
+    return {
+        "moe_ffn": lambda: moe_ffn(x, ids, wts, w_gu, w_dn),
+        "step:route": lambda: route(ids, e),
+        "step:permute": lambda: permute(x, plan),
+        "step:gate_up_act": lambda: gate_up_act(xs, w_gu, plan.group_offsets, "nk"),
+        "step:sorted_weights": lambda: sorted_weights(wts, plan),
+        "step:down": lambda: grouped_mm(
+            act, w_dn, plan.group_offsets, w_layout="nk", row_scale=sw, validate=False
+        ),
+        "step:unpermute": lambda: unpermute(ys, plan, None),
+    }
 
 
 @contextlib.contextmanager
@@ -90,6 +93,7 @@ def in_triton_launch(fn):
     def call():
         with triton_launch():
             return fn()
+
     return call
 
 
@@ -141,8 +145,10 @@ def main():
     vllm.load()
     weights: dict = {}
     buf = torch.zeros(16, device="cuda")
-    scale = {"triton:empty-kernel": lambda: _empty_kernel[(1,)](buf, 16, BLOCK=16),
-             "torch.add": lambda: torch.add(buf, buf)}
+    scale = {
+        "triton:empty-kernel": lambda: _empty_kernel[(1,)](buf, 16, BLOCK=16),
+        "torch.add": lambda: torch.add(buf, buf),
+    }
     for fn in scale.values():
         fn()
     lines = []
@@ -153,7 +159,9 @@ def main():
             calls = steps(x, ids, wts, w_gu, w_dn, e)
             calls["torch._grouped_mm pipeline"] = lambda: torch_pipeline(x, ids, wts, w_gu, w_dn, e)
             if vllm.kernel is not None:
-                calls["vllm:fused_experts"] = vllm_contender(vllm.kernel, x, ids, wts, e, h, i, t).bind(sets[0])
+                calls["vllm:fused_experts"] = vllm_contender(vllm.kernel, x, ids, wts, e, h, i, t).bind(
+                    sets[0]
+                )
             calls["moe_ffn:triton-launch"] = in_triton_launch(calls["moe_ffn"])
             calls.update(scale)
             for fn in calls.values():  # compiles, first-call timing
@@ -163,9 +171,18 @@ def main():
             pair = ("moe_ffn", "moe_ffn:triton-launch")
             paired = paired_cpu_us(calls["moe_ffn"])
             for name, fn in calls.items():
-                r = {"model": model, "split": m["split"], "tokens": t, "load": "uniform", "experts": e,
-                     "top_k": top_k, "hidden": h, "intermediate": i, "contender": name,
-                     "cpu_us": paired[name] if name in pair else cpu_cost_us([fn], CALLS, repeats=5)}
+                r = {
+                    "model": model,
+                    "split": m["split"],
+                    "tokens": t,
+                    "load": "uniform",
+                    "experts": e,
+                    "top_k": top_k,
+                    "hidden": h,
+                    "intermediate": i,
+                    "contender": name,
+                    "cpu_us": paired[name] if name in pair else cpu_cost_us([fn], CALLS, repeats=5),
+                }
                 if not name.startswith("step:") and name not in scale:
                     r["graph_us"] = graph_us(fn)
                     r["launch_us"] = statistics.median(launch_samples(fn, rep_ms=50))
@@ -175,11 +192,13 @@ def main():
                 rows.append({**r, **prov})
             writer.add(rows)
             by = {r["contender"]: r for r in rows}
-            lines.append(f"{model:>16} T={t:<4} moe_ffn cpu {by['moe_ffn']['cpu_us']:6.1f} (triton-launch "
-                         f"{by['moe_ffn:triton-launch']['cpu_us']:6.1f}) gpu "
-                         f"{by['moe_ffn']['graph_us']:7.1f} launch {by['moe_ffn']['launch_us']:7.1f} | vllm cpu "
-                         f"{by.get('vllm:fused_experts', {}).get('cpu_us', float('nan')):6.1f} | steps "
-                         + " ".join(f"{k[5:]}={v['cpu_us']:.0f}" for k, v in by.items() if k.startswith("step:")))
+            lines.append(
+                f"{model:>16} T={t:<4} moe_ffn cpu {by['moe_ffn']['cpu_us']:6.1f} (triton-launch "
+                f"{by['moe_ffn:triton-launch']['cpu_us']:6.1f}) gpu "
+                f"{by['moe_ffn']['graph_us']:7.1f} launch {by['moe_ffn']['launch_us']:7.1f} | vllm cpu "
+                f"{by.get('vllm:fused_experts', {}).get('cpu_us', float('nan')):6.1f} | steps "
+                + " ".join(f"{k[5:]}={v['cpu_us']:.0f}" for k, v in by.items() if k.startswith("step:"))
+            )
             if args.profile:
                 d = Path(args.profile)
                 d.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,12 @@ CELLS = [(model, t) for model in MODELS for t in (4096, 16384)]
 
 
 def contenders(x, ids, wts, e: int) -> list[Contender]:
-    return [Contender("ours:moe_ffn", lambda inp: (lambda: moe_ffn(x, ids, wts, inp[0], inp[1]))),
-            Contender("ours:unfused-swiglu", lambda inp: (lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e))),
-            hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
-            hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True)]
+    return [
+        Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
+        Contender("ours:unfused-swiglu", lambda inp: lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)),
+        hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
+        hf_contender("ours:hf-backend:compiled", "moegemm", x, ids, wts, True),
+    ]
 
 
 if __name__ == "__main__":

@@ -25,8 +25,12 @@ from moegemm.bench.runner import Contender
 from moegemm.grouped import GroupedConfig
 from moegemm.grouped.config import choose_config
 
-CELLS = [(model, proj, t, load) for model, t in (("deepseek-v3", 1024), ("qwen3-30b-a3b", 1024), ("mixtral-8x7b", 256))
-         for proj in ("up", "down") for load in ("uniform", "zipf1.2")]
+CELLS = [
+    (model, proj, t, load)
+    for model, t in (("deepseek-v3", 1024), ("qwen3-30b-a3b", 1024), ("mixtral-8x7b", 256))
+    for proj in ("up", "down")
+    for load in ("uniform", "zipf1.2")
+]
 
 _BASE = dict(tma=True)
 NEW = {  # name -> (block_m, block_n, block_k, num_warps, num_stages, tail_m)
@@ -48,8 +52,15 @@ def configs() -> dict[str, GroupedConfig]:
     for name, (bm, bn, bk, warps, stages, tail) in NEW.items():
         for persistent in (False, True):
             out[name + ("-persistent" if persistent else "")] = GroupedConfig(
-                block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, tail_m=tail,
-                persistent=persistent, **_BASE)
+                block_m=bm,
+                block_n=bn,
+                block_k=bk,
+                num_warps=warps,
+                num_stages=stages,
+                tail_m=tail,
+                persistent=persistent,
+                **_BASE,
+            )
     return out
 
 
@@ -58,10 +69,16 @@ def contenders(xs, plan, ref, w, t, e, k, n, g, cell) -> list[Contender]:
     if source != "tuned":
         raise RuntimeError(f"{cell}: expected a tuned-table entry, got {source!r}")
     named = {"tuned": tuned, **configs()}
-    return [Contender(name, ours(plan.group_offsets, c), config=dataclasses.asdict(c),
-                      fields={"config_source": "tuned table" if name == "tuned" else "probe"},
-                      parallel_compile=True)
-            for name, c in named.items()]
+    return [
+        Contender(
+            name,
+            ours(plan.group_offsets, c),
+            config=dataclasses.asdict(c),
+            fields={"config_source": "tuned table" if name == "tuned" else "probe"},
+            parallel_compile=True,
+        )
+        for name, c in named.items()
+    ]
 
 
 def summary(out: list[dict]) -> str:

@@ -37,12 +37,17 @@ from probes.common import even_offsets
 
 MIXES = (2, 4)
 ROUNDS = 6
-CELLS = [(model, proj, t, load) for model, proj, t in (
-    ("deepseek-v3", "up", 4096), ("deepseek-v3", "down", 4096))
-    for load in ("uniform", "zipf0.8", "zipf1.2", "zipf1.5", "hot0.5")] + [
-    ("deepseek-v3", "up", 16384, "zipf1.2"), ("deepseek-v3", "down", 1024, "zipf1.2"),
-    ("qwen3-30b-a3b", "up", 4096, "zipf1.2"), ("qwen3-30b-a3b", "down", 4096, "zipf1.2"),
-    ("qwen3-30b-a3b", "up", 4096, "uniform"), ("mixtral-8x7b", "down", 1024, "zipf1.2"),
+CELLS = [
+    (model, proj, t, load)
+    for model, proj, t in (("deepseek-v3", "up", 4096), ("deepseek-v3", "down", 4096))
+    for load in ("uniform", "zipf0.8", "zipf1.2", "zipf1.5", "hot0.5")
+] + [
+    ("deepseek-v3", "up", 16384, "zipf1.2"),
+    ("deepseek-v3", "down", 1024, "zipf1.2"),
+    ("qwen3-30b-a3b", "up", 4096, "zipf1.2"),
+    ("qwen3-30b-a3b", "down", 4096, "zipf1.2"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"),
+    ("mixtral-8x7b", "down", 1024, "zipf1.2"),
     ("mixtral-8x7b", "up", 4096, "zipf1.2"),
 ]
 
@@ -51,8 +56,15 @@ def model_us(sizes: list[int], n: int, k: int, cfg, xs) -> float:
     """wave_model_us of ``cfg``'s tiles on these group sizes, one program per multiprocessor running at a
     time (the prefill tiles' shared memory leaves room for one), at this GPU's datasheet peaks."""
     d = datasheet(gpu_slug(xs))
-    return wave_model_us(tile_order(sizes, n, cfg), n, k, cfg, device_sm_count(xs), d["hbm_tb_s"] * 1e12,
-                         d["bf16_tflops"] * 1e12)
+    return wave_model_us(
+        tile_order(sizes, n, cfg),
+        n,
+        k,
+        cfg,
+        device_sm_count(xs),
+        d["hbm_tb_s"] * 1e12,
+        d["bf16_tflops"] * 1e12,
+    )
 
 
 def contenders(xs, plan, w, e: int, n: int, k: int) -> list[Contender]:
@@ -63,8 +75,14 @@ def contenders(xs, plan, w, e: int, n: int, k: int) -> list[Contender]:
     tuned, source = choose_config(xs, e, n, "nk")
 
     def mine(name, offsets, c, why, sizes=sizes, **more):
-        return Contender(name, ours(offsets, c), config=dataclasses.asdict(c), parallel_compile=True,
-                         fields={"config_source": why, "model_us": model_us(sizes, n, k, c, xs)}, **more)
+        return Contender(
+            name,
+            ours(offsets, c),
+            config=dataclasses.asdict(c),
+            parallel_compile=True,
+            fields={"config_source": why, "model_us": model_us(sizes, n, k, c, xs)},
+            **more,
+        )
 
     cs = [mine("tuned", off, tuned, source)]
     if tuned.tma:
@@ -74,20 +92,34 @@ def contenders(xs, plan, w, e: int, n: int, k: int) -> list[Contender]:
                 cs.append(mine(name, off, c, "tuned, tile order changed"))
     even = even_offsets(xs.shape[0], e, xs.device)
     even_ref = ref_rows(xs, w, even)
-    cs.append(mine("even:ours", even, tuned, "tuned (of the skewed cell)", sizes=even.diff().tolist(),
-                   check=lambda out: check(out, even_ref, k)))
+    cs.append(
+        mine(
+            "even:ours",
+            even,
+            tuned,
+            "tuned (of the skewed cell)",
+            sizes=even.diff().tolist(),
+            check=lambda out: check(out, even_ref, k),
+        )
+    )
     return cs
 
 
 def summary(out: list[dict]) -> str:
-    return "us (model) " + ", ".join(f"{r['contender']}={r.get('graph_us', math.nan):.0f} ({r['model_us']:.0f})"
-                                     for r in out)
+    return "us (model) " + ", ".join(
+        f"{r['contender']}={r.get('graph_us', math.nan):.0f} ({r['model_us']:.0f})" for r in out
+    )
 
 
 def main():
-    run_probe(__doc__, "probe_mixed_order", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, w, e, n, k), summary,
-              rounds=ROUNDS)
+    run_probe(
+        __doc__,
+        "probe_mixed_order",
+        CELLS,
+        lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, w, e, n, k),
+        summary,
+        rounds=ROUNDS,
+    )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,16 @@ from moegemm.grouped import choose_config, contiguous, grouped_mm_masked, launch
 from moegemm.grouped.config import masked_config
 
 CELLS = [  # (model, projection, tokens, load): E7's cells where the grids differed most, and a few others
-    ("deepseek-v3", "up", 4096, "uniform"), ("deepseek-v3", "down", 4096, "uniform"),
-    ("deepseek-v3", "up", 4096, "hot0.25"), ("deepseek-v3", "up", 4096, "zipf1.2"),
-    ("deepseek-v3", "up", 16384, "uniform"), ("mixtral-8x7b", "down", 4096, "uniform"),
-    ("qwen3-30b-a3b", "up", 4096, "uniform"), ("deepseek-v3", "up", 64, "uniform"),
-    ("mixtral-8x7b", "up", 256, "uniform"), ("qwen3-30b-a3b", "down", 256, "zipf1.2"),
+    ("deepseek-v3", "up", 4096, "uniform"),
+    ("deepseek-v3", "down", 4096, "uniform"),
+    ("deepseek-v3", "up", 4096, "hot0.25"),
+    ("deepseek-v3", "up", 4096, "zipf1.2"),
+    ("deepseek-v3", "up", 16384, "uniform"),
+    ("mixtral-8x7b", "down", 4096, "uniform"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"),
+    ("deepseek-v3", "up", 64, "uniform"),
+    ("mixtral-8x7b", "up", 256, "uniform"),
+    ("qwen3-30b-a3b", "down", 256, "zipf1.2"),
 ]
 SHIPPED, SHIPPED_PLAN_KEY = launch.per_sm, contiguous._plan_key
 
@@ -41,6 +46,7 @@ def with_per_sm(per_sm, fn, fields: dict):
     """``fn`` with the persistent grid forced to ``per_sm`` programs per SM ("auto": what the library
     decides, recorded in ``fields``), each call launched through Triton (no plan of a repeat call).
     Graph capture records the grid of the launch it captures."""
+
     def forced(kernel, cfg, x, args, kwargs):
         got = SHIPPED(kernel, cfg, x, args, kwargs) if per_sm == "auto" else per_sm
         fields["per_sm"] = got
@@ -53,6 +59,7 @@ def with_per_sm(per_sm, fn, fields: dict):
             return fn()
         finally:
             launch.per_sm, contiguous._plan_key = SHIPPED, SHIPPED_PLAN_KEY
+
     return call
 
 
@@ -60,35 +67,63 @@ def contenders(xs, plan, ref, k, decode: bool, e: int, n: int) -> list[Contender
     off = plan.group_offsets
     base, source = choose_config(xs, e, n, "nk")
     plain, pers = dataclasses.replace(base, persistent=False), dataclasses.replace(base, persistent=True)
-    cs = [Contender("plain", ours(off, plain), config=dataclasses.asdict(plain),
-                    fields={"config_source": source, "per_sm": ""})]
+    cs = [
+        Contender(
+            "plain",
+            ours(off, plain),
+            config=dataclasses.asdict(plain),
+            fields={"config_source": source, "per_sm": ""},
+        )
+    ]
     for v in (1, 2, "auto"):
         f = {"config_source": source}
-        cs.append(Contender(f"persistent:{v}", lambda inp, v=v, f=f: with_per_sm(v, ours(off, pers)(inp), f),
-                            config=dataclasses.asdict(pers), fields=f))
+        cs.append(
+            Contender(
+                f"persistent:{v}",
+                lambda inp, v=v, f=f: with_per_sm(v, ours(off, pers)(inp), f),
+                config=dataclasses.asdict(pers),
+                fields=f,
+            )
+        )
     if decode:
         xm, ym, sizes, expert, pos = masked_inputs(xs, plan, e, n)
         mcfg = {"m_max": xm.shape[1], **dataclasses.asdict(masked_config(xm, n, "nk"))}
         for v in (1, 2, "auto"):
             f = {"config_source": "masked_config"}
-            cs.append(Contender(f"masked:{v}", lambda inp, v=v, f=f: with_per_sm(v, lambda: grouped_mm_masked(
-                xm, inp[1], sizes, w_layout="nk", out=ym), f), config=mcfg,
-                fields=f, check=lambda out: check(out[expert, pos], ref, k)))
+            cs.append(
+                Contender(
+                    f"masked:{v}",
+                    lambda inp, v=v, f=f: with_per_sm(
+                        v, lambda: grouped_mm_masked(xm, inp[1], sizes, w_layout="nk", out=ym), f
+                    ),
+                    config=mcfg,
+                    fields=f,
+                    check=lambda out: check(out[expert, pos], ref, k),
+                )
+            )
     return cs
 
 
 def ratios(out: list[dict]) -> str:
     """Each contender's GPU time over the plain grid's, with the programs per SM it launched."""
     base = next(r for r in out if r["contender"] == "plain").get("graph_us", math.nan)
-    return ", ".join(f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}"
-                     + (f"[{r['per_sm']}]" if r.get("per_sm") else "") for r in out)
+    return ", ".join(
+        f"{r['contender']}={r.get('graph_us', math.nan) / base:.3f}"
+        + (f"[{r['per_sm']}]" if r.get("per_sm") else "")
+        for r in out
+    )
 
 
 def main():
-    run_probe(__doc__, "probe_persistent_grid", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, ref, k, t in g["decode_tokens"],
-                                                                       e, n),
-              ratios)
+    run_probe(
+        __doc__,
+        "probe_persistent_grid",
+        CELLS,
+        lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(
+            xs, plan, ref, k, t in g["decode_tokens"], e, n
+        ),
+        ratios,
+    )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,14 @@ ROUNDS = 3  # holds per contender and cell, who goes first rotating; the rows ke
 CHUNK_S = 0.05  # replays queued between host synchronisations (the sampler's clock follows the GPU's)
 # E7's cells at the uniform load: every prefill (model, projection, T), decode at T=64 (gate/up), and one
 # skewed cell
-CELLS = ([(model, proj, t, "uniform") for model in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b")
-          for proj in ("up", "down") for t in (64, 1024, 4096, 16384) if t > 64 or proj == "up"]
-         + [("deepseek-v3", "down", 4096, "zipf1.2")])
+CELLS = [
+    (model, proj, t, "uniform")
+    for model in ("deepseek-v3", "qwen3-30b-a3b", "mixtral-8x7b")
+    for proj in ("up", "down")
+    for t in (64, 1024, 4096, 16384)
+    if t > 64 or proj == "up"
+] + [("deepseek-v3", "down", 4096, "zipf1.2")]
+
 
 def contenders(xs, plan, ws, e: int, settings, vllm: Contender | None = None) -> list[Contender]:
     """ours (tuned), torch._grouped_mm, vLLM's kernel (where given), the dense yardstick and the memory
@@ -61,8 +66,13 @@ def contenders(xs, plan, ws, e: int, settings, vllm: Contender | None = None) ->
     off = plan.group_offsets
     cfg, source = choose_config(xs, e, ws[0].shape[1], "nk")
     return [
-        Contender("ours", ours(off, cfg), config=dataclasses.asdict(cfg), fields={"config_source": source},
-                  parallel_compile=True),
+        Contender(
+            "ours",
+            ours(off, cfg),
+            config=dataclasses.asdict(cfg),
+            fields={"config_source": source},
+            parallel_compile=True,
+        ),
         torch_contender(off),
         *([vllm] if vllm is not None else []),
         dense_contender(e),
@@ -88,11 +98,17 @@ def hold(timer: GraphTimer, seconds: float, nvml: Nvml) -> dict:
         end.record()
         end.synchronize()
     us = start.elapsed_time(end) * 1000.0 / (replays * timer.n)
-    return {"graph_us": us, "hold_s": time.perf_counter() - t0, "hold_calls": replays * timer.n,
-            **summary(s.samples, SETTLE_S, POWER_SINCE_S)}
+    return {
+        "graph_us": us,
+        "hold_s": time.perf_counter() - t0,
+        "hold_calls": replays * timer.n,
+        **summary(s.samples, SETTLE_S, POWER_SINCE_S),
+    }
 
 
-def measure_cell(cs: list[Contender], sets: list[tuple], ref, k: int, settings, nvml: Nvml, turn: int) -> list[dict]:
+def measure_cell(
+    cs: list[Contender], sets: list[tuple], ref, k: int, settings, nvml: Nvml, turn: int
+) -> list[dict]:
     """Each contender checked, its graph captured, then held (hold) ROUNDS times, who goes first rotating
     from round to round (starting at ``turn``); one row each with the medians of its holds (merge_holds)."""
     rows, live = check_contenders(cs, sets, ref, k)
@@ -134,16 +150,26 @@ class PowerCells:
 
 
 def summary_line(out: list[dict]) -> str:
-    return ", ".join(f"{r['contender']}={r.get('graph_us', math.nan):.0f}us@{r.get('sm_mhz', math.nan):.0f}MHz/"
-                     f"{r.get('power_w', math.nan):.0f}W" for r in out)
+    return ", ".join(
+        f"{r['contender']}={r.get('graph_us', math.nan):.0f}us@{r.get('sm_mhz', math.nan):.0f}MHz/"
+        f"{r.get('power_w', math.nan):.0f}W"
+        for r in out
+    )
 
 
 def main():
     vllm = Vllm()
-    run_probe(__doc__, "probe_power", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g, cell, ws, settings, x, ids: contenders(
-                  xs, plan, ws, e, settings, vllm.contender(g, cell, w, settings, x, xs, plan, ids, ref, k, n)),
-              summary_line, measure_cell=PowerCells(), with_sets=True)
+    run_probe(
+        __doc__,
+        "probe_power",
+        CELLS,
+        lambda xs, plan, ref, w, t, e, k, n, g, cell, ws, settings, x, ids: contenders(
+            xs, plan, ws, e, settings, vllm.contender(g, cell, w, settings, x, xs, plan, ids, ref, k, n)
+        ),
+        summary_line,
+        measure_cell=PowerCells(),
+        with_sets=True,
+    )
 
 
 if __name__ == "__main__":

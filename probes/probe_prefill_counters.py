@@ -50,12 +50,20 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 CELLS = [  # E7's prefill cells where our kernel trails the practical ceiling most, and one where it is close
-    ("deepseek-v3", "up", 4096, "uniform"), ("deepseek-v3", "down", 4096, "zipf1.2"),
-    ("qwen3-30b-a3b", "up", 4096, "uniform"), ("mixtral-8x7b", "down", 1024, "uniform"),
+    ("deepseek-v3", "up", 4096, "uniform"),
+    ("deepseek-v3", "down", 4096, "zipf1.2"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"),
+    ("mixtral-8x7b", "down", 1024, "uniform"),
 ]
 CASES = ("tuned", "tails:separate", "tails:merged", "even", "dense:ours", "dense:cublas", "torch._grouped_mm")
-SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "Occupancy", "LaunchStats",
-            "WarpStateStats")
+SECTIONS = (
+    "SpeedOfLight",
+    "MemoryWorkloadAnalysis",
+    "ComputeWorkloadAnalysis",
+    "Occupancy",
+    "LaunchStats",
+    "WarpStateStats",
+)
 # (base name, suffix): counters asked for by name where this ncu lists them (ncu --query-metrics); executed
 # tensor-core math (which counts the padded rows of a ragged tile), tensor pipe activity, L2 and DRAM bytes
 WANTED = (
@@ -80,17 +88,33 @@ CLOCK_REASONS = ("clocks_event_reasons", "clocks_throttle_reasons")  # the newer
 # the counters kept (ncu's raw page has hundreds): time and clock, tensor pipe and executed tensor math, L2,
 # DRAM and L1 throughput and bytes, warps, launch shape, and the warp-stall breakdown (every
 # smsp__average_warps_issue_stalled_* ratio)
-KEPT = frozenset({
-    "gpu__time_duration.sum", "gpc__cycles_elapsed.avg.per_second", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
-    "sm__inst_executed_pipe_tensor_op_gmma.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-    "lts__t_sectors.avg.pct_of_peak_sustained_elapsed", "lts__t_bytes.sum", "lts__t_bytes.sum.per_second",
-    "lts__t_sector_hit_rate.pct", "lts__d_sectors_fill_device.avg.pct_of_peak_sustained_elapsed",
-    "lts__lts2xbar_cycles_active.avg.pct_of_peak_sustained_elapsed",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed", "dram__bytes_read.sum", "dram__bytes_write.sum",
-    "l1tex__throughput.avg.pct_of_peak_sustained_active", "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "launch__registers_per_thread", "launch__grid_size", "launch__block_size", "launch__shared_mem_per_block_dynamic",
-    "launch__waves_per_multiprocessor"})
+KEPT = frozenset(
+    {
+        "gpu__time_duration.sum",
+        "gpc__cycles_elapsed.avg.per_second",
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+        "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+        "sm__inst_executed_pipe_tensor_op_gmma.sum",
+        "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+        "lts__t_sectors.avg.pct_of_peak_sustained_elapsed",
+        "lts__t_bytes.sum",
+        "lts__t_bytes.sum.per_second",
+        "lts__t_sector_hit_rate.pct",
+        "lts__d_sectors_fill_device.avg.pct_of_peak_sustained_elapsed",
+        "lts__lts2xbar_cycles_active.avg.pct_of_peak_sustained_elapsed",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        "dram__bytes_read.sum",
+        "dram__bytes_write.sum",
+        "l1tex__throughput.avg.pct_of_peak_sustained_active",
+        "sm__warps_active.avg.pct_of_peak_sustained_active",
+        "launch__registers_per_thread",
+        "launch__grid_size",
+        "launch__block_size",
+        "launch__shared_mem_per_block_dynamic",
+        "launch__waves_per_multiprocessor",
+    }
+)
 STALLS = "smsp__average_warps_issue_stalled_"
 
 
@@ -99,10 +123,19 @@ def kept(metric: str) -> bool:
 
 
 # profiled in this order while the counters budget lasts: the splits of the gap first
-PRIORITY = ("tuned", "even", "dense:cublas", "tails:merged", "dense:ours", "torch._grouped_mm", "tails:separate")
+PRIORITY = (
+    "tuned",
+    "even",
+    "dense:cublas",
+    "tails:merged",
+    "dense:ours",
+    "torch._grouped_mm",
+    "tails:separate",
+)
 
 
 # ---------------------------------------------------------------- the cells and their contenders
+
 
 def cell_inputs(g: dict, model: str, proj: str, t: int, load: str):
     """E7's inputs of a cell: (w [E, N, K], x_sorted, plan, experts, K, N)."""
@@ -142,14 +175,21 @@ def case_calls(name: str, xs, w, plan, e: int, n: int):
         return ours(even, tuned), dataclasses.asdict(tuned), even
     if name == "dense:ours":
         one = torch.tensor([0, m], dtype=torch.int32, device=xs.device)
-        return (lambda inp: (lambda: grouped_mm(inp[0], inp[1][:1], one, w_layout="nk", config=tuned,
-                                                validate=False))), dataclasses.asdict(tuned), None
+        return (
+            (
+                lambda inp: (
+                    lambda: grouped_mm(inp[0], inp[1][:1], one, w_layout="nk", config=tuned, validate=False)
+                )
+            ),
+            dataclasses.asdict(tuned),
+            None,
+        )
     if name == "dense:cublas":
-        return (lambda inp: (lambda: torch.mm(inp[0], inp[1][0].T))), {"torch.mm": "cuBLAS"}, None
+        return (lambda inp: lambda: torch.mm(inp[0], inp[1][0].T)), {"torch.mm": "cuBLAS"}, None
     if name == "torch._grouped_mm":
         from moegemm.grouped.baselines import torch_grouped_mm
 
-        return (lambda inp: (lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk"))), {}, off
+        return (lambda inp: lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk")), {}, off
     raise ValueError(f"case: expected one of {CASES}, got {name!r}")
 
 
@@ -180,6 +220,7 @@ def sampled_check(xs, w, offsets, k: int, seed: int = 0):
 
 # ---------------------------------------------------------------- phase 1: timing, with the clocks sampled
 
+
 class ClockLog:
     """``nvidia-smi`` sampling the SM clock, power and clock-event reasons every 100 ms, in a thread."""
 
@@ -189,9 +230,18 @@ class ClockLog:
         if shutil.which("nvidia-smi") is None:
             return
         for reasons in CLOCK_REASONS:  # an nvidia-smi that does not know a field exits at once
-            self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_FIELDS.format(reasons)}",
-                                          "--format=csv,noheader,nounits", "-lms", "100"],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self.proc = subprocess.Popen(
+                [
+                    "nvidia-smi",
+                    f"--query-gpu={CLOCK_FIELDS.format(reasons)}",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "100",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             time.sleep(1.0)
             if self.proc.poll() is None:
                 break
@@ -204,8 +254,13 @@ class ClockLog:
             if len(parts) != 6:
                 continue
             try:
-                rec = {"sm_mhz": float(parts[1]), "mem_mhz": float(parts[2]), "power_w": float(parts[3]),
-                       "temp_c": float(parts[4]), "reasons": int(parts[5], 16)}
+                rec = {
+                    "sm_mhz": float(parts[1]),
+                    "mem_mhz": float(parts[2]),
+                    "power_w": float(parts[3]),
+                    "temp_c": float(parts[4]),
+                    "reasons": int(parts[5], 16),
+                }
             except ValueError:
                 continue
             self.samples.append((time.time(), rec))
@@ -219,9 +274,15 @@ class ClockLog:
         reasons = 0
         for r in s:
             reasons |= r["reasons"]
-        return {"clock_samples": len(s), "sm_mhz_min": sm[0], "sm_mhz_median": sm[len(sm) // 2],
-                "sm_mhz_max": sm[-1], "power_w_max": max(r["power_w"] for r in s),
-                "temp_c_max": max(r["temp_c"] for r in s), "clock_event_reasons": hex(reasons)}
+        return {
+            "clock_samples": len(s),
+            "sm_mhz_min": sm[0],
+            "sm_mhz_median": sm[len(sm) // 2],
+            "sm_mhz_max": sm[-1],
+            "power_w_max": max(r["power_w"] for r in s),
+            "temp_c_max": max(r["temp_c"] for r in s),
+            "clock_event_reasons": hex(reasons),
+        }
 
     def close(self):
         if self.proc is not None:
@@ -245,7 +306,11 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
     try:
         for model, proj, t, load in cells:
             if writer.done(model=model, proj=proj, tokens=t, load=load):
-                out = [r for r in writer.rows if (r["model"], r["proj"], r["tokens"], r["load"]) == (model, proj, t, load)]
+                out = [
+                    r
+                    for r in writer.rows
+                    if (r["model"], r["proj"], r["tokens"], r["load"]) == (model, proj, t, load)
+                ]
                 passed += [((model, proj, t, load), r["contender"]) for r in out if r["status"] == "ok"]
                 continue
             w, xs, plan, e, k, n = cell_inputs(g, model, proj, t, load)
@@ -259,20 +324,49 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
                 if got is None:
                     continue
                 bind, config, offsets = got
-                cs.append(Contender(name, bind, config=config, check=sampled_check(xs, w, offsets, k),
-                                    parallel_compile=name not in ("dense:cublas", "torch._grouped_mm")))
+                cs.append(
+                    Contender(
+                        name,
+                        bind,
+                        config=config,
+                        check=sampled_check(xs, w, offsets, k),
+                        parallel_compile=name not in ("dense:cublas", "torch._grouped_mm"),
+                    )
+                )
             t0 = time.time()
             out = measure(cs, [(xs, wi) for wi in ws], None, k, settings)
             clock = clocks.summary(t0, time.time())
             for r in out:
-                r.update(experiment="probe_prefill_counters", model=model, proj=proj, tokens=t, load=load,
-                         experts=e, k=k, n=n, rows=rows, **stats, floor_us=fl, flops=flops, input_sets=len(ws),
-                         **graph_rates(r.get("graph_us", math.nan), flops, fl), **clock, **prov)
+                r.update(
+                    experiment="probe_prefill_counters",
+                    model=model,
+                    proj=proj,
+                    tokens=t,
+                    load=load,
+                    experts=e,
+                    k=k,
+                    n=n,
+                    rows=rows,
+                    **stats,
+                    floor_us=fl,
+                    flops=flops,
+                    input_sets=len(ws),
+                    **graph_rates(r.get("graph_us", math.nan), flops, fl),
+                    **clock,
+                    **prov,
+                )
             writer.add(out)
             passed += [((model, proj, t, load), r["contender"]) for r in out if r["status"] == "ok"]
-            print(f"{model} {proj} T={t} {load}: " + ", ".join(
-                f"{r['contender']}={r.get('graph_us', math.nan):.0f}us" if r["status"] == "ok"
-                else f"{r['contender']}={r['status']}" for r in out), flush=True)
+            print(
+                f"{model} {proj} T={t} {load}: "
+                + ", ".join(
+                    f"{r['contender']}={r.get('graph_us', math.nan):.0f}us"
+                    if r["status"] == "ok"
+                    else f"{r['contender']}={r['status']}"
+                    for r in out
+                ),
+                flush=True,
+            )
             del w, ws, xs
             torch.cuda.empty_cache()
     finally:
@@ -283,6 +377,7 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
 
 # ---------------------------------------------------------------- phase 2: counters under ncu
 
+
 def find_ncu(explicit: str | None) -> str | None:
     if explicit:
         return explicit
@@ -291,7 +386,11 @@ def find_ncu(explicit: str | None) -> str | None:
         return found
     import glob
 
-    for pattern in ("/usr/local/cuda*/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/NVIDIA-Nsight-Compute*/ncu"):
+    for pattern in (
+        "/usr/local/cuda*/bin/ncu",
+        "/opt/nvidia/nsight-compute/*/ncu",
+        "/usr/local/NVIDIA-Nsight-Compute*/ncu",
+    ):
         hits = sorted(glob.glob(pattern))
         if hits:
             return hits[-1]
@@ -319,13 +418,24 @@ def parse_raw_csv(text: str) -> list[dict]:
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]  # ncu's own ==PROF== lines are not CSV
     table = list(csv.reader(io.StringIO("\n".join(lines))))
     if not table or table[0][:1] != ["ID"]:
-        raise ValueError("not an ncu raw CSV page: no header row starting with \"ID\"")
+        raise ValueError('not an ncu raw CSV page: no header row starting with "ID"')
     head, body = table[0], table[1:]
     units = [""] * len(head)
     if body and body[0][:1] == [""]:
         units, body = body[0], body[1:]
-    ident = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-             "Grid Size", "Device", "CC"}
+    ident = {
+        "ID",
+        "Process ID",
+        "Process Name",
+        "Host Name",
+        "Kernel Name",
+        "Context",
+        "Stream",
+        "Block Size",
+        "Grid Size",
+        "Device",
+        "CC",
+    }
     out = []
     for row in body:
         rec = dict(zip(head, row))
@@ -337,9 +447,17 @@ def parse_raw_csv(text: str) -> list[dict]:
                 value = float(raw)
             except ValueError:
                 continue
-            out.append({"kernel_id": int(rec["ID"]), "kernel": rec.get("Kernel Name", ""),
-                        "block": rec.get("Block Size", ""), "grid": rec.get("Grid Size", ""),
-                        "metric": col, "unit": unit, "value": value})
+            out.append(
+                {
+                    "kernel_id": int(rec["ID"]),
+                    "kernel": rec.get("Kernel Name", ""),
+                    "block": rec.get("Block Size", ""),
+                    "grid": rec.get("Grid Size", ""),
+                    "metric": col,
+                    "unit": unit,
+                    "value": value,
+                }
+            )
     return out
 
 
@@ -364,28 +482,64 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for (model, proj, t, load), case in passed:
             if time.time() > deadline:
-                print(f"counters: budget spent; {model} {proj} T={t} {load} {case} and after not profiled", flush=True)
+                print(
+                    f"counters: budget spent; {model} {proj} T={t} {load} {case} and after not profiled",
+                    flush=True,
+                )
                 break
             if writer.done(model=model, proj=proj, tokens=t, load=load, contender=case):
                 continue  # profiled by an earlier, interrupted run (its rows resumed from the .partial log)
             spec = f"{model}:{proj}:{t}:{load}:{case}"
             rep = Path(tmp) / "rep"
-            base = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
-                    "--replay-mode", "kernel", "--export", str(rep), "--force-overwrite"]
+            base = [
+                ncu,
+                "--profile-from-start",
+                "off",
+                "--clock-control",
+                "none",
+                "--cache-control",
+                "all",
+                "--replay-mode",
+                "kernel",
+                "--export",
+                str(rep),
+                "--force-overwrite",
+            ]
             for s in SECTIONS:
                 base += ["--section", s]
-            child = [sys.executable, "-m", "probes.probe_prefill_counters", "--one", spec, "--config",
-                     args.config, "--out", os.devnull]
+            child = [
+                sys.executable,
+                "-m",
+                "probes.probe_prefill_counters",
+                "--one",
+                spec,
+                "--config",
+                args.config,
+                "--out",
+                os.devnull,
+            ]
             t0 = time.time()
-            run = subprocess.run(base + (["--metrics", ",".join(metrics)] if metrics else []) + child,
-                                 capture_output=True, text=True, timeout=args.case_timeout_s)
+            run = subprocess.run(
+                base + (["--metrics", ",".join(metrics)] if metrics else []) + child,
+                capture_output=True,
+                text=True,
+                timeout=args.case_timeout_s,
+            )
             if run.returncode != 0 and metrics:  # a named counter this ncu refuses: the sections alone
-                run = subprocess.run(base + child, capture_output=True, text=True, timeout=args.case_timeout_s)
+                run = subprocess.run(
+                    base + child, capture_output=True, text=True, timeout=args.case_timeout_s
+                )
             if run.returncode != 0:
-                print(f"counters {spec}: ncu rc={run.returncode}: {(run.stderr or run.stdout)[-400:]}", flush=True)
+                print(
+                    f"counters {spec}: ncu rc={run.returncode}: {(run.stderr or run.stdout)[-400:]}",
+                    flush=True,
+                )
                 continue
-            page = subprocess.run([ncu, "--import", str(rep) + ".ncu-rep", "--csv", "--page", "raw",
-                                   "--print-units", "base"], capture_output=True, text=True)
+            page = subprocess.run(
+                [ncu, "--import", str(rep) + ".ncu-rep", "--csv", "--page", "raw", "--print-units", "base"],
+                capture_output=True,
+                text=True,
+            )
             if raw_dir:
                 (raw_dir / (spec.replace(":", "_").replace(".", "") + ".csv")).write_text(page.stdout)
             try:
@@ -394,11 +548,20 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
                 print(f"counters {spec}: {ex}", flush=True)
                 continue
             for r in got:
-                r.update(experiment="probe_prefill_counters", model=model, proj=proj, tokens=t, load=load,
-                         contender=case, **prov)
+                r.update(
+                    experiment="probe_prefill_counters",
+                    model=model,
+                    proj=proj,
+                    tokens=t,
+                    load=load,
+                    contender=case,
+                    **prov,
+                )
             writer.add(got)
             kernels = sorted({r["kernel"][:40] for r in got})
-            print(f"counters {spec}: {len(got)} values, kernels {kernels}, {time.time() - t0:.0f}s", flush=True)
+            print(
+                f"counters {spec}: {len(got)} values, kernels {kernels}, {time.time() - t0:.0f}s", flush=True
+            )
     if not writer.rows:
         sys.exit("counters: nothing profiled")
     writer.finish()
@@ -433,11 +596,18 @@ def main():
     ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
     ap.add_argument("--quick", action="store_true", help="the first cell only, at E7's timing")
     ap.add_argument("--ncu", help="path of ncu (default: on PATH, or CUDA's and Nsight Compute's folders)")
-    ap.add_argument("--counters-budget-s", type=float, default=300.0,
-                    help="start no new ncu case after this many seconds of the counters phase")
+    ap.add_argument(
+        "--counters-budget-s",
+        type=float,
+        default=300.0,
+        help="start no new ncu case after this many seconds of the counters phase",
+    )
     ap.add_argument("--case-timeout-s", type=float, default=120.0)
-    ap.add_argument("--deadline-s", type=float, help="start no ncu case that could end past this many seconds "
-                    "after the start")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        help="start no ncu case that could end past this many seconds after the start",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # MODEL:PROJ:T:LOAD:CASE, the child under ncu
     args = ap.parse_args()
     require_gpu()

@@ -39,10 +39,14 @@ from moegemm.grouped import choose_config, grouped_mm
 from probes.common import even_offsets, variant
 
 CELLS = [  # (model, projection, tokens, load): E7's prefill cells furthest below 70% of the floor, and two others
-    ("mixtral-8x7b", "up", 1024, "uniform"), ("mixtral-8x7b", "down", 1024, "uniform"),
-    ("qwen3-30b-a3b", "up", 4096, "uniform"), ("qwen3-30b-a3b", "down", 4096, "uniform"),
-    ("qwen3-30b-a3b", "up", 4096, "zipf1.2"), ("deepseek-v3", "up", 4096, "uniform"),
-    ("deepseek-v3", "down", 4096, "zipf1.2"), ("mixtral-8x7b", "up", 16384, "uniform"),
+    ("mixtral-8x7b", "up", 1024, "uniform"),
+    ("mixtral-8x7b", "down", 1024, "uniform"),
+    ("qwen3-30b-a3b", "up", 4096, "uniform"),
+    ("qwen3-30b-a3b", "down", 4096, "uniform"),
+    ("qwen3-30b-a3b", "up", 4096, "zipf1.2"),
+    ("deepseek-v3", "up", 4096, "uniform"),
+    ("deepseek-v3", "down", 4096, "zipf1.2"),
+    ("mixtral-8x7b", "up", 16384, "uniform"),
 ]
 
 
@@ -55,15 +59,28 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
     one = torch.tensor([0, m], dtype=torch.int32, device=xs.device)
     even = even_offsets(m, e, xs.device)
 
-    cs = [Contender("tuned", ours(off, tuned), config=dataclasses.asdict(tuned), fields={"config_source": source},
-                    parallel_compile=True)]
+    cs = [
+        Contender(
+            "tuned",
+            ours(off, tuned),
+            config=dataclasses.asdict(tuned),
+            fields={"config_source": source},
+            parallel_compile=True,
+        )
+    ]
     if tuned.block_m >= 64:  # tails as tiles of their own, and merged into the row tile before them
         for merge in (False, True):
             c = variant(tuned, tail_m=tuned.tail_m or 32, merge_tail=merge)
             if c is not None and c != tuned:
-                cs.append(Contender(f"tuned:{'merged' if merge else 'separate'}-tails", ours(off, c),
-                                    config=dataclasses.asdict(c), fields={"config_source": "tuned, tails changed"},
-                                    parallel_compile=True))
+                cs.append(
+                    Contender(
+                        f"tuned:{'merged' if merge else 'separate'}-tails",
+                        ours(off, c),
+                        config=dataclasses.asdict(c),
+                        fields={"config_source": "tuned, tails changed"},
+                        parallel_compile=True,
+                    )
+                )
     kn: dict = {}
 
     def as_kn(wi):  # the [E, K, N] copy of an input set's weights, made once
@@ -71,25 +88,72 @@ def contenders(xs, plan, dense_ref, k: int, e: int, n: int, w=None) -> list[Cont
             kn[wi.data_ptr()] = wi.transpose(1, 2).contiguous()
         return kn[wi.data_ptr()]
 
-    cs.append(Contender("tuned:kn", lambda inp: (lambda wk=as_kn(inp[1]): grouped_mm(
-        inp[0], wk, off, w_layout="kn", config=tuned, validate=False)), config=dataclasses.asdict(tuned),
-        fields={"config_source": "tuned (nk), w as [E, K, N]"}, parallel_compile=True))
-    deep = dataclasses.replace(tuned, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3, tma=True,
-                               tail_m=min(tuned.tail_m, 64))
+    cs.append(
+        Contender(
+            "tuned:kn",
+            lambda inp: (
+                lambda wk=as_kn(inp[1]): grouped_mm(
+                    inp[0], wk, off, w_layout="kn", config=tuned, validate=False
+                )
+            ),
+            config=dataclasses.asdict(tuned),
+            fields={"config_source": "tuned (nk), w as [E, K, N]"},
+            parallel_compile=True,
+        )
+    )
+    deep = dataclasses.replace(
+        tuned,
+        block_m=128,
+        block_n=128,
+        block_k=128,
+        num_warps=8,
+        num_stages=3,
+        tma=True,
+        tail_m=min(tuned.tail_m, 64),
+    )
     if deep != tuned:
-        cs.append(Contender("tile:128x128x128", ours(off, deep), config=dataclasses.asdict(deep),
-                            fields={"config_source": "tuned grid, loop and tails"}, parallel_compile=True))
-    cs.append(Contender("dense:cublas", lambda inp: (lambda: torch.mm(inp[0], inp[1][0].T)),
-                        config={"torch.mm": "cuBLAS"}, fields={"config_source": ""},
-                        check=lambda out: check(out, dense_ref, k)))
-    cs.append(Contender("dense:ours", lambda inp: (lambda: grouped_mm(inp[0], inp[1][:1], one, w_layout="nk",
-                                                                      config=tuned, validate=False)),
-                        config=dataclasses.asdict(tuned), fields={"config_source": "tuned (of the grouped cell)"},
-                        check=lambda out: check(out, dense_ref, k), parallel_compile=True))
+        cs.append(
+            Contender(
+                "tile:128x128x128",
+                ours(off, deep),
+                config=dataclasses.asdict(deep),
+                fields={"config_source": "tuned grid, loop and tails"},
+                parallel_compile=True,
+            )
+        )
+    cs.append(
+        Contender(
+            "dense:cublas",
+            lambda inp: lambda: torch.mm(inp[0], inp[1][0].T),
+            config={"torch.mm": "cuBLAS"},
+            fields={"config_source": ""},
+            check=lambda out: check(out, dense_ref, k),
+        )
+    )
+    cs.append(
+        Contender(
+            "dense:ours",
+            lambda inp: (
+                lambda: grouped_mm(inp[0], inp[1][:1], one, w_layout="nk", config=tuned, validate=False)
+            ),
+            config=dataclasses.asdict(tuned),
+            fields={"config_source": "tuned (of the grouped cell)"},
+            check=lambda out: check(out, dense_ref, k),
+            parallel_compile=True,
+        )
+    )
     if w is not None:
         even_ref = ref_rows(xs, w, even)
-        cs.append(Contender("even:ours", ours(even, tuned), config=dataclasses.asdict(tuned),
-                            fields={"config_source": "tuned (of the grouped cell)"}, check=lambda out: check(out, even_ref, k), parallel_compile=True))
+        cs.append(
+            Contender(
+                "even:ours",
+                ours(even, tuned),
+                config=dataclasses.asdict(tuned),
+                fields={"config_source": "tuned (of the grouped cell)"},
+                check=lambda out: check(out, even_ref, k),
+                parallel_compile=True,
+            )
+        )
     return cs
 
 
@@ -98,10 +162,15 @@ def tflops(out: list[dict]) -> str:
 
 
 def main():
-    run_probe(__doc__, "probe_prefill_tiles", CELLS,
-              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, xs.double() @ w[0].double().T,
-                                                                       k, e, n, w),
-              tflops)
+    run_probe(
+        __doc__,
+        "probe_prefill_tiles",
+        CELLS,
+        lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(
+            xs, plan, xs.double() @ w[0].double().T, k, e, n, w
+        ),
+        tflops,
+    )
 
 
 if __name__ == "__main__":

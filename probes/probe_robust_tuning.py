@@ -50,14 +50,23 @@ def choices(tune_csv: Path) -> dict:
 
 
 def cells_of(picks: dict, skip_tokens=(1, 16384)) -> list[tuple]:
-    return [(model, proj, t, load) for (model, proj, t) in sorted(picks) if t not in skip_tokens for load in LOADS]
+    return [
+        (model, proj, t, load) for (model, proj, t) in sorted(picks) if t not in skip_tokens for load in LOADS
+    ]
 
 
 def contenders(xs, plan, t: int, model: str, proj: str, picks: dict) -> list[Contender]:
     both, uni = picks[model, proj, t]
-    return [Contender(name, ours(plan.group_offsets, GroupedConfig.from_dict(c)), config=c,
-                      fields={"config_source": "tune_grouped.csv"}, parallel_compile=True)
-            for name, c in (("tuned:both-loads", both), ("tuned:uniform-only", uni))]
+    return [
+        Contender(
+            name,
+            ours(plan.group_offsets, GroupedConfig.from_dict(c)),
+            config=c,
+            fields={"config_source": "tune_grouped.csv"},
+            parallel_compile=True,
+        )
+        for name, c in (("tuned:both-loads", both), ("tuned:uniform-only", uni))
+    ]
 
 
 def speedup(out: list[dict]) -> str:
@@ -72,9 +81,13 @@ def main():
 
     require_gpu()
     picks = choices(ROOT / "results" / slugify(torch.cuda.get_device_name(0)) / "tune_grouped.csv")
-    run_probe(__doc__, "probe_robust_tuning", cells_of(picks),
-              lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, t, cell[0], cell[1], picks),
-              speedup)
+    run_probe(
+        __doc__,
+        "probe_robust_tuning",
+        cells_of(picks),
+        lambda xs, plan, ref, w, t, e, k, n, g, cell: contenders(xs, plan, t, cell[0], cell[1], picks),
+        speedup,
+    )
 
 
 if __name__ == "__main__":

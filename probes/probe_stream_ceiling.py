@@ -29,10 +29,20 @@ SLABS = {  # name: (experts, N, K, active experts)
 
 
 def grid() -> list[StreamConfig]:
-    flat = [StreamConfig(b, p, nw) for b in (8192, 16384, 32768) for p in (1, 2, 4, 8) for nw in (4, 8)
-            if not (b == 8192 and nw == 8 and p == 1)]
-    tma = [StreamConfig(r, p, 4, "tma", st) for r in (16, 32, 64, 128) for p in (1, 2, 4) for st in (2, 4)
-           if r * p <= 256]
+    flat = [
+        StreamConfig(b, p, nw)
+        for b in (8192, 16384, 32768)
+        for p in (1, 2, 4, 8)
+        for nw in (4, 8)
+        if not (b == 8192 and nw == 8 and p == 1)
+    ]
+    tma = [
+        StreamConfig(r, p, 4, "tma", st)
+        for r in (16, 32, 64, 128)
+        for p in (1, 2, 4)
+        for st in (2, 4)
+        if r * p <= 256
+    ]
     return flat + tma
 
 
@@ -48,7 +58,9 @@ def main():
         w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16, generator=g)
         sizes = torch.zeros(e, dtype=torch.int32, device="cuda")
         sizes[:active] = 1
-        x = torch.randn(active, k, device="cuda", dtype=torch.bfloat16, generator=g)  # one row per active expert
+        x = torch.randn(
+            active, k, device="cuda", dtype=torch.bfloat16, generator=g
+        )  # one row per active expert
         nbytes = 2 * (active * n * k + 2 * active * k)  # ~ weights + x in + y out (y is active x N)
         sets = [w] + [w.clone() for _ in range(input_sets_for(nbytes) - 1)]
         flat_slabs = [wi.view(-1)[: active * n * k] for wi in sets]
@@ -62,8 +74,13 @@ def main():
                 ok, _, why = check_stream(stream_bytes(w, x, s), w, x, sizes, s.y)
             except Exception as ex:  # noqa: BLE001  a launch shape that does not build is recorded
                 ok, why = False, f"error: {type(ex).__name__}: {str(ex)[:160]}"
-            row = {"slab": slab, "contender": "ceiling:stream", "config": str(c), "status": "ok" if ok else "wrong",
-                   "note": why}
+            row = {
+                "slab": slab,
+                "contender": "ceiling:stream",
+                "config": str(c),
+                "status": "ok" if ok else "wrong",
+                "note": why,
+            }
             if ok:
                 calls = [lambda wi=wi, s=s: stream_bytes(wi, x, s) for wi in sets]
                 t = GraphTimer(calls, max(len(calls), 10))
@@ -71,17 +88,32 @@ def main():
             rows.append(row)
         sums = [lambda v=v: v.sum(dtype=torch.float32) for v in flat_slabs]  # the weights only, no x, no y
         t = GraphTimer(sums, max(len(sums), 10))
-        rows.append({"slab": slab, "contender": "torch.sum (weights only)", "config": "", "status": "ok",
-                     "graph_us": statistics.median(t.sample(7))})
+        rows.append(
+            {
+                "slab": slab,
+                "contender": "torch.sum (weights only)",
+                "config": "",
+                "status": "ok",
+                "graph_us": statistics.median(t.sample(7)),
+            }
+        )
         for r in rows:
             us = r.get("graph_us", math.nan)
             b = nbytes if r["contender"] != "torch.sum (weights only)" else 2 * active * n * k
-            r.update(bytes=b, tb_s=b / (us * 1e-6) / 1e12, pct_peak=100 * b / (us * 1e-6) / 1e12 / peak,
-                     input_sets=len(sets), **prov)
+            r.update(
+                bytes=b,
+                tb_s=b / (us * 1e-6) / 1e12,
+                pct_peak=100 * b / (us * 1e-6) / 1e12 / peak,
+                input_sets=len(sets),
+                **prov,
+            )
         writer.add(rows)
         best = min((r for r in rows if r["status"] == "ok"), key=lambda r: r["graph_us"])
-        print(f"{slab}: best {best['contender']} {best['config']} {best['graph_us']:.1f} us "
-              f"{best['tb_s']:.2f} TB/s; torch.sum {rows[-1]['tb_s']:.2f} TB/s", flush=True)
+        print(
+            f"{slab}: best {best['contender']} {best['config']} {best['graph_us']:.1f} us "
+            f"{best['tb_s']:.2f} TB/s; torch.sum {rows[-1]['tb_s']:.2f} TB/s",
+            flush=True,
+        )
         del w, sets, flat_slabs
         torch.cuda.empty_cache()
     writer.finish()
@@ -89,7 +121,9 @@ def main():
 
     d = pd.read_csv(args.out)
     d = d[d.status == "ok"].sort_values("tb_s", ascending=False)
-    print(d.groupby("slab").head(5)[["slab", "contender", "config", "graph_us", "tb_s"]].to_string(index=False))
+    print(
+        d.groupby("slab").head(5)[["slab", "contender", "config", "graph_us", "tb_s"]].to_string(index=False)
+    )
 
 
 if __name__ == "__main__":

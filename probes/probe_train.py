@@ -97,6 +97,7 @@ def check_grads() -> bool:
         rows = {}
         for save in (False, True):
             ag.SAVE_GATE_UP = save
+
             def f():
                 return moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
 
@@ -107,12 +108,15 @@ def check_grads() -> bool:
             ok &= det
         ag.SAVE_GATE_UP = False
         if w_layout == "nk":
+
             def pipe():
                 return torch_pipeline_train(x, ids, tw, wgu, wd, e)
 
             rows["torch pipeline"] = ([rel(u, r) for u, r in zip(step(pipe, leaves, dy), ref)], None)
-        print(f"\nGradients vs float64, qwen3-30b-a3b T=4096 zipf1.2, w_layout={w_layout} "
-              "(relative Frobenius error: dx, d topk_weights, d w_gate_up, d w_down; bitwise repeatable)")
+        print(
+            f"\nGradients vs float64, qwen3-30b-a3b T=4096 zipf1.2, w_layout={w_layout} "
+            "(relative Frobenius error: dx, d topk_weights, d w_gate_up, d w_down; bitwise repeatable)"
+        )
         for name, (errs, det) in rows.items():
             print(f"  {name:22s} " + "  ".join(f"{v:.2e}" for v in errs) + f"  {'' if det is None else det}")
             ok &= all(v < 2e-2 for v in errs)
@@ -214,8 +218,18 @@ def time_cell(model: str, e: int, h: int, i: int, k: int, t: int, compiled: bool
         f_ms, s_ms = graph_ms(fwd), graph_ms(full)
         mb = peak_mb(full)
         ag.SAVE_GATE_UP = False
-        rows.append(dict(model=model, tokens=t, contender=name, fwd_ms=f_ms, step_ms=s_ms, bwd_ms=s_ms - f_ms,
-                         peak_mb=mb, wall_s=time.perf_counter() - t0))
+        rows.append(
+            dict(
+                model=model,
+                tokens=t,
+                contender=name,
+                fwd_ms=f_ms,
+                step_ms=s_ms,
+                bwd_ms=s_ms - f_ms,
+                peak_mb=mb,
+                wall_s=time.perf_counter() - t0,
+            )
+        )
     return rows
 
 
@@ -228,16 +242,25 @@ def main():
     t0 = time.perf_counter()
     ok = True if args.skip_grads else check_grads()
     rows = time_steps(args.compiled)
-    print("\nPer step, GPU time via CUDA graph (ms), peak memory over the step (MiB, beyond what was "
-          "allocated before it); speed-up: torch pipeline's time / ours")
-    print(f"  {'model':16s} {'T':>6s} {'contender':24s} {'fwd':>8s} {'fwd+bwd':>8s} {'bwd':>8s} "
-          f"{'peak MiB':>9s} {'x step':>7s} {'x bwd':>6s}")
+    print(
+        "\nPer step, GPU time via CUDA graph (ms), peak memory over the step (MiB, beyond what was "
+        "allocated before it); speed-up: torch pipeline's time / ours"
+    )
+    print(
+        f"  {'model':16s} {'T':>6s} {'contender':24s} {'fwd':>8s} {'fwd+bwd':>8s} {'bwd':>8s} "
+        f"{'peak MiB':>9s} {'x step':>7s} {'x bwd':>6s}"
+    )
     for r in rows:
-        base = next(b for b in rows if b["model"] == r["model"] and b["tokens"] == r["tokens"]
-                    and b["contender"] == "torch pipeline")
-        print(f"  {r['model']:16s} {r['tokens']:6d} {r['contender']:24s} {r['fwd_ms']:8.3f} "
-              f"{r['step_ms']:8.3f} {r['bwd_ms']:8.3f} {r['peak_mb']:9.0f} "
-              f"{base['step_ms'] / r['step_ms']:7.2f} {base['bwd_ms'] / r['bwd_ms']:6.2f}")
+        base = next(
+            b
+            for b in rows
+            if b["model"] == r["model"] and b["tokens"] == r["tokens"] and b["contender"] == "torch pipeline"
+        )
+        print(
+            f"  {r['model']:16s} {r['tokens']:6d} {r['contender']:24s} {r['fwd_ms']:8.3f} "
+            f"{r['step_ms']:8.3f} {r['bwd_ms']:8.3f} {r['peak_mb']:9.0f} "
+            f"{base['step_ms'] / r['step_ms']:7.2f} {base['bwd_ms'] / r['bwd_ms']:6.2f}"
+        )
     if args.out:
         with open(args.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

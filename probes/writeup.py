@@ -34,8 +34,9 @@ def probe_cells(results: Path, probe: str, values: str | list[str] = "graph_us")
     if not path.exists():
         return None
     df = pd.read_csv(path)
-    return df[df.status == "ok"].pivot_table(index=["model", "proj", "tokens", "load"], columns="contender",
-                                             values=values)
+    return df[df.status == "ok"].pivot_table(
+        index=["model", "proj", "tokens", "load"], columns="contender", values=values
+    )
 
 
 def robust_probe(n: Numbers, results: Path) -> None:
@@ -72,15 +73,20 @@ def mixed_order_probe(n: Numbers, results: Path) -> None:
     m = df.pivot_table(index=key, columns="contender", values="model_us")
     expert = df[(df.contender == "tuned") & ~df.config.str.contains("'mix': [1-9]", regex=True)]
     cells = pd.MultiIndex.from_frame(expert[key])
-    gain, model = (t.loc[cells, "tuned"] / t.loc[cells, "order:mix2"]), (m.loc[cells, "tuned"] /
-                                                                           m.loc[cells, "order:mix2"])
+    gain, model = (
+        (t.loc[cells, "tuned"] / t.loc[cells, "order:mix2"]),
+        (m.loc[cells, "tuned"] / m.loc[cells, "order:mix2"]),
+    )
     zipf = [(c[0] == "deepseek-v3" and c[2] == 4096 and str(c[3]).startswith("zipf")) for c in cells]
     skew = [z and float(str(c[3])[4:]) >= 1.2 for z, c in zip(zipf, cells)]
     rest = [not z for z in zipf]
     n.add("MixCells", len(cells), "{}")
     n.add("MixSkewCells", sum(skew), "{}")
     alphas = sorted({str(c[3])[4:] for c, k in zip(cells, skew) if k}, key=float)
-    n.add("MixSkewLoads", "Zipf " + " and ".join([", ".join(alphas[:-1]), alphas[-1]] if len(alphas) > 1 else alphas))
+    n.add(
+        "MixSkewLoads",
+        "Zipf " + " and ".join([", ".join(alphas[:-1]), alphas[-1]] if len(alphas) > 1 else alphas),
+    )
     n.add("MixSkewGainLo", float(gain[skew].min()))
     n.add("MixSkewGainHi", float(gain[skew].max()))
     n.add("MixSkewModelLo", float(model[skew].min()))
@@ -101,8 +107,13 @@ def mixed_order_probe(n: Numbers, results: Path) -> None:
         n.add("MixCtrEvenTensorPct", e.tensor, "{:.0f}")
 
 
-POWER_NAMES = {"ours": "ours (tuned)", "torch._grouped_mm": "torch._grouped_mm", VLLM: "vLLM fused_moe",
-               "dense-reference": "dense cuBLAS (one expert)", STREAM: "memory ceiling (stream)"}
+POWER_NAMES = {
+    "ours": "ours (tuned)",
+    "torch._grouped_mm": "torch._grouped_mm",
+    VLLM: "vLLM fused_moe",
+    "dense-reference": "dense cuBLAS (one expert)",
+    STREAM: "memory ceiling (stream)",
+}
 
 
 def power_probe(n: Numbers, results: Path, gen: Path, e7f: pd.DataFrame | None = None) -> None:
@@ -133,18 +144,28 @@ def power_probe(n: Numbers, results: Path, gen: Path, e7f: pd.DataFrame | None =
             continue
         cells = us.loc[pd.MultiIndex.from_frame(sub[key].drop_duplicates())]
         n.add(f"Pow{regime}Cells", len(cells), "{}")
-        for c, short in (("ours", "Ours"), ("torch._grouped_mm", "Torch"), (VLLM, "Vllm"), ("dense-reference", "Dense"),
-                         (STREAM, "Stream")):
+        for c, short in (
+            ("ours", "Ours"),
+            ("torch._grouped_mm", "Torch"),
+            (VLLM, "Vllm"),
+            ("dense-reference", "Dense"),
+            (STREAM, "Stream"),
+        ):
             one = sub[sub.contender == c]
             if one.empty:
                 continue
             n.add(f"Pow{regime}{short}MHz", float(one.sm_mhz.median()), "{:.0f}")
             n.add(f"Pow{regime}{short}W", float(one.power_w.median()), "{:.0f}")
-            rows.append({"regime": regime.lower(), "kernel": POWER_NAMES[c],
-                         "SM clock (MHz, median)": f"{one.sm_mhz.median():.0f}",
-                         "power (W, median)": f"{one.power_w.median():.0f}",
-                         "samples power-capped": f"{100 * one.power_capped.mean():.0f}%",
-                         "held time / ours (geomean)": gm(cells[c] / cells["ours"])})
+            rows.append(
+                {
+                    "regime": regime.lower(),
+                    "kernel": POWER_NAMES[c],
+                    "SM clock (MHz, median)": f"{one.sm_mhz.median():.0f}",
+                    "power (W, median)": f"{one.power_w.median():.0f}",
+                    "samples power-capped": f"{100 * one.power_capped.mean():.0f}%",
+                    "held time / ours (geomean)": gm(cells[c] / cells["ours"]),
+                }
+            )
         gemm = sub[sub.contender.isin(["ours", "torch._grouped_mm", VLLM])]
         n.add(f"Pow{regime}GemmCappedPct", 100 * float(gemm.power_capped.mean()), "{:.0f}")
         for c, short in (("torch._grouped_mm", "Torch"), (VLLM, "Vllm")):
@@ -161,11 +182,19 @@ def power_probe(n: Numbers, results: Path, gen: Path, e7f: pd.DataFrame | None =
                 b = burst.reindex(r.index)
                 n.add(f"Pow{regime}Burst{short}", gm(b[col] / b.us))
     if rows:
-        write_text(gen / "table_power.tex", table(pd.DataFrame(rows), "Held back to back for about \\PowHoldS\\,s, \\PowHolds{} times each (medians) "
-                   "(probes/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
-                   "and power NVML reported, the share of samples in which the power cap held the clock down, and "
-                   "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "
-                   "ceiling solve easier problems).", "tab:power", "llrrrr"))
+        write_text(
+            gen / "table_power.tex",
+            table(
+                pd.DataFrame(rows),
+                "Held back to back for about \\PowHoldS\\,s, \\PowHolds{} times each (medians) "
+                "(probes/probe\\_power.py, E7's inputs, the uniform load and one skewed cell): the SM clock "
+                "and power NVML reported, the share of samples in which the power cap held the clock down, and "
+                "each kernel's held time over ours (geomean over the regime's cells; the yardstick and the "
+                "ceiling solve easier problems).",
+                "tab:power",
+                "llrrrr",
+            ),
+        )
 
 
 def stream_k_probe(n: Numbers, results: Path) -> None:
@@ -191,8 +220,14 @@ def stream_k_probe(n: Numbers, results: Path) -> None:
     n.add("StreamKVsTunedHi", float(vs_tuned.max()))
 
 
-PROBE_COLUMNS = [("tuned", "grouped"), ("tuned:merged-tails", "tails merged"), ("tuned:kn", "w as [E,K,N]"),
-                 ("even:ours", "rows even"), ("dense:ours", "dense, ours"), ("dense:cublas", "dense, cuBLAS")]
+PROBE_COLUMNS = [
+    ("tuned", "grouped"),
+    ("tuned:merged-tails", "tails merged"),
+    ("tuned:kn", "w as [E,K,N]"),
+    ("even:ours", "rows even"),
+    ("dense:ours", "dense, ours"),
+    ("dense:cublas", "dense, cuBLAS"),
+]
 
 
 def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
@@ -209,13 +244,20 @@ def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
             row[label] = f"{r[c]:.0f}" if c in r and r[c] == r[c] else "--"
         row["grouped / even, % floor"] = f"{pct.loc[cell, 'tuned']:.0f} / {pct.loc[cell, 'even:ours']:.0f}"
         rows.append(row)
-    write_text(gen / "table_probe.tex", table(
-        pd.DataFrame(rows), "Where the prefill time goes (probe, TFLOP/s on the GPU clock, side by side in one "
-        "process at E7's seeds): our grouped kernel with the tuned tiles; the same tiles with the tails merged "
-        "into the row tile before them; on weights laid out [E, K, N]; on the same rows dealt out evenly over "
-        "the experts (no ragged row tiles); one GEMM over all rows with one expert's weights, by our kernel "
-        "and by cuBLAS. Last column: \\% of the cell's floor, grouped and even (the even deal activates every "
-        "expert, so under Zipf it streams more weights than the cell).", "tab:probe", "lrrrrrrr"))
+    write_text(
+        gen / "table_probe.tex",
+        table(
+            pd.DataFrame(rows),
+            "Where the prefill time goes (probe, TFLOP/s on the GPU clock, side by side in one "
+            "process at E7's seeds): our grouped kernel with the tuned tiles; the same tiles with the tails merged "
+            "into the row tile before them; on weights laid out [E, K, N]; on the same rows dealt out evenly over "
+            "the experts (no ragged row tiles); one GEMM over all rows with one expert's weights, by our kernel "
+            "and by cuBLAS. Last column: \\% of the cell's floor, grouped and even (the even deal activates every "
+            "expert, so under Zipf it streams more weights than the cell).",
+            "tab:probe",
+            "lrrrrrrr",
+        ),
+    )
     uni = tf.xs("uniform", level="load")
     n.add("ProbeCells", len(tf), "{}")
     n.add("ProbeUniformCells", len(uni), "{}")
@@ -234,19 +276,37 @@ def prefill_probe(n: Numbers, results: Path, gen: Path) -> None:
 
 
 # NVML's clock-event reason bits (nvidia-smi clocks_event_reasons.active)
-CLOCK_REASONS = {0x1: "GPU idle", 0x2: "application clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
-                 0x10: "sync boost", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
-                 0x80: "hardware power brake", 0x100: "display clock"}
+CLOCK_REASONS = {
+    0x1: "GPU idle",
+    0x2: "application clocks",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+    0x100: "display clock",
+}
 
 
-COUNTER_CASES = [("tuned", "tuned"), ("tails:merged", "tails merged"), ("even", "rows even"),
-                 ("dense:cublas", "dense, cuBLAS"), ("torch._grouped_mm", "torch._grouped_mm")]
+COUNTER_CASES = [
+    ("tuned", "tuned"),
+    ("tails:merged", "tails merged"),
+    ("even", "rows even"),
+    ("dense:cublas", "dense, cuBLAS"),
+    ("torch._grouped_mm", "torch._grouped_mm"),
+]
 
 
-COUNTERS = {"us": "gpu__time_duration.sum", "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
-            "ops": "sm__ops_path_tensor_src_bf16_dst_fp32.sum", "l2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-            "l2_bytes": "lts__t_bytes.sum", "dram": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-            "dram_bytes": "dram__bytes_read.sum"}
+COUNTERS = {
+    "us": "gpu__time_duration.sum",
+    "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "ops": "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+    "l2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "l2_bytes": "lts__t_bytes.sum",
+    "dram": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_bytes": "dram__bytes_read.sum",
+}
 
 
 def counter_frame(results: Path) -> pd.DataFrame | None:
@@ -281,20 +341,35 @@ def prefill_counters(n: Numbers, results: Path, gen: Path) -> None:
             if cell + (case,) not in c.index:
                 continue
             r = c.loc[cell + (case,)]
-            rows.append({"cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}", "kernel": label,
-                         "us": f"{r.us:.0f}", "tensor pipe %": f"{r.tensor:.0f}",
-                         "tensor math / FLOPs": f"{r.ops_ratio:.2f}", "L2 %": f"{r.l2:.0f}",
-                         "L2 GB": f"{r.l2_bytes / 1e9:.1f}", "DRAM %": f"{r.dram:.0f}",
-                         "DRAM GB read": f"{r.dram_bytes / 1e9:.1f}"})
-    write_text(gen / "table_counters.tex", table(
-        pd.DataFrame(rows), "What limits the prefill kernels: Nsight Compute's counters of one call each "
-        "(probes/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
-        "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer merged tails "
-        "on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an expert merged into the "
-        "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the "
-        "tensor cores were busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
-        "padded rows of ragged row tiles); L2 \\%: L2 throughput against its peak; L2 GB: bytes through L2; "
-        "DRAM: HBM throughput against its peak and bytes read.", "tab:counters", "llrrrrrrr"))
+            rows.append(
+                {
+                    "cell": f"{cell[0]} {cell[1]} T={cell[2]} {cell[3]}",
+                    "kernel": label,
+                    "us": f"{r.us:.0f}",
+                    "tensor pipe %": f"{r.tensor:.0f}",
+                    "tensor math / FLOPs": f"{r.ops_ratio:.2f}",
+                    "L2 %": f"{r.l2:.0f}",
+                    "L2 GB": f"{r.l2_bytes / 1e9:.1f}",
+                    "DRAM %": f"{r.dram:.0f}",
+                    "DRAM GB read": f"{r.dram_bytes / 1e9:.1f}",
+                }
+            )
+    write_text(
+        gen / "table_counters.tex",
+        table(
+            pd.DataFrame(rows),
+            "What limits the prefill kernels: Nsight Compute's counters of one call each "
+            "(probes/probe\\_prefill\\_counters.py; kernel replay, caches flushed, clocks left alone), E7's "
+            "seeds. tuned: the library's choice in the probe's run, from a table that did not yet offer merged tails "
+            "on 128 x 256 tiles; tails merged: the same tiles with the last <= 32 rows of an expert merged into the "
+            "row tile before them. us: the kernel's time under the profiler; tensor pipe: share of cycles the "
+            "tensor cores were busy; tensor math / FLOPs: the bf16 tensor operations executed over the cell's useful FLOPs (above 1: "
+            "padded rows of ragged row tiles); L2 \\%: L2 throughput against its peak; L2 GB: bytes through L2; "
+            "DRAM: HBM throughput against its peak and bytes read.",
+            "tab:counters",
+            "llrrrrrrr",
+        ),
+    )
     tuned = c.xs("tuned", level="contender")
     n.add("CtrCells", len(tuned), "{}")
     n.add("CtrTunedOpsLo", float(tuned.ops_ratio.min()))
@@ -357,8 +432,13 @@ def middle_tiles_probe(n: Numbers, results: Path) -> None:
     n.add("MidBeat", int((best > 1.03).sum()), "{}")
     n.add("MidBestLo", float(best.min()))
     n.add("MidBestHi", float(best.max()))
-    for macro, prefix in (("MidKLong", "k256-"), ("MidKLongNarrow", "n64-k256-"), ("MidFourStage", "k128-s4"),
-                          ("MidWide", "n256-"), ("MidEightWarps", "w8-")):
+    for macro, prefix in (
+        ("MidKLong", "k256-"),
+        ("MidKLongNarrow", "n64-k256-"),
+        ("MidFourStage", "k128-s4"),
+        ("MidWide", "n256-"),
+        ("MidEightWarps", "w8-"),
+    ):
         cols = [c for c in new if c.startswith(prefix)]
         if cols:
             n.add(macro, gm(pd.concat([vs[c] for c in cols]).dropna()))
@@ -446,8 +526,16 @@ def dk_latency_probe(n: Numbers, results: Path) -> None:
         return
     df = pd.read_csv(path)
     p = df[df.status == "ok"].pivot_table(index=["m", "n", "k"], columns="contender", values="graph_us")
-    need = ("ours:auto", "seed: optimized", "direct:coop", "direct:no-attribute", "ceiling:empty",
-            "ceiling:empty:no-attribute", "ceiling:load:no-attribute", "ceiling:load:fastest-config")
+    need = (
+        "ours:auto",
+        "seed: optimized",
+        "direct:coop",
+        "direct:no-attribute",
+        "ceiling:empty",
+        "ceiling:empty:no-attribute",
+        "ceiling:load:no-attribute",
+        "ceiling:load:fastest-config",
+    )
     if any(c not in p for c in need):
         return
     n.add("DkLatShapes", len(p), "{}")
@@ -472,8 +560,11 @@ def dk_latency_probe(n: Numbers, results: Path) -> None:
     n.add("DkLatRoomMinUs", float(room.min()))
     n.add("DkLatRoomMaxUs", float(room.max()))
     n.add("DkLatRoomFits", int((x <= room).sum()), "{}")
-    n.add("DkLatBoundConfigs", int(df.loc[df.contender == "ceiling:load:fastest-config", "configs_timed"].sum()),
-          "{}")
+    n.add(
+        "DkLatBoundConfigs",
+        int(df.loc[df.contender == "ceiling:load:fastest-config", "configs_timed"].sum()),
+        "{}",
+    )
     early = runs_dir(results) / "S18-1" / "probe_dk_latency.csv"
     if early.exists():
         e = pd.read_csv(early)
@@ -493,7 +584,8 @@ def dk_design_probe(n: Numbers, results: Path) -> None:
     if path.exists():
         df = pd.read_csv(path)
         p = df[(df.status == "ok") & ~df.contender.str.startswith("screen:")].pivot_table(
-            index=["m", "n", "k"], columns="contender", values="graph_us")
+            index=["m", "n", "k"], columns="contender", values="graph_us"
+        )
         n.add("DkProbeShapes", len(p), "{}")
         n.add("DkCoopAttrCost", gm(p["coop"] / p["coop-no-attribute"]))
         n.add("DkLastArriverMin", (p["last-arriver"] / p["coop"]).min(), "{:.1f}")

@@ -24,13 +24,17 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
-from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
-from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
-from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
-from moegemm.grouped.kernels import (_grouped_mm_kernel, _grouped_mm_masked_kernel,  # noqa: E402
-                                     _grouped_mm_masked_tma_kernel, _grouped_mm_swiglu_tma_kernel,
-                                     _grouped_mm_tma_kernel)
+from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
+from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
+from moegemm.grouped.kernels import (
+    _grouped_mm_kernel,
+    _grouped_mm_masked_kernel,  # noqa: E402
+    _grouped_mm_masked_tma_kernel,
+    _grouped_mm_swiglu_tma_kernel,
+    _grouped_mm_tma_kernel,
+)
+from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 
@@ -51,100 +55,255 @@ def sig(kernel, ptrs: dict, consts: dict) -> tuple[dict, dict]:
 def variants():
     for dt, epi, bias in itertools.product(("bf16", "fp16", "fp32"), (0, 1, 2), (False, True)):
         prec = "ieee" if dt == "fp32" else "tf32"
-        io = {"a_ptr": TY[dt], "b_ptr": TY[dt], "c_ptr": TY[dt], "bias_ptr": TY[dt], "p_ptr": "*fp32",
-              "counter_ptr": "*i32"}
+        io = {
+            "a_ptr": TY[dt],
+            "b_ptr": TY[dt],
+            "c_ptr": TY[dt],
+            "bias_ptr": TY[dt],
+            "p_ptr": "*fp32",
+            "counter_ptr": "*i32",
+        }
         for even in (True, False):
-            tile = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, GROUP_M=8, EVEN_K=even,
-                        PRECISION=prec, UPCAST=False)
+            tile = dict(
+                BLOCK_M=16,
+                BLOCK_N=64,
+                BLOCK_K=128 if dt != "fp32" else 64,
+                GROUP_M=8,
+                EVEN_K=even,
+                PRECISION=prec,
+                UPCAST=False,
+            )
             if epi == 0 and not bias:
                 yield ("partial", dt, even), _partial_mm_kernel, io, tile
         for coop, (n, k, s) in itertools.product((True, False), ((64, 8192, 32), (256, 7168, 7))):
-            sl = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128 if dt != "fp32" else 64, GROUP_M=8, PRECISION=prec,
-                      UPCAST=False, N=n, K=k, S=s, SP=triton.next_power_of_2(s),
-                      SLICE=triton.next_power_of_2(-(-16 * 64 // s)), CHUNK=4096 // triton.next_power_of_2(s),
-                      COOP=coop, HAS_BIAS=bias, EPILOGUE=epi)
+            sl = dict(
+                BLOCK_M=16,
+                BLOCK_N=64,
+                BLOCK_K=128 if dt != "fp32" else 64,
+                GROUP_M=8,
+                PRECISION=prec,
+                UPCAST=False,
+                N=n,
+                K=k,
+                S=s,
+                SP=triton.next_power_of_2(s),
+                SLICE=triton.next_power_of_2(-(-16 * 64 // s)),
+                CHUNK=4096 // triton.next_power_of_2(s),
+                COOP=coop,
+                HAS_BIAS=bias,
+                EPILOGUE=epi,
+            )
             opts = {"launch_cooperative_grid": coop}
             sio = dict(io, p_ptr="*i64", counter_ptr="*i64") if coop else io
             yield ("single_launch", dt, epi, bias, coop, n, k, s), _single_launch_kernel, sio, sl, opts
-        yield ("reduce_tile", dt, epi, bias), _reduce_tile_kernel, io, \
-            dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=bias, EPILOGUE=epi)
+        yield (
+            ("reduce_tile", dt, epi, bias),
+            _reduce_tile_kernel,
+            io,
+            dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=bias, EPILOGUE=epi),
+        )
         for contig in (True, False):
-            yield ("reduce_flat", dt, epi, bias, contig), _reduce_flat_kernel, io, \
-                dict(XBLOCK=64, RBLOCK=16, C_CONTIGUOUS=contig, HAS_BIAS=bias, EPILOGUE=epi)
-        gio = {"a_ptr": TY[dt], "w_ptr": TY[dt], "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt],
-               "masked_m_ptr": "*i32"}
-        tiles = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False,
-                     EPILOGUE=epi)
-        yield ("grouped", dt, epi, bias), _grouped_mm_kernel, gio, dict(tiles, E_BLOCK=256, HAS_SCALE=bias,
-                                                                           GROUP_M=8, SWIGLU=False)
-        yield ("grouped_masked", dt, epi, bias), _grouped_mm_masked_kernel, gio, dict(tiles, E_BLOCK=256,
-                                                                                     GROUP_M=8)
+            yield (
+                ("reduce_flat", dt, epi, bias, contig),
+                _reduce_flat_kernel,
+                io,
+                dict(XBLOCK=64, RBLOCK=16, C_CONTIGUOUS=contig, HAS_BIAS=bias, EPILOGUE=epi),
+            )
+        gio = {
+            "a_ptr": TY[dt],
+            "w_ptr": TY[dt],
+            "y_ptr": TY[dt],
+            "offsets_ptr": "*i32",
+            "scale_ptr": TY[dt],
+            "masked_m_ptr": "*i32",
+        }
+        tiles = dict(
+            BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False, EPILOGUE=epi
+        )
+        yield (
+            ("grouped", dt, epi, bias),
+            _grouped_mm_kernel,
+            gio,
+            dict(tiles, E_BLOCK=256, HAS_SCALE=bias, GROUP_M=8, SWIGLU=False),
+        )
+        yield (
+            ("grouped_masked", dt, epi, bias),
+            _grouped_mm_masked_kernel,
+            gio,
+            dict(tiles, E_BLOCK=256, GROUP_M=8),
+        )
         if epi == 0:  # the fused gate/up with SwiGLU (its own epilogue), pointer loads
-            yield ("grouped_swiglu", dt, bias), _grouped_mm_kernel, gio, \
-                dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False, E_BLOCK=256,
-                     HAS_SCALE=bias, GROUP_M=8, EPILOGUE=0, SWIGLU=True)
+            yield (
+                ("grouped_swiglu", dt, bias),
+                _grouped_mm_kernel,
+                gio,
+                dict(
+                    BLOCK_M=64,
+                    BLOCK_N=64,
+                    BLOCK_K=64,
+                    EVEN_K=bias,
+                    PRECISION=prec,
+                    UPCAST=False,
+                    E_BLOCK=256,
+                    HAS_SCALE=bias,
+                    GROUP_M=8,
+                    EPILOGUE=0,
+                    SWIGLU=True,
+                ),
+            )
         if dt != "fp32":
             for ws, kn, tail in itertools.product((False, True), (False, True), (0, 32)):
                 box = "[128,64]" if not kn else "[64,128]"
-                tio = {"a_desc": f"tensordesc<{dt}[64,64]>", "w_desc": f"tensordesc<{dt}{box}>",
-                       "at_desc": f"tensordesc<{dt}[{tail or 64},64]>",
-                       "y_ptr": TY[dt], "offsets_ptr": "*i32", "scale_ptr": TY[dt]}
+                tio = {
+                    "a_desc": f"tensordesc<{dt}[64,64]>",
+                    "w_desc": f"tensordesc<{dt}{box}>",
+                    "at_desc": f"tensordesc<{dt}[{tail or 64},64]>",
+                    "y_ptr": TY[dt],
+                    "offsets_ptr": "*i32",
+                    "scale_ptr": TY[dt],
+                }
                 if not ws and not tail:
-                    mio = {"a_ptr": TY[dt], "w_desc": f"tensordesc<{dt}{box}>", "y_ptr": TY[dt],
-                           "masked_m_ptr": "*i32"}
-                    yield (("grouped_masked_tma", dt, epi, bias, kn), _grouped_mm_masked_tma_kernel, mio,
-                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, W_KN=kn,
-                                EPILOGUE=epi, UPCAST=False))
+                    mio = {
+                        "a_ptr": TY[dt],
+                        "w_desc": f"tensordesc<{dt}{box}>",
+                        "y_ptr": TY[dt],
+                        "masked_m_ptr": "*i32",
+                    }
+                    yield (
+                        ("grouped_masked_tma", dt, epi, bias, kn),
+                        _grouped_mm_masked_tma_kernel,
+                        mio,
+                        dict(
+                            BLOCK_M=64,
+                            BLOCK_N=128,
+                            BLOCK_K=64,
+                            E_BLOCK=256,
+                            GROUP_M=8,
+                            W_KN=kn,
+                            EPILOGUE=epi,
+                            UPCAST=False,
+                        ),
+                    )
                 # tails as tiles of their own, and merged into the row tile before them
                 for merge in (False, True):
                     if merge and not tail:
                         continue
-                    yield (("grouped_tma", dt, epi, bias, ws, kn, tail, merge), _grouped_mm_tma_kernel, tio,
-                           dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
-                                WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=merge, HAS_SCALE=bias,
-                                EPILOGUE=epi, UPCAST=False, MIX=0))
+                    yield (
+                        ("grouped_tma", dt, epi, bias, ws, kn, tail, merge),
+                        _grouped_mm_tma_kernel,
+                        tio,
+                        dict(
+                            BLOCK_M=64,
+                            BLOCK_N=128,
+                            BLOCK_K=64,
+                            E_BLOCK=256,
+                            GROUP_M=8,
+                            TAIL_M=tail,
+                            W_KN=kn,
+                            WARP_SPECIALIZE=ws,
+                            FLATTEN=ws,
+                            MERGE_TAIL=merge,
+                            HAS_SCALE=bias,
+                            EPILOGUE=epi,
+                            UPCAST=False,
+                            MIX=0,
+                        ),
+                    )
                 # the mixed tile order (heavy experts' tiles dealt out among the light ones')
-                yield (("grouped_tma_mix", dt, epi, bias, ws, kn, tail), _grouped_mm_tma_kernel, tio,
-                       dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, E_BLOCK=256, GROUP_M=8, TAIL_M=tail, W_KN=kn,
-                            WARP_SPECIALIZE=ws, FLATTEN=ws, MERGE_TAIL=bool(tail), HAS_SCALE=bias,
-                            EPILOGUE=epi, UPCAST=False, MIX=2))
+                yield (
+                    ("grouped_tma_mix", dt, epi, bias, ws, kn, tail),
+                    _grouped_mm_tma_kernel,
+                    tio,
+                    dict(
+                        BLOCK_M=64,
+                        BLOCK_N=128,
+                        BLOCK_K=64,
+                        E_BLOCK=256,
+                        GROUP_M=8,
+                        TAIL_M=tail,
+                        W_KN=kn,
+                        WARP_SPECIALIZE=ws,
+                        FLATTEN=ws,
+                        MERGE_TAIL=bool(tail),
+                        HAS_SCALE=bias,
+                        EPILOGUE=epi,
+                        UPCAST=False,
+                        MIX=2,
+                    ),
+                )
     # the device-side check of the group offsets
     for ty in ("*i32", "*i64"):
         yield ("check_offsets", ty), _offsets_ok_kernel, {"off_ptr": ty, "ok_ptr": "*i1"}, dict(BLOCK=1024)
     # routing, for every expert-id dtype route takes (the id check's flag among its outputs)
-    out = {"tok_ptr": "*i32", "slot_ptr": "*i32", "rows_ptr": "*i32", "sizes_ptr": "*i32", "offsets_ptr": "*i32",
-           "ok_ptr": "*i1", "hist_ptr": "*i32", "bad_ptr": "*i32", "base_ptr": "*i32"}
+    out = {
+        "tok_ptr": "*i32",
+        "slot_ptr": "*i32",
+        "rows_ptr": "*i32",
+        "sizes_ptr": "*i32",
+        "offsets_ptr": "*i32",
+        "ok_ptr": "*i1",
+        "hist_ptr": "*i32",
+        "bad_ptr": "*i32",
+        "base_ptr": "*i32",
+    }
     for ty in ("*i64", "*i32", "*i16", "*u8"):
         ids = dict(out, ids_ptr=ty)
         yield ("route_small", ty), rk._small_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
         chunk, eb = rk.small_blocks(4, 60)  # a decode step's few slots
         yield ("route_small_few", ty), rk._small_kernel, ids, dict(CHUNK=chunk, EB=eb), {"num_warps": 1}
-        for dt, wt in (("bf16", "fp32"), ("fp16", "bf16"), ("fp32", "fp32")):  # the one-launch plan and gathers
+        for dt, wt in (
+            ("bf16", "fp32"),
+            ("fp16", "bf16"),
+            ("fp32", "fp32"),
+        ):  # the one-launch plan and gathers
             for n in (4, rk.GATHER_SLOTS):
                 chunk, eb = rk.small_blocks(n, 60)
                 gio = dict(ids, x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
-                yield (("route_gather", ty, dt, wt, chunk), rk._small_gather_kernel, gio,
-                       dict(CHUNK=chunk, EB=eb, BLOCK_H=max(64, 8192 // chunk)))
+                yield (
+                    ("route_gather", ty, dt, wt, chunk),
+                    rk._small_gather_kernel,
+                    gio,
+                    dict(CHUNK=chunk, EB=eb, BLOCK_H=max(64, 8192 // chunk)),
+                )
         yield ("route_count", ty), rk._count_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
         yield ("route_place", ty), rk._place_kernel, ids, dict(CHUNK=rk.CHUNK)
     yield ("route_scan",), rk._scan_kernel, out, dict(PB=rk.PB, EB=rk.EB), {"num_warps": 8}
     # the un-permute's gather and sum
     for dt in ("bf16", "fp16", "fp32"):
         for has_w in (False, True):
-            yield (("combine", dt, has_w), _combine_kernel,
-                   {"y_ptr": TY[dt], "rows_ptr": "*i32", "w_ptr": "*fp32" if has_w else "*i32", "out_ptr": TY[dt]},
-                   dict(TOP_K=8, HAS_W=has_w, BLOCK_N=1024))
+            yield (
+                ("combine", dt, has_w),
+                _combine_kernel,
+                {
+                    "y_ptr": TY[dt],
+                    "rows_ptr": "*i32",
+                    "w_ptr": "*fp32" if has_w else "*i32",
+                    "out_ptr": TY[dt],
+                },
+                dict(TOP_K=8, HAS_W=has_w, BLOCK_N=1024),
+            )
         yield ("silu_mul", dt), _silu_mul_kernel, {"gu_ptr": TY[dt], "out_ptr": TY[dt]}, dict(BLOCK=1024)
     # E7's memory ceiling, every launch shape it tries
     for dt in ("bf16", "fp16"):
-        sio = {"w_ptr": TY[dt], "x_ptr": TY[dt], "y_ptr": TY[dt], "sums_ptr": "*fp32", "counts_ptr": "*i32",
-               "w_desc": f"tensordesc<{dt}[{{}},{COLS}]>"}
+        sio = {
+            "w_ptr": TY[dt],
+            "x_ptr": TY[dt],
+            "y_ptr": TY[dt],
+            "sums_ptr": "*fp32",
+            "counts_ptr": "*i32",
+            "w_desc": f"tensordesc<{dt}[{{}},{COLS}]>",
+        }
         for c in STREAM_CANDIDATES:
             opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
             name = ("stream", c.kind, dt, c.block, c.programs_per_sm, c.num_warps, c.num_stages)
             if c.kind == "tma":
-                yield name, _stream_tma_kernel, dict(sio, w_desc=sio["w_desc"].format(c.block)), \
-                    dict(BOX_ROWS=c.block, COLS_=COLS, BLOCK=4096), opts
+                yield (
+                    name,
+                    _stream_tma_kernel,
+                    dict(sio, w_desc=sio["w_desc"].format(c.block)),
+                    dict(BOX_ROWS=c.block, COLS_=COLS, BLOCK=4096),
+                    opts,
+                )
             else:
                 yield name, _stream_flat_kernel, sio, dict(BLOCK=c.block), opts
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
@@ -155,41 +314,117 @@ def variants():
     seen = set()
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
-            key = (c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, GROUP_M, c.tma, c.flatten,
-                   c.tail_m, c.merge_tail, c.mix)
+            key = (
+                c.block_m,
+                c.block_n,
+                c.block_k,
+                c.num_warps,
+                c.num_stages,
+                GROUP_M,
+                c.tma,
+                c.flatten,
+                c.tail_m,
+                c.merge_tail,
+                c.mix,
+            )
             if key in seen:
                 continue
             seen.add(key)
             opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
-            tiles = dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256, GROUP_M=GROUP_M,
-                         HAS_SCALE=False, EPILOGUE=0, UPCAST=False)
+            tiles = dict(
+                BLOCK_M=c.block_m,
+                BLOCK_N=c.block_n,
+                BLOCK_K=c.block_k,
+                E_BLOCK=256,
+                GROUP_M=GROUP_M,
+                HAS_SCALE=False,
+                EPILOGUE=0,
+                UPCAST=False,
+            )
             # the masked layout's TMA kernel, same tiles
             if c.tma and not (c.flatten or c.tail_m):
-                mio = {"a_ptr": "*bf16", "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>", "y_ptr": "*bf16",
-                       "masked_m_ptr": "*i32"}
-                yield (("grouped_masked_tune", *key), _grouped_mm_masked_tma_kernel, mio,
-                       dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, E_BLOCK=256,
-                            GROUP_M=GROUP_M, W_KN=False, EPILOGUE=0, UPCAST=False), opts)
+                mio = {
+                    "a_ptr": "*bf16",
+                    "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
+                    "y_ptr": "*bf16",
+                    "masked_m_ptr": "*i32",
+                }
+                yield (
+                    ("grouped_masked_tune", *key),
+                    _grouped_mm_masked_tma_kernel,
+                    mio,
+                    dict(
+                        BLOCK_M=c.block_m,
+                        BLOCK_N=c.block_n,
+                        BLOCK_K=c.block_k,
+                        E_BLOCK=256,
+                        GROUP_M=GROUP_M,
+                        W_KN=False,
+                        EPILOGUE=0,
+                        UPCAST=False,
+                    ),
+                    opts,
+                )
             if c.tma:  # the fused SwiGLU kernel on the tiles it derives from this candidate
                 sw = swiglu_config(c)
-                sio = {"a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
-                       "w_desc": f"tensordesc<bf16[{sw.block_n},{sw.block_k}]>", "y_ptr": "*bf16",
-                       "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
-                yield (("grouped_swiglu_tune", *key), _grouped_mm_swiglu_tma_kernel, sio,
-                       dict(BLOCK_M=sw.block_m, BLOCK_N=sw.block_n, BLOCK_K=sw.block_k, E_BLOCK=256,
-                            GROUP_M=GROUP_M, W_KN=False, WARP_SPECIALIZE=sw.flatten,
-                            FLATTEN=sw.flatten, HAS_SCALE=False, UPCAST=False, MIX=sw.mix), opts)
+                sio = {
+                    "a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
+                    "w_desc": f"tensordesc<bf16[{sw.block_n},{sw.block_k}]>",
+                    "y_ptr": "*bf16",
+                    "offsets_ptr": "*i32",
+                    "scale_ptr": "*bf16",
+                }
+                yield (
+                    ("grouped_swiglu_tune", *key),
+                    _grouped_mm_swiglu_tma_kernel,
+                    sio,
+                    dict(
+                        BLOCK_M=sw.block_m,
+                        BLOCK_N=sw.block_n,
+                        BLOCK_K=sw.block_k,
+                        E_BLOCK=256,
+                        GROUP_M=GROUP_M,
+                        W_KN=False,
+                        WARP_SPECIALIZE=sw.flatten,
+                        FLATTEN=sw.flatten,
+                        HAS_SCALE=False,
+                        UPCAST=False,
+                        MIX=sw.mix,
+                    ),
+                    opts,
+                )
             if c.tma:
-                tio = {"a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
-                       "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
-                       "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
-                       "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
-                yield (("grouped_tune", *key), _grouped_mm_tma_kernel, tio,
-                       dict(tiles, TAIL_M=c.tail_m, W_KN=False, WARP_SPECIALIZE=c.flatten,
-                            FLATTEN=c.flatten, MERGE_TAIL=c.merge_tail, MIX=c.mix), opts)
+                tio = {
+                    "a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
+                    "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
+                    "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
+                    "y_ptr": "*bf16",
+                    "offsets_ptr": "*i32",
+                    "scale_ptr": "*bf16",
+                }
+                yield (
+                    ("grouped_tune", *key),
+                    _grouped_mm_tma_kernel,
+                    tio,
+                    dict(
+                        tiles,
+                        TAIL_M=c.tail_m,
+                        W_KN=False,
+                        WARP_SPECIALIZE=c.flatten,
+                        FLATTEN=c.flatten,
+                        MERGE_TAIL=c.merge_tail,
+                        MIX=c.mix,
+                    ),
+                    opts,
+                )
             else:
-                yield (("grouped_tune", *key), _grouped_mm_kernel, gio,
-                       dict(tiles, EVEN_K=True, PRECISION="tf32", SWIGLU=False), opts)
+                yield (
+                    ("grouped_tune", *key),
+                    _grouped_mm_kernel,
+                    gio,
+                    dict(tiles, EVEN_K=True, PRECISION="tf32", SWIGLU=False),
+                    opts,
+                )
 
 
 def main(argv=None) -> int:
@@ -204,8 +439,11 @@ def main(argv=None) -> int:
         done += 1
         s, c = sig(kernel, io, consts)
         try:
-            triton.compile(ASTSource(fn=kernel, signature=s, constexprs=c), target=target,
-                           options=opts[0] if opts else None)
+            triton.compile(
+                ASTSource(fn=kernel, signature=s, constexprs=c),
+                target=target,
+                options=opts[0] if opts else None,
+            )
             print("ok  ", name)
         except Exception as e:  # noqa: BLE001
             failed += 1

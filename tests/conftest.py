@@ -5,19 +5,35 @@ is decided here, at collection start.
 """
 
 import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):  # the worker processes already share the CPUs
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+# Tests that run Snakemake: under pytest-xdist (`--dist loadgroup`) all of them go to one worker, in order,
+# so that the last one can check what the others left behind in the checkout.
+SNAKEMAKE_GROUP = "snakemake"
 
 HAS_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 def pytest_collection_modifyitems(config, items):
-    spread_long_tests(items, getattr(config, "workerinput", {}).get("workercount", 1))
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if config.getoption("dist", "no") in ("loadgroup", "loadscope", "loadfile"):
+        long_first(items, workers)
+    else:
+        spread_long_tests(items, workers)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on one)")
@@ -38,12 +54,170 @@ def spread_long_tests(items: list, workers: int) -> None:
         return
     rest = [it for it in items if "long" not in it.keywords]
     per = len(items) / workers
-    heads = {int(round(j * per)): it for j, it in enumerate(long_items[:workers])}
+    heads = {round(j * per): it for j, it in enumerate(long_items[:workers])}
     spill = long_items[workers:]
     out, r = [], iter(spill + rest)
     for pos in range(len(items)):
         out.append(heads[pos] if pos in heads else next(r))
     items[:] = out
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per CPU this process may use; with a GPU at most 8 and one per two CPUs (the
+    real-shape grouped tests hold up to ~10 GB of GPU memory each, as in experiments/verify.py).
+    MOEGEMM_TEST_WORKERS overrides."""
+    if os.environ.get("MOEGEMM_TEST_WORKERS"):
+        return max(1, int(os.environ["MOEGEMM_TEST_WORKERS"]))
+    from moegemm._runtime import usable_cpus
+
+    cpus = usable_cpus()
+    return max(1, min(8, cpus // 2)) if HAS_CUDA else cpus
+
+
+def long_first(items: list, workers: int) -> None:
+    """Under pytest-xdist's scope schedulers (`--dist loadgroup`) the work units are handed out in collection
+    order, two to a worker and one more each time one finishes: the long tests and the Snakemake group go
+    first (longest processing time first), the rest keep their order. Without xdist: no change."""
+    if workers < 2:
+        return
+    first = [it for it in items if "long" in it.keywords or it.get_closest_marker("xdist_group")]
+    rest = [it for it in items if not ("long" in it.keywords or it.get_closest_marker("xdist_group"))]
+    items[:] = first + rest
+
+
+def copy_checkout(dest: Path) -> Path:
+    """A copy of this checkout's files as they are in the working tree (tracked, and untracked but not
+    ignored; without git, the tree less what .gitignore names), modification times kept: Snakemake run there
+    leaves the user's outputs and its records (.snakemake/) in the checkout as they were."""
+    dest.mkdir(parents=True, exist_ok=True)
+    listed = None
+    if (ROOT / ".git").exists() and shutil.which("git"):
+        res = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        if res.returncode == 0:
+            listed = [f for f in res.stdout.decode().split("\0") if f]
+    if listed is None:  # e.g. a source tree without .git
+        skip = shutil.ignore_patterns(".git", ".venv", ".snakemake", "__pycache__", "logs", "build", ".cache")
+        for child in ROOT.iterdir():
+            if child.name in (".git", ".venv", ".snakemake", "logs", ".cache"):
+                continue
+            if child.is_dir():
+                shutil.copytree(child, dest / child.name, ignore=skip, symlinks=True)
+            else:
+                shutil.copy2(child, dest / child.name)
+        for generated in ("paper/build", "results/cpu-interpreter"):
+            shutil.rmtree(dest / generated, ignore_errors=True)
+        for fig in (dest / "figures").glob("*/"):
+            shutil.rmtree(fig, ignore_errors=True)
+        return dest
+    for rel in listed:
+        src = ROOT / rel
+        if not src.is_file():  # deleted in the working tree, or a submodule
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel, follow_symlinks=False)
+    return dest
+
+
+def snakemake_env(**extra) -> dict:
+    env = {**os.environ, **extra}
+    env.pop("TRITON_INTERPRET", None)  # Snakemake's own jobs decide (the verify step sets it itself)
+    return env
+
+
+def dry_run_jobs(cwd: Path) -> dict:
+    """What `snakemake -n --cores 1` in ``cwd`` would run: {rule: count} from its job stats, and every job's
+    outputs. A dry run writes no records, but it does create .snakemake/ and its I/O cache: put back as
+    they were, so that the check itself leaves the tree alone."""
+    state = cwd / ".snakemake"
+    before = None
+    if state.exists():
+        before = {p: (p.read_bytes() if p.is_file() else None) for p in state.rglob("*")}
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "snakemake", "-n", "--cores", "1"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=snakemake_env(),
+            check=False,
+        )
+    finally:
+        if before is None:
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            for p in sorted(state.rglob("*"), reverse=True):
+                if p not in before:
+                    p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
+            for p, data in before.items():
+                if data is not None and (not p.exists() or p.read_bytes() != data):
+                    p.write_bytes(data)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    outputs = sorted(re.findall(r"^\s+output: (.*)$", out, flags=re.MULTILINE))
+    return {"jobs": job_counts(out), "outputs": outputs}
+
+
+def job_counts(out: str) -> dict[str, int]:
+    """{rule: number of jobs} from Snakemake's "Job stats" table ({} where nothing is to be done)."""
+    stats = out.split("Job stats:", 1)[1].split("Reasons", 1)[0] if "Job stats:" in out else ""
+    counts = {}
+    for line in stats.splitlines():
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if m and m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def checkout_state() -> dict:
+    """What a user sees of the checkout: `git status --porcelain`, the jobs `snakemake -n` would run, and the
+    modification time and size of every file where the pipeline writes (results/, figures/, paper/build/,
+    logs/, Snakemake's records and logs, what .snakemake/ holds)."""
+    git = None
+    if (ROOT / ".git").exists() and shutil.which("git"):
+        git = subprocess.run(
+            ["git", "status", "--porcelain"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
+    state = ROOT / ".snakemake"
+    outputs = {".snakemake/": sorted(p.name for p in state.iterdir()) if state.is_dir() else None}
+    for top in (
+        "results",
+        "figures",
+        "paper/build",
+        "logs",
+        ".snakemake/metadata",
+        ".snakemake/incomplete",
+        ".snakemake/log",
+    ):
+        for p in (ROOT / top).rglob("*") if (ROOT / top).is_dir() else ():
+            if p.is_file() and "__pycache__" not in p.parts:
+                st = p.stat()
+                outputs[str(p.relative_to(ROOT))] = (st.st_mtime_ns, st.st_size)
+    return {"git status": git, "snakemake -n": dry_run_jobs(ROOT), "outputs": outputs}
+
+
+@pytest.fixture(scope="session")
+def checkout_before():
+    """The checkout as the first Snakemake test found it (each test that runs Snakemake asks for this)."""
+    pytest.importorskip("snakemake")
+    return checkout_state()
+
+
+@pytest.fixture
+def tree_copy(tmp_path, checkout_before):
+    """A fresh copy of the checkout to run Snakemake in (see copy_checkout)."""
+    return copy_checkout(tmp_path / "tree")
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LAYOUTS = ("contiguous", "transposed", "sliced")
 
 
-def make(shape: tuple[int, int], dtype: torch.dtype, layout: str, gen: torch.Generator, device) -> torch.Tensor:
+def make(
+    shape: tuple[int, int], dtype: torch.dtype, layout: str, gen: torch.Generator, device
+) -> torch.Tensor:
     """A fresh random [rows, cols] operand (never zeros) with the requested memory layout."""
     rows, cols = shape
     if layout == "contiguous":

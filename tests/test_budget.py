@@ -26,9 +26,13 @@ def baseline_config(cfg: dict) -> dict:
     d["fusion_grid_k"] = [8192] * b["fusion_grid_k"]
     d["split_sweep"] = [2] * b["split_sweep"]
     d["grid_compiled_k"] = [8192] * b["grid_compiled_k"]
-    r.update(tokens=list(b["router_tokens"]), tune_tokens=[1] * b["router_tune_tokens"],
-             compiled_tokens=list(b["router_compiled_tokens"]), seed_max_tokens=b["seed_max_tokens"],
-             epilogues=list(b["router_epilogues"]))
+    r.update(
+        tokens=list(b["router_tokens"]),
+        tune_tokens=[1] * b["router_tune_tokens"],
+        compiled_tokens=list(b["router_compiled_tokens"]),
+        seed_max_tokens=b["seed_max_tokens"],
+        epilogues=list(b["router_epilogues"]),
+    )
     r.pop("relu_max_tokens", None)
     c["grouped"]["tune_tokens"] = list(b["grouped_tune_tokens"])
     return c
@@ -39,8 +43,17 @@ def test_the_baseline_knobs_give_the_committed_times_back():
     step_s = {s: 100.0 for s in budget.baseline_work()}
     step_s["verify"] = 50.0
     got = budget.scaled_step_times(step_s, baseline_config(cfg))
-    for step in ("compile_modes", "inductor_codegen", "epilogue_fusion", "split_sweep", "decompose_k_grid",
-                 "tune", "tune_seed", "router_gemm", "tune_grouped"):
+    for step in (
+        "compile_modes",
+        "inductor_codegen",
+        "epilogue_fusion",
+        "split_sweep",
+        "decompose_k_grid",
+        "tune",
+        "tune_seed",
+        "router_gemm",
+        "tune_grouped",
+    ):
         assert got[step] == pytest.approx(100.0), step
     assert got["verify"] == 50.0  # no work model: as measured
 

@@ -64,7 +64,7 @@ def test_calls_per_graph_come_from_the_gpu_time_of_a_first_graph(monkeypatch):
 
 
 def test_round_orders_rotate_or_balance_the_contenders():
-    """"rotate" starts each round one place further down the list (the harness's order before "balanced");
+    """ "rotate" starts each round one place further down the list (the harness's order before "balanced");
     "balanced" takes each rotation forwards and then backwards, so that over every pair of rounds each
     contender's mean place is the same and it follows both its neighbours; an unknown order is refused."""
     from moegemm.bench.runner import Settings, round_order
@@ -77,8 +77,9 @@ def test_round_orders_rotate_or_balance_the_contenders():
     for j in (0, 2):  # each pair: the same mean place for every contender
         means = {c: pairs[j].index(c) + pairs[j + 1].index(c) for c in items}
         assert set(means.values()) == {len(items) - 1}
-    before = {r: round_order(items, r, "balanced")[round_order(items, r, "balanced").index("C") - 1]
-              for r in (0, 1)}
+    before = {
+        r: round_order(items, r, "balanced")[round_order(items, r, "balanced").index("C") - 1] for r in (0, 1)
+    }
     assert before == {0: "B", 1: "D"}
     with pytest.raises(ValueError, match="settings.order"):
         Settings(order="random")
@@ -99,16 +100,19 @@ def test_measure_times_the_contenders_in_the_settings_order(monkeypatch):
     def fake_launch(fn, rep_ms, warmup_ms):
         fn()
         return [1.0]
+
     monkeypatch.setattr(runner, "launch_samples", fake_launch)
 
     def contender(name):
         def bind(inp):
             return lambda: seen.append(name) or torch.zeros(1)
+
         return runner.Contender(name, bind, graph=False, check=lambda out: (True, 0.0, ""))
 
-    for order, want in (("rotate", "ABC" "BCA" "CAB" "ABC"), ("balanced", "ABC" "CBA" "BCA" "ACB")):
+    for order, want in (("rotate", "ABCBCACABABC"), ("balanced", "ABCCBABCAACB")):
         seen.clear()
-        rows = runner.measure([contender(c) for c in "ABC"], [()], torch.zeros(1), 1,
-                              runner.Settings(rounds=4, order=order))
+        rows = runner.measure(
+            [contender(c) for c in "ABC"], [()], torch.zeros(1), 1, runner.Settings(rounds=4, order=order)
+        )
         assert "".join(seen[3:]) == want  # after the three checking calls
         assert [r["launch_n"] for r in rows] == [4, 4, 4]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-
 SHARDS = 6  # compiled in parallel processes where pytest-xdist spreads the tests
 
 
@@ -17,8 +16,13 @@ SHARDS = 6  # compiled in parallel processes where pytest-xdist spreads the test
 def test_all_kernels_compile_for_sm90(shard):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("compile_check.py")
-    res = subprocess.run([sys.executable, str(script), "--shard", f"{shard}/{SHARDS}"], capture_output=True,
-                         text=True, env=env, timeout=1200)
+    res = subprocess.run(
+        [sys.executable, str(script), "--shard", f"{shard}/{SHARDS}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     last = res.stdout.strip().splitlines()[-1]

@@ -113,8 +113,14 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
     ref = e8.ref_ffn(x, ids, wts, w_gu, w_dn)
     assert e8.layer_sizes({"up": [h, 2 * i], "down": [i, h]}) == (h, i)
     cs = e8.contenders(x, ids, wts, e, h, i, t, compiled=False, vk=None)
-    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:unfused-swiglu", "ours:hf-backend", "hf:grouped_mm",
-                                    "torch._grouped_mm pipeline", "per-expert-loop"]
+    assert [c.name for c in cs] == [
+        "ours:moe_ffn",
+        "ours:unfused-swiglu",
+        "ours:hf-backend",
+        "hf:grouped_mm",
+        "torch._grouped_mm pipeline",
+        "per-expert-loop",
+    ]
     for c in cs:
         ok, rel, why = check(c.bind((w_gu, w_dn))(), ref, h + i)
         assert ok, (c.name, why)
@@ -135,6 +141,16 @@ def test_e8_annotate_gives_ffn_rows_their_cell_columns():
     assert rows[0]["floor_us"] == up[0] + dn[0] and rows[0]["bytes"] == up[1] + dn[1]
     assert rows[0]["flops"] == up[2] + dn[2] == 2 * 32 * (64 * 64 + 32 * 64)
     assert rows[0]["tflops_graph"] == rows[0]["flops"] / 100.0 / 1e6 and math.isnan(rows[1]["tflops_graph"])
-    assert {k: rows[1][k] for k in ("experiment", "model", "split", "tokens", "experts", "top_k", "input_sets", "gpu")} \
-        == {"experiment": "E8", "model": "mx", "split": "heldout", "tokens": 16, "experts": 8, "top_k": 2,
-            "input_sets": 3, "gpu": "g"}
+    assert {
+        k: rows[1][k]
+        for k in ("experiment", "model", "split", "tokens", "experts", "top_k", "input_sets", "gpu")
+    } == {
+        "experiment": "E8",
+        "model": "mx",
+        "split": "heldout",
+        "tokens": 16,
+        "experts": 8,
+        "top_k": 2,
+        "input_sets": 3,
+        "gpu": "g",
+    }

@@ -29,10 +29,20 @@ def _case(m, n, k, dtype, device, seed, la="contiguous", lb="contiguous", bias=F
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 def test_every_kernel_epilogue_dtype(kernel, dtype, epilogue, bias, device, poison_partials):
     m, n, k, s = 33, 47, 1031, 6  # ragged tiles, prime K, S not dividing K
-    a, b, bias_t = _case(m, n, k, dtype, device, seed=zlib.crc32(f"{kernel}{dtype}{epilogue}{bias}".encode()), bias=bias)
+    a, b, bias_t = _case(
+        m, n, k, dtype, device, seed=zlib.crc32(f"{kernel}{dtype}{epilogue}{bias}".encode()), bias=bias
+    )
     out = poisoned((m, n), dtype, device)
-    got = matmul(a, b, kernel=kernel, split_k=s, epilogue=epilogue, bias=bias_t, out=out,
-                 config=DecomposeKConfig(split_k=s, block_m=16, block_n=32, block_k=64))
+    got = matmul(
+        a,
+        b,
+        kernel=kernel,
+        split_k=s,
+        epilogue=epilogue,
+        bias=bias_t,
+        out=out,
+        config=DecomposeKConfig(split_k=s, block_m=16, block_n=32, block_k=64),
+    )
     assert got.data_ptr() == out.data_ptr()
     assert_close_to_ref(got, reference_mm(a, b, epilogue, bias_t), k, f"{kernel}/{dtype}/{epilogue}")
 
@@ -45,9 +55,19 @@ def _random_cases(n_cases: int, seed: int):
         k = rng.choice([rng.randint(1, 64), rng.randint(65, 3000), 2039, 1024])  # 2039 is prime
         s = rng.randint(1, min(k, 40))
         yield pytest.param(
-            m, n, k, s, rng.choice(KERNELS), rng.choice(DTYPES), rng.choice(EPILOGUES),
-            rng.choice(LAYOUTS), rng.choice(LAYOUTS), rng.choice([True, False]),
-            rng.choice([16, 32, 64]), rng.choice([16, 32]), rng.choice([16, 32, 64, 128]),
+            m,
+            n,
+            k,
+            s,
+            rng.choice(KERNELS),
+            rng.choice(DTYPES),
+            rng.choice(EPILOGUES),
+            rng.choice(LAYOUTS),
+            rng.choice(LAYOUTS),
+            rng.choice([True, False]),
+            rng.choice([16, 32, 64]),
+            rng.choice([16, 32]),
+            rng.choice([16, 32, 64, 128]),
             id=f"c{i}-{m}x{n}x{k}-s{s}",
         )
 
@@ -55,8 +75,9 @@ def _random_cases(n_cases: int, seed: int):
 @pytest.mark.parametrize(
     "m,n,k,s,kernel,dtype,epilogue,la,lb,bias,bm,bn,bk", list(_random_cases(48, seed=20261130))
 )
-def test_random_shapes_layouts(m, n, k, s, kernel, dtype, epilogue, la, lb, bias, bm, bn, bk, device,
-                               poison_partials):
+def test_random_shapes_layouts(
+    m, n, k, s, kernel, dtype, epilogue, la, lb, bias, bm, bn, bk, device, poison_partials
+):
     a, b, bias_t = _case(m, n, k, dtype, device, seed=m * 1_000_003 + n * 1009 + k, la=la, lb=lb, bias=bias)
     out_layout = "transposed" if (m + n) % 3 == 0 else "contiguous"  # the generic strided store too
     out = poisoned((m, n), dtype, device, out_layout)
@@ -146,6 +167,7 @@ def test_heuristic_config_is_valid():
 
 # --- the seed's reference formulation --------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_reference_decompose_k(dtype, device):
     a, b, _ = _case(16, 24, 1024, dtype, device, seed=4)
@@ -162,6 +184,7 @@ def test_reference_rejects_indivisible_k(device):
 
 
 # --- bad input ---------------------------------------------------------------------------------------
+
 
 def _ok(device, dtype=torch.float32):
     return torch.randn(8, 64, dtype=dtype).to(device), torch.randn(64, 16, dtype=dtype).to(device)
@@ -180,15 +203,31 @@ def _ok(device, dtype=torch.float32):
         (lambda a, b: dict(a=a, b=b, split_k=0), ValueError, "split_k: expected 1 <= split_k"),
         (lambda a, b: dict(a=a, b=b, split_k=65), ValueError, "split_k: expected 1 <= split_k"),
         (lambda a, b: dict(a=a, b=b, split_k=2.0), TypeError, "split_k: expected an int"),
-        (lambda a, b: dict(a=a, b=b, bias=torch.zeros(15, device=a.device)), ValueError, "bias: expected shape"),
+        (
+            lambda a, b: dict(a=a, b=b, bias=torch.zeros(15, device=a.device)),
+            ValueError,
+            "bias: expected shape",
+        ),
         (lambda a, b: dict(a=a, b=b, bias=torch.zeros(16, device=a.device).half()), TypeError, "bias: dtype"),
         (lambda a, b: dict(a=a, b=b, bias=[0.0] * 16), TypeError, "bias: expected a torch.Tensor"),
         (lambda a, b: dict(a=a, b=b, kernel="magic"), ValueError, "kernel: unknown kernel 'magic'"),
         (lambda a, b: dict(a=a, b=b, epilogue="gelu"), ValueError, "epilogue: unknown epilogue 'gelu'"),
-        (lambda a, b: dict(a=a, b=b, out=torch.empty(8, 15, device=a.device)), ValueError, "out: expected shape"),
-        (lambda a, b: dict(a=a, b=b, out=torch.empty(8, 16, device=a.device).half()), TypeError, "out: dtype"),
+        (
+            lambda a, b: dict(a=a, b=b, out=torch.empty(8, 15, device=a.device)),
+            ValueError,
+            "out: expected shape",
+        ),
+        (
+            lambda a, b: dict(a=a, b=b, out=torch.empty(8, 16, device=a.device).half()),
+            TypeError,
+            "out: dtype",
+        ),
         (lambda a, b: dict(a=a, b=b, config={"block_m": 16}), ValueError, "config: missing key 'split_k'"),
-        (lambda a, b: dict(a=a, b=b, config={"split_k": 2, "blockm": 16}), ValueError, "config: unknown keys"),
+        (
+            lambda a, b: dict(a=a, b=b, config={"split_k": 2, "blockm": 16}),
+            ValueError,
+            "config: unknown keys",
+        ),
         (lambda a, b: dict(a=a, b=b, config={"split_k": 2, "block_m": 24}), ValueError, "config.block_m"),
         (lambda a, b: dict(a=a, b=b, config={"split_k": 2, "block_k": 8}), ValueError, "config.block_k"),
         (lambda a, b: dict(a=a, b=b, config=DecomposeKConfig(split_k=65)), ValueError, "config.split_k"),
@@ -211,9 +250,11 @@ def test_bad_device(device):
         import sys
 
         # Without the interpreter a CPU tensor is refused with a clear message.
-        code = ("import torch; from moegemm.decompose_k import matmul\n"
-                "try:\n matmul(torch.randn(4, 8), torch.randn(8, 4))\n"
-                "except ValueError as e: print('ERR', e)")
+        code = (
+            "import torch; from moegemm.decompose_k import matmul\n"
+            "try:\n matmul(torch.randn(4, 8), torch.randn(8, 4))\n"
+            "except ValueError as e: print('ERR', e)"
+        )
         env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         assert "ERR a: CPU tensor given" in res.stdout, res.stdout + res.stderr
@@ -256,9 +297,16 @@ def test_auto_charges_cublas_the_separate_activation(monkeypatch):
     from moegemm.epilogue import Epilogue
 
     cfg = DecomposeKConfig(split_k=8, block_m=64, block_n=32)
-    entry = lambda ours_us: ("cublas", {"single_launch": cfg, "flat": cfg},  # noqa: E731
-                             {"cublas": 8.0, "single_launch": ours_us, "flat": 9.5}, 0.9)
-    table = {("bfloat16", 256, 256, 7168, "none"): entry(8.5), ("bfloat16", 512, 256, 7168, "none"): entry(9.1)}
+    entry = lambda ours_us: (
+        "cublas",
+        {"single_launch": cfg, "flat": cfg},  # noqa: E731
+        {"cublas": 8.0, "single_launch": ours_us, "flat": 9.5},
+        0.9,
+    )
+    table = {
+        ("bfloat16", 256, 256, 7168, "none"): entry(8.5),
+        ("bfloat16", 512, 256, 7168, "none"): entry(9.1),
+    }
     monkeypatch.setattr(configs, "_tuned_table", lambda slug: table)
     configs._choose.cache_clear()
     try:
@@ -266,7 +314,10 @@ def test_auto_charges_cublas_the_separate_activation(monkeypatch):
         assert pick(256, Epilogue.NONE) == "cublas"
         assert pick(256, Epilogue.SIGMOID) == "single_launch" and pick(256, Epilogue.RELU) == "single_launch"
         assert pick(512, Epilogue.SIGMOID) == "cublas"  # 9.1 > 8.0 + 0.9
-        assert configs._choose("gpu", torch.bfloat16, 256, 256, 7168, Epilogue.SIGMOID, "cublas", 132)[0] == "cublas"
+        assert (
+            configs._choose("gpu", torch.bfloat16, 256, 256, 7168, Epilogue.SIGMOID, "cublas", 132)[0]
+            == "cublas"
+        )
     finally:
         configs._choose.cache_clear()
 
@@ -283,6 +334,7 @@ def test_packaged_decompose_k_table_rebuilds_from_its_csv(tmp_path, monkeypatch)
     res = ROOT / "results" / "nvidia-h200"
     committed = json.loads((ROOT / "src/moegemm/tuned/decompose_k/nvidia-h200.json").read_text())
     import csv
+
     with open(res / "tune_decompose_k.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     act = json.loads((res / "floors.json").read_text())["measured"]["tiny_kernel_graph_us"]
@@ -294,6 +346,7 @@ def test_packaged_decompose_k_table_rebuilds_from_its_csv(tmp_path, monkeypatch)
 
 
 # --- plans, cuBLAS dispatch, the custom op ----------------------------------------------------------
+
 
 def test_plan_is_cached_per_shape_stride_and_alignment(device):
     from moegemm.decompose_k import api
@@ -349,8 +402,14 @@ def test_torch_compile_fullgraph_traces_the_custom_op(with_out, device):
     a, b, bias = _case(12, 20, 260, torch.float32, device, seed=41, bias=True)
 
     def f(a, b, bias, out):
-        y = matmul(a, b, epilogue="relu", bias=bias, config={"split_k": 3, "block_m": 16, "block_n": 16,
-                                                             "block_k": 32}, out=out)
+        y = matmul(
+            a,
+            b,
+            epilogue="relu",
+            bias=bias,
+            config={"split_k": 3, "block_m": 16, "block_n": 16, "block_k": 32},
+            out=out,
+        )
         return y * 2.0
 
     out = poisoned((12, 20), torch.float32, device) if with_out else None
@@ -367,9 +426,20 @@ def test_custom_op_fake_and_schema(device):
     """The custom op's schema and fake implementation (torch's opcheck), on the device the kernels run on."""
     from moegemm.decompose_k import api
 
-    torch.library.opcheck(api.dk_matmul, (torch.randn(5, 40).to(device), torch.randn(40, 6).to(device), None,
-                                          "two_stage", 4, "relu", None, False),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        api.dk_matmul,
+        (
+            torch.randn(5, 40).to(device),
+            torch.randn(40, 6).to(device),
+            None,
+            "two_stage",
+            4,
+            "relu",
+            None,
+            False,
+        ),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_fast_launch_arguments_follow_the_kernel_signature(device):
@@ -452,8 +522,19 @@ def test_bound_kernel_launches_through_either_launcher_convention():
     class Known:
         function, packed_metadata = "fn", "meta"
 
-        def run(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
-                launch_enter_hook, launch_exit_hook, *args):
+        def run(
+            self,
+            gridX,
+            gridY,
+            gridZ,
+            stream,
+            function,
+            kernel_metadata,
+            launch_metadata,
+            launch_enter_hook,
+            launch_exit_hook,
+            *args,
+        ):
             calls.append(("direct", (gridX, gridY, gridZ), stream, function, kernel_metadata, args))
 
     class Older:  # the launcher of Triton versions that take everything after the function as *args

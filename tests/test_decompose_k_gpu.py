@@ -39,7 +39,9 @@ def test_grid_every_kernel(mn, k, dtype):
 def test_router_every_kernel(t, dtype):
     g = torch.Generator(device="cuda").manual_seed(t)
     x = torch.randn(t, 7168, device="cuda", generator=g).to(dtype)
-    w = (torch.randn(256, 7168, device="cuda", generator=g) / 8).to(dtype).t()  # nn.Linear weight, transposed view
+    w = (
+        (torch.randn(256, 7168, device="cuda", generator=g) / 8).to(dtype).t()
+    )  # nn.Linear weight, transposed view
     bias = torch.randn(256, device="cuda", generator=g).to(dtype)
     ref = _ref(x, w, "sigmoid", bias)
     for kernel in KERNELS + ("auto",):
@@ -108,11 +110,18 @@ def test_single_launch_takes_the_cooperative_form_where_the_grid_fits():
     cnt = single_launch.counters(a.device, 1)
     prep = Prepared(a=a, b=b, out=out, bias=None, epilogue=Epilogue.RELU, allow_tf32=False)
     single_launch._single_launch_kernel[single_launch.grid(16, 16, cfg)](
-        **single_launch.kernel_args(prep, cfg, ws, cnt, False), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **single_launch.kernel_args(prep, cfg, ws, cnt, False),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     assert_close_to_ref(out, _ref(a, b, "relu"), 8192, "last arriver")
     assert_close_to_ref(fast, _ref(a, b, "relu"), 8192, "coop")
-    big = plan(torch.randn(4096, 8192, device="cuda").to(torch.bfloat16), b, kernel="single_launch",
-               config=DecomposeKConfig(split_k=64, block_m=16, block_n=16, block_k=128))
+    big = plan(
+        torch.randn(4096, 8192, device="cuda").to(torch.bfloat16),
+        b,
+        kernel="single_launch",
+        config=DecomposeKConfig(split_k=64, block_m=16, block_n=16, block_k=128),
+    )
     assert not big.coop  # 256 tiles x 64 splits: more programs than the GPU holds at once
 
 

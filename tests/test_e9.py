@@ -59,8 +59,12 @@ def test_e9_contenders_compute_the_step(phase, device, small_tiles):
     e, h, i, ids, x, wts, dy, w_gu, w_dn = tiny_cell(device)
     ref_y, ref_dx = e9.ref_step(x, ids, wts, w_gu, w_dn, dy)
     cs = e9.contenders(x, ids, wts, dy, e, phase, ref_y, h + i, compiled=False, uk=None)
-    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:moe_ffn:save-gate-up", "torch._grouped_mm pipeline",
-                                    "per-expert-loop"]
+    assert [c.name for c in cs] == [
+        "ours:moe_ffn",
+        "ours:moe_ffn:save-gate-up",
+        "torch._grouped_mm pipeline",
+        "per-expert-loop",
+    ]
     for c in cs:
         call = c.bind((w_gu, w_dn))
         assert c.bind((w_gu, w_dn)) is call  # one call per input set
@@ -80,8 +84,10 @@ def test_e9_step_columns_and_fit():
 
     import experiments.e9_moe_train as e9
 
-    rows = [{"flops": 10.0, "floor_us": 2.0, "graph_us": 6.0},
-            {"flops": 10.0, "floor_us": 2.0, "graph_us": math.nan}]
+    rows = [
+        {"flops": 10.0, "floor_us": 2.0, "graph_us": 6.0},
+        {"flops": 10.0, "floor_us": 2.0, "graph_us": math.nan},
+    ]
     e9.step_columns(rows)
     assert rows[0]["flops"] == 30.0 and rows[0]["floor_us"] == 6.0 and rows[0]["pct_floor_graph"] == 100.0
     assert math.isnan(rows[1]["tflops_graph"])
@@ -105,8 +111,9 @@ def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypa
     (tmp_path / "unsloth" / "__init__.py").write_text("raise ImportError('the whole stack')\n")
     (pkg / "__init__.py").write_text("")
     (pkg / "reference" / "__init__.py").write_text("")
-    (pkg / "interface.py").write_text("from unsloth import DEVICE_TYPE\n"
-                                      "def grouped_gemm(**kw):\n    return DEVICE_TYPE\n")
+    (pkg / "interface.py").write_text(
+        "from unsloth import DEVICE_TYPE\ndef grouped_gemm(**kw):\n    return DEVICE_TYPE\n"
+    )
     (pkg / "reference" / "moe_ops.py").write_text("def get_routing_indices(ids, e):\n    return 'routing'\n")
     monkeypatch.setenv("MOEGEMM_UNSLOTH_REVISION", "abc123")
     saved = {k: v for k, v in sys.modules.items() if k == "unsloth" or k.startswith("unsloth.")}
@@ -138,9 +145,15 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     n = Numbers()
     e9(n, tmp_path, tmp_path)
     assert not n.items
-    step = {"ours:moe_ffn": 100.0, "ours:moe_ffn:save-gate-up": 110.0, "torch._grouped_mm pipeline": 150.0,
-            "torch._grouped_mm pipeline:compiled": 140.0, "hf:grouped_mm:compiled": 160.0,
-            "unsloth:grouped_gemm": 130.0, "per-expert-loop": 900.0}
+    step = {
+        "ours:moe_ffn": 100.0,
+        "ours:moe_ffn:save-gate-up": 110.0,
+        "torch._grouped_mm pipeline": 150.0,
+        "torch._grouped_mm pipeline:compiled": 140.0,
+        "hf:grouped_mm:compiled": 160.0,
+        "unsloth:grouped_gemm": 130.0,
+        "per-expert-loop": 900.0,
+    }
     fwd = {c: v / 3 for c, v in step.items()}
     fwd["ours:moe_ffn"] = 40.0  # ours: backward 60; best peer (unsloth) backward 130 - 43.3
     mem = {c: 2e9 for c in step}
@@ -152,10 +165,23 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
                 for c in step:
                     for phase, us in (("fwd+bwd", step[c]), ("fwd", fwd[c])):
                         gus = float("nan") if c == "per-expert-loop" else us
-                        rows.append({"model": m, "split": s, "tokens": t, "load": ld, "contender": c,
-                                     "phase": phase, "status": "ok", "graph_us": gus,
-                                     "launch_us": us * 1.1, "peak_mem_bytes": mem[c], "gpu": "Test GPU",
-                                     "torch": "x", "triton": "y"})
+                        rows.append(
+                            {
+                                "model": m,
+                                "split": s,
+                                "tokens": t,
+                                "load": ld,
+                                "contender": c,
+                                "phase": phase,
+                                "status": "ok",
+                                "graph_us": gus,
+                                "launch_us": us * 1.1,
+                                "peak_mem_bytes": mem[c],
+                                "gpu": "Test GPU",
+                                "torch": "x",
+                                "triton": "y",
+                            }
+                        )
     rows.append({**rows[0], "contender": "unsloth:grouped_gemm", "status": "error", "graph_us": float("nan")})
     pd.DataFrame(rows).to_csv(tmp_path / "moe_train.csv", index=False)
     e9(n, tmp_path, tmp_path)
@@ -167,7 +193,20 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     assert n.items["ENineSaveOverRecompute"] == "1.10"
     assert "tab:e9" in (tmp_path / "table_e9.tex").read_text()
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-m", "figures.e9_moe_train", "--results", str(tmp_path), "--out",
-                          str(tmp_path / "e9")], cwd=root, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "figures.e9_moe_train",
+            "--results",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "e9"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "e9.pdf").exists()

@@ -12,8 +12,15 @@ import pytest
 import torch
 from helpers import TOL
 
-from moegemm.grouped import (GroupedConfig, grouped_mm, grouped_mm_masked, permute, route, sorted_weights,
-                             unpermute)
+from moegemm.grouped import (
+    GroupedConfig,
+    grouped_mm,
+    grouped_mm_masked,
+    permute,
+    route,
+    sorted_weights,
+    unpermute,
+)
 from moegemm.grouped import config as gconfig
 from moegemm.grouped.baselines import capacity, dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
 
@@ -24,7 +31,7 @@ def _ref(xs, w_kn, offsets, epilogue="none", scale=None):
     off = offsets.tolist()
     out = torch.zeros(xs.shape[0], w_kn.shape[2], dtype=torch.float64)
     for e in range(w_kn.shape[0]):
-        out[off[e]:off[e + 1]] = xs[off[e]:off[e + 1]].double().cpu() @ w_kn[e].double().cpu()
+        out[off[e] : off[e + 1]] = xs[off[e] : off[e + 1]].double().cpu() @ w_kn[e].double().cpu()
     if epilogue == "relu":
         out = torch.relu(out)
     elif epilogue == "sigmoid":
@@ -46,17 +53,27 @@ def _cases(n, seed):
     rng = random.Random(seed)
     for i in range(n):
         e = rng.randint(1, 16)
-        yield pytest.param(e, _sizes(rng, e, rng.choice(["random", "random", "one-holds-all"])),
-                           rng.choice([16, 40, 64, 97]), rng.choice([8, 33, 64, 130]), rng.choice(["kn", "nk"]),
-                           rng.choice(["none", "relu", "sigmoid"]), rng.choice([True, False]),
-                           rng.choice([torch.bfloat16, torch.float16, torch.float32]), rng.choice([True, False]),
-                           rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)]) + (rng.choice([1, 2, 3, 8]),)
-                           + (rng.choice([False, True]),), id=f"g{i}-E{e}")
+        yield pytest.param(
+            e,
+            _sizes(rng, e, rng.choice(["random", "random", "one-holds-all"])),
+            rng.choice([16, 40, 64, 97]),
+            rng.choice([8, 33, 64, 130]),
+            rng.choice(["kn", "nk"]),
+            rng.choice(["none", "relu", "sigmoid"]),
+            rng.choice([True, False]),
+            rng.choice([torch.bfloat16, torch.float16, torch.float32]),
+            rng.choice([True, False]),
+            rng.choice([(16, 16, 32), (32, 64, 16), (16, 32, 64)])
+            + (rng.choice([1, 2, 3, 8]),)
+            + (rng.choice([False, True]),),
+            id=f"g{i}-E{e}",
+        )
 
 
 @pytest.mark.parametrize("e,sizes,k,n,layout,epilogue,scale,dtype,persistent,blocks", list(_cases(40, 7)))
-def test_grouped_mm_random(e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device,
-                           monkeypatch):
+def test_grouped_mm_random(
+    e, sizes, k, n, layout, epilogue, scale, dtype, persistent, blocks, device, monkeypatch
+):
     bm, bn, bk, gm, tma = blocks  # gm: row tiles of an expert walked together (partial bands included)
     monkeypatch.setattr(gconfig, "GROUP_M", gm)
     cfg = GroupedConfig(block_m=bm, block_n=bn, block_k=bk, persistent=persistent, tma=tma)
@@ -94,8 +111,9 @@ def _check_grouped(e, sizes, k, n, layout, epilogue, scale, dtype, cfg, device):
     out = buf[2 : m + 2, 1 : n + 1]
     out.fill_(float("nan"))
     d = lambda t: t.to(device) if t is not None else None  # noqa: E731
-    got = grouped_mm(d(xs), d(w), d(offsets), w_layout=layout, epilogue=epilogue, row_scale=d(rs), config=cfg,
-                     out=out)
+    got = grouped_mm(
+        d(xs), d(w), d(offsets), w_layout=layout, epilogue=epilogue, row_scale=d(rs), config=cfg, out=out
+    )
     assert got.data_ptr() == out.data_ptr()
     ref = _ref(xs, w_kn, offsets, epilogue, rs)
     rtol, atol = TOL[dtype]
@@ -132,8 +150,20 @@ def test_route_permute_unpermute_roundtrip(device):
     torch.testing.assert_close(y2.cpu(), y.cpu(), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("t,k,e", [(1, 1, 1), (3, 2, 5), (5, 4, 60), (3, 2, 300), (16, 8, 128), (17, 8, 128),
-                                   (300, 6, 160), (90, 3, 300), (700, 2, 8)])
+@pytest.mark.parametrize(
+    "t,k,e",
+    [
+        (1, 1, 1),
+        (3, 2, 5),
+        (5, 4, 60),
+        (3, 2, 300),
+        (16, 8, 128),
+        (17, 8, 128),
+        (300, 6, 160),
+        (90, 3, 300),
+        (700, 2, 8),
+    ],
+)
 @pytest.mark.parametrize("load", ["uniform", "skewed"])
 def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
     """The routing kernels (one program up to 128 slots, its blocks sized to the slots and experts; else count,
@@ -153,8 +183,9 @@ def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
         flat = ids.reshape(-1).to(dtype).to(device)
         *got, ok = plan_arrays(flat, e, k)
         want = _route_torch(flat.to(torch.int64), e, k)
-        for name, a, b in zip(("sorted_token_ids", "sorted_slot", "slot_rows", "group_sizes", "group_offsets"),
-                              got, want):
+        for name, a, b in zip(
+            ("sorted_token_ids", "sorted_slot", "slot_rows", "group_sizes", "group_offsets"), got, want
+        ):
             assert a.dtype == torch.int32 and torch.equal(a, b), (name, dtype)
         assert bool(ok)
     bad = ids.reshape(-1).clone()
@@ -165,7 +196,9 @@ def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
     assert int(got[4][-1]) == bad.numel()
 
 
-@pytest.mark.parametrize("t,k,e", [(1, 1, 1), (1, 8, 256), (5, 4, 60), (16, 4, 60), (16, 8, 128), (17, 8, 128)])
+@pytest.mark.parametrize(
+    "t,k,e", [(1, 1, 1), (1, 8, 256), (5, 4, 60), (16, 4, 60), (16, 8, 128), (17, 8, 128)]
+)
 @pytest.mark.parametrize("h", [1, 100, 700])
 def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypatch):
     """route_and_permute against route, permute and sorted_weights, element for element: the one-launch plan
@@ -179,16 +212,25 @@ def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypat
     calls = []
     for name in ("plan_and_gather", "plan_arrays"):
         real = getattr(rk, name)
-        monkeypatch.setattr("moegemm.grouped.routing." + name,
-                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+        monkeypatch.setattr(
+            "moegemm.grouped.routing." + name,
+            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a),
+        )
     g = torch.Generator().manual_seed(t * 13 + e + h)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(device)
     one_launch = t * k <= rk.GATHER_SLOTS
-    for dtype, wdtype in ((torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16),
-                          (torch.float32, torch.float32)):
+    for dtype, wdtype in (
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.bfloat16),
+        (torch.float32, torch.float32),
+    ):
         wide = torch.randn(t, h + 3, generator=g).to(dtype).to(device)
         wts = torch.rand(t, k, generator=g).to(wdtype).to(device)
-        for x in (wide[:, :h], wide[:, :h].contiguous(), torch.randn(h, t, generator=g).to(dtype).to(device).T):
+        for x in (
+            wide[:, :h],
+            wide[:, :h].contiguous(),
+            torch.randn(h, t, generator=g).to(dtype).to(device).T,
+        ):
             fused = one_launch and x.stride(1) == 1
             calls.clear()
             plan, xs, ws = route_and_permute(x, ids, wts, e)
@@ -230,10 +272,12 @@ def test_unpermute_gathers_each_tokens_rows_in_float32(device, t, k, e, n, dtype
     from moegemm.grouped import routing
 
     torch.manual_seed(t * 31 + n)
-    ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)]) if t else torch.empty(0, k, dtype=torch.int64)
+    ids = (
+        torch.stack([torch.randperm(e)[:k] for _ in range(t)]) if t else torch.empty(0, k, dtype=torch.int64)
+    )
     plan = route(ids.to(device), e)
     big = torch.randn(t * k, 2 * n + 3, device=device).to(dtype)
-    y = big[:, 1:n + 1] if strided else big[:, :n].contiguous()
+    y = big[:, 1 : n + 1] if strided else big[:, :n].contiguous()
     if strided:
         y = y.t().contiguous().t()  # column-major: stride(1) != 1
     wts = torch.rand(t, k, device=device)
@@ -264,8 +308,14 @@ def test_moe_expert_path_end_to_end(device):
     w = torch.randn(e, n, hidden) / hidden**0.5  # nn.Linear layout [E, N, K]
     plan = route(ids.to(device), e)
     xs = permute(x.to(device), plan)
-    ys = grouped_mm(xs, w.to(device), plan.group_offsets, w_layout="nk",
-                    row_scale=sorted_weights(wts.to(device), plan), config=GroupedConfig(16, 16, 16))
+    ys = grouped_mm(
+        xs,
+        w.to(device),
+        plan.group_offsets,
+        w_layout="nk",
+        row_scale=sorted_weights(wts.to(device), plan),
+        config=GroupedConfig(16, 16, 16),
+    )
     y = unpermute(ys, plan, None).cpu().double()
     ref = torch.zeros(t, n, dtype=torch.float64)
     for ti in range(t):
@@ -276,11 +326,17 @@ def test_moe_expert_path_end_to_end(device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("cfg,gm", [(GroupedConfig(16, 16, 16), 8),
-                                    (GroupedConfig(16, 16, 16, persistent=True), 2),
-                                    (GroupedConfig(16, 16, 16), 1), (None, 8),
-                                    (GroupedConfig(64, 16, 16, tma=True, flatten=True, tail_m=32), 8)],
-                         ids=["grid", "persistent", "rowwise", "default", "prefill-tiles"])
+@pytest.mark.parametrize(
+    "cfg,gm",
+    [
+        (GroupedConfig(16, 16, 16), 8),
+        (GroupedConfig(16, 16, 16, persistent=True), 2),
+        (GroupedConfig(16, 16, 16), 1),
+        (None, 8),
+        (GroupedConfig(64, 16, 16, tma=True, flatten=True, tail_m=32), 8),
+    ],
+    ids=["grid", "persistent", "rowwise", "default", "prefill-tiles"],
+)
 def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, gm, device, monkeypatch):
     """prefill-tiles: a tuned prefill config (TMA, tail tiles) given to the masked layout, whose row tiles
     shrink to m_max (20 rows: 32) below the config's tail_m; its TMA settings are not used. gm: the row
@@ -296,8 +352,15 @@ def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, gm, device
     for ex, mm in enumerate(masked.tolist()):
         x[ex, mm:] = float("nan")
     out = torch.full((e, m_max, n), SENTINEL, dtype=dtype)
-    got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout=layout, epilogue="relu",
-                            out=out.to(device), config=cfg).cpu()
+    got = grouped_mm_masked(
+        x.to(device),
+        w.to(device),
+        masked.to(device),
+        w_layout=layout,
+        epilogue="relu",
+        out=out.to(device),
+        config=cfg,
+    ).cpu()
     rtol, atol = TOL[dtype]
     for ex, mm in enumerate(masked.tolist()):
         ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
@@ -360,31 +423,79 @@ def _ok(device):
 DEVICE_CHECKED = ("not monotone", "end at M_total=10", "start at 0")
 
 
-@pytest.mark.parametrize("mutate,exc,match", [
-    (lambda xs, w, off: dict(x_sorted=xs[0], w=w, group_offsets=off), ValueError, "x_sorted: expected a 2-D"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w[0], group_offsets=off), ValueError, "w: expected a 3-D"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w.half(), group_offsets=off), TypeError, "w: dtype"),
-    (lambda xs, w, off: dict(x_sorted=xs.double(), w=w.double(), group_offsets=off), TypeError, "x_sorted: unsupported"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w[:, :, :8], group_offsets=off), ValueError, "w: K=8"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kn"), ValueError, "w: K=8"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kk"), ValueError, "w_layout"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off[:3]), ValueError, "group_offsets: expected length"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off.float()), TypeError, "group_offsets: expected int32"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=torch.tensor([0, 6, 4, 10], device=off.device)),
-     ValueError, "not monotone"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=torch.tensor([0, 4, 4, 9], device=off.device)),
-     ValueError, "end at M_total=10"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=torch.tensor([1, 4, 4, 10], device=off.device)),
-     ValueError, "start at 0"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, row_scale=torch.ones(9, device=off.device)),
-     ValueError, "row_scale: expected shape"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, epilogue="gelu"), ValueError, "epilogue"),
-    (lambda xs, w, off: dict(x_sorted=xs, w=torch.empty(3, 8, 16, device="meta"), group_offsets=off),
-     ValueError, "w: on meta"),
-])
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (
+            lambda xs, w, off: dict(x_sorted=xs[0], w=w, group_offsets=off),
+            ValueError,
+            "x_sorted: expected a 2-D",
+        ),
+        (lambda xs, w, off: dict(x_sorted=xs, w=w[0], group_offsets=off), ValueError, "w: expected a 3-D"),
+        (lambda xs, w, off: dict(x_sorted=xs, w=w.half(), group_offsets=off), TypeError, "w: dtype"),
+        (
+            lambda xs, w, off: dict(x_sorted=xs.double(), w=w.double(), group_offsets=off),
+            TypeError,
+            "x_sorted: unsupported",
+        ),
+        (lambda xs, w, off: dict(x_sorted=xs, w=w[:, :, :8], group_offsets=off), ValueError, "w: K=8"),
+        (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kn"), ValueError, "w: K=8"),
+        (lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, w_layout="kk"), ValueError, "w_layout"),
+        (
+            lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off[:3]),
+            ValueError,
+            "group_offsets: expected length",
+        ),
+        (
+            lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off.float()),
+            TypeError,
+            "group_offsets: expected int32",
+        ),
+        (
+            lambda xs, w, off: dict(
+                x_sorted=xs, w=w, group_offsets=torch.tensor([0, 6, 4, 10], device=off.device)
+            ),
+            ValueError,
+            "not monotone",
+        ),
+        (
+            lambda xs, w, off: dict(
+                x_sorted=xs, w=w, group_offsets=torch.tensor([0, 4, 4, 9], device=off.device)
+            ),
+            ValueError,
+            "end at M_total=10",
+        ),
+        (
+            lambda xs, w, off: dict(
+                x_sorted=xs, w=w, group_offsets=torch.tensor([1, 4, 4, 10], device=off.device)
+            ),
+            ValueError,
+            "start at 0",
+        ),
+        (
+            lambda xs, w, off: dict(
+                x_sorted=xs, w=w, group_offsets=off, row_scale=torch.ones(9, device=off.device)
+            ),
+            ValueError,
+            "row_scale: expected shape",
+        ),
+        (
+            lambda xs, w, off: dict(x_sorted=xs, w=w, group_offsets=off, epilogue="gelu"),
+            ValueError,
+            "epilogue",
+        ),
+        (
+            lambda xs, w, off: dict(x_sorted=xs, w=torch.empty(3, 8, 16, device="meta"), group_offsets=off),
+            ValueError,
+            "w: on meta",
+        ),
+    ],
+)
 def test_grouped_mm_bad_input(mutate, exc, match, device):
     if device != "cpu" and match in DEVICE_CHECKED:
-        pytest.skip("a value checked on the GPU by a device-side assertion: test_grouped_gpu.py's subprocess test")
+        pytest.skip(
+            "a value checked on the GPU by a device-side assertion: test_grouped_gpu.py's subprocess test"
+        )
     with pytest.raises(exc, match=match):
         grouped_mm(**mutate(*_ok(device)))
 
@@ -473,9 +584,14 @@ def test_default_path_computes_the_product_on_an_unseen_shape(device, monkeypatc
     interpreter does not time) and is right: merged tails and the mixed order, or plain pointer tiles."""
     import moegemm.grouped.config as api
 
-    for first in (GroupedConfig(32, 16, 32, tma=True, tail_m=16, merge_tail=True, mix=2), GroupedConfig(16, 16, 32)):
+    for first in (
+        GroupedConfig(32, 16, 32, tma=True, tail_m=16, merge_tail=True, mix=2),
+        GroupedConfig(16, 16, 32),
+    ):
         monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
-        monkeypatch.setattr(api, "_default_table", lambda slug, f=first: ((f, GroupedConfig(64, 64, 64)),) * 4)
+        monkeypatch.setattr(
+            api, "_default_table", lambda slug, f=first: ((f, GroupedConfig(64, 64, 64)),) * 4
+        )
         assert api.choose(76, 64, torch.bfloat16, "any", 4, 24, "nk") == (first, "default")
         for sizes in ([3, 0, 1, 2], [40, 0, 3, 33]):
             _check_grouped(len(sizes), sizes, 64, 24, "nk", "relu", True, torch.bfloat16, None, device)
@@ -501,7 +617,9 @@ def test_committed_default_table_is_the_distillation_of_the_committed_tuner_csv(
     g = load_config()["grouped"]
     held = {m for m, v in g["models"].items() if v["split"] == "heldout"}
     assert held and not held & set(pd.read_csv(res / "tune_grouped.csv")["model"])
-    assert set(committed["provenance"]["tune_models"]) == {m for m, v in g["models"].items() if v["split"] == "tune"}
+    assert set(committed["provenance"]["tune_models"]) == {
+        m for m, v in g["models"].items() if v["split"] == "tune"
+    }
     pd.testing.assert_frame_equal(pd.read_csv(loo), pd.read_csv(res / "distill_grouped.csv"))
 
 
@@ -510,12 +628,17 @@ def test_distilled_shortlist_is_greedy_over_cells():
     the slowdown of the fastest-of-the-shortlist; a config not timed in a cell counts as its slowest."""
     from experiments.distill_grouped import shortlist, slowdown
 
-    times = {"c1": {"a": 10.0, "b": 12.0, "c": 20.0}, "c2": {"a": 20.0, "b": 12.0, "c": 10.0},
-             "c3": {"a": 10.0, "b": 11.0}}
+    times = {
+        "c1": {"a": 10.0, "b": 12.0, "c": 20.0},
+        "c2": {"a": 20.0, "b": 12.0, "c": 10.0},
+        "c3": {"a": 10.0, "b": 11.0},
+    }
     cells = ["c1", "c2", "c3"]
     assert shortlist(cells, times, 1) == ["b"]
     assert shortlist(cells, times, 2) == ["b", "a"]  # a: best in c1 and c3
-    assert slowdown(cells, times, ["c"]) == pytest.approx((2.0 * 1.0 * 1.1) ** (1 / 3))  # c3: its slowest (11)
+    assert slowdown(cells, times, ["c"]) == pytest.approx(
+        (2.0 * 1.0 * 1.1) ** (1 / 3)
+    )  # c3: its slowest (11)
     assert slowdown(cells, times, ["a", "b", "c"]) == 1.0
 
 
@@ -544,8 +667,9 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     with pytest.raises(TypeError):
         GroupedConfig(group_m=8)  # a constant (config.GROUP_M), not a field
     # removed options: read from old tables and CSVs at their no-op values, refused otherwise
-    assert GroupedConfig.from_dict({"block_m": 32, "split_k": 1, "stream_k": False, "tma_store": 0,
-                                    "extra_m": 0, "group_m": 8}) == GroupedConfig(block_m=32)
+    assert GroupedConfig.from_dict(
+        {"block_m": 32, "split_k": 1, "stream_k": False, "tma_store": 0, "extra_m": 0, "group_m": 8}
+    ) == GroupedConfig(block_m=32)
     renamed = GroupedConfig.from_dict({"tma": True, "warp_specialize": True})  # flatten's former name
     assert renamed == GroupedConfig(tma=True, flatten=True)
     for bad in (dict(split_k=2), dict(stream_k=True), dict(tma_store=1), dict(extra_m=16), dict(group_m=4)):
@@ -584,8 +708,15 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
         x[ex, mm:] = float("nan")
     out = torch.full((e, m_max, n), SENTINEL, dtype=torch.bfloat16)
     cfg = GroupedConfig(16, 16, 32, persistent=persistent, tma=True, tail_m=0)
-    got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout=layout, epilogue="relu",
-                            out=out.to(device), config=cfg).cpu()
+    got = grouped_mm_masked(
+        x.to(device),
+        w.to(device),
+        masked.to(device),
+        w_layout=layout,
+        epilogue="relu",
+        out=out.to(device),
+        config=cfg,
+    ).cpu()
     assert len(launches) == 1, "expected the TMA kernel"
     rtol, atol = TOL[torch.bfloat16]
     for ex, mm in enumerate(masked.tolist()):
@@ -594,7 +725,9 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
         assert (got[ex, mm:] == SENTINEL).all(), f"expert {ex}: rows past masked_m were written"
     # fp32, or a K tail with "kn": the pointer kernel, same tiles
     launches.clear()
-    grouped_mm_masked(x.float().to(device), w.float().to(device), masked.to(device), w_layout=layout, config=cfg)
+    grouped_mm_masked(
+        x.float().to(device), w.float().to(device), masked.to(device), w_layout=layout, config=cfg
+    )
     assert not launches
 
 
@@ -609,17 +742,30 @@ def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, d
     x, w = torch.randn(e, m_max, k), torch.randn(e, n, k) / k**0.5
     masked = torch.tensor([12, 0, 5, 9], dtype=torch.int32)
     out = torch.full((e, m_max, n), SENTINEL)
-    got = grouped_mm_masked(x.to(device), w.to(device), masked.to(device), w_layout="nk", out=out.to(device)).cpu()
+    got = grouped_mm_masked(
+        x.to(device), w.to(device), masked.to(device), w_layout="nk", out=out.to(device)
+    ).cpu()
     for ex, mm in enumerate(masked.tolist()):
-        torch.testing.assert_close(got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5,
-                                   atol=1e-4)
+        torch.testing.assert_close(
+            got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5, atol=1e-4
+        )
         assert (got[ex, mm:] == SENTINEL).all()
 
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
-@pytest.mark.parametrize("persistent,ws,tail,merge", [
-    (False, False, 0, False), (True, False, 0, False), (True, True, 0, False), (False, False, 16, False),
-    (True, True, 16, False), (False, False, 16, True), (True, True, 16, True), (True, False, 16, True)])
+@pytest.mark.parametrize(
+    "persistent,ws,tail,merge",
+    [
+        (False, False, 0, False),
+        (True, False, 0, False),
+        (True, True, 0, False),
+        (False, False, 16, False),
+        (True, True, 16, False),
+        (False, False, 16, True),
+        (True, True, 16, True),
+        (True, False, 16, True),
+    ],
+)
 def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, device, monkeypatch):
     """The TMA kernel (taken here: 16-bit, aligned rows) on experts whose row tiles overrun into the next
     expert, N and (nk) K tails that the boxes read past, an empty expert and one holding many rows. With
@@ -639,14 +785,30 @@ def test_tma_path_matches_reference(layout, k, n, persistent, ws, tail, merge, d
     w_kn = (torch.randn(e, k, n, generator=g) / k**0.5).to(torch.bfloat16)
     w = w_kn if layout == "kn" else w_kn.transpose(1, 2).contiguous()
     rs = torch.rand(m, generator=g).to(torch.bfloat16)
-    cfg = GroupedConfig(block_m=32 if tail else 16, block_n=16, block_k=32, persistent=persistent,
-                        tma=True, flatten=ws, tail_m=tail, merge_tail=merge)
+    cfg = GroupedConfig(
+        block_m=32 if tail else 16,
+        block_n=16,
+        block_k=32,
+        persistent=persistent,
+        tma=True,
+        flatten=ws,
+        tail_m=tail,
+        merge_tail=merge,
+    )
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
     descs = launch.tma_descriptors(xs, w, layout, e, n, k, cfg)
     assert descs is not None, "expected the TMA path"
     assert (descs[2] is not descs[0]) == bool(tail), "expected a tail descriptor exactly with tail tiles"
-    got = grouped_mm(xs.to(device), w.to(device), offsets.to(device), w_layout=layout, epilogue="relu",
-                     row_scale=rs.to(device), config=cfg, out=out)
+    got = grouped_mm(
+        xs.to(device),
+        w.to(device),
+        offsets.to(device),
+        w_layout=layout,
+        epilogue="relu",
+        row_scale=rs.to(device),
+        config=cfg,
+        out=out,
+    )
     ref = _ref(xs, w_kn, offsets, "relu", rs)
     rtol, atol = TOL[torch.bfloat16]
     assert not torch.isnan(got.cpu().double()).any()
@@ -664,15 +826,21 @@ def test_tma_path_declines_unsuitable_inputs():
     assert api.tma_descriptors(x[:, :40], w[:, :40], "kn", 3, 32, 40, cfg) is None  # kn with a K tail
     x97 = torch.randn(8, 97).to(torch.bfloat16)
     assert api.tma_descriptors(x97, torch.randn(3, 8, 97).to(torch.bfloat16), "nk", 3, 8, 97, cfg) is None
-    assert api.tma_descriptors(x, w.transpose(1, 2).contiguous().transpose(1, 2), "kn", 3, 32, 64, cfg) is None
+    assert (
+        api.tma_descriptors(x, w.transpose(1, 2).contiguous().transpose(1, 2), "kn", 3, 32, 64, cfg) is None
+    )
     with pytest.raises(ValueError, match="flatten"):
         GroupedConfig(flatten=True)
     for bad in (8, 24, 64, 128):
-        with pytest.raises(ValueError, match=r"config.tail_m: expected 0 or a power of two in \[16, block_m\)"):
+        with pytest.raises(
+            ValueError, match=r"config.tail_m: expected 0 or a power of two in \[16, block_m\)"
+        ):
             GroupedConfig(block_m=64, tma=True, tail_m=bad)
     with pytest.raises(ValueError, match="config.tail_m: tail tiles are a TMA-kernel feature"):
         GroupedConfig(block_m=64, tail_m=32)
-    with pytest.raises(ValueError, match="config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0"):
+    with pytest.raises(
+        ValueError, match="config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0"
+    ):
         GroupedConfig(tma=True, merge_tail=True)
 
 
@@ -735,8 +903,10 @@ def _count_stores(interp, out: torch.Tensor, run) -> tuple[np.ndarray, list[int]
     return writes, list(lowest.values())
 
 
-@pytest.mark.parametrize("tail,merge,persistent", [(0, False, False), (16, False, True), (16, True, False),
-                                                   (16, True, True), (0, False, True)])
+@pytest.mark.parametrize(
+    "tail,merge,persistent",
+    [(0, False, False), (16, False, True), (16, True, False), (16, True, True), (0, False, True)],
+)
 def test_tma_kernel_writes_every_output_element_once(tail, merge, persistent):
     """Under the interpreter, every store of the TMA kernel is counted per output element: each element of y
     is written exactly once, whatever path its tile takes (whole tiles, partial ones, tail tiles of their
@@ -756,11 +926,14 @@ def test_tma_kernel_writes_every_output_element_once(tail, merge, persistent):
     offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32)
     xs = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16)
-    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True, tail_m=tail,
-                        merge_tail=merge)
+    cfg = GroupedConfig(
+        block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True, tail_m=tail, merge_tail=merge
+    )
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     assert api.tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
-    writes, _ = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out))
+    writes, _ = _count_stores(
+        interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out)
+    )
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
     ref = _ref(xs, w.transpose(1, 2), offsets, "none", None)
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * k**0.5)
@@ -782,18 +955,32 @@ def test_committed_grouped_table_serves_every_tuned_cell_exactly():
         for proj in ("up", "down"):
             k, n = m[proj]
             for t in g["tune_tokens"]:
-                cfg, source = api.choose(t * m["top_k"], k, torch.bfloat16, "nvidia-h200", m["experts"], n, "nk")
+                cfg, source = api.choose(
+                    t * m["top_k"], k, torch.bfloat16, "nvidia-h200", m["experts"], n, "nk"
+                )
                 assert source == "tuned", (model, proj, t, api.rows_bucket(t * m["top_k"], m["experts"]))
-                assert cfg == table[("bfloat16", m["experts"], k, n, "nk",
-                                     api.rows_bucket(t * m["top_k"], m["experts"]))]
+                assert (
+                    cfg
+                    == table[
+                        ("bfloat16", m["experts"], k, n, "nk", api.rows_bucket(t * m["top_k"], m["experts"]))
+                    ]
+                )
 
 
-@pytest.mark.parametrize("persistent,ws,tail,merge", [
-    (False, False, 0, False), (True, False, 16, False), (True, True, 0, False),
-    (False, False, 16, True), (True, True, 16, True)])
+@pytest.mark.parametrize(
+    "persistent,ws,tail,merge",
+    [
+        (False, False, 0, False),
+        (True, False, 16, False),
+        (True, True, 0, False),
+        (False, False, 16, True),
+        (True, True, 16, True),
+    ],
+)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout, launched, device,
-                                            monkeypatch):
+def test_mixed_tile_order_matches_reference(
+    persistent, ws, tail, merge, layout, launched, device, monkeypatch
+):
     """Mixed tile order (config.mix = 2 row tiles): two heavy experts (130 and 200 rows: several 32-row
     tiles) dealt out among light ones of 0, 1, 5, 17, 33 (one row tile, or one and a tail) and 40 rows
     (two tiles, or one with its tail merged: heavy or light by the tiles it has), with ReLU, row scale,
@@ -803,14 +990,25 @@ def test_mixed_tile_order_matches_reference(persistent, ws, tail, merge, layout,
 
     monkeypatch.setattr(gconfig, "GROUP_M", 2)
     sizes = [5, 130, 0, 1, 33, 17, 200, 40]
-    cfg = GroupedConfig(block_m=32, block_n=16, block_k=32, persistent=persistent, tma=True,
-                        flatten=ws, tail_m=tail, merge_tail=merge, mix=2)
+    cfg = GroupedConfig(
+        block_m=32,
+        block_n=16,
+        block_k=32,
+        persistent=persistent,
+        tma=True,
+        flatten=ws,
+        tail_m=tail,
+        merge_tail=merge,
+        mix=2,
+    )
     _check_grouped(len(sizes), sizes, 64, 40, layout, "relu", True, torch.bfloat16, cfg, device)
     assert launched == [_grouped_mm_tma_kernel]
 
 
-@pytest.mark.parametrize("mix,tail,merge,group_m", [(2, 0, False, 2), (3, 16, True, 8), (0, 0, False, 2),
-                                                     (0, 16, True, 2), (2, 16, False, 1)])
+@pytest.mark.parametrize(
+    "mix,tail,merge,group_m",
+    [(2, 0, False, 2), (3, 16, True, 8), (0, 0, False, 2), (0, 16, True, 2), (2, 16, False, 1)],
+)
 def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m, monkeypatch):
     """Under the interpreter (programs run one after another in program order, one tile each on the plain
     grid), the lowest output element each program stores is the first element of the tile that
@@ -837,8 +1035,9 @@ def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m, m
     cfg = GroupedConfig(block_m=bm, block_n=16, block_k=32, tma=True, tail_m=tail, merge_tail=merge, mix=mix)
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
     assert api.tma_descriptors(xs, w, "nk", e, n, k, cfg) is not None
-    writes, first = _count_stores(interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg,
-                                                                  out=out))
+    writes, first = _count_stores(
+        interp, out, lambda: grouped_mm(xs, w, offsets, w_layout="nk", config=cfg, out=out)
+    )
     assert writes.min() == 1 and writes.max() == 1, np.unique(writes, return_counts=True)
     order = tile_order(sizes, n, cfg)
     assert first == [t.row0 * n + t.col0 for t in order]
@@ -852,7 +1051,9 @@ def test_tiles_run_in_the_order_schedule_writes_out(mix, tail, merge, group_m, m
 
 def test_mix_config_errors():
     for bad in (1, -2, True, 2.0):
-        with pytest.raises(ValueError, match="config.mix: expected 0 .expert order. or a number of row tiles >= 2"):
+        with pytest.raises(
+            ValueError, match="config.mix: expected 0 .expert order. or a number of row tiles >= 2"
+        ):
             GroupedConfig(tma=True, mix=bad)
     with pytest.raises(ValueError, match="config.mix: the mixed tile order is the TMA kernel's"):
         GroupedConfig(mix=2)
@@ -867,8 +1068,12 @@ def test_schedule_rows_computed_and_wave_model():
 
     cfg = GroupedConfig(block_m=128, block_n=64, tma=True, tail_m=32, merge_tail=True)
     order = tile_order([20, 0, 140, 161], 64, cfg)
-    assert [(t.expert, t.rows, t.computed) for t in order] == [(0, 20, 32), (2, 140, 160), (3, 128, 128),
-                                                                (3, 33, 128)]
+    assert [(t.expert, t.rows, t.computed) for t in order] == [
+        (0, 20, 32),
+        (2, 140, 160),
+        (3, 128, 128),
+        (3, 33, 128),
+    ]
     sep = dataclasses.replace(cfg, merge_tail=False)
     assert [(t.rows, t.computed) for t in tile_order([140], 64, sep)] == [(128, 128), (12, 32)]
     one = GroupedConfig(block_m=16, block_n=16)
@@ -897,8 +1102,9 @@ def test_torch_compile_fullgraph_traces_the_expert_path(with_out, device):
     def layer(x, w, ids, wts, out):
         plan = route(ids, e)
         xs = permute(x, plan)
-        ys = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan),
-                        config=cfg, out=out)
+        ys = grouped_mm(
+            xs, w, plan.group_offsets, w_layout="nk", row_scale=sorted_weights(wts, plan), config=cfg, out=out
+        )
         return unpermute(ys, plan, None)
 
     out = torch.full((t * top_k, n), float("nan"), dtype=torch.bfloat16, device=device) if with_out else None
@@ -924,13 +1130,21 @@ def test_torch_compile_traces_the_masked_layout(device):
     w = torch.randn(e, k, n, generator=g).to(device)
     masked = torch.tensor([3, 0, 8], dtype=torch.int32).to(device)
     out = torch.full((e, m_max, n), SENTINEL).to(device)
-    f = torch.compile(lambda x, w, m, out: grouped_mm_masked(x, w, m, w_layout="kn", out=out,
-                                                             config=GroupedConfig(16, 16, 16)) * 1.0,
-                      fullgraph=True, backend="aot_eager")
+    f = torch.compile(
+        lambda x, w, m, out: (
+            grouped_mm_masked(x, w, m, w_layout="kn", out=out, config=GroupedConfig(16, 16, 16)) * 1.0
+        ),
+        fullgraph=True,
+        backend="aot_eager",
+    )
     got = f(x, w, masked, out)
     for ex, mm in enumerate(masked.tolist()):
-        torch.testing.assert_close(got[ex, :mm].double().cpu(), x[ex, :mm].double().cpu() @ w[ex].double().cpu(),
-                                   rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(
+            got[ex, :mm].double().cpu(),
+            x[ex, :mm].double().cpu() @ w[ex].double().cpu(),
+            rtol=1e-3,
+            atol=1e-3,
+        )
         assert (out[ex, mm:] == SENTINEL).all() and (got[ex, mm:] == SENTINEL).all()
 
 
@@ -947,17 +1161,32 @@ def test_grouped_custom_ops_fake_and_schema(device):
     w = torch.randn(3, 32, 16, generator=g).to(device)
     off = torch.tensor([0, 4, 4, 10], dtype=torch.int32).to(device)
     out = torch.empty(10, 16).to(device)
-    torch.library.opcheck(contiguous.grouped_mm_op, (xs, w, off, out, "kn", "relu", None,
-                                                     config_list(GroupedConfig(16, 16, 16)), False, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        contiguous.grouped_mm_op,
+        (xs, w, off, out, "kn", "relu", None, config_list(GroupedConfig(16, 16, 16)), False, True),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     xm = torch.randn(3, 4, 32, generator=g).to(device)
-    torch.library.opcheck(masked.grouped_mm_masked_op, (xm, w, torch.tensor([1, 0, 4]).to(device),
-                                                        torch.empty(3, 4, 16).to(device), "kn", "none",
-                                                        config_list(GroupedConfig(16, 16, 16)), False),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        masked.grouped_mm_masked_op,
+        (
+            xm,
+            w,
+            torch.tensor([1, 0, 4]).to(device),
+            torch.empty(3, 4, 16).to(device),
+            "kn",
+            "none",
+            config_list(GroupedConfig(16, 16, 16)),
+            False,
+        ),
+        test_utils=("test_schema", "test_faketensor"),
+    )
     ids = torch.tensor([2, 0, 2, 1, 0, 2], dtype=torch.int32).to(device)  # 3 tokens, top_k 2
-    torch.library.opcheck(routing.route_gather_op, (ids, xs[:3], torch.rand(6, generator=g).to(device), 3, 2, False),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        routing.route_gather_op,
+        (ids, xs[:3], torch.rand(6, generator=g).to(device), 3, 2, False),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def _ffn_ref(x, ids, wts, w_gu_nk, w_down_nk):
@@ -990,13 +1219,19 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
     e, top_k, h, i = 7, 2, 64, 24
     ids = torch.stack([torch.randperm(e - 2, generator=g)[:top_k] for _ in range(t)])  # experts 5, 6 empty
     fused = []
-    monkeypatch.setattr(ffn, "grouped_mm_swiglu", lambda *a, **k: fused.append(1) or grouped_mm_swiglu(*a, **k))
+    monkeypatch.setattr(
+        ffn, "grouped_mm_swiglu", lambda *a, **k: fused.append(1) or grouped_mm_swiglu(*a, **k)
+    )
     wts = torch.rand(t, top_k, generator=g)
     x = torch.randn(t, h, generator=g).to(dtype)
     w_gu = (torch.randn(e, 2 * i, h, generator=g) / 8).to(dtype)
     w_dn = (torch.randn(e, h, i, generator=g) / 5).to(dtype)
     ref = _ffn_ref(x, ids, wts, w_gu, w_dn)
-    a, b = (w_gu, w_dn) if layout == "nk" else (w_gu.transpose(1, 2).contiguous(), w_dn.transpose(1, 2).contiguous())
+    a, b = (
+        (w_gu, w_dn)
+        if layout == "nk"
+        else (w_gu.transpose(1, 2).contiguous(), w_dn.transpose(1, 2).contiguous())
+    )
     d = lambda v: v.to(device)  # noqa: E731
     got = moe_ffn(d(x), d(ids), d(wts), d(a), d(b), w_layout=layout)
     assert got.shape == (t, h) and got.dtype == dtype
@@ -1048,10 +1283,17 @@ def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", ["nk", "kn"])
-@pytest.mark.parametrize("cfg", [
-    GroupedConfig(16, 32, 32), GroupedConfig(32, 32, 32, persistent=True),
-    GroupedConfig(32, 32, 32, tma=True), GroupedConfig(32, 64, 32, tma=True, persistent=True, flatten=True),
-    GroupedConfig(32, 32, 32, tma=True, mix=2, tail_m=16, merge_tail=True)], ids=str)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GroupedConfig(16, 32, 32),
+        GroupedConfig(32, 32, 32, persistent=True),
+        GroupedConfig(32, 32, 32, tma=True),
+        GroupedConfig(32, 64, 32, tma=True, persistent=True, flatten=True),
+        GroupedConfig(32, 32, 32, tma=True, mix=2, tail_m=16, merge_tail=True),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_grouped_mm_swiglu_matches_float64(layout, cfg, dtype, device, launched, monkeypatch):
     """The fused gate/up with SwiGLU: silu(x G_e) * (x U_e) * row_scale on experts of 0, 1, 5, 40 and 70 rows
@@ -1097,31 +1339,49 @@ def test_grouped_mm_swiglu_edges_and_errors(device):
 
     d = lambda v: v.to(device)  # noqa: E731
     off = d(torch.tensor([0, 2, 3], dtype=torch.int32))
-    y = grouped_mm_swiglu(d(torch.randn(3, 0)), d(torch.randn(2, 8, 0)), off,
-                          config=GroupedConfig(16, 16, 16))
+    y = grouped_mm_swiglu(
+        d(torch.randn(3, 0)), d(torch.randn(2, 8, 0)), off, config=GroupedConfig(16, 16, 16)
+    )
     assert y.shape == (3, 4) and (y == 0).all()
     y = grouped_mm_swiglu(d(torch.randn(0, 8)), d(torch.randn(2, 8, 8)), d(torch.tensor([0, 0, 0])))
     assert y.shape == (0, 4)
     with pytest.raises(ValueError, match="w_gate_up: expected an even gate/up width"):
         grouped_mm_swiglu(d(torch.randn(3, 8)), d(torch.randn(2, 7, 8)), off)
-    assert swiglu_config(GroupedConfig(128, 256, 64, tma=True, tail_m=32, merge_tail=True, mix=2)) == \
-        GroupedConfig(128, 128, 64, tma=True, mix=2)
+    assert swiglu_config(
+        GroupedConfig(128, 256, 64, tma=True, tail_m=32, merge_tail=True, mix=2)
+    ) == GroupedConfig(128, 128, 64, tma=True, mix=2)
     assert swiglu_config(GroupedConfig(16, 16, 16)).block_n == 16
     g = torch.Generator().manual_seed(13)
     xs, w = torch.randn(3, 16, generator=g), torch.randn(2, 16, 8, generator=g)
     torch._dynamo.reset()
-    f = torch.compile(lambda xs, w, off: grouped_mm_swiglu(xs, w, off, w_layout="kn",
-                                                           config=GroupedConfig(16, 16, 16)) + 0.0,
-                      fullgraph=True, backend="aot_eager")
+    f = torch.compile(
+        lambda xs, w, off: (
+            grouped_mm_swiglu(xs, w, off, w_layout="kn", config=GroupedConfig(16, 16, 16)) + 0.0
+        ),
+        fullgraph=True,
+        backend="aot_eager",
+    )
     got = f(d(xs), d(w), off)
     ref = torch.empty(3, 4, dtype=torch.float64)
     for r, ex in ((0, 0), (1, 0), (2, 1)):
         p = xs[r].double() @ w[ex].double()
         ref[r] = torch.nn.functional.silu(p[:4]) * p[4:]
     torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=1e-4)
-    torch.library.opcheck(grouped_mm_swiglu_op, (d(xs), d(w), off, d(torch.empty(3, 4)), "kn", None,
-                                                 config_list(GroupedConfig(16, 16, 16)), False, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        grouped_mm_swiglu_op,
+        (
+            d(xs),
+            d(w),
+            off,
+            d(torch.empty(3, 4)),
+            "kn",
+            None,
+            config_list(GroupedConfig(16, 16, 16)),
+            False,
+            True,
+        ),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_device_side_checks(device):
@@ -1137,7 +1397,12 @@ def test_device_side_checks(device):
     if device != "cpu":  # a failed check ends the CUDA context: test_grouped_gpu.py's subprocess test
         torch.cuda.synchronize()
         return
-    for bad, m in (([1, 2, 5], 5), ([0, 2, 4], 5), ([0, 3, 2, 5], 5), (list(range(1500)) + [1400, 1600], 1600)):
+    for bad, m in (
+        ([1, 2, 5], 5),
+        ([0, 2, 4], 5),
+        ([0, 3, 2, 5], 5),
+        (list(range(1500)) + [1400, 1600], 1600),
+    ):
         with pytest.raises(RuntimeError, match="group_offsets: must run from 0 to M_total"):
             checks.assert_offsets(d(bad), m)
 
@@ -1188,14 +1453,16 @@ def test_masked_m_checked_on_request(persistent, device):
     cfg = GroupedConfig(16, 16, 16, persistent=persistent)
     for bad in ([-1, 3, 5], [0, 19, 5]):
         with pytest.raises(ValueError, match=r"masked_m: values must lie in \[0, m_max=18\]"):
-            grouped_mm_masked(x, w, torch.tensor(bad, dtype=torch.int32).to(device), config=cfg,
-                              check_masked_m=True)
+            grouped_mm_masked(
+                x, w, torch.tensor(bad, dtype=torch.int32).to(device), config=cfg, check_masked_m=True
+            )
     masked = torch.tensor([0, 18, 5], dtype=torch.int32).to(device)
     out = torch.full((e, m_max, n), SENTINEL).to(device)
     got = grouped_mm_masked(x, w, masked, config=cfg, out=out, check_masked_m=True)
     for ex, mm in enumerate(masked.tolist()):
-        torch.testing.assert_close(got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5,
-                                   atol=1e-4)
+        torch.testing.assert_close(
+            got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5, atol=1e-4
+        )
         assert (got[ex, mm:] == SENTINEL).all()
 
 
@@ -1208,9 +1475,18 @@ def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
     from moegemm.grouped import baselines, choose_config, grouped_mm_swiglu, moe_ffn
     from moegemm.grouped.config import masked_config
 
-    for fn in (grouped_mm, grouped_mm_masked, grouped_mm_swiglu, moe_ffn, choose_config, masked_config,
-               baselines.per_expert_loop, baselines.padded_bmm, baselines.torch_grouped_mm,
-               baselines.dense_reference):
+    for fn in (
+        grouped_mm,
+        grouped_mm_masked,
+        grouped_mm_swiglu,
+        moe_ffn,
+        choose_config,
+        masked_config,
+        baselines.per_expert_loop,
+        baselines.padded_bmm,
+        baselines.torch_grouped_mm,
+        baselines.dense_reference,
+    ):
         assert inspect.signature(fn).parameters["w_layout"].default == "nk", fn.__name__
     monkeypatch.setattr(gconfig, "_tuned_table", lambda slug: {})
     monkeypatch.setattr(gconfig, "_default_table", lambda slug: ((GroupedConfig(16, 16, 16),),) * 4)
@@ -1226,8 +1502,10 @@ def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
     rows = [(0, 4), (4, 4), (4, 10)]  # of each expert
     ref = torch.cat([xs[a:b].cpu().double() @ w[i].cpu().double().T for i, (a, b) in enumerate(rows)])
     torch.testing.assert_close(nk.cpu().double(), ref, rtol=1e-4, atol=1e-4)
-    assert torch.equal(grouped_mm_swiglu(xs, w[:, :16], off, config=cfg),
-                       grouped_mm_swiglu(xs, w[:, :16], off, w_layout="nk", config=cfg))
+    assert torch.equal(
+        grouped_mm_swiglu(xs, w[:, :16], off, config=cfg),
+        grouped_mm_swiglu(xs, w[:, :16], off, w_layout="nk", config=cfg),
+    )
     xm, masked = d(torch.randn(e, 4, k, generator=g)), d(torch.tensor([4, 1, 0], dtype=torch.int32))
     out_a, out_b = d(torch.zeros(e, 4, k)), d(torch.zeros(e, 4, k))
     grouped_mm_masked(xm, w, masked, config=cfg, out=out_a)
@@ -1246,19 +1524,31 @@ def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):
 
 
 _ENTRY_ERRORS = [  # (call on the arguments a, exception, message)
-    (lambda a: a.moe_ffn(a.x.to(torch.int8), a.ids, a.wts, a.w_gu, a.w_dn), TypeError,
-     "^x: unsupported dtype int8"),
-    (lambda a: a.moe_ffn(a.x.to("meta"), a.ids, a.wts, a.w_gu, a.w_dn), ValueError,
-     "^x: unsupported device meta"),
+    (
+        lambda a: a.moe_ffn(a.x.to(torch.int8), a.ids, a.wts, a.w_gu, a.w_dn),
+        TypeError,
+        "^x: unsupported dtype int8",
+    ),
+    (
+        lambda a: a.moe_ffn(a.x.to("meta"), a.ids, a.wts, a.w_gu, a.w_dn),
+        ValueError,
+        "^x: unsupported device meta",
+    ),
     (lambda a: a.moe_ffn(a.x, a.ids, a.wts, a.w_gu.half(), a.w_dn), TypeError, "^w_gate_up: dtype"),
     (lambda a: a.moe_ffn(a.x, a.ids, a.wts, a.w_gu, a.w_dn.half()), TypeError, "^w_down: dtype"),
     (lambda a: a.grouped_mm_swiglu(a.x, a.w_gu.half(), a.off), TypeError, "^w_gate_up: dtype"),
-    (lambda a: a.grouped_mm_swiglu(a.x.to(torch.int8), a.w_gu, a.off), TypeError,
-     "^x_sorted: unsupported dtype"),
+    (
+        lambda a: a.grouped_mm_swiglu(a.x.to(torch.int8), a.w_gu, a.off),
+        TypeError,
+        "^x_sorted: unsupported dtype",
+    ),
     (lambda a: a.grouped_mm_swiglu(a.x, a.w_gu[:, :, :8], a.off), ValueError, "^w_gate_up: K=8"),
     (lambda a: grouped_mm(a.x, a.w_gu, a.off, w_layout="nk "), ValueError, "^w_layout: expected"),
-    (lambda a: grouped_mm_masked(a.x[None].to(torch.int8), a.w_gu[:1], a.m), TypeError,
-     "^x: unsupported dtype"),
+    (
+        lambda a: grouped_mm_masked(a.x[None].to(torch.int8), a.w_gu[:1], a.m),
+        TypeError,
+        "^x: unsupported dtype",
+    ),
     (lambda a: grouped_mm_masked(a.x[None], a.w_gu[:1].half(), a.m), TypeError, "^w: dtype"),
 ]
 
@@ -1272,11 +1562,16 @@ def test_errors_name_the_callers_argument(call, exc, match, device):
     from moegemm.grouped import grouped_mm_swiglu, moe_ffn
 
     e, h, i = 3, 16, 8
-    a = SimpleNamespace(moe_ffn=moe_ffn, grouped_mm_swiglu=grouped_mm_swiglu, x=torch.randn(5, h).to(device),
-                        ids=torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 0]]).to(device),
-                        wts=torch.rand(5, 2).to(device), w_gu=torch.randn(e, 2 * i, h).to(device),
-                        w_dn=torch.randn(e, h, i).to(device),
-                        off=torch.tensor([0, 2, 2, 5], dtype=torch.int32).to(device),
-                        m=torch.tensor([5], dtype=torch.int32).to(device))
+    a = SimpleNamespace(
+        moe_ffn=moe_ffn,
+        grouped_mm_swiglu=grouped_mm_swiglu,
+        x=torch.randn(5, h).to(device),
+        ids=torch.tensor([[0, 1], [1, 2], [2, 0], [0, 2], [1, 0]]).to(device),
+        wts=torch.rand(5, 2).to(device),
+        w_gu=torch.randn(e, 2 * i, h).to(device),
+        w_dn=torch.randn(e, h, i).to(device),
+        off=torch.tensor([0, 2, 2, 5], dtype=torch.int32).to(device),
+        m=torch.tensor([5], dtype=torch.int32).to(device),
+    )
     with pytest.raises(exc, match=match):
         call(a)

@@ -13,6 +13,10 @@ from moegemm.grouped import GroupedConfig, grouped_mm, grouped_mm_swiglu, moe_ff
 from moegemm.grouped import autograd as ag
 from moegemm.grouped import backward as bw
 
+# The GPU tests at real shapes hold tens of GiB each (float64 references included): under pytest-xdist they
+# run one after another on one worker, or several at once run the GPU out of memory.
+BIG_ON_ONE_WORKER = pytest.mark.xdist_group("gpu-real-shapes")
+
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 6e-3}  # largest error / largest value
 
 
@@ -55,7 +59,7 @@ def ref_mm(x, w, sizes, w_layout, row_scale, swiglu):
     out, r = [], 0
     for e, m in enumerate(sizes):
         we = w[e] if w_layout == "kn" else w[e].transpose(0, 1)
-        y = x[r:r + m] @ we
+        y = x[r : r + m] @ we
         if swiglu:
             i = y.shape[1] // 2
             y = torch.nn.functional.silu(y[:, :i]) * y[:, i:]
@@ -174,8 +178,7 @@ def test_moe_ffn_grads_match_float64(dtype, w_layout, save, device, monkeypatch,
     tol = TOL[dtype]
     assert rel_err(y.detach(), yr.detach()) < tol
     names = ("x", "topk_weights", "w_gate_up", "w_down")
-    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad),
-                               (r.grad for r in ref)):
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
         assert got.dtype == (torch.float32 if name == "topk_weights" else dtype)
         assert rel_err(got, want) < tol * (2 if dtype != torch.float32 else 1), name
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
@@ -208,13 +211,14 @@ def test_grouped_dw_against_float64(w_layout, device, poison):
     b_idx = torch.randint(0, 50, (m,), generator=g).to(torch.int32).to(device)
     s = torch.rand(m, generator=g).to(device)
     w_like = torch.empty((5, k, n) if w_layout == "kn" else (5, n, k), device=device)
-    dw = bw.grouped_dw(a_src, b_src, offsets_of(sizes, device), w_like, w_layout, a_idx=a_idx, b_idx=b_idx,
-                       scale=s)
+    dw = bw.grouped_dw(
+        a_src, b_src, offsets_of(sizes, device), w_like, w_layout, a_idx=a_idx, b_idx=b_idx, scale=s
+    )
     a = a_src.double().cpu()[a_idx.long().cpu()]
     b = b_src.double().cpu()[b_idx.long().cpu()] * s.double().cpu()[:, None]
     r = 0
     for e, sz in enumerate(sizes):
-        want = a[r:r + sz].T @ b[r:r + sz]
+        want = a[r : r + sz].T @ b[r : r + sz]
         got = dw[e] if w_layout == "kn" else dw[e].T
         if sz == 0:
             assert (got == 0).all()
@@ -238,8 +242,9 @@ def test_gradcheck_in_float32(device):
     assert torch.autograd.gradcheck(f, (x, w, rs), eps=1e-2, atol=1e-3, rtol=1e-3)
     x2, ids, tw, wgu, wd = ffn_inputs(torch.float32, "kn", device, seed=8, t=2, h=4, i=4, e=3, empty=())
     wgu, wd = (t.detach() * 3 for t in (wgu, wd))
-    assert torch.autograd.gradcheck(lambda x, tw: moe_ffn(x, ids, tw, wgu, wd, w_layout="kn"), (x2, tw),
-                                    eps=1e-2, atol=1e-3, rtol=1e-3)
+    assert torch.autograd.gradcheck(
+        lambda x, tw: moe_ffn(x, ids, tw, wgu, wd, w_layout="kn"), (x2, tw), eps=1e-2, atol=1e-3, rtol=1e-3
+    )
 
 
 def test_bad_input_raises_naming_the_argument(device):
@@ -310,8 +315,9 @@ def test_checkpoint_recomputes_the_layer(device):
     plain = [t.grad.clone() for t in leaves]
     for t in leaves:
         t.grad = None
-    y = torch.utils.checkpoint.checkpoint(lambda *a: moe_ffn(a[0], ids, *a[1:], w_layout="nk"), *leaves,
-                                          use_reentrant=False)
+    y = torch.utils.checkpoint.checkpoint(
+        lambda *a: moe_ffn(a[0], ids, *a[1:], w_layout="nk"), *leaves, use_reentrant=False
+    )
     y.square().sum().backward()
     for a, b in zip(plain, (t.grad for t in leaves)):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
@@ -331,10 +337,18 @@ def test_transformers_backend_backward(device):
 
     import moegemm.integrations.transformers  # noqa: F401
 
-    cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2,
-                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1,
-                         head_dim=16, vocab_size=97)
+    cfg = Qwen3MoeConfig(
+        hidden_size=32,
+        moe_intermediate_size=16,
+        num_experts=6,
+        num_experts_per_tok=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=97,
+    )
     block = Qwen3MoeSparseMoeBlock(cfg)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -361,7 +375,10 @@ def test_transformers_backend_backward(device):
 # ---- GPU, real shapes ----
 
 REAL = [  # (E, H, I, top_k): Qwen3-30B-A3B, Qwen3-235B-A22B, Mixtral-8x7B (their float64 references fit)
-    (128, 2048, 768, 8), (128, 4096, 1536, 8), (8, 4096, 14336, 2)]
+    (128, 2048, 768, 8),
+    (128, 4096, 1536, 8),
+    (8, 4096, 14336, 2),
+]
 
 
 def _real_inputs(e, h, i, k, t, w_layout, dtype, seed, zipf=False):
@@ -373,10 +390,19 @@ def _real_inputs(e, h, i, k, t, w_layout, dtype, seed, zipf=False):
         ids = torch.rand(t, e, device="cuda", generator=g).topk(k, dim=1).indices
     x = torch.randn(t, h, device="cuda", generator=g).to(dtype).requires_grad_()
     tw = torch.rand(t, k, device="cuda", generator=g).softmax(-1).requires_grad_()
-    wgu = (torch.randn((e, h, 2 * i) if w_layout == "kn" else (e, 2 * i, h), device="cuda", generator=g)
-           * h ** -0.5).to(dtype).requires_grad_()
-    wd = (torch.randn((e, i, h) if w_layout == "kn" else (e, h, i), device="cuda", generator=g)
-          * i ** -0.5).to(dtype).requires_grad_()
+    wgu = (
+        (
+            torch.randn((e, h, 2 * i) if w_layout == "kn" else (e, 2 * i, h), device="cuda", generator=g)
+            * h**-0.5
+        )
+        .to(dtype)
+        .requires_grad_()
+    )
+    wd = (
+        (torch.randn((e, i, h) if w_layout == "kn" else (e, h, i), device="cuda", generator=g) * i**-0.5)
+        .to(dtype)
+        .requires_grad_()
+    )
     return x, ids, tw, wgu, wd
 
 
@@ -397,6 +423,7 @@ def ffn_float64(x, ids, tw, wgu, wd, w_layout):
 
 
 @pytest.mark.gpu
+@BIG_ON_ONE_WORKER
 @pytest.mark.parametrize("shape", REAL, ids=["qwen3-30b", "qwen3-235b", "mixtral-8x7b"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("zipf", [False, True], ids=["uniform", "zipf"])
@@ -412,13 +439,13 @@ def test_gpu_moe_ffn_grads_at_real_shapes(shape, dtype, zipf):
     yr.backward(dy.double())
     tol = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}[dtype]
     names = ("x", "topk_weights", "w_gate_up", "w_down")
-    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad),
-                               (r.grad for r in ref)):
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
         err = ((got.double() - want).norm() / want.norm()).item()
         assert err < tol, (name, err)
 
 
 @pytest.mark.gpu
+@BIG_ON_ONE_WORKER
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
     """A forward + backward step with default arguments captures in a CUDA graph (no host sync), replays
@@ -455,6 +482,7 @@ def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
 
 
 @pytest.mark.gpu
+@BIG_ON_ONE_WORKER
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
 def test_gpu_grouped_mm_grads_at_real_shapes(w_layout, swiglu):
@@ -467,8 +495,11 @@ def test_gpu_grouped_mm_grads_at_real_shapes(w_layout, swiglu):
     m = int(off[-1])
     n = 2 * i if swiglu else i
     x = torch.randn(m, h, device="cuda", generator=g).bfloat16().requires_grad_()
-    w = (torch.randn((e, h, n) if w_layout == "kn" else (e, n, h), device="cuda", generator=g)
-         * h ** -0.5).bfloat16().requires_grad_()
+    w = (
+        (torch.randn((e, h, n) if w_layout == "kn" else (e, n, h), device="cuda", generator=g) * h**-0.5)
+        .bfloat16()
+        .requires_grad_()
+    )
     rs = torch.rand(m, device="cuda", generator=g).requires_grad_()
     fn = grouped_mm_swiglu if swiglu else grouped_mm
     y = fn(x, w, off, w_layout=w_layout, row_scale=rs)

@@ -9,15 +9,25 @@ import torch
 from helpers import assert_close_to_ref
 
 from moegemm.bench.moe_loads import sample_topk
-from moegemm.grouped import (GroupedConfig, grouped_mm, grouped_mm_masked, heuristic_config, permute, route,
-                             sorted_weights, unpermute)
+from moegemm.grouped import (
+    GroupedConfig,
+    grouped_mm,
+    grouped_mm_masked,
+    heuristic_config,
+    permute,
+    route,
+    sorted_weights,
+    unpermute,
+)
 
 pytestmark = pytest.mark.gpu
 
 # (name, E, top_k, K, N): gate/up and down projections
 MODELS = [
-    ("deepseek-v3-up", 256, 8, 7168, 4096), ("deepseek-v3-down", 256, 8, 2048, 7168),
-    ("mixtral-up", 8, 2, 4096, 14336), ("qwen3-30b-a3b-up", 128, 8, 2048, 1536),
+    ("deepseek-v3-up", 256, 8, 7168, 4096),
+    ("deepseek-v3-down", 256, 8, 2048, 7168),
+    ("mixtral-up", 8, 2, 4096, 14336),
+    ("qwen3-30b-a3b-up", 128, 8, 2048, 1536),
 ]
 
 
@@ -26,7 +36,7 @@ def _ref(xs, w_nk, offsets, scale=None):
     out = torch.empty(xs.shape[0], w_nk.shape[1], dtype=torch.float64, device="cuda")
     for e in range(w_nk.shape[0]):
         if off[e + 1] > off[e]:
-            out[off[e]:off[e + 1]] = xs[off[e]:off[e + 1]].double() @ w_nk[e].double().T
+            out[off[e] : off[e + 1]] = xs[off[e] : off[e + 1]].double() @ w_nk[e].double().T
     if scale is not None:
         out *= scale.double()[:, None]
     return out
@@ -68,8 +78,9 @@ def test_routing_kernels_match_the_stable_sort_on_the_gpu(t, e, k, skew):
             assert torch.equal(getattr(captured, name), b), (name, i)
 
 
-@pytest.mark.parametrize("t,e,k,h", [(1, 256, 8, 7168), (8, 128, 8, 2048), (32, 8, 2, 6144), (1, 16, 1, 5120),
-                                     (16, 128, 8, 2048)])
+@pytest.mark.parametrize(
+    "t,e,k,h", [(1, 256, 8, 7168), (8, 128, 8, 2048), (32, 8, 2, 6144), (1, 16, 1, 5120), (16, 128, 8, 2048)]
+)
 def test_route_and_permute_matches_its_three_steps_on_the_gpu(t, e, k, h):
     """route_and_permute (one launch up to 64 slots, three at 128) against route, permute and sorted_weights at
     real decode sizes, element for element (outputs poisoned first: the graph's own buffers, written on each replay), and again from a
@@ -114,19 +125,34 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     # the heuristic config on both grids, with TMA loads (and warp specialization), and config=None: the
     # tuned table's choice on this GPU
     tma = dataclasses.replace(heur, tma=True, num_stages=3)
-    tails = [dataclasses.replace(tma, tail_m=32), dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True,
-                                                                      flatten=True),
-             dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, flatten=True)] \
-        if heur.block_m > 32 else [  # an expert's last few rows as smaller tiles, or with the tile before them
+    tails = (
+        [
+            dataclasses.replace(tma, tail_m=32),
+            dataclasses.replace(tma, tail_m=heur.block_m // 2, persistent=True, flatten=True),
+            dataclasses.replace(tma, tail_m=32, merge_tail=True, persistent=True, flatten=True),
+        ]
+        if heur.block_m > 32
+        else [  # an expert's last few rows as smaller tiles, or with the tile before them
             # decode: a hot expert's rows in one 64-row tile, the others' as 16-row tiles
             GroupedConfig(64, 128, 128, num_stages=4, tma=True, tail_m=16),
-            GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True)]
+            GroupedConfig(64, 64, 256, num_stages=3, tma=True, tail_m=16, persistent=True),
+        ]
+    )
     # the mixed tile order (heavy experts' tiles among the light ones'): plain grid with tails merged, and the
     # flattened loop
-    mixed = [dataclasses.replace(tails[-1], persistent=False, flatten=False, mix=2),
-             dataclasses.replace(tma, persistent=True, flatten=True, mix=2)]
-    for cfg in (heur, dataclasses.replace(heur, persistent=True), tma,
-                dataclasses.replace(tma, persistent=True, flatten=True), *tails, *mixed, None):
+    mixed = [
+        dataclasses.replace(tails[-1], persistent=False, flatten=False, mix=2),
+        dataclasses.replace(tma, persistent=True, flatten=True, mix=2),
+    ]
+    for cfg in (
+        heur,
+        dataclasses.replace(heur, persistent=True),
+        tma,
+        dataclasses.replace(tma, persistent=True, flatten=True),
+        *tails,
+        *mixed,
+        None,
+    ):
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout="nk", row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w, plan.group_offsets, rs), hidden, f"{name} T={t} {skew}")
@@ -134,9 +160,15 @@ def test_contiguous_real_shapes(name, e, k, hidden, n, t, skew):
     assert yt.shape == (t, n) and not torch.isnan(yt).any()
 
 
-@pytest.mark.parametrize("config", [None, GroupedConfig(16, 128, 128, num_stages=4, persistent=True, tma=True),
-                                    GroupedConfig(64, 128, 64, num_stages=4, tma=True)],
-                         ids=["default", "tma-decode", "tma-64"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        GroupedConfig(16, 128, 128, num_stages=4, persistent=True, tma=True),
+        GroupedConfig(64, 128, 64, num_stages=4, tma=True),
+    ],
+    ids=["default", "tma-decode", "tma-64"],
+)
 def test_masked_cuda_graph_replay_with_changing_masked_m(config):
     """Captured once, replayed with new masked_m and x: pointer loads (the default here: no tuned entry for
     16 experts) and TMA loads through the in-kernel descriptors (their scratch memory comes from the
@@ -161,9 +193,17 @@ def test_masked_cuda_graph_replay_with_changing_masked_m(config):
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("tma,ws,persistent,tail,merge", [
-    (False, False, False, 0, False), (True, False, False, 0, False), (True, True, True, 0, False),
-    (True, False, True, 16, False), (True, True, True, 16, False), (True, False, False, 16, True)])
+@pytest.mark.parametrize(
+    "tma,ws,persistent,tail,merge",
+    [
+        (False, False, False, 0, False),
+        (True, False, False, 0, False),
+        (True, True, True, 0, False),
+        (True, False, True, 16, False),
+        (True, True, True, 16, False),
+        (True, False, False, 16, True),
+    ],
+)
 def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, merge):
     """w as [E, K, N] and [E, N, K], pointer and TMA loads, Zipf load, fused gating; K = 4100 has rows that
     are not 16-byte aligned, so there a TMA config must fall back to the pointer kernel and stay right."""
@@ -175,8 +215,15 @@ def test_both_weight_layouts_and_load_paths(layout, tma, ws, persistent, tail, m
         w_nk = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
         w = w_nk if layout == "nk" else w_nk.transpose(1, 2).contiguous()
         rs = torch.rand(xs.shape[0], device="cuda", generator=g).to(torch.bfloat16)
-        cfg = dataclasses.replace(heuristic_config(xs.shape[0], e, n), tma=tma, flatten=ws,
-                                  persistent=persistent, num_stages=3, tail_m=tail, merge_tail=merge)
+        cfg = dataclasses.replace(
+            heuristic_config(xs.shape[0], e, n),
+            tma=tma,
+            flatten=ws,
+            persistent=persistent,
+            num_stages=3,
+            tail_m=tail,
+            merge_tail=merge,
+        )
         out = torch.full((xs.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
         y = grouped_mm(xs, w, plan.group_offsets, w_layout=layout, row_scale=rs, config=cfg, out=out)
         assert_close_to_ref(y, _ref(xs, w_nk, plan.group_offsets, rs), hidden, f"{layout} K={hidden} {cfg}")
@@ -201,16 +248,26 @@ def test_tma_cuda_graph_replay_with_new_routing(layout, bm, bn, warps):
     grouped_mm(xs, w, offsets, w_layout=layout, row_scale=rs, epilogue="relu", config=cfg, out=out)  # warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        grouped_mm(xs, w, offsets, w_layout=layout, row_scale=rs, epilogue="relu", config=cfg, out=out,
-                   validate=False)
+        grouped_mm(
+            xs,
+            w,
+            offsets,
+            w_layout=layout,
+            row_scale=rs,
+            epilogue="relu",
+            config=cfg,
+            out=out,
+            validate=False,
+        )
     for i, load in enumerate(["uniform", "hot0.9", "zipf1.5", "uniform"]):
         offsets.copy_(route(sample_topk(t, e, top_k, load, seed=100 + i), e).group_offsets)
         xs.copy_(torch.randn(xs.shape, device="cuda"))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_close_to_ref(out, torch.relu(_ref(xs, w_nk, offsets)) * rs.double()[:, None], hidden,
-                            f"replay {i} {load}")
+        assert_close_to_ref(
+            out, torch.relu(_ref(xs, w_nk, offsets)) * rs.double()[:, None], hidden, f"replay {i} {load}"
+        )
 
 
 @pytest.mark.parametrize("t", [16, 2048])
@@ -276,14 +333,21 @@ def test_default_expert_path_captures_and_compiles():
 
     def layer(x, ids, wts):
         plan = route(ids, e)
-        ys = grouped_mm(permute(x, plan), w, plan.group_offsets, w_layout="nk",
-                        row_scale=sorted_weights(wts, plan).to(torch.bfloat16))
+        ys = grouped_mm(
+            permute(x, plan),
+            w,
+            plan.group_offsets,
+            w_layout="nk",
+            row_scale=sorted_weights(wts, plan).to(torch.bfloat16),
+        )
         return unpermute(ys, plan, None)
 
     def ref(x, ids, wts):
         out = torch.zeros(t, n, dtype=torch.float64, device="cuda")
         for j in range(top_k):
-            out += wts[:, j:j + 1].double() * torch.einsum("tk,tnk->tn", x.double(), w[ids[:, j].long()].double())
+            out += wts[:, j : j + 1].double() * torch.einsum(
+                "tk,tnk->tn", x.double(), w[ids[:, j].long()].double()
+            )
         return out
 
     layer(x, ids, wts)  # warm-up: compiles, and times the shortlist where the shape is not in the table
@@ -323,7 +387,7 @@ def test_moe_ffn_real_dimensions_and_graph_capture(t):
         for j in range(top_k):
             gu = torch.einsum("th,tnh->tn", x.double(), w_gu[ids[:, j]].double())
             act = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
-            out += wts[:, j:j + 1].double() * torch.einsum("ti,thi->th", act, w_dn[ids[:, j]].double())
+            out += wts[:, j : j + 1].double() * torch.einsum("ti,thi->th", act, w_dn[ids[:, j]].double())
         return out
 
     assert_close_to_ref(moe_ffn(x, ids, wts, w_gu, w_dn), ref(), h, f"T={t}")
@@ -339,9 +403,14 @@ def test_moe_ffn_real_dimensions_and_graph_capture(t):
         assert_close_to_ref(y, ref(), h, f"T={t} replay {r}")
 
 
-@pytest.mark.parametrize("name,e,top_k,hidden,i,t", [("qwen3-30b-a3b", 128, 8, 2048, 768, 256),
-                                                     ("gpt-oss-20b", 32, 4, 2880, 2880, 1024),
-                                                     ("mixtral-8x7b", 8, 2, 4096, 14336, 64)])
+@pytest.mark.parametrize(
+    "name,e,top_k,hidden,i,t",
+    [
+        ("qwen3-30b-a3b", 128, 8, 2048, 768, 256),
+        ("gpt-oss-20b", 32, 4, 2880, 2880, 1024),
+        ("mixtral-8x7b", 8, 2, 4096, 14336, 64),
+    ],
+)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_grouped_mm_swiglu_real_shapes(name, e, top_k, hidden, i, t, layout):
     """The fused gate/up with SwiGLU at real MoE sizes (gate and up fused, [E, 2I, H] or [E, H, 2I]), on the
@@ -377,17 +446,22 @@ off = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")
 """
 
 
-@pytest.mark.parametrize("call,bad", [
-    ("moe_ffn(x, ids, wts, gu, dn)", False),
-    ("grouped_mm(xs, gu[:3], off([0, 4, 4, 10]), w_layout='nk')", False),
-    ("moe_ffn(x, ids + 8, wts, gu, dn)", True),
-    ("route(ids - 9, 8)", True),
-    ("route(torch.randint(0, 8, (100, 2), device='cuda').index_fill_(0, torch.tensor([70], device='cuda'), 8), 8)",
-     True),
-    ("grouped_mm(xs, gu[:3], off([0, 6, 4, 10]), w_layout='nk')", True),
-    ("grouped_mm(xs, gu[:3], off([0, 4, 4, 9]), w_layout='nk')", True),
-    ("grouped_mm(xs, gu[:3], off([1, 4, 4, 10]), w_layout='nk')", True),
-])
+@pytest.mark.parametrize(
+    "call,bad",
+    [
+        ("moe_ffn(x, ids, wts, gu, dn)", False),
+        ("grouped_mm(xs, gu[:3], off([0, 4, 4, 10]), w_layout='nk')", False),
+        ("moe_ffn(x, ids + 8, wts, gu, dn)", True),
+        ("route(ids - 9, 8)", True),
+        (
+            "route(torch.randint(0, 8, (100, 2), device='cuda').index_fill_(0, torch.tensor([70], device='cuda'), 8), 8)",
+            True,
+        ),
+        ("grouped_mm(xs, gu[:3], off([0, 6, 4, 10]), w_layout='nk')", True),
+        ("grouped_mm(xs, gu[:3], off([0, 4, 4, 9]), w_layout='nk')", True),
+        ("grouped_mm(xs, gu[:3], off([1, 4, 4, 10]), w_layout='nk')", True),
+    ],
+)
 def test_bad_values_fail_on_the_device(call, bad):
     """Expert ids out of range and offsets that do not run from 0 to M_total non-decreasing, checked on the
     GPU with no host sync: the call returns, and the next sync fails with a device-side assertion (which
@@ -397,8 +471,9 @@ def test_bad_values_fail_on_the_device(call, bad):
     import sys
 
     code = _BAD_SETUP + f"y = {call}\ntorch.cuda.synchronize()\nprint('synced')\n"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=300
+    )
     if bad:
         assert res.returncode != 0 and "device-side assert" in res.stderr, res.stderr[-2000:]
         assert "synced" not in res.stdout

@@ -143,8 +143,10 @@ def test_long_tests_head_the_chunks_xdist_deals_out():
 
     from tests.conftest import spread_long_tests
 
-    items = [SimpleNamespace(name=f"t{i}", keywords={"long"} if i in (0, 1, 2, 40, 97) else set())
-             for i in range(100)]
+    items = [
+        SimpleNamespace(name=f"t{i}", keywords={"long"} if i in (0, 1, 2, 40, 97) else set())
+        for i in range(100)
+    ]
     names = [it.name for it in items]
     spread_long_tests(items, 1)
     assert [it.name for it in items] == names

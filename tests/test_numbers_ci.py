@@ -69,14 +69,31 @@ def _csv(rounds: bool) -> pd.DataFrame:
             for c, f in (("ours", 1.0), ("peer", 2.0 if t <= 256 else 1.0)):
                 r = 100.0 * f * rng.uniform(0.95, 1.05, 3)
                 med = float(np.median(r))
-                row = {"model": model, "tokens": t, "load": "uniform", "contender": c, "status": "ok",
-                       "graph_us": med, "launch_us": med + 20, "cpu_us": 10.0 * f}
+                row = {
+                    "model": model,
+                    "tokens": t,
+                    "load": "uniform",
+                    "contender": c,
+                    "status": "ok",
+                    "graph_us": med,
+                    "launch_us": med + 20,
+                    "cpu_us": 10.0 * f,
+                }
                 if rounds:
                     row["graph_round_us"] = ";".join(f"{v:.3f}" for v in r)
                     row["launch_round_us"] = ";".join(f"{v + 20:.3f}" for v in r)
                 rows.append(row)
-    rows.append({"model": "a", "tokens": 1, "load": "zipf", "contender": "peer", "status": "error",
-                 "graph_us": float("nan"), "launch_us": float("nan")})
+    rows.append(
+        {
+            "model": "a",
+            "tokens": 1,
+            "load": "zipf",
+            "contender": "peer",
+            "status": "error",
+            "graph_us": float("nan"),
+            "launch_us": float("nan"),
+        }
+    )
     return pd.DataFrame(rows)
 
 
@@ -111,9 +128,19 @@ def test_e8_phase_rows_take_the_fastest_peer_per_cell_and_clock():
         for t in (1, 16, 4096):
             vllm_us = 120.0 if t <= 256 else 300.0
             for c, g, la in ((OURS, 100.0, 150.0), (TORCH, 200.0, 210.0), (VLLM, vllm_us, 130.0)):
-                rows.append({"model": model, "tokens": t, "load": "uniform", "contender": c, "status": "ok",
-                             "graph_us": g, "launch_us": la, "graph_round_us": f"{g};{g};{g}",
-                             "launch_round_us": f"{la};{la};{la}"})
+                rows.append(
+                    {
+                        "model": model,
+                        "tokens": t,
+                        "load": "uniform",
+                        "contender": c,
+                        "status": "ok",
+                        "graph_us": g,
+                        "launch_us": la,
+                        "graph_round_us": f"{g};{g};{g}",
+                        "launch_round_us": f"{la};{la};{la}",
+                    }
+                )
     out = {(r["theirs"], r["phase"]): r for r in phase_rows(pd.DataFrame(rows))}
     assert out[(BEST, "decode")]["graph"][0] == pytest.approx(1.2)  # vLLM, the faster peer at decode
     assert out[(BEST, "prefill")]["graph"][0] == pytest.approx(2.0)  # torch's pipeline at prefill
@@ -129,15 +156,32 @@ def test_e7_phase_numbers_compare_peers_that_gather_against_ours_with_the_gather
     rows = []
     for proj in ("up", "down"):
         for t in (8, 4096):
-            for c, g in (("ours:auto", 100.0), ("ours:auto+gather", 110.0), ("torch._grouped_mm", 150.0),
-                         ("vllm:fused_moe", 110.0)):
-                rows.append({"model": "m", "proj": proj, "tokens": t, "load": "uniform", "contender": c,
-                             "status": "ok", "graph_us": g, "launch_us": g + 5,
-                             "graph_round_us": f"{g};{g * 1.01}", "launch_round_us": f"{g + 5};{g + 6}"})
+            for c, g in (
+                ("ours:auto", 100.0),
+                ("ours:auto+gather", 110.0),
+                ("torch._grouped_mm", 150.0),
+                ("vllm:fused_moe", 110.0),
+            ):
+                rows.append(
+                    {
+                        "model": "m",
+                        "proj": proj,
+                        "tokens": t,
+                        "load": "uniform",
+                        "contender": c,
+                        "status": "ok",
+                        "graph_us": g,
+                        "launch_us": g + 5,
+                        "graph_round_us": f"{g};{g * 1.01}",
+                        "launch_round_us": f"{g + 5};{g + 6}",
+                    }
+                )
     n = Numbers()
     out = e7_phase_numbers(n, None, pd.DataFrame(rows), prefix="Test")
-    assert {(r["theirs"], r["ours"]) for r in out} == {("torch._grouped_mm", "ours:auto"),
-                                                      ("vllm:fused_moe", "ours:auto+gather")}
+    assert {(r["theirs"], r["ours"]) for r in out} == {
+        ("torch._grouped_mm", "ours:auto"),
+        ("vllm:fused_moe", "ours:auto+gather"),
+    }
     assert n.items["TestDecodeVsTorchGpu"].startswith("1.50x")
     assert n.items["TestPrefillVsVllmGpu"].startswith("parity")
     assert n.items["TestPrefillVsVllmGpuParity"] == "1"
@@ -157,9 +201,11 @@ def test_runner_records_each_rounds_median_for_the_intervals(monkeypatch):
         fn()
         r = next(calls)
         return [r + 1.0, r + 3.0]
+
     monkeypatch.setattr(runner, "launch_samples", fake_launch)
-    c = runner.Contender("A", lambda inp: (lambda: torch.zeros(1)), graph=False,
-                         check=lambda out: (True, 0.0, ""))
+    c = runner.Contender(
+        "A", lambda inp: lambda: torch.zeros(1), graph=False, check=lambda out: (True, 0.0, "")
+    )
     (row,) = runner.measure([c], [()], torch.zeros(1), 1, runner.Settings(rounds=3))
     assert row["launch_round_us"] == "2.0000;3.0000;4.0000"
     assert round_times(pd.Series(row), "launch").tolist() == [2.0, 3.0, 4.0]

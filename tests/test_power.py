@@ -17,8 +17,18 @@ def test_summary_takes_medians_after_the_settling_time_and_counts_the_limit_reas
     at or after ``power_since``; each reason's share counts the kept samples with its bit set."""
     cap, thermal, brake = power.REASON_SW_POWER_CAP, 0x20, power.REASON_HW_POWER_BRAKE
     s = [Sample(0.0, 1980, 3201, 100.0, 0), Sample(0.1, 1980, 3201, 120.0, 0)]  # before the load settled
-    s += [Sample(0.3 + 0.1 * i, mhz, 3201, w, r) for i, (mhz, w, r) in enumerate(
-        [(1500, 690.0, cap), (1400, 700.0, cap), (1600, 650.0, 0), (1300, 705.0, cap | thermal), (1700, 640.0, brake)])]
+    s += [
+        Sample(0.3 + 0.1 * i, mhz, 3201, w, r)
+        for i, (mhz, w, r) in enumerate(
+            [
+                (1500, 690.0, cap),
+                (1400, 700.0, cap),
+                (1600, 650.0, 0),
+                (1300, 705.0, cap | thermal),
+                (1700, 640.0, brake),
+            ]
+        )
+    ]
     out = summary(s, since=0.3, power_since=0.5)
     assert out["samples"] == 5 and out["sm_mhz"] == 1500 and out["mem_mhz"] == 3201
     assert out["sm_mhz_p20"] <= 1400 <= out["sm_mhz"] <= 1600 <= out["sm_mhz_p80"]
@@ -59,6 +69,7 @@ def test_sampler_reads_the_device_until_it_is_stopped():
 def test_nvml_without_a_driver_says_so(monkeypatch):
     """Where libnvidia-ml cannot be loaded (this CPU machine, or any without the NVIDIA driver) Nvml raises
     NvmlError naming the library, not a bare OSError."""
+
     def no_lib(name):
         raise OSError(f"{name}: cannot open shared object file")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
+from conftest import SNAKEMAKE_GROUP, checkout_state, dry_run_jobs, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +33,12 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert ci[-1].strip() == test_cmd, "the last line of .ci/run must be the README's test command"
     install = _readme_commands()[0].split("&&")[1].strip()  # the pip install of command 1
     assert any(line.strip().endswith(install.split("pip ", 1)[1]) for line in ci), install
+    # the test command uses the cores it has, the Snakemake tests kept together on one of them (xdist_group)
+    assert " -n auto" in test_cmd and "--dist loadgroup" in test_cmd, test_cmd
+    # and CI lints with the ruff the `test` extra pins
+    assert ".venv/bin/ruff check ." in [line.strip() for line in ci]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("ruff==") for r in extras["test"]), extras["test"]
 
 
 def test_pins_match_what_we_run():
@@ -57,13 +64,50 @@ def test_pins_match_what_we_run():
 
 
 @pytest.mark.pipeline
-def test_snakemake_lint_is_clean():
+@pytest.mark.xdist_group(SNAKEMAKE_GROUP)
+def test_snakemake_lint_is_clean(tree_copy):
     pytest.importorskip("snakemake")  # installed by the `pipeline` extra (CI has it; the bare GPU image not)
-    res = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**__import__("os").environ, "MOEGEMM_FORCE_CPU": "1"})
+    res = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint"],
+        cwd=tree_copy,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=snakemake_env(MOEGEMM_FORCE_CPU="1"),
+        check=False,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "Lints for" not in out, out
+
+
+@pytest.mark.pipeline
+def test_dry_run_check_leaves_no_trace(tree_copy):
+    """conftest.dry_run_jobs: the jobs `snakemake -n` lists (in a fresh copy: the verify step among them),
+    and Snakemake's directory put back as it was: none where there was none, its I/O cache restored."""
+    got = dry_run_jobs(tree_copy)
+    assert got["jobs"].get("verify") == 1 and any("verify.json" in o for o in got["outputs"]), got
+    assert not (tree_copy / ".snakemake").exists()
+    cache = tree_copy / ".snakemake" / "iocache" / "latest.pkl"
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(b"before")
+    assert dry_run_jobs(tree_copy) == got
+    assert cache.read_bytes() == b"before"
+    assert sorted(p.name for p in (tree_copy / ".snakemake").rglob("*")) == ["iocache", "latest.pkl"]
+
+
+@pytest.mark.pipeline
+@pytest.mark.xdist_group(SNAKEMAKE_GROUP)
+def test_pipeline_tests_leave_the_checkout_alone(checkout_before):
+    """After the tests that run Snakemake (the same xdist group, so they ran before this one, in this
+    process): `git status`, what `snakemake -n` would run, and the files where the pipeline writes are as
+    the first of them found them."""
+    after = checkout_state()
+    for what in ("git status", "snakemake -n"):
+        assert after[what] == checkout_before[what], (what, checkout_before[what], after[what])
+    before, now = checkout_before["outputs"], after["outputs"]
+    changed = sorted(p for p in set(before) | set(now) if before.get(p) != now.get(p))
+    assert not changed, f"files the tests wrote into the checkout: {changed[:20]}"
 
 
 def test_readme_is_short():
@@ -72,3 +116,103 @@ def test_readme_is_short():
     assert len(lines) <= 120, len(lines)
     for link in re.findall(r"\]\(((?:docs|figures|results)/[^)#]+)\)", "\n".join(lines)):
         assert (ROOT / link).exists(), link
+
+
+def test_long_tests_and_the_snakemake_group_are_dealt_first():
+    """conftest.long_first (`--dist loadgroup`): the tests marked long and those of an xdist group first, in
+    their order, then the rest in theirs; none lost or doubled; without workers nothing moves."""
+    from types import SimpleNamespace
+
+    from conftest import long_first
+
+    def item(i):
+        group = i in (5, 50)
+
+        def marker(name, g=group):
+            return object() if g and name == "xdist_group" else None
+
+        keywords = {"long"} if i in (3, 70) else set()
+        return SimpleNamespace(name=f"t{i}", keywords=keywords, get_closest_marker=marker)
+
+    items = [item(i) for i in range(100)]
+    names = [it.name for it in items]
+    long_first(items, 1)
+    assert [it.name for it in items] == names
+    long_first(items, 2)
+    got = [it.name for it in items]
+    assert got[:4] == ["t3", "t5", "t50", "t70"]
+    assert got[4:] == [n for n in names if n not in got[:4]]
+
+
+def _api_calls(src: str, api: set[str]) -> set[tuple[str, str | None]]:
+    """(function, keyword) of every call in ``src`` of a name in ``api`` (plain or as an attribute), keyword
+    None for the call itself."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in api:
+                out |= {(name, None)} | {(name, k.arg) for k in node.keywords}
+    return out
+
+
+def test_readme_library_excerpt_is_what_the_quickstart_runs():
+    """The README's library code is an excerpt of examples/quickstart.py (which runs in CI): every moegemm
+    function it calls, with every keyword it passes, is called so in the quick start; it names no layout
+    (the default is nn.Linear's [E, N, K] everywhere)."""
+    import ast
+
+    section = (ROOT / "README.md").read_text().split("## The library", 1)[1].split("\n## ", 1)[0]
+    assert "examples/quickstart.py" in section
+    code = re.findall(r"```python\n(.*?)\n```", section, flags=re.DOTALL)[0]
+    tree = ast.parse(code)
+    api = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.startswith("moegemm"):
+            api |= {a.name for a in node.names}
+    modules = {a for a in api if (ROOT / "src" / "moegemm" / a).is_dir()}
+    import importlib
+
+    for m in modules:
+        api |= {n for n in dir(importlib.import_module(f"moegemm.{m}")) if not n.startswith("_")}
+    shown = _api_calls(code, api)
+    assert {
+        "route",
+        "permute",
+        "grouped_mm",
+        "unpermute",
+        "grouped_mm_masked",
+        "moe_ffn",
+        "matmul",
+        "sorted_weights",
+    } <= {n for n, _ in shown}, shown
+    assert not any(k == "w_layout" for _, k in shown)
+    quickstart = ROOT / "examples" / "quickstart.py"
+    if not quickstart.exists():
+        pytest.skip("examples/quickstart.py is not in this tree")
+    missing = shown - _api_calls(quickstart.read_text(), api)
+    assert not missing, (
+        f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
+    )
+
+
+def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
+    """conftest's `-n auto`: a worker per usable CPU without a GPU; with one, at most 8, one per two CPUs;
+    MOEGEMM_TEST_WORKERS wins."""
+    import conftest
+
+    from moegemm import _runtime
+
+    monkeypatch.delenv("MOEGEMM_TEST_WORKERS", raising=False)
+    monkeypatch.setattr(_runtime, "usable_cpus", lambda: 64)
+    monkeypatch.setattr(conftest, "HAS_CUDA", False)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 64
+    monkeypatch.setattr(conftest, "HAS_CUDA", True)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 8
+    monkeypatch.setattr(_runtime, "usable_cpus", lambda: 6)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 3
+    monkeypatch.setenv("MOEGEMM_TEST_WORKERS", "2")
+    assert conftest.pytest_xdist_auto_num_workers(None) == 2

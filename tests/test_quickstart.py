@@ -10,20 +10,34 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("decompose_k.matmul", "route + permute", "grouped_mm", "grouped_mm + unpermute", "grouped_mm_masked",
-         "moe_ffn")
+STEPS = (
+    "decompose_k.matmul",
+    "route + permute",
+    "grouped_mm",
+    "grouped_mm + unpermute",
+    "grouped_mm_masked",
+    "moe_ffn",
+)
 
 
 def test_quickstart_runs_and_every_step_matches_float64():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("TRITON_INTERPRET", None)  # the script decides it, as it does for a user
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    lines = {m.group(1).strip(): (m.group(2), float(m.group(3)), m.group(4))
-             for m in re.finditer(r"^(.+?)\s+(\([0-9, ]+\))\s+rel\. error (\S+)\s+(ok|FAILED)$", out, re.M)}
+    lines = {
+        m.group(1).strip(): (m.group(2), float(m.group(3)), m.group(4))
+        for m in re.finditer(r"^(.+?)\s+(\([0-9, ]+\))\s+rel\. error (\S+)\s+(ok|FAILED)$", out, re.M)
+    }
     assert set(lines) == set(STEPS), out
     for step, (_, err, verdict) in lines.items():
         assert verdict == "ok" and err <= 2e-2, (step, err, out)

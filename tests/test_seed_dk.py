@@ -29,7 +29,8 @@ def test_load_imports_both_kernels_and_records_their_hash(monkeypatch, tmp_path)
     (pkg / "__init__.py").write_text("")
     (pkg / "decompose_k_triton_kernel.py").write_text("NAME = 'original'\n")
     (pkg / "decompose_k_triton_kernel_optimized.py").write_text(
-        "from kernels.decompose_k_triton_kernel import NAME as BASE\nNAME = 'optimized'\n")
+        "from kernels.decompose_k_triton_kernel import NAME as BASE\nNAME = 'optimized'\n"
+    )
     monkeypatch.setenv("MOEGEMM_SEED_SOURCE", str(tmp_path / "decompose-k"))
     for name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import DEVICE
+
 from moegemm.bench.stream import CANDIDATES, StreamConfig, check_stream, stream_bytes, stream_setup
 
 
@@ -20,8 +20,9 @@ def _cell(e, n, k, sizes, seed=0, dtype=torch.bfloat16):
     return w, x, torch.tensor(sizes, dtype=torch.int32, device=DEVICE)
 
 
-@pytest.mark.parametrize("config", [StreamConfig(64, 2, 4), StreamConfig(256, 1, 4),
-                                    *[c for c in CANDIDATES if c.kind == "flat"]])
+@pytest.mark.parametrize(
+    "config", [StreamConfig(64, 2, 4), StreamConfig(256, 1, 4), *[c for c in CANDIDATES if c.kind == "flat"]]
+)
 @pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [0, 0, 7, 0], [0, 0, 0, 0], [2, 2, 2, 2]])
 def test_stream_reads_active_experts_and_x_and_writes_y(config, sizes):
     w, x, gs = _cell(4, 24, 40, sizes)  # 960 weight elements per expert: not a multiple of the blocks
@@ -35,8 +36,14 @@ def test_stream_reads_active_experts_and_x_and_writes_y(config, sizes):
     assert int(out[1].long().sum()) == s.active * 24 * 40 + x.numel()
 
 
-@pytest.mark.parametrize("config", [StreamConfig(2, 2, 4, "tma", 2), StreamConfig(4, 1, 4, "tma", 3),
-                                    *[c for c in CANDIDATES if c.kind == "tma"]])
+@pytest.mark.parametrize(
+    "config",
+    [
+        StreamConfig(2, 2, 4, "tma", 2),
+        StreamConfig(4, 1, 4, "tma", 3),
+        *[c for c in CANDIDATES if c.kind == "tma"],
+    ],
+)
 @pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [0, 0, 0, 0], [2, 2, 2, 2]])
 def test_stream_by_tma_boxes(config, sizes):
     w, x, gs = _cell(4, 16, 48, sizes, seed=3)  # 3 rows of 256 per expert: boxes overrun the slab's end

@@ -11,7 +11,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(pytest.importorskip("transformers.integrations.moe"), "ExpertsInterface"):
-    pytest.skip(f"transformers {transformers.__version__} has no ExpertsInterface (5.x has)", allow_module_level=True)
+    pytest.skip(
+        f"transformers {transformers.__version__} has no ExpertsInterface (5.x has)", allow_module_level=True
+    )
 
 from transformers import MixtralConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: E402
@@ -32,15 +34,31 @@ def small_tiles(monkeypatch, tmp_path):
 
 
 def qwen3(experts: int = 8, top_k: int = 2, hidden: int = 64, inter: int = 32) -> Qwen3MoeConfig:
-    return Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
-                          num_experts_per_tok=top_k, intermediate_size=2 * hidden, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=97)
+    return Qwen3MoeConfig(
+        hidden_size=hidden,
+        moe_intermediate_size=inter,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=97,
+    )
 
 
 def mixtral(experts: int = 4, top_k: int = 2, hidden: int = 64, inter: int = 48) -> MixtralConfig:
-    return MixtralConfig(hidden_size=hidden, intermediate_size=inter, num_local_experts=experts,
-                         num_experts_per_tok=top_k, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=97)
+    return MixtralConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=97,
+    )
 
 
 def randomize(module: torch.nn.Module, seed: int) -> None:
@@ -50,9 +68,15 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * 0.2)
 
 
-@pytest.mark.parametrize("block_cls,config", [(Qwen3MoeSparseMoeBlock, qwen3()), (MixtralSparseMoeBlock, mixtral()),
-                                              (Qwen3MoeSparseMoeBlock, qwen3(experts=12, top_k=4, inter=40))],
-                         ids=["qwen3-moe", "mixtral", "qwen3-moe-12x4"])
+@pytest.mark.parametrize(
+    "block_cls,config",
+    [
+        (Qwen3MoeSparseMoeBlock, qwen3()),
+        (MixtralSparseMoeBlock, mixtral()),
+        (Qwen3MoeSparseMoeBlock, qwen3(experts=12, top_k=4, inter=40)),
+    ],
+    ids=["qwen3-moe", "mixtral", "qwen3-moe-12x4"],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_moe_block_matches_eager_experts_in_float64(block_cls, config, dtype, device, small_tiles):
     """A real transformers MoE block on our experts implementation: its router in the block's dtype, then

@@ -11,7 +11,9 @@ from helpers import assert_close_to_ref
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(pytest.importorskip("transformers.integrations.moe"), "ExpertsInterface"):
-    pytest.skip(f"transformers {transformers.__version__} has no ExpertsInterface (5.x has)", allow_module_level=True)
+    pytest.skip(
+        f"transformers {transformers.__version__} has no ExpertsInterface (5.x has)", allow_module_level=True
+    )
 
 from transformers import MixtralConfig, Qwen3MoeConfig  # noqa: E402
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: E402
@@ -22,10 +24,14 @@ import moegemm.integrations.transformers  # noqa: E402,F401  (registers "moegemm
 pytestmark = pytest.mark.gpu
 
 CASES = {  # real sizes: Qwen3-30B-A3B, and Mixtral 8x7B's experts at a quarter of its intermediate size
-    "qwen3-30b-a3b": (Qwen3MoeSparseMoeBlock, Qwen3MoeConfig(hidden_size=2048, moe_intermediate_size=768,
-                                                             num_experts=128, num_experts_per_tok=8)),
-    "mixtral-8x7b/4": (MixtralSparseMoeBlock, MixtralConfig(hidden_size=4096, intermediate_size=3584,
-                                                            num_local_experts=8, num_experts_per_tok=2)),
+    "qwen3-30b-a3b": (
+        Qwen3MoeSparseMoeBlock,
+        Qwen3MoeConfig(hidden_size=2048, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8),
+    ),
+    "mixtral-8x7b/4": (
+        MixtralSparseMoeBlock,
+        MixtralConfig(hidden_size=4096, intermediate_size=3584, num_local_experts=8, num_experts_per_tok=2),
+    ),
 }
 
 

@@ -26,8 +26,11 @@ def tracked_files(root: Path) -> list[Path]:
         pass
     ignore = [".git/"]
     if (root / ".gitignore").exists():
-        ignore += [ln.strip() for ln in (root / ".gitignore").read_text().splitlines()
-                   if ln.strip() and not ln.startswith("#")]
+        ignore += [
+            ln.strip()
+            for ln in (root / ".gitignore").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")
+        ]
 
     def ignored(rel: str) -> bool:
         parts = rel.split("/")
@@ -50,15 +53,25 @@ def test_tracked_tree_stays_under_the_limit():
     sizes = sorted(((p.stat().st_size, p.relative_to(ROOT).as_posix()) for p in files), reverse=True)
     total = sum(s for s, _ in sizes)
     biggest = ", ".join(f"{name} {s / 1e6:.1f} MB" for s, name in sizes[:5])
-    assert total <= TREE_LIMIT_BYTES, (f"the tracked files take {total / 1e6:.1f} MB, over "
-                                       f"{TREE_LIMIT_BYTES / 1e6:.0f} MB; the largest: {biggest}")
+    assert total <= TREE_LIMIT_BYTES, (
+        f"the tracked files take {total / 1e6:.1f} MB, over "
+        f"{TREE_LIMIT_BYTES / 1e6:.0f} MB; the largest: {biggest}"
+    )
 
 
 def test_ignored_files_do_not_count(tmp_path):
     """Outside git: files .gitignore excludes (folders, name patterns, rooted paths) are left out."""
     (tmp_path / ".gitignore").write_text("# comment\n__pycache__/\n*.pyc\n/logs/\nresults/*/runs/\n")
-    for rel in ("a.py", "pkg/b.py", "pkg/__pycache__/b.cpython.pyc", "c.pyc", "logs/x.log",
-                "sub/logs/kept.txt", "results/gpu/runs/S1/x.csv", "results/gpu/runs.tar.xz"):
+    for rel in (
+        "a.py",
+        "pkg/b.py",
+        "pkg/__pycache__/b.cpython.pyc",
+        "c.pyc",
+        "logs/x.log",
+        "sub/logs/kept.txt",
+        "results/gpu/runs/S1/x.csv",
+        "results/gpu/runs.tar.xz",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     got = sorted(p.relative_to(tmp_path).as_posix() for p in tracked_files(tmp_path))
@@ -87,8 +100,11 @@ def test_runs_archive_reads_as_the_folder_it_packed(tmp_path):
     shutil.rmtree(res / "runs")
     got = runs_dir(res)
     assert got == res / "runs"
-    assert {p.relative_to(got).as_posix(): p.read_text() for p in got.rglob("*") if p.is_file()
-            and p.name != ".unpacked-from"} == files
+    assert {
+        p.relative_to(got).as_posix(): p.read_text()
+        for p in got.rglob("*")
+        if p.is_file() and p.name != ".unpacked-from"
+    } == files
     assert sorted(p.parent.name for p in got.glob("*/*.csv")) == ["S1-1", "S2-10"]
     assert pack_runs(res).read_bytes() == first  # no times, owners or order in the archive
     (got / "S1-1" / "moe_layer.csv").write_text("edited\n")
@@ -108,8 +124,14 @@ def test_committed_runs_archive_holds_the_runs_the_write_up_cites():
     if not (results / RUNS_ARCHIVE).exists():
         pytest.skip("no committed runs archive here")
     runs = runs_dir(results)
-    for rel in ("S16-1/moe_layer.csv", "S17-2/moe_layer.csv", "S18-1/probe_dk_latency.csv",
-                "S15-1/grouped_skew.csv", "S21-2/grouped_skew.csv", "S20-2/moe_layer.csv",
-                "S21-3/moe_layer.csv"):
+    for rel in (
+        "S16-1/moe_layer.csv",
+        "S17-2/moe_layer.csv",
+        "S18-1/probe_dk_latency.csv",
+        "S15-1/grouped_skew.csv",
+        "S21-2/grouped_skew.csv",
+        "S20-2/moe_layer.csv",
+        "S21-3/moe_layer.csv",
+    ):
         assert (runs / rel).stat().st_size > 0, rel
     assert list(runs.glob("*/probe_decode_routing.csv")) and list(runs.glob("*/tune_grouped.csv"))

@@ -26,7 +26,7 @@ needs_source = pytest.mark.skipif(not SOURCE, reason=f"needs {tkm.ENV} (triton_k
 
 STAND_IN = {
     "__init__.py": "",
-    "matmul_ogs.py": textwrap.dedent('''
+    "matmul_ogs.py": textwrap.dedent("""
         class FnSpecs:
             def __init__(self, name, fn, arg_names):
                 self.name, self.fn, self.arg_names = name, fn, arg_names
@@ -39,7 +39,7 @@ STAND_IN = {
 
         def matmul_ogs(*args, **kwargs):
             raise NotImplementedError
-    '''),
+    """),
     "swiglu.py": "def swiglu_fn(x, alpha, limit):\n    return x\n",
     "routing.py": "def routing(logits, k, sm_first=False, expt_indx=None):\n    return None, None, None\n",
 }

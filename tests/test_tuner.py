@@ -62,15 +62,26 @@ def test_grouped_tuner_times_tiles_then_the_best_on_the_persistent_grid(tmp_path
     rows = tg.time_configs(cfgs, writer, base, xs, [w], plan.group_offsets, ref)
     assert [GroupedConfig(**r["config"]) for r in rows] == cfgs[1:]  # the first was done already
     first = len(made) - 2  # the two timed here
-    assert order[-2 * tg.SCREEN_ROUNDS:] == [first + (r + j) % 2 for r in range(tg.SCREEN_ROUNDS) for j in range(2)]
+    assert order[-2 * tg.SCREEN_ROUNDS :] == [
+        first + (r + j) % 2 for r in range(tg.SCREEN_ROUNDS) for j in range(2)
+    ]
     assert all(r["status"] == "ok" and r["graph_us"] >= 100 for r in rows)
     best = sorted(writer.rows + rows, key=lambda r: r["graph_us"])[: tg.PERSISTENT_TRIES - 1]
-    more = tg.time_configs([dataclasses.replace(GroupedConfig(**r["config"]), persistent=True) for r in best],
-                           writer, base, xs, [w], plan.group_offsets, ref)
+    more = tg.time_configs(
+        [dataclasses.replace(GroupedConfig(**r["config"]), persistent=True) for r in best],
+        writer,
+        base,
+        xs,
+        [w],
+        plan.group_offsets,
+        ref,
+    )
     assert [GroupedConfig(**r["config"]).persistent for r in more] == [True, True]
 
 
-def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(tmp_path, monkeypatch, device):
+def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(
+    tmp_path, monkeypatch, device
+):
     """Every config of a screen call is timed in one side-by-side batch (nine configs here: more than the
     old batches of eight), its rounds rotating over all of them; screen_batch shrinks the batch to what
     SCREEN_MEMORY of the free memory holds (never below two)."""
@@ -80,11 +91,19 @@ def test_grouped_tuner_screens_a_whole_load_in_one_batch_unless_memory_is_short(
 
     made, order = _fake_graph_timers(monkeypatch, lambda timer, count: 100.0 + timer)
     plan, xs, w = _tuner_cell(device)
-    cfgs = [GroupedConfig(16, bn, bk, num_stages=st)
-            for bn in (16, 32, 64) for bk in (16, 32) for st in (2, 3)][:9]
+    cfgs = [
+        GroupedConfig(16, bn, bk, num_stages=st) for bn in (16, 32, 64) for bk in (16, 32) for st in (2, 3)
+    ][:9]
     writer = ResultWriter(tmp_path / "t.csv", ("model", "proj", "tokens", "config"))
-    rows = tg.time_configs(cfgs, writer, {"model": "m", "proj": "up", "tokens": 12}, xs, [w],
-                           plan.group_offsets, ref_rows(xs, w, plan.group_offsets))
+    rows = tg.time_configs(
+        cfgs,
+        writer,
+        {"model": "m", "proj": "up", "tokens": 12},
+        xs,
+        [w],
+        plan.group_offsets,
+        ref_rows(xs, w, plan.group_offsets),
+    )
     assert len(made) == 9 and [r["graph_us"] for r in rows] == [100.0 + i for i in range(9)]
     assert order == [(r + j) % 9 for r in range(tg.SCREEN_ROUNDS) for j in range(9)]
     graph = 2 * (1 << 30) + (64 << 20)  # a 1 GiB output, counted twice, and 64 MiB
@@ -112,17 +131,26 @@ def test_grouped_tuner_final_round_times_the_finalists_side_by_side(monkeypatch,
     # config i's samples: 100 (i + 1) + the call's position; the median of its FINAL_ROUNDS positions
     pos = {i: [j + 1 for j, x in enumerate(order) if x == i] for i in range(3)}
     import statistics
+
     assert [r["graph_us"] for r in rows] == [100.0 * (i + 1) + statistics.median(pos[i]) for i in range(3)]
 
     def row(cfg, load, us, stage):
         return {"config": {"block_m": cfg}, "load": load, "graph_us": us, "status": "ok", "stage": stage}
 
-    screen = [row(64, "uniform", 100.0, "screen"), row(64, "zipf1.2", 100.0, "screen"),
-              row(128, "uniform", 105.0, "screen"), row(128, "zipf1.2", 104.0, "screen")]
+    screen = [
+        row(64, "uniform", 100.0, "screen"),
+        row(64, "zipf1.2", 100.0, "screen"),
+        row(128, "uniform", 105.0, "screen"),
+        row(128, "zipf1.2", 104.0, "screen"),
+    ]
     loads = ("uniform", "zipf1.2")
     assert json.loads(tg.cell_choice(screen, loads)[1])["block_m"] == 64
-    final = [row(64, "uniform", 110.0, "final"), row(64, "zipf1.2", 111.0, "final"),
-             row(128, "uniform", 101.0, "final"), row(128, "zipf1.2", 102.0, "final")]
+    final = [
+        row(64, "uniform", 110.0, "final"),
+        row(64, "zipf1.2", 111.0, "final"),
+        row(128, "uniform", 101.0, "final"),
+        row(128, "zipf1.2", 102.0, "final"),
+    ]
     us, best, by_load = tg.cell_choice(screen + final, loads)
     assert json.loads(best)["block_m"] == 128 and by_load == {"uniform": 101.0, "zipf1.2": 102.0}
     assert abs(us - (101.0 * 102.0) ** 0.5) < 1e-9
@@ -138,15 +166,22 @@ def test_grouped_tuner_keeps_the_config_best_over_the_loads():
     def row(cfg, load, us, status="ok"):
         return {"config": {"block_m": cfg}, "load": load, "graph_us": us, "status": status}
 
-    rows = [row(16, "uniform", 100.0), row(16, "zipf1.2", 200.0),   # geomean 141
-            row(64, "uniform", 110.0), row(64, "zipf1.2", 120.0),   # geomean 115
-            row(32, "uniform", 90.0), row(32, "zipf1.2", 1.0, "wrong"),
-            row(128, "uniform", 95.0)]
+    rows = [
+        row(16, "uniform", 100.0),
+        row(16, "zipf1.2", 200.0),  # geomean 141
+        row(64, "uniform", 110.0),
+        row(64, "zipf1.2", 120.0),  # geomean 115
+        row(32, "uniform", 90.0),
+        row(32, "zipf1.2", 1.0, "wrong"),
+        row(128, "uniform", 95.0),
+    ]
     order = tg.robust_order(rows, ("uniform", "zipf1.2"))
     assert [json.loads(c)["block_m"] for _, c in order] == [64, 16]
     assert abs(order[0][0] - (110.0 * 120.0) ** 0.5) < 1e-9
     assert [json.loads(c)["block_m"] for _, c in tg.robust_order(rows, ("uniform",))] == [32, 128, 16, 64]
-    old = [{k: v for k, v in r.items() if k != "load"} for r in rows if r["load"] == "uniform"]  # pre-load rows
+    old = [
+        {k: v for k, v in r.items() if k != "load"} for r in rows if r["load"] == "uniform"
+    ]  # pre-load rows
     assert [json.loads(c)["block_m"] for _, c in tg.robust_order(old, ("uniform",))] == [32, 128, 16, 64]
     g = {"tune_loads": ["uniform", "zipf1.2"]}
     assert tg.tune_loads(g, 1) == ("uniform",) and tg.tune_loads(g, 64) == ("uniform", "zipf1.2")
@@ -180,8 +215,12 @@ def test_grouped_tuner_candidates_by_regime():
     assert all(any(c.tail_m for c in candidates(mean)) for mean in (8, 32, 512))
     assert any(c.merge_tail for c in candidates(32))
     # past the middle regime, merged tails only as 32-row tails of 128 x 256 tiles, without warp specialization
-    assert {(c.block_m, c.block_n, c.tail_m, c.flatten) for mean in (128, 512) for c in candidates(mean)
-            if c.merge_tail} == {(128, 256, 32, False)}
+    assert {
+        (c.block_m, c.block_n, c.tail_m, c.flatten)
+        for mean in (128, 512)
+        for c in candidates(mean)
+        if c.merge_tail
+    } == {(128, 256, 32, False)}
 
 
 def test_tuner_verdict_tells_an_error_from_wrong_values(device):
@@ -198,8 +237,10 @@ def test_tuner_verdict_tells_an_error_from_wrong_values(device):
     def boom():
         raise RuntimeError("out of resource: shared memory")
 
-    rows = [check_and_time([fn], ref, 16, Settings(calls_per_graph=1))
-            for fn in (boom, lambda: (ref + 1).float(), lambda: torch.full((8, 4), float("nan")))]
+    rows = [
+        check_and_time([fn], ref, 16, Settings(calls_per_graph=1))
+        for fn in (boom, lambda: (ref + 1).float(), lambda: torch.full((8, 4), float("nan")))
+    ]
     assert [r["status"] for r in rows] == ["error", "wrong", "wrong"]
     assert rows[0]["note"].startswith("error: RuntimeError: out of resource")
     assert all("graph_us" not in r for r in rows)

@@ -11,14 +11,14 @@ import zipfile
 
 import pytest
 import torch
-
 from conftest import DEVICE
+
 from experiments import vllm_moe as vm
 from moegemm.grouped import permute, route
 
 # a stand-in fused_moe.py: a kernel with every argument the contender passes, the helper it must find,
 # a function that is not extracted (it would need vLLM), and vLLM-style imports the extraction leaves out
-STAND_IN = textwrap.dedent('''
+STAND_IN = textwrap.dedent("""
     import vllm.envs as envs
     from vllm.triton_utils import tl, triton
 
@@ -46,7 +46,7 @@ STAND_IN = textwrap.dedent('''
         if envs.VLLM_BATCH_INVARIANT or current_platform.is_rocm():
             return {"BLOCK_SIZE_M": 1}
         return {"BLOCK_SIZE_M": next_power_of_2(M), "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
-''')
+""")
 
 
 @pytest.fixture
@@ -59,8 +59,9 @@ def test_load_reads_kernel_helper_and_default_config_from_a_file(cache):
     src = cache / "fused_moe.py"
     src.write_text(STAND_IN)
     (cache / "configs").mkdir()
-    (cache / "configs" / "E=8,N=64,device_name=NVIDIA_H200.json").write_text(json.dumps(
-        {"triton_version": "3.5", "1": {"BLOCK_SIZE_M": 16}, "64": {"BLOCK_SIZE_M": 64}}))
+    (cache / "configs" / "E=8,N=64,device_name=NVIDIA_H200.json").write_text(
+        json.dumps({"triton_version": "3.5", "1": {"BLOCK_SIZE_M": 16}, "64": {"BLOCK_SIZE_M": 64}})
+    )
     vk = vm.load(src)
     assert vk.kernel.arg_names[:3] == ["a_ptr", "b_ptr", "c_ptr"]
     assert vk.origin.startswith("fused_moe.py sha256:")
@@ -68,8 +69,10 @@ def test_load_reads_kernel_helper_and_default_config_from_a_file(cache):
     assert "def write_zeros_to_output" in text and "def fused_moe_kernel" in text
     assert "not_a_kernel" not in text and "import vllm" not in text
     # its tuned table: the entry nearest the token count; elsewhere its default config
-    assert vm.own_choice(vk, "NVIDIA H200", 8, 64, 32, 128, 2, 40) == ({"BLOCK_SIZE_M": 64},
-                                                                      "vllm-table(E=8,N=64,M=64)")
+    assert vm.own_choice(vk, "NVIDIA H200", 8, 64, 32, 128, 2, 40) == (
+        {"BLOCK_SIZE_M": 64},
+        "vllm-table(E=8,N=64,M=64)",
+    )
     assert vm.own_choice(vk, "NVIDIA H200", 8, 64, 32, 128, 2, 20)[1] == "vllm-table(E=8,N=64,M=1)"
     cfg, source = vm.own_choice(vk, "NVIDIA H100 80GB HBM3", 8, 64, 32, 128, 2, 20)
     assert source == "vllm-default" and cfg["BLOCK_SIZE_M"] == 32  # next_power_of_2(20), not the ROCm branch
@@ -80,7 +83,9 @@ def test_load_names_the_unpacked_tree_version(cache):
     mod = tree / "model_executor" / "layers" / "fused_moe"
     mod.mkdir(parents=True)
     (mod / "fused_moe.py").write_text(STAND_IN)
-    assert vm.load(mod / "fused_moe.py").origin.startswith("fused_moe.py sha256:")  # no _version.py: no version
+    assert vm.load(mod / "fused_moe.py").origin.startswith(
+        "fused_moe.py sha256:"
+    )  # no _version.py: no version
     (tree / "_version.py").write_text("version: str\n__version__ = version = '9.8.7'\n")
     assert vm.load(mod / "fused_moe.py").origin.startswith("vllm 9.8.7 fused_moe.py sha256:")
 
@@ -89,7 +94,9 @@ def test_load_reads_a_wheel(cache):
     whl = cache / "vllm-0.0.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr(vm.MODULE, STAND_IN)
-        z.writestr(vm.CONFIGS + "E=4,N=32,device_name=NVIDIA_H200.json", json.dumps({"8": {"BLOCK_SIZE_M": 16}}))
+        z.writestr(
+            vm.CONFIGS + "E=4,N=32,device_name=NVIDIA_H200.json", json.dumps({"8": {"BLOCK_SIZE_M": 16}})
+        )
         z.writestr(vm.CONFIGS + "README", "not a table")
     vk = vm.load(whl)
     assert vk.origin == whl.name and list(vk.configs) == ["E=4,N=32,device_name=NVIDIA_H200.json"]
@@ -117,6 +124,7 @@ def test_no_vllm_and_no_source_is_none(monkeypatch):
     pytest.importorskip("triton")
     try:
         import vllm  # noqa: F401
+
         pytest.skip("vllm is installed here")
     except ImportError:
         pass
@@ -150,9 +158,9 @@ def test_align_groups_each_expert_padded_to_the_tile(seed, block_m):
     for ex in range(e):  # expert ex: its slots in the plan's order, then fillers to a whole tile
         lo, hi = plan.group_offsets[ex].item(), plan.group_offsets[ex + 1].item()
         padded = -(-sizes[ex] // block_m) * block_m
-        assert rows[pos:pos + sizes[ex]].tolist() == plan.sorted_slot[lo:hi].tolist()
-        assert (rows[pos + sizes[ex]:pos + padded] == slots).all()
-        assert (tile_expert[pos // block_m:(pos + padded) // block_m] == ex).all()
+        assert rows[pos : pos + sizes[ex]].tolist() == plan.sorted_slot[lo:hi].tolist()
+        assert (rows[pos + sizes[ex] : pos + padded] == slots).all()
+        assert (tile_expert[pos // block_m : (pos + padded) // block_m] == ex).all()
         pos += padded
     assert post.tolist() == [pos] and (rows[pos:] == slots).all()
     assert tile_expert.numel() == -(-rows.numel() // block_m)
@@ -164,21 +172,35 @@ def test_launcher_refuses_unknown_config_keys(cache):
     vk = vm.load(src)
     plan = route(torch.tensor([[0], [1]]), 2)
     with pytest.raises(ValueError, match="kpack"):
-        vm.launcher(vk, torch.ones(2, 16), 1, plan, torch.tensor([[0], [1]]), 16,
-                    {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "kpack": 2},
-                    False)
+        vm.launcher(
+            vk,
+            torch.ones(2, 16),
+            1,
+            plan,
+            torch.tensor([[0], [1]]),
+            16,
+            {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "kpack": 2},
+            False,
+        )
 
 
 def test_candidates_fit_shared_memory_and_cover_the_regimes():
     for rows in (0.5, 8, 40, 512):
         cs = vm.candidates(rows)
-        assert cs and all((c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"] + c["BLOCK_SIZE_K"] * c["BLOCK_SIZE_N"]) * 2
-                          * c["num_stages"] <= 200 * 1024 for c in cs)
+        assert cs and all(
+            (c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"] + c["BLOCK_SIZE_K"] * c["BLOCK_SIZE_N"])
+            * 2
+            * c["num_stages"]
+            <= 200 * 1024
+            for c in cs
+        )
     assert {c["BLOCK_SIZE_M"] for c in vm.candidates(8)} == {16}
     assert max(c["BLOCK_SIZE_M"] for c in vm.candidates(512)) == 128
 
 
-@pytest.mark.skipif(not os.environ.get("MOEGEMM_VLLM_SOURCE"), reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)")
+@pytest.mark.skipif(
+    not os.environ.get("MOEGEMM_VLLM_SOURCE"), reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)"
+)
 @pytest.mark.parametrize("naive", [False, True])
 @pytest.mark.parametrize("proj", ["up", "down"])
 @pytest.mark.parametrize("seed", range(3))
@@ -200,14 +222,20 @@ def test_real_kernel_matches_float64(cache, seed, proj, naive):
     ref = torch.empty(t * k, n, dtype=torch.float64)
     off = plan.group_offsets.tolist()
     for ex in range(e):
-        ref[off[ex]:off[ex + 1]] = xs[off[ex]:off[ex + 1]].double().cpu() @ w[ex].double().cpu().T
+        ref[off[ex] : off[ex + 1]] = xs[off[ex] : off[ex + 1]].double().cpu() @ w[ex].double().cpu().T
     if proj == "up":
         a, tk = x, k
     else:
         a, tk = torch.empty_like(xs), 1
         a[plan.sorted_slot.long()] = xs
-    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 2}
+    cfg = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 32,
+        "BLOCK_SIZE_K": 16,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 2,
+    }
     call = vm.launcher(vk, a, tk, plan, ids, n, cfg, naive)(w)
     y = call()
     y.fill_(float("nan"))
@@ -299,10 +327,10 @@ def test_align_triton_matches_the_torch_lists_up_to_order_within_an_expert(seed,
         lo, hi = plan.group_offsets[ex].item(), plan.group_offsets[ex + 1].item()
         start = int((want_tiles[:n_tiles] < ex).sum()) * block_m
         padded = -(-(hi - lo) // block_m) * block_m
-        got = rows[start:start + padded].tolist()
+        got = rows[start : start + padded].tolist()
         assert sorted(v for v in got if v != t * k) == sorted(plan.sorted_slot[lo:hi].tolist())
         assert got.count(t * k) == padded - (hi - lo)
-    assert (rows[int(post):] == t * k).all()
+    assert (rows[int(post) :] == t * k).all()
 
 
 def test_align_triton_refuses_bad_sizes():
@@ -338,8 +366,9 @@ def test_vllm_flags_are_vllms_choice_for_unquantized_weights():
         vm.vllm_flags(names, torch.int8, (9, 0))
 
 
-@pytest.mark.skipif(not os.environ.get("MOEGEMM_VLLM_SOURCE"),
-                    reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)")
+@pytest.mark.skipif(
+    not os.environ.get("MOEGEMM_VLLM_SOURCE"), reason="needs MOEGEMM_VLLM_SOURCE (vLLM's source)"
+)
 @pytest.mark.parametrize("naive", [False, True])
 def test_real_layer_matches_float64(cache, naive):
     """The whole expert FFN as vLLM's fused_experts runs it (align in the call, SiLU*up, the routing weights
@@ -350,11 +379,17 @@ def test_real_layer_matches_float64(cache, naive):
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(DEVICE)
     wts = torch.softmax(torch.randn(t, k, generator=g), -1).to(DEVICE)
     x = torch.randn(t, h, generator=g).to(DEVICE)
-    w_gu = (torch.randn(e, 2 * i, h, generator=g) / h ** 0.5).to(DEVICE)
-    w_dn = (torch.randn(e, h, i, generator=g) / i ** 0.5).to(DEVICE)
+    w_gu = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(DEVICE)
+    w_dn = (torch.randn(e, h, i, generator=g) / i**0.5).to(DEVICE)
     assert vm.naive_assignment(t, k, e) == naive
-    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 2}
+    cfg = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 32,
+        "BLOCK_SIZE_K": 16,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 2,
+    }
     call = vm.layer(vk, x, ids, wts, e, cfg)(w_gu, w_dn)
     call().fill_(float("nan"))
     got = call().double().cpu()

@@ -67,7 +67,7 @@ CLOCKS = {"graph": "GPU time", "launch": "launch-inclusive"}
 
 
 def phase_of(tokens) -> pd.Series:
-    """"decode" (T <= 256), "prefill" (T >= 1024) or "" (between: in neither headline) per token count."""
+    """ "decode" (T <= 256), "prefill" (T >= 1024) or "" (between: in neither headline) per token count."""
     t = pd.Series(tokens)
     phase = np.where(t <= DECODE_MAX, "decode", np.where(t >= PREFILL_MIN, "prefill", ""))
     return pd.Series(phase, index=t.index)
@@ -86,8 +86,9 @@ def round_times(row, clock: str = "graph") -> np.ndarray:
     return np.array([v]) if np.isfinite(v) and v > 0 else np.array([])
 
 
-def ratio_ci(theirs: list, ours: list, level: float = 0.95, n_boot: int = 4000, seed: int = 20261130
-             ) -> tuple[float, float, float]:
+def ratio_ci(
+    theirs: list, ours: list, level: float = 0.95, n_boot: int = 4000, seed: int = 20261130
+) -> tuple[float, float, float]:
     """(point, low, high): the geometric mean over cells of theirs / ours (each cell's median round over its
     median round), and its percentile bootstrap interval at ``level``: cells resampled with replacement, and
     within each resampled cell each side's rounds resampled with replacement (their mean), ``n_boot`` times,
@@ -107,7 +108,7 @@ def ratio_ci(theirs: list, ours: list, level: float = 0.95, n_boot: int = 4000, 
         n = np.array([p[side].size for p in pairs])
         m = np.full((c, n.max()), np.nan)
         for i, p in enumerate(pairs):
-            m[i, :n[i]] = p[side]
+            m[i, : n[i]] = p[side]
         return m, n
 
     (ta, na), (tb, nb) = padded(0), padded(1)
@@ -139,8 +140,9 @@ def ci_text(point: float, lo: float, hi: float) -> str:
     return f"parity ({body})" if is_parity(lo, hi) else body
 
 
-def paired_rounds(df: pd.DataFrame, keys: list[str], theirs: str, ours: str, clock: str = "graph"
-                  ) -> tuple[list, list, pd.DataFrame]:
+def paired_rounds(
+    df: pd.DataFrame, keys: list[str], theirs: str, ours: str, clock: str = "graph"
+) -> tuple[list, list, pd.DataFrame]:
     """(their per-round times, ours, the cells) over the cells (``keys``) where both contenders have an ok
     row with a time on ``clock``."""
     ok = df[df.status == "ok"]

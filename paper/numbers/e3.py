@@ -7,14 +7,21 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+
 from .common import Numbers, gm, table
 
 
 def e3(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "epilogue_fusion.csv")
     rows = []
-    names = {"two_stage": "TwoStage", "flat": "Flat", "single_launch": "SingleLaunch", "seed:original": "SeedOrig",
-             "seed:optimized": "SeedOpt", "pytorch:decompose_k": "Pytorch"}
+    names = {
+        "two_stage": "TwoStage",
+        "flat": "Flat",
+        "single_launch": "SingleLaunch",
+        "seed:original": "SeedOrig",
+        "seed:optimized": "SeedOpt",
+        "pytorch:decompose_k": "Pytorch",
+    }
     for v, tag in names.items():
         sub = df[df.variant == v]
         if sub.empty:  # the seed's Triton kernels: only where their source was at hand when E3 ran
@@ -30,8 +37,18 @@ def e3(n: Numbers, results: Path, gen: Path) -> None:
             n.add(f"EThree{tag}{ctag}", gm(r))
         rows.append(row)
     t = pd.DataFrame(rows)
-    write_text(gen / "table_e3.tex", table(t, "E3: speedup of ReLU fused into the reduction's store over ReLU as a "
-                                         f"separate op (unfused/fused), {len(df.drop_duplicates(['m', 'k']))} "
-                                         "shapes, bf16.", "tab:e3", "lrrrrrr"))
-    seed = pd.read_csv(results.parent / "reference" / "seed-h100" / "original_triton" / "epilogue_relu_bf16.csv")
+    write_text(
+        gen / "table_e3.tex",
+        table(
+            t,
+            "E3: speedup of ReLU fused into the reduction's store over ReLU as a "
+            f"separate op (unfused/fused), {len(df.drop_duplicates(['m', 'k']))} "
+            "shapes, bf16.",
+            "tab:e3",
+            "lrrrrrr",
+        ),
+    )
+    seed = pd.read_csv(
+        results.parent / "reference" / "seed-h100" / "original_triton" / "epilogue_relu_bf16.csv"
+    )
     n.add("EThreeSeed", gm(seed.decompose_k_fused_vs_unfused_speedup))

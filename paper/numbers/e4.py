@@ -13,8 +13,14 @@ def e4(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "split_sweep.csv")
     df = df[df.status == "ok"]
     best = df.loc[df.groupby(["m", "k", "variant"])["graph_us"].idxmin()]
-    for v, tag in {"two_stage": "TwoStage", "flat": "Flat", "single_launch": "SingleLaunch",
-                   "seed:original": "SeedOrig", "seed:optimized": "SeedOpt", "pytorch:decompose_k": "Pytorch"}.items():
+    for v, tag in {
+        "two_stage": "TwoStage",
+        "flat": "Flat",
+        "single_launch": "SingleLaunch",
+        "seed:original": "SeedOrig",
+        "seed:optimized": "SeedOpt",
+        "pytorch:decompose_k": "Pytorch",
+    }.items():
         b = best[best.variant == v]
         if b.empty:  # the seed's Triton kernels: only where their source was at hand when E4 ran
             continue

@@ -26,17 +26,28 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "decompose_k_grid.csv")
     df = df[df.status == "ok"]
     n.add("EFiveRows", len(df), "{}")
-    n.add("EFiveCompiledShapes", len(df[df.contender == "compiled"].drop_duplicates(["suite", "m", "k"])), "{}")
+    n.add(
+        "EFiveCompiledShapes", len(df[df.contender == "compiled"].drop_duplicates(["suite", "m", "k"])), "{}"
+    )
     rows = []
     for suite, g in df.groupby("suite", sort=False):
         for clock in ("graph_us", "launch_us"):
             p, ours, vs = vs_ours(g, clock)
-            row = {"suite": suite, "clock": "GPU" if clock == "graph_us" else "launch", "ours med [us]": ours.median()}
+            row = {
+                "suite": suite,
+                "clock": "GPU" if clock == "graph_us" else "launch",
+                "ours med [us]": ours.median(),
+            }
             rows.append({**row, **{c: vs.get(c, float("nan")) for c in E5_RIVALS}})
             tag = {"bf16-relu": "BfRelu", "bf16": "Bf", "fp16": "Fp", "fp32": "FpThirtyTwo"}[suite]
             ctag = "Graph" if clock == "graph_us" else "Launch"
-            for c, ct in (("eager", "Eager"), ("compiled", "Compiled"), ("custom-op-autotuned", "CustomOp"),
-                          ("seed: optimized", "SeedOpt"), ("seed: original", "SeedOrig")):
+            for c, ct in (
+                ("eager", "Eager"),
+                ("compiled", "Compiled"),
+                ("custom-op-autotuned", "CustomOp"),
+                ("seed: optimized", "SeedOpt"),
+                ("seed: original", "SeedOrig"),
+            ):
                 if c in vs:
                     n.add(f"EFive{tag}{ctag}Vs{ct}", vs[c])
                     n.add(f"EFive{tag}{ctag}Vs{ct}Min", (p[c] / ours).min())
@@ -56,14 +67,28 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
                 n.add(f"EFive{tag}Wins", int(wins), "{}")
                 n.add(f"EFive{tag}Shapes", len(p), "{}")
     t = pd.DataFrame(rows)
-    t = t.rename(columns={"pytorch:decompose_k": "seed PyTorch", "custom-op-autotuned": "custom-op",
-                          "seed: optimized": "seed opt.", "seed: original": "seed orig."})
+    t = t.rename(
+        columns={
+            "pytorch:decompose_k": "seed PyTorch",
+            "custom-op-autotuned": "custom-op",
+            "seed: optimized": "seed opt.",
+            "seed: original": "seed orig.",
+        }
+    )
     shapes = df.groupby("suite").apply(lambda g: len(g.drop_duplicates(["m", "k"]))).max()
-    write_text(gen / "table_e5.tex", table(t, "E5: geomean of each contender's time over our default's "
-                                         "(\\texttt{kernel=\"auto\"}; $>$ 1: ours is faster), "
-                                         f"{shapes} shapes per suite; compiled contenders only where measured; the "
-                                         "seed's Triton kernels at the configs of their own search (bf16's for "
-                                         "fp16 and fp32).", "tab:e5", "llrrrrrrrr"))
+    write_text(
+        gen / "table_e5.tex",
+        table(
+            t,
+            "E5: geomean of each contender's time over our default's "
+            '(\\texttt{kernel="auto"}; $>$ 1: ours is faster), '
+            f"{shapes} shapes per suite; compiled contenders only where measured; the "
+            "seed's Triton kernels at the configs of their own search (bf16's for "
+            "fp16 and fp32).",
+            "tab:e5",
+            "llrrrrrrrr",
+        ),
+    )
     shape_table(n, df, gen)
 
 
@@ -75,8 +100,13 @@ def shape_table(n: Numbers, df: pd.DataFrame, gen: Path, suite: str = "bf16-relu
     gt = g.pivot_table(index=["m", "k"], columns="contender", values="graph_us")
     lt = g.pivot_table(index=["m", "k"], columns="contender", values="launch_us")
     t = pd.DataFrame({"M=N": [str(m) for m, _ in gt.index], "K": [str(k) for _, k in gt.index]})
-    names = {OURS[0]: "ours", "seed: optimized": "seed opt.", "seed: original": "seed orig.", "eager": "cuBLAS",
-             "custom-op-autotuned": "custom-op"}
+    names = {
+        OURS[0]: "ours",
+        "seed: optimized": "seed opt.",
+        "seed: original": "seed orig.",
+        "eager": "cuBLAS",
+        "custom-op-autotuned": "custom-op",
+    }
     for c in cols:
         t[f"{names[c]} GPU"] = gt[c].values
     for c in (OURS[0], "eager"):
@@ -87,11 +117,17 @@ def shape_table(n: Numbers, df: pd.DataFrame, gen: Path, suite: str = "bf16-relu
             if c in ct:
                 t[f"{names[c]} cpu"] = ct[c].values
     t["floor"] = g.drop_duplicates(["m", "k"]).set_index(["m", "k"]).loc[gt.index, "floor_us"].values
-    write_text(gen / "table_e5_shapes.tex", table(
-        t, f"E5, {suite}, shape by shape [us]: GPU time (CUDA-graph replay) of each contender, launch-inclusive "
-        "time (do\\_bench, L2 flushed) and Python's cost of one call (cpu: the host time of 200 calls back to "
-        "back, no sync); cuBLAS is eager relu(mm); custom-op only at the K where it was compiled.",
-        "tab:e5shapes", "ll" + "r" * (len(t.columns) - 2)))
+    write_text(
+        gen / "table_e5_shapes.tex",
+        table(
+            t,
+            f"E5, {suite}, shape by shape [us]: GPU time (CUDA-graph replay) of each contender, launch-inclusive "
+            "time (do\\_bench, L2 flushed) and Python's cost of one call (cpu: the host time of 200 calls back to "
+            "back, no sync); cuBLAS is eager relu(mm); custom-op only at the K where it was compiled.",
+            "tab:e5shapes",
+            "ll" + "r" * (len(t.columns) - 2),
+        ),
+    )
 
 
 def heuristic_vs_tuned(n: Numbers, results: Path) -> None:
@@ -124,8 +160,12 @@ def heuristic_vs_tuned(n: Numbers, results: Path) -> None:
 
 def commits(n: Numbers, results: Path) -> None:
     """The commits E3-E6's CSVs were measured at (EThreeCommit .. ESixCommit)."""
-    for name, tag in (("epilogue_fusion", "EThree"), ("split_sweep", "EFour"), ("decompose_k_grid", "EFive"),
-                      ("router_gemm", "ESix")):
+    for name, tag in (
+        ("epilogue_fusion", "EThree"),
+        ("split_sweep", "EFour"),
+        ("decompose_k_grid", "EFive"),
+        ("router_gemm", "ESix"),
+    ):
         c = commits_of(results / f"{name}.csv") if (results / f"{name}.csv").exists() else None
         if c is not None:
             n.add(f"{tag}Commit", ", ".join(sorted({x[:7] for x in c})))

@@ -13,8 +13,9 @@ from .common import OURS, SEEDS, Numbers, ci_text, gm, is_parity, paired_rounds,
 
 def router_vs_eager(df: pd.DataFrame, epilogue: str) -> tuple[pd.DataFrame, pd.Series]:
     """E6, one epilogue: the T x contender GPU times and our best kernel's per T."""
-    p = df[(df.status == "ok") & (df.epilogue == epilogue)].pivot_table(index="m", columns="contender",
-                                                                        values="graph_us")
+    p = df[(df.status == "ok") & (df.epilogue == epilogue)].pivot_table(
+        index="m", columns="contender", values="graph_us"
+    )
     return p, p[OURS].min(axis=1)
 
 
@@ -62,16 +63,37 @@ def e6(n: Numbers, results: Path, gen: Path) -> None:
             n.add(f"ESix{tag}HeldoutT", ", ".join(str(int(t)) for t in sorted(held)), "{}")
     p = df[df.epilogue == "sigmoid"].pivot_table(index="m", columns="contender", values="graph_us")
     p.insert(0, "T", p.index)
-    cols = ["T", "eager", "compiled", "custom-op-range-dispatch", *[c for c in SEEDS if c in p], "ours:single_launch",
-            *OURS]
-    t = p[cols].rename(columns={"custom-op-range-dispatch": "range-dispatch", "ours:single_launch": "single_launch",
-                                "ours:auto": "ours (auto)", "eager": "cuBLAS", "seed: optimized": "seed opt.",
-                                "seed: original": "seed orig."})
+    cols = [
+        "T",
+        "eager",
+        "compiled",
+        "custom-op-range-dispatch",
+        *[c for c in SEEDS if c in p],
+        "ours:single_launch",
+        *OURS,
+    ]
+    t = p[cols].rename(
+        columns={
+            "custom-op-range-dispatch": "range-dispatch",
+            "ours:single_launch": "single_launch",
+            "ours:auto": "ours (auto)",
+            "eager": "cuBLAS",
+            "seed: optimized": "seed opt.",
+            "seed: original": "seed orig.",
+        }
+    )
     src = df[(df.epilogue == "sigmoid") & (df.contender == OURS[0])].set_index("m")["config_source"]
     t["auto runs"] = [str(src.get(T, "")).replace(" (", ", ").rstrip(")") for T in p.index]
     t["T"] = t["T"].astype(int).astype(str)
-    write_text(gen / "table_e6.tex", table(t, "E6: DeepSeek-V3 router, sigmoid(x@W), bf16, GPU time [us] "
-                                         "(CUDA-graph replay); the seed's kernels at decode, their sigmoid a "
-                                         "separate op; the compiled contenders at every factor of 4; what "
-                                         "\\texttt{auto} ran, and whether the tuner saw that T.",
-                                         "tab:e6", "l" + "r" * (len(cols) - 1) + "l"))
+    write_text(
+        gen / "table_e6.tex",
+        table(
+            t,
+            "E6: DeepSeek-V3 router, sigmoid(x@W), bf16, GPU time [us] "
+            "(CUDA-graph replay); the seed's kernels at decode, their sigmoid a "
+            "separate op; the compiled contenders at every factor of 4; what "
+            "\\texttt{auto} ran, and whether the tuner saw that T.",
+            "tab:e6",
+            "l" + "r" * (len(cols) - 1) + "l",
+        ),
+    )

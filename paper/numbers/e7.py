@@ -24,7 +24,9 @@ E7_KEYS = ["model", "proj", "tokens", "load"]
 VLLM = "vllm:fused_moe"  # vLLM's fused-MoE Triton kernel (experiments/vllm_moe.py), an optional contender
 
 
-STREAM = "ceiling:stream"  # E7's memory ceiling: a kernel that only moves the floor's bytes (moegemm.bench.stream)
+STREAM = (
+    "ceiling:stream"  # E7's memory ceiling: a kernel that only moves the floor's bytes (moegemm.bench.stream)
+)
 
 
 def e7_frame(results: Path) -> pd.DataFrame | None:
@@ -97,8 +99,11 @@ def e7_phase_numbers(n: Numbers, gen: Path, df: pd.DataFrame, prefix: str = "ESe
         return []
     gathered = OURS_GATHER if (ok.contender == OURS_GATHER).any() else OURS_AUTO
     rows = []
-    for peer, tag, ours in (("torch._grouped_mm", "Torch", OURS_AUTO), (VLLM, "Vllm", gathered),
-                            (TK, "Tk", gathered)):
+    for peer, tag, ours in (
+        ("torch._grouped_mm", "Torch", OURS_AUTO),
+        (VLLM, "Vllm", gathered),
+        (TK, "Tk", gathered),
+    ):
         if not (ok.contender == peer).any():
             continue
         for r in phase_headline(ok, E7_KEYS, peer, ours):
@@ -110,16 +115,31 @@ def e7_phase_numbers(n: Numbers, gen: Path, df: pd.DataFrame, prefix: str = "ESe
                     n.add(name, ci_text(*r[clock]))
                     n.add(name + "Parity", int(is_parity(*r[clock][1:])), "{}")
     if rows and prefix == "ESeven":
-        t = pd.DataFrame([{"peer": r["theirs"], "ours": r["ours"], "phase": r["phase"],
-                           **{CLOCKS[c]: ci_text(*r[c]) for c in CLOCKS}, "cells": r["graph_cells"]}
-                          for r in rows])
-        write_text(gen / "table_e7_phase.tex", table(
-            t, "E7, tune models, per phase (decode $T\\le 256$, prefill $T\\ge 1024$): each peer's time over "
-            "ours (the default path, \\texttt{grouped\\_mm} with no config; with its gather of the rows "
-            "timed against the kernels that gather theirs), geomean over cells and projections with its "
-            "95\\% bootstrap interval over cells and rounds, both clocks; ``parity'' where the interval "
-            "holds 1.0.",
-            "tab:e7phase", "lllllr"))
+        t = pd.DataFrame(
+            [
+                {
+                    "peer": r["theirs"],
+                    "ours": r["ours"],
+                    "phase": r["phase"],
+                    **{CLOCKS[c]: ci_text(*r[c]) for c in CLOCKS},
+                    "cells": r["graph_cells"],
+                }
+                for r in rows
+            ]
+        )
+        write_text(
+            gen / "table_e7_phase.tex",
+            table(
+                t,
+                "E7, tune models, per phase (decode $T\\le 256$, prefill $T\\ge 1024$): each peer's time over "
+                "ours (the default path, \\texttt{grouped\\_mm} with no config; with its gather of the rows "
+                "timed against the kernels that gather theirs), geomean over cells and projections with its "
+                "95\\% bootstrap interval over cells and rounds, both clocks; ``parity'' where the interval "
+                "holds 1.0.",
+                "tab:e7phase",
+                "lllllr",
+            ),
+        )
     return rows
 
 
@@ -135,24 +155,52 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     ok = df[df.status == "ok"]
     g = ok[ok.proj.isin(["up", "down"])]
     rows = []
-    for c in (OURS_AUTO, OURS_GATHER, "ours:contiguous", "ours:persistent", "ours:masked",
-              "ours:masked-pointer", "torch._grouped_mm", VLLM, TK, "per-expert-loop",
-              "padded-bmm:cf1.0", "padded-bmm:cf1.25", "padded-bmm:cf2.0"):
+    for c in (
+        OURS_AUTO,
+        OURS_GATHER,
+        "ours:contiguous",
+        "ours:persistent",
+        "ours:masked",
+        "ours:masked-pointer",
+        "torch._grouped_mm",
+        VLLM,
+        TK,
+        "per-expert-loop",
+        "padded-bmm:cf1.0",
+        "padded-bmm:cf1.25",
+        "padded-bmm:cf2.0",
+    ):
         sub = g[g.contender == c]
         if len(sub):
             launch_pct = 100 * sub.floor_us / sub.launch_us
-            rows.append({"contender": c, "decode % floor": gm(sub[sub.tokens <= 256].pct_floor_graph),
-                         "prefill % floor": gm(sub[sub.tokens > 256].pct_floor_graph),
-                         "decode, launch clock": gm(launch_pct[sub.tokens <= 256]),
-                         "prefill, launch clock": gm(launch_pct[sub.tokens > 256]),
-                         "rows dropped": int(pd.to_numeric(sub.note.str.extract(r"^(\d+) rows dropped")[0],
-                                                           errors="coerce").fillna(0).sum())
-                         if c.startswith("padded") else "--"})
-    write_text(gen / "table_e7.tex", table(pd.DataFrame(rows), "E7: geomean \\% of the physical floor over models, "
-                                         "projections, token counts and loads, GPU time and launch-inclusive "
-                                         "(the per-expert loop syncs with the host, so it has only the latter); "
-                                         "rows dropped by capacity padding summed over all cells.", "tab:e7",
-                                         "lrrrrr"))
+            rows.append(
+                {
+                    "contender": c,
+                    "decode % floor": gm(sub[sub.tokens <= 256].pct_floor_graph),
+                    "prefill % floor": gm(sub[sub.tokens > 256].pct_floor_graph),
+                    "decode, launch clock": gm(launch_pct[sub.tokens <= 256]),
+                    "prefill, launch clock": gm(launch_pct[sub.tokens > 256]),
+                    "rows dropped": int(
+                        pd.to_numeric(sub.note.str.extract(r"^(\d+) rows dropped")[0], errors="coerce")
+                        .fillna(0)
+                        .sum()
+                    )
+                    if c.startswith("padded")
+                    else "--",
+                }
+            )
+    write_text(
+        gen / "table_e7.tex",
+        table(
+            pd.DataFrame(rows),
+            "E7: geomean \\% of the physical floor over models, "
+            "projections, token counts and loads, GPU time and launch-inclusive "
+            "(the per-expert loop syncs with the host, so it has only the latter); "
+            "rows dropped by capacity padding summed over all cells.",
+            "tab:e7",
+            "lrrrrr",
+        ),
+    )
     dec, pre = o[o.tokens <= 256], o[o.tokens > 256]
     n.add("ESevenDecodePct", gm(dec.pct), "{:.0f}")
     n.add("ESevenPrefillPct", gm(pre.pct), "{:.0f}")
@@ -176,12 +224,14 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         n.add("ESevenPrefillSlowerVllm", int((pre.vl_us < pre.us).sum()), "{}")
         vrows = g[g.contender == VLLM]
         src = str(vrows.config_source.iloc[0])  # "<choice>; best of <n> (<where the kernel came from>)"
-        n.add("ESevenVllmOrigin", src[src.index("(") + 1:-1])
+        n.add("ESevenVllmOrigin", src[src.index("(") + 1 : -1])
         groups = vrows.drop_duplicates(["model", "proj", "tokens"])  # one search per (model, projection, T)
         n.add("ESevenVllmOwnWon", int(groups.config_source.astype(str).str.startswith("vllm-").sum()), "{}")
         n.add("ESevenVllmGroups", len(groups), "{}")
         if "vllm_search_us" in groups:  # vLLM's own choice against the search's best, on the tuner's inputs
-            gain = pd.to_numeric(groups.vllm_own_search_us, errors="coerce") / groups.vllm_search_us.astype(float)
+            gain = pd.to_numeric(groups.vllm_own_search_us, errors="coerce") / groups.vllm_search_us.astype(
+                float
+            )
             n.add("ESevenVllmSearchGain", gm(gain))
             n.add("ESevenVllmSearchGainMax", float(gain.max()))
     floors = json.loads((results / "floors.json").read_text())
@@ -203,8 +253,9 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     n.add("ESevenSkewPenaltyFloorWithin", int((pen_floor <= 1.05).sum()), "{}")  # the issue's target
     n.add("ESevenSkewCells", len(pen_floor), "{}")
     n.add("ESevenSkewAlpha", "1.2")  # the load compared above (a setting, not a measurement)
-    path_rows = ok[ok.proj == "path(up)"].pivot_table(index=["model", "tokens"], columns="contender",
-                                                      values="graph_us")
+    path_rows = ok[ok.proj == "path(up)"].pivot_table(
+        index=["model", "tokens"], columns="contender", values="graph_us"
+    )
     if {"path:ours", "path:torch._grouped_mm"} <= set(path_rows.columns):
         n.add("ESevenPathSpeedup", gm(path_rows["path:torch._grouped_mm"] / path_rows["path:ours"]))
     masked = ok[(ok.contender == "ours:masked") & ok.proj.isin(["up", "down"])]
@@ -212,8 +263,11 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         n.add("ESevenMaskedPct", gm(masked.pct_floor_graph), "{:.0f}")
         n.add("ESevenMaskedPctLo", masked.pct_floor_graph.min(), "{:.0f}")
     # the masked layout's TMA loads against the same tiles on pointer loads, side by side (where both ran)
-    mp = ok[ok.contender.isin(["ours:masked", "ours:masked-pointer"]) & ok.proj.isin(["up", "down"])].pivot_table(
-        index=["model", "proj", "tokens", "load"], columns="contender", values="graph_us").dropna()
+    mp = (
+        ok[ok.contender.isin(["ours:masked", "ours:masked-pointer"]) & ok.proj.isin(["up", "down"])]
+        .pivot_table(index=["model", "proj", "tokens", "load"], columns="contender", values="graph_us")
+        .dropna()
+    )
     if len(mp) and "ours:masked-pointer" in mp:
         n.add("ESevenMaskedTmaGain", gm(mp["ours:masked-pointer"] / mp["ours:masked"]))
         n.add("ESevenMaskedTmaCells", len(mp), "{}")
@@ -231,8 +285,13 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     dn = g[(g.contender == "dense-reference") & (g.tokens > 256)].copy()
     if len(dn):
         fl = floors["datasheet"]
-        dense_floor = np.maximum(2 * (dn.k * dn.n + dn.rows * (dn.k + dn.n)) / (fl["hbm_tb_s"] * 1e12),
-                                 2 * dn.rows * dn.k * dn.n / (fl["bf16_tflops"] * 1e12)) * 1e6
+        dense_floor = (
+            np.maximum(
+                2 * (dn.k * dn.n + dn.rows * (dn.k + dn.n)) / (fl["hbm_tb_s"] * 1e12),
+                2 * dn.rows * dn.k * dn.n / (fl["bf16_tflops"] * 1e12),
+            )
+            * 1e6
+        )
         dpct = 100 * dense_floor / dn.graph_us
         n.add("ESevenDensePctLo", float(dpct.min()), "{:.0f}")
         n.add("ESevenDensePctHi", float(dpct.max()), "{:.0f}")
@@ -246,11 +305,20 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
             n.add("ESevenSmallVllmUsHi", float(small.vl_us.max()), "{:.0f}")
     if "vl_us" in o:  # vLLM's one-tile-per-slot path where tokens share experts: weights read once per slot
         vrows = g[(g.contender == VLLM) & (g.tokens > 1)]
-        naive = vrows[vrows.naive_block_assignment.astype(str) == "True"] if "naive_block_assignment" in vrows else []
+        naive = (
+            vrows[vrows.naive_block_assignment.astype(str) == "True"]
+            if "naive_block_assignment" in vrows
+            else []
+        )
         if len(naive):
-            cells = o.merge(naive[["model", "proj", "tokens", "load"]], on=["model", "proj", "tokens", "load"])
-            n.add("ESevenNaiveCells", f"{', '.join(sorted(set(cells.model)))} at $T={int(cells.tokens.min())}$"
-                  + (f"--${int(cells.tokens.max())}$" if cells.tokens.max() > cells.tokens.min() else ""))
+            cells = o.merge(
+                naive[["model", "proj", "tokens", "load"]], on=["model", "proj", "tokens", "load"]
+            )
+            n.add(
+                "ESevenNaiveCells",
+                f"{', '.join(sorted(set(cells.model)))} at $T={int(cells.tokens.min())}$"
+                + (f"--${int(cells.tokens.max())}$" if cells.tokens.max() > cells.tokens.min() else ""),
+            )
             n.add("ESevenNaiveVllmPctLo", float(cells.vl_pct.min()), "{:.0f}")
             n.add("ESevenNaiveVllmPctHi", float(cells.vl_pct.max()), "{:.0f}")
             n.add("ESevenNaiveOursPctLo", float(cells.pct.min()), "{:.0f}")
@@ -278,34 +346,69 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     # where E7 measured its ceilings, what the practical ceiling itself reaches (what a kernel could meet).
     ceil = (lambda s: [s]) if has_ceil else (lambda s: [])
     targets = [
-        ("decode: at least 92% of floor, every model x load", f"{dec.pct.min():.0f}-{dec.pct.max():.0f}% "
-         f"(median {dec.pct.median():.0f}%)", f"{int((dec.pct >= 92).sum())} of {len(dec)} cells",
-         *ceil(f"{int((dec.ceil_pct >= 92).sum())} of {len(dec)} cells" if has_ceil else "")),
-        ("prefill: at least 70% of floor, every cell", f"{pre.pct.min():.0f}-{pre.pct.max():.0f}% "
-         f"(median {pre.pct.median():.0f}%)", f"{int((pre.pct >= 70).sum())} of {len(pre)} cells",
-         *ceil(f"{int((pre.ceil_pct >= 70).sum())} of {len(pre)} cells" if has_ceil else "")),
-        ("prefill: at least 1.4x torch._grouped_mm (geomean)", *speedup_cells(pre, "tg_us"),
-         *ceil(f"{gm(pre.tg_us / pre.ceil_us):.2f}x" if has_ceil else "")),
+        (
+            "decode: at least 92% of floor, every model x load",
+            f"{dec.pct.min():.0f}-{dec.pct.max():.0f}% (median {dec.pct.median():.0f}%)",
+            f"{int((dec.pct >= 92).sum())} of {len(dec)} cells",
+            *ceil(f"{int((dec.ceil_pct >= 92).sum())} of {len(dec)} cells" if has_ceil else ""),
+        ),
+        (
+            "prefill: at least 70% of floor, every cell",
+            f"{pre.pct.min():.0f}-{pre.pct.max():.0f}% (median {pre.pct.median():.0f}%)",
+            f"{int((pre.pct >= 70).sum())} of {len(pre)} cells",
+            *ceil(f"{int((pre.ceil_pct >= 70).sum())} of {len(pre)} cells" if has_ceil else ""),
+        ),
+        (
+            "prefill: at least 1.4x torch._grouped_mm (geomean)",
+            *speedup_cells(pre, "tg_us"),
+            *ceil(f"{gm(pre.tg_us / pre.ceil_us):.2f}x" if has_ceil else ""),
+        ),
         ("decode vs torch._grouped_mm (geomean)", *speedup_cells(dec, "tg_us"), *ceil("--")),
-        *([("prefill: at least 1.2x vLLM's fused_moe (geomean), never slower", *speedup_cells(pre, "vl_us"),
-            *ceil(f"{gm(pre.vl_us / pre.ceil_us):.2f}x" if has_ceil else "")),
-           ("decode vs vLLM's fused_moe (geomean)", *speedup_cells(dec, "vl_us"), *ceil("--"))]
-          if "vl_us" in o else []),
-        ("skew: Zipf 1.2 / uniform time at most 1.05x", f"geomean {gm(pen):.2f}x, max {pen.max():.2f}x",
-         f"{int((pen <= 1.05).sum())} of {len(pen)} (model, proj, T)", *ceil("--")),
-        ("skew in % of floor (uniform / Zipf 1.2)", f"geomean {gm(pen_floor):.2f}x, max {pen_floor.max():.2f}x",
-         f"{int((pen_floor <= 1.05).sum())} of {len(pen_floor)} (model, proj, T)", *ceil("--")),
+        *(
+            [
+                (
+                    "prefill: at least 1.2x vLLM's fused_moe (geomean), never slower",
+                    *speedup_cells(pre, "vl_us"),
+                    *ceil(f"{gm(pre.vl_us / pre.ceil_us):.2f}x" if has_ceil else ""),
+                ),
+                ("decode vs vLLM's fused_moe (geomean)", *speedup_cells(dec, "vl_us"), *ceil("--")),
+            ]
+            if "vl_us" in o
+            else []
+        ),
+        (
+            "skew: Zipf 1.2 / uniform time at most 1.05x",
+            f"geomean {gm(pen):.2f}x, max {pen.max():.2f}x",
+            f"{int((pen <= 1.05).sum())} of {len(pen)} (model, proj, T)",
+            *ceil("--"),
+        ),
+        (
+            "skew in % of floor (uniform / Zipf 1.2)",
+            f"geomean {gm(pen_floor):.2f}x, max {pen_floor.max():.2f}x",
+            f"{int((pen_floor <= 1.05).sum())} of {len(pen_floor)} (model, proj, T)",
+            *ceil("--"),
+        ),
     ]
     cols = ["target", "measured", "met in"] + (["the ceiling reaches it in"] if has_ceil else [])
-    how_ceil = (" The last column: the same test applied to each cell's practical ceiling, the slower of "
-                "streaming the cell's bytes (E7's memory ceiling) and its FLOPs as one dense cuBLAS GEMM; for "
-                "the speed targets, the contender's time over the ceiling's (the most a kernel at the ceiling "
-                "would reach)." if has_ceil else "")
-    write_text(gen / "table_e7_targets.tex", table(
-        pd.DataFrame(targets, columns=cols),
-        f"E7 against the targets (GPU time; ours = {ours_name(df)}). Zipf 1.2 "
-        "activates fewer experts than uniform at decode, so its time ratio can be below 1; the \\% of floor "
-        "ratio accounts for that." + how_ceil, "tab:e7targets", "l" * len(cols)))
+    how_ceil = (
+        " The last column: the same test applied to each cell's practical ceiling, the slower of "
+        "streaming the cell's bytes (E7's memory ceiling) and its FLOPs as one dense cuBLAS GEMM; for "
+        "the speed targets, the contender's time over the ceiling's (the most a kernel at the ceiling "
+        "would reach)."
+        if has_ceil
+        else ""
+    )
+    write_text(
+        gen / "table_e7_targets.tex",
+        table(
+            pd.DataFrame(targets, columns=cols),
+            f"E7 against the targets (GPU time; ours = {ours_name(df)}). Zipf 1.2 "
+            "activates fewer experts than uniform at decode, so its time ratio can be below 1; the \\% of floor "
+            "ratio accounts for that." + how_ceil,
+            "tab:e7targets",
+            "l" * len(cols),
+        ),
+    )
 
 
 def e7_ceiling(n: Numbers, o: pd.DataFrame, dec: pd.DataFrame, pre: pd.DataFrame, g: pd.DataFrame) -> None:

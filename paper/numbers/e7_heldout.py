@@ -27,9 +27,18 @@ def heldout_frame(df: pd.DataFrame) -> pd.DataFrame:
     a = g[g.contender == AUTO].set_index(key)
     if a.empty:
         return pd.DataFrame()
-    out = pd.DataFrame({"us": a.graph_us, "pct": a.pct_floor_graph, "experts": a.experts, "top_k": a.top_k,
-                        "k": a.k, "n": a.n, "source": a.config_source,
-                        "first_call_s": a.get("first_call_s", pd.Series(float("nan"), index=a.index))})
+    out = pd.DataFrame(
+        {
+            "us": a.graph_us,
+            "pct": a.pct_floor_graph,
+            "experts": a.experts,
+            "top_k": a.top_k,
+            "k": a.k,
+            "n": a.n,
+            "source": a.config_source,
+            "first_call_s": a.get("first_call_s", pd.Series(float("nan"), index=a.index)),
+        }
+    )
     for c, us, pct in ((DEFAULT, "def_us", None), (TORCH, "tg_us", "tg_pct"), (VLLM, "vl_us", "vl_pct")):
         sub = g[g.contender == c].set_index(key)
         if len(sub):
@@ -106,18 +115,27 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     rows = []
     for model, m in o.groupby("model", sort=False):
         pm, dm = m[m.tokens >= PREFILL], m[m.tokens <= 256]
-        row = {"model": model, "E / top-k": f"{int(m.experts.iloc[0])} / {int(m.top_k.iloc[0])}",
-               "decode vs torch": f"{gm(dm.tg_us / dm.us):.2f} ({(dm.tg_us / dm.us).min():.2f})",
-               "prefill vs torch": f"{gm(pm.tg_us / pm.us):.2f} ({(pm.tg_us / pm.us).min():.2f})"}
+        row = {
+            "model": model,
+            "E / top-k": f"{int(m.experts.iloc[0])} / {int(m.top_k.iloc[0])}",
+            "decode vs torch": f"{gm(dm.tg_us / dm.us):.2f} ({(dm.tg_us / dm.us).min():.2f})",
+            "prefill vs torch": f"{gm(pm.tg_us / pm.us):.2f} ({(pm.tg_us / pm.us).min():.2f})",
+        }
         if "vl_us" in m:
             row["prefill vs vLLM"] = f"{gm(pm.vl_us / pm.us):.2f} ({(pm.vl_us / pm.us).min():.2f})"
         row["prefill % floor"] = f"{gm(pm.pct):.0f}"
         rows.append(row)
-    write_text(gen / "table_e7_heldout.tex",
-               table(pd.DataFrame(rows), "E7, held-out models (never tuned on): the default path against "
-                     "\\texttt{torch.\\_grouped\\_mm} and vLLM's kernel, their time over ours, geomean (lowest) "
-                     "over both projections, the loads measured, and decode "
-                     f"($T$ = {_ts(o, o.tokens <= 256)}) or prefill "
-                     f"($T$ = {_ts(o, o.tokens >= PREFILL)}); GPU time. Last column: our \\% of the floor at "
-                     "prefill.",
-                     "tab:e7heldout", "ll" + "r" * (len(rows[0]) - 2)))
+    write_text(
+        gen / "table_e7_heldout.tex",
+        table(
+            pd.DataFrame(rows),
+            "E7, held-out models (never tuned on): the default path against "
+            "\\texttt{torch.\\_grouped\\_mm} and vLLM's kernel, their time over ours, geomean (lowest) "
+            "over both projections, the loads measured, and decode "
+            f"($T$ = {_ts(o, o.tokens <= 256)}) or prefill "
+            f"($T$ = {_ts(o, o.tokens >= PREFILL)}); GPU time. Last column: our \\% of the floor at "
+            "prefill.",
+            "tab:e7heldout",
+            "ll" + "r" * (len(rows[0]) - 2),
+        ),
+    )

@@ -37,8 +37,11 @@ def tuner_rows(path: Path) -> pd.DataFrame | None:
 def with_against_without(df: pd.DataFrame, has: pd.Series) -> list[tuple[tuple, float]]:
     """(tuning cell, best time without the feature / best time with it) for every tuning cell where the
     tuner timed configs with the feature (``has``) and without it, side by side: > 1 where it won."""
-    return [(key, g[~has[g.index]].graph_us.min() / g[has[g.index]].graph_us.min())
-            for key, g in df.groupby(tune_cell(df)) if has[g.index].any() and (~has[g.index]).any()]
+    return [
+        (key, g[~has[g.index]].graph_us.min() / g[has[g.index]].graph_us.min())
+        for key, g in df.groupby(tune_cell(df))
+        if has[g.index].any() and (~has[g.index]).any()
+    ]
 
 
 def robust_tuning(n: Numbers, results: Path) -> None:
@@ -76,8 +79,11 @@ def newest_tuning_with(results: Path, has) -> tuple[list[float], str | None]:
     None or the name of the kept run read) from the newest grouped tuner CSV whose configs include the
     feature (``has``: config column -> bool): results/<gpu>/tune_grouped.csv, else the runs kept under
     results/<gpu>/runs/, newest first (the tuner stops offering a feature that lost)."""
-    runs = sorted(runs_dir(results).glob("*/tune_grouped.csv"), reverse=True,
-                  key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)])
+    runs = sorted(
+        runs_dir(results).glob("*/tune_grouped.csv"),
+        reverse=True,
+        key=lambda p: [int(v) if v.isdigit() else v for v in re.split(r"(\d+)", p.parent.name)],
+    )
     for path in [results / "tune_grouped.csv", *runs]:
         df = tuner_rows(path)
         if df is None:
@@ -92,8 +98,10 @@ def tma_splits(n: Numbers, results: Path) -> None:
     """K split inside TMA tiles in the grouped tuner's table: the best split config against the best
     unsplit one, per tuning cell where both were timed (same process, same inputs). The tuner stopped
     offering it in the S8 runs; SplitRun names the kept run read then."""
-    ratios, run = newest_tuning_with(results, lambda c: c.str.contains("'tma': True", regex=False)
-                                     & ~c.str.contains("'split_k': 1,", regex=False))
+    ratios, run = newest_tuning_with(
+        results,
+        lambda c: c.str.contains("'tma': True", regex=False) & ~c.str.contains("'split_k': 1,", regex=False),
+    )
     if ratios:
         n.add("SplitCells", len(ratios), "{}")
         n.add("SplitWins", sum(r > 1 for r in ratios), "{}")
@@ -107,8 +115,9 @@ def extra_rows(n: Numbers, results: Path) -> None:
     """Row tiles with extra rows (extra_m) in the grouped tuner's table, against the best config without
     them, per tuning cell where both were timed; ExtraRun names the kept run read once the tuner no
     longer offers them."""
-    ratios, run = newest_tuning_with(results, lambda c: c.str.extract(r"'extra_m': (\d+)")[0].fillna(0)
-                                     .astype(int) > 0)
+    ratios, run = newest_tuning_with(
+        results, lambda c: c.str.extract(r"'extra_m': (\d+)")[0].fillna(0).astype(int) > 0
+    )
     if ratios:
         n.add("ExtraCells", len(ratios), "{}")
         n.add("ExtraWins", sum(r > 1 for r in ratios), "{}")
@@ -162,8 +171,10 @@ def merged_tails(n: Numbers, results: Path) -> None:
 
 # Per experiment, its last run under the harness's earlier order (each round the list rotated by one place)
 # and the first in balanced pairs, at the same commit otherwise (both kept under runs/), read cell by cell.
-ROTATED_RUNS = {"E7": ("S15-1", "S21-2", "grouped_skew.csv", ["model", "proj", "tokens", "load"]),
-                "E8": ("S20-2", "S21-3", "moe_layer.csv", ["model", "tokens", "load"])}
+ROTATED_RUNS = {
+    "E7": ("S15-1", "S21-2", "grouped_skew.csv", ["model", "proj", "tokens", "load"]),
+    "E8": ("S20-2", "S21-3", "moe_layer.csv", ["model", "tokens", "load"]),
+}
 
 
 def rotation_runs(n: Numbers, results: Path) -> None:
@@ -174,21 +185,34 @@ def rotation_runs(n: Numbers, results: Path) -> None:
     grouped_mm backend and vLLM's fused_experts), and the held-out headline of the earlier run (E7: ours, no
     config, over torch._grouped_mm at T >= 1024; E8: moe_ffn over the faster of the pipeline and the
     compiled backend)."""
-    peers = {"E7": ("torch._grouped_mm", VLLM),
-             "E8": ("torch._grouped_mm pipeline", "hf:grouped_mm:compiled", "vllm:fused_experts")}
+    peers = {
+        "E7": ("torch._grouped_mm", VLLM),
+        "E8": ("torch._grouped_mm pipeline", "hf:grouped_mm:compiled", "vllm:fused_experts"),
+    }
     for exp, (run, balanced, name, key) in ROTATED_RUNS.items():
         old_path, new_path = runs_dir(results) / run / name, runs_dir(results) / balanced / name
         if not (old_path.exists() and new_path.exists()):
             continue
         old, new = (pd.read_csv(p) for p in (old_path, new_path))
-        if not all(set(key + ["split", "status", "contender", "graph_us"]) <= set(d.columns) for d in (old, new)):
+        if not all(
+            set(key + ["split", "status", "contender", "graph_us"]) <= set(d.columns) for d in (old, new)
+        ):
             continue
-        both = [d[d.status == "ok"].pivot_table(index=key + ["split"], columns="contender", values="graph_us")
-                for d in (old, new)]
+        both = [
+            d[d.status == "ok"].pivot_table(index=key + ["split"], columns="contender", values="graph_us")
+            for d in (old, new)
+        ]
         o, c = both[0].align(both[1], join="inner")
-        headline = ["ours:auto", "torch._grouped_mm"] if exp == "E7" else \
-            ["ours:moe_ffn", "torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]
-        if not len(o) or not all(h in o for h in headline) or "heldout" not in set(o.index.get_level_values("split")):
+        headline = (
+            ["ours:auto", "torch._grouped_mm"]
+            if exp == "E7"
+            else ["ours:moe_ffn", "torch._grouped_mm pipeline", "hf:grouped_mm:compiled"]
+        )
+        if (
+            not len(o)
+            or not all(h in o for h in headline)
+            or "heldout" not in set(o.index.get_level_values("split"))
+        ):
             continue
         ours = [x for x in o.columns if x.startswith("ours")] if exp == "E7" else ["ours:moe_ffn"]
         ratio = c / o

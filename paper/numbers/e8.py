@@ -107,8 +107,10 @@ def graph_clock_probe(n: Numbers, results: Path) -> None:
     n.add("GClkTokens", ", ".join(str(int(t)) for t in sorted(e8.tokens.unique())), "{}")
     by = one.set_index(["model", "contender"])
     for clock, tag in (("before", "Before"), ("now", "Now")):
-        r = (by[f"graph_us_{clock}"].xs(OURS_HF, level="contender")
-             / by[f"graph_us_{clock}"].xs(OURS_HF_COMPILED, level="contender")).dropna()
+        r = (
+            by[f"graph_us_{clock}"].xs(OURS_HF, level="contender")
+            / by[f"graph_us_{clock}"].xs(OURS_HF_COMPILED, level="contender")
+        ).dropna()
         n.add(f"GClkCompiled{tag}", gm(r))
         n.add(f"GClkCompiled{tag}Lo", float(r.min()))
     for name, tag in ((OURS_HF, "Eager"), (OURS_HF_COMPILED, "Compiled")):
@@ -132,7 +134,10 @@ def graph_clock_probe(n: Numbers, results: Path) -> None:
             n.add(f"GClkRouter{tag}", gm(c.graph_us_now / c.graph_us_before), "{:.3f}")
         for clock, tag in (("before", "Before"), ("now", "Now")):
             col = r6[f"graph_us_{clock}"]
-            n.add(f"GClkRouterLead{tag}", gm(col.xs("eager", level="contender") / col.xs("ours:auto", level="contender")))
+            n.add(
+                f"GClkRouterLead{tag}",
+                gm(col.xs("eager", level="contender") / col.xs("ours:auto", level="contender")),
+            )
         n.add("GClkRouterTokens", ", ".join(str(int(t)) for t in sorted(e6.tokens.unique())), "{}")
 
 
@@ -150,7 +155,9 @@ def large_cells_probe(n: Numbers, results: Path) -> None:
     n.add("LgCellsCells", len(p), "{}")
     n.add("LgCellsRounds", int(df.rounds.iloc[0]), "{}")
     n.add("LgCellsModels", " and ".join(sorted(set(p.index.get_level_values("model")))), "{}")
-    n.add("LgCellsTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))), "{}")
+    n.add(
+        "LgCellsTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))), "{}"
+    )
     for tag, r in (("Comp", p[OURS_HF] / p[OURS_HF_COMPILED]), ("Fusion", p[UNFUSED] / p[OURS])):
         n.add(f"LgCells{tag}Lo", float(r.min()))
         n.add(f"LgCells{tag}Hi", float(r.max()))
@@ -179,20 +186,27 @@ def decode_routing_probe(n: Numbers, results: Path) -> None:
     from moegemm.grouped.routing_kernels import GATHER_SLOTS
 
     got = []
-    for path in (results / "probe_decode_routing.csv", *sorted(runs_dir(results).glob("*/probe_decode_routing.csv"))):
+    for path in (
+        results / "probe_decode_routing.csv",
+        *sorted(runs_dir(results).glob("*/probe_decode_routing.csv")),
+    ):
         if path.exists():
             df = pd.read_csv(path)
             ok = df[df.status == "ok"]
-            p = ok.pivot_table(index=["model", "split", "tokens", "top_k", "experts"], columns="contender",
-                               values="graph_us").reset_index()
+            p = ok.pivot_table(
+                index=["model", "split", "tokens", "top_k", "experts"], columns="contender", values="graph_us"
+            ).reset_index()
             if all(c in p for c in (ROUTE_FAST, ROUTE_THREE, ROUTE_OLD)):
                 got.append((p, str(df.git_commit.iloc[0])[:7], path))
     if not got or got[0][2].parent != results:
         return
     p, commit, _ = got[0]
     p["slots"] = p.tokens * p.top_k
-    total, gather, sizing = (p[ROUTE_OLD] / p[ROUTE_FAST], p[ROUTE_THREE] / p[ROUTE_FAST],
-                             p[ROUTE_OLD] / p[ROUTE_THREE])
+    total, gather, sizing = (
+        p[ROUTE_OLD] / p[ROUTE_FAST],
+        p[ROUTE_THREE] / p[ROUTE_FAST],
+        p[ROUTE_OLD] / p[ROUTE_THREE],
+    )
     one = p.tokens == 1
     n.add("DecRouteCommit", commit, "{}")
     n.add("DecRouteCells", len(p), "{}")
@@ -343,7 +357,11 @@ def compiled_samples_probe(n: Numbers, results: Path) -> None:
         h = pd.concat(host)
         n.add("EEightSampleHostMs", float(h.host_ms.max()), "{:.1f}")
         n.add("EEightSampleChildren", int(h.children.max()), "{}")
-        n.add("EEightSampleNewGraphs", int(sum(g.dynamo_graphs.max() - g.dynamo_graphs.min() for g in host)), "{}")
+        n.add(
+            "EEightSampleNewGraphs",
+            int(sum(g.dynamo_graphs.max() - g.dynamo_graphs.min() for g in host)),
+            "{}",
+        )
 
 
 def compiled_order_probe(n: Numbers, results: Path) -> None:
@@ -367,8 +385,12 @@ def compiled_order_probe(n: Numbers, results: Path) -> None:
     n.add("EEightOrderTokens", int(df.tokens.iloc[0]), "{}")
     n.add("EEightOrderCommit", str(df.git_commit.iloc[0])[:7], "{}")
     n.add("EEightOrderRounds", int(df[df.variant == "rotate"]["rounds"].iloc[0]), "{}")
-    for macro, names in (("Rotate", ["rotate", "rotate-again"]), ("Balanced", ["balanced"]),
-                         ("AfterEager", ["after-eager"]), ("BalancedFour", ["balanced-4"])):
+    for macro, names in (
+        ("Rotate", ["rotate", "rotate-again"]),
+        ("Balanced", ["balanced"]),
+        ("AfterEager", ["after-eager"]),
+        ("BalancedFour", ["balanced-4"]),
+    ):
         v = r[r.index.get_level_values("variant").isin(names)]
         if len(v):
             n.add(f"EEightOrder{macro}Lo", float(v.min()))
@@ -384,7 +406,9 @@ def ffn_ceiling_probe(n: Numbers, results: Path) -> None:
     if not path.exists():
         return
     df = pd.read_csv(path)
-    p = df[df.status == "ok"].pivot_table(index=["model", "tokens", "load"], columns="contender", values="graph_us")
+    p = df[df.status == "ok"].pivot_table(
+        index=["model", "tokens", "load"], columns="contender", values="graph_us"
+    )
     dense = "dense:ffn"
     if not all(c in p for c in (OURS, TORCH, dense)):
         return
@@ -393,7 +417,11 @@ def ffn_ceiling_probe(n: Numbers, results: Path) -> None:
     n.add("EEightCeilCommit", str(df.git_commit.iloc[0])[:7], "{}")
     n.add("EEightCeilCells", len(p), "{}")
     n.add("EEightCeilModels", p.index.get_level_values("model").nunique(), "{}")
-    n.add("EEightCeilTokens", ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))), "{}")
+    n.add(
+        "EEightCeilTokens",
+        ", ".join(str(int(t)) for t in sorted(set(p.index.get_level_values("tokens")))),
+        "{}",
+    )
     n.add("EEightCeilPipeVsDenseMin", float(pipe.min()))
     n.add("EEightCeilPipeVsDenseMinModel", str(pipe.idxmin()[0]))
     n.add("EEightCeilOursVsDenseLo", float(ours.min()))
@@ -486,10 +514,15 @@ def phase_rows(df: pd.DataFrame) -> list[dict]:
         if peer == BEST:
             rows = {}
             for clock in CLOCKS:
-                for r in phase_headline(d[d.contender.isin([OURS, f"{BEST}:{clock}"])].replace(
-                        {f"{BEST}:{clock}": BEST}), KEYS, BEST, OURS):
+                for r in phase_headline(
+                    d[d.contender.isin([OURS, f"{BEST}:{clock}"])].replace({f"{BEST}:{clock}": BEST}),
+                    KEYS,
+                    BEST,
+                    OURS,
+                ):
                     rows.setdefault(r["phase"], {"phase": r["phase"], "theirs": BEST}).update(
-                        {clock: r[clock], f"{clock}_cells": r[f"{clock}_cells"]})
+                        {clock: r[clock], f"{clock}_cells": r[f"{clock}_cells"]}
+                    )
             out += list(rows.values())
         elif peer in set(d.contender):
             out += phase_headline(d, KEYS, peer, OURS)
@@ -519,13 +552,19 @@ def phase_numbers(n: Numbers, gen: Path, held: pd.DataFrame) -> None:
             line["host us (ours / theirs)"] = f"{r['host_ours_us']:.0f} / {r['host_theirs_us']:.0f}"
         table_rows.append(line)
     if table_rows:
-        write_text(gen / "table_e8_phase.tex", table(
-            pd.DataFrame(table_rows), "E8, held-out models, per phase (decode $T\\le 256$, prefill "
-            "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over cells "
-            "with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and launch-inclusive; "
-            "``parity'' where the interval holds 1.0; the best peer is the fastest peer per cell and clock; "
-            "host cost: Python's time to issue one call (median over cells).", "tab:e8phase",
-            "llllrl"[:len(table_rows[0])]))
+        write_text(
+            gen / "table_e8_phase.tex",
+            table(
+                pd.DataFrame(table_rows),
+                "E8, held-out models, per phase (decode $T\\le 256$, prefill "
+                "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over cells "
+                "with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and launch-inclusive; "
+                "``parity'' where the interval holds 1.0; the best peer is the fastest peer per cell and clock; "
+                "host cost: Python's time to issue one call (median over cells).",
+                "tab:e8phase",
+                "llllrl"[: len(table_rows[0])],
+            ),
+        )
 
 
 def gemm_vs_layer(n: Numbers, results: Path, held: pd.DataFrame) -> None:
@@ -546,8 +585,10 @@ def gemm_vs_layer(n: Numbers, results: Path, held: pd.DataFrame) -> None:
     need = [(c, pr) for c in (ours, "vllm:fused_moe") for pr in ("up", "down")]
     if not all(k in per.columns for k in need):
         return
-    gemm = ((per[("vllm:fused_moe", "up")] + per[("vllm:fused_moe", "down")])
-            / (per[(ours, "up")] + per[(ours, "down")])).dropna()
+    gemm = (
+        (per[("vllm:fused_moe", "up")] + per[("vllm:fused_moe", "down")])
+        / (per[(ours, "up")] + per[(ours, "down")])
+    ).dropna()
     layer = (held.set_index(KEYS)[VLLM] / held.set_index(KEYS)[OURS]).dropna()
     both = gemm.index.intersection(layer.index)
     for phase, sel in (("Decode", lambda t: t <= 256), ("Prefill", lambda t: t >= PREFILL)):
@@ -614,8 +655,12 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             low = o.loc[cmp.idxmin()]
             n.add("EEightCompiledMinModel", str(low.model), "{}")
             n.add("EEightCompiledMinTokens", int(low.tokens), "{}")
-            row = df[(df.model == low.model) & (df.tokens == low.tokens) & (df.load == low.load)
-                     & (df.contender == OURS_HF_COMPILED)]
+            row = df[
+                (df.model == low.model)
+                & (df.tokens == low.tokens)
+                & (df.load == low.load)
+                & (df.contender == OURS_HF_COMPILED)
+            ]
             if len(row) and {"graph_p20_us", "graph_p80_us"} <= set(row.columns):
                 n.add("EEightCompiledMinSpread", float((row.graph_p80_us / row.graph_p20_us).iloc[0]))
             top = o.tokens.max()
@@ -658,10 +703,16 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             row["fused SwiGLU gain"] = f"{gm(mf[UNFUSED] / mf[OURS]):.2f}"
         rows.append(row)
     if rows:
-        write_text(gen / "table_e8.tex", table(
-            pd.DataFrame(rows), "E8, held-out models: the whole expert FFN (\\texttt{moe\\_ffn}) against the faster of "
-            "transformers' compiled \\texttt{grouped\\_mm} backend and the \\texttt{torch.\\_grouped\\_mm} pipeline, "
-            "and against vLLM's kernel at prefill; their time over ours, geomean (lowest) over token counts and "
-            "loads; GPU time. Last column: our time with SwiGLU as a separate op over the fused one, where "
-            f"\\texttt{{moe\\_ffn}} fuses (above {FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
-            "tab:e8", "l" + "r" * (len(rows[0]) - 1)))
+        write_text(
+            gen / "table_e8.tex",
+            table(
+                pd.DataFrame(rows),
+                "E8, held-out models: the whole expert FFN (\\texttt{moe\\_ffn}) against the faster of "
+                "transformers' compiled \\texttt{grouped\\_mm} backend and the \\texttt{torch.\\_grouped\\_mm} pipeline, "
+                "and against vLLM's kernel at prefill; their time over ours, geomean (lowest) over token counts and "
+                "loads; GPU time. Last column: our time with SwiGLU as a separate op over the fused one, where "
+                f"\\texttt{{moe\\_ffn}} fuses (above {FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
+                "tab:e8",
+                "l" + "r" * (len(rows[0]) - 1),
+            ),
+        )

@@ -92,8 +92,14 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
         rows.append(row)
     if rows:
         tab = pd.DataFrame(rows)
-        write_text(gen / "table_e9.tex", table(
-            tab, "E9, held-out models: each peer's forward + backward time over ours (GPU clock, "
-            "launch-inclusive clock) and its step's peak memory over ours, geomean over models and loads, "
-            "by tokens per step T.",
-            "tab:e9", "r" + "r" * (len(tab.columns) - 1)))
+        write_text(
+            gen / "table_e9.tex",
+            table(
+                tab,
+                "E9, held-out models: each peer's forward + backward time over ours (GPU clock, "
+                "launch-inclusive clock) and its step's peak memory over ours, geomean over models and loads, "
+                "by tokens per step T.",
+                "tab:e9",
+                "r" + "r" * (len(tab.columns) - 1),
+            ),
+        )

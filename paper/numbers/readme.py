@@ -24,14 +24,17 @@ def headline(results: Path) -> str:
     d = pd.read_csv(results / "decompose_k_grid.csv")
     d = d[d.status == "ok"]
     gpu = d.iloc[0]["gpu"]
-    lines = [f"Measured on an {gpu} (torch {d.iloc[0]['torch']}, Triton {d.iloc[0]['triton']}); geometric means "
-             f"over the {len(d.drop_duplicates(['m', 'k']))} shapes M=N in {{{','.join(map(str, sorted(d.m.unique())))}}} x "
-             f"K in {{{d.k.min()}..{d.k.max()}}}; x = contender time / the time of our default, "
-             "`kernel=\"auto\"` (> 1: ours is faster). The seed's two Triton kernels ran at the configs of "
-             "their own search.", "",
-             "| suite | clock | ours (median) | eager | seed: optimized | seed: original | seed PyTorch decomposeK "
-             "| torch.compile | custom-op autotuned |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Measured on an {gpu} ({versions_text(results)}); geometric means "
+        f"over the {len(d.drop_duplicates(['m', 'k']))} shapes M=N in {{{','.join(map(str, sorted(d.m.unique())))}}} x "
+        f"K in {{{d.k.min()}..{d.k.max()}}}; x = contender time / the time of our default, "
+        '`kernel="auto"` (> 1: ours is faster). The seed\'s two Triton kernels ran at the configs of '
+        "their own search.",
+        "",
+        "| suite | clock | ours (median) | eager | seed: optimized | seed: original | seed PyTorch decomposeK "
+        "| torch.compile | custom-op autotuned |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for suite, g in d.groupby("suite", sort=False):
         for clock, label in (("graph_us", "GPU time (CUDA graph)"), ("launch_us", "launch-inclusive")):
             _, ours, vs = vs_ours(g, clock)
@@ -39,8 +42,11 @@ def headline(results: Path) -> str:
             lines.append(f"| {suite} | {label} | {ours.median():.1f} us | " + " | ".join(cells) + " |")
     comp = d[d.contender == "compiled"].drop_duplicates(["m", "k"])
     if 0 < len(comp) < len(d.drop_duplicates(["m", "k"])):
-        lines += ["", f"torch.compile and custom-op autotuning: geometric means over the {len(comp)} shapes where "
-                  f"they were measured (K in {{{','.join(map(str, sorted(comp.k.unique())))}}})."]
+        lines += [
+            "",
+            f"torch.compile and custom-op autotuning: geometric means over the {len(comp)} shapes where "
+            f"they were measured (K in {{{','.join(map(str, sorted(comp.k.unique())))}}}).",
+        ]
     e = pd.read_csv(results / "epilogue_fusion.csv")
     f = e[(e.variant == "flat") & (e.epilogue_fused.astype(str) == "True")].set_index(["m", "k"])["graph_us"]
     u = e[(e.variant == "flat") & (e.epilogue_fused.astype(str) == "False")].set_index(["m", "k"])["graph_us"]
@@ -48,16 +54,25 @@ def headline(results: Path) -> str:
     dec = r.index <= 16
     if "cpu_us" in d:
         cpu = d[d.suite == "bf16-relu"].pivot_table(index=["m", "k"], columns="contender", values="cpu_us")
-        lines += ["", f"Python's cost of one call (bf16-relu, median over the grid, no sync): ours "
-                  f"{cpu[OURS[0]].median():.0f} us (at most {cpu[OURS[0]].max():.0f}), eager relu(mm) "
-                  f"{cpu['eager'].median():.0f} us"
-                  + (f", the seed's optimized kernel {cpu['seed: optimized'].median():.0f} us." if "seed: optimized" in cpu
-                     else ".")]
-    lines += ["", f"Fusing ReLU into the reduction's store (flat kernel, GPU time): {gm(u / f):.2f}x. "
-              + router_sentence(pd.read_csv(results / "router_gemm.csv"))
-              + f" DeepSeek-V3 router sigmoid(x @ W) against cuBLAS, T = 1..16 tokens, GPU time: "
-              f"{gm(r.loc[dec, 'eager'] / ours_r[dec]):.2f}x; where cuBLAS is faster `auto` runs it (worst "
-              f"{(r['eager'] / ours_r).min():.2f}x of cuBLAS up to T = {int(r.index.max())})."]
+        lines += [
+            "",
+            f"Python's cost of one call (bf16-relu, median over the grid, no sync): ours "
+            f"{cpu[OURS[0]].median():.0f} us (at most {cpu[OURS[0]].max():.0f}), eager relu(mm) "
+            f"{cpu['eager'].median():.0f} us"
+            + (
+                f", the seed's optimized kernel {cpu['seed: optimized'].median():.0f} us."
+                if "seed: optimized" in cpu
+                else "."
+            ),
+        ]
+    lines += [
+        "",
+        f"Fusing ReLU into the reduction's store (flat kernel, GPU time): {gm(u / f):.2f}x. "
+        + router_sentence(pd.read_csv(results / "router_gemm.csv"))
+        + f" DeepSeek-V3 router sigmoid(x @ W) against cuBLAS, T = 1..16 tokens, GPU time: "
+        f"{gm(r.loc[dec, 'eager'] / ours_r[dec]):.2f}x; where cuBLAS is faster `auto` runs it (worst "
+        f"{(r['eager'] / ours_r).min():.2f}x of cuBLAS up to T = {int(r.index.max())}).",
+    ]
     lines += grouped_headline(results)
     return "\n".join(lines)
 
@@ -70,9 +85,13 @@ def router_sentence(df: pd.DataFrame) -> str:
     seed, ours = "seed: optimized", OURS[0]
     parts = []
     like = "relu" if ((df.epilogue == "relu") & (df.contender == seed)).any() else "none"
-    for epi, what in ((like, "with ReLU, which both fuse" if like == "relu" else "without an epilogue"),
-                      ("sigmoid", "with the sigmoid, which the seed's kernel runs as a separate launch "
-                                  "(what its user pays)")):
+    for epi, what in (
+        (like, "with ReLU, which both fuse" if like == "relu" else "without an epilogue"),
+        (
+            "sigmoid",
+            "with the sigmoid, which the seed's kernel runs as a separate launch (what its user pays)",
+        ),
+    ):
         sub = df[(df.epilogue == epi) & (df.m <= 256)]
         if not (sub.contender == seed).any():
             continue
@@ -85,16 +104,20 @@ def router_sentence(df: pd.DataFrame) -> str:
             parts.append(f"{what}: " + ", ".join(clocks))
     if not parts:
         return ""
-    return ("DeepSeek-V3 router, T = 1..256, the seed's optimized kernel's time over ours (x, 95% interval; "
-            "\"parity\": it holds 1.0): " + "; ".join(parts) + ".")
+    return (
+        "DeepSeek-V3 router, T = 1..256, the seed's optimized kernel's time over ours (x, 95% interval; "
+        '"parity": it holds 1.0): ' + "; ".join(parts) + "."
+    )
 
 
 def _phase_table(rows: list[dict], what: str) -> list[str]:
     """Markdown rows: per peer and phase, their time over ours with its 95% interval on both clocks."""
     out = [f"| {what} | phase | GPU time | launch-inclusive | cells |", "|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['theirs']} | {r['phase']} | {ci_text(*r['graph'])} | {ci_text(*r['launch'])} | "
-                   f"{r['graph_cells']} |")
+        out.append(
+            f"| {r['theirs']} | {r['phase']} | {ci_text(*r['graph'])} | {ci_text(*r['launch'])} | "
+            f"{r['graph_cells']} |"
+        )
     return out
 
 
@@ -106,19 +129,27 @@ def grouped_headline(results: Path) -> list[str]:
     from .e8 import phase_rows
 
     lines: list[str] = []
-    note = ("x = their time / ours, geomean over cells with its 95% bootstrap interval over cells and rounds "
-            "(\"parity\": the interval holds 1.0); decode T <= 256 and prefill T >= 1024 apart.")
+    note = (
+        "x = their time / ours, geomean over cells with its 95% bootstrap interval over cells and rounds "
+        '("parity": the interval holds 1.0); decode T <= 256 and prefill T >= 1024 apart.'
+    )
     path = results / "grouped_skew.csv"
     if path.exists():
         raw = pd.read_csv(path)
         held = raw[raw.split == "heldout"] if "split" in raw else raw.iloc[:0]
-        heading = (f"Grouped GEMM (E7) on {held.model.nunique()} MoE models it was never tuned on (gate/up "
-                   "fused and down; uniform and Zipf 1.2 loads), ours the default path (grouped_mm, no "
-                   "config); against the kernels that gather their rows themselves, ours with its gather "
-                   "timed (ours:auto+gather) where measured")
-        for label, sub in ((heading, held),
-                           ("The three tuned models (E7's tune split), the same comparisons",
-                            raw[raw.split != "heldout"] if "split" in raw else raw)):
+        heading = (
+            f"Grouped GEMM (E7) on {held.model.nunique()} MoE models it was never tuned on (gate/up "
+            "fused and down; uniform and Zipf 1.2 loads), ours the default path (grouped_mm, no "
+            "config); against the kernels that gather their rows themselves, ours with its gather "
+            "timed (ours:auto+gather) where measured"
+        )
+        for label, sub in (
+            (heading, held),
+            (
+                "The three tuned models (E7's tune split), the same comparisons",
+                raw[raw.split != "heldout"] if "split" in raw else raw,
+            ),
+        ):
             rows = e7_phase_numbers(Numbers(), None, sub, prefix="Readme")
             if rows:
                 lines += ["", f"{label}; {note}", "", *_phase_table(rows, "peer")]
@@ -128,19 +159,67 @@ def grouped_headline(results: Path) -> list[str]:
         rows = phase_rows(held) if len(held) else []
         if rows:
             models = held.model.nunique()
-            lines += ["", f"The whole expert FFN (`moe_ffn`, E8) on the {models} held-out models; "
-                      "the best peer is the fastest per cell and clock of transformers' compiled grouped_mm "
-                      "backend, "
-                      "the torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels' matmul_ogs; "
-                      f"{note}", "", *_phase_table(rows, "peer")]
+            lines += [
+                "",
+                f"The whole expert FFN (`moe_ffn`, E8) on the {models} held-out models; "
+                "the best peer is the fastest per cell and clock of transformers' compiled grouped_mm "
+                "backend, "
+                "the torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels' matmul_ogs; "
+                f"{note}",
+                "",
+                *_phase_table(rows, "peer"),
+            ]
             host = [r for r in rows if "host_ours_us" in r and r["theirs"] != "best peer"]
             if host:
-                lines += ["", "Python's cost of one call (median over cells): ours "
-                          f"{host[0]['host_ours_us']:.0f} us; "
-                          + ", ".join(f"{r['theirs']} {r['host_theirs_us']:.0f} us ({r['phase']})"
-                                      for r in host)
-                          + "."]
+                lines += [
+                    "",
+                    "Python's cost of one call (median over cells): ours "
+                    f"{host[0]['host_ours_us']:.0f} us; "
+                    + ", ".join(f"{r['theirs']} {r['host_theirs_us']:.0f} us ({r['phase']})" for r in host)
+                    + ".",
+                ]
     return lines
+
+
+EXPERIMENT_CSVS = (
+    "compile_modes",
+    "inductor_codegen",
+    "epilogue_fusion",
+    "split_sweep",
+    "decompose_k_grid",
+    "router_gemm",
+    "grouped_skew",
+    "moe_layer",
+)  # E1..E8
+
+
+def versions_text(results: Path) -> str:
+    """Which torch and Triton the results used, from their CSV rows (the provenance every row carries): one
+    pair, or each pair with the experiments (E1..E8) measured with it."""
+    used: dict[tuple[str, str], list[int]] = {}
+    for i, name in enumerate(EXPERIMENT_CSVS, 1):
+        f = results / f"{name}.csv"
+        if not f.exists():
+            continue
+        v = pd.read_csv(f, usecols=lambda c: c in ("torch", "triton"), dtype=str).dropna().drop_duplicates()
+        for torch_v, triton_v in v[["torch", "triton"]].itertuples(index=False):
+            used.setdefault((torch_v, triton_v), []).append(i)
+    if len(used) == 1:
+        (torch_v, triton_v), _ = next(iter(used.items()))
+        return f"torch {torch_v}, Triton {triton_v}"
+    return "; ".join(f"torch {a}, Triton {b} for {_experiments(e)}" for (a, b), e in sorted(used.items()))
+
+
+def _experiments(ids: list[int]) -> str:
+    runs, out = [], []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, b in runs:
+        out.append(f"E{a}" if a == b else f"E{a}, E{b}" if b == a + 1 else f"E{a}-E{b}")
+    return ", ".join(out)
 
 
 def update_readme(readme: Path, block: str, runtime_text: str | None = None) -> None:

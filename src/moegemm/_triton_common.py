@@ -32,9 +32,20 @@ def mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def k_loop(a_ptrs, b_ptrs, k_start, k_end, stride_ak, stride_bk,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def k_loop(
+    a_ptrs,
+    b_ptrs,
+    k_start,
+    k_end,
+    stride_ak,
+    stride_bk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """fp32 sum over k in [k_start, k_end) of A-tile x B-tile, the pointers at k_start. EVEN_K: the range
     is a whole number of BLOCK_K steps (no K masks)."""
     offs_k = tl.arange(0, BLOCK_K)
@@ -102,7 +113,7 @@ class BoundKernel:
             compiled = compile_only(kernel, grid, args, kwargs)
         params = list(inspect.signature(kernel.fn).parameters.values())
         full = list(args)
-        for p in params[len(args):]:
+        for p in params[len(args) :]:
             if p.name in kwargs:
                 full.append(kwargs[p.name])
             elif p.default is not inspect.Parameter.empty:
@@ -119,8 +130,9 @@ class BoundKernel:
         """Launch on ``stream`` (a raw handle) with ``values`` for the leading arguments."""
         if self._run is not None:
             g = self._grid
-            self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *values,
-                      *self._tail)
+            self._run(
+                g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *values, *self._tail
+            )
         else:
             self._compiled[self._grid](*values, *self._tail, stream=stream)
 
@@ -128,8 +140,9 @@ class BoundKernel:
         """Launch on ``grid`` (1-3 dimensions) with ``values`` for the leading arguments."""
         g = tuple(grid) + (1,) * (3 - len(grid))
         if self._run is not None:
-            self._run(g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *values,
-                      *self._tail)
+            self._run(
+                g[0], g[1], g[2], stream, self._function, self._packed, None, None, None, *values, *self._tail
+            )
         else:
             self._compiled[g](*values, *self._tail, stream=stream)
 
@@ -156,9 +169,12 @@ def _direct_launcher(compiled) -> tuple:
     rest = params[head:]
     if rest and rest[0].kind is inspect.Parameter.VAR_POSITIONAL:  # everything after the function as *args
         return run, function, packed
-    named = [p.name for p in rest[:len(_LAUNCHER_NAMED)]]
-    if named == list(_LAUNCHER_NAMED) and len(rest) > len(named) \
-            and rest[len(named)].kind is inspect.Parameter.VAR_POSITIONAL:
+    named = [p.name for p in rest[: len(_LAUNCHER_NAMED)]]
+    if (
+        named == list(_LAUNCHER_NAMED)
+        and len(rest) > len(named)
+        and rest[len(named)].kind is inspect.Parameter.VAR_POSITIONAL
+    ):
         return run, function, packed
     return None, None, None
 
@@ -180,8 +196,16 @@ REG_UNIT = 256
 SMEM_RESERVED = 1024
 
 
-def programs_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, *, smem_per_sm: int,
-                    regs_per_sm: int = 65536, threads_per_sm: int = 2048, blocks_per_sm: int = 32) -> int:
+def programs_per_sm(
+    shared_bytes: int,
+    regs_per_thread: int,
+    num_warps: int,
+    *,
+    smem_per_sm: int,
+    regs_per_sm: int = 65536,
+    threads_per_sm: int = 2048,
+    blocks_per_sm: int = 32,
+) -> int:
     """Programs of a compiled kernel that one multiprocessor holds at once (0 if none fits), by its
     registers, threads and shared memory, at most ``blocks_per_sm`` (the hardware's resident blocks)."""
     per_warp = -(-max(regs_per_thread, 1) * 32 // REG_UNIT) * REG_UNIT
@@ -196,10 +220,12 @@ def sm_resources(device_index: int) -> dict:
     """The multiprocessor's registers, threads and shared memory and the SM count of a GPU (Hopper's
     values where this torch lacks a property)."""
     p = torch.cuda.get_device_properties(device_index)
-    return {"regs_per_sm": int(getattr(p, "regs_per_multiprocessor", 65536)),
-            "threads_per_sm": int(getattr(p, "max_threads_per_multi_processor", 2048)),
-            "smem_per_sm": int(getattr(p, "shared_memory_per_multiprocessor", 228 * 1024)),
-            "sms": p.multi_processor_count}
+    return {
+        "regs_per_sm": int(getattr(p, "regs_per_multiprocessor", 65536)),
+        "threads_per_sm": int(getattr(p, "max_threads_per_multi_processor", 2048)),
+        "smem_per_sm": int(getattr(p, "shared_memory_per_multiprocessor", 228 * 1024)),
+        "sms": p.multi_processor_count,
+    }
 
 
 def compiled_per_sm(compiled, num_warps: int, device_index: int) -> int:
@@ -207,8 +233,14 @@ def compiled_per_sm(compiled, num_warps: int, device_index: int) -> int:
     res = sm_resources(device_index)
     shared = int(getattr(compiled.metadata, "shared", 0) or 0)
     regs = int(getattr(compiled, "n_regs", 0) or 0)
-    return programs_per_sm(shared, regs, num_warps, smem_per_sm=res["smem_per_sm"],
-                           regs_per_sm=res["regs_per_sm"], threads_per_sm=res["threads_per_sm"])
+    return programs_per_sm(
+        shared,
+        regs,
+        num_warps,
+        smem_per_sm=res["smem_per_sm"],
+        regs_per_sm=res["regs_per_sm"],
+        threads_per_sm=res["threads_per_sm"],
+    )
 
 
 def _specialization(v) -> object:
@@ -219,7 +251,7 @@ def _specialization(v) -> object:
     if isinstance(v, bool) or v is None:
         return (bool, v)
     if isinstance(v, int):
-        return (v == 1, v % 16 == 0, -2**31 <= v < 2**31, 0 <= v < 2**64)
+        return (v == 1, v % 16 == 0, -(2**31) <= v < 2**31, 0 <= v < 2**64)
     return (type(v), v)
 
 

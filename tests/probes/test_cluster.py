@@ -25,11 +25,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # the compile check runs this file as a script
     sys.path.insert(0, str(ROOT))
-from moegemm.decompose_k.reference import reference_mm
-from moegemm.epilogue import Epilogue
-from probes import cluster_dk as C
-from probes import cluster_dk_kernel as K
-from tests.helpers import DTYPES, assert_close_to_ref, make, poisoned
+from moegemm.decompose_k.reference import reference_mm  # noqa: E402 - after the path set-up
+from moegemm.epilogue import Epilogue  # noqa: E402 - after the path set-up
+from probes import cluster_dk as C  # noqa: E402 - after the path set-up
+from probes import cluster_dk_kernel as K  # noqa: E402 - after the path set-up
+from tests.helpers import DTYPES, assert_close_to_ref, make, poisoned  # noqa: E402 - after the path set-up
 
 # ----------------------------------------------------------------------------------------------------
 # sm_90a compile checks (a subprocess runs this file as a script)
@@ -51,8 +51,17 @@ def compile_variants():
         s = next(sizes)
         bk = 32 if dt in ("fp32", "tf32") else 64
         bm, bn = ((16, 32), (32, 16), (64, 64), (16, 8))[(s + int(epi) + int(bias)) % 4]
-        cfg = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=4, stages=next(ring),
-                              chains=next(chains), producer=next(producer), clusters=next(groups))
+        cfg = C.ClusterConfig(
+            split_k=s,
+            block_m=bm,
+            block_n=bn,
+            block_k=bk,
+            num_warps=4,
+            stages=next(ring),
+            chains=next(chains),
+            producer=next(producer),
+            clusters=next(groups),
+        )
         name = f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}"
         name += ("-producer" if cfg.producer else "") + (f"-G{cfg.clusters}" if cfg.clusters > 1 else "")
         yield name, dt, 48, 1000 + 7 * s * cfg.clusters, cfg, kn, epi, bias
@@ -88,8 +97,9 @@ def grouped_variants():
     """(name, dtype, config, w_kn, epilogue, row scale, swiglu) of the multicast grouped kernel."""
     from probes.cluster_grouped import ClusterGroupedConfig
 
-    tiles = itertools.cycle([(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 4, 3),
-                             (64, 64, 32, 4, 6)])
+    tiles = itertools.cycle(
+        [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 4, 3), (64, 64, 32, 4, 6)]
+    )
     for dt, kn, epi, scale in itertools.product(("bf16", "fp16"), (True, False), Epilogue, (False, True)):
         bm, bn, bk, nw, st = next(tiles)
         cfg = ClusterGroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st)
@@ -110,8 +120,11 @@ def _grouped_main() -> int:
         try:
             ck = G.compile_sm90(DT[dt], 8, cfg, w_kn=kn, epilogue=epi, has_scale=scale, swiglu=swiglu)
             ptx = ck.asm["ptx"]
-            rec.update(ptx_facts(ptx), ok=True, arrive_remote=len(re.findall(
-                r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)))
+            rec.update(
+                ptx_facts(ptx),
+                ok=True,
+                arrive_remote=len(re.findall(r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
+            )
         except Exception as e:  # noqa: BLE001
             rec.update(ok=False, error=str(e).splitlines()[-1][:300] if str(e) else repr(e))
         out.append(rec)
@@ -126,8 +139,14 @@ def test_grouped_multicast_kernel_compiles_for_sm90():
     the copies (each expecting its x half and the whole weight box)."""
     if C._gluon_api_ok() is not None:
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
-    res = subprocess.run([sys.executable, __file__, "--grouped"], capture_output=True, text=True, env=_env(),
-                         timeout=1800, check=False)
+    res = subprocess.run(
+        [sys.executable, __file__, "--grouped"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=1800,
+        check=False,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(recs) == len(list(grouped_variants())) > 0
@@ -149,11 +168,18 @@ def _compile_main(shard: int, shards: int) -> int:
     for i, (name, dt, n, k, cfg, kn, epi, bias) in enumerate(compile_variants()):
         if i % shards != shard:
             continue
-        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0, "producer": cfg.producer,
-               "clusters": cfg.clusters}
+        rec = {
+            "name": name,
+            "s": cfg.split_k,
+            "dt": dt,
+            "box_bytes": 0,
+            "producer": cfg.producer,
+            "clusters": cfg.clusters,
+        }
         try:
-            ck = C.compile_sm90(DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias,
-                                allow_tf32=dt == "tf32")
+            ck = C.compile_sm90(
+                DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias, allow_tf32=dt == "tf32"
+            )
             esize = 4 if dt in ("fp32", "tf32") else 2
             rec["box_bytes"] = (cfg.block_m + cfg.block_n) * cfg.block_k * esize
             rec.update(ptx_facts(ck.asm["ptx"]), ok=True, shared=int(ck.metadata.shared))
@@ -188,11 +214,15 @@ def _jit_main() -> int:
     driver.set_active(_CompileOnlyDriver())
     g = torch.Generator().manual_seed(0)
     out = []
-    cases = [((16, 8192), (8192, 16), "kn", None, False), ((1, 7168), (256, 7168), "wt", None, True),
-             ((33, 3000), (3000, 72), "kn", 8, True), ((20, 4096), (4096, 48), "kn", 16, False),
-             ((64, 2048), (2048, 64), "kn", 1, True)]
+    cases = [
+        ((16, 8192), (8192, 16), "kn", None, False),
+        ((1, 7168), (256, 7168), "wt", None, True),
+        ((33, 3000), (3000, 72), "kn", 8, True),
+        ((20, 4096), (4096, 48), "kn", 16, False),
+        ((64, 2048), (2048, 64), "kn", 1, True),
+    ]
     for dtype in (torch.bfloat16, torch.float32):
-        for (sa, sb, lb, s, bias_on) in cases:
+        for sa, sb, lb, s, bias_on in cases:
             a = torch.randn(*sa, generator=g).to(dtype)
             b = torch.randn(*sb, generator=g).to(dtype)
             b = b.t() if lb == "wt" else b
@@ -200,23 +230,36 @@ def _jit_main() -> int:
             bias = torch.randn(n, generator=g).to(dtype) if bias_on else None
             o = torch.empty(n, m, dtype=dtype).t()  # a transposed out
             geo = C._tma_operands(a, b)
-            cfg = C.heuristic_config(m, n, sa[1], dtype) if s is None else C.ClusterConfig(
-                split_k=s, block_m=16, block_n=32, block_k=32 if dtype == torch.float32 else 64)
+            cfg = (
+                C.heuristic_config(m, n, sa[1], dtype)
+                if s is None
+                else C.ClusterConfig(
+                    split_k=s, block_m=16, block_n=32, block_k=32 if dtype == torch.float32 else 64
+                )
+            )
             rec = {"case": f"{dtype} {sa} {lb} S={cfg.split_k}", "s": cfg.split_k, "b_kn": lb == "kn"}
             try:
                 p, ck = C.compile_for(a, b, geo, Epilogue.RELU, bias, o, cfg, False)
                 names = list(K._cluster_dk_kernel.arg_names)
-                rec.update(ok=True, num_ctas=ck.metadata.num_ctas, plan_b_kn=p.b_kn, grid=p.grid,
-                           reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"],
-                           tail=names[names.index("stride_cn") + 1:] == list(C.constexprs(
-                               n, sa[1], dtype, cfg, p.b_kn, Epilogue.RELU, bias_on, False)))
+                rec.update(
+                    ok=True,
+                    num_ctas=ck.metadata.num_ctas,
+                    plan_b_kn=p.b_kn,
+                    grid=p.grid,
+                    reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"],
+                    tail=names[names.index("stride_cn") + 1 :]
+                    == list(C.constexprs(n, sa[1], dtype, cfg, p.b_kn, Epilogue.RELU, bias_on, False)),
+                )
             except Exception as e:  # noqa: BLE001
                 rec.update(ok=False, error=repr(e)[-400:])
             out.append(rec)
     from probes import cluster_grouped as G
 
-    cases = ((torch.bfloat16, True, False, False), (torch.float16, False, True, False),
-             (torch.bfloat16, False, True, True))
+    cases = (
+        (torch.bfloat16, True, False, False),
+        (torch.float16, False, True, False),
+        (torch.bfloat16, False, True, True),
+    )
     for dtype, kn, scale_on, swiglu in cases:
         e, k, n, m = 4, 256, 192, 300
         wn = 2 * n if swiglu else n
@@ -228,10 +271,17 @@ def _jit_main() -> int:
         cfg = G.ClusterGroupedConfig()
         rec = {"case": f"grouped {dtype} {'kn' if kn else 'nk'}", "s": 2, "b_kn": kn}
         try:
-            ck, c, grid, *_ = G.compile_for(x, w, "kn" if kn else "nk", offsets, scale, y, e, n, k,
-                                            Epilogue.RELU, scale_on, cfg, swiglu)
-            rec.update(ok=True, num_ctas=ck.metadata.num_ctas, plan_b_kn=c["W_KN"], grid=grid,
-                       reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"], tail=True)
+            ck, c, grid, *_ = G.compile_for(
+                x, w, "kn" if kn else "nk", offsets, scale, y, e, n, k, Epilogue.RELU, scale_on, cfg, swiglu
+            )
+            rec.update(
+                ok=True,
+                num_ctas=ck.metadata.num_ctas,
+                plan_b_kn=c["W_KN"],
+                grid=grid,
+                reqn=ptx_facts(ck.asm["ptx"])["reqnctapercluster"],
+                tail=True,
+            )
         except Exception as e:  # noqa: BLE001
             rec.update(ok=False, error=repr(e)[-400:])
         out.append(rec)
@@ -247,8 +297,14 @@ def test_launch_path_binds_and_compiles_without_a_gpu():
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, __file__, "--jit"], capture_output=True, text=True, env=env,
-                         timeout=1800, check=False)
+    res = subprocess.run(
+        [sys.executable, __file__, "--jit"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=False,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(recs) == 13
@@ -268,8 +324,14 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, __file__, "--compile", f"{shard}/{SHARDS}"], capture_output=True,
-                         text=True, env=env, timeout=1800, check=False)
+    res = subprocess.run(
+        [sys.executable, __file__, "--compile", f"{shard}/{SHARDS}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=False,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(recs) == len(list(compile_variants())[shard::SHARDS]) > 0
@@ -300,6 +362,7 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
 # CPU: feature detection, the fallback, configs, bad input
 # ----------------------------------------------------------------------------------------------------
 
+
 def test_gluon_features_detected_on_this_triton():
     """The installed Triton (3.7) has everything the kernel uses; the reason names what is missing else."""
     import triton
@@ -314,8 +377,9 @@ def test_missing_gluon_features_fall_back(monkeypatch, device):
     supported, no plan, and matmul serves the call through the default kernels, right."""
     C.unsupported_reason.cache_clear()
     monkeypatch.setattr(C, "_PLANS", {})
-    monkeypatch.setattr(K, "_IMPORT_ERROR", "AttributeError: module 'tma' has no attribute "
-                                            "'async_copy_global_to_shared'")
+    monkeypatch.setattr(
+        K, "_IMPORT_ERROR", "AttributeError: module 'tma' has no attribute 'async_copy_global_to_shared'"
+    )
     try:
         assert not C.cluster_supported()
         assert "async_copy_global_to_shared" in C.unsupported_reason()
@@ -440,6 +504,7 @@ def test_exchange_area_fits_the_budget():
 # GPU
 # ----------------------------------------------------------------------------------------------------
 
+
 def _ref(a, b, epilogue="none", bias=None):
     return reference_mm(a, b, epilogue, bias, on_cpu=False)
 
@@ -464,8 +529,13 @@ def test_gpu_every_dtype_epilogue_k_tail(dtype, epilogue, has_bias):
         a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
         b = torch.randn(k, n, device="cuda", generator=g).to(dtype)
         bias = torch.randn(n, device="cuda", generator=g).to(dtype) if has_bias else None
-        cfg = None if s is None else C.ClusterConfig(split_k=s, block_m=16, block_n=32,
-                                                     block_k=32 if dtype == torch.float32 else 64)
+        cfg = (
+            None
+            if s is None
+            else C.ClusterConfig(
+                split_k=s, block_m=16, block_n=32, block_k=32 if dtype == torch.float32 else 64
+            )
+        )
         assert C.plan(a, b, epilogue=epilogue, bias=bias, config=cfg) is not None
         out = poisoned((m, n), dtype, "cuda")
         got = C.matmul(a, b, epilogue=epilogue, bias=bias, out=out, config=cfg)
@@ -474,10 +544,15 @@ def test_gpu_every_dtype_epilogue_k_tail(dtype, epilogue, has_bias):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("la,lb,lo", [("contiguous", "transposed", "contiguous"),
-                                      ("contiguous", "contiguous", "transposed"),
-                                      ("transposed", "contiguous", "contiguous"),
-                                      ("sliced", "sliced", "contiguous")])
+@pytest.mark.parametrize(
+    "la,lb,lo",
+    [
+        ("contiguous", "transposed", "contiguous"),
+        ("contiguous", "contiguous", "transposed"),
+        ("transposed", "contiguous", "contiguous"),
+        ("sliced", "sliced", "contiguous"),
+    ],
+)
 def test_gpu_every_stride_class(dtype, la, lb, lo):
     """b as w.t() (K-contiguous) and a transposed out take the clustered kernel; a column-major a or
     unaligned rows take the default kernels; every one is right."""
@@ -502,8 +577,11 @@ def test_gpu_grid_and_router(dtype):
     shapes += [(t, 256, 7168, True) for t in (1, 2, 8, 32, 128, 256)]
     for m, n, k, router in shapes:
         a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
-        b = (torch.randn(n, k, device="cuda", generator=g).to(dtype).t() if router
-             else torch.randn(k, n, device="cuda", generator=g).to(dtype))
+        b = (
+            torch.randn(n, k, device="cuda", generator=g).to(dtype).t()
+            if router
+            else torch.randn(k, n, device="cuda", generator=g).to(dtype)
+        )
         assert C.plan(a, b, epilogue="relu") is not None
         got = C.matmul(a, b, epilogue="relu", out=poisoned((m, n), dtype, "cuda"))
         assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} {dtype}")
@@ -518,17 +596,40 @@ def test_gpu_chains_stages_and_producer(dtype):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(11)
     bk = 32 if dtype == torch.float32 else 64
-    cfgs = [C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st, chains=ch,
-                            producer=pr, clusters=cg)
-            for s, bm, bn, nw, st, ch, pr, cg in [
-                (1, 16, 16, 2, 4, 4, False, 1), (4, 16, 32, 2, 0, 2, False, 1), (16, 16, 8, 4, 0, 4, True, 1),
-                (8, 32, 32, 4, 4, 4, True, 1), (16, 16, 16, 4, 8, 2, True, 1), (2, 64, 64, 8, 6, 2, True, 1),
-                (16, 32, 16, 4, 0, 1, True, 1), (8, 16, 16, 2, 2, 1, False, 1), (16, 16, 8, 4, 0, 4, True, 4),
-                (8, 16, 32, 2, 4, 2, False, 2), (1, 32, 16, 4, 0, 4, True, 8), (4, 64, 64, 8, 0, 2, True, 2)]]
+    cfgs = [
+        C.ClusterConfig(
+            split_k=s,
+            block_m=bm,
+            block_n=bn,
+            block_k=bk,
+            num_warps=nw,
+            stages=st,
+            chains=ch,
+            producer=pr,
+            clusters=cg,
+        )
+        for s, bm, bn, nw, st, ch, pr, cg in [
+            (1, 16, 16, 2, 4, 4, False, 1),
+            (4, 16, 32, 2, 0, 2, False, 1),
+            (16, 16, 8, 4, 0, 4, True, 1),
+            (8, 32, 32, 4, 4, 4, True, 1),
+            (16, 16, 16, 4, 8, 2, True, 1),
+            (2, 64, 64, 8, 6, 2, True, 1),
+            (16, 32, 16, 4, 0, 1, True, 1),
+            (8, 16, 16, 2, 2, 1, False, 1),
+            (16, 16, 8, 4, 0, 4, True, 4),
+            (8, 16, 32, 2, 4, 2, False, 2),
+            (1, 32, 16, 4, 0, 4, True, 8),
+            (4, 64, 64, 8, 0, 2, True, 2),
+        ]
+    ]
     for (m, n, k), kn in [((24, 40, 4100), True), ((1, 256, 7168), False), ((64, 64, 20480 + 8), True)]:
         a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
-        b = (torch.randn(k, n, device="cuda", generator=g).to(dtype) if kn
-             else torch.randn(n, k, device="cuda", generator=g).to(dtype).t())
+        b = (
+            torch.randn(k, n, device="cuda", generator=g).to(dtype)
+            if kn
+            else torch.randn(n, k, device="cuda", generator=g).to(dtype).t()
+        )
         for cfg in cfgs:
             assert C.plan(a, b, epilogue="relu", config=cfg) is not None, cfg
             for rep in range(2 if cfg.clusters > 1 else 1):
@@ -537,15 +638,18 @@ def test_gpu_chains_stages_and_producer(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("s,producer,clusters", [(2, False, 1), (8, True, 1), (16, False, 1), (16, True, 1),
-                                                (16, True, 4), (4, False, 2)])
+@pytest.mark.parametrize(
+    "s,producer,clusters",
+    [(2, False, 1), (8, True, 1), (16, False, 1), (16, True, 1), (16, True, 4), (4, False, 2)],
+)
 def test_gpu_bitwise_identical_over_100_repeats(s, producer, clusters):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(s)
     a = torch.randn(64, 32768, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(32768, 64, device="cuda", generator=g).to(torch.bfloat16)
-    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16, num_warps=4, chains=4, producer=producer,
-                          clusters=clusters)
+    cfg = C.ClusterConfig(
+        split_k=s, block_m=16, block_n=16, num_warps=4, chains=4, producer=producer, clusters=clusters
+    )
     first = C.matmul(a, b, epilogue="relu", config=cfg)
     for i in range(100):
         assert torch.equal(C.matmul(a, b, epilogue="relu", config=cfg), first), f"repeat {i} differs"
@@ -553,8 +657,22 @@ def test_gpu_bitwise_identical_over_100_repeats(s, producer, clusters):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, {"split_k": 16, "block_m": 16, "block_n": 16, "num_warps": 4,
-                                           "chains": 4, "producer": True, "clusters": 4}], ids=["heuristic", "G4"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        {
+            "split_k": 16,
+            "block_m": 16,
+            "block_n": 16,
+            "num_warps": 4,
+            "chains": 4,
+            "producer": True,
+            "clusters": 4,
+        },
+    ],
+    ids=["heuristic", "G4"],
+)
 def test_gpu_cuda_graph_20_replays_with_new_inputs(config):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -562,7 +680,9 @@ def test_gpu_cuda_graph_20_replays_with_new_inputs(config):
     w = torch.randn(256, 7168, device="cuda", generator=g).to(torch.bfloat16)
     bias = torch.randn(256, device="cuda", generator=g).to(torch.bfloat16)
     out = torch.empty(7, 256, device="cuda", dtype=torch.bfloat16)
-    C.matmul(x, w.t(), epilogue="sigmoid", bias=bias, out=out, config=config)  # compiles, plans outside capture
+    C.matmul(
+        x, w.t(), epilogue="sigmoid", bias=bias, out=out, config=config
+    )  # compiles, plans outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -583,13 +703,15 @@ def test_gpu_cuda_graph_20_replays_with_new_inputs(config):
 # the multicast grouped kernel
 # ----------------------------------------------------------------------------------------------------
 
+
 def _grouped_ref(x, w, offsets, w_layout, epilogue, scale):
-    out = torch.zeros(x.shape[0], w.shape[2] if w_layout == "kn" else w.shape[1], dtype=torch.float64,
-                      device=x.device)
+    out = torch.zeros(
+        x.shape[0], w.shape[2] if w_layout == "kn" else w.shape[1], dtype=torch.float64, device=x.device
+    )
     off = offsets.tolist()
     for e in range(w.shape[0]):
         we = w[e].double() if w_layout == "kn" else w[e].double().t()
-        out[off[e]:off[e + 1]] = x[off[e]:off[e + 1]].double() @ we
+        out[off[e] : off[e + 1]] = x[off[e] : off[e + 1]].double() @ we
     out = Epilogue.parse(epilogue).torch_apply(out)
     return out * scale.double()[:, None] if scale is not None else out
 
@@ -634,11 +756,18 @@ def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
     if not G.cluster_supported(torch.device("cuda")):
         pytest.skip("multicast grouped kernel not supported here")
     monkeypatch.setattr(G, "_PLANS", {})
-    cfg = [G.ClusterGroupedConfig(), G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=128, stages=3),
-           G.ClusterGroupedConfig(block_n=256, stages=3)][cfg_i]
+    cfg = [
+        G.ClusterGroupedConfig(),
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=128, stages=3),
+        G.ClusterGroupedConfig(block_n=256, stages=3),
+    ][cfg_i]
     g = torch.Generator().manual_seed(cfg_i)
-    cases = (((1000, 8, 512, 384), "none", False), ((777, 5, 320, 200), "relu", True),
-             ((64, 4, 1024, 128), "sigmoid", True), ((3000, 3, 256, 512), "none", True))
+    cases = (
+        ((1000, 8, 512, 384), "none", False),
+        ((777, 5, 320, 200), "relu", True),
+        ((64, 4, 1024, 128), "sigmoid", True),
+        ((3000, 3, 256, 512), "none", True),
+    )
     for (m, e, k, n), epilogue, scale_on in cases:
         x = torch.randn(m, k, generator=g).to(dtype).cuda()
         shape = (e, k, n) if w_layout == "kn" else (e, n, k)
@@ -646,12 +775,17 @@ def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
         offsets = _partition(m, e, g).cuda()
         scale = torch.rand(m, generator=g).to(dtype).cuda() if scale_on else None
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        got = G.grouped_mm(x, w, offsets, w_layout=w_layout, epilogue=epilogue, row_scale=scale, config=cfg,
-                           out=out)
+        got = G.grouped_mm(
+            x, w, offsets, w_layout=w_layout, epilogue=epilogue, row_scale=scale, config=cfg, out=out
+        )
         clustered = [p for p in G._PLANS.values() if p is not None]
         assert clustered, f"fell back: {G.FALLBACK_REASONS}"
-        assert_close_to_ref(got, _grouped_ref(x, w, offsets.cpu(), w_layout, epilogue, scale), k,
-                            f"grouped {m}x{k}x{n} E={e} {w_layout} {dtype} {cfg}")
+        assert_close_to_ref(
+            got,
+            _grouped_ref(x, w, offsets.cpu(), w_layout, epilogue, scale),
+            k,
+            f"grouped {m}x{k}x{n} E={e} {w_layout} {dtype} {cfg}",
+        )
 
 
 @pytest.mark.gpu
@@ -670,8 +804,14 @@ def test_gpu_grouped_multicast_swiglu(dtype, w_layout, monkeypatch):
         w = (torch.randn(*shape, generator=g) / 8).to(dtype).cuda()
         offsets = _partition(m, e, g).cuda()
         scale = torch.rand(m, generator=g).to(dtype).cuda() if scale_on else None
-        got = G.grouped_mm_swiglu(x, w, offsets, w_layout=w_layout, row_scale=scale,
-                                  out=torch.full((m, i), float("nan"), dtype=dtype, device="cuda"))
+        got = G.grouped_mm_swiglu(
+            x,
+            w,
+            offsets,
+            w_layout=w_layout,
+            row_scale=scale,
+            out=torch.full((m, i), float("nan"), dtype=dtype, device="cuda"),
+        )
         assert [p for p in G._PLANS.values() if p is not None], f"fell back: {G.FALLBACK_REASONS}"
         gu = _grouped_ref(x, w, offsets.cpu(), w_layout, "none", None)
         ref = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]

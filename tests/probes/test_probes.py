@@ -23,8 +23,15 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
     e, k, n = 4, 64, 48
     plan, xs, w, ref = small_moe_cell(device, 5, e, k, n, t=7)
     cs = probe.contenders(xs, plan, ref, k, True, e, n)
-    assert [c.name for c in cs] == ["plain", "persistent:1", "persistent:2", "persistent:auto",
-                                    "masked:1", "masked:2", "masked:auto"]
+    assert [c.name for c in cs] == [
+        "plain",
+        "persistent:1",
+        "persistent:2",
+        "persistent:auto",
+        "masked:1",
+        "masked:2",
+        "masked:auto",
+    ]
     for c in cs:
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
@@ -55,10 +62,20 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     tuned = GroupedConfig(64, 16, 32, num_stages=3, tma=True)
     monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
     cs = probe.contenders(xs, plan, dense, k, e, n, w)
-    assert [c.name for c in cs] == ["tuned", "tuned:separate-tails", "tuned:merged-tails", "tuned:kn",
-                                    "tile:128x128x128", "dense:cublas", "dense:ours", "even:ours"]
-    assert [(c.config["tail_m"], c.config["merge_tail"]) for c in cs if "tails" in c.name] == [(32, False),
-                                                                                            (32, True)]
+    assert [c.name for c in cs] == [
+        "tuned",
+        "tuned:separate-tails",
+        "tuned:merged-tails",
+        "tuned:kn",
+        "tile:128x128x128",
+        "dense:cublas",
+        "dense:ours",
+        "even:ours",
+    ]
+    assert [(c.config["tail_m"], c.config["merge_tail"]) for c in cs if "tails" in c.name] == [
+        (32, False),
+        (32, True),
+    ]
     for c in cs:
         out = c.bind((xs, w))()
         ok, rel, why = c.check(out) if c.check else check(out, ref, k)
@@ -165,15 +182,25 @@ def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     ref = torch.randn(6, 4, dtype=torch.float64)
     right = ref.to(torch.float32)
-    cs = [Contender("a", lambda inp: (lambda: right)), Contender("wrong", lambda inp: (lambda: right + 1.0)),
-          Contender("b", lambda inp: (lambda: right.clone())), Contender("loop", lambda inp: (lambda: right), graph=False)]
+    cs = [
+        Contender("a", lambda inp: lambda: right),
+        Contender("wrong", lambda inp: lambda: right + 1.0),
+        Contender("b", lambda inp: lambda: right.clone()),
+        Contender("loop", lambda inp: lambda: right, graph=False),
+    ]
     rows = probe.three_clocks(cs, [(None,)], ref, 16, Settings(graph_replays=3))
     by = {r["contender"]: r for r in rows}
-    assert set(by) == {"a", "wrong", "b"} and by["wrong"]["status"] != "ok" and "graph_us_now" not in by["wrong"]
+    assert (
+        set(by) == {"a", "wrong", "b"} and by["wrong"]["status"] != "ok" and "graph_us_now" not in by["wrong"]
+    )
     for name in ("a", "b"):
         assert by[name]["status"] == "ok"
         assert (by[name]["calls_before"], by[name]["calls_now"], by[name]["rounds"]) == (2, 10, probe.ROUNDS)
-        assert (by[name]["graph_us_before"], by[name]["graph_us_count"], by[name]["graph_us_now"]) == (2.0, 10.0, 1000.0)
+        assert (by[name]["graph_us_before"], by[name]["graph_us_count"], by[name]["graph_us_now"]) == (
+            2.0,
+            10.0,
+            1000.0,
+        )
     assert log == [2, 10] * (2 * probe.ROUNDS)
 
 
@@ -187,8 +214,12 @@ def test_large_cells_probe_contenders_compute_the_layer(device, monkeypatch):
 
     e, x, ids, wts, w_gu, w_dn, ref = small_ffn_cell(device, monkeypatch, 23)
     cs = probe.contenders(x, ids, wts, e)
-    assert [c.name for c in cs] == ["ours:moe_ffn", "ours:unfused-swiglu", "ours:hf-backend",
-                                    "ours:hf-backend:compiled"]
+    assert [c.name for c in cs] == [
+        "ours:moe_ffn",
+        "ours:unfused-swiglu",
+        "ours:hf-backend",
+        "ours:hf-backend:compiled",
+    ]
     for c in cs[:2]:
         got = c.bind((w_gu, w_dn))()
         torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
@@ -232,10 +263,28 @@ def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, dev
     for t, times in ((64, {a: (100, 300), b: (110, 120)}), (256, {a: (100, 100), b: (120, 90)})):
         for cfg, (uni, zipf) in times.items():
             for load, us in (("uniform", uni), ("zipf1.2", zipf)):
-                rows.append({"model": "m", "proj": "up", "tokens": t, "load": load, "status": "ok",
-                             "config": repr(dataclasses.asdict(cfg)), "graph_us": float(us)})
-    rows.append({"model": "m", "proj": "up", "tokens": 1, "load": "uniform", "status": "ok",
-                 "config": repr(dataclasses.asdict(a)), "graph_us": 5.0})
+                rows.append(
+                    {
+                        "model": "m",
+                        "proj": "up",
+                        "tokens": t,
+                        "load": load,
+                        "status": "ok",
+                        "config": repr(dataclasses.asdict(cfg)),
+                        "graph_us": float(us),
+                    }
+                )
+    rows.append(
+        {
+            "model": "m",
+            "proj": "up",
+            "tokens": 1,
+            "load": "uniform",
+            "status": "ok",
+            "config": repr(dataclasses.asdict(a)),
+            "graph_us": 5.0,
+        }
+    )
     pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
     picks = probe.choices(tmp_path / "t.csv")
     assert picks == {("m", "up", 64): (dataclasses.asdict(b), dataclasses.asdict(a))}
@@ -270,9 +319,14 @@ def test_prefill_counters_probe_cases_compute_their_products(device, monkeypatch
 
     even = even_offsets(m, e, xs.device)
     assert even.tolist() == [0, 4, 8, 12, 18]
-    expect = {"tuned": ref, "tails:separate": ref, "tails:merged": ref,
-              "even": __import__("experiments.e7_grouped_skew", fromlist=["ref_rows"]).ref_rows(xs, w, even),
-              "dense:ours": xs.double() @ w[0].double().T, "dense:cublas": xs.double() @ w[0].double().T}
+    expect = {
+        "tuned": ref,
+        "tails:separate": ref,
+        "tails:merged": ref,
+        "even": __import__("experiments.e7_grouped_skew", fromlist=["ref_rows"]).ref_rows(xs, w, even),
+        "dense:ours": xs.double() @ w[0].double().T,
+        "dense:cublas": xs.double() @ w[0].double().T,
+    }
     for name, want in expect.items():
         bind, config, offsets = probe.case_calls(name, xs, w, plan, e, n)
         out = bind((xs, w))()
@@ -307,14 +361,16 @@ def test_prefill_counters_probe_reads_ncu_raw_pages():
     the named counters this ncu knows are asked for."""
     from probes import probe_prefill_counters as probe
 
-    text = "\n".join([
-        "==PROF== Connected to process 1",
-        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
-        '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
-        '"","","","","","","","","","","","nsecond","byte","%","",""',
-        '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)","0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"',
-        '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"',
-    ])
+    text = "\n".join(
+        [
+            "==PROF== Connected to process 1",
+            '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+            '"Device","CC","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed","device__attribute_display_name","zz__other.sum"',
+            '"","","","","","","","","","","","nsecond","byte","%","",""',
+            '"0","7","python3","h","_grouped_mm_tma_kernel","1","7","(256, 1, 1)","(6144, 1, 1)","0","9.0","4,963,000","31,234,567,890","71.5","NVIDIA H200","3"',
+            '"1","7","python3","h","sm90_xmma_gemm","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","2,792,000","n/a","80.25","NVIDIA H200","4"',
+        ]
+    )
     rows = probe.parse_raw_csv(text)
     got = {(r["kernel_id"], r["metric"]): (r["unit"], r["value"]) for r in rows}
     assert got == {
@@ -329,12 +385,18 @@ def test_prefill_counters_probe_reads_ncu_raw_pages():
     with pytest.raises(ValueError, match="ID"):
         probe.parse_raw_csv("==PROF== nothing profiled\n")
 
-    listing = ("Device gh100 (GH100)\n------\nMetric Name   Metric Type   Metric Unit   Metric Description\n"
-               "lts__t_bytes   Counter   byte   # of bytes requested\n"
-               "dram__bytes_read   Counter   byte   # of bytes read from DRAM\n")
+    listing = (
+        "Device gh100 (GH100)\n------\nMetric Name   Metric Type   Metric Unit   Metric Description\n"
+        "lts__t_bytes   Counter   byte   # of bytes requested\n"
+        "dram__bytes_read   Counter   byte   # of bytes read from DRAM\n"
+    )
     names = probe.metric_names(listing)
     assert names == {"lts__t_bytes", "dram__bytes_read"}
-    assert probe.wanted_metrics(names) == ["lts__t_bytes.sum", "lts__t_bytes.sum.per_second", "dram__bytes_read.sum"]
+    assert probe.wanted_metrics(names) == [
+        "lts__t_bytes.sum",
+        "lts__t_bytes.sum.per_second",
+        "dram__bytes_read.sum",
+    ]
     assert probe.kept("smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio")
     assert not probe.kept("smsp__average_warps_issue_stalled_gmma") and not probe.kept("lts__t_bytes.min")
 
@@ -344,12 +406,25 @@ def test_prefill_counters_probe_summarises_the_clock_log():
     from probes import probe_prefill_counters as probe
 
     log = probe.ClockLog.__new__(probe.ClockLog)
-    log.samples = [(t, {"sm_mhz": mhz, "mem_mhz": 3201.0, "power_w": p, "temp_c": c, "reasons": r})
-                   for t, mhz, p, c, r in [(1.0, 1980.0, 500.0, 50.0, 0), (2.0, 1755.0, 700.0, 60.0, 0x4),
-                                           (3.0, 1830.0, 690.0, 61.0, 0x1), (9.0, 900.0, 100.0, 40.0, 0x80)]]
+    log.samples = [
+        (t, {"sm_mhz": mhz, "mem_mhz": 3201.0, "power_w": p, "temp_c": c, "reasons": r})
+        for t, mhz, p, c, r in [
+            (1.0, 1980.0, 500.0, 50.0, 0),
+            (2.0, 1755.0, 700.0, 60.0, 0x4),
+            (3.0, 1830.0, 690.0, 61.0, 0x1),
+            (9.0, 900.0, 100.0, 40.0, 0x80),
+        ]
+    ]
     s = log.summary(1.5, 3.5)
-    assert s == {"clock_samples": 2, "sm_mhz_min": 1755.0, "sm_mhz_median": 1830.0, "sm_mhz_max": 1830.0,
-                 "power_w_max": 700.0, "temp_c_max": 61.0, "clock_event_reasons": "0x5"}
+    assert s == {
+        "clock_samples": 2,
+        "sm_mhz_min": 1755.0,
+        "sm_mhz_median": 1830.0,
+        "sm_mhz_max": 1830.0,
+        "power_w_max": 700.0,
+        "temp_c_max": 61.0,
+        "clock_event_reasons": "0x5",
+    }
     assert log.summary(4.0, 5.0) == {"clock_samples": 0}
 
 
@@ -359,14 +434,32 @@ def test_compiled_order_probe_arranges_its_variants():
     from moegemm.bench.runner import Contender, Settings
     from probes.probe_compiled_order import COMPILED, EAGER, after_eager, variants
 
-    names = ["ours:moe_ffn", EAGER, "hf:grouped_mm", "torch._grouped_mm pipeline", COMPILED, "per-expert-loop"]
+    names = [
+        "ours:moe_ffn",
+        EAGER,
+        "hf:grouped_mm",
+        "torch._grouped_mm pipeline",
+        COMPILED,
+        "per-expert-loop",
+    ]
     cs = [Contender(n, None) for n in names]
-    assert [c.name for c in after_eager(cs)] == ["ours:moe_ffn", EAGER, COMPILED, "hf:grouped_mm",
-                                                 "torch._grouped_mm pipeline", "per-expert-loop"]
+    assert [c.name for c in after_eager(cs)] == [
+        "ours:moe_ffn",
+        EAGER,
+        COMPILED,
+        "hf:grouped_mm",
+        "torch._grouped_mm pipeline",
+        "per-expert-loop",
+    ]
     assert [c.name for c in after_eager(cs[:1])] == ["ours:moe_ffn"]
     got = [(n, s.order, s.rounds) for n, s, _ in variants(Settings(rounds=2))]
-    assert got == [("rotate", "rotate", 2), ("balanced", "balanced", 2), ("after-eager", "rotate", 2),
-                   ("balanced-4", "balanced", 4), ("rotate-again", "rotate", 2)]
+    assert got == [
+        ("rotate", "rotate", 2),
+        ("balanced", "balanced", 2),
+        ("after-eager", "rotate", 2),
+        ("balanced-4", "balanced", 4),
+        ("rotate-again", "rotate", 2),
+    ]
 
 
 def test_ceiling_probes_take_held_out_cells_and_compute_their_products(device):
@@ -414,10 +507,15 @@ def test_gluon_probe_takes_tune_prefill_cells_and_refuses_bad_inputs():
     assert len(got) == len({c[0] for c in got}) * 2 * len(g["prefill_tokens"]) * 2
     x, w = torch.zeros(8, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
     off = torch.tensor([0, 3, 8], dtype=torch.int32)
-    for args, kw, match in (((x.float(), w.float(), off), {}, "16-bit"), ((x, w[:, :, :48], off), {}, "K"),
-                            ((x, w, off.long()), {}, "offsets"), ((x, w, off[:2]), {}, "offsets"),
-                            ((x, w, off), {"block_n": 96}, "block_n"), ((x, w, off), {"block_n": 256, "pingpong": True}, "block_n"),
-                            ((x.t(), w, off), {}, "contiguous")):
+    for args, kw, match in (
+        ((x.float(), w.float(), off), {}, "16-bit"),
+        ((x, w[:, :, :48], off), {}, "K"),
+        ((x, w, off.long()), {}, "offsets"),
+        ((x, w, off[:2]), {}, "offsets"),
+        ((x, w, off), {"block_n": 96}, "block_n"),
+        ((x, w, off), {"block_n": 256, "pingpong": True}, "block_n"),
+        ((x.t(), w, off), {}, "contiguous"),
+    ):
         with pytest.raises(ValueError, match=match):
             ws_grouped_mm(*args, **kw)
     with pytest.raises(RuntimeError, match="CUDA"):
@@ -436,16 +534,19 @@ def test_gluon_kernel_compiles_for_sm90_with_split_warps():
     from experiments.common import ROOT
     from probes.gluon_grouped import VARIANTS
 
-    code = ("import torch\n"
-            "from probes.gluon_grouped import VARIANTS, compile_sm90\n"
-            "for name, bn, st, pp in VARIANTS:\n"
-            "    for e, dt in ((8, torch.bfloat16), (256, torch.bfloat16), (16, torch.float16)):\n"
-            "        k = compile_sm90(e, bn, st, pp, dt)\n"
-            "        ptx = k.asm['ptx']\n"
-            "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, 'wgmma.mma_async' in ptx)\n")
+    code = (
+        "import torch\n"
+        "from probes.gluon_grouped import VARIANTS, compile_sm90\n"
+        "for name, bn, st, pp in VARIANTS:\n"
+        "    for e, dt in ((8, torch.bfloat16), (256, torch.bfloat16), (16, torch.float16)):\n"
+        "        k = compile_sm90(e, bn, st, pp, dt)\n"
+        "        ptx = k.asm['ptx']\n"
+        "        print('compiled', name, e, k.metadata.shared, 'setmaxnreg' in ptx, 'wgmma.mma_async' in ptx)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
-                         cwd=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900, cwd=str(ROOT)
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("compiled")]
     assert len(lines) == 3 * len(VARIANTS) >= 12
@@ -475,18 +576,24 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
         handed.append((block_n, stages, pingpong))
         off = offsets.tolist()
         for i in range(w_.shape[0]):
-            y[off[i]:off[i + 1]] = (x[off[i]:off[i + 1]].double() @ w_[i].double().T).to(y.dtype)
+            y[off[i] : off[i + 1]] = (x[off[i] : off[i + 1]].double() @ w_[i].double().T).to(y.dtype)
         return y
+
     monkeypatch.setattr(probe, "ws_grouped_mm", fake)
     monkeypatch.setattr(e7, "choose_config", lambda *a: (GroupedConfig(16, 16, 32), "tuned"))
     cs = probe.contenders_of(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
-    assert [c.name for c in cs] == (["ours:contiguous", "ours:persistent"] + [f"gluon-ws:{v[0]}" for v in VARIANTS]
-                                    + ["torch._grouped_mm"])
+    assert [c.name for c in cs] == (
+        ["ours:contiguous", "ours:persistent"]
+        + [f"gluon-ws:{v[0]}" for v in VARIANTS]
+        + ["torch._grouped_mm"]
+    )
     for c in cs:
         ok, rel, why = check(c.bind((xs, w))(), ref, k)
         assert ok, (c.name, why)
     assert handed == [v[1:] for v in VARIANTS]
-    rows = [{"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 7, 20))]
+    rows = [
+        {"contender": c.name, "status": "ok", "graph_us": us} for c, us in zip(cs, (10, 9, 12, 6, 8, 7, 20))
+    ]
     assert probe.summary(rows).endswith("ours/gluon 1.500")
 
 
@@ -508,16 +615,21 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
     right = ref.to(torch.float32)
 
     def returning(t):
-        return lambda inp: (lambda: t)
+        return lambda inp: lambda: t
 
     def raising(inp):
         def call():
             raise RuntimeError("no kernel image")
+
         return call
 
-    cs = [Contender("a", returning(right), config={"x": 1}), Contender("wrong", returning(right + 1.0)),
-          Contender("b", returning(right.clone())), Contender("broken", raising),
-          Contender("own", returning(torch.zeros(3)), check=lambda out: (True, math.nan, "own check"))]
+    cs = [
+        Contender("a", returning(right), config={"x": 1}),
+        Contender("wrong", returning(right + 1.0)),
+        Contender("b", returning(right.clone())),
+        Contender("broken", raising),
+        Contender("own", returning(torch.zeros(3)), check=lambda out: (True, math.nan, "own check")),
+    ]
     order = []
 
     class FakeTimer:
@@ -537,7 +649,11 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
     by = {r["contender"]: r for r in rows}
     assert [r["contender"] for r in rows] == ["a", "wrong", "b", "broken", "own"]
     assert by["wrong"]["status"] == "wrong" and "graph_us" not in by["wrong"]
-    assert by["broken"]["status"] != "ok" and "no kernel image" in by["broken"]["note"] and "graph_us" not in by["broken"]
+    assert (
+        by["broken"]["status"] != "ok"
+        and "no kernel image" in by["broken"]["note"]
+        and "graph_us" not in by["broken"]
+    )
     # the right ones: a, b, own; rounds start at b (turn 1), then own, then a
     assert len(order) == 9
     holds = {"b": [1, 6, 8], "own": [2, 4, 9], "a": [3, 5, 7]}  # positions of each contender's holds

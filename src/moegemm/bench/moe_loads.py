@@ -44,5 +44,8 @@ def skew_stats(group_sizes: torch.Tensor) -> dict:
         return {"max_mean_ratio": 0.0, "gini": 0.0, "active_experts": 0}
     idx = torch.arange(1, n + 1, dtype=torch.float64)
     gini = float((2 * idx - n - 1).mul(x).sum() / (n * total))
-    return {"max_mean_ratio": float(x.max() / (total / n)), "gini": gini,
-            "active_experts": int((x > 0).sum())}
+    return {
+        "max_mean_ratio": float(x.max() / (total / n)),
+        "gini": gini,
+        "active_experts": int((x > 0).sum()),
+    }

@@ -48,8 +48,9 @@ class Nvml:
         try:
             self.lib = ctypes.CDLL("libnvidia-ml.so.1")
         except OSError as e:
-            raise NvmlError(f"NVML: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver here?): {e}"
-                            ) from e
+            raise NvmlError(
+                f"NVML: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver here?): {e}"
+            ) from e
         self._ok(self.lib.nvmlInit_v2(), "nvmlInit_v2")
         self.handle = ctypes.c_void_p()
         uuid = _cuda_uuid()
@@ -117,8 +118,15 @@ class Sampler:
         t0 = time.perf_counter()
         while not self._stop.is_set():
             n = self.nvml
-            self.samples.append(Sample(time.perf_counter() - t0, n.clock_mhz(CLOCK_SM),
-                                       n.clock_mhz(CLOCK_MEM), n.power_w(), n.reasons()))
+            self.samples.append(
+                Sample(
+                    time.perf_counter() - t0,
+                    n.clock_mhz(CLOCK_SM),
+                    n.clock_mhz(CLOCK_MEM),
+                    n.power_w(),
+                    n.reasons(),
+                )
+            )
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> "Sampler":
@@ -138,8 +146,9 @@ def summary(samples: list[Sample], since: float, power_since: float | None = Non
     cap, by thermal slowdown, or by the hardware (slowdown or power brake)."""
     kept = [s for s in samples if s.t >= since]
     if not kept:
-        raise ValueError(f"summary: no samples at or after {since} s (of {len(samples)}); "
-                         "hold the load longer")
+        raise ValueError(
+            f"summary: no samples at or after {since} s (of {len(samples)}); hold the load longer"
+        )
     later = [s for s in samples if s.t >= (since if power_since is None else power_since)] or kept
     sm = sorted(s.sm_mhz for s in kept)
     q = statistics.quantiles(sm, n=5, method="inclusive") if len(sm) > 1 else [sm[0]] * 4
@@ -147,8 +156,14 @@ def summary(samples: list[Sample], since: float, power_since: float | None = Non
     def share(bits: int) -> float:
         return sum(1 for s in kept if s.reasons & bits) / len(kept)
 
-    return {"sm_mhz": statistics.median(sm), "sm_mhz_p20": q[0], "sm_mhz_p80": q[3],
-            "mem_mhz": statistics.median(s.mem_mhz for s in kept),
-            "power_w": statistics.median(s.power_w for s in later),
-            "power_capped": share(REASON_SW_POWER_CAP), "thermal": share(REASON_THERMAL),
-            "hw_slowdown": share(REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE), "samples": len(kept)}
+    return {
+        "sm_mhz": statistics.median(sm),
+        "sm_mhz_p20": q[0],
+        "sm_mhz_p80": q[3],
+        "mem_mhz": statistics.median(s.mem_mhz for s in kept),
+        "power_w": statistics.median(s.power_w for s in later),
+        "power_capped": share(REASON_SW_POWER_CAP),
+        "thermal": share(REASON_THERMAL),
+        "hw_slowdown": share(REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE),
+        "samples": len(kept),
+    }

@@ -25,7 +25,9 @@ def _driver() -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
@@ -45,8 +47,11 @@ def _static(repo: str | None) -> dict:
     shipped = os.environ.get("MOEGEMM_COMMIT")
     commit = shipped or _git("rev-parse", "HEAD", cwd=repo) or "unknown"
     recorded_dirty = "MOEGEMM_DIRTY" in os.environ
-    status = None if shipped and recorded_dirty \
+    status = (
+        None
+        if shipped and recorded_dirty
         else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
+    )
     if status is None and recorded_dirty:  # recorded by whoever shipped the tree (or no git here)
         status = "dirty" if os.environ["MOEGEMM_DIRTY"] == "1" else ""
     info = {
@@ -60,11 +65,21 @@ def _static(repo: str | None) -> dict:
     }
     if torch.cuda.is_available() and not INTERPRET:
         props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_slug=slugify(props.name), sm_count=props.multi_processor_count,
-                    gpu_mem_gib=round(props.total_memory / 2**30, 1), driver=_driver())
+        info.update(
+            gpu=props.name,
+            gpu_slug=slugify(props.name),
+            sm_count=props.multi_processor_count,
+            gpu_mem_gib=round(props.total_memory / 2**30, 1),
+            driver=_driver(),
+        )
     else:
-        info.update(gpu="none (CPU, Triton interpreter)", gpu_slug="cpu-interpreter", sm_count=0,
-                    gpu_mem_gib=0.0, driver="n/a")
+        info.update(
+            gpu="none (CPU, Triton interpreter)",
+            gpu_slug="cpu-interpreter",
+            sm_count=0,
+            gpu_mem_gib=0.0,
+            driver="n/a",
+        )
     return info
 
 

@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
-from .correctness import check, status_of
 from . import timing
+from .correctness import check, status_of
 from .timing import Clock, GraphTimer, launch_samples
 
 
@@ -151,8 +151,9 @@ def cpu_cost_us(calls: list[Callable[[], object]], n: int, repeats: int = 3) -> 
     return statistics.median(samples)
 
 
-def check_contenders(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int
-                     ) -> tuple[dict[str, dict], list[Contender]]:
+def check_contenders(
+    contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int
+) -> tuple[dict[str, dict], list[Contender]]:
     """({name: row with status, rel_err, note}, the contenders that passed): each contender's first call
     (compiles from a thread pool first where allowed) checked against float64 or by its own check; one that
     cannot run is recorded as an error, not raised."""
@@ -165,9 +166,11 @@ def check_contenders(contenders: list[Contender], input_sets: list[tuple], ref64
             ok, rel, why = c.check(out) if c.check is not None else check(out, ref64, k, tf32=c.tf32)
         except Exception as e:  # a contender that cannot run is recorded, not fatal
             ok, rel, why = False, math.nan, f"error: {type(e).__name__}: {str(e)[:200]}"
-        row = {"contender": c.name, **c.fields,  # fields may have been filled in by the first call
-               "config": c.config if isinstance(c.config, str)
-               else json.dumps(c.config or {}, sort_keys=True)}
+        row = {
+            "contender": c.name,
+            **c.fields,  # fields may have been filled in by the first call
+            "config": c.config if isinstance(c.config, str) else json.dumps(c.config or {}, sort_keys=True),
+        }
         row.update(status=status_of(ok, why), rel_err=rel, note=why)
         rows[c.name] = row
         if ok:
@@ -175,8 +178,9 @@ def check_contenders(contenders: list[Contender], input_sets: list[tuple], ref64
     return rows, live
 
 
-def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int,
-            settings: Settings) -> list[dict]:
+def measure(
+    contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int, settings: Settings
+) -> list[dict]:
     """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
     rows, live = check_contenders(contenders, input_sets, ref64, k)
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
@@ -193,8 +197,11 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
         for c in round_order(live, r, settings.order):
             rotation = iter(range(1 << 30))
             cs = calls[c.name]
-            got = launch_samples(lambda cs=cs, it=rotation: cs[next(it) % len(cs)](),
-                                 settings.launch_rep_ms, settings.launch_warmup_ms)
+            got = launch_samples(
+                lambda cs=cs, it=rotation: cs[next(it) % len(cs)](),
+                settings.launch_rep_ms,
+                settings.launch_warmup_ms,
+            )
             launch[c.name] += got
             per_round[c.name]["launch"].append(statistics.median(got) if got else math.nan)
             if c.name in timers:
@@ -207,8 +214,14 @@ def measure(contenders: list[Contender], input_sets: list[tuple], ref64: torch.T
     for c in live:
         for clock, samples in (("launch", launch[c.name]), ("graph", graph[c.name])):
             cl = Clock.of(samples)
-            rows[c.name].update({f"{clock}_us": cl.median_us, f"{clock}_p20_us": cl.p20_us,
-                                 f"{clock}_p80_us": cl.p80_us, f"{clock}_n": cl.samples})
+            rows[c.name].update(
+                {
+                    f"{clock}_us": cl.median_us,
+                    f"{clock}_p20_us": cl.p20_us,
+                    f"{clock}_p80_us": cl.p80_us,
+                    f"{clock}_n": cl.samples,
+                }
+            )
             rows[c.name][f"{clock}_round_us"] = ";".join(f"{v:.4f}" for v in per_round[c.name][clock])
     del timers
     return [rows[c.name] for c in contenders]

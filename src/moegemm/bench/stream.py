@@ -69,8 +69,9 @@ def _stream_rest(acc, cnt, x_ptr, y_ptr, x_elems, y_elems, pid, nprog, BLOCK: tl
 
 
 @triton.jit
-def _stream_flat_kernel(w_ptr, x_ptr, y_ptr, sums_ptr, counts_ptr, w_elems, x_elems, y_elems,
-                        BLOCK: tl.constexpr):
+def _stream_flat_kernel(
+    w_ptr, x_ptr, y_ptr, sums_ptr, counts_ptr, w_elems, x_elems, y_elems, BLOCK: tl.constexpr
+):
     """The slab w[0:w_elems], then x, in chunks of BLOCK elements dealt round robin over the programs; then
     y written with zeros."""
     pid = tl.program_id(0)
@@ -89,8 +90,19 @@ def _stream_flat_kernel(w_ptr, x_ptr, y_ptr, sums_ptr, counts_ptr, w_elems, x_el
 
 
 @triton.jit
-def _stream_tma_kernel(w_desc, x_ptr, y_ptr, sums_ptr, counts_ptr, w_rows, x_elems, y_elems,
-                       BOX_ROWS: tl.constexpr, COLS_: tl.constexpr, BLOCK: tl.constexpr):
+def _stream_tma_kernel(
+    w_desc,
+    x_ptr,
+    y_ptr,
+    sums_ptr,
+    counts_ptr,
+    w_rows,
+    x_elems,
+    y_elems,
+    BOX_ROWS: tl.constexpr,
+    COLS_: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """The slab as [w_rows, COLS_] in boxes of BOX_ROWS rows brought in by TMA, dealt round robin over the
     programs (the box reads zeros past the last row: counted out); then x and y as the flat kernel does,
     in chunks of BLOCK elements."""
@@ -134,8 +146,9 @@ def fits(w: torch.Tensor, config: StreamConfig) -> bool:
     return TensorDescriptor is not None and w.element_size() == 2 and (w.shape[1] * w.shape[2]) % COLS == 0
 
 
-def stream_setup(w: torch.Tensor, group_sizes: torch.Tensor, rows: int, config: StreamConfig = StreamConfig()
-                 ) -> Stream:
+def stream_setup(
+    w: torch.Tensor, group_sizes: torch.Tensor, rows: int, config: StreamConfig = StreamConfig()
+) -> Stream:
     """Buffers for streaming as many experts' weights out of ``w`` ([E, N, K], contiguous) as have rows
     (``group_sizes`` > 0), ``rows`` activation rows in and ``rows`` output rows out (N wide). Reads
     group_sizes on the host: call it before timing. The tma kind needs 16-bit weights whose experts are a
@@ -149,38 +162,64 @@ def stream_setup(w: torch.Tensor, group_sizes: torch.Tensor, rows: int, config: 
     if config.kind not in ("flat", "tma"):
         raise ValueError(f"config.kind: expected 'flat' or 'tma', got {config.kind!r}")
     if not fits(w, config):
-        raise ValueError(f"config.kind: 'tma' needs 16-bit weights of a multiple of {COLS} elements per "
-                         f"expert and Triton's TensorDescriptor, got {w.dtype} [{w.shape[1]}, {w.shape[2]}]")
+        raise ValueError(
+            f"config.kind: 'tma' needs 16-bit weights of a multiple of {COLS} elements per "
+            f"expert and Triton's TensorDescriptor, got {w.dtype} [{w.shape[1]}, {w.shape[2]}]"
+        )
     active = int((group_sizes > 0).sum())
     programs = config.programs_per_sm * _sm_count(w.device)
-    return Stream(active=active, y=torch.empty(rows, w.shape[1], dtype=w.dtype, device=w.device),
-                  sums=torch.empty(programs, dtype=torch.float32, device=w.device),
-                  counts=torch.empty(programs, dtype=torch.int32, device=w.device), config=config)
+    return Stream(
+        active=active,
+        y=torch.empty(rows, w.shape[1], dtype=w.dtype, device=w.device),
+        sums=torch.empty(programs, dtype=torch.float32, device=w.device),
+        counts=torch.empty(programs, dtype=torch.int32, device=w.device),
+        config=config,
+    )
 
 
 def stream_bytes(w: torch.Tensor, x: torch.Tensor, s: Stream) -> tuple[torch.Tensor, torch.Tensor]:
     """One streaming pass (one launch, no host sync): reads the first ``s.active`` experts of w and all of
     ``x``, writes zeros to all of ``s.y``. Returns (per-program sums, per-program element counts)."""
     if w.dtype != x.dtype or not x.is_contiguous() or x.shape[0] != s.y.shape[0] or w.shape[2] != x.shape[1]:
-        raise ValueError(f"x: expected a contiguous [{s.y.shape[0]}, {w.shape[2]}] {w.dtype} tensor, "
-                         f"got {tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"x: expected a contiguous [{s.y.shape[0]}, {w.shape[2]}] {w.dtype} tensor, "
+            f"got {tuple(x.shape)} {x.dtype}"
+        )
     grid = (s.sums.shape[0],)
     c = s.config
     w_elems = s.active * w.shape[1] * w.shape[2]
     if c.kind == "tma" and w_elems:
         slab = w.view(-1, COLS)
         desc = TensorDescriptor(slab, [w_elems // COLS, COLS], [COLS, 1], [c.block, COLS])
-        _stream_tma_kernel[grid](desc, x, s.y, s.sums, s.counts, w_elems // COLS, x.numel(), s.y.numel(),
-                                 BOX_ROWS=c.block, COLS_=COLS, BLOCK=4096, num_warps=c.num_warps,
-                                 num_stages=c.num_stages)
+        _stream_tma_kernel[grid](
+            desc,
+            x,
+            s.y,
+            s.sums,
+            s.counts,
+            w_elems // COLS,
+            x.numel(),
+            s.y.numel(),
+            BOX_ROWS=c.block,
+            COLS_=COLS,
+            BLOCK=4096,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
+        )
     else:
-        _stream_flat_kernel[grid](w, x, s.y, s.sums, s.counts, w_elems, x.numel(), s.y.numel(), BLOCK=c.block,
-                                  num_warps=c.num_warps)
+        _stream_flat_kernel[grid](
+            w, x, s.y, s.sums, s.counts, w_elems, x.numel(), s.y.numel(), BLOCK=c.block, num_warps=c.num_warps
+        )
     return s.sums, s.counts
 
 
-def check_stream(out: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, x: torch.Tensor,
-                 group_sizes: torch.Tensor, y: torch.Tensor) -> tuple[bool, float, str]:
+def check_stream(
+    out: tuple[torch.Tensor, torch.Tensor],
+    w: torch.Tensor,
+    x: torch.Tensor,
+    group_sizes: torch.Tensor,
+    y: torch.Tensor,
+) -> tuple[bool, float, str]:
     """(ok, relative error of the sum, why) of one pass's result, judged from the cell itself, not from the
     pass's own buffers: the element count read must equal as many experts' weights as have rows
     (``group_sizes`` > 0) plus x exactly, every element of the output ``y`` must be zero (poison it before

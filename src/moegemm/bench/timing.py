@@ -91,7 +91,8 @@ class GraphTimer:
 def input_sets_for(bytes_per_set: int, l2_bytes: int | None = None, max_sets: int = 8) -> int:
     """How many input sets to rotate through so that one pass exceeds 2x the L2 (at most max_sets)."""
     if l2_bytes is None:
-        l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size if torch.cuda.is_available() \
-            else 50 << 20
+        l2_bytes = (
+            torch.cuda.get_device_properties(0).L2_cache_size if torch.cuda.is_available() else 50 << 20
+        )
     need = -(-2 * l2_bytes // max(bytes_per_set, 1))
     return int(max(1, min(max_sets, need)))

@@ -5,5 +5,13 @@ from .api import Plan, matmul, plan
 from .configs import BACKENDS, KERNELS, DecomposeKConfig, heuristic_config
 from .reference import decompose_k
 
-__all__ = ["matmul", "plan", "Plan", "decompose_k", "DecomposeKConfig", "KERNELS", "BACKENDS",
-           "heuristic_config"]
+__all__ = [
+    "matmul",
+    "plan",
+    "Plan",
+    "decompose_k",
+    "DecomposeKConfig",
+    "KERNELS",
+    "BACKENDS",
+    "heuristic_config",
+]

@@ -24,11 +24,25 @@ def tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GRO
 
 @triton.jit
 def partial_tile(
-    a_ptr, b_ptr, M, N, K, k_per_split, split,
-    stride_am, stride_ak, stride_bk, stride_bn,
-    pid_m, pid_n,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    split,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    pid_m,
+    pid_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """fp32 sum over k in [split*k_per_split, min((split+1)*k_per_split, K)) of A[m,k]*B[k,n]."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -43,25 +57,67 @@ def partial_tile(
     k_end = tl.minimum(k_start + k_per_split, K)
     a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak
     b_ptrs = b_ptr + (k_start + offs_k)[:, None] * stride_bk + rn[None, :] * stride_bn
-    acc = k_loop(a_ptrs, b_ptrs, k_start, k_end, stride_ak, stride_bk,
-                 BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+    acc = k_loop(
+        a_ptrs,
+        b_ptrs,
+        k_start,
+        k_end,
+        stride_ak,
+        stride_bk,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        EVEN_K,
+        PRECISION,
+        UPCAST,
+    )
     return acc, offs_m, offs_n
 
 
 @triton.jit
 def _partial_mm_kernel(
-    a_ptr, b_ptr, p_ptr,
-    M, N, K, k_per_split,
-    stride_am, stride_ak, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    p_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Grid (tiles, S): partials[split, m, n] (contiguous fp32 [S, M, N]); no atomics."""
     pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
     acc, offs_m, offs_n = partial_tile(
-        a_ptr, b_ptr, M, N, K, k_per_split, split, stride_am, stride_ak, stride_bk, stride_bn,
-        pid_m, pid_n, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST,
+        a_ptr,
+        b_ptr,
+        M,
+        N,
+        K,
+        k_per_split,
+        split,
+        stride_am,
+        stride_ak,
+        stride_bk,
+        stride_bn,
+        pid_m,
+        pid_n,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        EVEN_K,
+        PRECISION,
+        UPCAST,
     )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     p_ptrs = p_ptr + split.to(tl.int64) * M * N + offs_m[:, None] * N + offs_n[None, :]

@@ -16,6 +16,7 @@ call than the dispatcher would.
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 
 from .._runtime import INTERPRET, check_device
@@ -80,7 +81,7 @@ class Plan:
 
     backend: str  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty" (K=0) | "empty_out" (M or N 0)
     config: DecomposeKConfig | None
-    source: str                   # "tuned" | "heuristic" | "explicit"
+    source: str  # "tuned" | "heuristic" | "explicit"
     epilogue: Epilogue
     m: int
     n: int
@@ -97,8 +98,13 @@ class Plan:
     def matches(self, a, b, bias=None, out=None) -> bool:
         return _key(a, b, bias, out, *self.key[-6:]) == self.key
 
-    def run(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self.backend == "empty_out":  # M or N is 0: nothing to compute
             if out is not None:
                 return out
@@ -114,8 +120,15 @@ class Plan:
             if state is None:
                 state = self._stream_state(stream)
             ws, cnt = state
-            self._bound(stream, a.data_ptr(), b.data_ptr(), ws, out.data_ptr(),
-                        out.data_ptr() if bias is None else bias.data_ptr(), cnt)
+            self._bound(
+                stream,
+                a.data_ptr(),
+                b.data_ptr(),
+                ws,
+                out.data_ptr(),
+                out.data_ptr() if bias is None else bias.data_ptr(),
+                cnt,
+            )
             return out
         return self._run_generic(a, b, bias, out)
 
@@ -125,8 +138,10 @@ class Plan:
         if self.coop:
             state = single_launch.coop_state(self.m, self.n, self.config, self.device)
         else:
-            state = (single_launch.alloc_workspace(self.m, self.n, self.config, self.device),
-                     single_launch.counters(self.device, self._grid[0], stream))
+            state = (
+                single_launch.alloc_workspace(self.m, self.n, self.config, self.device),
+                single_launch.counters(self.device, self._grid[0], stream),
+            )
         self._per_stream[stream] = state
         return state
 
@@ -139,8 +154,14 @@ class Plan:
             else:
                 torch.addmm(bias, a, b, out=out)
             return self._activate(out)
-        p = Prepared(a=a, b=b, out=out, bias=bias.contiguous() if bias is not None else None,
-                     epilogue=self.epilogue, allow_tf32=self.allow_tf32)
+        p = Prepared(
+            a=a,
+            b=b,
+            out=out,
+            bias=bias.contiguous() if bias is not None else None,
+            epilogue=self.epilogue,
+            allow_tf32=self.allow_tf32,
+        )
         return _LAUNCHERS[self.backend](p, self.config)
 
     def _activate(self, c: torch.Tensor) -> torch.Tensor:
@@ -181,20 +202,43 @@ def _align(t) -> bool:
 
 
 def _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32, _tag="dk"):
-    return (a.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device,
-            _align(a), _align(b),
-            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, _align(bias)),
-            None if out is None else (out.shape, out.stride(), out.dtype, out.device, _align(out)),
-            b.shape, kernel, split_k, epilogue, config, allow_tf32, _tag)
+    return (
+        a.shape,
+        a.stride(),
+        b.stride(),
+        a.dtype,
+        b.dtype,
+        a.device,
+        b.device,
+        _align(a),
+        _align(b),
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device, _align(bias)),
+        None if out is None else (out.shape, out.stride(), out.dtype, out.device, _align(out)),
+        b.shape,
+        kernel,
+        split_k,
+        epilogue,
+        config,
+        allow_tf32,
+        _tag,
+    )
 
 
 _PLANS: dict[tuple, Plan] = {}
 
 
-def plan(a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", split_k: int | None = None,
-         epilogue: str | Epilogue = "none", bias: torch.Tensor | None = None,
-         config: DecomposeKConfig | dict | None = None, out: torch.Tensor | None = None,
-         allow_tf32: bool = False) -> Plan:
+def plan(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    kernel: str = "auto",
+    split_k: int | None = None,
+    epilogue: str | Epilogue = "none",
+    bias: torch.Tensor | None = None,
+    config: DecomposeKConfig | dict | None = None,
+    out: torch.Tensor | None = None,
+    allow_tf32: bool = False,
+) -> Plan:
     """The plan :func:`matmul` would run for these operands (made and cached on first use). Operands are
     used for their shapes, strides, dtypes and alignment only (and, on a GPU, to compile the kernel)."""
     return _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
@@ -205,9 +249,16 @@ def _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
     go straight to validation, which names what is wrong."""
     if isinstance(config, dict):
         config = DecomposeKConfig.coerce(config)
-    key = _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32) \
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2 \
-        and _plain(bias) and _plain(out) else None
+    key = (
+        _key(a, b, bias, out, kernel, split_k, epilogue, config, allow_tf32)
+        if isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dim() == 2
+        and b.dim() == 2
+        and _plain(bias)
+        and _plain(out)
+        else None
+    )
     p = _PLANS.get(key) if key is not None else None
     if p is None:
         p = _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key)
@@ -284,8 +335,16 @@ def _plain(t) -> bool:
 
 
 @torch.library.custom_op("moegemm::dk_matmul", mutates_args=())
-def dk_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, kernel: str, split_k: int | None,
-              epilogue: str, config: list[int] | None, allow_tf32: bool) -> torch.Tensor:
+def dk_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    kernel: str,
+    split_k: int | None,
+    epilogue: str,
+    config: list[int] | None,
+    allow_tf32: bool,
+) -> torch.Tensor:
     cfg = DecomposeKConfig(*config) if config else None
     return _cached_plan(a, b, kernel, split_k, epilogue, bias, cfg, None, allow_tf32).run(a, b, bias, None)
 
@@ -299,8 +358,9 @@ def _(a, b, bias, kernel, split_k, epilogue, config, allow_tf32):
 
 # Read here, not while tracing (Dynamo does not trace dataclasses.fields on a class).
 _FIELDS = tuple(f.name for f in dataclasses.fields(DecomposeKConfig))
-_DEFAULTS = tuple(None if f.default is dataclasses.MISSING else f.default
-                  for f in dataclasses.fields(DecomposeKConfig))
+_DEFAULTS = tuple(
+    None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(DecomposeKConfig)
+)
 
 
 def _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32):
@@ -310,8 +370,9 @@ def _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf3
         config = {k: v for k, v in config.items() if k not in LEGACY or v != LEGACY[k]}
         unknown = [key for key in config if key not in _FIELDS]
         if unknown or "split_k" not in config:
-            raise ValueError(f"config: unknown keys {sorted(unknown)}" if unknown
-                             else "config: missing key 'split_k'")
+            raise ValueError(
+                f"config: unknown keys {sorted(unknown)}" if unknown else "config: missing key 'split_k'"
+            )
         fields = [config.get(name, default) for name, default in zip(_FIELDS, _DEFAULTS)]
     elif config is not None:
         fields = [getattr(config, name) for name in _FIELDS]

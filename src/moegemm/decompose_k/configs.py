@@ -137,11 +137,24 @@ class Prepared:
         partials = alloc_partials(cfg.split_k, self.m, self.n, self.a.device)
         tiles = cdiv(self.m, cfg.block_m) * cdiv(self.n, cfg.block_n)
         _partial_mm_kernel[(tiles, cfg.split_k)](
-            self.a, self.b, partials,
-            self.m, self.n, self.k, self.k_per_split(cfg),
-            self.a.stride(0), self.a.stride(1), self.b.stride(0), self.b.stride(1),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=GROUP_M,
-            EVEN_K=self.even_k(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            self.a,
+            self.b,
+            partials,
+            self.m,
+            self.n,
+            self.k,
+            self.k_per_split(cfg),
+            self.a.stride(0),
+            self.a.stride(1),
+            self.b.stride(0),
+            self.b.stride(1),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=GROUP_M,
+            EVEN_K=self.even_k(cfg),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
             **self.dot_meta,
         )
         return partials
@@ -172,8 +185,9 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int) 
         kps = cdiv(k, s)
         bk = 256 if kps >= 512 else 128 if kps >= 128 else 64
         bk = min(bk, max(16, next_pow2(k)))
-        return DecomposeKConfig(split_k=s, block_m=bm, block_n=bn, block_k=bk,
-                                num_warps=1 if bm * bn <= 256 else 4)
+        return DecomposeKConfig(
+            split_k=s, block_m=bm, block_n=bn, block_k=bk, num_warps=1 if bm * bn <= 256 else 4
+        )
     bm, bn = _block(m), _block(n)
     bk = 64 if dtype == torch.float32 else 128
     bk = min(bk, max(16, next_pow2(k)))
@@ -224,8 +238,9 @@ def _charged_best(best: str, per_kernel: dict, times: dict, activation_us: float
     return fastest if ours[fastest] < times["cublas"] + activation_us else best
 
 
-def choose(a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto"
-           ) -> tuple[str, DecomposeKConfig | None, str]:
+def choose(
+    a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto"
+) -> tuple[str, DecomposeKConfig | None, str]:
     """(backend, config, source) where source is 'tuned' or 'heuristic'; config is None for cuBLAS. An
     explicit kernel gets its own tuned config when the table has one."""
     m, k = a.shape

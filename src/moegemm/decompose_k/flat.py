@@ -13,11 +13,19 @@ from .configs import REDUCE_WARPS, DecomposeKConfig, Prepared, cdiv
 
 @triton.jit
 def _reduce_flat_kernel(
-    p_ptr, c_ptr, bias_ptr,
-    MN, N, S,
-    stride_cm, stride_cn,
-    XBLOCK: tl.constexpr, RBLOCK: tl.constexpr,
-    C_CONTIGUOUS: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
+    p_ptr,
+    c_ptr,
+    bias_ptr,
+    MN,
+    N,
+    S,
+    stride_cm,
+    stride_cn,
+    XBLOCK: tl.constexpr,
+    RBLOCK: tl.constexpr,
+    C_CONTIGUOUS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
 ):
     offs_x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     mask_x = offs_x < MN
@@ -43,11 +51,19 @@ def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
     mn = p.m * p.n
     contiguous = p.out.stride(1) == 1 and (p.out.stride(0) == p.n or p.m == 1)
     _reduce_flat_kernel[(cdiv(mn, cfg.xblock),)](
-        partials, p.out, p.bias_arg,
-        mn, p.n, cfg.split_k,
-        p.out.stride(0), p.out.stride(1),
-        XBLOCK=cfg.xblock, RBLOCK=cfg.rblock,
-        C_CONTIGUOUS=contiguous, HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue),
+        partials,
+        p.out,
+        p.bias_arg,
+        mn,
+        p.n,
+        cfg.split_k,
+        p.out.stride(0),
+        p.out.stride(1),
+        XBLOCK=cfg.xblock,
+        RBLOCK=cfg.rblock,
+        C_CONTIGUOUS=contiguous,
+        HAS_BIAS=p.bias is not None,
+        EPILOGUE=int(p.epilogue),
         num_warps=REDUCE_WARPS,
     )
     return p.out

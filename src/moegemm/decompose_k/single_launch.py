@@ -33,15 +33,29 @@ import triton.language as tl
 
 from .._triton_common import compile_only, compiled_per_sm, mma, sm_resources
 from ..epilogue import apply_epilogue
-from ._partial import tile_coords
 from . import configs
+from ._partial import tile_coords
 from .configs import GROUP_M, DecomposeKConfig, Prepared, cdiv, next_pow2
 
 
 @triton.jit
-def _store_slice(total, c_ptr, bias_ptr, M, stride_cm, stride_cn, e, in_tile, pid_m, pid_n,
-                 N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 EPILOGUE: tl.constexpr):
+def _store_slice(
+    total,
+    c_ptr,
+    bias_ptr,
+    M,
+    stride_cm,
+    stride_cn,
+    e,
+    in_tile,
+    pid_m,
+    pid_n,
+    N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+):
     """Tile elements e (flattened) with their fp32 sums: the epilogue, then the store into C."""
     offs_m = pid_m * BLOCK_M + e // BLOCK_N
     offs_n = pid_n * BLOCK_N + e % BLOCK_N
@@ -51,28 +65,84 @@ def _store_slice(total, c_ptr, bias_ptr, M, stride_cm, stride_cn, e, in_tile, pi
 
 
 @triton.jit
-def _reduce_slice(p_tile, c_ptr, bias_ptr, M, stride_cm, stride_cn, q, pid_m, pid_n,
-                  N: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, SLICE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  EPILOGUE: tl.constexpr):
+def _reduce_slice(
+    p_tile,
+    c_ptr,
+    bias_ptr,
+    M,
+    stride_cm,
+    stride_cn,
+    q,
+    pid_m,
+    pid_n,
+    N: tl.constexpr,
+    S: tl.constexpr,
+    SP: tl.constexpr,
+    SLICE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+):
     """The last-arriver form: elements [q*SLICE, (q+1)*SLICE) of the tile summed over its S fp32 partials."""
     e = q * SLICE + tl.arange(0, SLICE)
     r = tl.arange(0, SP)
     in_tile = e < BLOCK_M * BLOCK_N
-    vals = tl.load(p_tile + r[:, None] * (BLOCK_M * BLOCK_N) + e[None, :],
-                   mask=(r[:, None] < S) & in_tile[None, :], other=0.0, cache_modifier=".cg")
-    _store_slice(tl.sum(vals, axis=0), c_ptr, bias_ptr, M, stride_cm, stride_cn, e, in_tile, pid_m, pid_n,
-                 N, BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)
+    vals = tl.load(
+        p_tile + r[:, None] * (BLOCK_M * BLOCK_N) + e[None, :],
+        mask=(r[:, None] < S) & in_tile[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    _store_slice(
+        tl.sum(vals, axis=0),
+        c_ptr,
+        bias_ptr,
+        M,
+        stride_cm,
+        stride_cn,
+        e,
+        in_tile,
+        pid_m,
+        pid_n,
+        N,
+        BLOCK_M,
+        BLOCK_N,
+        HAS_BIAS,
+        EPILOGUE,
+    )
 
 
 @triton.jit
 def _single_launch_kernel(
-    a_ptr, b_ptr, p_ptr, c_ptr, bias_ptr, counter_ptr,
-    M, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SP: tl.constexpr, SLICE: tl.constexpr, CHUNK: tl.constexpr, COOP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    p_ptr,
+    c_ptr,
+    bias_ptr,
+    counter_ptr,
+    M,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SP: tl.constexpr,
+    SLICE: tl.constexpr,
+    CHUNK: tl.constexpr,
+    COOP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
 ):
     tile_id = tl.program_id(0)
     split = tl.program_id(1)
@@ -108,8 +178,23 @@ def _single_launch_kernel(
 
     e = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     if S == 1:  # nothing to reduce: the epilogue and the store
-        _store_slice(acc, c_ptr, bias_ptr, M, stride_cm, stride_cn, e, e < TILE, pid_m, pid_n,
-                     N, BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)
+        _store_slice(
+            acc,
+            c_ptr,
+            bias_ptr,
+            M,
+            stride_cm,
+            stride_cn,
+            e,
+            e < TILE,
+            pid_m,
+            pid_n,
+            N,
+            BLOCK_M,
+            BLOCK_N,
+            HAS_BIAS,
+            EPILOGUE,
+        )
     elif COOP:
         # Each partial element goes out as one 64-bit word: the launch's flag above its fp32 bits. A reader
         # that sees its flag sees its value (one single-copy-atomic store), so no fence or barrier is needed.
@@ -121,14 +206,29 @@ def _single_launch_kernel(
         r = tl.arange(0, SP)
         live = (r[:, None] < S) & (es < TILE)[None, :]
         ptrs = p_tile + r[:, None] * TILE + es[None, :]
-        ready = (flag.to(tl.int64) << 32)
+        ready = flag.to(tl.int64) << 32
         words = tl.load(ptrs, mask=live, other=ready, volatile=True)
         while tl.min(((words >> 32).to(tl.int32) == flag).to(tl.int32)) == 0:
             words = tl.load(ptrs, mask=live, other=ready, volatile=True)
         vals = (words & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
         vals = tl.where(live, vals, 0.0)
-        _store_slice(tl.sum(vals, axis=0), c_ptr, bias_ptr, M, stride_cm, stride_cn, es, es < TILE,
-                     pid_m, pid_n, N, BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)
+        _store_slice(
+            tl.sum(vals, axis=0),
+            c_ptr,
+            bias_ptr,
+            M,
+            stride_cm,
+            stride_cn,
+            es,
+            es < TILE,
+            pid_m,
+            pid_n,
+            N,
+            BLOCK_M,
+            BLOCK_N,
+            HAS_BIAS,
+            EPILOGUE,
+        )
         if split == 0:  # every program's words carry the flag, so every program has read the counter
             tl.atomic_add(counter_ptr + tile_id, 1, sem="relaxed", scope="gpu")
     else:
@@ -141,8 +241,25 @@ def _single_launch_kernel(
         if ticket == S - 1:
             tl.debug_barrier()
             for q in range(0, (TILE + CHUNK - 1) // CHUNK):  # CHUNK elements over all S partials at a time
-                _reduce_slice(p_tile, c_ptr, bias_ptr, M, stride_cm, stride_cn, q, pid_m, pid_n,
-                              N, S, SP, CHUNK, BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)
+                _reduce_slice(
+                    p_tile,
+                    c_ptr,
+                    bias_ptr,
+                    M,
+                    stride_cm,
+                    stride_cn,
+                    q,
+                    pid_m,
+                    pid_n,
+                    N,
+                    S,
+                    SP,
+                    CHUNK,
+                    BLOCK_M,
+                    BLOCK_N,
+                    HAS_BIAS,
+                    EPILOGUE,
+                )
             tl.atomic_xchg(counter_ptr + tile_id, 0, sem="relaxed", scope="gpu")
 
 
@@ -202,12 +319,33 @@ def coop_state(m: int, n: int, cfg: DecomposeKConfig, device) -> tuple[torch.Ten
 
 def kernel_args(p: Prepared, cfg: DecomposeKConfig, workspace, counter_buf, coop: bool) -> dict:
     return dict(
-        a_ptr=p.a, b_ptr=p.b, p_ptr=workspace, c_ptr=p.out, bias_ptr=p.bias_arg, counter_ptr=counter_buf,
-        M=p.m, stride_am=p.a.stride(0), stride_ak=p.a.stride(1), stride_bk=p.b.stride(0),
-        stride_bn=p.b.stride(1), stride_cm=p.out.stride(0), stride_cn=p.out.stride(1),
-        N=p.n, K=p.k, S=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=GROUP_M, SP=next_pow2(cfg.split_k), SLICE=slice_len(cfg), CHUNK=chunk_len(cfg), COOP=coop,
-        HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue), **p.dot_meta,
+        a_ptr=p.a,
+        b_ptr=p.b,
+        p_ptr=workspace,
+        c_ptr=p.out,
+        bias_ptr=p.bias_arg,
+        counter_ptr=counter_buf,
+        M=p.m,
+        stride_am=p.a.stride(0),
+        stride_ak=p.a.stride(1),
+        stride_bk=p.b.stride(0),
+        stride_bn=p.b.stride(1),
+        stride_cm=p.out.stride(0),
+        stride_cn=p.out.stride(1),
+        N=p.n,
+        K=p.k,
+        S=cfg.split_k,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=GROUP_M,
+        SP=next_pow2(cfg.split_k),
+        SLICE=slice_len(cfg),
+        CHUNK=chunk_len(cfg),
+        COOP=coop,
+        HAS_BIAS=p.bias is not None,
+        EPILOGUE=int(p.epilogue),
+        **p.dot_meta,
     )
 
 
@@ -229,8 +367,9 @@ def compile_for(p: Prepared, cfg: DecomposeKConfig) -> tuple[object, bool]:
         if g[0] * g[1] <= resident:
             return coop_kernel, True
     ws = alloc_workspace(p.m, p.n, cfg, p.a.device)
-    plain = compile_only(_single_launch_kernel, g, (),
-                         dict(kernel_args(p, cfg, ws, counters(p.a.device, g[0]), False), **meta))
+    plain = compile_only(
+        _single_launch_kernel, g, (), dict(kernel_args(p, cfg, ws, counters(p.a.device, g[0]), False), **meta)
+    )
     return plain, False
 
 
@@ -240,6 +379,9 @@ def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
     cooperative form where it applies."""
     workspace = alloc_workspace(p.m, p.n, cfg, p.a.device)
     g = grid(p.m, p.n, cfg)
-    _single_launch_kernel[g](**kernel_args(p, cfg, workspace, counters(p.a.device, g[0]), False),
-                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _single_launch_kernel[g](
+        **kernel_args(p, cfg, workspace, counters(p.a.device, g[0]), False),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return p.out

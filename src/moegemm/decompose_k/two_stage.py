@@ -14,11 +14,19 @@ from .configs import GROUP_M, DecomposeKConfig, Prepared, cdiv
 
 @triton.jit
 def _reduce_tile_kernel(
-    p_ptr, c_ptr, bias_ptr,
-    M, N, S,
-    stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
+    p_ptr,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    S,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
 ):
     pid_m, pid_n = tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -40,11 +48,19 @@ def launch(p: Prepared, cfg: DecomposeKConfig) -> torch.Tensor:
     partials = p.stage1(cfg)
     tiles = cdiv(p.m, cfg.block_m) * cdiv(p.n, cfg.block_n)
     _reduce_tile_kernel[(tiles,)](
-        partials, p.out, p.bias_arg,
-        p.m, p.n, cfg.split_k,
-        p.out.stride(0), p.out.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=GROUP_M,
-        HAS_BIAS=p.bias is not None, EPILOGUE=int(p.epilogue),
+        partials,
+        p.out,
+        p.bias_arg,
+        p.m,
+        p.n,
+        cfg.split_k,
+        p.out.stride(0),
+        p.out.stride(1),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        GROUP_M=GROUP_M,
+        HAS_BIAS=p.bias is not None,
+        EPILOGUE=int(p.epilogue),
         num_warps=cfg.num_warps,
     )
     return p.out

@@ -13,6 +13,18 @@ from .config import GroupedConfig, choose_config, heuristic_config
 from .masked import grouped_mm_masked
 from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights, unpermute
 
-__all__ = ["route", "permute", "route_and_permute", "unpermute", "sorted_weights", "RoutingPlan",
-           "grouped_mm", "grouped_mm_masked", "GroupedConfig", "heuristic_config", "choose_config", "moe_ffn",
-           "grouped_mm_swiglu"]
+__all__ = [
+    "route",
+    "permute",
+    "route_and_permute",
+    "unpermute",
+    "sorted_weights",
+    "RoutingPlan",
+    "grouped_mm",
+    "grouped_mm_masked",
+    "GroupedConfig",
+    "heuristic_config",
+    "choose_config",
+    "moe_ffn",
+    "grouped_mm_swiglu",
+]

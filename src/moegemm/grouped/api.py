@@ -51,12 +51,31 @@ def grouped_mm(
     and no ``out`` (:mod:`moegemm.grouped.autograd`).
     """
     if _records_grad(x_sorted, w, row_scale):
-        return autograd.grouped_mm_train(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
-                                         row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
-                                         validate=validate, swiglu=False)
-    return grouped_mm_forward(x_sorted, w, group_offsets, w_layout=w_layout, epilogue=epilogue,
-                              row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
-                              validate=validate)
+        return autograd.grouped_mm_train(
+            x_sorted,
+            w,
+            group_offsets,
+            w_layout=w_layout,
+            epilogue=epilogue,
+            row_scale=row_scale,
+            config=config,
+            out=out,
+            allow_tf32=allow_tf32,
+            validate=validate,
+            swiglu=False,
+        )
+    return grouped_mm_forward(
+        x_sorted,
+        w,
+        group_offsets,
+        w_layout=w_layout,
+        epilogue=epilogue,
+        row_scale=row_scale,
+        config=config,
+        out=out,
+        allow_tf32=allow_tf32,
+        validate=validate,
+    )
 
 
 def grouped_mm_swiglu(
@@ -83,15 +102,42 @@ def grouped_mm_swiglu(
     shortlist of its regime and, where the tuned table has the unfused shape, that entry's tiles. Gradients:
     for x_sorted, w_gate_up and row_scale, the SwiGLU backward fused into one grouped GEMM's epilogue."""
     if _records_grad(x_sorted, w_gate_up, row_scale):
-        return autograd.grouped_mm_train(x_sorted, w_gate_up, group_offsets, w_layout=w_layout, epilogue="none",
-                                         row_scale=row_scale, config=config, out=out, allow_tf32=allow_tf32,
-                                         validate=validate, swiglu=True)
-    return grouped_mm_swiglu_forward(x_sorted, w_gate_up, group_offsets, w_layout=w_layout, row_scale=row_scale,
-                                     config=config, out=out, allow_tf32=allow_tf32, validate=validate)
+        return autograd.grouped_mm_train(
+            x_sorted,
+            w_gate_up,
+            group_offsets,
+            w_layout=w_layout,
+            epilogue="none",
+            row_scale=row_scale,
+            config=config,
+            out=out,
+            allow_tf32=allow_tf32,
+            validate=validate,
+            swiglu=True,
+        )
+    return grouped_mm_swiglu_forward(
+        x_sorted,
+        w_gate_up,
+        group_offsets,
+        w_layout=w_layout,
+        row_scale=row_scale,
+        config=config,
+        out=out,
+        allow_tf32=allow_tf32,
+        validate=validate,
+    )
 
 
-def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-            w_down: torch.Tensor, *, w_layout: str = "nk", validate: bool = True) -> torch.Tensor:
+def moe_ffn(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    *,
+    w_layout: str = "nk",
+    validate: bool = True,
+) -> torch.Tensor:
     """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
     FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
 
@@ -112,6 +158,7 @@ def moe_ffn(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     """
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
     if _records_grad(x, topk_weights, w_gate_up, w_down):
-        return autograd.moe_ffn_train(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout,
-                                      validate=validate)
+        return autograd.moe_ffn_train(
+            x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate
+        )
     return moe_ffn_forward(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate)

@@ -55,6 +55,7 @@ from .routing import route
 # kernel (nothing of size [rows, 2I] kept between forward and backward); True keeps it from the forward.
 SAVE_GATE_UP = False
 
+
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):

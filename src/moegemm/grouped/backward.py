@@ -226,7 +226,9 @@ def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
                 rowdot=need_s,
             )
             if need_x:
-                dx = grouped_mm_forward(dgu, w, group_offsets, w_layout=other_layout(w_layout), validate=False)
+                dx = grouped_mm_forward(
+                    dgu, w, group_offsets, w_layout=other_layout(w_layout), validate=False
+                )
             if need_w:
                 dw = grouped_dw(x, dgu, group_offsets, w, w_layout)
         else:
@@ -244,7 +246,6 @@ def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
     if ds is not None:
         ds = ds.to(row_scale.dtype)
     return dx, dw, ds
-
 
 
 # ---- moe_ffn ----

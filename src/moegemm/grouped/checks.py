@@ -33,7 +33,6 @@ def assert_offsets(group_offsets: torch.Tensor, m_total: int) -> None:
     torch._assert_async(ok.squeeze(0), f"group_offsets: must run from 0 to M_total={m_total}, non-decreasing")
 
 
-
 def check_offsets(group_offsets: torch.Tensor, m_total: int) -> None:
     """group_offsets starts at 0, ends at m_total and never decreases. On the CPU a ValueError naming what is
     wrong; on a GPU a device-side assertion (:func:`assert_offsets`: two small launches), so that the check
@@ -42,26 +41,31 @@ def check_offsets(group_offsets: torch.Tensor, m_total: int) -> None:
     if group_offsets.device.type == "cpu":
         off = group_offsets.tolist()
         if off[0] != 0 or off[-1] != m_total:
-            raise ValueError(f"group_offsets: must start at 0 and end at M_total={m_total}, "
-                             f"got {off[0]}..{off[-1]}")
+            raise ValueError(
+                f"group_offsets: must start at 0 and end at M_total={m_total}, got {off[0]}..{off[-1]}"
+            )
         if any(b < a for a, b in zip(off, off[1:])):
             raise ValueError("group_offsets: must be non-decreasing (offsets not monotone)")
         return
     assert_offsets(group_offsets, m_total)
 
 
-def check_w(w, x: torch.Tensor, w_layout: str, k: int, x_name: str = "x", w_name: str = "w"
-            ) -> tuple[int, int, int, int, int]:
+def check_w(
+    w, x: torch.Tensor, w_layout: str, k: int, x_name: str = "x", w_name: str = "w"
+) -> tuple[int, int, int, int, int]:
     """(E, N, stride_we, stride_wk, stride_wn) for w in either layout; errors name the caller's arguments
     (``x_name``, ``w_name``)."""
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{w_name}: expected a torch.Tensor, got {type(w).__name__}")
     if w_layout not in ("kn", "nk"):
-        raise ValueError(f"w_layout: expected 'nk' ([E, N, K], nn.Linear's) or 'kn' ([E, K, N]), "
-                         f"got {w_layout!r}")
+        raise ValueError(
+            f"w_layout: expected 'nk' ([E, N, K], nn.Linear's) or 'kn' ([E, K, N]), got {w_layout!r}"
+        )
     if w.dim() != 3:
-        raise ValueError(f"{w_name}: expected a 3-D [E, N, K] (w_layout='nk') or [E, K, N] ('kn') tensor, "
-                         f"got shape {tuple(w.shape)}")
+        raise ValueError(
+            f"{w_name}: expected a 3-D [E, N, K] (w_layout='nk') or [E, K, N] ('kn') tensor, "
+            f"got shape {tuple(w.shape)}"
+        )
     if w.dtype != x.dtype:
         raise TypeError(f"{w_name}: dtype {w.dtype} differs from {x_name}'s {x.dtype}")
     if w.device != x.device:

@@ -76,8 +76,9 @@ class GroupedConfig:
         if self.merge_tail and not self.tail_m:
             raise ValueError("config.merge_tail: merges tail tiles into row tiles; needs tail_m > 0")
         if not isinstance(self.mix, int) or isinstance(self.mix, bool) or self.mix < 0 or self.mix == 1:
-            raise ValueError(f"config.mix: expected 0 (expert order) or a number of row tiles >= 2, "
-                             f"got {self.mix!r}")
+            raise ValueError(
+                f"config.mix: expected 0 (expert order) or a number of row tiles >= 2, got {self.mix!r}"
+            )
         if self.mix and not self.tma:
             raise ValueError("config.mix: the mixed tile order is the TMA kernel's; needs tma=True")
 
@@ -96,8 +97,9 @@ def config_of(fields: list[int] | None) -> GroupedConfig | None:
     """The inverse of :func:`config_list`."""
     if not fields:
         return None
-    return GroupedConfig(**{name: bool(v) if is_bool else int(v)
-                            for (name, is_bool), v in zip(_FIELDS, fields)})
+    return GroupedConfig(
+        **{name: bool(v) if is_bool else int(v) for (name, is_bool), v in zip(_FIELDS, fields)}
+    )
 
 
 def rows_bucket(rows: int, num_experts: int) -> int | float:
@@ -113,9 +115,12 @@ def rows_bucket(rows: int, num_experts: int) -> int | float:
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
     """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} written by experiments/tune_grouped.py."""
-    return {(e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]):
-            GroupedConfig.from_dict(e["config"])
-            for e in tuned.entries("grouped", slug)}
+    return {
+        (e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig.from_dict(
+            e["config"]
+        )
+        for e in tuned.entries("grouped", slug)
+    }
 
 
 # Regimes of mean rows per expert (upper bounds), each with its own distilled shortlist: decode of a row or
@@ -145,8 +150,9 @@ def shortlist(rows: int, num_experts: int, n: int, slug: str) -> tuple[GroupedCo
     return (heuristic_config(rows, num_experts, n),)
 
 
-def choose_config(x: torch.Tensor, num_experts: int, n: int, w_layout: str = "nk"
-                  ) -> tuple[GroupedConfig, str]:
+def choose_config(
+    x: torch.Tensor, num_experts: int, n: int, w_layout: str = "nk"
+) -> tuple[GroupedConfig, str]:
     """(config, source) for this GPU, shape and mean rows per expert, without timing anything. source is
     'tuned' for an exact entry of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K,
     N) whose rows bucket is nearest (log scale; the same w layout preferred), 'autotuned' for a choice an
@@ -161,8 +167,9 @@ def autotune_key(rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int
     return (str(dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
 
 
-def choose(rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n: int,
-           w_layout: str) -> tuple[GroupedConfig, str]:
+def choose(
+    rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n: int, w_layout: str
+) -> tuple[GroupedConfig, str]:
     """:func:`choose_config` from the shape's numbers."""
     dtype_s = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
@@ -170,8 +177,11 @@ def choose(rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n
     hit = table.get((dtype_s, num_experts, k, n, w_layout, bucket))
     if hit is not None:
         return hit, "tuned"
-    near = [(abs(math.log2(b) - math.log2(bucket)), lay != w_layout, b, lay)
-            for (d, e, kk, nn, lay, b) in table if (d, e, kk, nn) == (dtype_s, num_experts, k, n)]
+    near = [
+        (abs(math.log2(b) - math.log2(bucket)), lay != w_layout, b, lay)
+        for (d, e, kk, nn, lay, b) in table
+        if (d, e, kk, nn) == (dtype_s, num_experts, k, n)
+    ]
     if near:
         _, _, b, lay = min(near)
         return table[(dtype_s, num_experts, k, n, lay, b)], "tuned-nearest"
@@ -202,8 +212,9 @@ def swiglu_config(cfg: GroupedConfig) -> GroupedConfig:
     return dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2), tail_m=0, merge_tail=False)
 
 
-def masked_config(x: torch.Tensor, n: int, w_layout: str = "nk", config: GroupedConfig | None = None
-                  ) -> GroupedConfig:
+def masked_config(
+    x: torch.Tensor, n: int, w_layout: str = "nk", config: GroupedConfig | None = None
+) -> GroupedConfig:
     """The config grouped_mm_masked runs x ([E, m_max, K]) with: ``config``, or this GPU's tuned tiles for
     m_max rows per expert on the persistent grid (at decode most of the E * m_max rows are usually past
     masked_m); row tiles no taller than m_max needs; no tail tiles (merged or not), mixed order or
@@ -211,7 +222,14 @@ def masked_config(x: torch.Tensor, n: int, w_layout: str = "nk", config: Grouped
     the inputs (see grouped_mm_masked)."""
     e, m_max, k = x.shape
     if config is None:
-        config = dataclasses.replace(choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0],
-                                     persistent=True)
-    return dataclasses.replace(config, block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
-                               flatten=False, tail_m=0, merge_tail=False, mix=0)
+        config = dataclasses.replace(
+            choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0], persistent=True
+        )
+    return dataclasses.replace(
+        config,
+        block_m=min(config.block_m, max(16, triton.next_power_of_2(m_max))),
+        flatten=False,
+        tail_m=0,
+        merge_tail=False,
+        mix=0,
+    )

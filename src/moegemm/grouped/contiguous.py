@@ -37,11 +37,32 @@ def grouped_mm_forward(
         n = w.shape[2] if w_layout == "kn" else w.shape[1]
         out = x_sorted.new_empty((x_sorted.shape[0], n)) if out is None else out
         epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
-        grouped_mm_op(x_sorted, w, group_offsets, out, w_layout, epi, row_scale, config_list(config),
-                      allow_tf32, validate)
+        grouped_mm_op(
+            x_sorted,
+            w,
+            group_offsets,
+            out,
+            w_layout,
+            epi,
+            row_scale,
+            config_list(config),
+            allow_tf32,
+            validate,
+        )
         return out
-    return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32,
-                    validate, swiglu=False)
+    return _grouped(
+        x_sorted,
+        w,
+        group_offsets,
+        w_layout,
+        epilogue,
+        row_scale,
+        config,
+        out,
+        allow_tf32,
+        validate,
+        swiglu=False,
+    )
 
 
 def grouped_mm_swiglu_forward(
@@ -61,11 +82,31 @@ def grouped_mm_swiglu_forward(
     if torch.compiler.is_compiling():
         n2 = w_gate_up.shape[2] if w_layout == "kn" else w_gate_up.shape[1]
         out = x_sorted.new_empty((x_sorted.shape[0], n2 // 2)) if out is None else out
-        grouped_mm_swiglu_op(x_sorted, w_gate_up, group_offsets, out, w_layout, row_scale,
-                             config_list(config), allow_tf32, validate)
+        grouped_mm_swiglu_op(
+            x_sorted,
+            w_gate_up,
+            group_offsets,
+            out,
+            w_layout,
+            row_scale,
+            config_list(config),
+            allow_tf32,
+            validate,
+        )
         return out
-    return _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config, out, allow_tf32,
-                    validate, swiglu=True)
+    return _grouped(
+        x_sorted,
+        w_gate_up,
+        group_offsets,
+        w_layout,
+        "none",
+        row_scale,
+        config,
+        out,
+        allow_tf32,
+        validate,
+        swiglu=True,
+    )
 
 
 def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, validate, swiglu) -> tuple:
@@ -108,18 +149,21 @@ def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, valid
     return m_total, k, e, n_w, n, w_strides, epi, row_scale, out
 
 
-def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate,
-             swiglu: bool) -> torch.Tensor:
+def _grouped(
+    x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate, swiglu: bool
+) -> torch.Tensor:
     """grouped_mm, or with ``swiglu`` grouped_mm_swiglu: checks, the config (tuned, autotuned on a shape's
     first call, or given), the launch. A call like an earlier one in everything the checks, the config and
     the compiled kernel depend on (see _plan_key) goes straight to that call's launch (GroupedPlan)."""
-    key = _plan_key(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, config, allow_tf32,
-                    swiglu)
+    key = _plan_key(
+        x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu
+    )
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None:
         return plan.run(x_sorted, w, group_offsets, row_scale, out, validate)
     m_total, k, e, n_w, n, w_strides, epi, row_scale, out = _check(
-        x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, validate, swiglu)
+        x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, validate, swiglu
+    )
     if m_total == 0 or n == 0:
         return out
     if k == 0:  # every product is 0; silu(0) * 0 = 0
@@ -130,10 +174,37 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
 
     def spec(cfg: GroupedConfig) -> tuple:
         if swiglu:
-            return spec_swiglu(swiglu_config(cfg), x_sorted, w, w_strides, w_layout, offsets, scale,
-                               row_scale is not None, out, e, n, k, allow_tf32)
-        return spec_contiguous(cfg, x_sorted, w, w_strides, w_layout, offsets, scale, row_scale is not None,
-                               out, e, n, k, epi, allow_tf32)
+            return spec_swiglu(
+                swiglu_config(cfg),
+                x_sorted,
+                w,
+                w_strides,
+                w_layout,
+                offsets,
+                scale,
+                row_scale is not None,
+                out,
+                e,
+                n,
+                k,
+                allow_tf32,
+            )
+        return spec_contiguous(
+            cfg,
+            x_sorted,
+            w,
+            w_strides,
+            w_layout,
+            offsets,
+            scale,
+            row_scale is not None,
+            out,
+            e,
+            n,
+            k,
+            epi,
+            allow_tf32,
+        )
 
     def run(cfg: GroupedConfig) -> None:
         kernel, work_items, args, kwargs, _ = spec(cfg)
@@ -164,8 +235,19 @@ def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, 
                 final = not autotune.enabled()
     if key is not None and final and not torch.cuda.is_current_stream_capturing():
         offsets_ready = group_offsets.dtype == torch.int32 and group_offsets.is_contiguous()
-        plan = GroupedPlan.make(spec(cfg), swiglu_config(cfg) if swiglu else cfg, x_sorted, w_layout, e, n_w,
-                                n, k, swiglu, row_scale is not None, offsets_ready)
+        plan = GroupedPlan.make(
+            spec(cfg),
+            swiglu_config(cfg) if swiglu else cfg,
+            x_sorted,
+            w_layout,
+            e,
+            n_w,
+            n,
+            k,
+            swiglu,
+            row_scale is not None,
+            offsets_ready,
+        )
         if plan is not None:
             _PLANS[key] = plan
             return plan.run(x_sorted, w, group_offsets, row_scale, out, False)
@@ -182,12 +264,27 @@ def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_t
     arguments, and with no config whether first calls may time (moegemm.grouped.autotune); None where no plan
     applies (not CUDA tensors, the interpreter, an unhashable argument)."""
     tensor = torch.Tensor
-    if INTERPRET or type(x) is not tensor or type(w) is not tensor or type(offsets) is not tensor \
-            or not x.is_cuda:
+    if (
+        INTERPRET
+        or type(x) is not tensor
+        or type(w) is not tensor
+        or type(offsets) is not tensor
+        or not x.is_cuda
+    ):
         return None
-    key = (_operand_key(x), _operand_key(w), _operand_key(offsets), _operand_key(row_scale),
-           _operand_key(out), w_layout, epilogue, config, allow_tf32, swiglu,
-           config is None and autotune.enabled())
+    key = (
+        _operand_key(x),
+        _operand_key(w),
+        _operand_key(offsets),
+        _operand_key(row_scale),
+        _operand_key(out),
+        w_layout,
+        epilogue,
+        config,
+        allow_tf32,
+        swiglu,
+        config is None and autotune.enabled(),
+    )
     try:
         hash(key)
     except TypeError:
@@ -206,12 +303,33 @@ def _operand_key(t) -> tuple | None:
 # The custom ops write into an output they are given (mutates_args=("out",)), as the eager functions can;
 # their fake implementations check nothing and write nothing, the output's shape being the caller's.
 
+
 @torch.library.custom_op("moegemm::grouped_mm", mutates_args=("out",))
-def grouped_mm_op(x_sorted: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, out: torch.Tensor,
-                  w_layout: str, epilogue: str, row_scale: torch.Tensor | None, config: list[int] | None,
-                  allow_tf32: bool, validate: bool) -> None:
-    _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config_of(config), out, allow_tf32,
-             validate, swiglu=False)
+def grouped_mm_op(
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    out: torch.Tensor,
+    w_layout: str,
+    epilogue: str,
+    row_scale: torch.Tensor | None,
+    config: list[int] | None,
+    allow_tf32: bool,
+    validate: bool,
+) -> None:
+    _grouped(
+        x_sorted,
+        w,
+        group_offsets,
+        w_layout,
+        epilogue,
+        row_scale,
+        config_of(config),
+        out,
+        allow_tf32,
+        validate,
+        swiglu=False,
+    )
 
 
 @grouped_mm_op.register_fake
@@ -220,11 +338,30 @@ def _(x_sorted, w, group_offsets, out, w_layout, epilogue, row_scale, config, al
 
 
 @torch.library.custom_op("moegemm::grouped_mm_swiglu", mutates_args=("out",))
-def grouped_mm_swiglu_op(x_sorted: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor,
-                         out: torch.Tensor, w_layout: str, row_scale: torch.Tensor | None,
-                         config: list[int] | None, allow_tf32: bool, validate: bool) -> None:
-    _grouped(x_sorted, w_gate_up, group_offsets, w_layout, "none", row_scale, config_of(config), out,
-             allow_tf32, validate, swiglu=True)
+def grouped_mm_swiglu_op(
+    x_sorted: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    group_offsets: torch.Tensor,
+    out: torch.Tensor,
+    w_layout: str,
+    row_scale: torch.Tensor | None,
+    config: list[int] | None,
+    allow_tf32: bool,
+    validate: bool,
+) -> None:
+    _grouped(
+        x_sorted,
+        w_gate_up,
+        group_offsets,
+        w_layout,
+        "none",
+        row_scale,
+        config_of(config),
+        out,
+        allow_tf32,
+        validate,
+        swiglu=True,
+    )
 
 
 @grouped_mm_swiglu_op.register_fake

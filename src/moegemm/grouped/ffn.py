@@ -20,8 +20,9 @@ from .routing import route_and_permute, triton_here, unpermute
 FUSE_ABOVE_ROWS_PER_EXPERT = 16
 
 
-def gate_up_act(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
-                ) -> torch.Tensor:
+def gate_up_act(
+    xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
+) -> torch.Tensor:
     """silu(xs G_e) * (xs U_e) for every expert's rows of the sorted tokens ``xs``: [rows, I].
 
     At most FUSE_ABOVE_ROWS_PER_EXPERT rows per expert: the [rows, 2I] product, then SiLU * up as a separate
@@ -36,8 +37,9 @@ def gate_up_act(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.
 
 
 @torch.library.custom_op("moegemm::gate_up_act", mutates_args=())
-def gate_up_act_op(xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
-                   ) -> torch.Tensor:
+def gate_up_act_op(
+    xs: torch.Tensor, w_gate_up: torch.Tensor, group_offsets: torch.Tensor, w_layout: str
+) -> torch.Tensor:
     """:func:`gate_up_act` as the custom op ``moe_ffn`` traces as under torch.compile (the same choice and
     kernels)."""
     return gate_up_act(xs, w_gate_up, group_offsets, w_layout)
@@ -62,16 +64,20 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
         return True
     two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
     slug = gpu_slug(xs)
-    key = autotune_key(xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i,
-                       w_layout + "+ffn-gate-up")
+    key = autotune_key(
+        xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i, w_layout + "+ffn-gate-up"
+    )
     hit = autotune.lookup(slug, key)
     if hit is not None:
         return bool(hit["fused"])
     if not autotune.can_time(xs):
         return True
-    runs = {"fused": lambda: grouped_mm_swiglu_forward(xs, w_gate_up, group_offsets, w_layout=w_layout,
-                                               validate=False),
-            "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout)}
+    runs = {
+        "fused": lambda: grouped_mm_swiglu_forward(
+            xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False
+        ),
+        "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout),
+    }
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
     autotune.remember(slug, key, {"fused": best == "fused"}, times)
     return best == "fused"
@@ -80,8 +86,13 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
 def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -> int:
     """The argument checks of :func:`moegemm.grouped.moe_ffn`, each error naming its argument; returns the
     number of experts E."""
-    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
-                    ("w_gate_up", w_gate_up), ("w_down", w_down)):
+    for name, t in (
+        ("x", x),
+        ("topk_ids", topk_ids),
+        ("topk_weights", topk_weights),
+        ("w_gate_up", w_gate_up),
+        ("w_down", w_down),
+    ):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if x.dim() != 2:
@@ -96,11 +107,16 @@ def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -
         if t.device != x.device:
             raise ValueError(f"{name}: on {t.device}, but x is on {x.device}")
     if w_gate_up.dim() != 3 or w_down.dim() != 3:
-        raise ValueError(f"w_gate_up, w_down: expected 3-D tensors, got shapes {tuple(w_gate_up.shape)} and "
-                         f"{tuple(w_down.shape)}")
+        raise ValueError(
+            f"w_gate_up, w_down: expected 3-D tensors, got shapes {tuple(w_gate_up.shape)} and "
+            f"{tuple(w_down.shape)}"
+        )
     e, h = w_gate_up.shape[0], x.shape[1]
-    two_i, hk = (w_gate_up.shape[1], w_gate_up.shape[2]) if w_layout == "nk" else (w_gate_up.shape[2],
-                                                                                 w_gate_up.shape[1])
+    two_i, hk = (
+        (w_gate_up.shape[1], w_gate_up.shape[2])
+        if w_layout == "nk"
+        else (w_gate_up.shape[2], w_gate_up.shape[1])
+    )
     if hk != h:
         raise ValueError(f"w_gate_up: hidden size {hk} differs from x's {h} (layout {w_layout!r})")
     if two_i % 2:
@@ -108,17 +124,28 @@ def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -
     i = two_i // 2
     want = (e, h, i) if w_layout == "nk" else (e, i, h)
     if tuple(w_down.shape) != want:
-        raise ValueError(f"w_down: expected shape {want} (E={e}, I={i}, H={h}, layout {w_layout!r}), got "
-                         f"{tuple(w_down.shape)}")
+        raise ValueError(
+            f"w_down: expected shape {want} (E={e}, I={i}, H={h}, layout {w_layout!r}), got "
+            f"{tuple(w_down.shape)}"
+        )
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
-                         f"{tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
+            f"{tuple(topk_weights.shape)}"
+        )
     return e
 
 
-def moe_ffn_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    w_gate_up: torch.Tensor, w_down: torch.Tensor, *, w_layout: str = "nk",
-                    validate: bool = True) -> torch.Tensor:
+def moe_ffn_forward(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    *,
+    w_layout: str = "nk",
+    validate: bool = True,
+) -> torch.Tensor:
     """:func:`moegemm.grouped.moe_ffn` recording no gradient (arguments checked by :func:`check_moe_ffn`):
     routing and the permutation, gate/up with SwiGLU, down with the gating weights fused into its store,
     the un-permute."""

@@ -11,16 +11,32 @@ from ..epilogue import apply_epilogue
 
 
 @triton.jit
-def _tile_mm(a_ptr, w_ptr, rows, offs_n, k0, k1, stride_am, stride_ak, stride_wk, stride_wn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def _tile_mm(
+    a_ptr,
+    w_ptr,
+    rows,
+    offs_n,
+    k0,
+    k1,
+    stride_am,
+    stride_ak,
+    stride_wk,
+    stride_wn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """fp32 [BLOCK_M, BLOCK_N] = A[rows, k0:k1] @ W[k0:k1, offs_n] (rows/offs_n already clamped into
     range)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-    return k_loop(a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION,
-                  UPCAST)
+    return k_loop(
+        a_ptrs, w_ptrs, k0, k1, stride_ak, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST
+    )
 
 
 @triton.jit
@@ -45,8 +61,15 @@ def _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr,
-               ABSORB: tl.constexpr):
+def _tile_plan(
+    offsets_ptr,
+    E,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    ABSORB: tl.constexpr,
+):
     """Per-expert row ranges from the group offsets and the inclusive prefix of tiles per expert."""
     e_offs = tl.arange(0, E_BLOCK)
     lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
@@ -55,8 +78,9 @@ def _tile_plan(offsets_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _mixed_plan(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ABSORB: tl.constexpr,
-                MIX: tl.constexpr):
+def _mixed_plan(
+    e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ABSORB: tl.constexpr, MIX: tl.constexpr
+):
     """(inclusive prefix of tiles per expert over the heavy experts only, the same over the light ones, the
     heavy experts' tiles in all) for the mixed tile order (_mixed_tile): an expert of at least MIX row tiles
     is heavy (its programs reuse each weight tile from L2 and are bound by the tensor cores), the others
@@ -65,8 +89,11 @@ def _mixed_plan(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     n_tiles = tl.cdiv(N, BLOCK_N)
     heavy = tl.where(m_tiles >= MIX, m_tiles, 0)
     light = m_tiles - heavy
-    return (tl.cumsum(heavy, axis=0) * n_tiles, tl.cumsum(light, axis=0) * n_tiles,
-            tl.sum(heavy, axis=0) * n_tiles)
+    return (
+        tl.cumsum(heavy, axis=0) * n_tiles,
+        tl.cumsum(light, axis=0) * n_tiles,
+        tl.sum(heavy, axis=0) * n_tiles,
+    )
 
 
 @triton.jit
@@ -85,8 +112,18 @@ def _mixed_tile(tile, total, cum_heavy, cum_light, heavy_total):
 
 
 @triton.jit
-def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 GROUP_M: tl.constexpr, ABSORB: tl.constexpr):
+def _tile_coords(
+    tile,
+    e_offs,
+    lo,
+    hi,
+    cum,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    ABSORB: tl.constexpr,
+):
     """(expert, first row, end row, first row of the tile, first column of the tile) of tile number
     ``tile``. Tiles are numbered expert by expert; inside an expert, bands of GROUP_M row tiles are walked
     column by column (row tile fastest), so the programs running together share the expert's weight
@@ -107,8 +144,18 @@ def _tile_coords(tile, e_offs, lo, hi, cum, N, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 
 @triton.jit
-def _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr):
+def _finish_tile(
+    acc,
+    scale_ptr,
+    row0,
+    row_end,
+    col0,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+):
     """epilogue(acc) * row_scale[rows] (rows past row_end, which are not stored, are scaled by 0)."""
     rows = row0 + tl.arange(0, BLOCK_M)
     rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
@@ -121,9 +168,21 @@ def _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
-def _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr,
-                EPILOGUE: tl.constexpr):
+def _store_tile(
+    acc,
+    y_ptr,
+    scale_ptr,
+    row0,
+    row_end,
+    col0,
+    N,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+):
     """epilogue(acc) * row_scale into the rows [row0, min(row0 + BLOCK_M, row_end)) and columns < N."""
     acc = _finish_tile(acc, scale_ptr, row0, row_end, col0, N, BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -142,12 +201,32 @@ def _swiglu(gate, up):
 
 @triton.jit
 def _grouped_mm_kernel(
-    a_ptr, w_ptr, y_ptr, offsets_ptr, scale_ptr,
-    N, K, E,
-    stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, EPILOGUE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SWIGLU: tl.constexpr,
+    a_ptr,
+    w_ptr,
+    y_ptr,
+    offsets_ptr,
+    scale_ptr,
+    N,
+    K,
+    E,
+    stride_am,
+    stride_ak,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    SWIGLU: tl.constexpr,
 ):
     """Contiguous layout, pointer loads (any strides, any dtype). Each program walks tiles pid, pid + nprog,
     ... up to the tile count it computes from the offsets (one tile when the grid covers an upper bound of
@@ -157,19 +236,65 @@ def _grouped_mm_kernel(
     the output's width; EPILOGUE unused), so the [M, 2N] product is never written."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M, 0
+        )
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # the store masks them
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
         w_e = w_ptr + expert.to(tl.int64) * stride_we
-        acc = _tile_mm(a_ptr, w_e, rows_c, n_c, 0, K, stride_am, stride_ak, stride_wk, stride_wn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+        acc = _tile_mm(
+            a_ptr,
+            w_e,
+            rows_c,
+            n_c,
+            0,
+            K,
+            stride_am,
+            stride_ak,
+            stride_wk,
+            stride_wn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            PRECISION,
+            UPCAST,
+        )
         if SWIGLU:
-            up = _tile_mm(a_ptr, w_e, rows_c, n_c + N, 0, K, stride_am, stride_ak, stride_wk, stride_wn,
-                          BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
+            up = _tile_mm(
+                a_ptr,
+                w_e,
+                rows_c,
+                n_c + N,
+                0,
+                K,
+                stride_am,
+                stride_ak,
+                stride_wk,
+                stride_wn,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                EVEN_K,
+                PRECISION,
+                UPCAST,
+            )
             acc = _swiglu(acc, up)
-        _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+        _store_tile(
+            acc,
+            y_ptr,
+            scale_ptr,
+            row0,
+            row_end,
+            col0,
+            N,
+            stride_ym,
+            stride_yn,
+            BLOCK_M,
+            BLOCK_N,
+            HAS_SCALE,
+            EPILOGUE,
+        )
 
 
 @triton.jit
@@ -183,9 +308,22 @@ def _w_tile(w_desc, expert, k, col0, N, K, W_KN: tl.constexpr):
 
 
 @triton.jit
-def _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr,
-                       UPCAST: tl.constexpr):
+def _tma_k_loop_merged(
+    a_desc,
+    at_desc,
+    w_desc,
+    row0,
+    col0,
+    expert,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TAIL_M: tl.constexpr,
+    W_KN: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """(fp32 [BLOCK_M, BLOCK_N] of the rows row0.., fp32 [TAIL_M, BLOCK_N] of the TAIL_M rows after them)
     over all of K, both from one weight tile per K step: the second product transposed (see _tma_k_loop)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -200,9 +338,21 @@ def _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_
 
 
 @triton.jit
-def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KN: tl.constexpr, SWAP_AB: tl.constexpr,
-                UPCAST: tl.constexpr):
+def _tma_k_loop(
+    a_desc,
+    w_desc,
+    row0,
+    col0,
+    expert,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    W_KN: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """fp32 [BLOCK_M, BLOCK_N] = A[row0:+BLOCK_M, :] @ W_expert[:, col0:+BLOCK_N], the tiles brought in by
     TMA. SWAP_AB computes the transpose,
     W-tile^T @ A-tile^T, so that the weight columns fill the tensor cores' M side (at least 64 rows per
@@ -228,12 +378,31 @@ def _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def _grouped_mm_tma_kernel(
-    a_desc, w_desc, at_desc, y_ptr, offsets_ptr, scale_ptr,
-    N, K, E, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, TAIL_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-    FLATTEN: tl.constexpr, MERGE_TAIL: tl.constexpr, HAS_SCALE: tl.constexpr,
-    EPILOGUE: tl.constexpr, UPCAST: tl.constexpr, MIX: tl.constexpr,
+    a_desc,
+    w_desc,
+    at_desc,
+    y_ptr,
+    offsets_ptr,
+    scale_ptr,
+    N,
+    K,
+    E,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TAIL_M: tl.constexpr,
+    W_KN: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    MERGE_TAIL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    MIX: tl.constexpr,
 ):
     """The contiguous layout with the tiles brought in by the tensor-memory accelerator (16-bit operands).
     An expert's rows are contiguous in x_sorted, so its row tile is a plain 2-D box of the [M_total, K]
@@ -255,37 +424,95 @@ def _grouped_mm_tma_kernel(
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, ABSORB)
     if MIX > 0:
         cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, ABSORB, MIX)
-    for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(
+        tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
+    ):
         if MIX > 0:
             number, cum_of = _mixed_tile(tile, total_tiles, cum_heavy, cum_light, heavy_total)
         else:
             number, cum_of = tile, cum
-        expert, row_start, row_end, row0, col0 = _tile_coords(number, e_offs, lo, hi, cum_of, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, ABSORB)
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            number, e_offs, lo, hi, cum_of, N, BLOCK_M, BLOCK_N, GROUP_M, ABSORB
+        )
         if TAIL_M > 0 and row_end - row0 <= TAIL_M:
-            tail = _tma_k_loop(at_desc, w_desc, row0, col0, expert, N, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN,
-                               True, UPCAST)  # (its own name: a variable of both branches needs one shape)
-            _store_tile(tail, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                        TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+            tail = _tma_k_loop(
+                at_desc, w_desc, row0, col0, expert, N, K, TAIL_M, BLOCK_N, BLOCK_K, W_KN, True, UPCAST
+            )  # (its own name: a variable of both branches needs one shape)
+            _store_tile(
+                tail,
+                y_ptr,
+                scale_ptr,
+                row0,
+                row_end,
+                col0,
+                N,
+                stride_ym,
+                stride_yn,
+                TAIL_M,
+                BLOCK_N,
+                HAS_SCALE,
+                EPILOGUE,
+            )
         else:
             # the expert's last tile, holding a whole row tile and the <= TAIL_M rows after it (a tile before
             # it holds more than BLOCK_M + TAIL_M rows of the expert: see _row_tiles)
             if ABSORB > 0 and row_end - row0 > BLOCK_M and row_end - row0 <= BLOCK_M + TAIL_M:
-                acc, extra = _tma_k_loop_merged(a_desc, at_desc, w_desc, row0, col0, expert, N, K, BLOCK_M,
-                                                BLOCK_N, BLOCK_K, TAIL_M, W_KN, UPCAST)
-                _store_tile(extra, y_ptr, scale_ptr, row0 + BLOCK_M, row_end, col0, N, stride_ym, stride_yn,
-                            TAIL_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+                acc, extra = _tma_k_loop_merged(
+                    a_desc,
+                    at_desc,
+                    w_desc,
+                    row0,
+                    col0,
+                    expert,
+                    N,
+                    K,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    TAIL_M,
+                    W_KN,
+                    UPCAST,
+                )
+                _store_tile(
+                    extra,
+                    y_ptr,
+                    scale_ptr,
+                    row0 + BLOCK_M,
+                    row_end,
+                    col0,
+                    N,
+                    stride_ym,
+                    stride_yn,
+                    TAIL_M,
+                    BLOCK_N,
+                    HAS_SCALE,
+                    EPILOGUE,
+                )
             else:
-                acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN,
-                                  False, UPCAST)
-            _store_tile(acc, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                        BLOCK_M, BLOCK_N, HAS_SCALE, EPILOGUE)
+                acc = _tma_k_loop(
+                    a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST
+                )
+            _store_tile(
+                acc,
+                y_ptr,
+                scale_ptr,
+                row0,
+                row_end,
+                col0,
+                N,
+                stride_ym,
+                stride_yn,
+                BLOCK_M,
+                BLOCK_N,
+                HAS_SCALE,
+                EPILOGUE,
+            )
 
 
 @triton.jit
-def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 E_BLOCK: tl.constexpr):
+def _masked_plan(
+    masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, E_BLOCK: tl.constexpr
+):
     """_tile_plan for the masked layout: each expert's rows are [0, masked_m[e]) of its own block, the
     counts clamped to [0, m_max]."""
     e_offs = tl.arange(0, E_BLOCK)
@@ -296,11 +523,31 @@ def _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _grouped_mm_masked_kernel(
-    a_ptr, w_ptr, y_ptr, masked_m_ptr,
-    E, M_MAX, N, K,
-    stride_ae, stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_ye, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, EPILOGUE: tl.constexpr, PRECISION: tl.constexpr,
+    a_ptr,
+    w_ptr,
+    y_ptr,
+    masked_m_ptr,
+    E,
+    M_MAX,
+    N,
+    K,
+    stride_ae,
+    stride_am,
+    stride_ak,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_ye,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     """Masked layout, x: [E, m_max, K]. The tiles are those of rows below masked_m[e] only, numbered as in
@@ -311,25 +558,70 @@ def _grouped_mm_masked_kernel(
     written."""
     e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M, 0
+        )
         e64 = expert.to(tl.int64)
         rows_c = tl.minimum(row0 + tl.arange(0, BLOCK_M), row_end - 1).to(tl.int64)  # only rows < masked_m[e]
         n_c = (col0 + tl.arange(0, BLOCK_N)) % N
-        acc = _tile_mm(a_ptr + e64 * stride_ae, w_ptr + e64 * stride_we, rows_c, n_c, 0, K,
-                       stride_am, stride_ak, stride_wk, stride_wn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, PRECISION, UPCAST)
-        _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, False, EPILOGUE)
+        acc = _tile_mm(
+            a_ptr + e64 * stride_ae,
+            w_ptr + e64 * stride_we,
+            rows_c,
+            n_c,
+            0,
+            K,
+            stride_am,
+            stride_ak,
+            stride_wk,
+            stride_wn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+            PRECISION,
+            UPCAST,
+        )
+        _store_tile(
+            acc,
+            y_ptr + e64 * stride_ye,
+            y_ptr,
+            row0,
+            row_end,
+            col0,
+            N,
+            stride_ym,
+            stride_yn,
+            BLOCK_M,
+            BLOCK_N,
+            False,
+            EPILOGUE,
+        )
 
 
 @triton.jit
 def _grouped_mm_masked_tma_kernel(
-    a_ptr, w_desc, y_ptr, masked_m_ptr,
-    E, M_MAX, N, K,
-    stride_ae, stride_am, stride_ye, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, W_KN: tl.constexpr, EPILOGUE: tl.constexpr, UPCAST: tl.constexpr,
+    a_ptr,
+    w_desc,
+    y_ptr,
+    masked_m_ptr,
+    E,
+    M_MAX,
+    N,
+    K,
+    stride_ae,
+    stride_am,
+    stride_ye,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    W_KN: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """The masked layout with TMA loads (16-bit). Same tiles and order as _grouped_mm_masked_kernel; each
     tile's rows come through a descriptor made in-kernel for its expert's first masked_m[e] rows only, so
@@ -337,24 +629,59 @@ def _grouped_mm_masked_tma_kernel(
     written. w is the contiguous TMA kernel's 2-D descriptor."""
     e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
-        expert, row_start, row_end, row0, col0 = _tile_coords(tile, e_offs, lo, hi, cum, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M, 0
+        )
         e64 = expert.to(tl.int64)
-        a_desc = tl.make_tensor_descriptor(a_ptr + e64 * stride_ae, shape=[row_end, K],
-                                           strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
-        acc = _tma_k_loop(a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False,
-                          UPCAST)
-        _store_tile(acc, y_ptr + e64 * stride_ye, y_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, False, EPILOGUE)
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr + e64 * stride_ae,
+            shape=[row_end, K],
+            strides=[stride_am, 1],
+            block_shape=[BLOCK_M, BLOCK_K],
+        )
+        acc = _tma_k_loop(
+            a_desc, w_desc, row0, col0, expert, N, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST
+        )
+        _store_tile(
+            acc,
+            y_ptr + e64 * stride_ye,
+            y_ptr,
+            row0,
+            row_end,
+            col0,
+            N,
+            stride_ym,
+            stride_yn,
+            BLOCK_M,
+            BLOCK_N,
+            False,
+            EPILOGUE,
+        )
 
 
 @triton.jit
 def _grouped_mm_swiglu_tma_kernel(
-    a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr,
-    N, K, E, stride_ym, stride_yn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, W_KN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
-    HAS_SCALE: tl.constexpr, UPCAST: tl.constexpr, MIX: tl.constexpr,
+    a_desc,
+    w_desc,
+    y_ptr,
+    offsets_ptr,
+    scale_ptr,
+    N,
+    K,
+    E,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    W_KN: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    MIX: tl.constexpr,
 ):
     """_grouped_mm_kernel's SWIGLU with the tiles brought in by TMA (16-bit): per K step one row tile of x and
     two weight tiles, the gate's columns col0.. and the up projection's col0 + N.., into two accumulators.
@@ -363,14 +690,16 @@ def _grouped_mm_swiglu_tma_kernel(
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     if MIX > 0:
         cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, 0, MIX)
-    for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN,
-                         warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(
+        tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
+    ):
         if MIX > 0:
             number, cum_of = _mixed_tile(tile, total_tiles, cum_heavy, cum_light, heavy_total)
         else:
             number, cum_of = tile, cum
-        expert, row_start, row_end, row0, col0 = _tile_coords(number, e_offs, lo, hi, cum_of, N,
-                                                              BLOCK_M, BLOCK_N, GROUP_M, 0)
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            number, e_offs, lo, hi, cum_of, N, BLOCK_M, BLOCK_N, GROUP_M, 0
+        )
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
@@ -379,5 +708,18 @@ def _grouped_mm_swiglu_tma_kernel(
             u = _w_tile(w_desc, expert, k, col0 + N, 2 * N, K, W_KN)
             gate = mma(a, g, gate, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
             up = mma(a, u, up, "tf32", UPCAST)
-        _store_tile(_swiglu(gate, up), y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, stride_yn,
-                    BLOCK_M, BLOCK_N, HAS_SCALE, 0)
+        _store_tile(
+            _swiglu(gate, up),
+            y_ptr,
+            scale_ptr,
+            row0,
+            row_end,
+            col0,
+            N,
+            stride_ym,
+            stride_yn,
+            BLOCK_M,
+            BLOCK_N,
+            HAS_SCALE,
+            0,
+        )

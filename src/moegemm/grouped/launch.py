@@ -11,8 +11,8 @@ import triton
 from .._runtime import device_sm_count
 from .._triton_common import BoundKernel, compile_only, compiled_per_sm, dot_meta, programs_per_sm, raw_stream
 from ..epilogue import Epilogue
-from .checks import check_offsets
 from . import config
+from .checks import check_offsets
 from .config import GroupedConfig
 from .kernels import _grouped_mm_kernel, _grouped_mm_swiglu_tma_kernel, _grouped_mm_tma_kernel
 
@@ -29,8 +29,10 @@ except ImportError:  # pragma: no cover - a Triton without the allocator API has
 
 # -- TMA descriptors ------------------------------------------------------------------------------------
 
-def tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int,
-                    cfg: GroupedConfig):
+
+def tma_descriptors(
+    x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: int, k: int, cfg: GroupedConfig
+):
     """(x descriptor, w descriptor, x descriptor of tail_m-row boxes) for the TMA kernel, or None where the
     inputs do not allow it: 16-bit dtypes; x and w contiguous along their last dimension with 16-byte
     aligned rows and base; w's experts stacked densely (so that it is one 2-D [E*N, K] or [E*K, N]
@@ -43,8 +45,9 @@ def tma_descriptors(x: torch.Tensor, w: torch.Tensor, w_layout: str, e: int, n: 
     if b is None:
         return None
     a = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
-    at = TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) \
-        if cfg.tail_m else a
+    at = (
+        TensorDescriptor(x, [x.shape[0], k], [x.stride(0), 1], [cfg.tail_m, cfg.block_k]) if cfg.tail_m else a
+    )
     return a, b, at
 
 
@@ -53,8 +56,11 @@ def tma_rows_ok(x: torch.Tensor) -> bool:
     every other stride 16-byte aligned (x of the contiguous layout [M_total, K], or of the masked one)."""
     if TensorDescriptor is None or x.dtype not in (torch.bfloat16, torch.float16):
         return False
-    return (x.stride(-1) == 1 and x.data_ptr() % 16 == 0
-            and all((s * x.element_size()) % 16 == 0 for s in x.stride()[:-1]))
+    return (
+        x.stride(-1) == 1
+        and x.data_ptr() % 16 == 0
+        and all((s * x.element_size()) % 16 == 0 for s in x.stride()[:-1])
+    )
 
 
 def w_descriptor(w: torch.Tensor, w_layout: str, e: int, n: int, k: int, cfg: GroupedConfig):
@@ -99,64 +105,188 @@ def _max_tiles(m_total: int, e: int, n: int, cfg: GroupedConfig, what: str) -> i
     each adds at most one partly filled row tile to ceil(M_total / BLOCK_M)."""
     max_tiles = (triton.cdiv(m_total, cfg.block_m) + min(e, m_total)) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
-        raise ValueError(f"x_sorted: {m_total} rows x {what}={n} need {max_tiles} tiles of "
-                         f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
+        raise ValueError(
+            f"x_sorted: {m_total} rows x {what}={n} need {max_tiles} tiles of "
+            f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds"
+        )
     return max_tiles
 
 
-def spec_contiguous(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
-                    offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
-                    n: int, k: int, epi: Epilogue, allow_tf32: bool) -> tuple:
+def spec_contiguous(
+    cfg: GroupedConfig,
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    w_strides,
+    w_layout: str,
+    offsets: torch.Tensor,
+    scale: torch.Tensor,
+    has_scale: bool,
+    out: torch.Tensor,
+    e: int,
+    n: int,
+    k: int,
+    epi: Epilogue,
+    allow_tf32: bool,
+) -> tuple:
     """(kernel, work items, args, kwargs, slots) of one launch of the contiguous layout's kernel for ``cfg``
     (TMA where the inputs allow it); w_strides: (expert, K, N) strides of w; slots: how many leading
     arguments change from call to call."""
     s_e, s_k, s_n = w_strides
     max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "N")
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=config.GROUP_M,
-                  HAS_SCALE=has_scale, EPILOGUE=int(epi), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
+    common = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        E_BLOCK=max(16, triton.next_power_of_2(e)),
+        GROUP_M=config.GROUP_M,
+        HAS_SCALE=has_scale,
+        EPILOGUE=int(epi),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     descs = tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
     if descs is not None:
-        return _grouped_mm_tma_kernel, max_tiles, (
-            *descs, out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
-        ), dict(TAIL_M=cfg.tail_m, W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.flatten,
-                FLATTEN=cfg.flatten, MERGE_TAIL=cfg.merge_tail, MIX=cfg.mix,
-                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"], **common), _TMA_SLOTS
-    return _grouped_mm_kernel, max_tiles, (
-        x_sorted, w, out, offsets, scale,
-        n, k, e,
-        x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-    ), dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common,
-            **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
+        return (
+            _grouped_mm_tma_kernel,
+            max_tiles,
+            (
+                *descs,
+                out,
+                offsets,
+                scale,
+                n,
+                k,
+                e,
+                out.stride(0),
+                out.stride(1),
+            ),
+            dict(
+                TAIL_M=cfg.tail_m,
+                W_KN=w_layout == "kn",
+                WARP_SPECIALIZE=cfg.flatten,
+                FLATTEN=cfg.flatten,
+                MERGE_TAIL=cfg.merge_tail,
+                MIX=cfg.mix,
+                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
+                **common,
+            ),
+            _TMA_SLOTS,
+        )
+    return (
+        _grouped_mm_kernel,
+        max_tiles,
+        (
+            x_sorted,
+            w,
+            out,
+            offsets,
+            scale,
+            n,
+            k,
+            e,
+            x_sorted.stride(0),
+            x_sorted.stride(1),
+            s_e,
+            s_k,
+            s_n,
+            out.stride(0),
+            out.stride(1),
+        ),
+        dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)),
+        _PTR_SLOTS,
+    )
 
 
-def spec_swiglu(cfg: GroupedConfig, x_sorted: torch.Tensor, w: torch.Tensor, w_strides, w_layout: str,
-                offsets: torch.Tensor, scale: torch.Tensor, has_scale: bool, out: torch.Tensor, e: int,
-                n: int, k: int, allow_tf32: bool) -> tuple:
+def spec_swiglu(
+    cfg: GroupedConfig,
+    x_sorted: torch.Tensor,
+    w: torch.Tensor,
+    w_strides,
+    w_layout: str,
+    offsets: torch.Tensor,
+    scale: torch.Tensor,
+    has_scale: bool,
+    out: torch.Tensor,
+    e: int,
+    n: int,
+    k: int,
+    allow_tf32: bool,
+) -> tuple:
     """(kernel, work items, args, kwargs, slots) of one launch of the fused SwiGLU kernel (``cfg`` already
     swiglu_config's; n: the output's columns, the weights have 2n per expert), TMA where the inputs allow
     it."""
     s_e, s_k, s_n = w_strides
     max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "I")
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=config.GROUP_M, HAS_SCALE=has_scale,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        E_BLOCK=max(16, triton.next_power_of_2(e)),
+        GROUP_M=config.GROUP_M,
+        HAS_SCALE=has_scale,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     descs = tma_descriptors(x_sorted, w, w_layout, e, 2 * n, k, cfg) if cfg.tma else None
     if descs is not None:
-        return _grouped_mm_swiglu_tma_kernel, max_tiles, (
-            descs[0], descs[1], out, offsets, scale, n, k, e, out.stride(0), out.stride(1),
-        ), dict(W_KN=w_layout == "kn", WARP_SPECIALIZE=cfg.flatten, FLATTEN=cfg.flatten,
-                MIX=cfg.mix, UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
-                **common), _SWIGLU_TMA_SLOTS
-    return _grouped_mm_kernel, max_tiles, (
-        x_sorted, w, out, offsets, scale, n, k, e,
-        x_sorted.stride(0), x_sorted.stride(1), s_e, s_k, s_n, out.stride(0), out.stride(1),
-    ), dict(EVEN_K=k % cfg.block_k == 0, EPILOGUE=0, SWIGLU=True, **common,
-            **dot_meta(x_sorted.dtype, allow_tf32)), _PTR_SLOTS
+        return (
+            _grouped_mm_swiglu_tma_kernel,
+            max_tiles,
+            (
+                descs[0],
+                descs[1],
+                out,
+                offsets,
+                scale,
+                n,
+                k,
+                e,
+                out.stride(0),
+                out.stride(1),
+            ),
+            dict(
+                W_KN=w_layout == "kn",
+                WARP_SPECIALIZE=cfg.flatten,
+                FLATTEN=cfg.flatten,
+                MIX=cfg.mix,
+                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
+                **common,
+            ),
+            _SWIGLU_TMA_SLOTS,
+        )
+    return (
+        _grouped_mm_kernel,
+        max_tiles,
+        (
+            x_sorted,
+            w,
+            out,
+            offsets,
+            scale,
+            n,
+            k,
+            e,
+            x_sorted.stride(0),
+            x_sorted.stride(1),
+            s_e,
+            s_k,
+            s_n,
+            out.stride(0),
+            out.stride(1),
+        ),
+        dict(
+            EVEN_K=k % cfg.block_k == 0,
+            EPILOGUE=0,
+            SWIGLU=True,
+            **common,
+            **dot_meta(x_sorted.dtype, allow_tf32),
+        ),
+        _PTR_SLOTS,
+    )
 
 
 # -- the grid -------------------------------------------------------------------------------------------
+
 
 def grid_size(work_items: int, cfg: GroupedConfig, x: torch.Tensor, per_sm: int = 2) -> int:
     """Programs to launch: one per work item (an upper bound; extra programs exit at once), or on the
@@ -184,8 +314,12 @@ def per_sm(kernel, cfg: GroupedConfig, x: torch.Tensor, args: tuple, kwargs: dic
     interpreter), two."""
     if cfg.flatten:
         return 1
-    key = (kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel), x.dtype, x.device.index,
-           tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, str)))))
+    key = (
+        kernel.fn.__name__ if hasattr(kernel, "fn") else id(kernel),
+        x.dtype,
+        x.device.index,
+        tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, (bool, int, str)))),
+    )
     hit = _PER_SM.get(key)
     if hit is None:
         hit = 2
@@ -207,6 +341,7 @@ def fit_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, smem_per
 
 # -- plans ----------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(eq=False)
 class GroupedPlan:
     """One (shapes, strides, dtypes, alignment, arguments) of grouped_mm or grouped_mm_swiglu, checked and
@@ -227,8 +362,9 @@ class GroupedPlan:
     offsets_ready: bool  # group_offsets is already int32 and contiguous
 
     @classmethod
-    def make(cls, spec: tuple, cfg: GroupedConfig, x, w_layout, e, n_w, n, k, swiglu, has_scale,
-             offsets_ready) -> "GroupedPlan | None":
+    def make(
+        cls, spec: tuple, cfg: GroupedConfig, x, w_layout, e, n_w, n, k, swiglu, has_scale, offsets_ready
+    ) -> "GroupedPlan | None":
         kernel, work_items, args, kwargs, slots = spec
         if not hasattr(kernel, "warmup"):
             return None
@@ -237,9 +373,20 @@ class GroupedPlan:
             bound = BoundKernel(kernel, (grid_size(work_items, cfg, x, n_sm),), args, kwargs, slots)
         except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
             return None
-        return cls(kernel=kernel, bound=bound, cfg=cfg, tma=kernel is not _grouped_mm_kernel,
-                   w_layout=w_layout, e=e, n_w=n_w, n=n, k=k, swiglu=swiglu, has_scale=has_scale,
-                   offsets_ready=offsets_ready)
+        return cls(
+            kernel=kernel,
+            bound=bound,
+            cfg=cfg,
+            tma=kernel is not _grouped_mm_kernel,
+            w_layout=w_layout,
+            e=e,
+            n_w=n_w,
+            n=n,
+            k=k,
+            swiglu=swiglu,
+            has_scale=has_scale,
+            offsets_ready=offsets_ready,
+        )
 
     def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:
         m_total = x.shape[0]

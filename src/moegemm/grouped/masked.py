@@ -11,8 +11,8 @@ import triton
 from .._runtime import check_device
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
-from .checks import check_masked_m_values, check_w
 from . import config as _config
+from .checks import check_masked_m_values, check_w
 from .config import GroupedConfig, config_list, config_of, masked_config
 from .kernels import _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel
 from .launch import ensure_allocator, launch, tma_rows_ok, w_descriptor
@@ -50,16 +50,18 @@ def grouped_mm_masked(
         n = w.shape[2] if w_layout == "kn" else w.shape[1]
         out = x.new_empty((x.shape[0], x.shape[1], n)) if out is None else out
         if check_masked_m:
-            torch._assert_async(((masked_m >= 0) & (masked_m <= x.shape[1])).all(),
-                                "masked_m: values must lie in [0, m_max]")
+            torch._assert_async(
+                ((masked_m >= 0) & (masked_m <= x.shape[1])).all(), "masked_m: values must lie in [0, m_max]"
+            )
         epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
         grouped_mm_masked_op(x, w, masked_m, out, w_layout, epi, config_list(config), allow_tf32)
         return out
     return _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m)
 
 
-def _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m=False
-            ) -> torch.Tensor:
+def _masked(
+    x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m=False
+) -> torch.Tensor:
     """grouped_mm_masked's checks and launch."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         got = getattr(x, "shape", type(x).__name__)
@@ -91,30 +93,86 @@ def _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_m
     cfg = masked_config(x, n, w_layout, config)
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
-        raise ValueError(f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of "
-                         f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds")
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  E_BLOCK=max(16, triton.next_power_of_2(e)), GROUP_M=_config.GROUP_M, EPILOGUE=int(epi),
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        raise ValueError(
+            f"x: {e} x {m_max} rows x N={n} need {max_tiles} tiles of "
+            f"{cfg.block_m}x{cfg.block_n}, more than the kernel's int32 tile index holds"
+        )
+    common = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        E_BLOCK=max(16, triton.next_power_of_2(e)),
+        GROUP_M=_config.GROUP_M,
+        EPILOGUE=int(epi),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     w_desc = w_descriptor(w, w_layout, e, n, k, cfg) if cfg.tma and tma_rows_ok(x) else None
     if w_desc is not None:
         ensure_allocator()
-        launch(_grouped_mm_masked_tma_kernel, max_tiles, cfg, x, (
-            x, w_desc, out, masked_m, e, m_max, n, k,
-            x.stride(0), x.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        ), dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, allow_tf32)["UPCAST"], **common))
+        launch(
+            _grouped_mm_masked_tma_kernel,
+            max_tiles,
+            cfg,
+            x,
+            (
+                x,
+                w_desc,
+                out,
+                masked_m,
+                e,
+                m_max,
+                n,
+                k,
+                x.stride(0),
+                x.stride(1),
+                out.stride(0),
+                out.stride(1),
+                out.stride(2),
+            ),
+            dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, allow_tf32)["UPCAST"], **common),
+        )
         return out
-    launch(_grouped_mm_masked_kernel, max_tiles, cfg, x, (
-        x, w, out, masked_m,
-        e, m_max, n, k,
-        x.stride(0), x.stride(1), x.stride(2), s_e, s_k, s_n, out.stride(0), out.stride(1), out.stride(2),
-    ), dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, allow_tf32)))
+    launch(
+        _grouped_mm_masked_kernel,
+        max_tiles,
+        cfg,
+        x,
+        (
+            x,
+            w,
+            out,
+            masked_m,
+            e,
+            m_max,
+            n,
+            k,
+            x.stride(0),
+            x.stride(1),
+            x.stride(2),
+            s_e,
+            s_k,
+            s_n,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+        ),
+        dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, allow_tf32)),
+    )
     return out
 
 
 @torch.library.custom_op("moegemm::grouped_mm_masked", mutates_args=("out",))
-def grouped_mm_masked_op(x: torch.Tensor, w: torch.Tensor, masked_m: torch.Tensor, out: torch.Tensor,
-                         w_layout: str, epilogue: str, config: list[int] | None, allow_tf32: bool) -> None:
+def grouped_mm_masked_op(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    masked_m: torch.Tensor,
+    out: torch.Tensor,
+    w_layout: str,
+    epilogue: str,
+    config: list[int] | None,
+    allow_tf32: bool,
+) -> None:
     _masked(x, w, masked_m, w_layout, epilogue, config_of(config), out, allow_tf32)
 
 

@@ -16,8 +16,18 @@ from .._triton_common import launch
 
 
 @triton.jit
-def _combine_kernel(y_ptr, rows_ptr, w_ptr, out_ptr, N, stride_y, stride_o, TOP_K: tl.constexpr,
-                    HAS_W: tl.constexpr, BLOCK_N: tl.constexpr):
+def _combine_kernel(
+    y_ptr,
+    rows_ptr,
+    w_ptr,
+    out_ptr,
+    N,
+    stride_y,
+    stride_o,
+    TOP_K: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """out[t, n-block] = sum_j w[t, j] * y[rows[t * TOP_K + j], n-block] (j in order; fp32)."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -32,8 +42,9 @@ def _combine_kernel(y_ptr, rows_ptr, w_ptr, out_ptr, N, stride_y, stride_o, TOP_
     tl.store(out_ptr + t * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
-            topk_weights: torch.Tensor | None) -> torch.Tensor:
+def combine(
+    y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int, topk_weights: torch.Tensor | None
+) -> torch.Tensor:
     """[T, N] from y_sorted [T * top_k, N] and slot_rows [T * top_k] (the permuted row of each flat (token, k)
     slot); topk_weights [T, top_k] or None. A y_sorted without unit stride along N is copied first."""
     if y_sorted.stride(1) != 1:
@@ -45,16 +56,21 @@ def combine(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
         return out.zero_()
     block_n = min(triton.next_power_of_2(n), 1024)
     w = topk_weights.reshape(-1).contiguous() if topk_weights is not None else slot_rows
-    launch(_combine_kernel, (t, triton.cdiv(n, block_n)),
-           (y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0)),
-           dict(TOP_K=top_k, HAS_W=topk_weights is not None, BLOCK_N=block_n,
-                num_warps=4 if block_n >= 512 else 2))
+    launch(
+        _combine_kernel,
+        (t, triton.cdiv(n, block_n)),
+        (y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0)),
+        dict(
+            TOP_K=top_k, HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2
+        ),
+    )
     return out
 
 
 @torch.library.custom_op("moegemm::combine", mutates_args=())
-def combine_op(y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int,
-               topk_weights: torch.Tensor | None) -> torch.Tensor:
+def combine_op(
+    y_sorted: torch.Tensor, slot_rows: torch.Tensor, top_k: int, topk_weights: torch.Tensor | None
+) -> torch.Tensor:
     """:func:`combine` as the custom op ``unpermute`` traces as under torch.compile."""
     return combine(y_sorted, slot_rows, top_k, topk_weights)
 
@@ -86,6 +102,10 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     if rows == 0 or i == 0:
         return out
     block = min(triton.next_power_of_2(i), 1024)
-    launch(_silu_mul_kernel, (rows, triton.cdiv(i, block)), (gu, out, i, gu.stride(0), out.stride(0)),
-           dict(BLOCK=block, num_warps=4 if block >= 512 else 2))
+    launch(
+        _silu_mul_kernel,
+        (rows, triton.cdiv(i, block)),
+        (gu, out, i, gu.stride(0), out.stride(0)),
+        dict(BLOCK=block, num_warps=4 if block >= 512 else 2),
+    )
     return out

@@ -72,8 +72,15 @@ def _plan(flat: torch.Tensor, t: int, k: int, num_experts: int, on_device_check:
 
 def _plan_of(arrays, t: int, k: int) -> RoutingPlan:
     tok, slot, slot_rows, sizes, offsets = arrays
-    return RoutingPlan(sorted_token_ids=tok, sorted_slot=slot, slot_rows=slot_rows, group_sizes=sizes,
-                       group_offsets=offsets, num_tokens=t, top_k=k)
+    return RoutingPlan(
+        sorted_token_ids=tok,
+        sorted_slot=slot,
+        slot_rows=slot_rows,
+        group_sizes=sizes,
+        group_offsets=offsets,
+        num_tokens=t,
+        top_k=k,
+    )
 
 
 def _checked_flat(topk_ids, num_experts, validate: bool):
@@ -96,18 +103,26 @@ def _checked_flat(topk_ids, num_experts, validate: bool):
     on_device_check = validate and flat.device.type == "cuda"
     if validate and flat.numel() and not on_device_check:
         if torch.compiler.is_compiling():  # traced on the CPU: torch ops
-            torch._assert_async((flat.min() >= 0) & (flat.max() < num_experts),
-                                f"topk_ids: expert ids must be in [0, {num_experts})")
+            torch._assert_async(
+                (flat.min() >= 0) & (flat.max() < num_experts),
+                f"topk_ids: expert ids must be in [0, {num_experts})",
+            )
         else:
             lo, hi = int(flat.min()), int(flat.max())
             if lo < 0 or hi >= num_experts:
-                raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts}), "
-                                 f"got range [{lo}, {hi}]")
+                raise ValueError(
+                    f"topk_ids: expert ids must be in [0, {num_experts}), got range [{lo}, {hi}]"
+                )
     return flat, t, k, on_device_check
 
 
-def route_and_permute(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
-                      validate: bool = True) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
+def route_and_permute(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    validate: bool = True,
+) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
     """(plan, x_sorted, weights_sorted): :func:`route`, :func:`permute` and :func:`sorted_weights` in one
     call, with the same results. Where Triton runs and the step has at most 64 slots (T * top_k, decode;
     ``routing_kernels.GATHER_SLOTS``), the three are one launch
@@ -143,8 +158,9 @@ def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
     return tuple(arrays)
 
 
-def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor,
-                  flat_weights: torch.Tensor, check: bool):
+def gather_arrays(
+    flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor, check: bool
+):
     """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the one-launch
     kernel (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
     *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
@@ -155,9 +171,11 @@ def gather_arrays(flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Ten
 # The routing steps as custom ops, for the traced path to run the same kernels as the eager one. Each returns
 # new tensors (no mutation); its fake implementation gives their shapes.
 
+
 @torch.library.custom_op("moegemm::route", mutates_args=())
-def route_op(flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def route_op(
+    flat_ids: torch.Tensor, num_experts: int, top_k: int, check: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return route_arrays(flat_ids, num_experts, top_k, check)
 
 
@@ -167,10 +185,14 @@ def _(flat_ids, num_experts, top_k, check):
 
 
 @torch.library.custom_op("moegemm::route_gather", mutates_args=())
-def route_gather_op(flat_ids: torch.Tensor, x: torch.Tensor, flat_weights: torch.Tensor, num_experts: int,
-                    top_k: int, check: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                               torch.Tensor, torch.Tensor]:
+def route_gather_op(
+    flat_ids: torch.Tensor,
+    x: torch.Tensor,
+    flat_weights: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    check: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return gather_arrays(flat_ids, num_experts, top_k, x, flat_weights, check)
 
 
@@ -273,6 +295,7 @@ def row_positions(group_offsets: torch.Tensor, num_rows: int) -> tuple[torch.Ten
 def sorted_weights(topk_weights: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """Gating weights in permuted row order, for ``grouped_mm(..., row_scale=...)``."""
     if tuple(topk_weights.shape) != (plan.num_tokens, plan.top_k):
-        raise ValueError(f"topk_weights: expected shape ({plan.num_tokens}, {plan.top_k}), "
-                         f"got {tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"topk_weights: expected shape ({plan.num_tokens}, {plan.top_k}), got {tuple(topk_weights.shape)}"
+        )
     return gather_rows(topk_weights.reshape(-1), plan.sorted_slot)

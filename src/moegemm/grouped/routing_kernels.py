@@ -57,8 +57,9 @@ def _count_kernel(ids_ptr, hist_ptr, bad_ptr, N, E, CHUNK: tl.constexpr, EB: tl.
 
 
 @triton.jit
-def _scan_kernel(hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P, E,
-                 PB: tl.constexpr, EB: tl.constexpr):
+def _scan_kernel(
+    hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P, E, PB: tl.constexpr, EB: tl.constexpr
+):
     bad = tl.zeros((PB,), dtype=tl.int32)
     for p0 in range(0, P, PB):
         pr = p0 + tl.arange(0, PB)
@@ -71,8 +72,9 @@ def _scan_kernel(hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P,
         size = tl.zeros((EB,), dtype=tl.int32)
         for p0 in range(0, P, PB):
             pr = p0 + tl.arange(0, PB)
-            h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=(pr < P)[:, None] & em[None, :],
-                        other=0)
+            h = tl.load(
+                hist_ptr + pr[:, None] * E + ec[None, :], mask=(pr < P)[:, None] & em[None, :], other=0
+            )
             size += tl.sum(h, axis=0)
         start = done + tl.cumsum(size, axis=0) - size
         tl.store(sizes_ptr + ec, size, mask=em)
@@ -83,8 +85,9 @@ def _scan_kernel(hist_ptr, bad_ptr, base_ptr, sizes_ptr, offsets_ptr, ok_ptr, P,
             pr = p0 + tl.arange(0, PB)
             m = (pr < P)[:, None] & em[None, :]
             h = tl.load(hist_ptr + pr[:, None] * E + ec[None, :], mask=m, other=0)
-            tl.store(base_ptr + pr[:, None] * E + ec[None, :], run[None, :] + tl.cumsum(h, axis=0) - h,
-                     mask=m)
+            tl.store(
+                base_ptr + pr[:, None] * E + ec[None, :], run[None, :] + tl.cumsum(h, axis=0) - h, mask=m
+            )
             run += tl.sum(h, axis=0)
     tl.store(offsets_ptr + E, done)
 
@@ -135,8 +138,20 @@ def _store_sizes(ex, live, sizes_ptr, offsets_ptr, E, EB: tl.constexpr):
 
 
 @triton.jit
-def _small_kernel(ids_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr, offsets_ptr, ok_ptr, N, E, TOP_K,
-                  CHUNK: tl.constexpr, EB: tl.constexpr):
+def _small_kernel(
+    ids_ptr,
+    tok_ptr,
+    slot_ptr,
+    rows_ptr,
+    sizes_ptr,
+    offsets_ptr,
+    ok_ptr,
+    N,
+    E,
+    TOP_K,
+    CHUNK: tl.constexpr,
+    EB: tl.constexpr,
+):
     """All of it for N <= CHUNK slots: a slot's row is the number of slots ordered before it by (expert,
     slot)."""
     i = tl.arange(0, CHUNK)
@@ -149,9 +164,27 @@ def _small_kernel(ids_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr, offsets_ptr, 
 
 
 @triton.jit
-def _small_gather_kernel(ids_ptr, x_ptr, w_ptr, xs_ptr, ws_ptr, tok_ptr, slot_ptr, rows_ptr, sizes_ptr,
-                         offsets_ptr, ok_ptr, N, E, TOP_K, H, stride_x, CHUNK: tl.constexpr, EB: tl.constexpr,
-                         BLOCK_H: tl.constexpr):
+def _small_gather_kernel(
+    ids_ptr,
+    x_ptr,
+    w_ptr,
+    xs_ptr,
+    ws_ptr,
+    tok_ptr,
+    slot_ptr,
+    rows_ptr,
+    sizes_ptr,
+    offsets_ptr,
+    ok_ptr,
+    N,
+    E,
+    TOP_K,
+    H,
+    stride_x,
+    CHUNK: tl.constexpr,
+    EB: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """_small_kernel's plan and the permutation it drives, in one launch: every program works the plan out
     (a few slots: cheap) and copies its BLOCK_H columns of each slot's token row to the slot's row of
     ``xs``; program 0 also stores the plan and the gating weights in row order (``ws``)."""
@@ -184,9 +217,14 @@ def plan_buffers(flat_ids: torch.Tensor, num_experts: int):
     [1])."""
     n = flat_ids.shape[0]
     i32 = dict(dtype=torch.int32)
-    return (flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32), flat_ids.new_empty(n, **i32),
-            flat_ids.new_empty(num_experts, **i32), flat_ids.new_empty(num_experts + 1, **i32),
-            flat_ids.new_empty(1, dtype=torch.bool))
+    return (
+        flat_ids.new_empty(n, **i32),
+        flat_ids.new_empty(n, **i32),
+        flat_ids.new_empty(n, **i32),
+        flat_ids.new_empty(num_experts, **i32),
+        flat_ids.new_empty(num_experts + 1, **i32),
+        flat_ids.new_empty(1, dtype=torch.bool),
+    )
 
 
 def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
@@ -196,24 +234,32 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     tok, slot, rows, sizes, offsets, ok = plan_buffers(flat_ids, e)
     if n <= CHUNK:
         chunk, eb = small_blocks(n, e)
-        launch(_small_kernel, (1,), (flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k),
-               dict(CHUNK=chunk, EB=eb, num_warps=4 if chunk * max(chunk, eb) > 4096 else 1))
+        launch(
+            _small_kernel,
+            (1,),
+            (flat_ids, tok, slot, rows, sizes, offsets, ok, n, e, top_k),
+            dict(CHUNK=chunk, EB=eb, num_warps=4 if chunk * max(chunk, eb) > 4096 else 1),
+        )
         return tok, slot, rows, sizes, offsets, ok
     p = triton.cdiv(n, CHUNK)
     if 2 * p * e + p >= 2**31:  # the kernels index the per-chunk counts with 32-bit offsets
-        raise ValueError(f"topk_ids: {n} slots over {e} experts need {2 * p * e} per-chunk counts, more than "
-                         "the routing kernels' 32-bit offsets hold")
+        raise ValueError(
+            f"topk_ids: {n} slots over {e} experts need {2 * p * e} per-chunk counts, more than "
+            "the routing kernels' 32-bit offsets hold"
+        )
     scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=dev)
-    hist, base, bad = scratch[: p * e], scratch[p * e: 2 * p * e], scratch[2 * p * e:]
+    hist, base, bad = scratch[: p * e], scratch[p * e : 2 * p * e], scratch[2 * p * e :]
     launch(_count_kernel, (p,), (flat_ids, hist, bad, n, e), dict(CHUNK=CHUNK, EB=EB, num_warps=4))
     launch(_scan_kernel, (1,), (hist, bad, base, sizes, offsets, ok, p, e), dict(PB=PB, EB=EB, num_warps=8))
-    launch(_place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k),
-           dict(CHUNK=CHUNK, num_warps=4))
+    launch(
+        _place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k), dict(CHUNK=CHUNK, num_warps=4)
+    )
     return tok, slot, rows, sizes, offsets, ok
 
 
-def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor,
-                    flat_weights: torch.Tensor):
+def plan_and_gather(
+    flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor
+):
     """plan_arrays for at most GATHER_SLOTS slots, with x's rows permuted (``xs`` [n, H]: row i is token
     sorted_token_ids[i]) and the gating weights in row order (``ws`` [n]), all in one launch:
     (sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok, xs, ws). x: [T, H] with unit
@@ -227,8 +273,10 @@ def plan_and_gather(flat_ids: torch.Tensor, num_experts: int, top_k: int, x: tor
     ws = torch.empty(n, dtype=flat_weights.dtype, device=dev)
     chunk, eb = small_blocks(n, e)
     block_h = max(64, 8192 // chunk)
-    launch(_small_gather_kernel, (max(1, triton.cdiv(h, block_h)),),
-           (flat_ids, x, flat_weights, xs, ws, tok, slot, rows, sizes, offsets, ok, n, e, top_k, h,
-            x.stride(0)),
-           dict(CHUNK=chunk, EB=eb, BLOCK_H=block_h, num_warps=4))
+    launch(
+        _small_gather_kernel,
+        (max(1, triton.cdiv(h, block_h)),),
+        (flat_ids, x, flat_weights, xs, ws, tok, slot, rows, sizes, offsets, ok, n, e, top_k, h, x.stride(0)),
+        dict(CHUNK=chunk, EB=eb, BLOCK_H=block_h, num_warps=4),
+    )
     return tok, slot, rows, sizes, offsets, ok, xs, ws

@@ -69,8 +69,16 @@ def tile_order(group_sizes: list[int], n: int, cfg: GroupedConfig) -> list[Tile]
     return order
 
 
-def wave_model_us(tiles: list[Tile], n: int, k: int, cfg: GroupedConfig, programs: int, hbm_bytes_s: float,
-                  flops_s: float, elt: int = 2) -> float:
+def wave_model_us(
+    tiles: list[Tile],
+    n: int,
+    k: int,
+    cfg: GroupedConfig,
+    programs: int,
+    hbm_bytes_s: float,
+    flops_s: float,
+    elt: int = 2,
+) -> float:
     """A launch as consecutive waves of ``programs`` tiles (the tiles running together), each as slow as the
     larger of its HBM bytes at ``hbm_bytes_s`` and its tensor FLOPs (the rows and columns the tile
     computes, not those it keeps) at ``flops_s``. A tile's HBM bytes: the weight slice of its (expert,
@@ -80,7 +88,7 @@ def wave_model_us(tiles: list[Tile], n: int, k: int, cfg: GroupedConfig, program
     seen_w, seen_a, total = set(), set(), 0.0
     for i in range(0, len(tiles), programs):
         nbytes = flops = 0.0
-        for t in tiles[i:i + programs]:
+        for t in tiles[i : i + programs]:
             cols = min(cfg.block_n, n - t.col0)
             if (t.expert, t.col0) not in seen_w:
                 seen_w.add((t.expert, t.col0))

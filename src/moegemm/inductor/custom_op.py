@@ -61,8 +61,9 @@ def _(a, b):
 def valid_splits(k: int) -> list[int]:
     """Splits that divide K into chunks of at least MIN_CHUNK; for a short K, chunks of at least 16, so
     that there is always a choice (torch 2.11's custom-op autotuning fails on a single candidate)."""
-    return ([s for s in SPLITS if k % s == 0 and k // s >= MIN_CHUNK]
-            or [s for s in SPLITS if k % s == 0 and k // s >= 16])
+    return [s for s in SPLITS if k % s == 0 and k // s >= MIN_CHUNK] or [
+        s for s in SPLITS if k % s == 0 and k // s >= 16
+    ]
 
 
 def _configs(plain, decomposed, fake_tensors: dict) -> list:
@@ -100,12 +101,20 @@ def register(dispatch_splits: list[int] | None = None) -> dict:
     if dispatch_splits:
         dispatch = dict(dispatch_on={"tensor_name": "a", "dim": 0}, split_points=list(dispatch_splits))
     register_custom_op_autotuning(
-        mm, config_generator=lambda f: _configs(mm_impl, decompose_k_impl, f),
-        name="moegemm_mm_autotuned", input_gen_fns=gen, **dispatch, **extra,
+        mm,
+        config_generator=lambda f: _configs(mm_impl, decompose_k_impl, f),
+        name="moegemm_mm_autotuned",
+        input_gen_fns=gen,
+        **dispatch,
+        **extra,
     )
     register_custom_op_autotuning(
-        mm_relu, config_generator=lambda f: _configs(mm_relu_impl, decompose_k_relu_impl, f),
-        name="moegemm_mm_relu_autotuned", input_gen_fns=gen, **dispatch, **extra,
+        mm_relu,
+        config_generator=lambda f: _configs(mm_relu_impl, decompose_k_relu_impl, f),
+        name="moegemm_mm_relu_autotuned",
+        input_gen_fns=gen,
+        **dispatch,
+        **extra,
     )
     info = {"dispatch_splits": dispatch_splits, "extra_kwargs": sorted(extra)}
     _REGISTERED[key] = info

@@ -50,20 +50,30 @@ def unsupported(experts: torch.nn.Module) -> str | None:
     return None
 
 
-def moegemm_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                            top_k_weights: torch.Tensor) -> torch.Tensor:
+def moegemm_experts_forward(
+    self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """transformers' experts forward (hidden_states [T, H], the router's top-k ids and weights [T, k]) on
     :func:`moegemm.grouped.moe_ffn`; see the module's docstring for what it serves."""
     why = unsupported(self)
     if why is not None:
         if why not in _WARNED:
             _WARNED.add(why)
-            warnings.warn(f"moegemm experts: {why} is not supported; running transformers' grouped_mm "
-                          "instead", stacklevel=2)
+            warnings.warn(
+                f"moegemm experts: {why} is not supported; running transformers' grouped_mm instead",
+                stacklevel=2,
+            )
         return hf_moe.grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     w_layout = "kn" if getattr(self, "is_transposed", False) else "nk"
-    y = moe_ffn(hidden_states, top_k_index, top_k_weights.to(torch.float32), self.gate_up_proj,
-                self.down_proj, w_layout=w_layout, validate=False)
+    y = moe_ffn(
+        hidden_states,
+        top_k_index,
+        top_k_weights.to(torch.float32),
+        self.gate_up_proj,
+        self.down_proj,
+        w_layout=w_layout,
+        validate=False,
+    )
     return y
 
 
@@ -71,8 +81,10 @@ def register(name: str = NAME) -> None:
     """Register :func:`moegemm_experts_forward` in transformers' ExpertsInterface under ``name`` (done once at
     import under "moegemm")."""
     if not hasattr(hf_moe, "ExpertsInterface"):
-        raise ImportError(f"moegemm.integrations.transformers needs transformers 5.x (its ExpertsInterface); "
-                          f"found transformers {transformers.__version__}")
+        raise ImportError(
+            f"moegemm.integrations.transformers needs transformers 5.x (its ExpertsInterface); "
+            f"found transformers {transformers.__version__}"
+        )
     hf_moe.ExpertsInterface.register(name, moegemm_experts_forward)
 
 
