@@ -2,6 +2,7 @@
 cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
 
     PYTHONPATH=src python probes/cluster_bench.py     # CSVs to $OUT if set; MOEGEMM_SEED_SOURCE for the seed
+    PYTHONPATH=src python -m probes.cluster_bench     # the same
 
 1. Checks (quick): every dtype x epilogue (+ bias) against float64 on fresh random data, outputs poisoned
    with NaN first; K tails, a single row, b as w.t() (K-contiguous), a strided a, a transposed out; bitwise
@@ -38,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from moegemm.decompose_k import cluster as C  # noqa: E402
-from moegemm.decompose_k import matmul as dk_matmul  # noqa: E402
-from moegemm.epilogue import Epilogue  # noqa: E402
+from moegemm.decompose_k import matmul as dk_matmul  # noqa: E402 - after the path set-up
+from moegemm.epilogue import Epilogue  # noqa: E402 - after the path set-up
+from probes import cluster_dk as C  # noqa: E402 - after the path set-up
 
 # past this many seconds the Decompose-K sweep times only the heuristic config, and past it + 50 the
 # grouped part skips its remaining shapes: the whole run stays under 4 minutes
@@ -410,8 +411,8 @@ GROUPED: list[dict] = []
 def time_grouped(dev):
     """The multicast grouped kernel against the library's grouped_mm (its default: tuned, or timed on the
     first call) and torch._grouped_mm, prefill: E = 8, K = 4096, N = 14336, uniform rows, w [E, N, K] bf16."""
-    from moegemm.grouped import cluster_kernels as G
     from moegemm.grouped import grouped_mm
+    from probes import cluster_grouped as G
 
     e, k, n = 8, 4096, 14336
     g = torch.Generator(device=dev).manual_seed(0)
@@ -481,8 +482,8 @@ def time_grouped(dev):
 def time_swiglu(dev, e, k, i, rows=8192):
     """The fused gate/up + SwiGLU: the multicast kernel against the library's grouped_mm_swiglu, one prefill
     shape (w_gate_up [E, 2I, K])."""
-    from moegemm.grouped import cluster_kernels as G
     from moegemm.grouped import grouped_mm_swiglu
+    from probes import cluster_grouped as G
 
     if elapsed() > DEADLINE_S + 50:
         GROUPED.append({"rows": rows, "contender": "swiglu", "status": "skipped: time budget"})

@@ -94,7 +94,6 @@ class Plan:
     _bound: BoundKernel | None = None  # the compiled single_launch kernel (on a GPU)
     _grid: tuple = (1, 1)
     _per_stream: dict = dataclasses.field(default_factory=dict)
-    _cluster: object = None  # the clustered kernel's plan (cluster.ClusterPlan)
 
     def matches(self, a, b, bias=None, out=None) -> bool:
         return _key(a, b, bias, out, *self.key[-6:]) == self.key
@@ -106,8 +105,6 @@ class Plan:
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self._cluster is not None:
-            return self._cluster.run(a, b, bias, out)
         if self.backend == "empty_out":  # M or N is 0: nothing to compute
             if out is not None:
                 return out
@@ -285,15 +282,6 @@ def _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, k
     if k == 0:
         return Plan(backend="empty", config=None, source="explicit", **base)
     name, cfg, source = choose(a, n, epi, kernel)
-    if name == "cluster" and not isinstance(config, DecomposeKConfig):
-        p = _cluster_plan(
-            a, b, epi, bias, out, config if config is not None else cfg, split_k, allow_tf32, source, base
-        )
-        if p is not None:
-            return p
-    if name == "cluster":  # where the clustered kernel cannot serve, or a config asks for single_launch's
-        name, cfg, source = choose(a, n, epi, "single_launch")
-        config = config if isinstance(config, DecomposeKConfig) else None
     if config is not None:
         cfg, source = config, "explicit"
         if name == "cublas":  # an explicit config asks for one of our kernels
@@ -306,28 +294,6 @@ def _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, k
     probe_out = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     p._bind_fast(a, b, bias, probe_out)
     return p
-
-
-def _cluster_plan(a, b, epi, bias, out, config, split_k, allow_tf32, source, base) -> Plan | None:
-    """A plan running the clustered kernel (config: a cluster.ClusterConfig, or None for its heuristic), or
-    None where it cannot serve these operands here (then the caller plans another kernel)."""
-    from . import cluster
-
-    if config is not None and not isinstance(config, cluster.ClusterConfig):
-        raise TypeError(
-            f"config: kernel 'cluster' takes a cluster.ClusterConfig, got {type(config).__name__}"
-        )
-    if split_k is not None:
-        base_cfg = (
-            config
-            if config is not None
-            else cluster.heuristic_config(a.shape[0], b.shape[1], a.shape[1], a.dtype)
-        )
-        config, source = cluster.ClusterConfig(**{**base_cfg.as_dict(), "split_k": split_k}), "explicit"
-    cp = cluster.plan(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)
-    if cp is None:
-        return None
-    return Plan(backend="cluster", config=cp.config, source=source, _cluster=cp, **base)
 
 
 def matmul(

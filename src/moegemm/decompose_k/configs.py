@@ -19,9 +19,7 @@ from ..epilogue import Epilogue
 from ._partial import _partial_mm_kernel
 
 KERNELS = ("two_stage", "flat", "single_launch")  # our Triton kernels
-# what a plan may run: those, the clustered Gluon kernel (cluster.py: Hopper, where the tuned table finds it
-# faster or the caller names it) and cuBLAS (torch.mm) with the epilogue after it
-BACKENDS = KERNELS + ("cluster", "cublas")
+BACKENDS = KERNELS + ("cublas",)  # what a plan may run: cuBLAS (torch.mm) with the epilogue after it
 
 
 def cdiv(a: int, b: int) -> int:
@@ -215,14 +213,6 @@ def heuristic_choice(m: int, n: int, k: int) -> str:
     return HEURISTIC_KERNEL if m * n <= DK_MAX_OUTPUT and k >= 2 * max(m, n) else "cublas"
 
 
-def _coerce(kernel: str, config: dict):
-    if kernel == "cluster":
-        from .cluster import ClusterConfig
-
-        return ClusterConfig.coerce(config)
-    return DecomposeKConfig.coerce(config)
-
-
 @functools.lru_cache(maxsize=None)
 def _tuned_table(slug: str) -> dict:
     """{(dtype, m, n, k, epilogue): (best backend, {kernel: config}, {backend: best us}, activation us)} for
@@ -230,7 +220,7 @@ def _tuned_table(slug: str) -> dict:
     table = {}
     for e in tuned.entries("decompose_k", slug):
         key = (e["dtype"], e["m"], e["n"], e["k"], e["epilogue"])
-        per_kernel = {name: _coerce(name, c) for name, c in e["per_kernel"].items()}
+        per_kernel = {name: DecomposeKConfig.coerce(c) for name, c in e["per_kernel"].items()}
         table[key] = (e["kernel"], per_kernel, e.get("backend_us", {}), float(e.get("activation_us", 0.0)))
     return table
 
@@ -262,10 +252,6 @@ def _choose(slug, dtype, m, n, k, epilogue, kernel, sms):
     if kernel == "cublas":
         return "cublas", None, "explicit"
     table = _tuned_table(slug)
-    if kernel == "cluster":  # its tuned config, else its own heuristic's (None)
-        hit = table.get((str(dtype).replace("torch.", ""), m, n, k, "none"))
-        cfg = hit[1].get("cluster") if hit is not None else None
-        return "cluster", cfg, "tuned" if cfg is not None else "heuristic"
     dt = str(dtype).replace("torch.", "")
     hit = table.get((dt, m, n, k, epilogue.name.lower()))
     if hit is None and epilogue is not Epilogue.NONE:
