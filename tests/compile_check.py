@@ -29,10 +29,12 @@ from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
 from moegemm.grouped.kernels import (  # noqa: E402
     _grouped_mm_kernel,
-    _grouped_mm_masked_kernel,
-    _grouped_mm_masked_tma_kernel,
     _grouped_mm_swiglu_tma_kernel,
     _grouped_mm_tma_kernel,
+)
+from moegemm.grouped.masked_kernels import (  # noqa: E402
+    _grouped_mm_masked_kernel,
+    _grouped_mm_masked_tma_kernel,
 )
 from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
 

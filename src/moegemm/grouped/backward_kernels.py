@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import mma
-from .kernels import _tile_coords, _tile_plan
+from .tiles import _tile_coords, _tile_plan
 
 
 @triton.jit

@@ -14,8 +14,9 @@ from ..epilogue import Epilogue
 from . import config as _config
 from .checks import check_masked_m_values, check_w
 from .config import GroupedConfig, config_list, config_of, masked_config
-from .kernels import _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel
-from .launch import ensure_allocator, launch, tma_rows_ok, w_descriptor
+from .launch import launch
+from .masked_kernels import _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel
+from .tma import ensure_allocator, tma_rows_ok, w_descriptor
 
 
 def grouped_mm_masked(
