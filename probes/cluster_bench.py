@@ -151,35 +151,15 @@ def run_checks(dev):
             for name, cfg in (
                 (f"S={s}", C.ClusterConfig(split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2)),
                 (
-                    f"S={s},producer,chains=4,ring",
+                    f"S={s},chains=4,ring",
                     C.ClusterConfig(
-                        split_k=s,
-                        block_m=16,
-                        block_n=32,
-                        block_k=bk,
-                        num_warps=4,
-                        stages=4,
-                        chains=4,
-                        producer=False,
+                        split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=4, stages=4, chains=4
                     ),
                 ),
                 (
                     f"S={s},chains=2,ring",
                     C.ClusterConfig(
                         split_k=s, block_m=16, block_n=32, block_k=bk, num_warps=2, stages=2, chains=2
-                    ),
-                ),
-                (
-                    f"S={s},producer,clusters=4",
-                    C.ClusterConfig(
-                        split_k=s,
-                        block_m=16,
-                        block_n=32,
-                        block_k=bk,
-                        num_warps=4,
-                        chains=4,
-                        producer=False,
-                        clusters=4,
                     ),
                 ),
             ):
@@ -224,13 +204,8 @@ def run_checks(dev):
         CHECKS.append({"check": "bitwise-100", "status": f"error: {e!r}"[:300]})
 
     # CUDA graph: 20 replays, new inputs copied into the captured buffers each time (the heuristic config,
-    # and 4 clusters per tile: the counters go back to zero in each replay)
-    for gcfg in (
-        None,
-        C.ClusterConfig(
-            split_k=16, block_m=16, block_n=16, num_warps=4, chains=4, producer=False, clusters=4
-        ),
-    ):
+    # and 16-CTA clusters on 16 x 16 tiles with 4 chains)
+    for gcfg in (None, C.ClusterConfig(split_k=16, block_m=16, block_n=16, num_warps=4, chains=4)):
         graph_check(dev, rnd, gcfg)
 
 
@@ -304,22 +279,19 @@ SWEEP_CELLS |= {("router", t, 256, 7168) for t in (1, 16, 64, 256)}
 
 def sweep(kind, m, n, k):
     """The heuristic config first; on the sweep's cells (4 M = N x 3 K of the grid, the router at T = 1, 16,
-    64, 256) then its knobs one at a time (no producer warp; one accumulator chain; a ring of 4 or 8 slots
-    instead of every step in flight, so more CTAs share an SM; the other chain count; 2 or 4 clusters per
-    tile, combined through a workspace) and other S and tiles."""
+    64, 256) then its knobs one at a time (one accumulator chain; a ring of 4 or 8 slots instead of every
+    step in flight, so more CTAs share an SM; the other chain count) and other S and tiles."""
     h = C.heuristic_config(m, n, k, torch.bfloat16, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [h]
     if (kind, m, n, k) not in SWEEP_CELLS:
         return out
     rp = dataclasses.replace
     out += [
-        rp(h, producer=False, num_warps=2 if h.block_m * h.block_n < 1024 else 4),
         rp(h, chains=1),
         rp(h, stages=4),
         rp(h, stages=8),
         rp(h, chains=2 if h.chains == 4 else 4),
     ]
-    out += [rp(h, clusters=c) for c in (2, 4) if k >= 2 * h.split_k * c * h.block_k]
     for s, bm, bn in (
         (16, 16, 16),
         (16, 16, 8),
@@ -331,9 +303,7 @@ def sweep(kind, m, n, k):
     ):
         if bm // 2 >= max(m, 16) or bn // 2 >= max(n, 8) or k < 2 * s * 64 or (bn == 8 and n > 64):
             continue
-        c = C.ClusterConfig(
-            split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4, producer=False
-        )
+        c = C.ClusterConfig(split_k=s, block_m=bm, block_n=bn, block_k=64, num_warps=4, chains=4)
         if c not in out:
             out.append(c)
     return out[:12]

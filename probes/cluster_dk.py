@@ -42,11 +42,7 @@ class ClusterConfig:
     twice the tiles of 16, so twice the CTAs on a tiny output); block_k: the
     K step of one MMA (one TMA box; 16-bit: 64, fp32: 32 give 128-byte rows); num_warps; stages: ring slots
     (0: as many as the shared-memory budget allows, at most one per K step); chains: independent
-    accumulators (1, 2 or 4), whose MMAs interleave: K step i adds into chain i % chains; producer: one more
-    warp issues every TMA copy (warp-specialized) while the num_warps warps multiply, so no copy and no
-    barrier it needs lies on their path; clusters: clusters per output tile (K split over S * clusters
-    CTAs), each reducing through its shared memory, then the last to finish summing the clusters' partials
-    from a workspace in cluster order."""
+    accumulators (1, 2 or 4), whose MMAs interleave: K step i adds into chain i % chains."""
 
     split_k: int
     block_m: int = 16
@@ -55,8 +51,6 @@ class ClusterConfig:
     num_warps: int = 4
     stages: int = 0
     chains: int = 1
-    producer: bool = False
-    clusters: int = 1
 
     def __post_init__(self) -> None:
         if self.split_k not in (1, 2, 4, 8, 16):
@@ -74,14 +68,6 @@ class ClusterConfig:
                 raise ValueError(f"config.{name}: expected a power of two in [{lo}, {hi}], got {v!r}")
         if not isinstance(self.stages, int) or self.stages < 0:
             raise ValueError(f"config.stages: expected an int >= 0, got {self.stages!r}")
-        if not isinstance(self.producer, bool):
-            raise TypeError(f"config.producer: expected a bool, got {self.producer!r}")
-        if self.producer and self.num_warps % 4:
-            raise ValueError(
-                f"config.num_warps: a producer warp needs 4 or 8 multiplying warps, got {self.num_warps}"
-            )
-        if self.clusters not in (1, 2, 4, 8):
-            raise ValueError(f"config.clusters: expected 1, 2, 4 or 8, got {self.clusters!r}")
         if self.chains not in (1, 2, 4):
             raise ValueError(f"config.chains: expected 1, 2 or 4, got {self.chains!r}")
 
@@ -130,7 +116,7 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
     two K steps) and tiles of 16, 32 or 64 rows and columns (8 columns where N <= 16), no larger than M and N
     need; ties go to the config that reads the fewest bytes (larger tiles re-read less of A and B). Four
     accumulator chains (two on tiles over 32 x 32), every K step in flight where shared memory holds them,
-    a producer warp issuing the copies beside 4 multiplying warps (8 on 64 x 64 tiles)."""
+    2 warps on tiles under 32 x 32, else 4."""
     esize = torch.empty((), dtype=dtype).element_size()
     bk = 32 if dtype == torch.float32 else 64
     best = None
@@ -148,7 +134,6 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
                     block_k=bk,
                     num_warps=2 if bm * bn < 32 * 32 else 4,
                     chains=4 if bm * bn <= 32 * 32 else 2,
-                    producer=False,
                 )
                 reads = _cdiv(m, bm) * _cdiv(n, bn) * (bm + bn)
                 score = (_estimate(m, n, k, esize, sm_count, cfg), reads)
@@ -161,11 +146,10 @@ def heuristic_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int =
 
 def _warps(cfg: ClusterConfig) -> tuple[int, int]:
     """(warps along M, along N) for the MMA layout: M first (16 rows per warp), the rest along N (8 columns
-    per warp at least). A warp-specialized kernel keeps all num_warps (a multiple of 4): on a tile smaller
-    than they cover, warps hold copies of the same values."""
+    per warp at least: the warps along N halved while they would cover more columns than the tile has)."""
     wm = min(cfg.num_warps, cfg.block_m // 16)
     wn = cfg.num_warps // wm
-    while wn > 1 and wn * 8 > cfg.block_n and not cfg.producer:
+    while wn > 1 and wn * 8 > cfg.block_n:
         wn //= 2
     return wm, wn
 
@@ -181,7 +165,7 @@ def exchange_bytes(cfg: ClusterConfig) -> int:
 def k_per_split(k: int, cfg: ClusterConfig) -> int:
     """K per CTA: a whole number of BLOCK_K steps (the last split may be shorter, or empty: boxes past K read
     zeros)."""
-    return _cdiv(_cdiv(k, cfg.split_k * cfg.clusters), cfg.block_k) * cfg.block_k
+    return _cdiv(_cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
 
 
 def _stage_bytes(cfg: ClusterConfig, esize: int) -> int:
@@ -234,13 +218,11 @@ def constexprs(
         "N": n,
         "KPS": k_per_split(k, cfg),
         "S": cfg.split_k,
-        "CG": cfg.clusters,
         "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": cfg.block_k,
         "STAGES": stages_for(k, cfg, esize),
         "CHAINS": cfg.chains,
-        "PRODUCER": cfg.producer,
         "B_KN": b_kn,
         "FMA": fma,
         "KW": 0 if fma else (1 if dtype == torch.float32 else 2),
@@ -278,8 +260,6 @@ def compile_sm90(
         "b_desc": f"tensordesc<{t}[{box_b[0]},{box_b[1]}],{lb!r}>",
         "c_ptr": f"*{t}",
         "bias_ptr": f"*{t}",
-        "ws_ptr": "*fp32",
-        "cnt_ptr": "*i32",
         "M": "i32",
         "stride_cm": "i32",
         "stride_cn": "i32",
@@ -339,10 +319,6 @@ class ClusterPlan:
     grid: int
     shared: int  # dynamic shared memory per CTA: Triton's + the exchange area
     max_clusters: int  # clusters of this kernel the GPU holds at once (0: it cannot launch)
-    ws: torch.Tensor = None  # clusters > 1: each tile's partial sums, one row per cluster (fp32)
-    cnt: torch.Tensor = (
-        None  # clusters > 1: per (tile, rank) the clusters done; back to zero after each launch
-    )
     _run: object = None
     _function: object = None
     _packed: tuple = ()
@@ -381,8 +357,6 @@ class ClusterPlan:
             db,
             out,
             out if bias is None else bias,
-            self.ws,
-            self.cnt,
             self.m,
             out.stride(0),
             out.stride(1),
@@ -458,7 +432,7 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
     n = b.shape[1]
     c = constexprs(n, k, a.dtype, cfg, b_kn, epilogue, bias is not None, allow_tf32)
     la, lb, box_a, box_b = _layouts(a.dtype, cfg, b_kn)
-    grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.clusters
+    grid = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
     p = ClusterPlan(
         config=cfg,
         epilogue=epilogue,
@@ -476,15 +450,6 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
         shared=0,
         max_clusters=0,
     )
-    tiles = grid // cfg.clusters
-    # the workspace and the counters (zero: each launch leaves them so) belong to the plan; a dummy word each
-    # where the kernel has one cluster per tile
-    p.ws = torch.empty(
-        tiles * cfg.clusters * cfg.split_k * _slice(cfg) if cfg.clusters > 1 else 1,
-        dtype=torch.float32,
-        device=a.device,
-    )
-    p.cnt = torch.zeros(tiles * cfg.split_k if cfg.clusters > 1 else 1, dtype=torch.int32, device=a.device)
     probe = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     da, db = p.descriptors(a, b)
     compiled = K._cluster_dk_kernel.warmup(
@@ -492,8 +457,6 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
         db,
         probe,
         bias if bias is not None else probe,
-        p.ws,
-        p.cnt,
         m,
         probe.stride(0),
         probe.stride(1),
@@ -529,10 +492,6 @@ def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=
     n = b.shape[1]
     if config is not None and config.split_k > 1 and k < config.split_k:
         raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {config.split_k}")
-    if config is not None and config.clusters > 1 and k < config.split_k * config.clusters:
-        raise ValueError(
-            f"config.clusters: expected split_k * clusters <= K={k}, got {config.split_k} * {config.clusters}"
-        )
     p = None
     if m > 0 and n > 0 and k > 0:
         p = make_plan(a, b, epilogue=epi, bias=bias, out=out, config=config, allow_tf32=allow_tf32)

@@ -192,151 +192,22 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _ws_produce(
-        a_desc,
-        b_desc,
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        row0,
-        col0,
-        k0,
-        STEPS: gl.constexpr,
-        STAGES: gl.constexpr,
-        BLOCK_K: gl.constexpr,
-        B_KN: gl.constexpr,
-        S: gl.constexpr,
-    ):
-        """The producer warp: every K step's two copies into its slot, the slot's ready barrier counting the
-        bytes; in a ring, first the wait for the consumers to hand the slot back (a fresh barrier passes a
-        wait on parity 1, so the first pass over the ring does not wait).
-
-        A cluster barrier waits for every thread of the cluster that has not exited, and the worker warps
-        do not run the code outside their function: they arrive on both of the exchange's cluster barriers
-        there (the first, relaxed, at once, as the consumers did before the split; the second once the first
-        has passed), so the consumers' waits pass. They never wait for the second: the consumers arrive on
-        it only after the split has joined, which waits for these warps to return."""
-        if S > 1:
-            cluster.arrive(relaxed=True)
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-        for i in range(STEPS):
-            s = i % STAGES
-            if STEPS > STAGES:
-                mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
-            _tma_copy(a_desc, [row0, k0 + i * BLOCK_K], ready.index(s), a_bufs.index(s))
-            if B_KN:
-                _tma_copy(b_desc, [k0 + i * BLOCK_K, col0], ready.index(s), b_bufs.index(s))
-            else:
-                _tma_copy(b_desc, [col0, k0 + i * BLOCK_K], ready.index(s), b_bufs.index(s))
-        if S > 1:
-            cluster.wait()
-            cluster.arrive(relaxed=True)
-
-    @gluon.jit
-    def _ws_idle(S: gl.constexpr):
-        """A worker warp that only arrives on the exchange's two cluster barriers (see :func:`_ws_produce`):
-        Triton runs workers in whole warp groups, and a warp it added on its own would never arrive."""
-        if S > 1:
-            cluster.arrive(relaxed=True)
-            cluster.wait()
-            cluster.arrive(relaxed=True)
-
-    @gluon.jit
-    def _ws_consume(
-        a_bufs,
-        b_bufs,
-        ready,
-        empty,
-        acc_layout: gl.constexpr,
-        STEPS: gl.constexpr,
-        STAGES: gl.constexpr,
-        CHAINS: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        B_KN: gl.constexpr,
-        FMA: gl.constexpr,
-        KW: gl.constexpr,
-        PRECISION: gl.constexpr,
-    ):
-        """The consumer warps: step i into chain i % CHAINS, a group of CHAINS steps waited for together; in a
-        ring, the group's slots handed back once every consumer warp has read them. Returns the chains'
-        sum (fixed order)."""
-        acc0 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        GROUPS: gl.constexpr = STEPS // CHAINS
-        for j in range(GROUPS):
-            base = (j * CHAINS) % STAGES
-            phase = ((j * CHAINS) // STAGES) & 1
-            for u in gl.static_range(CHAINS):
-                mbarrier.wait(ready.index(base + u), phase)
-            for u in gl.static_range(CHAINS):
-                if u == 0:
-                    acc0 = _mma_step(
-                        a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW, PRECISION
-                    )
-                elif u == 1:
-                    acc1 = _mma_step(
-                        a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW, PRECISION
-                    )
-                elif u == 2:
-                    acc2 = _mma_step(
-                        a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW, PRECISION
-                    )
-                else:
-                    acc3 = _mma_step(
-                        a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW, PRECISION
-                    )
-            if STEPS > STAGES:
-                gl.barrier()  # every consumer warp has read the group's slots
-                for u in gl.static_range(CHAINS):
-                    mbarrier.arrive(empty.index(base + u))
-        for t in gl.static_range(GROUPS * CHAINS, STEPS):
-            mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
-        for t in gl.static_range(GROUPS * CHAINS, STEPS):
-            if t % CHAINS == 0:
-                acc0 = _mma_step(
-                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW, PRECISION
-                )
-            elif t % CHAINS == 1:
-                acc1 = _mma_step(
-                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW, PRECISION
-                )
-            else:
-                acc2 = _mma_step(
-                    a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
-                )
-        acc = acc0
-        if CHAINS > 1:
-            acc = acc0 + acc1
-        if CHAINS > 2:
-            acc = acc + (acc2 + acc3)
-        return acc
-
-    @gluon.jit
     def _cluster_dk_kernel(
         a_desc,
         b_desc,
         c_ptr,
         bias_ptr,
-        ws_ptr,
-        cnt_ptr,
         M,
         stride_cm,
         stride_cn,
         N: gl.constexpr,
         KPS: gl.constexpr,
         S: gl.constexpr,
-        CG: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr,
         STAGES: gl.constexpr,
         CHAINS: gl.constexpr,
-        PRODUCER: gl.constexpr,
         B_KN: gl.constexpr,
         FMA: gl.constexpr,
         KW: gl.constexpr,
@@ -372,10 +243,6 @@ if gluon is not None:
         ready = mbarrier.allocate_mbarrier(batch=STAGES)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-        if PRODUCER:  # slots handed back by the consumers (a ring only: else each slot is used once)
-            empty = mbarrier.allocate_mbarrier(batch=STAGES)
-            for i in gl.static_range(STAGES):
-                mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
         if S > 1:
             cluster.arrive(relaxed=True)  # "this CTA runs": waited on before the first remote store
@@ -386,19 +253,14 @@ if gluon is not None:
         else:
             tile = gl.program_id(0)
         tiles_n: gl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-        if CG > 1:  # CG clusters per tile, cluster g taking K splits g * S ... g * S + S - 1
-            g = tile % CG
-            tile = tile // CG
-            k0 = (g * S + rank) * KPS
-        else:
-            k0 = rank * KPS
+        k0 = rank * KPS
         row0 = (tile // tiles_n) * BLOCK_M
         col0 = (tile % tiles_n) * BLOCK_N
         nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
         # prologue: fill every slot (boxes past K, M or N read zeros)
         for i in gl.static_range(STAGES):
-            if i < STEPS and not PRODUCER:
+            if i < STEPS:
                 mbarrier.expect(ready.index(i), nbytes)
                 _tma_copy(a_desc, [row0, k0 + i * BLOCK_K], ready.index(i), a_bufs.index(i))
                 if B_KN:
@@ -413,54 +275,7 @@ if gluon is not None:
         acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        if PRODUCER:  # one more warp issues every copy while these warps multiply
-            acc = gl.warp_specialize(
-                [
-                    (
-                        _ws_consume,
-                        (
-                            a_bufs,
-                            b_bufs,
-                            ready,
-                            empty,
-                            acc_layout,
-                            STEPS,
-                            STAGES,
-                            CHAINS,
-                            BLOCK_M,
-                            BLOCK_N,
-                            B_KN,
-                            FMA,
-                            KW,
-                            PRECISION,
-                        ),
-                    ),
-                    (
-                        _ws_produce,
-                        (
-                            a_desc,
-                            b_desc,
-                            a_bufs,
-                            b_bufs,
-                            ready,
-                            empty,
-                            row0,
-                            col0,
-                            k0,
-                            STEPS,
-                            STAGES,
-                            BLOCK_K,
-                            B_KN,
-                            S,
-                        ),
-                    ),
-                    (_ws_idle, (S,)),
-                    (_ws_idle, (S,)),
-                    (_ws_idle, (S,)),
-                ],
-                [1, 1, 1, 1],
-            )
-        elif STEPS <= STAGES:  # every step has a slot of its own: no refills
+        if STEPS <= STAGES:  # every step has a slot of its own: no refills
             for g in gl.static_range(0, STEPS, CHAINS):
                 for u in gl.static_range(CHAINS):
                     if g + u < STEPS:
@@ -551,12 +366,11 @@ if gluon is not None:
                     acc2 = _mma_step(
                         a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
                     )
-        if not PRODUCER:
-            acc = acc0
-            if CHAINS > 1:
-                acc = acc0 + acc1
-            if CHAINS > 2:
-                acc = acc + (acc2 + acc3)
+        acc = acc0
+        if CHAINS > 1:
+            acc = acc0 + acc1
+        if CHAINS > 2:
+            acc = acc + (acc2 + acc3)
 
         # element e = m * BLOCK_N + n of the tile belongs to CTA e // SL, at column e % SL of its area
         # (rows of out2: CTA r holds row r; stores of a tensor whose layout has zero CTA bases are left to the
@@ -593,30 +407,6 @@ if gluon is not None:
             rows = row0 + m
             cols = col0 + n
         ok = live & (rows < M) & (cols < N)
-        if CG > 1:
-            # this cluster's sums of the tile into the workspace (row g of the tile's CG rows), then the
-            # counter of (tile, rank); the CTA that counts last (of the CG holding this slice) sums the CG
-            # rows in cluster order (the same sum whichever cluster ends last), stores, and sets the
-            # counter back to zero for the next launch
-            TE: gl.constexpr = S * SL
-            base = ws_ptr + tile.to(gl.int64) * (CG * TE)
-            gl.store(base + g * TE + e1, total, mask=inside)
-            gl.barrier()  # every thread's store before the release below
-            lane = gl.expand_dims(gl.arange(0, 32 * NW, layout=gl.SliceLayout(0, out2)), 0)
-            mine = gl.expand_dims(gl.arange(0, S, layout=gl.SliceLayout(1, out2)), 1)  # = rank
-            first = (lane == 0) & (mine >= 0)
-            cnt = cnt_ptr + tile * S + mine + lane * 0
-            old = gl.atomic_add(
-                cnt, gl.full([S, 32 * NW], 1, gl.int32, out2), mask=first, sem="acq_rel", scope="gpu"
-            )
-            last = gl.expand_dims(gl.max(gl.where(first, old, -1), axis=1), 1) == CG - 1  # [S, 1]
-            gl.store(cnt, gl.zeros([S, 32 * NW], gl.int32, out2), mask=first & last)
-            if S == 1:
-                last = gl.max(gl.max(gl.where(first, old, -1), axis=1), axis=0) == CG - 1
-            total = gl.load(base + e1, mask=inside & last, other=0.0, cache_modifier=".cg")
-            for q in gl.static_range(1, CG):
-                total += gl.load(base + q * TE + e1, mask=inside & last, other=0.0, cache_modifier=".cg")
-            ok = ok & last
         if HAS_BIAS:
             total = total + gl.load(bias_ptr + cols, mask=ok, other=0.0).to(gl.float32)
         if EPILOGUE == 1:  # NaN propagates, as in torch.relu

@@ -45,8 +45,6 @@ def compile_variants():
     sizes = itertools.cycle((1, 2, 4, 8, 16))
     ring = itertools.cycle((0, 2, 0, 4))
     chains = itertools.cycle((1, 2, 4))
-    producer = itertools.cycle((False, True, True, False, True))
-    groups = itertools.cycle((1, 2, 1, 4, 1, 1, 2))
     for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
         s = next(sizes)
         bk = 32 if dt in ("fp32", "tf32") else 64
@@ -59,12 +57,9 @@ def compile_variants():
             num_warps=4,
             stages=next(ring),
             chains=next(chains),
-            producer=next(producer),
-            clusters=next(groups),
         )
         name = f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}"
-        name += ("-producer" if cfg.producer else "") + (f"-G{cfg.clusters}" if cfg.clusters > 1 else "")
-        yield name, dt, 48, 1000 + 7 * s * cfg.clusters, cfg, kn, epi, bias
+        yield name, dt, 48, 1000 + 7 * s, cfg, kn, epi, bias
 
 
 EXPECT_TX = r"expect_tx\.shared::cta\.b64 _, \[%r\d+\], (\d+);"
@@ -168,14 +163,7 @@ def _compile_main(shard: int, shards: int) -> int:
     for i, (name, dt, n, k, cfg, kn, epi, bias) in enumerate(compile_variants()):
         if i % shards != shard:
             continue
-        rec = {
-            "name": name,
-            "s": cfg.split_k,
-            "dt": dt,
-            "box_bytes": 0,
-            "producer": cfg.producer,
-            "clusters": cfg.clusters,
-        }
+        rec = {"name": name, "s": cfg.split_k, "dt": dt, "box_bytes": 0}
         try:
             ck = C.compile_sm90(
                 DT[dt], n, k, cfg, b_kn=kn, epilogue=epi, has_bias=bias, allow_tf32=dt == "tf32"
@@ -345,17 +333,12 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
         if r["s"] > 1:
             assert f["reqnctapercluster"] == r["s"], r
             assert f["mapa"] > 0 and f["mapa"] == f["st_cluster"], r
-            if r["producer"]:  # the 4 worker warps: two relaxed arrivals each, one wait
-                assert f["arrive_relaxed"] == 1 + 8 and f["arrive"] == 2 + 8 and f["wait"] == 2 + 4, r
-            else:
-                assert f["arrive_relaxed"] == 1 and f["arrive"] == 2 and f["wait"] == 2, r
+            assert f["arrive_relaxed"] == 1 and f["arrive"] == 2 and f["wait"] == 2, r
             assert f["ctarank"] >= 1 and f["clusterid"] == 1 and f["dyn_smem"] > 0, r
         else:
             assert f["reqnctapercluster"] == 0 and f["mapa"] == 0 and f["arrive"] == 0 and f["wait"] == 0, r
-        if r["clusters"] > 1:  # one counter increment (acq_rel, GPU scope); the clusters' rows read past L1
-            assert f["atom"] == ["atom.global.gpu.acq_rel.add.u32"] and f["ld_cg"] >= r["clusters"], r
-        else:
-            assert f["atom"] == [] and f["ld_cg"] == 0, r
+        # the reduction stays in the cluster's shared memory: no global atomics, no workspace reads
+        assert f["atom"] == [] and f["ld_cg"] == 0, r
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -432,14 +415,15 @@ def test_bad_input_names_the_argument(device):
         C.matmul(a, b, config={"split_k": 2, "block_k": 64})
     with pytest.raises(ValueError, match="config.chains"):
         C.matmul(a, b, config={"split_k": 2, "chains": 8})
-    with pytest.raises(ValueError, match="config.clusters"):
-        C.matmul(a, b, config={"split_k": 2, "clusters": 3})
-    with pytest.raises(ValueError, match="config.clusters"):  # 16 x 8 splits of K = 64
-        C.matmul(a, b, config={"split_k": 16, "block_k": 16, "clusters": 8})
+    with pytest.raises(ValueError, match="config.split_k"):  # 16 splits of K = 8
+        C.matmul(a[:, :8], b[:8], config={"split_k": 16, "block_k": 16})
     with pytest.raises(ValueError, match="config.num_warps"):
-        C.matmul(a, b, config={"split_k": 2, "num_warps": 2, "producer": True})
-    with pytest.raises(TypeError, match="config.producer"):
-        C.matmul(a, b, config={"split_k": 2, "num_warps": 4, "producer": 1})
+        C.matmul(a, b, config={"split_k": 2, "num_warps": 3})
+    with pytest.raises(ValueError, match="config.stages"):
+        C.matmul(a, b, config={"split_k": 2, "stages": -1})
+    for removed in ("producer", "clusters"):
+        with pytest.raises(ValueError, match="config: unknown keys"):
+            C.matmul(a, b, config={"split_k": 2, removed: 1})
     with pytest.raises(TypeError, match="config"):
         C.matmul(a, b, config=(2, 16))
     with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
@@ -452,7 +436,7 @@ def test_heuristic_config_spreads_k_over_16_cta_clusters_with_several_chains():
             cfg = C.heuristic_config(m, n, k, dtype, 132)
             assert k >= 2 * cfg.split_k * cfg.block_k or cfg.split_k == 1, (m, n, k, cfg)
             assert cfg.block_k * (4 if dtype == torch.float32 else 2) <= 128, cfg
-            assert cfg.chains > 1 and not cfg.producer and cfg.num_warps in (2, 4), cfg
+            assert cfg.chains > 1 and cfg.num_warps in (2, 4), cfg
             assert C.stages_for(k, cfg, 4 if dtype == torch.float32 else 2) >= 1
     for m, n, k in [(16, 16, 8192), (64, 64, 32768), (1, 256, 7168)]:
         assert C.heuristic_config(m, n, k, torch.bfloat16, 132).split_k == 16
@@ -482,12 +466,12 @@ def test_split_boundaries_cover_k_once():
     """K per split is a whole number of BLOCK_K steps and the S splits cover [0, K) (the last ones may run
     past K: TMA reads zeros there), so no element of K is summed twice or missed."""
     for k in (1, 63, 64, 1000, 3000, 7168, 8191, 32768):
-        for s, cg in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8)):
-            cfg = C.ClusterConfig(split_k=s, block_k=64, clusters=cg)
+        for s in (1, 2, 4, 8, 16):
+            cfg = C.ClusterConfig(split_k=s, block_k=64)
             kps = C.k_per_split(k, cfg)
-            assert kps % 64 == 0 and kps < -(-k // (s * cg)) + 64, (k, s, kps)
-            # CTA r of cluster g of a tile starts at (g * S + r) * kps
-            assert sum(max(0, min(k, (j + 1) * kps) - j * kps) for j in range(s * cg)) == k, (k, s, cg, kps)
+            assert kps % 64 == 0 and kps < -(-k // s) + 64, (k, s, kps)
+            # CTA r of a tile's cluster starts at r * kps
+            assert sum(max(0, min(k, (j + 1) * kps) - j * kps) for j in range(s)) == k, (k, s, kps)
 
 
 def test_exchange_area_fits_the_budget():
@@ -589,10 +573,9 @@ def test_gpu_grid_and_router(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gpu_chains_stages_and_producer(dtype):
+def test_gpu_chains_and_stages(dtype):
     """Every accumulator-chain count, a ring shorter than the K steps (whole groups and a tail) or one slot
-    per step, with and without the producer warp, 1 to 8 clusters per tile (each launch twice: the counters
-    must be back at zero), on K tails and both layouts of b."""
+    per step, S = 1 to 16, tiles from 16 x 8 to 64 x 64, on K tails and both layouts of b."""
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(11)
     bk = 32 if dtype == torch.float32 else 64
@@ -605,22 +588,18 @@ def test_gpu_chains_stages_and_producer(dtype):
             num_warps=nw,
             stages=st,
             chains=ch,
-            producer=pr,
-            clusters=cg,
         )
-        for s, bm, bn, nw, st, ch, pr, cg in [
-            (1, 16, 16, 2, 4, 4, False, 1),
-            (4, 16, 32, 2, 0, 2, False, 1),
-            (16, 16, 8, 4, 0, 4, True, 1),
-            (8, 32, 32, 4, 4, 4, True, 1),
-            (16, 16, 16, 4, 8, 2, True, 1),
-            (2, 64, 64, 8, 6, 2, True, 1),
-            (16, 32, 16, 4, 0, 1, True, 1),
-            (8, 16, 16, 2, 2, 1, False, 1),
-            (16, 16, 8, 4, 0, 4, True, 4),
-            (8, 16, 32, 2, 4, 2, False, 2),
-            (1, 32, 16, 4, 0, 4, True, 8),
-            (4, 64, 64, 8, 0, 2, True, 2),
+        for s, bm, bn, nw, st, ch in [
+            (1, 16, 16, 2, 4, 4),
+            (4, 16, 32, 2, 0, 2),
+            (16, 16, 8, 4, 0, 4),
+            (8, 32, 32, 4, 4, 4),
+            (16, 16, 16, 4, 8, 2),
+            (2, 64, 64, 8, 6, 2),
+            (16, 32, 16, 4, 0, 1),
+            (8, 16, 16, 2, 2, 1),
+            (1, 32, 16, 4, 0, 4),
+            (4, 64, 64, 8, 0, 2),
         ]
     ]
     for (m, n, k), kn in [((24, 40, 4100), True), ((1, 256, 7168), False), ((64, 64, 20480 + 8), True)]:
@@ -632,24 +611,18 @@ def test_gpu_chains_stages_and_producer(dtype):
         )
         for cfg in cfgs:
             assert C.plan(a, b, epilogue="relu", config=cfg) is not None, cfg
-            for rep in range(2 if cfg.clusters > 1 else 1):
-                got = C.matmul(a, b, epilogue="relu", config=cfg, out=poisoned((m, n), dtype, "cuda"))
-                assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} kn={kn} {cfg} launch {rep}")
+            got = C.matmul(a, b, epilogue="relu", config=cfg, out=poisoned((m, n), dtype, "cuda"))
+            assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} kn={kn} {cfg}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "s,producer,clusters",
-    [(2, False, 1), (8, True, 1), (16, False, 1), (16, True, 1), (16, True, 4), (4, False, 2)],
-)
-def test_gpu_bitwise_identical_over_100_repeats(s, producer, clusters):
+@pytest.mark.parametrize("s,chains", [(2, 4), (8, 2), (16, 4), (16, 1)])
+def test_gpu_bitwise_identical_over_100_repeats(s, chains):
     _need_cluster()
     g = torch.Generator(device="cuda").manual_seed(s)
     a = torch.randn(64, 32768, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(32768, 64, device="cuda", generator=g).to(torch.bfloat16)
-    cfg = C.ClusterConfig(
-        split_k=s, block_m=16, block_n=16, num_warps=4, chains=4, producer=producer, clusters=clusters
-    )
+    cfg = C.ClusterConfig(split_k=s, block_m=16, block_n=16, num_warps=4, chains=chains)
     first = C.matmul(a, b, epilogue="relu", config=cfg)
     for i in range(100):
         assert torch.equal(C.matmul(a, b, epilogue="relu", config=cfg), first), f"repeat {i} differs"
@@ -661,17 +634,9 @@ def test_gpu_bitwise_identical_over_100_repeats(s, producer, clusters):
     "config",
     [
         None,
-        {
-            "split_k": 16,
-            "block_m": 16,
-            "block_n": 16,
-            "num_warps": 4,
-            "chains": 4,
-            "producer": True,
-            "clusters": 4,
-        },
+        {"split_k": 16, "block_m": 16, "block_n": 16, "num_warps": 4, "chains": 4, "stages": 4},
     ],
-    ids=["heuristic", "G4"],
+    ids=["heuristic", "S16-ring"],
 )
 def test_gpu_cuda_graph_20_replays_with_new_inputs(config):
     _need_cluster()
