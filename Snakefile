@@ -49,7 +49,7 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E9)
 # With several GPUs the longest experiments run as one shard per GPU, merged on the CPU (rules measure_shard,
 # merge_shards); with one, as one job like the others.
 SHARDS = max(1, len(GPUS))
-SHARDED = ("grouped_skew", "moe_layer") if SHARDS > 1 else ()
+SHARDED = ("grouped_skew", "moe_layer", "moe_train") if SHARDS > 1 else ()
 # The experiments with the seed's Triton kernels among their contenders (at the configs of tune_seed)
 SEED_EXPERIMENTS = ("epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm")
 # The write-up reads every experiment measured for RES (on a GPU: all of them; without one, those whose

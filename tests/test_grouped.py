@@ -1221,7 +1221,7 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
     ids = torch.stack([torch.randperm(e - 2, generator=g)[:top_k] for _ in range(t)])  # experts 5, 6 empty
     fused = []
     monkeypatch.setattr(
-        ffn, "grouped_mm_swiglu", lambda *a, **k: fused.append(1) or grouped_mm_swiglu(*a, **k)
+        ffn, "grouped_mm_swiglu_forward", lambda *a, **k: fused.append(1) or grouped_mm_swiglu(*a, **k)
     )
     wts = torch.rand(t, top_k, generator=g)
     x = torch.randn(t, h, generator=g).to(dtype)

@@ -65,9 +65,9 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    # E7 and E8 as one shard per GPU, merged on the CPU; the other six experiments one job each
+    # E7, E8 and E9 as one shard per GPU, merged on the CPU; the other six experiments one job each
     assert (
-        counts.get("measure") == 6 and counts.get("measure_shard") == 4 and counts.get("merge_shards") == 2
+        counts.get("measure") == 6 and counts.get("measure_shard") == 6 and counts.get("merge_shards") == 3
     ), counts
     assert counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
     assert "results/nvidia-h100-80gb-hbm3/router_gemm.csv" in out
@@ -86,7 +86,7 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
         env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"},
     )
     counts = _job_counts(one.stdout + one.stderr)
-    assert counts.get("measure") == 8 and "measure_shard" not in counts and "merge_shards" not in counts, (
+    assert counts.get("measure") == 9 and "measure_shard" not in counts and "merge_shards" not in counts, (
         counts
     )
 
