@@ -465,6 +465,11 @@ def test_cpu_times_come_from_the_recorded_run(tmp_path):
     (tmp_path / "gpu").mkdir()
     block = runtime_block(tmp_path / "gpu")
     assert block.startswith(cpu_paragraph(cpu)) and "GPU run time: not recorded" in block
+    # a run on both cores holds the load near 2 by itself: not a shared machine
+    for v in machine["load_average_during"].values():
+        v["mean"] = 2.2
+    (cpu / "machine.json").write_text(json.dumps(machine))
+    assert "shared with other work" not in cpu_paragraph(cpu)
 
 
 def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):

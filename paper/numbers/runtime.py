@@ -136,7 +136,9 @@ def cpu_paragraph(cpu: Path) -> str:
     shared = (
         f", shared with other work (1-minute load average {spread} while it ran, so a machine of your "
         "own is faster)"
-        if load and max(load) > mach["cores"]
+        # a step on every core keeps the load near the core count by itself: only well past it was the
+        # machine shared
+        if load and max(load) > 1.25 * mach["cores"]
         else ""
     )
     where = (
