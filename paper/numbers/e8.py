@@ -59,7 +59,7 @@ def fusion_at_decode(n: Numbers, results: Path) -> None:
 
 
 def compiled_small_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_compiled_small.py (when its CSVs are committed): the eager backend's GPU time over
+    """probes/probe_compiled_small.py (when its CSVs are committed): the eager backend's GPU time over
     the compiled one's at T=1 and over all its cells (graph replays), and from its profiles (eager calls) how
     many (model, T) launch the same kernels the same number of times both ways, with the eager kernels' summed
     time over the compiled ones'."""
@@ -86,7 +86,7 @@ def compiled_small_probe(n: Numbers, results: Path) -> None:
 
 
 def graph_clock_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_graph_clock.py (when its CSV is committed): the GPU clock taken the harness's earlier
+    """probes/probe_graph_clock.py (when its CSV is committed): the GPU clock taken the harness's earlier
     way (``before``: the calls per graph from one host-timed call, replays timed from the host's launch),
     with the new count only (``count``) and as now (``now``: the count from a graph's GPU time, replays held),
     side by side. E8 rows: at T=1 the eager backend's time over the compiled one's before and now, the
@@ -142,7 +142,7 @@ def graph_clock_probe(n: Numbers, results: Path) -> None:
 
 
 def large_cells_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_large_cells.py (when its CSV is committed): on E8's largest cells of two models in
+    """probes/probe_large_cells.py (when its CSV is committed): on E8's largest cells of two models in
     more rounds, the compiled backend's speed over the eager one's and moe_ffn's (fused) over the unfused
     composition's, each as a range over the probe's cells, and how far apart moe_ffn and the eager backend
     (the same kernels) are at most, in percent; and the same three in E8's cells (the lowest ratios, the
@@ -177,7 +177,7 @@ ROUTE_FAST, ROUTE_THREE, ROUTE_OLD = "ours:moe_ffn", "three-launch", "three-laun
 
 
 def decode_routing_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_decode_routing.py (when its CSV is committed): per cell (model, T), moe_ffn against
+    """probes/probe_decode_routing.py (when its CSV is committed): per cell (model, T), moe_ffn against
     the same layer with its routing as three launches, with the plan's blocks sized to the step and at 128
     slots (GPU time of the slower over the faster's): at T=1 over all models (lowest, highest) and per split,
     what the block sizing and the one launch give apart, at the probe's other T with at most
@@ -264,7 +264,7 @@ def probe_ratios(path: Path, slow: str, fast: str) -> tuple[pd.Series, str] | No
 
 
 def fused_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_fused_tuned.py: on the tune models at prefill, after the fused kernel began timing a
+    """probes/probe_fused_tuned.py: on the tune models at prefill, after the fused kernel began timing a
     tuned shape's tiles against its regime's shortlist; our unfused time over moe_ffn's (fused), per cell."""
     got = probe_ratios(results / "probe_fused_tuned.csv", UNFUSED, OURS)
     if got is None:
@@ -280,7 +280,7 @@ def fused_probe(n: Numbers, results: Path) -> None:
 
 
 def compiled_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_compiled_layer.py: our compiled transformers backend against the eager one, side by
+    """probes/probe_compiled_layer.py: our compiled transformers backend against the eager one, side by
     side, after the traced layer's row gathers became a custom op (eager time over compiled time)."""
     got = probe_ratios(results / "probe_compiled_layer.csv", OURS_HF, OURS_HF_COMPILED)
     if got is None:
@@ -295,7 +295,7 @@ def compiled_probe(n: Numbers, results: Path) -> None:
 
 
 def compiled_kernels_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_compiled_kernels.py: E8's sequence of token counts replayed on one model, compiled
+    """probes/probe_compiled_kernels.py: E8's sequence of token counts replayed on one model, compiled
     backend against eager at each T (eager time over compiled), and at the largest T the profiler's GPU time
     per kernel name for each."""
     got = probe_ratios(results / "probe_compiled_kernels.csv", OURS_HF, OURS_HF_COMPILED)
@@ -328,7 +328,7 @@ def compiled_kernels_probe(n: Numbers, results: Path) -> None:
 
 
 def compiled_samples_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_compiled_samples.py (results/<gpu>/probe_compiled_samples.csv and earlier runs of it
+    """probes/probe_compiled_samples.py (results/<gpu>/probe_compiled_samples.csv and earlier runs of it
     under runs/): E8 run for one model with every graph replay logged; per run and cell (its largest T), the
     median replay of the eager backend over the compiled one's; from the runs that logged them, the host's
     longest replay() call, the most child processes and whether Dynamo compiled a graph while they ran."""
@@ -365,7 +365,7 @@ def compiled_samples_probe(n: Numbers, results: Path) -> None:
 
 
 def compiled_order_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_compiled_order.py (when its CSV is committed): E8's largest cells of one model
+    """probes/probe_compiled_order.py (when its CSV is committed): E8's largest cells of one model
     measured again and again with the contenders in different orders; per order (the probe's variant), the
     eager backend's time over the compiled one's, lowest and highest over the loads. The order E8 used before
     (rotation) was measured first and last (variants "rotate" and "rotate-again"), both read here."""
@@ -398,7 +398,7 @@ def compiled_order_probe(n: Numbers, results: Path) -> None:
 
 
 def ffn_ceiling_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_ffn_ceiling.py (when its CSV is committed): on the held-out models' largest cells,
+    """probes/probe_ffn_ceiling.py (when its CSV is committed): on the held-out models' largest cells,
     the torch._grouped_mm pipeline's time and ours over dense:ffn's (the FFN's two GEMMs as dense cuBLAS
     GEMMs with one expert's weights, nothing else): the least of the first (with its model), the range of
     the second, and the cells measured."""
@@ -429,7 +429,7 @@ def ffn_ceiling_probe(n: Numbers, results: Path) -> None:
 
 
 def host_probe(n: Numbers, results: Path) -> None:
-    """experiments/probe_host_cost.py: the host's time per moe_ffn call, with the library's cached launches
+    """probes/probe_host_cost.py: the host's time per moe_ffn call, with the library's cached launches
     and with every kernel through Triton's own launch (measured in alternating rounds), vLLM's call as E8
     times it, one grouped GEMM call and one empty Triton kernel."""
     path = results / "probe_host_cost.csv"
