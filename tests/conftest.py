@@ -29,6 +29,19 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 def pytest_collection_modifyitems(config, items):
+    stray = [
+        it.nodeid
+        for it in items
+        if "checkout_before" in getattr(it, "fixturenames", ())
+        and (
+            it.get_closest_marker("xdist_group") is None
+            or it.get_closest_marker("xdist_group").args != (SNAKEMAKE_GROUP,)
+        )
+    ]
+    if stray:  # the checkout snapshot runs `snakemake -n` in the checkout: on another worker it would race
+        raise pytest.UsageError(
+            f"tests that take the checkout snapshot outside xdist group {SNAKEMAKE_GROUP!r}: {stray}"
+        )
     workers = getattr(config, "workerinput", {}).get("workercount", 1)
     if config.getoption("dist", "no") in ("loadgroup", "loadscope", "loadfile"):
         long_first(items, workers)

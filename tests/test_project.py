@@ -82,6 +82,7 @@ def test_snakemake_lint_is_clean(tree_copy):
 
 
 @pytest.mark.pipeline
+@pytest.mark.xdist_group(SNAKEMAKE_GROUP)  # its checkout snapshot runs `snakemake -n` in the checkout
 def test_dry_run_check_leaves_no_trace(tree_copy):
     """conftest.dry_run_jobs: the jobs `snakemake -n` lists (in a fresh copy: the verify step among them),
     and Snakemake's directory put back as it was: none where there was none, its I/O cache restored."""
