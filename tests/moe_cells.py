@@ -26,12 +26,9 @@ def small_ffn_cell(device, monkeypatch, seed: int):
     GEMM's config tables replaced by one small config."""
     import torch
 
-    import moegemm.grouped.config as api
-    from moegemm.grouped import GroupedConfig
     from tests.test_grouped import _ffn_ref
 
-    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
-    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+    one_small_config(monkeypatch)
     g = torch.Generator().manual_seed(seed)
     e, t, top_k, h, i = 5, 9, 2, 32, 16
     ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
@@ -41,3 +38,13 @@ def small_ffn_cell(device, monkeypatch, seed: int):
     w_dn = (torch.randn(e, h, i, generator=g) / 4).to(torch.bfloat16)
     ref = _ffn_ref(x, ids, wts, w_gu, w_dn)
     return (e, *[v.to(device) for v in (x, ids, wts, w_gu, w_dn)], ref)
+
+
+def one_small_config(monkeypatch) -> None:
+    """The grouped GEMM's config tables replaced by one small config for every regime (no tuned entry): the
+    interpreter's tiles."""
+    import moegemm.grouped.config as api
+    from moegemm.grouped import GroupedConfig
+
+    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)

@@ -12,12 +12,10 @@ import torch
 
 @pytest.fixture
 def small_tiles(monkeypatch, tmp_path):
-    import moegemm.grouped.config as api
-    from moegemm.grouped import GroupedConfig
+    from tests.moe_cells import one_small_config
 
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
-    monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+    one_small_config(monkeypatch)
 
 
 def tiny_cell(device):

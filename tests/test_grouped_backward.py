@@ -8,10 +8,10 @@ import zlib
 import pytest
 import torch
 
-import moegemm.grouped.config as api
-from moegemm.grouped import GroupedConfig, grouped_mm, grouped_mm_swiglu, moe_ffn
 from moegemm.grouped import autograd as ag
 from moegemm.grouped import backward as bw
+from moegemm.grouped import grouped_mm, grouped_mm_swiglu, moe_ffn
+from tests.moe_cells import one_small_config
 
 # The GPU tests at real shapes hold tens of GiB each (float64 references included): under pytest-xdist they
 # run one after another on one worker, or several at once run the GPU out of memory.
@@ -26,8 +26,7 @@ def small_tiles(monkeypatch, tmp_path):
     own choice)."""
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
     if not torch.cuda.is_available():
-        monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
-        monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
+        one_small_config(monkeypatch)
 
 
 @pytest.fixture
