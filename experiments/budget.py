@@ -11,7 +11,8 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
 - tune_grouped: each (model, projection, T, load);
 - E7: each cell times its contenders (the per-contender check, compile and timing dominate: its committed run
   spent about 80% of its time outside the timed loops), times the rounds' share;
-- E8: the same, per cell.
+- E8: the same, per cell;
+- E9: each cell, and each model's compiles (moe_train_work).
 Steps with no knob here (floors, verify) keep their committed time. An estimate, not a measurement: the run
 on the GPU confirms it (the benchmark files it writes become the next baseline).
 """
@@ -43,6 +44,8 @@ BASELINE = {
     "grouped_skew_work": 2514.0,
     "moe_layer_work": 1890.0,
     "grouped_rounds": 2,
+    # E9: its work (moe_train_work) under the config of its first committed run
+    "moe_train_work": 18.0,
 }
 # E7's and E8's share of time in the timed rounds (committed run: about 83 of 433 s and 100 of 778 s)
 TIMED_SHARE = 0.2
@@ -112,6 +115,15 @@ def moe_layer_work(cfg: dict) -> float:
     return sum((8 + 2 * (t in compiled)) * (1 + host * (t >= 1024)) for _, t, _ in moe_layer_cells(cfg))
 
 
+def moe_train_work(cfg: dict, total_bytes: int = 141 << 30) -> float:
+    """E9's work under ``cfg``: each cell times its contenders in both phases, and each model's compiled
+    contenders compile anew (about four cells' time: two backends, two phases)."""
+    from experiments.e9_moe_train import train_cells
+
+    cells = train_cells(cfg["grouped"], cfg["moe_train"], total_bytes)
+    return len(cells) + 4.0 * len({m for m, _, _ in cells})
+
+
 def work(cfg: dict) -> dict[str, float]:
     """Each step's work under ``cfg`` (the units of the module docstring)."""
     d, r, g = cfg["decompose_k"], cfg["decompose_k"]["router"], cfg["grouped"]
@@ -139,6 +151,7 @@ def work(cfg: dict) -> dict[str, float]:
         ),
         "grouped_skew": grouped_skew_work(cfg) * round_factor,
         "moe_layer": moe_layer_work(cfg) * round_factor,
+        "moe_train": moe_train_work(cfg),
     }
 
 
@@ -160,6 +173,7 @@ def baseline_work() -> dict[str, float]:
         "tune_grouped": _tune_grouped_work(b["tune_models"], b["grouped_tune_tokens"], b["tune_loads"]),
         "grouped_skew": b["grouped_skew_work"],
         "moe_layer": b["moe_layer_work"],
+        "moe_train": b["moe_train_work"],
     }
 
 

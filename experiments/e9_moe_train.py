@@ -232,6 +232,29 @@ def fits(m: dict, t: int, total_bytes: int) -> bool:
     return 2 * weights + 2 * acts < 0.8 * total_bytes
 
 
+def run_selection(e9: dict) -> dict:
+    """The pipeline's E9 run: config.yaml's ``moe_train.run`` over ``moe_train`` (each key it lacks: the
+    zoo's; ``models`` default every zoo model)."""
+    return {"models": None, **{k: e9[k] for k in ("tokens", "loads", "compiled_tokens")}, **e9.get("run", {})}
+
+
+def train_cells(g: dict, e9: dict, total_bytes: int) -> list[tuple[str, int, str]]:
+    """E9's run's cells (model, T, load): its models (in the zoo's order), T and loads, where the step fits
+    in ``total_bytes`` of GPU memory (``fits``)."""
+    run = run_selection(e9)
+    unknown = set(run["models"] or ()) - set(g["models"])
+    if unknown:
+        raise ValueError(f"moe_train.run.models: not zoo models: {sorted(unknown)}")
+    return [
+        (model, t, load)
+        for model in g["models"]
+        if run["models"] is None or model in run["models"]
+        for t in run["tokens"]
+        for load in run["loads"]
+        if fits(g["models"][model], t, total_bytes)
+    ]
+
+
 def cell_inputs(g: dict, model: str, t: int, load: str, weights: dict, device="cuda"):
     """(zoo entry, E, top_k, H, I, ids, x, gating weights, dY) of one cell from fixed seeds (E8's weights;
     ``weights`` holds one model's at a time); x and the gating weights require grad."""
@@ -255,13 +278,8 @@ def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, ("model", "tokens", "load", "phase"))
     e9 = cfg["moe_train"]
     total = torch.cuda.get_device_properties(0).total_memory
-    cells = [
-        (model, t, load)
-        for model in g["models"]
-        for t in e9["tokens"]
-        for load in e9["loads"]
-        if fits(g["models"][model], t, total)
-    ]
+    cells = train_cells(g, e9, total)
+    compiled_tokens = run_selection(e9)["compiled_tokens"]
     if args.quick:
         cells = [c for c in cells if c[0] == "qwen3-30b-a3b"][:1]
     cells = shard_cells(cells, args.shard)
@@ -280,7 +298,7 @@ def main():
         for phase in e9["phases"]:
             if writer.done(model=model, tokens=t, load=load, phase=phase):
                 continue
-            cs = contenders(x, ids, wts, dy, e, phase, ref_y, h + i, t in e9["compiled_tokens"], uk)
+            cs = contenders(x, ids, wts, dy, e, phase, ref_y, h + i, t in compiled_tokens, uk)
             sets = [(w_gu, w_dn)]
             out = measure(cs, sets, ref_dx, h + i, settings)
             for c, row in zip(cs, out):

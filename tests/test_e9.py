@@ -96,6 +96,30 @@ def test_e9_step_columns_and_fit():
     assert not e9.fits(huge, 4096, 40 * gib)
 
 
+def test_the_pipeline_runs_the_configured_selection_of_cells():
+    """train_cells: the run's models (zoo order), T and loads where the step fits; without a run selection
+    every zoo model; a model the zoo lacks is refused by name; the budget counts the selection's work."""
+    import pytest
+
+    import experiments.e9_moe_train as e9
+    from experiments.budget import moe_train_work
+    from experiments.common import load_config
+
+    cfg = load_config()
+    g, e9cfg = cfg["grouped"], cfg["moe_train"]
+    gib = 1 << 30
+    run = e9cfg["run"]
+    cells = e9.train_cells(g, e9cfg, 141 * gib)
+    assert [m for m in g["models"] if m in run["models"]] == list(dict.fromkeys(m for m, _, _ in cells))
+    assert {(t, ld) for _, t, ld in cells} <= {(t, ld) for t in run["tokens"] for ld in run["loads"]}
+    assert len(cells) == len(run["models"]) * len(run["tokens"]) * len(run["loads"])
+    assert moe_train_work(cfg) == len(cells) + 4 * len(run["models"])
+    everything = e9.train_cells(g, {k: v for k, v in e9cfg.items() if k != "run"}, 141 * gib)
+    assert len(everything) > len(cells) and set(run["models"]) < {m for m, _, _ in everything}
+    with pytest.raises(ValueError, match="moe_train.run.models"):
+        e9.train_cells(g, {**e9cfg, "run": {"models": ["no-such-model"]}}, 141 * gib)
+
+
 def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypatch):
     """load(): no source -> None with the reason; a tree without the package -> None naming it; a stand-in
     tree with the package's two modules -> their functions, unsloth's own __init__ never run."""
