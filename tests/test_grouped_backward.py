@@ -263,8 +263,10 @@ def test_bad_input_raises_naming_the_argument(device):
     xf, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=1)
     with pytest.raises(TypeError, match="w_gate_up: dtype"):
         moe_ffn(xf, ids, tw, wgu.detach().half().requires_grad_(), wd, w_layout="nk")
-    with pytest.raises(ValueError, match="topk_ids"):
-        moe_ffn(xf, ids + 10, tw, wgu, wd, w_layout="nk")
+    if device == "cpu":  # on a GPU the ids are checked on the device, with no host sync: a device-side
+        # assertion that ends the CUDA context (tests/test_grouped_gpu.py checks it in a process of its own)
+        with pytest.raises(ValueError, match="topk_ids"):
+            moe_ffn(xf, ids + 10, tw, wgu, wd, w_layout="nk")
 
 
 def test_no_grad_calls_take_the_inference_path(device, monkeypatch):

@@ -452,6 +452,9 @@ off = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")
         ("moe_ffn(x, ids, wts, gu, dn)", False),
         ("grouped_mm(xs, gu[:3], off([0, 4, 4, 10]), w_layout='nk')", False),
         ("moe_ffn(x, ids + 8, wts, gu, dn)", True),
+        # the training path (autograd on): the same check, before any gradient is computed
+        ("moe_ffn(x.requires_grad_(), ids, wts, gu, dn).float().sum().backward()", False),
+        ("moe_ffn(x.requires_grad_(), ids + 8, wts, gu, dn).float().sum().backward()", True),
         ("route(ids - 9, 8)", True),
         (
             (

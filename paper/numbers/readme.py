@@ -144,16 +144,9 @@ def grouped_headline(results: Path) -> list[str]:
             "config); against the kernels that gather their rows themselves, ours with its gather "
             "timed (ours:auto+gather) where measured"
         )
-        for label, sub in (
-            (heading, held),
-            (
-                "The three tuned models (E7's tune split), the same comparisons",
-                raw[raw.split != "heldout"] if "split" in raw else raw,
-            ),
-        ):
-            rows = e7_phase_numbers(Numbers(), None, sub, prefix="Readme")
-            if rows:
-                lines += ["", f"{label}; {note}", "", *_phase_table(rows, "peer")]
+        rows = e7_phase_numbers(Numbers(), None, held, prefix="Readme")
+        if rows:  # (the tune split's are the paper's)
+            lines += ["", f"{heading}; {note}", "", *_phase_table(rows, "peer")]
     if (results / "moe_layer.csv").exists():
         df = pd.read_csv(results / "moe_layer.csv")
         held = df[df.split == "heldout"] if "split" in df else df.iloc[:0]
