@@ -45,7 +45,7 @@ def test_cpu_dag_rebuilds_write_up_from_committed_results(tree_copy):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    assert counts.get("verify") == 1 and counts.get("figure") == 8 and counts.get("numbers") == 1, counts
+    assert counts.get("verify") == 1 and counts.get("figure") == 10 and counts.get("numbers") == 1, counts
     assert "measure" not in counts and "tune" not in counts and "floors" not in counts, counts
     assert "rebuilt from the committed results/nvidia-h200/" in out
 
