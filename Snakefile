@@ -74,6 +74,13 @@ FIGURE_REFERENCES = {
     "e5_decompose_k_grid": [f"{SEED_REFERENCE}/optimized_triton_tlx/epilogue_relu_bf16.csv"],
 }
 FIGURES = [f for f, needs in FIGURE_INPUTS.items() if all(n in WRITEUP for n in needs)]
+
+
+def figure_data(res, fig):
+    """The results (and references) figure ``fig`` draws."""
+    return [f"results/{res}/{name}.csv" for name in FIGURE_INPUTS[fig]] + FIGURE_REFERENCES.get(fig, [])
+
+
 # What each build step of the write-up read and wrote, with sha256s (paper/manifest.py trace): gathered into
 # figures/<gpu>/MANIFEST.json and paper/MANIFEST.json, so that a test can tell a committed output from a stale one
 RECORDS = "paper/build/{res}/records"
@@ -309,13 +316,12 @@ rule figure:
     """One figure per question (and the two diagrams), PDF for the paper and PNG for the README, with the record
     of what it was drawn from."""
     input:
-        # (paper/make_numbers.py: the analysis a figure shares with the numbers, e.g. E7's practical ceiling)
-        data=lambda w: [f"results/{w.res}/{name}.csv" for name in FIGURE_INPUTS[w.fig]]
-        + FIGURE_REFERENCES.get(w.fig, []),
-        # its code, as its imports reach (the library's own for the grouped diagram), and whatever else its
-        # last build was seen to read
+        data=lambda w: figure_data(w.res, w.fig),
+        # its code, as its imports reach (paper/numbers/ where it shares an analysis with the numbers, the
+        # library for the grouped diagram), and whatever else its last build was seen to read
         code=lambda w: code_closure(f"figures.{w.fig}"),
-        seen=lambda w: recorded_inputs(f"figures/{w.res}/MANIFEST.json", w.fig),
+        seen=lambda w: [p for p in recorded_inputs(f"figures/{w.res}/MANIFEST.json", w.fig)
+                        if p not in figure_data(w.res, w.fig)],
     output:
         pdf="figures/{res}/{fig}.pdf",
         png="figures/{res}/{fig}.png",
