@@ -214,7 +214,7 @@ def draw(ex: dict):
 
     # the launch, the order and the tile sizes of the drawing
     notes = (
-        "grouped_mm: one launch of (ceil(rows/BLOCK_M) + E) x ceil(N/BLOCK_N) = "
+        "grouped_mm: one launch of (ceil(rows/BLOCK_M) + min(E, rows)) x ceil(N/BLOCK_N) = "
         f"{ex['programs']} programs, a bound with no host sync (_max_tiles). Program p takes "
         f"tiles p, p + grid, ... below the {used} tiles it counts from group_offsets "
         f"(_tile_plan): expert by expert, in an expert GROUP_M = {ex['group_m']} row tiles "

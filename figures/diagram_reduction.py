@@ -121,8 +121,8 @@ def draw():
         ("each (t, s): acc over K chunk s ->\np_tile[s] in fp32; debug_barrier", 0.34),
         ("ticket = atomic_add(counter, 1, acq_rel)", 0.24),
         (
-            "ticket == S - 1 (the last to arrive): sums\nthe S partials in split order, CHUNK\nelements at a "
-            "time; apply_epilogue;\nstores the whole C tile",
+            "ticket == S - 1 (the last to arrive): sums\nthe S partials with tl.sum (a fixed tree),\nCHUNK "
+            "elements at a time; apply_epilogue;\nstores the whole C tile",
             0.62,
         ),
         ("atomic_xchg(counter, 0): reset for the\nnext launch and CUDA-graph replay", 0.34),
