@@ -9,6 +9,10 @@
 # committed results of config["committed_results"]; no GPU number is ever produced on such a machine.
 # Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures
 # (add `tune tune_grouped floors` to re-tune and re-measure the floors too).
+# What a reader gets without running anything is committed as this builds it: figures/<gpu>/ (PDF, PNG and
+# MANIFEST.json) and paper/paper.pdf (with pages.json and MANIFEST.json): each figure and the numbers run
+# under paper/manifest.py's trace, which records the sha256 of what they read, ran and wrote, and
+# tests/test_build_record.py fails when a committed output no longer matches what it was built from.
 
 import shutil
 import sys
