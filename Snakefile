@@ -9,6 +9,10 @@
 # committed results of config["committed_results"]; no GPU number is ever produced on such a machine.
 # Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures
 # (add `tune tune_grouped floors` to re-tune and re-measure the floors too).
+# What a reader gets without running anything is committed as this builds it: figures/<gpu>/ (PDF, PNG and
+# MANIFEST.json) and paper/paper.pdf (with pages.json and MANIFEST.json): each figure and the numbers run
+# under paper/manifest.py's trace, which records the sha256 of what they read, ran and wrote, and
+# tests/test_build_record.py fails when a committed output no longer matches what it was built from.
 
 import shutil
 import sys
@@ -17,6 +21,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from experiments.pipeline import local_gpus, machine_slug, results_slug
+from paper.manifest import code_closure, recorded_inputs
 
 # The container every rule runs in when Snakemake is asked to use one (--sdm apptainer); the Dockerfile
 # builds the same image with the project installed.
@@ -32,8 +37,9 @@ RES = results_slug(GPUS, config["committed_results"])  # what the write-up is bu
 SRC = sorted(str(p) for p in Path("src").rglob("*.py")) + sorted(str(p) for p in Path("tests").rglob("*.py"))
 TEX = shutil.which("latexmk") is not None
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
-NUMBERS_CODE = (["paper/make_numbers.py", "probes/writeup.py", "experiments/report.py"]
-                + sorted(str(p) for p in Path("paper/numbers").glob("*.py")))
+NUMBERS_CODE = sorted(set(["paper/make_numbers.py", "probes/writeup.py", "experiments/report.py"]
+                           + [str(p) for p in Path("paper/numbers").glob("*.py")]
+                           + code_closure("paper.make_numbers")))
 
 EXPERIMENTS = {  # output CSV -> experiment module (E1..E9)
     "compile_modes": "e1_compile_modes",
@@ -62,8 +68,27 @@ FIGURE_INPUTS = {  # figure script -> the results it draws
     "e8_moe_layer": ["moe_layer"],
     "e9_moe_train": ["moe_train"],
     "hero": ["decompose_k_grid"] + (["grouped_skew"] if "grouped_skew" in WRITEUP else []),
+    # the two diagrams: what the code does, on no measured data
+    "diagram_reduction": [], "diagram_grouped": [],
+}
+# Figures that also draw the seed's published H100 numbers (results/reference/seed-h100/, as its repository has them)
+SEED_REFERENCE = "results/reference/seed-h100"
+FIGURE_REFERENCES = {
+    "e3_epilogue_fusion": [f"{SEED_REFERENCE}/original_triton/epilogue_relu_bf16.csv"],
+    "e5_decompose_k_grid": [f"{SEED_REFERENCE}/optimized_triton_tlx/epilogue_relu_bf16.csv"],
 }
 FIGURES = [f for f, needs in FIGURE_INPUTS.items() if all(n in WRITEUP for n in needs)]
+
+
+def figure_data(res, fig):
+    """The results (and references) figure ``fig`` draws."""
+    return [f"results/{res}/{name}.csv" for name in FIGURE_INPUTS[fig]] + FIGURE_REFERENCES.get(fig, [])
+
+
+# What each build step of the write-up read and wrote, with sha256s (paper/manifest.py trace): gathered into
+# figures/<gpu>/MANIFEST.json and paper/MANIFEST.json, so that a test can tell a committed output from a stale one
+RECORDS = "paper/build/{res}/records"
+TRACE = f"{PY} -m paper.manifest trace"
 
 # Said at every start (a dry run included), so that nobody mistakes which GPU the write-up shows.
 if GPUS:
@@ -84,8 +109,9 @@ rule all:
         f"results/{HERE}/verify.json",
         [f"results/{HERE}/grouped_skew.csv"] if GPUS else [],
         expand("figures/{res}/{fig}.pdf", res=RES, fig=FIGURES),
+        f"figures/{RES}/MANIFEST.json",
         f"paper/build/{RES}/generated/numbers.tex",
-        [f"paper/build/{RES}/paper.pdf"] if TEX else [],
+        ["paper/paper.pdf", "paper/pages.json", "paper/MANIFEST.json"] if TEX else [],
         "figures/hero.png",
 
 
@@ -291,15 +317,19 @@ if GPUS:
 
 
 rule figure:
-    """One figure per question, PDF for the paper and PNG for the README."""
+    """One figure per question (and the two diagrams), PDF for the paper and PNG for the README, with the record
+    of what it was drawn from."""
     input:
-        # (paper/make_numbers.py: the analysis a figure shares with the numbers, e.g. E7's practical ceiling)
-        lambda w: [f"results/{w.res}/{name}.csv" for name in FIGURE_INPUTS[w.fig]]
-        + ["figures/common.py", "paper/make_numbers.py"],
-        script="figures/{fig}.py",
+        data=lambda w: figure_data(w.res, w.fig),
+        # its code, as its imports reach (paper/numbers/ where it shares an analysis with the numbers, the
+        # library for the grouped diagram), and whatever else its last build was seen to read
+        code=lambda w: code_closure(f"figures.{w.fig}"),
+        seen=lambda w: [p for p in recorded_inputs(f"figures/{w.res}/MANIFEST.json", w.fig)
+                        if p not in figure_data(w.res, w.fig)],
     output:
         pdf="figures/{res}/{fig}.pdf",
         png="figures/{res}/{fig}.png",
+        record=f"{RECORDS}/figure_{{fig}}.json",
     wildcard_constraints:
         fig="|".join(FIGURE_INPUTS),
     log:
@@ -307,10 +337,26 @@ rule figure:
     benchmark:
         "logs/benchmarks/{res}/figure_{fig}.tsv"
     params:
+        trace=TRACE,
+    shell:
+        "{params.trace} --record {output.record} -- figures.{wildcards.fig} --results results/{wildcards.res} "
+        "--out figures/{wildcards.res}/{wildcards.fig} > {log} 2>&1"
+
+
+rule figure_manifest:
+    """figures/<gpu>/MANIFEST.json: for each figure, the sha256 of every input and code file it was drawn from
+    and of the PDF and PNG it wrote."""
+    input:
+        figures=expand("figures/{{res}}/{fig}.{ext}", fig=FIGURES, ext=["pdf", "png"]),
+        records=expand("paper/build/{{res}}/records/figure_{fig}.json", fig=FIGURES),
+    output:
+        "figures/{res}/MANIFEST.json",
+    log:
+        "logs/figures/{res}/manifest.log",
+    params:
         py=PY,
     shell:
-        "{params.py} -m figures.{wildcards.fig} --results results/{wildcards.res} "
-        "--out figures/{wildcards.res}/{wildcards.fig} > {log} 2>&1"
+        "{params.py} -m paper.manifest figures --out {output} {input.records} > {log} 2>&1"
 
 
 rule numbers:
@@ -325,36 +371,71 @@ rule numbers:
                          + sorted(Path(f"results/{w.res}").glob("runs.tar.xz"))],
         floors="results/{res}/floors.json",
         verify="results/{res}/verify.json",
+        # whatever else the last build of the numbers was seen to read
+        seen=lambda w: recorded_inputs("paper/MANIFEST.json", results=f"results/{w.res}"),
     output:
         "paper/build/{res}/generated/numbers.tex",
         expand("paper/build/{{res}}/generated/table_{t}.tex", t=["e1", "e2", "e3", "e5", "e5_shapes", "e6"]),
+        record=f"{RECORDS}/numbers.json",
     log:
         "logs/paper/{res}/numbers.log",
     benchmark:
         "logs/benchmarks/{res}/numbers.tsv"
     params:
-        py=PY,
+        trace=TRACE,
     shell:
-        "{params.py} -m paper.make_numbers --results results/{wildcards.res} "
+        "{params.trace} --record {output.record} -- paper.make_numbers --results results/{wildcards.res} "
         "--out paper/build/{wildcards.res}/generated > {log} 2>&1"
 
 
 rule paper:
-    """The write-up: LaTeX with generated numbers, tables and figures, built with latexmk."""
+    """The write-up: LaTeX with generated numbers, tables and figures, built with latexmk (no dates or IDs in
+    the PDF: the same sources give the same bytes); then the pages of its labels mainend, appstart and
+    paperend (pages.json)."""
     input:
         tex="paper/paper.tex",
         bib="paper/references.bib",
         numbers="paper/build/{res}/generated/numbers.tex",
         figures=expand("figures/{{res}}/{fig}.pdf", fig=FIGURES),
     output:
-        "paper/build/{res}/paper.pdf",
+        pdf="paper/build/{res}/paper.pdf",
+        pages="paper/build/{res}/pages.json",
     log:
         "logs/paper/{res}/latexmk.log",
     benchmark:
         "logs/benchmarks/{res}/paper.tsv"
     params:
         build=lambda w: f"paper/build/{w.res}",
+        pretex=r"\pdfinfoomitdate=1\pdftrailerid{}\pdfsuppressptexinfo=-1",
+        py=PY,
     shell:
         "mkdir -p {params.build}/figures && cp {input.figures} {params.build}/figures/ && "
         "cp {input.tex} {params.build}/paper.tex && cp {input.bib} {params.build}/references.bib && "
-        "(cd {params.build} && latexmk -pdf -interaction=nonstopmode -halt-on-error paper.tex) > {log} 2>&1"
+        "(cd {params.build} && latexmk -pdf -interaction=nonstopmode -halt-on-error "
+        "-usepretex='{params.pretex}' paper.tex) > {log} 2>&1 && "
+        "{params.py} -m paper.manifest pages --build {params.build} >> {log} 2>&1"
+
+
+rule publish_paper:
+    """The PDF a reader gets without running anything: paper/paper.pdf, with paper/pages.json (its labels'
+    pages) and paper/MANIFEST.json (the sha256 of its sources, the figures among them, and of every input
+    and code file of its numbers), from the results the write-up shows."""
+    input:
+        pdf=f"paper/build/{RES}/paper.pdf",
+        pages=f"paper/build/{RES}/pages.json",
+        numbers=f"paper/build/{RES}/records/numbers.json",
+        figures=f"figures/{RES}/MANIFEST.json",
+    output:
+        pdf="paper/paper.pdf",
+        pages="paper/pages.json",
+        manifest="paper/MANIFEST.json",
+    log:
+        "logs/paper/publish.log",
+    params:
+        py=PY,
+        build=lambda w, input: Path(input.pdf).parent.as_posix(),
+        results=f"results/{RES}",
+        figures=lambda w, input: Path(input.figures).parent.as_posix(),
+    shell:
+        "{params.py} -m paper.manifest paper --build {params.build} --results {params.results} "
+        "--numbers {input.numbers} --figures {params.figures} --out paper > {log} 2>&1"

@@ -1,8 +1,9 @@
-"""Shared plotting helpers: loading results, labels that name the GPU and the clock, saving PDF+PNG."""
+"""Shared plotting helpers: loading results, the clocks' labels, the print check, saving PDF+PNG."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from PIL import Image  # noqa: E402
 
 CLOCKS = {
     "graph_us": "GPU time (CUDA-graph replay)",
@@ -48,9 +50,10 @@ def load(results: str | Path, name: str) -> pd.DataFrame:
     return df
 
 
-def gpu_label(df: pd.DataFrame) -> str:
-    row = df.iloc[0]
-    return f"{row['gpu']}, torch {row['torch']}, triton {row['triton']}"
+def gpu_name(df: pd.DataFrame) -> str:
+    """The GPU that measured ``df`` (its ``gpu`` column) without the vendor: "H200" for "NVIDIA H200"."""
+    names = list(dict.fromkeys(str(g) for g in df["gpu"].dropna())) if "gpu" in df else []
+    return " / ".join(n.removeprefix("NVIDIA ").strip() for n in names) or "this GPU"
 
 
 def geomean(x) -> float:
@@ -64,6 +67,8 @@ def geomean(x) -> float:
 # MAX_PANELS panels.
 TEXT_WIDTH_IN = 8.5 - 2 * 2 / 2.54
 MIN_PT, MAX_PANELS = 7.0, 4
+# The PNGs (the README's and a reader's quick look; the paper prints the PDFs) at a modest resolution
+PNG_DPI = 120
 
 
 def setup() -> None:
@@ -82,14 +87,11 @@ def setup() -> None:
     )
 
 
-def finish(fig, title: str, handles=None, labels=None, ncol: int = 4) -> None:
-    """Lay ``fig`` out: its panels, then ``title`` above them (wrapped to the figure's width) and, where
-    given, one legend for all panels below them."""
-    import textwrap
-
+def finish(fig, handles=None, labels=None, ncol: int = 4) -> None:
+    """Lay ``fig`` out: its panels and, where given, one legend for all panels below them. A figure carries no
+    title: what it shows goes into the paper's caption, the versions it was measured with into the paper's
+    reproducibility table."""
     fig.tight_layout()
-    width_chars = int(fig.get_figwidth() * 72 / (0.55 * plt.rcParams["figure.titlesize"]))
-    fig.suptitle("\n".join(textwrap.wrap(title, width_chars)), y=1.0, va="bottom")
     if handles:
         fig.legend(handles, labels, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, 0.0), frameon=False)
 
@@ -120,9 +122,16 @@ def save(fig, out: str | Path) -> None:
             f"with {panels} panels (at most {MAX_PANELS}) at the paper's text width"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out.with_suffix(".pdf"), bbox_inches="tight")
-    fig.savefig(out.with_suffix(".png"), bbox_inches="tight", dpi=130)
+    # No time stamps in the files: the same inputs give the same bytes (the committed figures are checked
+    # against the hashes of what they were drawn from, paper/manifest.py).
+    fig.savefig(out.with_suffix(".pdf"), bbox_inches="tight", metadata={"CreationDate": None})
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight", dpi=PNG_DPI)
     plt.close(fig)
+    # a palette of 256 colours: a plot has few, and the file is a third of the size (the tree stays small)
+    png = Image.open(buf).convert("RGB")
+    png = png.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    png.save(out.with_suffix(".png"), optimize=True)
 
 
 def floors(results: str | Path) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import args, finish, gpu_label, load, save, setup
+from figures.common import args, finish, load, save, setup
 
 MODE_ORDER = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -35,23 +35,7 @@ def main():
         if ax is not axes[0]:
             ax.set_yticklabels([])
     handles, labels = axes[0].get_legend_handles_labels()
-    best = (
-        df[df.compile_mode != "eager"].groupby("panel")["graph_us"].min()
-        / df[df.compile_mode == "eager"].set_index("panel")["graph_us"]
-    )
-    launch = (
-        df[df.compile_mode != "eager"].groupby("panel")["launch_us"].min()
-        / df[df.compile_mode == "eager"].set_index("panel")["launch_us"]
-    )
-    finish(
-        fig,
-        f"E1: the best compile mode takes {best.min():.2f}-{best.max():.2f}x eager's GPU time and "
-        f"{launch.min():.2f}-{launch.max():.2f}x its launch-inclusive time (modes with CUDA graphs of their "
-        f"own have no GPU-time bar; {gpu_label(df)})",
-        handles,
-        labels,
-        ncol=5,
-    )
+    finish(fig, handles, labels, ncol=5)
     save(fig, a.out)
 
 

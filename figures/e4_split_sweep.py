@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import seaborn as sns
 
-from figures.common import args, finish, gpu_label, load, save, setup
+from figures.common import args, finish, load, save, setup
 
 VARIANTS = ["two_stage", "flat", "single_launch", "pytorch:decompose_k"]
 
@@ -36,17 +36,7 @@ def main():
         ax.set_ylabel("GPU time [us]" if ax is axes[0] else "")
     handles, labels = axes[0].get_legend_handles_labels()
     axes[0].get_legend().remove()
-    best = df.loc[df.groupby(["m", "k", "variant"])["graph_us"].idxmin()]
-    med = best.groupby("variant")["split_k"].median()
-    finish(
-        fig,
-        "E4: each variant has its own best S (median best S over all shapes: "
-        + ", ".join(f"{v} {int(med[v])}" for v in VARIANTS if v in med)
-        + f"). M = N = {m}, one line per K; GPU time; {gpu_label(df)}",
-        handles,
-        [f"K = {lab}" for lab in labels],
-        ncol=len(labels),
-    )
+    finish(fig, handles, [f"K = {lab}" for lab in labels], ncol=len(labels))
     save(fig, a.out)
 
 

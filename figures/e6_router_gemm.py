@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import OURS, PALETTE, args, finish, gpu_label, load, save, setup
+from figures.common import OURS, PALETTE, args, finish, load, save, setup
 
 
 def main():
@@ -39,19 +39,7 @@ def main():
             ax.set_xlabel("tokens T")
             ax.set_ylabel("time [us]" if ax is axes[0] else "")
     h, lab = axes[0].get_legend_handles_labels()
-    p = df[df.epilogue == epis[-1]].pivot_table(index="m", columns="contender", values="graph_us")
-    ours = p[[c for c in OURS if c in p]].min(axis=1)
-    ahead = ours < 0.97 * p["eager"]
-    wins = p.index[ahead.cummin()]  # the run of token counts from T=1 up where ours is ahead
-    worst = (p["eager"] / ours).min()
-    finish(
-        fig,
-        f"E6: ours (auto) beats cuBLAS by > 3% for T <= {int(max(wins)) if len(wins) else 0} "
-        f"(epilogue {epis[-1]}, GPU time) and dispatches to it beyond (worst {worst:.2f}x); {gpu_label(df)}",
-        h,
-        lab,
-        ncol=5,
-    )
+    finish(fig, h, lab, ncol=5)
     save(fig, a.out)
 
 

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from figures.common import args, finish, geomean, gpu_label, load, save, setup
+from figures.common import args, finish, geomean, load, save, setup
 from paper.numbers.e7 import practical_ceiling, tune_split
 from paper.numbers.e7_heldout import heldout_frame
 
@@ -37,7 +37,7 @@ def heldout_panel(ax, o: pd.DataFrame, phase: str, labels: bool) -> None:
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(y, models if labels else [""] * len(models))
     ax.invert_yaxis()
-    ax.set_xlabel("their time / ours")
+    ax.set_xlabel("their GPU time / ours")
     ax.set_title(f"held out, {phase}")
 
 
@@ -94,29 +94,13 @@ def main():
         axes[1].sharex(axes[0])
     skew_panel(right[0], df, dec_t, "decode")
     skew_panel(right[1], df, pre_t, "prefill")
-    right[0].set_ylabel("% of floor")
+    right[0].set_ylabel("% of floor (GPU time)")
     right[1].set_yticklabels([])
     h, lab = right[0].get_legend_handles_labels()
     if len(o):
         h0, l0 = axes[0].get_legend_handles_labels()
         h, lab = h0 + h, l0 + lab
-        pre = o[o.tokens >= 1024]
-        head = (
-            f"E7: on {o.model.nunique()} models never tuned on, our default path is "
-            f"{geomean(pre.tg_us / pre.us):.2f}x as fast as torch._grouped_mm at prefill"
-            + (f" and {geomean(pre.vl_us / pre.us):.2f}x as fast as vLLM's kernel" if "vl_us" in o else "")
-            + "; "
-        )
-    else:
-        head = "E7: "
-    finish(
-        fig,
-        head + f"on the tuned models, % of the physical floor as the load grows more skewed (loads by Gini, "
-        f"both projections). GPU time; {gpu_label(raw)}",
-        h,
-        lab,
-        ncol=4,
-    )
+    finish(fig, h, lab, ncol=4)
     save(fig, a.out)
 
 

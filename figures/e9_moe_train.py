@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import args, finish, geomean, gpu_label, load, save, setup
-from paper.numbers.e9 import HF_COMPILED, OURS, OURS_SAVE, TORCH, TORCH_COMPILED, UNSLOTH, e9_frame, ratios
+from figures.common import args, finish, geomean, load, save, setup
+from paper.numbers.e9 import HF_COMPILED, OURS_SAVE, TORCH, TORCH_COMPILED, UNSLOTH, e9_frame, ratios
 
 PEERS = {
     TORCH: "#d62728",
@@ -34,7 +34,7 @@ def main():
         mem = [geomean(ratios(held[held.tokens == t], c, "peak_bytes")) for t in ts]
         axes[1].plot(ts, mem, marker="o", ms=2, color=PEERS[c])
     for ax, lab, title in (
-        (axes[0], "their time / ours", "fwd+bwd (dashed: bwd)"),
+        (axes[0], "their GPU time / ours", "fwd+bwd (dashed: bwd)"),
         (axes[1], "their peak memory / ours", "peak memory of a step"),
     ):
         ax.axhline(1.0, color="black", lw=0.8)
@@ -43,14 +43,7 @@ def main():
         ax.set_ylabel(lab)
         ax.set_title(f"held out, {title}")
     h, lab = axes[0].get_legend_handles_labels()
-    finish(
-        fig,
-        f"E9: the expert layer's forward + backward on {held.model.nunique()} held-out models, ours "
-        f"({OURS}) against each peer. GPU time; {gpu_label(raw)}",
-        h,
-        lab,
-        ncol=3,
-    )
+    finish(fig, h, lab, ncol=3)
     save(fig, a.out)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from figures.common import OURS, args, finish, geomean, gpu_label, load, save, setup
+from figures.common import OURS, args, finish, geomean, load, save, setup
 
 
 def main():
@@ -37,17 +37,11 @@ def main():
         ax.bar_label(bars, fmt="%.2f", fontsize=7, rotation=90, padding=2)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([x + width * (len(rivals) - 1) / 2 for x in range(len(ms))], [f"M = N = {m}" for m in ms])
-    ax.set_ylabel("their time / ours, geomean over K")
+    ax.set_ylabel("their GPU time / ours, geomean over K")
     ax.set_ylim(0, 3.3)
     ax.legend(loc="upper right")
     ax.set_title("Decompose-K, relu(A@B) bf16, K = 8192..32768")
-    finish(
-        fig,
-        'Our Decompose-K default (kernel="auto") against the seed\'s optimized Triton kernel, eager and '
-        "custom-op autotuning"
-        + ("; the grouped expert GEMM's % of the physical floor" if grouped else "")
-        + f". GPU time (CUDA-graph replay); {gpu_label(df)}",
-    )
+    finish(fig)
     save(fig, a.out)
 
 
@@ -77,7 +71,7 @@ def grouped_panel(ax, df) -> None:
         bars = ax.bar([x + i * width for x in range(len(phases))], vals, width, label=name)
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(phases))], ["decode", "prefill"])
-    ax.set_ylabel("% of floor, geomean")
+    ax.set_ylabel("% of floor (GPU time), geomean")
     ax.set_ylim(0, 135)  # room for the legend above the bars
     ax.set_yticks(range(0, 101, 20))
     ax.legend(fontsize=7, loc="upper left", ncol=1)

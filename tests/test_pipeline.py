@@ -45,7 +45,7 @@ def test_cpu_dag_rebuilds_write_up_from_committed_results(tree_copy):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    assert counts.get("verify") == 1 and counts.get("figure") == 8 and counts.get("numbers") == 1, counts
+    assert counts.get("verify") == 1 and counts.get("figure") == 10 and counts.get("numbers") == 1, counts
     assert "measure" not in counts and "tune" not in counts and "floors" not in counts, counts
     assert "rebuilt from the committed results/nvidia-h200/" in out
 
@@ -216,8 +216,13 @@ def test_paper_builds_from_committed_results(tree_copy):
     assert "Undefined control sequence" not in log and "There were undefined references" not in log
     # the main text, its figures and tables with it (flushed before the appendices), in at most 8 pages
     aux = (pdf.parent / "paper.aux").read_text()
-    first_appendix_page = int(re.search(r"\\newlabel\{appendix-start\}\{\{[^}]*\}\{(\d+)\}", aux).group(1))
+    start = re.search(r"\\newlabel\{(?:appstart|appendix-start)\}\{\{[^}]*\}\{(\d+)\}", aux)
+    first_appendix_page = int(start.group(1))
     assert first_appendix_page - 1 <= 8, f"the main text takes {first_appendix_page - 1} pages"
+    # the paper rule recorded the PDF's pages beside it (paper/manifest.py pages)
+    pages = json.loads((pdf.parent / "pages.json").read_text())
+    assert pages["pages"] >= first_appendix_page
+    assert set(pages["labels"]) == {"mainend", "appstart", "paperend"}
 
 
 def test_figures_refuse_small_print_and_many_panels(tmp_path):

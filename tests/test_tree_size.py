@@ -32,17 +32,21 @@ def tracked_files(root: Path) -> list[Path]:
             if ln.strip() and not ln.startswith("#")
         ]
 
+    def matches(parts: list[str], raw: str) -> bool:
+        folder, pat = raw.endswith("/"), raw.strip("/")
+        if raw.startswith("/") or "/" in pat:  # matched from the root: against the leading paths
+            names = ["/".join(parts[:i]) for i in range(1, len(parts) + (0 if folder else 1))]
+        else:  # against any one name (of a folder only, for a folder pattern)
+            names = parts[:-1] if folder else parts
+        return any(fnmatch.fnmatchcase(n, pat) for n in names)
+
     def ignored(rel: str) -> bool:
-        parts = rel.split("/")
+        """The last pattern that matches decides; a "!" pattern takes back what one before it ignored."""
+        parts, out = rel.split("/"), False
         for raw in ignore:
-            folder, pat = raw.endswith("/"), raw.strip("/")
-            if raw.startswith("/") or "/" in pat:  # matched from the root: against the leading paths
-                names = ["/".join(parts[:i]) for i in range(1, len(parts) + (0 if folder else 1))]
-            else:  # against any one name (of a folder only, for a folder pattern)
-                names = parts[:-1] if folder else parts
-            if any(fnmatch.fnmatchcase(n, pat) for n in names):
-                return True
-        return False
+            if matches(parts, raw.removeprefix("!")):
+                out = not raw.startswith("!")
+        return out
 
     return [p for p in root.rglob("*") if p.is_file() and not ignored(p.relative_to(root).as_posix())]
 
@@ -60,8 +64,11 @@ def test_tracked_tree_stays_under_the_limit():
 
 
 def test_ignored_files_do_not_count(tmp_path):
-    """Outside git: files .gitignore excludes (folders, name patterns, rooted paths) are left out."""
-    (tmp_path / ".gitignore").write_text("# comment\n__pycache__/\n*.pyc\n/logs/\nresults/*/runs/\n")
+    """Outside git: files .gitignore excludes (folders, name patterns, rooted paths) are left out, less those
+    a later "!" pattern takes back."""
+    (tmp_path / ".gitignore").write_text(
+        "# comment\n__pycache__/\n*.pyc\n/logs/\nresults/*/runs/\nfigures/*/\n!figures/gpu/\n"
+    )
     for rel in (
         "a.py",
         "pkg/b.py",
@@ -71,11 +78,20 @@ def test_ignored_files_do_not_count(tmp_path):
         "sub/logs/kept.txt",
         "results/gpu/runs/S1/x.csv",
         "results/gpu/runs.tar.xz",
+        "figures/gpu/e1.pdf",
+        "figures/other/e1.pdf",
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     got = sorted(p.relative_to(tmp_path).as_posix() for p in tracked_files(tmp_path))
-    assert got == [".gitignore", "a.py", "pkg/b.py", "results/gpu/runs.tar.xz", "sub/logs/kept.txt"]
+    assert got == [
+        ".gitignore",
+        "a.py",
+        "figures/gpu/e1.pdf",
+        "pkg/b.py",
+        "results/gpu/runs.tar.xz",
+        "sub/logs/kept.txt",
+    ]
 
 
 def _runs(results: Path, files: dict[str, str]) -> None:
