@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, repro
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, update_readme
 from paper.numbers.runtime import runtime, runtime_block
@@ -46,8 +46,10 @@ def main():
         p.prefill_probe,
         p.prefill_counters,
         runtime,
+        repro.repro,
     ):
         f(n, results, gen)
+    e1.e1_against_e5(n, results)
     for f in (
         t.merged_tails,
         t.robust_tuning,
@@ -62,7 +64,7 @@ def main():
     ):
         f(n, results)
     p.power_probe(n, results, gen, e7.e7_frame(results))
-    for f in (p.robust_probe, p.dk_design_probe, e5.heuristic_vs_tuned, p.dk_latency_probe, e5.commits):
+    for f in (p.robust_probe, p.dk_design_probe, e5.heuristic_vs_tuned, p.dk_latency_probe):
         f(n, results)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")

@@ -532,39 +532,14 @@ def phase_rows(df: pd.DataFrame) -> list[dict]:
 PEER_TAGS = {BEST: "Peer", HF_COMPILED: "HfCompiled", TORCH: "Torch", VLLM: "Vllm", TK: "Tk"}
 
 
-def phase_numbers(n: Numbers, gen: Path, held: pd.DataFrame) -> None:
+def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
     """The E8 headline, held-out models: per phase and peer, both clocks with intervals (generated text reads
-    "parity" where the interval holds 1.0), host cost; macros EEightHeld<Phase>Vs<Peer><Gpu|Launch> (text)
-    and ...Parity (1/0); the table table_e8_phase.tex."""
-    rows = phase_rows(held)
-    table_rows = []
-    for r in rows:
+    "parity" where the interval holds 1.0); macros EEightHeld<Phase>Vs<Peer><Gpu|Launch>."""
+    for r in phase_rows(held):
         tag = f"EEightHeld{r['phase'].capitalize()}Vs{PEER_TAGS[r['theirs']]}"
-        line = {"peer": r["theirs"], "phase": r["phase"]}
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
-            point, lo, hi = r.get(clock, (float("nan"),) * 3)
             if r.get(f"{clock}_cells"):
-                n.add(f"{tag}{ct}", ci_text(point, lo, hi))
-                n.add(f"{tag}{ct}Parity", int(is_parity(lo, hi)), "{}")
-            line[CLOCKS[clock]] = ci_text(point, lo, hi)
-        line["cells"] = r.get("graph_cells", 0)
-        if "host_ours_us" in r:
-            line["host us (ours / theirs)"] = f"{r['host_ours_us']:.0f} / {r['host_theirs_us']:.0f}"
-        table_rows.append(line)
-    if table_rows:
-        write_text(
-            gen / "table_e8_phase.tex",
-            table(
-                pd.DataFrame(table_rows),
-                "E8, held-out models, per phase (decode $T\\le 256$, prefill "
-                "$T\\ge 1024$, never pooled): each peer's time over \\texttt{moe\\_ffn}'s, geomean over "
-                "cells with its 95\\% bootstrap interval over cells and rounds, on the GPU clock and "
-                "launch-inclusive; ``parity'' where the interval holds 1.0; the best peer is the fastest "
-                "peer per cell and clock; host cost: Python's time to issue one call (median over cells).",
-                "tab:e8phase",
-                "llllrl"[: len(table_rows[0])],
-            ),
-        )
+                n.add(f"{tag}{ct}", ci_text(*r[clock]))
 
 
 def gemm_vs_layer(n: Numbers, results: Path, held: pd.DataFrame) -> None:
@@ -618,7 +593,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
             n.add(f"EEight{tag}VsPeerMin", float(r.min()))
             n.add(f"EEight{tag}SlowerPeer", int((r < 1).sum()), "{}")
             n.add(f"EEight{tag}PeerCells", len(r), "{}")
-    phase_numbers(n, gen, df[df.split == "heldout"] if "split" in df else df.iloc[:0])
+    phase_numbers(n, df[df.split == "heldout"] if "split" in df else df.iloc[:0])
     gemm_vs_layer(n, results, held)
     pre = held[held.tokens >= PREFILL]
     if VLLM in o and len(pre):
