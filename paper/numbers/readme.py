@@ -195,7 +195,7 @@ def grouped_headline(results: Path) -> list[str]:
                 raw[raw.split != "heldout"] if "split" in raw else raw,
             ),
         ):
-            rows = e7_phase_numbers(Numbers(), None, sub, prefix="Readme")
+            rows = e7_phase_numbers(Numbers(), sub, prefix="Readme")
             if rows:
                 lines += ["", f"{label}; {note}", "", *_phase_table(rows, "peer")]
     if (results / "moe_layer.csv").exists():

@@ -24,7 +24,11 @@ EXPERIMENTS = [
         "decompose_k_grid",
         "experiments.e5_decompose_k_grid",
     ),
-    (r"Fig.~\ref{fig:e6}, Tabs.~\ref{tab:summary}, \ref{tab:e6}", "router_gemm", "experiments.e6_router_gemm"),
+    (
+        r"Fig.~\ref{fig:e6}, Tabs.~\ref{tab:summary}, \ref{tab:e6}",
+        "router_gemm",
+        "experiments.e6_router_gemm",
+    ),
     (
         r"Fig.~\ref{fig:e7}, Tabs.~\ref{tab:summary}, \ref{tab:e7}, \ref{tab:e7heldout}",
         "grouped_skew",
@@ -89,7 +93,8 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
                 "CSV": f"\\texttt{{{tex_escape(csv)}}}",
                 "commit": commit,
                 "Triton": triton,
-                "module": f"\\texttt{{{tex_escape(module)}}}" + ("$^*$" if module in REMOVED.values() else ""),
+                "module": f"\\texttt{{{tex_escape(module)}}}"
+                + ("$^*$" if module in REMOVED.values() else ""),
             }
         )
     write_text(
