@@ -39,9 +39,10 @@ def e1(n: Numbers, results: Path, gen: Path) -> None:
         gen / "table_e1.tex",
         table(
             t,
-            "E1: eager and the best \\texttt{torch.compile} mode per function and shape ($M \\times N \\times K$, "
-            "bf16), on the GPU clock (CUDA-graph replay) and the launch-inclusive clock (\\texttt{do\\_bench}, L2 "
-            "flushed), in $\\mu$s; last column: the longest first-call compile of any mode.",
+            "E1: eager and the best \\texttt{torch.compile} mode per function and shape "
+            "($M \\times N \\times K$, bf16), on the GPU clock (CUDA-graph replay) and the launch-inclusive "
+            "clock (\\texttt{do\\_bench}, L2 flushed), in $\\mu$s; last column: the longest first-call "
+            "compile of any mode.",
             "tab:e1",
             "llrlrrlrr",
             groups=[("", 2), ("GPU time", 3), ("launch-inclusive", 3), ("compile", 1)],

@@ -164,8 +164,9 @@ def shape_table(n: Numbers, df: pd.DataFrame, gen: Path, suite: str = "bf16-relu
         table(
             t,
             f"E5, {suite}, shape by shape, in $\\mu$s: GPU time (CUDA-graph replay) of each contender, "
-            "launch-inclusive time (\\texttt{do\\_bench}, L2 flushed) and Python's cost of one call (the host "
-            "time of calls issued back to back, no sync); cuBLAS is eager $\\mathrm{ReLU}(\\mathrm{mm})$; "
+            "launch-inclusive time (\\texttt{do\\_bench}, L2 flushed) and Python's cost of one call (the "
+            "host time of calls issued back to back, no sync); cuBLAS is eager "
+            "$\\mathrm{ReLU}(\\mathrm{mm})$; "
             "custom-op only at the $K$ where it was compiled; floor: the physical floor.",
             "tab:e5shapes",
             "ll" + "r" * (len(parts) - 2),

@@ -29,11 +29,12 @@ def router_vs_eager(df: pd.DataFrame, epilogue: str) -> tuple[pd.DataFrame, pd.S
 
 
 def seed_headline(n: Numbers, df: pd.DataFrame) -> None:
-    """E6's router headline against the seed's optimized kernel at decode (where it runs), ``ours:auto``: like
-    for like first, with ReLU, the one epilogue both fuse, or without an epilogue where E6 has no ReLU cells
-    (ESixLikeVsSeedOpt<Gpu|Launch>, ESixLikeEpilogue); then with the sigmoid, which the seed's kernel runs as a
-    separate launch: what its user pays (ESixSigmoidVsSeedOptPaid<Gpu|Launch>). Each the geomean of their time
-    over ours over T with its 95% bootstrap interval over T and rounds, as text ("parity" where it holds
+    """E6's router headline against the seed's optimized kernel at decode (where it runs), ``ours:auto``:
+    like for like first, with ReLU, the one epilogue both fuse, or without an epilogue where E6 has no ReLU
+    cells (ESixLikeVsSeedOpt<Gpu|Launch>, ESixLikeEpilogue); then with the sigmoid, which the seed's kernel
+    runs as a separate launch: what its user pays (ESixSigmoidVsSeedOptPaid<Gpu|Launch>). Each the geomean
+    of their time over ours over T with its 95% bootstrap interval over T and rounds, as text ("parity" where
+    it holds
     1.0)."""
     like = "relu" if ((df.epilogue == "relu") & (df.contender == SEEDS[0])).any() else "none"
     for epi, tag in ((like, "LikeVsSeedOpt"), ("sigmoid", "SigmoidVsSeedOptPaid")):
@@ -142,10 +143,11 @@ def e6(n: Numbers, results: Path, gen: Path) -> None:
         gen / "table_e6.tex",
         table(
             t,
-            "E6: DeepSeek-V3 router, $\\mathrm{sigmoid}(xW)$, bf16, GPU time (CUDA-graph replay) in $\\mu$s: "
-            "cuBLAS (eager), \\texttt{torch.compile} and the custom-op range dispatch (where compiled), the "
-            "seed's kernels at decode (their sigmoid a separate op), our \\texttt{single\\_launch} kernel and "
-            "our default; last column: what \\texttt{auto} ran, and whether the tuner saw that $T$.",
+            "E6: DeepSeek-V3 router, $\\mathrm{sigmoid}(xW)$, bf16, GPU time (CUDA-graph replay) in "
+            "$\\mu$s: cuBLAS (eager), \\texttt{torch.compile} and the custom-op range dispatch (where "
+            "compiled), the seed's kernels at decode (their sigmoid a separate op), our "
+            "\\texttt{single\\_launch} kernel and our default; last column: what \\texttt{auto} ran, and "
+            "whether the tuner saw that $T$.",
             "tab:e6",
             "l" + "r" * (len(cols) - 1) + "l",
             colsep=4,

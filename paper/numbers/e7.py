@@ -173,8 +173,8 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
         table(
             pd.DataFrame(rows),
             "E7, tune models: geomean \\% of the physical floor over models, projections, token counts and "
-            "loads, GPU time and launch-inclusive (the per-expert loop syncs with the host, so it has only the "
-            "latter); rows dropped by capacity padding, summed over all cells; last row: each cell's "
+            "loads, GPU time and launch-inclusive (the per-expert loop syncs with the host, so it has only "
+            "the latter); rows dropped by capacity padding, summed over all cells; last row: each cell's "
             "practical ceiling, the slower of streaming its bytes and its FLOPs as one dense cuBLAS GEMM.",
             "tab:e7",
             "lrrrrr",

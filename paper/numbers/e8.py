@@ -220,8 +220,8 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 "each cell (the fastest of transformers' compiled \\texttt{grouped\\_mm} backend, the "
                 "\\texttt{torch.\\_grouped\\_mm} pipeline, vLLM's \\texttt{fused\\_experts} and, where "
                 "measured, \\texttt{triton\\_kernels}), and against vLLM's at prefill; their time over ours, "
-                "geomean (lowest) over token counts and loads; GPU time. Last column: our time with SwiGLU as a "
-                f"separate op over the fused one, where \\texttt{{moe\\_ffn}} fuses (above "
+                "geomean (lowest) over token counts and loads; GPU time. Last column: our time with SwiGLU "
+                f"as a separate op over the fused one, where \\texttt{{moe\\_ffn}} fuses (above "
                 f"{FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
                 "tab:e8",
                 "l" + "r" * (len(rows[0]) - 1),

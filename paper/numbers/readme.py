@@ -95,18 +95,20 @@ def headline(results: Path) -> str:
     if "EFiveFpThirtyTwoGraphVsSeedOptMedian" in m:
         outliers = int(m["EFiveFpThirtyTwoSeedOutliers"])
         fp32 = (
-            f" fp32 against the seed's optimized kernel, GPU time: median {m['EFiveFpThirtyTwoGraphVsSeedOptMedian']}x"
+            " fp32 against the seed's optimized kernel, GPU time: median "
+            f"{m['EFiveFpThirtyTwoGraphVsSeedOptMedian']}x"
             + (
-                f"; {outliers} shapes where it runs its bf16 configs an order of magnitude slower in fp32 lift "
-                "the geomean (the write-up's appendix)."
+                f"; {outliers} shapes where it runs its bf16 configs an order of magnitude slower in fp32 "
+                "lift the geomean (the write-up's appendix)."
                 if outliers
                 else "."
             )
         )
     router = (
         f" DeepSeek-V3 router sigmoid(x @ W), cuBLAS's time over ours at decode (T <= 256): "
-        f"{m['ESixSigmoidDecodeVsEagerGpu']} GPU time, {m['ESixSigmoidDecodeVsEagerLaunch']} launch-inclusive; "
-        f"at prefill (T >= 1024), where `auto` runs cuBLAS itself: {m['ESixSigmoidPrefillVsEagerGpu']} and "
+        f"{m['ESixSigmoidDecodeVsEagerGpu']} GPU time, {m['ESixSigmoidDecodeVsEagerLaunch']} "
+        "launch-inclusive; at prefill (T >= 1024), where `auto` runs cuBLAS itself: "
+        f"{m['ESixSigmoidPrefillVsEagerGpu']} and "
         f"{m['ESixSigmoidPrefillVsEagerLaunch']} (at worst {m['ESixSigmoidWorstVsEager']}x, up to "
         f"T = {m['ESixSigmoidMaxT']})."
         if "ESixSigmoidDecodeVsEagerGpu" in m

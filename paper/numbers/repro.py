@@ -1,5 +1,5 @@
-"""The write-up's reproducibility table (table_repro.tex): each figure and table, the CSV it is drawn from, the
-commit and Triton version that CSV was measured with (its rows' provenance columns) and the command that
+"""The write-up's reproducibility table (table_repro.tex): each figure and table, the CSV it is drawn from,
+the commit and Triton version that CSV was measured with (its rows' provenance columns) and the command that
 measures it. The one place in the write-up that names commits."""
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ EXPERIMENTS = [
     (r"Sec.~\ref{sec:grouped}, Tab.~\ref{tab:probes}", "tune_grouped", "experiments.tune_grouped"),
     (r"Sec.~\ref{sec:grouped}", "distill_grouped", "experiments.distill_grouped"),
 ]
-# The probes of the probe table (Tab. probes), by their CSV; each is run as ``python -m probes.<name>``, except
-# those no longer in the tree, run at their commit from experiments/ (REMOVED).
+# The probes of the probe table (Tab. probes), by their CSV; each is run as ``python -m probes.<name>``,
+# except those no longer in the tree, run at their commit from experiments/ (REMOVED).
 PROBES = [
     "probe_dk_latency",
     "probe_dk_design",
@@ -101,10 +101,10 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
         gen / "table_repro.tex",
         table(
             pd.DataFrame(rows),
-            "Each figure and table, the CSV it is drawn from (\\texttt{results/<gpu>/<CSV>.csv}), the commit and "
-            "Triton version its rows record (``+'': a tree with uncommitted changes), and the module that "
-            "measures it, \\texttt{python -m <module> --out results/<gpu>/<CSV>.csv} ($^*$: at that commit, no "
-            "longer in the tree).",
+            "Each figure and table, the CSV it is drawn from (\\texttt{results/<gpu>/<CSV>.csv}), the "
+            "commit and Triton version its rows record (``+'': a tree with uncommitted changes), and the "
+            "module that measures it, \\texttt{python -m <module> --out results/<gpu>/<CSV>.csv} ($^*$: at "
+            "that commit, no longer in the tree).",
             "tab:repro",
             "lllll",
             raw=("shown in", "CSV", "module"),
