@@ -23,7 +23,7 @@ def commits_of(csv_path: Path) -> pd.Series | None:
     """The git_commit column of a results CSV (None if it has none), with the documented corrections of
     ``provenance_corrections.csv`` beside it applied (rows matched by file and UTC start time; the CSV
     itself is left as measured)."""
-    df = pd.read_csv(csv_path)
+    df = pd.read_csv(csv_path, dtype={"git_commit": str})  # a hash of digits only stays a string
     if "git_commit" not in df.columns:
         return None
     commits = df["git_commit"].astype(str)
