@@ -2,10 +2,10 @@
 
     python -m paper.make_numbers --results results/nvidia-h200 --out paper/generated
 
-Writes numbers.tex (one \\newcommand per quoted number) and table_*.tex. Each experiment's numbers live in
-its own module under paper/numbers/ (e1..e8, e7_heldout for E7's held-out models, e7_tuner for E7's tuner
-and the harness's order; common for the helpers), the probes' in probes/writeup.py; this command runs them
-all and re-exports them.
+Writes numbers.tex (one \\newcommand per number the paper or the README quotes, and no other) and table_*.tex.
+Each experiment's numbers live in its own module under paper/numbers/ (e1..e9, e7_heldout for E7's held-out
+models, e7_tuner for E7's tuner, repro for the reproducibility table, readme for the README's block; common
+for the helpers), the probes' in probes/writeup.py; this command runs them all.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, repro
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, update_readme
 from paper.numbers.runtime import runtime, runtime_block
@@ -28,42 +28,31 @@ def main():
     ap.add_argument("--readme", help="also rewrite the headline block of this README")
     a = ap.parse_args()
     results, gen = Path(a.results), Path(a.out)
+    t, p = e7_tuner, probes
     n = Numbers()
     provenance(n, results)
-    t, p = e7_tuner, probes  # numbers.tex keeps the order of the macros: the calls are interleaved
-    for f in (
-        e1.e1,
-        e2.e2,
-        e3.e3,
-        e4.e4,
-        e5.e5,
-        e6.e6,
-        e7.e7,
-        e7_heldout.e7_heldout,
-        e8.e8,
-        e9.e9,
-        t.tails,
-        p.prefill_probe,
-        p.prefill_counters,
-        runtime,
-    ):
+    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, e9.e9):
         f(n, results, gen)
     for f in (
+        e1.e1_against_e5,
+        e5.heuristic_vs_tuned,
+        t.tails,
         t.merged_tails,
-        t.robust_tuning,
         t.tma_splits,
         t.extra_rows,
+        p.prefill_probe,
+        p.prefill_counters,
         p.stream_k_probe,
         p.mixed_order_probe,
-        p.middle_tiles_probe,
         p.heldout_ceilings_probe,
-        t.rotation_runs,
         p.gluon_probe,
+        p.dk_design_probe,
+        p.dk_latency_probe,
     ):
         f(n, results)
-    p.power_probe(n, results, gen, e7.e7_frame(results))
-    for f in (p.robust_probe, p.dk_design_probe, e5.heuristic_vs_tuned, p.dk_latency_probe, e5.commits):
-        f(n, results)
+    p.power_probe(n, results, e7.e7_frame(results))
+    runtime(n, results, gen)
+    repro.repro(n, results, gen)
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:

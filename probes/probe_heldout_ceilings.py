@@ -1,9 +1,9 @@
 """Probe (not a pipeline step): how much room the held-out models' grouped GEMM cells leave, at decode and
 at prefill, beside the default path and torch._grouped_mm.
 
-E7 measures its two ceilings only on the tune models. This measures them on the held-out ones, in the cells
-where the write-up's targets are set (T=256 for decode, T=4096 for prefill; the uniform load, where the
-lowest ratios are), side by side with E7's weights, routing and timing:
+E7 measures its two ceilings only on the tune models. This measures them on the held-out ones, at one decode
+and one prefill token count (T=256 and T=4096; the uniform load, where the lowest ratios are), side by side
+with E7's weights, routing and timing:
 
 - ``ours:auto`` (grouped_mm with no config, as E7) and ``torch._grouped_mm``;
 - ``dense-reference``: one dense cuBLAS GEMM over all the cell's rows with one expert's weights (the same

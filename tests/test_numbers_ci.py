@@ -177,14 +177,22 @@ def test_e7_phase_numbers_compare_peers_that_gather_against_ours_with_the_gather
                     }
                 )
     n = Numbers()
-    out = e7_phase_numbers(n, None, pd.DataFrame(rows), prefix="Test")
+    out = e7_phase_numbers(n, pd.DataFrame(rows), prefix="Test")
     assert {(r["theirs"], r["ours"]) for r in out} == {
         ("torch._grouped_mm", "ours:auto"),
         ("vllm:fused_moe", "ours:auto+gather"),
     }
     assert n.items["TestDecodeVsTorchGpu"].startswith("1.50x")
     assert n.items["TestPrefillVsVllmGpu"].startswith("parity")
-    assert n.items["TestPrefillVsVllmGpuParity"] == "1"
+    # macros only for the peers asked for; the rows for every peer measured
+    n = Numbers()
+    assert len(e7_phase_numbers(n, pd.DataFrame(rows), prefix="Test", tags=("Torch",))) == len(out)
+    assert sorted(n.items) == [
+        "TestDecodeVsTorchGpu",
+        "TestDecodeVsTorchLaunch",
+        "TestPrefillVsTorchGpu",
+        "TestPrefillVsTorchLaunch",
+    ]
 
 
 def test_runner_records_each_rounds_median_for_the_intervals(monkeypatch):

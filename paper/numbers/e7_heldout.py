@@ -49,20 +49,14 @@ def heldout_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def distill_numbers(n: Numbers, results: Path) -> None:
-    """The distilled default scored leave one tune model out (experiments/distill_grouped.py's CSV): what
-    the shortlist's first config, and the best of the shortlist, lose against the tuner's best."""
+    """The distilled default scored leave one tune model out (experiments/distill_grouped.py's CSV): what the
+    best of the shortlist loses against the tuner's best (geomean over the cells)."""
     path = results / "distill_grouped.csv"
     if not path.exists():
         return
     d = pd.read_csv(path)
     n.add("LooCells", len(d), "{}")
-    n.add("LooFirst", gm(d.first_slowdown))
-    n.add("LooFirstMax", float(d.first_slowdown.max()))
     n.add("LooShort", gm(d.shortlist_slowdown))
-    n.add("LooShortMax", float(d.shortlist_slowdown.max()))
-    pre = d[d.regime == d.regime.max()]
-    n.add("LooPrefillFirst", gm(pre.first_slowdown))
-    n.add("LooPrefillShort", gm(pre.shortlist_slowdown))
 
 
 def _ts(o: pd.DataFrame, sel) -> str:
@@ -81,37 +75,15 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
         return
     from .e7 import e7_phase_numbers  # per phase, both clocks, 95% intervals: HeldSeven<Phase>Vs<Peer><Clock>
 
-    e7_phase_numbers(n, gen, raw[raw.split == "heldout"], prefix="HeldSeven")
+    e7_phase_numbers(n, raw[raw.split == "heldout"], prefix="HeldSeven", tags=("Torch", "Vllm"))
     dec, pre = o[o.tokens <= 256], o[o.tokens >= PREFILL]
     n.add("HeldModels", o.model.nunique(), "{}")
-    n.add("HeldCells", len(o), "{}")
-    n.add("HeldPrefillCells", len(pre), "{}")
-    n.add("HeldDecodeCells", len(dec), "{}")
     for tag, c in (("Prefill", pre), ("Decode", dec)):
-        r = c.tg_us / c.us
-        n.add(f"Held{tag}VsTorch", gm(r))
-        n.add(f"Held{tag}VsTorchMin", float(r.min()))
-        n.add(f"Held{tag}VsTorchMax", float(r.max()))
-        n.add(f"Held{tag}SlowerTorch", int((r < 1).sum()), "{}")
         n.add(f"Held{tag}Pct", gm(c.pct), "{:.0f}")
         n.add(f"Held{tag}TorchPct", gm(c.tg_pct), "{:.0f}")
-        if "vl_us" in c:
-            v = c.vl_us / c.us
-            n.add(f"Held{tag}VsVllm", gm(v))
-            n.add(f"Held{tag}VsVllmMin", float(v.min()))
-            n.add(f"Held{tag}SlowerVllm", int((v < 1).sum()), "{}")
-        if "def_us" in c:
-            d = c.def_us / c.us
-            n.add(f"Held{tag}AutoVsDefault", gm(d))
-            n.add(f"Held{tag}AutoVsDefaultMax", float(d.max()))
-    per_model = pre.groupby("model").pct.apply(gm)
-    n.add("HeldPrefillPctModelMin", float(per_model.min()), "{:.0f}")
-    n.add("HeldPrefillPctModelMinName", str(per_model.idxmin()))
     first = o[o.source == "autotuned on this call"].first_call_s.astype(float)
     if len(first):
-        n.add("HeldAutotuneCalls", len(first), "{}")
         n.add("HeldAutotuneMedianS", float(first.median()), "{:.1f}")
-        n.add("HeldAutotuneMaxS", float(first.max()), "{:.1f}")
     rows = []
     for model, m in o.groupby("model", sort=False):
         pm, dm = m[m.tokens >= PREFILL], m[m.tokens <= 256]

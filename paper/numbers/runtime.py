@@ -8,44 +8,25 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments._io import write_text
 from experiments.pipeline import STEP_ORDER, run_times
 
-from .common import Numbers, table
+from .common import Numbers
 
 
 def runtime(n: Numbers, results: Path, gen: Path) -> None:
+    """FullRunText: how long the GPU steps behind ``results`` took, from Snakemake's benchmark files."""
     df = run_times(results)
     if df is None:
         n.add("FullRunText", "were not timed (no benchmark files)")
-        (gen / "table_runtime.tex").unlink(missing_ok=True)
         return
     missing = missing_steps(df)
     n.add(
         "FullRunText",
         f"took {df.seconds.sum() / 60:.1f} minutes"
         + (
-            f" ({len(df)} of {len(STEP_ORDER)} steps; not timed in that run: {', '.join(missing)})"
+            f" ({len(df)} of {len(STEP_ORDER)} steps timed; not timed: {', '.join(missing)})"
             if missing
             else ""
-        ),
-    )
-    t = pd.concat(
-        [
-            df.drop(columns=["calls", "shards"]),
-            pd.DataFrame([{"step": "all GPU steps", "seconds": df.seconds.sum()}]),
-        ]
-    )
-    write_text(
-        gen / "table_runtime.tex",
-        table(
-            t.assign(seconds=t.seconds.round(0).astype(int).astype(str)),
-            "Wall time of each GPU step of \\texttt{snakemake --cores 1} "
-            "(Snakemake's benchmark files of the runs that made the committed results; a step run after "
-            "others on the same machine found their compile caches warm, so a run from cold caches takes "
-            "longer: see RUNS.md).",
-            "tab:runtime",
-            "lr",
         ),
     )
 

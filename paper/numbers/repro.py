@@ -1,0 +1,114 @@
+"""The write-up's reproducibility table (table_repro.tex): each figure and table, the CSV it is drawn from,
+the commit and Triton version that CSV was measured with (its rows' provenance columns) and the command that
+measures it. The one place in the write-up that names commits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from experiments._io import write_text
+
+from .common import Numbers, commits_of, table, tex_escape
+
+# (what the write-up shows, the CSV it reads, the command that writes that CSV); experiments first, then
+# the tuners and the probes the probe table cites. ``<gpu>`` is the results folder, e.g. nvidia-h200.
+EXPERIMENTS = [
+    (r"Tab.~\ref{tab:e1}", "compile_modes", "experiments.e1_compile_modes"),
+    (r"Tab.~\ref{tab:e2}", "inductor_codegen", "experiments.e2_inductor_codegen"),
+    (r"Fig.~\ref{fig:e3}, Tab.~\ref{tab:e3}", "epilogue_fusion", "experiments.e3_epilogue_fusion"),
+    (r"Fig.~\ref{fig:e4}", "split_sweep", "experiments.e4_split_sweep"),
+    (
+        r"Fig.~\ref{fig:e5}, Tabs.~\ref{tab:summary}, \ref{tab:e5}, \ref{tab:e5shapes}",
+        "decompose_k_grid",
+        "experiments.e5_decompose_k_grid",
+    ),
+    (
+        r"Fig.~\ref{fig:e6}, Tabs.~\ref{tab:summary}, \ref{tab:e6}",
+        "router_gemm",
+        "experiments.e6_router_gemm",
+    ),
+    (
+        r"Fig.~\ref{fig:e7}, Tabs.~\ref{tab:summary}, \ref{tab:e7}, \ref{tab:e7heldout}",
+        "grouped_skew",
+        "experiments.e7_grouped_skew",
+    ),
+    (
+        r"Fig.~\ref{fig:e8}, Tabs.~\ref{tab:summary}, \ref{tab:e8}",
+        "moe_layer",
+        "experiments.e8_moe_layer",
+    ),
+    (r"Fig.~\ref{fig:e9}, Tabs.~\ref{tab:summary}, \ref{tab:e9}", "moe_train", "experiments.e9_moe_train"),
+    (r"Sec.~\ref{sec:kernels}", "tune_decompose_k", "experiments.tune_decompose_k"),
+    (r"Sec.~\ref{sec:kernels}", "tune_seed", "experiments.tune_seed"),
+    (r"Sec.~\ref{sec:grouped}, Tab.~\ref{tab:probes}", "tune_grouped", "experiments.tune_grouped"),
+    (r"Sec.~\ref{sec:grouped}", "distill_grouped", "experiments.distill_grouped"),
+]
+# The probes of the probe table (Tab. probes), by their CSV; each is run as ``python -m probes.<name>``,
+# except those no longer in the tree, run at their commit from experiments/ (REMOVED).
+PROBES = [
+    "probe_dk_latency",
+    "probe_dk_design",
+    "probe_prefill_tiles",
+    "probe_prefill_counters",
+    "probe_mixed_order",
+    "probe_stream_k",
+    "probe_gluon_prefill",
+    "probe_power",
+    "probe_heldout_ceilings",
+    "probe_ffn_ceiling",
+    "probe_host_cost",
+]
+REMOVED = {"probe_stream_k": "experiments.probe_stream_k"}
+
+
+def provenance_of(path: Path) -> tuple[str, str]:
+    """(the commits a CSV's rows were measured at, short, "+" where the tree had uncommitted changes; its
+    Triton versions) from its provenance columns; "--" where it has none."""
+    commits = commits_of(path)
+    if commits is None:
+        return "--", "--"
+    df = pd.read_csv(path, usecols=lambda c: c in ("git_dirty", "triton"))
+    dirty = df.git_dirty.astype(str).eq("True") if "git_dirty" in df else pd.Series(False, index=df.index)
+    marks = sorted({c[:7] + ("+" if d else "") for c, d in zip(commits, dirty)})
+    triton = ", ".join(sorted(set(df.triton.dropna().astype(str)))) if "triton" in df else "--"
+    return ", ".join(marks), triton or "--"
+
+
+def repro(n: Numbers, results: Path, gen: Path) -> None:
+    """table_repro.tex: a row per figure/table group of the write-up with its CSV, commit, Triton and
+    command; rows whose CSV is not committed are left out."""
+    rows = []
+    for what, csv, module in EXPERIMENTS + [
+        (r"Tab.~\ref{tab:probes}", p, REMOVED.get(p, f"probes.{p}")) for p in PROBES
+    ]:
+        path = results / f"{csv}.csv"
+        if not path.exists():
+            continue
+        commit, triton = provenance_of(path)
+        rows.append(
+            {
+                "shown in": what,
+                "CSV": f"\\texttt{{{tex_escape(csv)}}}",
+                "commit": commit,
+                "Triton": triton,
+                "module": f"\\texttt{{{tex_escape(module)}}}"
+                + ("$^*$" if module in REMOVED.values() else ""),
+            }
+        )
+    write_text(
+        gen / "table_repro.tex",
+        table(
+            pd.DataFrame(rows),
+            "Each figure and table, the CSV it is drawn from (\\texttt{results/<gpu>/<CSV>.csv}), the "
+            "commit and Triton version its rows record (``+'': a tree with uncommitted changes), and the "
+            "module that measures it, \\texttt{python -m <module> --out results/<gpu>/<CSV>.csv} ($^*$: at "
+            "that commit, no longer in the tree).",
+            "tab:repro",
+            "lllll",
+            raw=("shown in", "CSV", "module"),
+            colsep=4,
+            long=True,
+        ),
+    )
