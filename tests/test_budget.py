@@ -79,7 +79,7 @@ def test_work_follows_the_knobs():
 def test_steps_measured_under_this_config_are_predicted_as_measured():
     """The grouped steps (tune_grouped, E7, E8) were last measured under the current config: the budget's
     BASELINE is that config, so their prediction is their committed time, unscaled; every step of the
-    committed run has an estimate (the 20-minute aim is the README's runtime block's to report, met or not)."""
+    committed run has an estimate (the README's runtime block reports the 20-minute aim, met or not)."""
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     times = run_times(ROOT / "results" / "nvidia-h200")
     measured = dict(zip(times.step, times.seconds))

@@ -167,7 +167,7 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
 
     n = Numbers()
     e9(n, tmp_path, tmp_path)
-    assert not n.items
+    assert n.items == {"ENineMeasured": "0"}  # no CSV: only the switch that leaves E9 out of the paper
     step = {
         "ours:moe_ffn": 100.0,
         "ours:moe_ffn:save-gate-up": 110.0,
@@ -207,7 +207,9 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
                         )
     rows.append({**rows[0], "contender": "unsloth:grouped_gemm", "status": "error", "graph_us": float("nan")})
     pd.DataFrame(rows).to_csv(tmp_path / "moe_train.csv", index=False)
+    n = Numbers()
     e9(n, tmp_path, tmp_path)
+    assert n.items["ENineMeasured"] == "1"
     assert n.items["ENineHeldModels"] == "2" and n.items["ENineTokens"] == "4096, 16384"
     # the best peer is Unsloth's (130 us) in every held-out cell, on both clocks; one round each
     assert n.items["ENineHeldVsPeerGpu"] == "1.30x [1.30, 1.30]"

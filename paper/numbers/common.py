@@ -45,8 +45,10 @@ def provenance(n: Numbers, results: Path) -> None:
     n.add("SMs", int(r["sm_count"]), "{}")
     n.add("Driver", str(r["driver"]))
     n.add("CudaVersion", str(r["cuda"]))
-    n.add("TorchVersion", str(r["torch"]))
-    n.add("TritonVersion", str(r["triton"]))
+    from .readme import versions_text  # (readme imports this module)
+
+    # torch and Triton of every experiment's CSV: one pair, or each pair with the experiments it measured
+    n.add("Versions", versions_text(results).replace("E1-E", "E1--E").replace("_", r"\_"))
     fl = json.loads((results / "floors.json").read_text())
     n.add("TinyKernelUs", fl["measured"]["tiny_kernel_graph_us"])
     n.add("ReadTBs", fl["measured"]["read_tb_s"], "{:.2f}")

@@ -75,7 +75,7 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
         return
     from .e7 import e7_phase_numbers  # per phase, both clocks, 95% intervals: HeldSeven<Phase>Vs<Peer><Clock>
 
-    e7_phase_numbers(n, raw[raw.split == "heldout"], prefix="HeldSeven", tags=("Torch", "Vllm"))
+    e7_phase_numbers(n, raw[raw.split == "heldout"], prefix="HeldSeven", tags=("Torch", "Vllm", "Tk"))
     dec, pre = o[o.tokens <= 256], o[o.tokens >= PREFILL]
     n.add("HeldModels", o.model.nunique(), "{}")
     for tag, c in (("Prefill", pre), ("Decode", dec)):
