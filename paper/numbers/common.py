@@ -4,6 +4,7 @@ collection, geometric means and LaTeX tables (experiments.report, re-exported)."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,8 @@ def provenance(n: Numbers, results: Path) -> None:
     from .readme import versions_text  # (readme imports this module)
 
     # torch and Triton of every experiment's CSV: one pair, or each pair with the experiments it measured
-    n.add("Versions", versions_text(results).replace("E1-E", "E1--E").replace("_", r"\_"))
+    text = re.sub(r"(E\d+)-(E\d+)", r"\1--\2", versions_text(results))  # ranges as en dashes in TeX
+    n.add("Versions", text.replace("_", r"\_"))
     fl = json.loads((results / "floors.json").read_text())
     n.add("TinyKernelUs", fl["measured"]["tiny_kernel_graph_us"])
     n.add("ReadTBs", fl["measured"]["read_tb_s"], "{:.2f}")
