@@ -226,6 +226,100 @@ def test_grouped_dw_against_float64(w_layout, device, poison):
         r += sz
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel object: records each launch, then launches the real kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.launches += 1
+            return self.kernel[grid](*args, **kwargs)
+
+        return run
+
+
+@pytest.fixture
+def tma_spies(monkeypatch):
+    """The backward's TMA kernels wrapped so that a test can see that they ran."""
+    spies = {}
+    for name in ("_grouped_dw_tma_kernel", "_dswiglu_tma_kernel", "_grouped_dw_kernel", "_swiglu_bwd_kernel"):
+        spies[name] = LaunchSpy(getattr(bw, name))
+        monkeypatch.setattr(bw, name, spies[name])
+    return spies
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_grouped_dw_tma_against_float64(dtype, w_layout, device, poison, tma_spies):
+    """grouped_dw through the TMA kernel (16-bit, aligned rows, no gather or scale): experts of no rows
+    (exact zeros), of a whole number of row steps, of fewer rows than one step and ragged; K and N not
+    multiples of the tiles; every element written (the output starts as NaN); the result in the weight's
+    layout, its unit stride along N ("kn") or K ("nk")."""
+    g = torch.Generator().manual_seed(19)
+    sizes = [0, 32, 5, 0, 23, 16]
+    m, k, n = sum(sizes), 40, 24
+    a = torch.randn(m + 3, k, generator=g).to(dtype).to(device)  # rows past the last expert's: not read
+    b = torch.randn(m + 3, n, generator=g).to(dtype).to(device)
+    w_like = torch.empty((6, k, n) if w_layout == "kn" else (6, n, k), dtype=dtype, device=device)
+    dw = bw.grouped_dw(a, b, offsets_of(sizes, device), w_like, w_layout)
+    assert tma_spies["_grouped_dw_tma_kernel"].launches == 1
+    assert tma_spies["_grouped_dw_kernel"].launches == 0
+    a64, b64, r = a.double().cpu(), b.double().cpu(), 0
+    for e, sz in enumerate(sizes):
+        want = a64[r : r + sz].T @ b64[r : r + sz]
+        got = dw[e] if w_layout == "kn" else dw[e].T
+        if sz == 0:
+            assert (got == 0).all()
+        else:
+            assert rel_err(got, want) < TOL[dtype] / 3
+        r += sz
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
+def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, monkeypatch, poison, tma_spies):
+    """moe_ffn's gradients where every operand is TMA-readable (H and I multiples of the tiles, 16-bit): the
+    SwiGLU backward in the down projection's dX GEMM (dGU over the gate/up buffer) and both weight
+    gradients through the TMA kernels, against float64; an unrouted expert's weight gradients exact
+    zeros."""
+    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
+    x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=51 + save, t=13, h=32, i=16, e=5, k=2)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
+    y.backward(dy)
+    assert tma_spies["_dswiglu_tma_kernel"].launches == 1
+    assert tma_spies["_grouped_dw_tma_kernel"].launches == 2
+    assert tma_spies["_swiglu_bwd_kernel"].launches == 0 and tma_spies["_grouped_dw_kernel"].launches == 0
+    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
+    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], w_layout)
+    yr.backward(dy.double().cpu())
+    names = ("x", "topk_weights", "w_gate_up", "w_down")
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
+        assert rel_err(got, want) < TOL[dtype] * 2, name
+    assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
+
+
+def test_saved_gate_up_backs_one_backward_only(device, monkeypatch):
+    """With the gate/up product kept (SAVE_GATE_UP), the backward writes its gradient over it: a second
+    backward through the same graph (retain_graph) raises autograd's in-place error instead of reading the
+    overwritten product; a recomputing layer backs both."""
+    for save in (True, False):
+        monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
+        x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=61)
+        y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk").sum()
+        y.backward(retain_graph=True)
+        first = x.grad.clone()
+        if save:
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.backward()
+        else:
+            y.backward()
+            torch.testing.assert_close(x.grad, 2 * first)
+
+
 @pytest.mark.filterwarnings("ignore:Input #:UserWarning")
 def test_gradcheck_in_float32(device):
     """torch.autograd.gradcheck of grouped_mm_swiglu (x, w, row_scale) and moe_ffn (x, topk_weights) in
@@ -281,10 +375,13 @@ def test_no_grad_calls_take_the_inference_path(device, monkeypatch):
     assert not called
 
 
-def test_torch_compile_backward_matches_eager(device):
+@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
+def test_torch_compile_backward_matches_eager(save, device, monkeypatch):
     """moe_ffn and grouped_mm under torch.compile(fullgraph=True): the training ops (functional custom ops
-    with registered autograd) trace with no graph break, and the compiled step's gradients equal the eager
-    ones bitwise (the same kernels)."""
+    with registered autograd; with the gate/up product kept, a backward op that writes its gradient over
+    it) trace with no graph break, and the compiled step's gradients equal the eager ones bitwise (the
+    same kernels)."""
+    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
     torch._dynamo.reset()
     x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "kn", device, seed=31)
     off = offsets_of([4, 5, 0, 3], device)

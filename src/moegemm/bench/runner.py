@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import statistics
+import time
 from typing import Callable
 
 import torch
@@ -138,8 +139,6 @@ def cpu_cost_us(calls: list[Callable[[], object]], n: int, repeats: int = 3) -> 
     """Python's cost of one call in us: the host's wall time of ``n`` calls back to back (rotating over the
     input sets) with no sync, per call; the median of ``repeats`` such runs, each after a sync. The GPU's
     queue absorbs the launches, so this is the CPU's time to issue them, not the GPU's to run them."""
-    import time
-
     samples = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -160,18 +159,20 @@ def check_contenders(
     rows, live = {}, []
     prewarm([c.bind(input_sets[0]) for c in contenders if c.parallel_compile])
     for c in contenders:
+        t0 = time.perf_counter()
         try:
             out = c.bind(input_sets[0])()  # the first call: compiles/autotunes where the contender does
             torch.cuda.synchronize()
             ok, rel, why = c.check(out) if c.check is not None else check(out, ref64, k, tf32=c.tf32)
         except Exception as e:  # a contender that cannot run is recorded, not fatal
             ok, rel, why = False, math.nan, f"error: {type(e).__name__}: {str(e)[:200]}"
+        out = None  # (its memory, before the next contender's first call)
         row = {
             "contender": c.name,
             **c.fields,  # fields may have been filled in by the first call
             "config": c.config if isinstance(c.config, str) else json.dumps(c.config or {}, sort_keys=True),
         }
-        row.update(status=status_of(ok, why), rel_err=rel, note=why)
+        row.update(status=status_of(ok, why), rel_err=rel, note=why, setup_s=time.perf_counter() - t0)
         rows[c.name] = row
         if ok:
             live.append(c)
@@ -181,20 +182,26 @@ def check_contenders(
 def measure(
     contenders: list[Contender], input_sets: list[tuple], ref64: torch.Tensor, k: int, settings: Settings
 ) -> list[dict]:
-    """One row per contender: status, error, and both clocks (median, p20, p80 in us)."""
+    """One row per contender: status, error, and both clocks (median, p20, p80 in us); the wall time of
+    its first call and check (``setup_s``: compiles and autotuning included), of its graph's capture
+    (``capture_s``) and of its timed rounds (``timed_s``), the run's own cost."""
     rows, live = check_contenders(contenders, input_sets, ref64, k)
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
     calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
     for c in live:
+        t0 = time.perf_counter()
         if c.graph:
             try:
                 timers[c.name] = graph_timer(calls[c.name], settings)
                 rows[c.name]["graph_calls"] = timers[c.name].n
             except Exception as e:
                 rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
+        rows[c.name]["capture_s"] = time.perf_counter() - t0
+        rows[c.name]["timed_s"] = 0.0
     per_round = {c.name: {"launch": [], "graph": []} for c in live}  # each round's median, for the intervals
     for r in range(settings.rounds):
         for c in round_order(live, r, settings.order):
+            t0 = time.perf_counter()
             rotation = iter(range(1 << 30))
             cs = calls[c.name]
             got = launch_samples(
@@ -208,6 +215,7 @@ def measure(
                 got = timers[c.name].sample(settings.graph_replays)
                 graph[c.name] += got
                 per_round[c.name]["graph"].append(statistics.median(got) if got else math.nan)
+            rows[c.name]["timed_s"] += time.perf_counter() - t0
     if settings.cpu_calls:
         for c in live:
             rows[c.name]["cpu_us"] = cpu_cost_us(calls[c.name], settings.cpu_calls)

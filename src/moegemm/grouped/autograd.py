@@ -201,6 +201,8 @@ class _MoEFFN(torch.autograd.Function):
     def backward(ctx, dy):
         saved = ctx.saved_tensors
         grads = ffn_backward(dy, *saved, *ctx.meta, ctx.needs_input_grad[:4])
+        if saved[-1] is not None:  # the kept gate/up product now holds its gradient: a second backward
+            torch.autograd.graph.increment_version(saved[-1])  # through this graph raises, not misreads
         return (*grads, None, None, None, None, None, None, None)
 
 
@@ -230,7 +232,7 @@ def _(x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, 
     return x.new_empty(x.shape), (x.new_empty((tok.shape[0], two_i)) if save else x.new_empty(0))
 
 
-@torch.library.custom_op("moegemm::moe_ffn_train_backward", mutates_args=())
+@torch.library.custom_op("moegemm::moe_ffn_train_backward", mutates_args=("gu",))
 def moe_ffn_train_backward_op(
     dy: torch.Tensor,
     x: torch.Tensor,

@@ -10,11 +10,17 @@ import triton
 
 from .._runtime import INTERPRET
 from .._triton_common import dot_meta
-from .backward_kernels import _grouped_dw_kernel, _swiglu_bwd_kernel
-from .config import config_of
+from .backward_kernels import (
+    _dswiglu_tma_kernel,
+    _grouped_dw_kernel,
+    _grouped_dw_tma_kernel,
+    _swiglu_bwd_kernel,
+)
+from .config import GroupedConfig, config_of
 from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .ffn import gate_up_act
 from .pointwise import combine, silu_mul
+from .tma import TensorDescriptor, tma_rows_ok, w_descriptor
 
 # Tiles of the backward kernels on a GPU, per kernel and operand dtype (module-level so that they can be
 # measured and changed); the interpreter takes 16-wide tiles.
@@ -28,6 +34,10 @@ SWIGLU_TILES = {
     torch.float16: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
     torch.float32: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2),
 }
+# The TMA kernels' tiles (16-bit operands): the weight gradient (BLOCK_K x BLOCK_N output tiles, BLOCK_M
+# rows a step) and the SwiGLU backward in the down projection's dX GEMM.
+DW_TMA_TILES = dict(BLOCK_M=64, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=8, num_stages=4)
+DSWIGLU_TMA_TILES = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4)
 _INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
 _INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
 
@@ -58,18 +68,26 @@ def grouped_dw(
     a_idx: torch.Tensor | None = None,
     b_idx: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    tiles: dict | None = None,
 ) -> torch.Tensor:
     """dW, shaped and laid out as ``w_like`` ([E, K, N] for "kn", [E, N, K] for "nk"), with
     dW_e[k, n] = sum over rows r of expert e of A[r, k] * B[r, n] * scale[r], r in order; rows of A read
     through ``a_idx`` (A[a_idx[r]]) and of B through ``b_idx`` where given. A, B: [*, K] and [*, N] in w's
-    dtype; group_offsets: int32 [E + 1]. Deterministic; exact zeros for an expert with no rows."""
+    dtype; group_offsets: int32 [E + 1]. Deterministic; exact zeros for an expert with no rows.
+
+    With no gather and no scale, 16-bit operands whose rows TMA can read go through the TMA kernel, the
+    operands ordered so that its output tiles' columns run along dW's unit stride; the rest through the
+    pointer kernel. ``tiles``: the TMA kernel's tiles (default :data:`DW_TMA_TILES`)."""
     dw = torch.empty(w_like.shape, dtype=w_like.dtype, device=w_like.device)
     e, k, n, s_e, s_k, s_n = _w_dims(dw, w_layout)
     if e == 0 or k == 0 or n == 0:
         return dw
+    offsets = group_offsets.to(torch.int32).contiguous()
+    plain = a_idx is None and b_idx is None and scale is None
+    if plain and _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles):
+        return dw
     meta = dict(_INTERPRET_DW if INTERPRET else DW_TILES[dw.dtype])
     grid = e * triton.cdiv(k, meta["BLOCK_K"]) * triton.cdiv(n, meta["BLOCK_N"])
-    offsets = group_offsets.to(torch.int32).contiguous()
     _grouped_dw_kernel[(grid,)](
         a,
         a_idx if a_idx is not None else offsets,
@@ -97,13 +115,130 @@ def grouped_dw(
     return dw
 
 
+def _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles=None) -> bool:
+    """Launch the TMA weight-gradient kernel where the operands allow it (see grouped_dw); False where not."""
+    if TensorDescriptor is None or dw.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if a.dtype != dw.dtype or b.dtype != dw.dtype or not (tma_rows_ok(a) and tma_rows_ok(b)):
+        return False
+    if s_n != 1 and s_k == 1:  # dW's unit stride runs along K: compute its transpose, dW^T = B^T A
+        a, b, k, n, s_k, s_n = b, a, n, k, s_n, s_k
+    meta = dict(_INTERPRET_DW if INTERPRET else tiles or DW_TMA_TILES)
+    bm, bk, bn = meta["BLOCK_M"], meta["BLOCK_K"], meta["BLOCK_N"]
+    a_desc = TensorDescriptor(a, [a.shape[0], k], [a.stride(0), 1], [bm, bk])
+    b_desc = TensorDescriptor(b, [b.shape[0], n], [b.stride(0), 1], [bm, bn])
+    grid = e * triton.cdiv(k, bk) * triton.cdiv(n, bn)
+    _grouped_dw_tma_kernel[(grid,)](
+        a_desc,
+        b_desc,
+        a,
+        b,
+        offsets,
+        dw,
+        k,
+        n,
+        e,
+        a.stride(0),
+        b.stride(0),
+        s_e,
+        s_k,
+        s_n,
+        UPCAST=dot_meta(dw.dtype, False)["UPCAST"],
+        **meta,
+    )
+    return True
+
+
+def swiglu_grad(
+    group_offsets: torch.Tensor,
+    dys: torch.Tensor,
+    gu: torch.Tensor,
+    w_down: torch.Tensor,
+    w_layout: str,
+    *,
+    scale: torch.Tensor | None,
+    rowdot: bool,
+    store_act: bool,
+    in_place: bool,
+    tiles: dict | None = None,
+):
+    """(dGU [rows, 2I], s A [rows, I] or None, the row scale's gradient [rows] fp32 or None) of the down
+    projection y = s * (silu(G) U) @ D_e over the permuted rows, from ``dys`` (the output gradient's rows in
+    sorted order, [rows, H]) and the gate/up pre-activations ``gu`` [rows, 2I], in one launch: the
+    down projection's dX GEMM with the SwiGLU backward in its epilogue. ``in_place``: dGU is written over
+    ``gu`` (and returned as it). TMA where the operands allow it, else the pointer kernel. ``tiles``: the
+    TMA kernel's tiles (default :data:`DSWIGLU_TMA_TILES`)."""
+    e, i, h, *_ = _w_dims(w_down, w_layout)
+    rows = dys.shape[0]
+    dgu = gu if in_place else torch.empty_like(gu)
+    act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
+    meta = dict(_INTERPRET_SWIGLU if INTERPRET else tiles or DSWIGLU_TMA_TILES)
+    cfg = GroupedConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], tma=True)
+    wd_desc = (
+        w_descriptor(w_down, other_layout(w_layout), e, i, h, cfg)
+        if rows and i and h and tma_rows_ok(dys) and gu.dtype == dys.dtype == w_down.dtype
+        else None
+    )
+    if wd_desc is None:
+        dgu, act, ds = swiglu_backward(
+            group_offsets,
+            rows,
+            dys,
+            x=None,
+            w_gate_up=None,
+            w_layout=w_layout,
+            gu=gu,
+            w_down=w_down,
+            scale=scale,
+            rowdot=rowdot,
+            store_act=store_act,
+            out=dgu,
+            act=act,
+        )
+        return dgu, act, ds
+    n_tiles = triton.cdiv(i, meta["BLOCK_N"])
+    part = torch.empty((rows, n_tiles), dtype=torch.float32, device=gu.device) if rowdot else None
+    offsets = group_offsets.to(torch.int32).contiguous()
+    grid = (triton.cdiv(rows, meta["BLOCK_M"]) + min(e, rows)) * n_tiles
+    dy_desc = TensorDescriptor(dys, [rows, h], [dys.stride(0), 1], [meta["BLOCK_M"], meta["BLOCK_K"]])
+    _dswiglu_tma_kernel[(grid,)](
+        dy_desc,
+        wd_desc,
+        gu,
+        scale.contiguous() if scale is not None else offsets,
+        offsets,
+        dgu,
+        act if act is not None else dgu,
+        part if part is not None else offsets,
+        i,
+        h,
+        e,
+        gu.stride(0),
+        gu.stride(1),
+        dgu.stride(0),
+        dgu.stride(1),
+        act.stride(0) if act is not None else 0,
+        act.stride(1) if act is not None else 0,
+        part.stride(0) if part is not None else 0,
+        E_BLOCK=max(16, triton.next_power_of_2(e)),
+        W_KN=other_layout(w_layout) == "kn",
+        HAS_SCALE=scale is not None,
+        ROWDOT=rowdot,
+        STORE_ACT=store_act,
+        IN_PLACE=dgu.data_ptr() == gu.data_ptr(),
+        UPCAST=dot_meta(gu.dtype, False)["UPCAST"],
+        **meta,
+    )
+    return dgu, act, (part.sum(1) if rowdot else None)
+
+
 def swiglu_backward(
     group_offsets: torch.Tensor,
     rows: int,
     dy: torch.Tensor,
     *,
     x: torch.Tensor | None,
-    w_gate_up: torch.Tensor,
+    w_gate_up: torch.Tensor | None,
     w_layout: str,
     gu: torch.Tensor | None = None,
     x_idx: torch.Tensor | None = None,
@@ -112,22 +247,33 @@ def swiglu_backward(
     scale: torch.Tensor | None = None,
     rowdot: bool = False,
     store_act: bool = False,
+    out: torch.Tensor | None = None,
+    act: torch.Tensor | None = None,
 ):
-    """(dGU [rows, 2I], A [rows, I] or None, row-scale gradient [rows] fp32 or None) of
-    y = s * silu(G) * U (per permuted row), in one launch.
+    """(dGU [rows, 2I], s A [rows, I] or None, row-scale gradient [rows] fp32 or None) of
+    y = s * silu(G) * U (per permuted row), in one launch of the pointer kernel.
 
     G, U: from ``gu`` [rows, 2I] where given, else recomputed as X @ W_gate_up (X's rows: x[x_idx[r]]).
     The activation's upstream gradient: ``dy`` [rows, I] itself, or with ``w_down`` dY @ D_e^T (the down
     projection y = s * A @ D_e; dY's rows: dy[dy_idx[r]]). ``rowdot``: also the gradient of s (rowdot of the
-    upstream gradient and A). ``store_act``: also A."""
-    e, h, two_i, s_ge, s_gk, s_gn = _w_dims(w_gate_up, w_layout)
+    upstream gradient and A). ``store_act``: also s A (into ``act`` where given). ``out``: dGU's buffer
+    (``gu`` itself: written in place)."""
+    if w_gate_up is not None:
+        e, h, two_i, s_ge, s_gk, s_gn = _w_dims(w_gate_up, w_layout)
+        dtype = w_gate_up.dtype
+    else:  # G and U loaded: the sizes from gu and the down weight (down: A[., I] @ D_e[I, H])
+        if gu is None or w_down is None:
+            raise ValueError("gu, w_down: without w_gate_up both are needed")
+        e, _, h, *_ = _w_dims(w_down, w_layout)
+        two_i, s_ge, s_gk, s_gn, dtype = gu.shape[1], 0, 0, 0, gu.dtype
     i = two_i // 2
-    dtype = w_gate_up.dtype
-    dgu = torch.empty((rows, two_i), dtype=dtype, device=w_gate_up.device)
-    act = torch.empty((rows, i), dtype=dtype, device=w_gate_up.device) if store_act else None
+    device = dy.device
+    dgu = out if out is not None else torch.empty((rows, two_i), dtype=dtype, device=device)
+    if store_act and act is None:
+        act = torch.empty((rows, i), dtype=dtype, device=device)
     meta = dict(_INTERPRET_SWIGLU if INTERPRET else SWIGLU_TILES[dtype])
     n_tiles = triton.cdiv(i, meta["BLOCK_N"]) if i else 0
-    part = torch.empty((rows, max(n_tiles, 1)), dtype=torch.float32, device=dgu.device) if rowdot else None
+    part = torch.empty((rows, max(n_tiles, 1)), dtype=torch.float32, device=device) if rowdot else None
     if rows == 0 or i == 0:
         return dgu, act, (part.sum(1) if rowdot else None)
     if w_down is not None:
@@ -146,7 +292,7 @@ def swiglu_backward(
     _swiglu_bwd_kernel[(tiles,)](
         xt,
         x_idx if x_idx is not None else dummy,
-        w_gate_up,
+        w_gate_up if w_gate_up is not None else dgu,
         gut,
         dy,
         dy_idx if dy_idx is not None else dummy,
@@ -183,6 +329,7 @@ def swiglu_backward(
         HAS_SCALE=scale is not None,
         ROWDOT=rowdot,
         STORE_ACT=store_act,
+        IN_PLACE=gu is not None and dgu.data_ptr() == gu.data_ptr(),
         **dot_meta(dtype, False),
         **meta,
     )
@@ -242,10 +389,19 @@ def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
                     dy, w, group_offsets, w_layout=other_layout(w_layout), row_scale=row_scale, validate=False
                 )
             if need_w:
-                dw = grouped_dw(x, dy, group_offsets, w, w_layout, scale=row_scale)
+                dw = _scaled_dw(x, dy, group_offsets, w, w_layout, row_scale)
     if ds is not None:
         ds = ds.to(row_scale.dtype)
     return dx, dw, ds
+
+
+def _scaled_dw(x, dy, group_offsets, w, w_layout, row_scale):
+    """dW of y = s * (x @ W): x^T (s dY). Where the TMA kernel can read both operands, s dY is made first
+    (rounded to dY's dtype, as the pointer kernel rounds it in-kernel), else the pointer kernel scales B."""
+    if row_scale is not None and tma_rows_ok(x) and tma_rows_ok(dy):
+        b = (dy.float() * row_scale.float()[:, None]).to(dy.dtype)
+        return grouped_dw(x, b, group_offsets, w, w_layout)
+    return grouped_dw(x, dy, group_offsets, w, w_layout, scale=row_scale)
 
 
 # ---- moe_ffn ----
@@ -272,33 +428,43 @@ def ffn_forward(
 def ffn_backward(
     dy, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu, w_layout, top_k, needs
 ):
-    """(dx, d topk_weights, d w_gate_up, d w_down), each None where ``needs`` says it is not wanted."""
+    """(dx, d topk_weights, d w_gate_up, d w_down), each None where ``needs`` says it is not wanted.
+
+    The gate/up pre-activations: ``gu`` (kept by the forward; overwritten here by their gradient), else
+    recomputed by the forward's grouped GEMM into a buffer of the backward's own. Then, with the rows of x
+    and of dY in sorted order: the down projection's dX GEMM with the SwiGLU backward in its epilogue (dGU
+    written over the gate/up buffer, s A, the gating weights' gradient), the two weight gradients, and dX
+    through the gate/up weights, summed over each token's top-k rows. Each transient buffer is freed once
+    its last reader has run."""
     need_x, need_tw, need_gu, need_d = needs
-    rows = tok.numel()
     dx = dtw = dwgu = dwd = None
     dy = dy.contiguous()
     with torch.no_grad():
         ws = topk_weights.reshape(-1).index_select(0, sorted_slot)
-        dgu, act, ds = swiglu_backward(
+        xs = x.index_select(0, tok) if gu is None or need_gu else None
+        if gu is None:
+            gu = grouped_mm_forward(xs, w_gate_up, offsets, w_layout=w_layout, validate=False)
+        if not need_gu:
+            xs = None
+        dys = dy.index_select(0, tok)
+        dgu, sact, ds = swiglu_grad(
             offsets,
-            rows,
-            dy,
-            x=x,
-            x_idx=tok,
-            w_gate_up=w_gate_up,
-            w_layout=w_layout,
-            gu=gu,
-            w_down=w_down,
-            dy_idx=tok,
+            dys,
+            gu,
+            w_down,
+            w_layout,
             scale=ws,
             rowdot=need_tw,
             store_act=need_d,
+            in_place=True,
         )
+        del gu
         if need_d:
-            dwd = grouped_dw(act, dy, offsets, w_down, w_layout, b_idx=tok, scale=ws)
-        del act
+            dwd = grouped_dw(sact, dys, offsets, w_down, w_layout)
+        del sact, dys
         if need_gu:
-            dwgu = grouped_dw(x, dgu, offsets, w_gate_up, w_layout, a_idx=tok)
+            dwgu = grouped_dw(xs, dgu, offsets, w_gate_up, w_layout)
+        del xs
         if need_x:
             dxs = grouped_mm_forward(dgu, w_gate_up, offsets, w_layout=other_layout(w_layout), validate=False)
             del dgu

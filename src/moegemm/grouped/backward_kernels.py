@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import mma
-from .tiles import _tile_coords, _tile_plan
+from .tiles import _tile_coords, _tile_plan, _tma_k_loop
 
 
 @triton.jit
@@ -152,6 +152,7 @@ def _swiglu_bwd_kernel(
     HAS_SCALE: tl.constexpr,
     ROWDOT: tl.constexpr,
     STORE_ACT: tl.constexpr,
+    IN_PLACE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -222,24 +223,238 @@ def _swiglu_bwd_kernel(
             up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
         if not P_GEMM:
             p = tl.load(dy_ptr + yr[:, None] * stride_dym + n_c[None, :] * stride_dyk).to(tl.float32)
-        sig = tl.sigmoid(gate)
-        silu = gate * sig
-        act = silu * up
-        mask = row_ok[:, None] & col_ok[None, :]
-        if ROWDOT:
-            part = tl.sum(tl.where(mask, p * act, 0.0), axis=1)
-            tl.store(part_ptr + rows_c * stride_pm + col0 // BLOCK_N, part, mask=row_ok)
-        if HAS_SCALE:
-            s = tl.load(scale_ptr + rows_c, mask=row_ok, other=0.0).to(tl.float32)
-            p = p * s[:, None]
-        d_up = p * silu
-        d_gate = p * up * sig * (1.0 + gate * (1.0 - sig))
-        o_ptrs = dgu_ptr + rows_c[:, None] * stride_om + cols[None, :] * stride_on
-        tl.store(o_ptrs, d_gate.to(dgu_ptr.dtype.element_ty), mask=mask)
-        tl.store(o_ptrs + N_I * stride_on, d_up.to(dgu_ptr.dtype.element_ty), mask=mask)
-        if STORE_ACT:
-            tl.store(
-                act_ptr + rows_c[:, None] * stride_am + cols[None, :] * stride_an,
-                act.to(act_ptr.dtype.element_ty),
-                mask=mask,
-            )
+        _dswiglu_store(
+            p,
+            gate,
+            up,
+            scale_ptr,
+            dgu_ptr,
+            act_ptr,
+            part_ptr,
+            rows_c,
+            row_ok,
+            cols,
+            col_ok,
+            col0,
+            N_I,
+            stride_om,
+            stride_on,
+            stride_am,
+            stride_an,
+            stride_pm,
+            BLOCK_N,
+            HAS_SCALE,
+            ROWDOT,
+            STORE_ACT,
+            IN_PLACE,
+        )
+
+
+@triton.jit
+def _dswiglu_store(
+    p,
+    gate,
+    up,
+    scale_ptr,
+    dgu_ptr,
+    act_ptr,
+    part_ptr,
+    rows_c,
+    row_ok,
+    cols,
+    col_ok,
+    col0,
+    N_I,
+    stride_om,
+    stride_on,
+    stride_am,
+    stride_an,
+    stride_pm,
+    BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROWDOT: tl.constexpr,
+    STORE_ACT: tl.constexpr,
+    IN_PLACE: tl.constexpr,
+):
+    """The SwiGLU backward of one tile, in fp32 registers, from the upstream gradient of the activation
+    ``p`` (before the row scale s) and the gate/up pre-activations: A = silu(G) U; with ROWDOT the row
+    scale's gradient's partial sum over this tile's columns, rowdot(P, A), at part[row, column tile];
+    dA = s P, dG = dA U silu'(G), dU = dA silu(G) stored as dGU [rows, 2I] (gate first); with STORE_ACT
+    s A (the down projection's input as its weight gradient sees it, s being applied to its output).
+    IN_PLACE: dGU overwrites the gate/up buffer the tile was loaded from (a barrier first, so that every
+    element of the tile is read before any is written)."""
+    sig = tl.sigmoid(gate)
+    silu = gate * sig
+    act = silu * up
+    mask = row_ok[:, None] & col_ok[None, :]
+    if ROWDOT:
+        part = tl.sum(tl.where(mask, p * act, 0.0), axis=1)
+        tl.store(part_ptr + rows_c * stride_pm + col0 // BLOCK_N, part, mask=row_ok)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + rows_c, mask=row_ok, other=0.0).to(tl.float32)
+        p = p * s[:, None]
+        act = act * s[:, None]
+    d_up = p * silu
+    d_gate = p * up * sig * (1.0 + gate * (1.0 - sig))
+    if IN_PLACE:
+        tl.debug_barrier()
+    o_ptrs = dgu_ptr + rows_c[:, None] * stride_om + cols[None, :] * stride_on
+    tl.store(o_ptrs, d_gate.to(dgu_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptrs + N_I * stride_on, d_up.to(dgu_ptr.dtype.element_ty), mask=mask)
+    if STORE_ACT:
+        tl.store(
+            act_ptr + rows_c[:, None] * stride_am + cols[None, :] * stride_an,
+            act.to(act_ptr.dtype.element_ty),
+            mask=mask,
+        )
+
+
+@triton.jit
+def _grouped_dw_tma_kernel(
+    a_desc,
+    b_desc,
+    a_ptr,
+    b_ptr,
+    offsets_ptr,
+    dw_ptr,
+    K,
+    N,
+    E,
+    stride_am,
+    stride_bm,
+    stride_de,
+    stride_dk,
+    stride_dn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """_grouped_dw_kernel with the tiles brought in by the tensor-memory accelerator (16-bit A [rows, K] and
+    B [rows, N], unit stride along their columns, no gather, no scale). Each program walks its expert's
+    whole BLOCK_M row steps through TMA boxes; the last, partial step (rows up to the expert's end, the
+    box's other rows being the next expert's) through masked loads. Columns past K or N read zeros."""
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    per_e = k_tiles * n_tiles
+    e = pid // per_e
+    local = pid % per_e
+    band = local // (GROUP_K * n_tiles)
+    in_band = local % (GROUP_K * n_tiles)
+    band_rows = tl.minimum(k_tiles - band * GROUP_K, GROUP_K)
+    k0 = (band * GROUP_K + in_band % band_rows) * BLOCK_K
+    n0 = (in_band // band_rows) * BLOCK_N
+    lo = tl.load(offsets_ptr + e)
+    hi = tl.load(offsets_ptr + e + 1)
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    whole = (hi - lo) // BLOCK_M
+    for step in range(0, whole):
+        m0 = lo + step * BLOCK_M
+        a = a_desc.load([m0, k0])
+        b = b_desc.load([m0, n0])
+        acc = mma(a.T, b, acc, "tf32", UPCAST)  # 16-bit operands: the precision argument is unused
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    k_ok = offs_k < K
+    n_ok = offs_n < N
+    m0 = lo + whole * BLOCK_M
+    if m0 < hi:
+        rows = m0 + tl.arange(0, BLOCK_M)
+        ok = rows < hi
+        r64 = tl.minimum(rows, hi - 1).to(tl.int64)
+        a_ptrs = a_ptr + r64[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = b_ptr + r64[:, None] * stride_bm + offs_n[None, :]
+        a = tl.load(a_ptrs, mask=ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=ok[:, None] & n_ok[None, :], other=0.0)
+        acc = mma(a.T, b, acc, "tf32", UPCAST)
+    ptrs = (
+        dw_ptr
+        + e.to(tl.int64) * stride_de
+        + offs_k[:, None].to(tl.int64) * stride_dk
+        + offs_n[None, :].to(tl.int64) * stride_dn
+    )
+    tl.store(ptrs, acc.to(dw_ptr.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _dswiglu_tma_kernel(
+    dy_desc,
+    wd_desc,
+    gu_ptr,
+    scale_ptr,
+    offsets_ptr,
+    dgu_ptr,
+    act_ptr,
+    part_ptr,
+    N_I,
+    H,
+    E,
+    stride_gm,
+    stride_gn,
+    stride_om,
+    stride_on,
+    stride_am,
+    stride_an,
+    stride_pm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    W_KN: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROWDOT: tl.constexpr,
+    STORE_ACT: tl.constexpr,
+    IN_PLACE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """The SwiGLU backward in the epilogue of the down projection's dX GEMM, its tiles brought in by TMA: per
+    tile of rows of one expert and BLOCK_N of the I activation columns, P = dY[rows] @ D_e^T[:, cols] (dY:
+    the permuted rows of the layer's output gradient [rows, H]; D_e^T read through the 2-D descriptor of
+    the down weight in the layout of a forward [H, I] operand, W_KN as in _grouped_mm_tma_kernel), then
+    _dswiglu_store with G, U loaded from gu [rows, 2I] (which dGU may overwrite: IN_PLACE). Tiles numbered
+    as in the forward kernels (from the group offsets, in-kernel: no host sync)."""
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            tile, e_offs, lo, hi, cum, N_I, BLOCK_M, BLOCK_N, GROUP_M, 0
+        )
+        p = _tma_k_loop(
+            dy_desc, wd_desc, row0, col0, expert, N_I, H, BLOCK_M, BLOCK_N, BLOCK_K, W_KN, False, UPCAST
+        )
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
+        cols = col0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < N_I
+        n_c = cols % N_I
+        g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
+        gate = tl.load(g_ptrs).to(tl.float32)
+        up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
+        _dswiglu_store(
+            p,
+            gate,
+            up,
+            scale_ptr,
+            dgu_ptr,
+            act_ptr,
+            part_ptr,
+            rows_c,
+            row_ok,
+            cols,
+            col_ok,
+            col0,
+            N_I,
+            stride_om,
+            stride_on,
+            stride_am,
+            stride_an,
+            stride_pm,
+            BLOCK_N,
+            HAS_SCALE,
+            ROWDOT,
+            STORE_ACT,
+            IN_PLACE,
+        )
