@@ -6,9 +6,9 @@ load (uniform, Zipf 1.2): one step is the layer's forward on x [T, H] with the r
 gating weights, then the backward of a fixed upstream gradient dY, computing the gradients of x, the gating
 weights (the router learns) and both weights. Contenders:
 
-- ``ours:moe_ffn``: moegemm.grouped.moe_ffn (the gate/up product recomputed in the backward's fused
-  SwiGLU-backward kernel, the default); ``ours:moe_ffn:save-gate-up``: the same keeping the [rows, 2I]
-  gate/up product from the forward (moegemm.grouped.autograd.SAVE_GATE_UP);
+- ``ours:moe_ffn``: moegemm.grouped.moe_ffn as it comes (the [rows, 2I] gate/up product kept from the
+  forward, its gradient written over it in the backward); ``ours:moe_ffn:recompute``: the same recomputing
+  the gate/up product in the backward instead (``save_gate_up=False``);
 - ``torch._grouped_mm pipeline`` (torchtitan's path): routing, the permutation as a gather, torch._grouped_mm
   for gate/up, SiLU * up, torch._grouped_mm for down, the gating weights and a scatter-add back to the
   tokens, all torch ops with torch's autograd; eager, and ``...:compiled`` under torch.compile;
@@ -129,7 +129,6 @@ def memo_bind(make):
 def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: bool, uk) -> list[Contender]:
     """The contenders of one cell and phase (see the module's docstring). ``x`` and ``wts`` are the leaves
     (requires_grad); an input set is (w_gate_up, w_down), leaves too."""
-    from moegemm.grouped import autograd as ag
 
     own = (lambda out: check(out, ref_y, k)) if phase == "fwd" else None
     fields = {"phase": phase}
@@ -140,13 +139,8 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
 
         return Contender(name, memo_bind(make), graph=graph, check=own, fields={**fields, **(extra or {})})
 
-    def ours_save(x, ids, wts, a, b):
-        old = ag.SAVE_GATE_UP
-        ag.SAVE_GATE_UP = True
-        try:
-            return moe_ffn(x, ids, wts, a, b, w_layout="nk", validate=False)
-        finally:
-            ag.SAVE_GATE_UP = old
+    def ours_recompute(x, ids, wts, a, b):
+        return moe_ffn(x, ids, wts, a, b, w_layout="nk", validate=False, save_gate_up=False)
 
     def hf(name, impl, comp, graph=True):
         try:
@@ -177,7 +171,7 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
 
     cs = [
         plain("ours:moe_ffn", ours),
-        plain("ours:moe_ffn:save-gate-up", ours_save),
+        plain("ours:moe_ffn:recompute", ours_recompute),
         plain("torch._grouped_mm pipeline", pipeline),
     ]
     if compiled:

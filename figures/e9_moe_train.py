@@ -7,14 +7,14 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from figures.common import args, finish, geomean, load, save, setup
-from paper.numbers.e9 import HF_COMPILED, OURS_SAVE, TORCH, TORCH_COMPILED, UNSLOTH, e9_frame, ratios
+from paper.numbers.e9 import HF_COMPILED, OURS_RECOMPUTE, TORCH, TORCH_COMPILED, UNSLOTH, e9_frame, ratios
 
 PEERS = {
     TORCH: "#d62728",
     TORCH_COMPILED: "#ff9896",
     HF_COMPILED: "#9467bd",
     UNSLOTH: "#2ca02c",
-    OURS_SAVE: "#6baed6",
+    OURS_RECOMPUTE: "#6baed6",
 }
 
 

@@ -302,17 +302,16 @@ def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, mo
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
-def test_saved_gate_up_backs_one_backward_only(device, monkeypatch):
+def test_saved_gate_up_backs_one_backward_only(device):
     """With the gate/up product kept (SAVE_GATE_UP), the backward writes its gradient over it: a second
     backward through the same graph (retain_graph) raises autograd's in-place error instead of reading the
     overwritten product; a recomputing layer backs both."""
-    for save in (True, False):
-        monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
+    for save in (True, False, None):  # None: the default, which keeps it
         x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=61)
-        y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk").sum()
+        y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk", save_gate_up=save).sum()
         y.backward(retain_graph=True)
         first = x.grad.clone()
-        if save:
+        if save is not False:
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 y.backward()
         else:
@@ -335,9 +334,16 @@ def test_gradcheck_in_float32(device):
     assert torch.autograd.gradcheck(f, (x, w, rs), eps=1e-2, atol=1e-3, rtol=1e-3)
     x2, ids, tw, wgu, wd = ffn_inputs(torch.float32, "kn", device, seed=8, t=2, h=4, i=4, e=3, empty=())
     wgu, wd = (t.detach() * 3 for t in (wgu, wd))
-    assert torch.autograd.gradcheck(
-        lambda x, tw: moe_ffn(x, ids, tw, wgu, wd, w_layout="kn"), (x2, tw), eps=1e-2, atol=1e-3, rtol=1e-3
-    )
+    for save in (False, True):  # gradcheck backs each graph many times: the kept product once only
+
+        def f(x, tw, save=save):
+            return moe_ffn(x, ids, tw, wgu, wd, w_layout="kn", save_gate_up=save)
+
+        if save:
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                torch.autograd.gradcheck(f, (x2, tw), eps=1e-2, atol=1e-3, rtol=1e-3)
+        else:
+            assert torch.autograd.gradcheck(f, (x2, tw), eps=1e-2, atol=1e-3, rtol=1e-3)
 
 
 def test_bad_input_raises_naming_the_argument(device):

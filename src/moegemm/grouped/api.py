@@ -137,6 +137,7 @@ def moe_ffn(
     *,
     w_layout: str = "nk",
     validate: bool = True,
+    save_gate_up: bool | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
     FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
@@ -155,10 +156,21 @@ def moe_ffn(
     the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under torch.compile it
     traces with no graph break and runs the same kernels (custom ops). Gradients: for x, topk_weights (so the
     router learns), w_gate_up and w_down; deterministic, no host sync (:mod:`moegemm.grouped.autograd`).
+    ``save_gate_up`` (training only): keep the [rows, 2I] gate/up product for the backward, which writes its
+    gradient over it (True, the faster: then the graph backs one backward; a second, with retain_graph,
+    raises), or recompute it there (False: 2 * I * top_k bytes per token fewer kept, any number of
+    backwards); None: :data:`moegemm.grouped.autograd.SAVE_GATE_UP` (True).
     """
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
     if _records_grad(x, topk_weights, w_gate_up, w_down):
         return autograd.moe_ffn_train(
-            x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate
+            x,
+            topk_ids,
+            topk_weights,
+            w_gate_up,
+            w_down,
+            w_layout=w_layout,
+            validate=validate,
+            save_gate_up=save_gate_up,
         )
     return moe_ffn_forward(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate)

@@ -16,27 +16,35 @@ The backward GEMMs:
   count: one program per (expert, output tile), rows walked in order, fp32 accumulation. Bitwise
   deterministic (no atomics, no split), exact zeros for an expert with no rows, written in the weight's
   own layout.
-- The SwiGLU backward runs in the epilogue of one grouped GEMM (:func:`swiglu_backward`,
-  moegemm.grouped.backward_kernels._swiglu_bwd_kernel): for moe_ffn, a tile computes P = dY D_e^T (the down
-  projection's dX, its rows gathered from the layer's output gradient through the permutation) and, in the
-  same K loop, recomputes G, U = X W_g, X W_u (the tokens' rows gathered likewise), then dA = s P,
-  dG, dU, A and the gating weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order.
+- The SwiGLU backward runs in the epilogue of a grouped GEMM. For moe_ffn (:func:`swiglu_grad`,
+  moegemm.grouped.backward_kernels._dswiglu_tma_kernel), the down projection's dX GEMM P = dY D_e^T over the
+  permuted rows of the layer's output gradient, its epilogue loading the tile's gate and up pre-activations
+  G, U and storing dG, dU over them, s A (the down projection's input as its weight gradient reads it) and
+  the gating weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order. For
+  grouped_mm_swiglu (:func:`swiglu_backward`), the gate/up product recomputed in a K loop whose epilogue
+  applies the same backward to the upstream gradient.
 
 What moe_ffn keeps from the forward for the backward (beyond x, the weights and topk_weights, which the
 caller holds anyway), per token, for top_k routed copies:
 
-- ``SAVE_GATE_UP = False`` (default, recompute): the routing's three int32 arrays, ``12 * top_k`` bytes
-  (plus 4 (E + 1) bytes per layer for the group offsets). The backward recomputes the gate/up product,
-  2 * top_k * H * 2I flops per token, inside the kernel above.
-- ``SAVE_GATE_UP = True`` (save): also the [rows, 2I] gate/up pre-activations,
-  ``12 * top_k + 2 * I * top_k * b`` bytes (b: bytes per element of x's dtype, 2 for bf16/fp16, 4 for
-  fp32); the forward then writes them (the unfused gate/up GEMM and SiLU * up) instead of running the
-  fused SwiGLU kernel, and the backward loads them.
+- ``SAVE_GATE_UP = True`` (default, save): the routing's three int32 arrays and the [rows, 2I] gate/up
+  pre-activations, ``12 * top_k + 2 * I * top_k * b`` bytes (b: bytes per element of x's dtype, 2 for
+  bf16/fp16, 4 for fp32; plus 4 (E + 1) bytes per layer for the group offsets). The forward writes them
+  (the gate/up GEMM and SiLU * up); the backward writes their gradient over them, so that a second backward
+  through the same graph raises autograd's in-place error instead of reading them.
+- ``SAVE_GATE_UP = False`` (recompute): the routing's arrays alone, ``12 * top_k`` bytes; the forward runs
+  the fused SwiGLU kernel and the backward recomputes the gate/up product (the forward's grouped GEMM,
+  2 * top_k * H * 2I flops per token) into a buffer of its own.
 
-The backward's transient buffers (freed by the step's end): dGU [rows, 2I] and A [rows, I] in x's dtype,
-dX's rows [rows, H], fp32 partials [rows, ceil(I / 64)]. The torch._grouped_mm pipeline keeps the permuted
-rows, gate/up, the activation and the down output for its backward: top_k * (2H + 3I) * b bytes per token
-and more.
+The default is the faster of the two on every cell the backward's probe measured
+(probes/probe_backward.py); with the gradient written over the kept product, the two reach the same peak
+memory within one layer's step. Recompute keeps 2 * I * top_k * b bytes per token and layer fewer between
+forward and backward, for a model whose activations do not fit.
+
+The backward's transient buffers (freed by the step's end): the rows of x and of dY in sorted order
+[rows, H] each, s A [rows, I], dX's rows [rows, H], fp32 partials [rows, ceil(I / BLOCK_N)]; with
+recompute, the gate/up buffer [rows, 2I]. The torch._grouped_mm pipeline keeps the permuted rows, gate/up,
+the activation and the down output for its backward: top_k * (2H + 3I) * b bytes per token and more.
 
 No host sync with the default arguments: every grid is a bound known from the shapes, each tile finds its
 expert from the group offsets in-kernel, and the reductions are torch ops on the device.
@@ -51,9 +59,10 @@ from .backward import ffn_backward, ffn_forward, mm_backward, mm_forward
 from .config import config_list
 from .routing import route
 
-# moe_ffn's choice of what the backward reads: False recomputes the gate/up product in the backward's fused
-# kernel (nothing of size [rows, 2I] kept between forward and backward); True keeps it from the forward.
-SAVE_GATE_UP = False
+# moe_ffn's choice of what the backward reads: True keeps the gate/up product from the forward (the
+# backward writes its gradient over it); False recomputes it in the backward (nothing of size [rows, 2I]
+# kept between forward and backward).
+SAVE_GATE_UP = True
 
 
 class _GroupedMM(torch.autograd.Function):
