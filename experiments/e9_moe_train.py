@@ -30,6 +30,7 @@ torch.cuda.max_memory_allocated over the step; ``step_mem_bytes``: that less wha
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -270,6 +271,8 @@ def cell_inputs(g: dict, model: str, t: int, load: str, weights: dict, device="c
 
 def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, ("model", "tokens", "load", "phase"))
+    # one contender's graph at a time: a training step's graph holds its gradients and activations
+    settings = dataclasses.replace(settings, one_graph=True)
     e9 = cfg["moe_train"]
     total = torch.cuda.get_device_properties(0).total_memory
     cells = train_cells(g, e9, total)

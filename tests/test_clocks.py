@@ -116,3 +116,43 @@ def test_measure_times_the_contenders_in_the_settings_order(monkeypatch):
         )
         assert "".join(seen[3:]) == want  # after the three checking calls
         assert [r["launch_n"] for r in rows] == [4, 4, 4]
+
+
+@pytest.mark.parametrize("one_graph", [False, True])
+def test_one_graph_holds_one_contender_graph_at_a_time(monkeypatch, one_graph):
+    """With Settings.one_graph, measure captures each contender's graph afresh in every round and frees it
+    after its samples, so that no two graphs are alive at once (GraphTimer faked on the CPU); without it,
+    one graph per contender lives over all rounds. Both give every contender a graph sample per round."""
+    import torch
+
+    from moegemm.bench import runner, timing
+
+    alive, most = set(), [0]
+
+    class FakeTimer:
+        def __init__(self, calls, n):
+            self.n = n
+            alive.add(id(self))
+            most[0] = max(most[0], len(alive))
+
+        def __del__(self):
+            alive.discard(id(self))
+
+        def sample(self, replays=5):
+            return [2.0] * replays
+
+    monkeypatch.setattr(timing, "GraphTimer", FakeTimer)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(runner, "launch_samples", lambda fn, rep, warm: [1.0])
+    cs = [
+        runner.Contender(name, lambda inp: lambda: torch.zeros(1), check=lambda out: (True, 0.0, ""))
+        for name in "ABC"
+    ]
+    rows = runner.measure(
+        cs, [()], torch.zeros(1), 1, runner.Settings(rounds=3, graph_replays=2, one_graph=one_graph)
+    )
+    assert most[0] == (1 if one_graph else 3)
+    assert [r["graph_n"] for r in rows] == [6, 6, 6]
+    assert all(r["graph_round_us"] == "2.0000;2.0000;2.0000" for r in rows)
+    assert not alive

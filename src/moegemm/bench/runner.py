@@ -52,6 +52,12 @@ class Settings:
     # "balanced" (rounds in pairs: a rotation, then the same rotation reversed, so that over each pair every
     # contender's mean position is the same and it follows each neighbour once; see round_order).
     order: str = "rotate"
+    # True: each contender's graph is captured afresh in every round and freed after its samples (the
+    # allocator's cache emptied before each capture), so that only one graph's memory pool is held at a
+    # time. For calls whose graph pools are large (a training step holds its gradients and activations):
+    # with every contender's graph alive over all rounds, and what the contenders' first calls cached, a
+    # capture runs out of memory, or its allocator frees cached blocks, which a capture may not do.
+    one_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -188,16 +194,24 @@ def measure(
     rows, live = check_contenders(contenders, input_sets, ref64, k)
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
     calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
-    for c in live:
+
+    def capture(c) -> None:
         t0 = time.perf_counter()
-        if c.graph:
-            try:
-                timers[c.name] = graph_timer(calls[c.name], settings)
-                rows[c.name]["graph_calls"] = timers[c.name].n
-            except Exception as e:
-                rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
-        rows[c.name]["capture_s"] = time.perf_counter() - t0
+        if settings.one_graph:
+            torch.cuda.empty_cache()
+        try:
+            timers[c.name] = graph_timer(calls[c.name], settings)
+            rows[c.name]["graph_calls"] = timers[c.name].n
+        except Exception as e:
+            rows[c.name]["note"] = f"graph capture failed: {type(e).__name__}: {str(e)[:160]}"
+            graphed.discard(c.name)
+        rows[c.name]["capture_s"] = rows[c.name].get("capture_s", 0.0) + time.perf_counter() - t0
+
+    graphed = {c.name for c in live if c.graph}
+    for c in live:
         rows[c.name]["timed_s"] = 0.0
+        if c.name in graphed and not settings.one_graph:
+            capture(c)
     per_round = {c.name: {"launch": [], "graph": []} for c in live}  # each round's median, for the intervals
     for r in range(settings.rounds):
         for c in round_order(live, r, settings.order):
@@ -211,10 +225,14 @@ def measure(
             )
             launch[c.name] += got
             per_round[c.name]["launch"].append(statistics.median(got) if got else math.nan)
+            if settings.one_graph and c.name in graphed:
+                capture(c)
             if c.name in timers:
                 got = timers[c.name].sample(settings.graph_replays)
                 graph[c.name] += got
                 per_round[c.name]["graph"].append(statistics.median(got) if got else math.nan)
+                if settings.one_graph:
+                    del timers[c.name]  # (its pool, before the next contender's launches and capture)
             rows[c.name]["timed_s"] += time.perf_counter() - t0
     if settings.cpu_calls:
         for c in live:
@@ -231,5 +249,5 @@ def measure(
                 }
             )
             rows[c.name][f"{clock}_round_us"] = ";".join(f"{v:.4f}" for v in per_round[c.name][clock])
-    del timers
+    timers.clear()
     return [rows[c.name] for c in contenders]
