@@ -48,6 +48,7 @@ def main():
         p.gluon_probe,
         p.dk_design_probe,
         p.dk_latency_probe,
+        p.backward_probe,
     ):
         f(n, results)
     p.power_probe(n, results, e7.e7_frame(results))

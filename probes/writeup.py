@@ -236,3 +236,43 @@ def dk_design_probe(n: Numbers, results: Path) -> None:
     n.add("DkLastArriverMin", (p["last-arriver"] / p["coop"]).min(), "{:.1f}")
     n.add("DkLastArriverMax", (p["last-arriver"] / p["coop"]).max(), "{:.1f}")
     n.add("DkScreened", int(df.contender.str.startswith("screen:").sum()), "{}")
+
+
+def backward_probe(n: Numbers, results: Path) -> None:
+    """probes/probe_backward.py (when its CSV is committed), the tune split's cells: the backward GEMMs that
+    the library runs (the configs of backward.DW_TMA_TILES and DSWIGLU_TMA_TILES, the fastest of its sweep)
+    against torch._grouped_mm on the same products, as torch's time over ours (geomean): the SwiGLU backward
+    in the down projection's dX GEMM (against the plain GEMM), the two weight gradients; then the step
+    (forward + backward, GPU time) of moe_ffn as it comes (the gate/up product kept) and recomputing it,
+    against the torch._grouped_mm pipeline (lowest, highest over the cells)."""
+    from moegemm.grouped import backward as bw
+
+    df = probe_rows(results, "probe_backward")
+    if df is None:
+        return
+    cell = ["model", "tokens"]
+
+    def label(cfg: dict) -> str:
+        blocks = "x".join(str(v) for k, v in cfg.items() if k.startswith("BLOCK"))
+        return f"{blocks}/w{cfg['num_warps']}s{cfg['num_stages']}"
+
+    t = df.pivot_table(index=cell, columns=["piece", "config"], values="graph_us")
+    for name, piece, cfg in (
+        ("BwdDswiglu", "dswiglu", bw.DSWIGLU_TMA_TILES),
+        ("BwdDwDown", "dw_down", bw.DW_TMA_TILES),
+        ("BwdDwGateUp", "dw_gate_up", bw.DW_TMA_TILES),
+    ):
+        key, torch_key = (piece, label(cfg)), (piece, "torch._grouped_mm")
+        if key in t and torch_key in t:
+            both = t[[key, torch_key]].dropna()
+            if len(both):
+                n.add(name, gm(both[torch_key] / both[key]))
+    step = t.get("step:fwd+bwd")
+    if step is None or "torch._grouped_mm pipeline" not in step:
+        return
+    n.add("BwdCells", len(step.dropna()), "{}")
+    for name, ours in (("BwdStepKeep", "ours:moe_ffn:save-gate-up"), ("BwdStepRecompute", "ours:moe_ffn")):
+        if ours in step:
+            r = (step["torch._grouped_mm pipeline"] / step[ours]).dropna()
+            n.add(name + "Lo", float(r.min()))
+            n.add(name + "Hi", float(r.max()))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run without TRITON_INTERPRET"
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -24,7 +25,14 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
+from moegemm.grouped import backward as bw  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
+from moegemm.grouped.backward_kernels import (  # noqa: E402
+    _dswiglu_tma_kernel,
+    _grouped_dw_kernel,
+    _grouped_dw_tma_kernel,
+    _swiglu_bwd_kernel,
+)
 from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
 from moegemm.grouped.kernels import (  # noqa: E402
@@ -39,6 +47,7 @@ from moegemm.grouped.masked_kernels import (  # noqa: E402
 from moegemm.grouped.pointwise import _combine_kernel, _silu_mul_kernel  # noqa: E402
 
 TY = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def sig(kernel, ptrs: dict, consts: dict) -> tuple[dict, dict]:
@@ -308,6 +317,92 @@ def variants():
                 )
             else:
                 yield name, _stream_flat_kernel, sio, dict(BLOCK=c.block), opts
+    # the backward's kernels at the library's tiles: the weight gradient and the SwiGLU backward, their
+    # pointer kernels (every dtype, gathered and scaled rows, in place or not) and TMA kernels (16-bit)
+    for dt in ("bf16", "fp16", "fp32"):
+        t = bw.DW_TILES[DTYPE[dt]]
+        dio = {
+            "a_ptr": TY[dt],
+            "a_idx_ptr": "*i32",
+            "b_ptr": TY[dt],
+            "b_idx_ptr": "*i32",
+            "scale_ptr": "*fp32",
+            "offsets_ptr": "*i32",
+            "dw_ptr": TY[dt],
+        }
+        for gather in (True, False):
+            consts = dict(
+                {k: v for k, v in t.items() if k.isupper()},
+                A_IDX=gather,
+                B_IDX=gather,
+                HAS_SCALE=gather,
+                PRECISION="ieee" if dt == "fp32" else "tf32",
+                UPCAST=False,
+            )
+            opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
+            yield ("grouped_dw", dt, gather), _grouped_dw_kernel, dio, consts, opts
+        t = bw.SWIGLU_TILES[DTYPE[dt]]
+        sio = {n: TY[dt] for n in ("x_ptr", "wgu_ptr", "gu_ptr", "dy_ptr", "wd_ptr", "dgu_ptr", "act_ptr")}
+        sio.update(
+            x_idx_ptr="*i32", dy_idx_ptr="*i32", scale_ptr="*fp32", offsets_ptr="*i32", part_ptr="*fp32"
+        )
+        for recompute, in_place in ((True, False), (False, True)):
+            consts = dict(
+                {k: v for k, v in t.items() if k.isupper()},
+                E_BLOCK=256,
+                EVEN_K=False,
+                RECOMPUTE=recompute,
+                P_GEMM=not recompute,
+                X_IDX=recompute,
+                DY_IDX=not recompute,
+                HAS_SCALE=True,
+                ROWDOT=True,
+                STORE_ACT=not recompute,
+                IN_PLACE=in_place,
+                PRECISION="ieee" if dt == "fp32" else "tf32",
+                UPCAST=False,
+            )
+            opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
+            yield ("swiglu_bwd", dt, recompute, in_place), _swiglu_bwd_kernel, sio, consts, opts
+        if dt == "fp32":
+            continue
+        t = bw.DW_TMA_TILES
+        tio = {
+            "a_desc": f"tensordesc<{dt}[{t['BLOCK_M']},{t['BLOCK_K']}]>",
+            "b_desc": f"tensordesc<{dt}[{t['BLOCK_M']},{t['BLOCK_N']}]>",
+            "a_ptr": TY[dt],
+            "b_ptr": TY[dt],
+            "offsets_ptr": "*i32",
+            "dw_ptr": TY[dt],
+        }
+        consts = dict({k: v for k, v in t.items() if k.isupper()}, UPCAST=False)
+        opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
+        yield ("grouped_dw_tma", dt), _grouped_dw_tma_kernel, tio, consts, opts
+        t = bw.DSWIGLU_TMA_TILES
+        for w_kn, in_place in ((True, True), (False, False)):
+            box = f"[{t['BLOCK_K']},{t['BLOCK_N']}]" if w_kn else f"[{t['BLOCK_N']},{t['BLOCK_K']}]"
+            tio = {
+                "dy_desc": f"tensordesc<{dt}[{t['BLOCK_M']},{t['BLOCK_K']}]>",
+                "wd_desc": f"tensordesc<{dt}{box}>",
+                "gu_ptr": TY[dt],
+                "scale_ptr": "*fp32",
+                "offsets_ptr": "*i32",
+                "dgu_ptr": TY[dt],
+                "act_ptr": TY[dt],
+                "part_ptr": "*fp32",
+            }
+            consts = dict(
+                {k: v for k, v in t.items() if k.isupper()},
+                E_BLOCK=256,
+                W_KN=w_kn,
+                HAS_SCALE=True,
+                ROWDOT=True,
+                STORE_ACT=True,
+                IN_PLACE=in_place,
+                UPCAST=False,
+            )
+            opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
+            yield ("dswiglu_tma", dt, w_kn, in_place), _dswiglu_tma_kernel, tio, consts, opts
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates

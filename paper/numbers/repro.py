@@ -59,6 +59,7 @@ PROBES = [
     "probe_heldout_ceilings",
     "probe_ffn_ceiling",
     "probe_host_cost",
+    "probe_backward",
 ]
 REMOVED = {"probe_stream_k": "experiments.probe_stream_k"}
 

@@ -337,3 +337,72 @@ def test_heldout_ceilings_numbers_on_a_synthetic_csv(tmp_path):
         "CeilHeldDecodeOursPct": f"{100 * (0.95 * 0.8) ** 0.5:.0f}",
         "CeilHeldDecodeTorchPct": f"{100 * (95 / 150 * 0.48) ** 0.5:.0f}",
     }
+
+
+def test_backward_probe_numbers_on_a_synthetic_csv(tmp_path, monkeypatch):
+    """probes.writeup.backward_probe on a probe CSV (synthetic test data made here): the library's backward
+    tiles (set here) against torch._grouped_mm per piece (another config's rows and a failed row left out,
+    a cell without torch's row dropped), geomean; the step kept and recomputed against the torch pipeline,
+    lowest and highest over the cells; no CSV, no numbers."""
+    import pandas as pd
+
+    from experiments.report import Numbers
+    from moegemm.grouped import backward as bw
+    from probes.writeup import backward_probe
+
+    monkeypatch.setattr(
+        bw, "DW_TMA_TILES", dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4, num_stages=5)
+    )
+    monkeypatch.setattr(
+        bw,
+        "DSWIGLU_TMA_TILES",
+        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+    )
+    dw, ds, torch_ = "32x128x128/w4s5", "64x64x64/w4s4", "torch._grouped_mm"
+    times = {  # (model, T) -> {(piece, config): us}
+        ("a", 4096): {
+            ("dswiglu", ds): 200,
+            ("dswiglu", "128x64x64/w8s4"): 50,
+            ("dswiglu", torch_): 100,
+            ("dw_down", dw): 100,
+            ("dw_down", torch_): 90,
+            ("dw_gate_up", dw): 100,
+            ("dw_gate_up", torch_): 120,
+            ("step:fwd+bwd", "ours:moe_ffn"): 120,
+            ("step:fwd+bwd", "ours:moe_ffn:save-gate-up"): 100,
+            ("step:fwd+bwd", "torch._grouped_mm pipeline"): 110,
+        },
+        ("b", 4096): {
+            ("dswiglu", ds): 400,
+            ("dswiglu", torch_): 100,
+            ("dw_down", dw): 100,
+            ("dw_down", torch_): 90,
+            ("dw_gate_up", dw): 100,
+            ("step:fwd+bwd", "ours:moe_ffn"): 100,
+            ("step:fwd+bwd", "ours:moe_ffn:save-gate-up"): 80,
+            ("step:fwd+bwd", "torch._grouped_mm pipeline"): 160,
+        },
+    }
+    rows = [
+        dict(model=m, tokens=t, piece=p, config=c, status="ok", graph_us=float(us), git_commit="abcdef0123")
+        for (m, t), cs in times.items()
+        for (p, c), us in cs.items()
+    ]
+    rows.append(
+        dict(model="b", tokens=4096, piece="dw_gate_up", config=torch_, status="error", graph_us=None)
+    )
+    n = Numbers()
+    backward_probe(n, tmp_path)
+    assert not n.items
+    pd.DataFrame(rows).to_csv(tmp_path / "probe_backward.csv", index=False)
+    backward_probe(n, tmp_path)
+    assert n.items == {
+        "BwdDswiglu": "0.35",  # sqrt(0.5 * 0.25)
+        "BwdDwDown": "0.90",
+        "BwdDwGateUp": "1.20",  # cell b has no torch row
+        "BwdCells": "2",
+        "BwdStepKeepLo": "1.10",
+        "BwdStepKeepHi": "2.00",
+        "BwdStepRecomputeLo": "0.92",
+        "BwdStepRecomputeHi": "1.60",
+    }
