@@ -15,9 +15,16 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
 - E9: each cell, and each model's compiles (moe_train_work).
 Steps with no knob here (floors, verify) keep their committed time. An estimate, not a measurement: the run
 on the GPU confirms it (the benchmark files it writes become the next baseline).
+
+A step with no committed benchmark file yet may have a partial run's record instead (``HARNESS_RECORDS``: the
+per-contender wall times that moegemm.bench.runner.measure writes, ``setup_s``, ``capture_s``, ``timed_s``);
+:func:`harness_estimates` prices the step from it, each model's first cell less a later one being what the
+model's compiles and autotuning cost once.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 # The knobs of the config the committed step times were measured under.
 BASELINE = {
@@ -122,6 +129,41 @@ def moe_train_work(cfg: dict, total_bytes: int = 141 << 30) -> float:
 
     cells = train_cells(cfg["grouped"], cfg["moe_train"], total_bytes)
     return len(cells) + 4.0 * len({m for m, _, _ in cells})
+
+
+# Steps with no benchmark file yet, and the partial run whose rows time them (results/<gpu>/<file>)
+HARNESS_RECORDS = {"moe_train": "probe_e9_harness.csv"}
+
+
+def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[str, tuple[float, str]]:
+    """{step: (estimated seconds, the record it comes from)} for the steps of HARNESS_RECORDS whose record is
+    committed: E9 from the wall times of a run's rows, per (model, T, load) cell the sum over its contenders
+    and phases; a model's first cell costs its compiles once (first cell less the mean of its later cells),
+    every cell the mean later one; under ``cfg``'s selection (e9_moe_train.train_cells)."""
+    import pandas as pd
+
+    from experiments.e9_moe_train import train_cells
+
+    out = {}
+    path = Path(results) / HARNESS_RECORDS["moe_train"]
+    if not path.exists():
+        return out
+    df = pd.read_csv(path)
+    cols = [c for c in ("setup_s", "capture_s", "timed_s") if c in df]
+    wall = df.assign(wall=df[cols].fillna(0).sum(axis=1))
+    per = wall.groupby(["model", "tokens", "load"], sort=False).wall.sum()
+    firsts, laters = [], []
+    for model in dict.fromkeys(m for m, _, _ in per.index):
+        cells = per[per.index.get_level_values(0) == model]
+        firsts.append(float(cells.iloc[0]))
+        laters += [float(v) for v in cells.iloc[1:]]
+    if not laters:
+        return out
+    cell_s = sum(laters) / len(laters)
+    model_s = sum(firsts) / len(firsts) - cell_s
+    cells = train_cells(cfg["grouped"], cfg["moe_train"], total_bytes)
+    out["moe_train"] = (len({m for m, _, _ in cells}) * model_s + len(cells) * cell_s, path.name)
+    return out
 
 
 def work(cfg: dict) -> dict[str, float]:

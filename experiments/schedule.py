@@ -153,6 +153,17 @@ def main(argv=None) -> int:
         from experiments.common import load_config
 
         step_s = scaled_step_times(step_s, load_config(ROOT / "experiments" / "config.yaml"))
+    from experiments.budget import harness_estimates
+    from experiments.common import load_config
+
+    estimated = {
+        s: v
+        for s, v in harness_estimates(
+            ROOT / "results" / slugify(args.gpu), load_config(ROOT / "experiments" / "config.yaml")
+        ).items()
+        if s not in step_s
+    }
+    step_s.update({s: sec for s, (sec, _) in estimated.items()})
     nodes, edges = dag(args.gpus, args.gpu)
     unmeasured: set = set()
     dur = durations(nodes, args.gpus, step_s, args.cpu_job_s, unmeasured)
@@ -165,6 +176,8 @@ def main(argv=None) -> int:
         f"{critical:.0f} s; GPU work {gpu_work:.0f} s ({gpu_work / args.gpus:.0f} s per GPU); CPU jobs "
         f"{args.cpu_job_s:.0f} s each"
     )
+    for s, (sec, record) in sorted(estimated.items()):
+        print(f"{s}: {sec:.0f} s estimated from a partial run's record ({record}), not a benchmark file")
     if unmeasured:
         print(f"not in the prediction (no committed run yet): {', '.join(sorted(unmeasured))}")
     return 0

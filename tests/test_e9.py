@@ -236,3 +236,39 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "e9.pdf").exists()
+
+
+def test_e9_is_priced_from_a_partial_runs_record(tmp_path):
+    """experiments.budget.harness_estimates on a partial run's record (synthetic test data made here): per
+    model, its first cell's contender wall times less a later cell's (the compiles, once) plus every cell's
+    later-cell time, under the config's selection; no record, no estimate."""
+    import pandas as pd
+
+    from experiments.budget import HARNESS_RECORDS, harness_estimates
+    from experiments.common import load_config
+
+    cfg = load_config()
+    assert harness_estimates(tmp_path, cfg) == {}
+    rows = []
+    for load, setup in (("uniform", 100.0), ("zipf1.2", 4.0)):  # two contenders, two phases per cell
+        for phase in ("fwd+bwd", "fwd"):
+            for c in ("a", "b"):
+                rows.append(
+                    dict(
+                        model="m",
+                        tokens=16,
+                        load=load,
+                        phase=phase,
+                        contender=c,
+                        setup_s=setup / 4,
+                        capture_s=0.5,
+                        timed_s=0.5,
+                    )
+                )
+    pd.DataFrame(rows).to_csv(tmp_path / HARNESS_RECORDS["moe_train"], index=False)
+    est, record = harness_estimates(tmp_path, cfg)["moe_train"]
+    cell_s, first_s = 4.0 + 4.0, 100.0 + 4.0  # per cell: setup + 4 x (capture + timed)
+    models = len(cfg["moe_train"]["run"]["models"])
+    cells = models * len(cfg["moe_train"]["run"]["tokens"]) * len(cfg["moe_train"]["run"]["loads"])
+    assert record == HARNESS_RECORDS["moe_train"]
+    assert est == pytest.approx(models * (first_s - cell_s) + cells * cell_s)
