@@ -39,6 +39,7 @@ def snakefile_figures() -> set[str]:
 # -- the committed outputs -----------------------------------------------------------------------------------
 
 
+@pytest.mark.outputs
 def test_committed_figures_are_built_from_the_committed_inputs():
     """figures/<gpu>/MANIFEST.json: every figure the Snakefile draws is there, and each one's PDF and PNG,
     every CSV/JSON it read and every code file it ran are as they were when it was drawn; nothing else is in
@@ -56,6 +57,7 @@ def test_committed_figures_are_built_from_the_committed_inputs():
     )
 
 
+@pytest.mark.outputs
 def test_committed_pdf_and_numbers_are_built_from_the_committed_inputs():
     """paper/MANIFEST.json: paper/paper.pdf is the PDF built, and its sources (paper.tex, the bibliography,
     the figures), the numbers it printed and every input and code file of those numbers are as they were then.
