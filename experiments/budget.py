@@ -154,9 +154,9 @@ def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[
     per = wall.groupby(["model", "tokens", "load"], sort=False).wall.sum()
     firsts, laters = [], []
     for model in dict.fromkeys(m for m, _, _ in per.index):
-        cells = per[per.index.get_level_values(0) == model]
-        firsts.append(float(cells.iloc[0]))
-        laters += [float(v) for v in cells.iloc[1:]]
+        measured = per[per.index.get_level_values(0) == model]
+        firsts.append(float(measured.iloc[0]))
+        laters += [float(v) for v in measured.iloc[1:]]
     if not laters:
         return out
     cell_s = sum(laters) / len(laters)

@@ -148,21 +148,15 @@ def main(argv=None) -> int:
     if times is None:
         raise SystemExit(f"no benchmark files for {args.gpu}")
     step_s = dict(zip(times.step, times.seconds))
-    if not args.as_measured:  # the committed times scaled to the config's cells (experiments/budget.py)
-        from experiments.budget import scaled_step_times
-        from experiments.common import load_config
-
-        step_s = scaled_step_times(step_s, load_config(ROOT / "experiments" / "config.yaml"))
-    from experiments.budget import harness_estimates
+    from experiments.budget import harness_estimates, scaled_step_times
     from experiments.common import load_config
 
-    estimated = {
-        s: v
-        for s, v in harness_estimates(
-            ROOT / "results" / slugify(args.gpu), load_config(ROOT / "experiments" / "config.yaml")
-        ).items()
-        if s not in step_s
-    }
+    cfg = load_config(ROOT / "experiments" / "config.yaml")
+    if not args.as_measured:  # the committed times scaled to the config's cells (experiments/budget.py)
+        step_s = scaled_step_times(step_s, cfg)
+    # steps with no benchmark file, priced from a partial run's record (experiments/budget.py)
+    records = harness_estimates(ROOT / "results" / slugify(args.gpu), cfg)
+    estimated = {s: v for s, v in records.items() if s not in step_s}
     step_s.update({s: sec for s, (sec, _) in estimated.items()})
     nodes, edges = dag(args.gpus, args.gpu)
     unmeasured: set = set()

@@ -204,7 +204,6 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
     out.append(
         ("dx", "auto", None, lambda: grouped_mm_forward(dgu, wg, offs, w_layout="kn", validate=False), f_gu)
     )
-    o32 = offs[1:].to(torch.int32)
     out += [
         (
             "recompute",

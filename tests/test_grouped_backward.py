@@ -252,21 +252,25 @@ def tma_spies(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
-def test_grouped_dw_tma_against_float64(dtype, w_layout, device, poison, tma_spies):
-    """grouped_dw through the TMA kernel (16-bit, aligned rows, no gather or scale): experts of no rows
-    (exact zeros), of a whole number of row steps, of fewer rows than one step and ragged; K and N not
-    multiples of the tiles; every element written (the output starts as NaN); the result in the weight's
-    layout, its unit stride along N ("kn") or K ("nk")."""
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
+def test_grouped_dw_tma_against_float64(dtype, w_layout, scaled, device, poison, tma_spies):
+    """grouped_dw through the TMA kernel (16-bit, aligned rows, no gather; B's rows scaled where asked, s B
+    made first): experts of no rows (exact zeros), of a whole number of row steps, of fewer rows than one
+    step and ragged; K and N not multiples of the tiles; every element written (the output starts as NaN);
+    the result in the weight's layout, its unit stride along N ("kn") or K ("nk")."""
     g = torch.Generator().manual_seed(19)
     sizes = [0, 32, 5, 0, 23, 16]
     m, k, n = sum(sizes), 40, 24
     a = torch.randn(m + 3, k, generator=g).to(dtype).to(device)  # rows past the last expert's: not read
     b = torch.randn(m + 3, n, generator=g).to(dtype).to(device)
+    s = torch.rand(m + 3, generator=g).to(device) if scaled else None
     w_like = torch.empty((6, k, n) if w_layout == "kn" else (6, n, k), dtype=dtype, device=device)
-    dw = bw.grouped_dw(a, b, offsets_of(sizes, device), w_like, w_layout)
+    dw = bw.grouped_dw(a, b, offsets_of(sizes, device), w_like, w_layout, scale=s)
     assert tma_spies["_grouped_dw_tma_kernel"].launches == 1
     assert tma_spies["_grouped_dw_kernel"].launches == 0
     a64, b64, r = a.double().cpu(), b.double().cpu(), 0
+    if scaled:
+        b64 = b64 * s.double().cpu()[:, None]
     for e, sz in enumerate(sizes):
         want = a64[r : r + sz].T @ b64[r : r + sz]
         got = dw[e] if w_layout == "kn" else dw[e].T

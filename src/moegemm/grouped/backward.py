@@ -77,16 +77,18 @@ def grouped_dw(
     through ``a_idx`` (A[a_idx[r]]) and of B through ``b_idx`` where given. A, B: [*, K] and [*, N] in w's
     dtype; group_offsets: int32 [E + 1]. Deterministic; exact zeros for an expert with no rows.
 
-    With no gather and no scale, 16-bit operands whose rows TMA can read go through the TMA kernel, the
-    operands ordered so that its output tiles' columns run along dW's unit stride; the rest through the
-    pointer kernel. ``tiles``: the TMA kernel's tiles (default :data:`DW_TMA_TILES`)."""
+    With no gather, 16-bit operands whose rows TMA can read go through the TMA kernel (s B made first where
+    scaled), the operands ordered so that its output tiles' columns run along dW's unit stride; the rest
+    through the pointer kernel. ``tiles``: the TMA kernel's tiles (default :data:`DW_TMA_TILES`)."""
     dw = torch.empty(w_like.shape, dtype=w_like.dtype, device=w_like.device)
     e, k, n, s_e, s_k, s_n = _w_dims(dw, w_layout)
     if e == 0 or k == 0 or n == 0:
         return dw
     offsets = group_offsets.to(torch.int32).contiguous()
-    plain = a_idx is None and b_idx is None and scale is None
-    if plain and _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles):
+    if a_idx is None and b_idx is None and _dw_tma_ok(a, b, dw):
+        if scale is not None:  # s B made first, rounded to B's dtype as the pointer kernel rounds it
+            b = (b.float() * scale.float()[:, None]).to(b.dtype)
+        _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles)
         return dw
     meta = dict(_INTERPRET_DW if INTERPRET else DW_TILES[dw.dtype])
     grid = e * triton.cdiv(k, meta["BLOCK_K"]) * triton.cdiv(n, meta["BLOCK_N"])
@@ -117,12 +119,13 @@ def grouped_dw(
     return dw
 
 
-def _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles=None) -> bool:
-    """Launch the TMA weight-gradient kernel where the operands allow it (see grouped_dw); False where not."""
-    if TensorDescriptor is None or dw.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    if a.dtype != dw.dtype or b.dtype != dw.dtype or not (tma_rows_ok(a) and tma_rows_ok(b)):
-        return False
+def _dw_tma_ok(a, b, dw) -> bool:
+    """Whether the TMA weight-gradient kernel can read A and B into dW: one 16-bit dtype, rows TMA reads."""
+    return a.dtype == b.dtype == dw.dtype and tma_rows_ok(a) and tma_rows_ok(b)
+
+
+def _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles=None) -> None:
+    """Launch the TMA weight-gradient kernel (operands that _dw_tma_ok accepts; see grouped_dw)."""
     if s_n != 1 and s_k == 1:  # dW's unit stride runs along K: compute its transpose, dW^T = B^T A
         a, b, k, n, s_k, s_n = b, a, n, k, s_n, s_k
     meta = dict(_INTERPRET_DW if INTERPRET else tiles or DW_TMA_TILES)
@@ -148,7 +151,6 @@ def _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles=None) -> bool:
         UPCAST=dot_meta(dw.dtype, False)["UPCAST"],
         **meta,
     )
-    return True
 
 
 def swiglu_grad(
@@ -391,19 +393,10 @@ def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
                     dy, w, group_offsets, w_layout=other_layout(w_layout), row_scale=row_scale, validate=False
                 )
             if need_w:
-                dw = _scaled_dw(x, dy, group_offsets, w, w_layout, row_scale)
+                dw = grouped_dw(x, dy, group_offsets, w, w_layout, scale=row_scale)
     if ds is not None:
         ds = ds.to(row_scale.dtype)
     return dx, dw, ds
-
-
-def _scaled_dw(x, dy, group_offsets, w, w_layout, row_scale):
-    """dW of y = s * (x @ W): x^T (s dY). Where the TMA kernel can read both operands, s dY is made first
-    (rounded to dY's dtype, as the pointer kernel rounds it in-kernel), else the pointer kernel scales B."""
-    if row_scale is not None and tma_rows_ok(x) and tma_rows_ok(dy):
-        b = (dy.float() * row_scale.float()[:, None]).to(dy.dtype)
-        return grouped_dw(x, b, group_offsets, w, w_layout)
-    return grouped_dw(x, dy, group_offsets, w, w_layout, scale=row_scale)
 
 
 # ---- moe_ffn ----
@@ -460,7 +453,6 @@ def ffn_backward(
             store_act=need_d,
             in_place=True,
         )
-        del gu
         if need_d:
             dwd = grouped_dw(sact, dys, offsets, w_down, w_layout)
         del sact, dys
