@@ -306,6 +306,27 @@ def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, mo
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("i", [48, 40], ids=["whole-tiles", "ragged"])
+def test_dswiglu_epilogue_in_chunks(split, i, device, monkeypatch, poison, tma_spies):
+    """The SwiGLU backward's epilogue through the accumulator's column halves or quarters (EPI_SPLIT): the
+    same gradients as float64, with I a multiple of the tile and not (a tile's last chunks wholly past I),
+    and the row scale's gradient summed over every chunk's partial."""
+    monkeypatch.setattr(ag, "SAVE_GATE_UP", True)
+    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, EPI_SPLIT=split))
+    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=60 + i, t=11, h=32, i=i, e=3, k=2)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(y.dtype).to(device)
+    y.backward(dy)
+    assert tma_spies["_dswiglu_tma_kernel"].launches == 1
+    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
+    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], "nk")
+    yr.backward(dy.double().cpu())
+    names = ("x", "topk_weights", "w_gate_up", "w_down")
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
+        assert rel_err(got, want) < TOL[torch.bfloat16] * 2, name
+
+
 def test_saved_gate_up_backs_one_backward_only(device):
     """With the gate/up product kept (SAVE_GATE_UP), the backward writes its gradient over it: a second
     backward through the same graph (retain_graph) raises autograd's in-place error instead of reading the

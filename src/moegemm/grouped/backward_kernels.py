@@ -409,6 +409,7 @@ def _dswiglu_tma_kernel(
     STORE_ACT: tl.constexpr,
     IN_PLACE: tl.constexpr,
     UPCAST: tl.constexpr,
+    EPI_SPLIT: tl.constexpr = 1,
 ):
     """The SwiGLU backward in the epilogue of the down projection's dX GEMM, its tiles brought in by TMA: per
     tile of rows of one expert and BLOCK_N of the I activation columns, P = dY[rows] @ D_e^T[:, cols] (dY:
@@ -417,6 +418,7 @@ def _dswiglu_tma_kernel(
     _dswiglu_store with G, U loaded from gu [rows, 2I] (which dGU may overwrite: IN_PLACE). Tiles numbered
     as in the forward kernels (from the group offsets, in-kernel: no host sync)."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    CHUNK: tl.constexpr = BLOCK_N // EPI_SPLIT
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
             tile, e_offs, lo, hi, cum, N_I, BLOCK_M, BLOCK_N, GROUP_M, 0
@@ -427,34 +429,240 @@ def _dswiglu_tma_kernel(
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
-        cols = col0 + tl.arange(0, BLOCK_N)
-        col_ok = cols < N_I
-        n_c = cols % N_I
-        g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
-        gate = tl.load(g_ptrs).to(tl.float32)
-        up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
-        _dswiglu_store(
-            p,
-            gate,
-            up,
-            scale_ptr,
-            dgu_ptr,
-            act_ptr,
-            part_ptr,
-            rows_c,
-            row_ok,
-            cols,
-            col_ok,
-            col0,
-            N_I,
-            stride_om,
-            stride_on,
-            stride_am,
-            stride_an,
-            stride_pm,
-            BLOCK_N,
-            HAS_SCALE,
-            ROWDOT,
-            STORE_ACT,
-            IN_PLACE,
-        )
+        if EPI_SPLIT == 1:
+            _dswiglu_chunk(
+                p,
+                col0,
+                gu_ptr,
+                scale_ptr,
+                dgu_ptr,
+                act_ptr,
+                part_ptr,
+                rows_c,
+                row_ok,
+                N_I,
+                stride_gm,
+                stride_gn,
+                stride_om,
+                stride_on,
+                stride_am,
+                stride_an,
+                stride_pm,
+                CHUNK,
+                HAS_SCALE,
+                ROWDOT,
+                STORE_ACT,
+                IN_PLACE,
+            )
+        else:
+            # the accumulator's column halves (quarters), each through the epilogue in turn: fewer values
+            # live at once than the whole tile's
+            p0, p1 = tl.split(tl.permute(tl.reshape(p, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            if EPI_SPLIT == 2:
+                _dswiglu_chunk(
+                    p0,
+                    col0,
+                    gu_ptr,
+                    scale_ptr,
+                    dgu_ptr,
+                    act_ptr,
+                    part_ptr,
+                    rows_c,
+                    row_ok,
+                    N_I,
+                    stride_gm,
+                    stride_gn,
+                    stride_om,
+                    stride_on,
+                    stride_am,
+                    stride_an,
+                    stride_pm,
+                    CHUNK,
+                    HAS_SCALE,
+                    ROWDOT,
+                    STORE_ACT,
+                    IN_PLACE,
+                )
+                _dswiglu_chunk(
+                    p1,
+                    col0 + CHUNK,
+                    gu_ptr,
+                    scale_ptr,
+                    dgu_ptr,
+                    act_ptr,
+                    part_ptr,
+                    rows_c,
+                    row_ok,
+                    N_I,
+                    stride_gm,
+                    stride_gn,
+                    stride_om,
+                    stride_on,
+                    stride_am,
+                    stride_an,
+                    stride_pm,
+                    CHUNK,
+                    HAS_SCALE,
+                    ROWDOT,
+                    STORE_ACT,
+                    IN_PLACE,
+                )
+            else:
+                p00, p01 = tl.split(tl.permute(tl.reshape(p0, (BLOCK_M, 2, CHUNK)), (0, 2, 1)))
+                _dswiglu_chunk(
+                    p00,
+                    col0,
+                    gu_ptr,
+                    scale_ptr,
+                    dgu_ptr,
+                    act_ptr,
+                    part_ptr,
+                    rows_c,
+                    row_ok,
+                    N_I,
+                    stride_gm,
+                    stride_gn,
+                    stride_om,
+                    stride_on,
+                    stride_am,
+                    stride_an,
+                    stride_pm,
+                    CHUNK,
+                    HAS_SCALE,
+                    ROWDOT,
+                    STORE_ACT,
+                    IN_PLACE,
+                )
+                _dswiglu_chunk(
+                    p01,
+                    col0 + CHUNK,
+                    gu_ptr,
+                    scale_ptr,
+                    dgu_ptr,
+                    act_ptr,
+                    part_ptr,
+                    rows_c,
+                    row_ok,
+                    N_I,
+                    stride_gm,
+                    stride_gn,
+                    stride_om,
+                    stride_on,
+                    stride_am,
+                    stride_an,
+                    stride_pm,
+                    CHUNK,
+                    HAS_SCALE,
+                    ROWDOT,
+                    STORE_ACT,
+                    IN_PLACE,
+                )
+                p10, p11 = tl.split(tl.permute(tl.reshape(p1, (BLOCK_M, 2, CHUNK)), (0, 2, 1)))
+                _dswiglu_chunk(
+                    p10,
+                    col0 + 2 * CHUNK,
+                    gu_ptr,
+                    scale_ptr,
+                    dgu_ptr,
+                    act_ptr,
+                    part_ptr,
+                    rows_c,
+                    row_ok,
+                    N_I,
+                    stride_gm,
+                    stride_gn,
+                    stride_om,
+                    stride_on,
+                    stride_am,
+                    stride_an,
+                    stride_pm,
+                    CHUNK,
+                    HAS_SCALE,
+                    ROWDOT,
+                    STORE_ACT,
+                    IN_PLACE,
+                )
+                _dswiglu_chunk(
+                    p11,
+                    col0 + 3 * CHUNK,
+                    gu_ptr,
+                    scale_ptr,
+                    dgu_ptr,
+                    act_ptr,
+                    part_ptr,
+                    rows_c,
+                    row_ok,
+                    N_I,
+                    stride_gm,
+                    stride_gn,
+                    stride_om,
+                    stride_on,
+                    stride_am,
+                    stride_an,
+                    stride_pm,
+                    CHUNK,
+                    HAS_SCALE,
+                    ROWDOT,
+                    STORE_ACT,
+                    IN_PLACE,
+                )
+
+
+@triton.jit
+def _dswiglu_chunk(
+    p,
+    col0,
+    gu_ptr,
+    scale_ptr,
+    dgu_ptr,
+    act_ptr,
+    part_ptr,
+    rows_c,
+    row_ok,
+    N_I,
+    stride_gm,
+    stride_gn,
+    stride_om,
+    stride_on,
+    stride_am,
+    stride_an,
+    stride_pm,
+    CHUNK: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROWDOT: tl.constexpr,
+    STORE_ACT: tl.constexpr,
+    IN_PLACE: tl.constexpr,
+):
+    """The epilogue of CHUNK columns from col0 of a tile: G, U loaded from gu, then _dswiglu_store (its row
+    scale partial in the part column col0 // CHUNK)."""
+    cols = col0 + tl.arange(0, CHUNK)
+    col_ok = cols < N_I
+    n_c = cols % N_I
+    g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
+    gate = tl.load(g_ptrs).to(tl.float32)
+    up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
+    _dswiglu_store(
+        p,
+        gate,
+        up,
+        scale_ptr,
+        dgu_ptr,
+        act_ptr,
+        part_ptr,
+        rows_c,
+        row_ok,
+        cols,
+        col_ok,
+        col0,
+        N_I,
+        stride_om,
+        stride_on,
+        stride_am,
+        stride_an,
+        stride_pm,
+        CHUNK,
+        HAS_SCALE,
+        ROWDOT,
+        STORE_ACT,
+        IN_PLACE,
+    )
