@@ -89,7 +89,14 @@ def main() -> None:
                     "act_ptr": "*bf16",
                     "part_ptr": "*fp32",
                 },
-                dict(tiles, HAS_SCALE=True, ROWDOT=True, STORE_ACT=True, IN_PLACE=True),
+                dict(
+                    tiles,
+                    HAS_SCALE=True,
+                    ROWDOT=True,
+                    STORE_ACT=True,
+                    IN_PLACE=True,
+                    EPI_SPLIT=cfg.get("EPI_SPLIT", 1),
+                ),
                 ("stride_gn", "stride_on", "stride_an"),
             ),
             "forward": (
@@ -123,6 +130,7 @@ def main() -> None:
                     block_m=bm,
                     block_n=bn,
                     block_k=bk,
+                    epi_split=cfg.get("EPI_SPLIT", 1) if name == "dswiglu" else 1,
                     **opts,
                     registers=regs,
                     spill_store_bytes=spill,
@@ -130,7 +138,8 @@ def main() -> None:
                 )
             )
             print(
-                f"{name:8s} {bm}x{bn}x{bk} w{opts['num_warps']} s{opts['num_stages']}: {regs} registers, "
+                f"{name:8s} {bm}x{bn}x{bk} w{opts['num_warps']} s{opts['num_stages']} "
+                f"e{rows[-1]['epi_split']}: {regs} registers, "
                 f"{spill} bytes spilled",
                 flush=True,
             )
