@@ -254,8 +254,18 @@ def backward_probe(n: Numbers, results: Path) -> None:
 
     def label(cfg: dict) -> str:
         blocks = "x".join(str(v) for k, v in cfg.items() if k.startswith("BLOCK"))
-        return f"{blocks}/w{cfg['num_warps']}s{cfg['num_stages']}"
+        split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
+        return f"{blocks}/w{cfg['num_warps']}s{cfg['num_stages']}{split}"
 
+    split = probe_rows(results, "probe_dswiglu_split")  # the SwiGLU backward's tiles with split epilogues
+    if split is not None:
+        s = split.pivot_table(index=cell, columns="config", values="graph_us")
+        whole = [c for c in s if c != "torch._grouped_mm" and c != "pointer" and "e" not in c.split("/")[1]]
+        ratio = {c: gm(s["torch._grouped_mm"] / s[c]) for c in s if c != "torch._grouped_mm"}
+        if label(bw.DSWIGLU_TMA_TILES) in ratio:
+            n.add("BwdDswiglu", ratio[label(bw.DSWIGLU_TMA_TILES)])
+        if whole:
+            n.add("BwdSplitWhole", max(ratio[c] for c in whole))  # the best tile with a whole epilogue
     t = df.pivot_table(index=cell, columns=["piece", "config"], values="graph_us")
     for name, piece, cfg in (
         ("BwdDswiglu", "dswiglu", bw.DSWIGLU_TMA_TILES),
@@ -263,7 +273,7 @@ def backward_probe(n: Numbers, results: Path) -> None:
         ("BwdDwGateUp", "dw_gate_up", bw.DW_TMA_TILES),
     ):
         key, torch_key = (piece, label(cfg)), (piece, "torch._grouped_mm")
-        if key in t and torch_key in t:
+        if key in t and torch_key in t and name not in n.items:
             both = t[[key, torch_key]].dropna()
             if len(both):
                 n.add(name, gm(both[torch_key] / both[key]))

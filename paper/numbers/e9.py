@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._io import write_text
+from experiments.common import load_config
+from experiments.e9_moe_train import train_cells
 
 from .common import Numbers, ci_text, gm, paired_rounds, ratio_ci, table
 
@@ -72,6 +74,21 @@ def interval(rows: pd.DataFrame, peer: str, clock: str) -> tuple[str, int]:
     return (ci_text(*ratio_ci(theirs, ours)), len(cells)) if len(cells) else ("--", 0)
 
 
+def coverage(n: Numbers, raw: pd.DataFrame) -> None:
+    """What of the pipeline's E9 selection (config.yaml's moe_train.run) the committed run holds: its cells
+    measured of those planned, the selection's models with no row, and the cells whose step has no GPU
+    time for ours (its graph capture failed: launch clock only)."""
+    cfg = load_config()
+    planned = train_cells(cfg["grouped"], cfg["moe_train"], 141 << 30)
+    step = raw[(raw.phase == "fwd+bwd") & (raw.contender == OURS) & (raw.status == "ok")]
+    done = {(m, int(t), ld) for m, t, ld in zip(step.model, step.tokens, step.load)}
+    n.add("ENineCellsPlanned", len(planned), "{}")
+    n.add("ENineCellsMeasured", len(done & set(planned)), "{}")
+    missing = sorted({m for m, _, _ in planned} - set(raw.model))
+    n.add("ENineMissingModels", ", ".join(missing) if missing else "none")
+    n.add("ENineGpuClockMissing", int(step.graph_us.isna().sum()), "{}")
+
+
 def e9(n: Numbers, results: Path, gen: Path) -> None:
     """E9's numbers, held-out models (every training step is prefill-sized: T >= 1024): per peer and the
     best peer, the step's time over ours on both clocks with intervals, the backward's alone and the peak
@@ -85,6 +102,7 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
         return
     held = f[f.split == "heldout"]
     n.add("ENineHeldModels", held.model.nunique(), "{}")
+    coverage(n, raw)
     n.add("ENineTokens", ", ".join(str(int(t)) for t in sorted(held.tokens.unique())))
     rows = step_rows(raw[raw.split == "heldout"])
     peers = [p for p in PEERS if (held.contender == p).any()]
@@ -111,6 +129,8 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
         step = held.pivot_table(index=cell, columns="contender", values="step_us")
         r = (step[peers].min(axis=1) / step[OURS]).dropna()
         n.add("ENineHeldSlowerPeer", int((r < 1).sum()), "{}")
+        if len(r):
+            n.add("ENineHeldVsPeerMin", f"{r.min():.2f}")
         n.add("ENineHeldCells", len(r), "{}")
     mem = ratios(held, TORCH, "peak_bytes")
     if len(mem):

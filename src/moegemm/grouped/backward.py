@@ -37,9 +37,12 @@ SWIGLU_TILES = {
 # The TMA kernels' tiles (16-bit operands): the weight gradient (BLOCK_K x BLOCK_N output tiles, BLOCK_M
 # rows a step) and the SwiGLU backward in the down projection's dX GEMM. Each the config of least
 # geometric-mean time over the tune split's cells of probes/probe_backward.py (DW_CONFIGS, DSWIGLU_CONFIGS;
-# results/nvidia-h200/probe_backward.csv).
+# results/nvidia-h200/probe_backward.csv, and probe_dswiglu_split.csv for the SwiGLU backward's tiles with
+# the epilogue in column chunks, EPI_SPLIT).
 DW_TMA_TILES = dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4, num_stages=5)
-DSWIGLU_TMA_TILES = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, EPI_SPLIT=4)
+DSWIGLU_TMA_TILES = dict(
+    BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, EPI_SPLIT=4
+)
 _INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
 _INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
 
