@@ -230,12 +230,13 @@ EXPERIMENT_CSVS = (
     "router_gemm",
     "grouped_skew",
     "moe_layer",
-)  # E1..E8
+    "moe_train",
+)  # E1..E9
 
 
 def versions_text(results: Path) -> str:
     """Which torch and Triton the results used, from their CSV rows (the provenance every row carries): one
-    pair, or each pair with the experiments (E1..E8) measured with it."""
+    pair, or each pair with the experiments (E1..E9) measured with it."""
     used: dict[tuple[str, str], list[int]] = {}
     for i, name in enumerate(EXPERIMENT_CSVS, 1):
         f = results / f"{name}.csv"
