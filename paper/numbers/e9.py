@@ -74,6 +74,29 @@ def interval(rows: pd.DataFrame, peer: str, clock: str) -> tuple[str, int]:
     return (ci_text(*ratio_ci(theirs, ours)), len(cells)) if len(cells) else ("--", 0)
 
 
+def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -> list[dict]:
+    """Per peer of the held-out rows and the best peer: the step's time over ours on both clocks with
+    intervals, cells, and (per peer) the backward alone and the peak memory over ours; the best peer's
+    intervals also as the paper's headline macros where ``n`` is given."""
+    rows = step_rows(raw[raw.split == "heldout"])
+    peers = [p for p in PEERS if (held.contender == p).any()]
+    table_rows = []
+    for peer in ["best peer", *peers] if peers else []:
+        line, count = {"peer": peer}, 0
+        for clock, ct, label in (("graph", "Gpu", "GPU time"), ("launch", "Launch", "launch-inclusive")):
+            text, cells = interval(rows, peer, clock)
+            line[label] = text
+            if cells and peer == "best peer" and n is not None:  # the headline; each peer's is in the table
+                n.add(f"ENineHeldVsPeer{ct}", text)
+            count = count or cells
+        line["cells"] = count
+        if peer != "best peer":
+            line["backward (GPU)"] = gm(ratios(held, peer, "bwd_us"))
+            line["peak memory"] = gm(ratios(held, peer, "peak_bytes"))
+        table_rows.append(line)
+    return table_rows
+
+
 def coverage(n: Numbers, raw: pd.DataFrame) -> None:
     """What of the pipeline's E9 selection (config.yaml's moe_train.run) the committed run holds: its cells
     measured of those planned, the selection's models with no row, and the cells whose step has no GPU
@@ -104,22 +127,8 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
     n.add("ENineHeldModels", held.model.nunique(), "{}")
     coverage(n, raw)
     n.add("ENineTokens", ", ".join(str(int(t)) for t in sorted(held.tokens.unique())))
-    rows = step_rows(raw[raw.split == "heldout"])
     peers = [p for p in PEERS if (held.contender == p).any()]
-    table_rows = []
-    for peer in ["best peer", *peers] if peers else []:
-        line, count = {"peer": peer}, 0
-        for clock, ct, label in (("graph", "Gpu", "GPU time"), ("launch", "Launch", "launch-inclusive")):
-            text, cells = interval(rows, peer, clock)
-            line[label] = text
-            if cells and peer == "best peer":  # the headline; each peer's is in the table
-                n.add(f"ENineHeldVsPeer{ct}", text)
-            count = count or cells
-        line["cells"] = count
-        if peer != "best peer":
-            line["backward (GPU)"] = gm(ratios(held, peer, "bwd_us"))
-            line["peak memory"] = gm(ratios(held, peer, "peak_bytes"))
-        table_rows.append(line)
+    table_rows = peer_rows(raw, held, n)
     if peers:
         cell = ["model", "split", "tokens", "load"]
         pb = held.pivot_table(index=cell, columns="contender", values="bwd_us")

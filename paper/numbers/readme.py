@@ -218,7 +218,51 @@ def grouped_headline(results: Path) -> list[str]:
                     + ", ".join(f"{r['theirs']} {r['host_theirs_us']:.0f} us ({r['phase']})" for r in host)
                     + ".",
                 ]
-    return lines
+    return lines + train_headline(results)
+
+
+def train_headline(results: Path) -> list[str]:
+    """E9's part of the headline: the expert layer's forward + backward on the held-out models, each peer's
+    step time over ours on both clocks with intervals, the backward alone and the peak memory; what of the
+    run's selection the committed run holds."""
+    from .e9 import OURS, coverage, e9_frame, peer_rows
+
+    path = results / "moe_train.csv"
+    if not path.exists():
+        return []
+    raw = pd.read_csv(path)
+    f = e9_frame(raw)
+    held = f[f.split == "heldout"] if "split" in f else f.iloc[:0]
+    if held.empty or not (held.contender == OURS).any():
+        return []
+    rows = peer_rows(raw, held)
+    if not rows:
+        return []
+    n = Numbers()
+    coverage(n, raw)
+    c = n.items
+    tokens = ", ".join(str(int(t)) for t in sorted(held.tokens.unique()))
+
+    def x(v) -> str:
+        return "--" if v is None or v != v else f"{v:.2f}x"
+
+    best = rows[0]
+    per_peer = "; ".join(
+        f"{r['peer']} {r['GPU time']}, backward {x(r.get('backward (GPU)'))}, "
+        f"memory {x(r.get('peak memory'))}"
+        for r in rows[1:]
+    )
+    return [
+        "",
+        f"Training (E9): the expert layer's forward + backward (`moe_ffn`, default arguments) on "
+        f"{held.model.nunique()} held-out models at T = {tokens}, uniform and Zipf 1.2 loads "
+        f"({c['ENineCellsMeasured']} of the run's {c['ENineCellsPlanned']} cells; not measured: "
+        f"{c['ENineMissingModels']}; {c['ENineGpuClockMissing']} cell with the launch clock only, its graph "
+        "captures having failed). x = their time (or peak memory) / ours, geomean over cells with its 95% "
+        f"bootstrap interval over cells and rounds: the best peer of each cell {best['GPU time']} GPU time "
+        f"({best['cells']} cells), {best['launch-inclusive']} launch-inclusive; per peer, the step's GPU "
+        f"time, the backward alone and the step's peak memory: {per_peer}.",
+    ]
 
 
 EXPERIMENT_CSVS = (
