@@ -306,14 +306,17 @@ def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, mo
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
-@pytest.mark.parametrize("split", [2, 4])
-@pytest.mark.parametrize("i", [48, 40], ids=["whole-tiles", "ragged"])
-def test_dswiglu_epilogue_in_chunks(split, i, device, monkeypatch, poison, tma_spies):
+@pytest.mark.parametrize("block_n, split", [(16, 2), (16, 4), (32, 2)])
+@pytest.mark.parametrize("i", [48, 40])
+def test_dswiglu_epilogue_in_chunks(block_n, split, i, device, monkeypatch, poison, tma_spies):
     """The SwiGLU backward's epilogue through the accumulator's column halves or quarters (EPI_SPLIT): the
-    same gradients as float64, with I a multiple of the tile and not (a tile's last chunks wholly past I),
-    and the row scale's gradient summed over every chunk's partial."""
+    same gradients as float64. Under the interpreter (16- or 32-column tiles): I = 48 whole tiles; I = 40
+    with 16-column tiles in quarters, a tile's last chunks wholly past I; with 32-column tiles in halves,
+    a chunk across I. The row scale's gradient sums every chunk's partial. On a GPU, the library's tiles
+    at each split."""
     monkeypatch.setattr(ag, "SAVE_GATE_UP", True)
-    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, EPI_SPLIT=split))
+    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, BLOCK_N=block_n, EPI_SPLIT=split))
+    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, EPI_SPLIT=split))
     x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=60 + i, t=11, h=32, i=i, e=3, k=2)
     y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(y.dtype).to(device)
@@ -325,6 +328,16 @@ def test_dswiglu_epilogue_in_chunks(split, i, device, monkeypatch, poison, tma_s
     names = ("x", "topk_weights", "w_gate_up", "w_down")
     for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
         assert rel_err(got, want) < TOL[torch.bfloat16] * 2, name
+
+
+def test_dswiglu_epilogue_split_is_validated(device, monkeypatch):
+    """An epilogue split the kernel has no branch for (3) is refused, naming the tiles, not run wrongly."""
+    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, EPI_SPLIT=3))
+    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, EPI_SPLIT=3))
+    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=70, t=5, h=32, i=16, e=3, k=2)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
+    with pytest.raises(ValueError, match="tiles: EPI_SPLIT"):
+        y.backward(torch.ones_like(y))
 
 
 def test_saved_gate_up_backs_one_backward_only(device):

@@ -248,7 +248,7 @@ def train_headline(results: Path) -> list[str]:
 
     best = rows[0]
     per_peer = "; ".join(
-        f"{r['peer']} {r['GPU time']}, backward {x(r.get('backward (GPU)'))}, "
+        f"{r['peer']} {r['GPU time']} ({r['cells']} cells), backward {x(r.get('backward (GPU)'))}, "
         f"memory {x(r.get('peak memory'))}"
         for r in rows[1:]
     )
@@ -257,11 +257,13 @@ def train_headline(results: Path) -> list[str]:
         f"Training (E9): the expert layer's forward + backward (`moe_ffn`, default arguments) on "
         f"{held.model.nunique()} held-out models at T = {tokens}, uniform and Zipf 1.2 loads "
         f"({c['ENineCellsMeasured']} of the run's {c['ENineCellsPlanned']} cells; not measured: "
-        f"{c['ENineMissingModels']}; {c['ENineGpuClockMissing']} cell with the launch clock only, its graph "
-        "captures having failed). x = their time (or peak memory) / ours, geomean over cells with its 95% "
+        f"{c['ENineMissingModels']}; {c['ENineGpuClockMissing']} cell with the launch clock only, every "
+        "step's graph capture having failed, and some peers' captures failing in another). x = their time "
+        "(or peak memory) / ours, geomean over cells with its 95% "
         f"bootstrap interval over cells and rounds: the best peer of each cell {best['GPU time']} GPU time "
         f"({best['cells']} cells), {best['launch-inclusive']} launch-inclusive; per peer, the step's GPU "
-        f"time, the backward alone and the step's peak memory: {per_peer}.",
+        "time, the backward alone (where both phases have GPU times) and the step's peak memory: "
+        f"{per_peer}.",
     ]
 
 

@@ -180,6 +180,9 @@ def swiglu_grad(
     dgu = gu if in_place else torch.empty_like(gu)
     act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
     meta = dict(_INTERPRET_SWIGLU if INTERPRET else tiles or DSWIGLU_TMA_TILES)
+    split = meta.get("EPI_SPLIT", 1)
+    if split not in (1, 2, 4) or meta["BLOCK_N"] % split:
+        raise ValueError(f"tiles: EPI_SPLIT must be 1, 2 or 4 and divide BLOCK_N, got {meta}")
     cfg = GroupedConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], tma=True)
     wd_desc = (
         w_descriptor(w_down, other_layout(w_layout), e, i, h, cfg)
