@@ -246,22 +246,18 @@ def backward_probe(n: Numbers, results: Path) -> None:
     (forward + backward, GPU time) of moe_ffn as it comes (the gate/up product kept) and recomputing it,
     against the torch._grouped_mm pipeline (lowest, highest over the cells)."""
     from moegemm.grouped import backward as bw
+    from probes.probe_backward import DSWIGLU_CONFIGS, label  # the config labels its rows carry
 
     df = probe_rows(results, "probe_backward")
     if df is None:
         return
     cell = ["model", "tokens"]
 
-    def label(cfg: dict) -> str:
-        blocks = "x".join(str(v) for k, v in cfg.items() if k.startswith("BLOCK"))
-        split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
-        return f"{blocks}/w{cfg['num_warps']}s{cfg['num_stages']}{split}"
-
     split = probe_rows(results, "probe_dswiglu_split")  # the SwiGLU backward's tiles with split epilogues
     if split is not None:
         s = split.pivot_table(index=cell, columns="config", values="graph_us")
-        whole = [c for c in s if c != "torch._grouped_mm" and c != "pointer" and "e" not in c.split("/")[1]]
         ratio = {c: gm(s["torch._grouped_mm"] / s[c]) for c in s if c != "torch._grouped_mm"}
+        whole = [label(c) for c in DSWIGLU_CONFIGS if "EPI_SPLIT" not in c and label(c) in ratio]
         if label(bw.DSWIGLU_TMA_TILES) in ratio:
             n.add("BwdDswiglu", ratio[label(bw.DSWIGLU_TMA_TILES)])
         if whole:

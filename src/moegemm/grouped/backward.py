@@ -207,7 +207,7 @@ def swiglu_grad(
         )
         return dgu, act, ds
     n_tiles = triton.cdiv(i, meta["BLOCK_N"])
-    n_part = n_tiles * meta.get("EPI_SPLIT", 1)  # a partial per epilogue chunk of a tile
+    n_part = n_tiles * split  # a partial per epilogue chunk of a tile
     part = torch.empty((rows, n_part), dtype=torch.float32, device=gu.device) if rowdot else None
     offsets = group_offsets.to(torch.int32).contiguous()
     grid = (triton.cdiv(rows, meta["BLOCK_M"]) + min(e, rows)) * n_tiles

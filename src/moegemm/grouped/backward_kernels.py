@@ -429,10 +429,18 @@ def _dswiglu_tma_kernel(
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
-        if EPI_SPLIT == 1:
+        # the accumulator's column halves (quarters), each through the epilogue in turn: fewer values live
+        # at once than the whole tile's (each split made once, before its first chunk)
+        for j in tl.static_range(EPI_SPLIT):
+            if EPI_SPLIT == 1:
+                chunk = p
+            elif EPI_SPLIT == 2:
+                chunk = _halves(p, BLOCK_M, BLOCK_N)[j]
+            else:
+                chunk = _halves(_halves(p, BLOCK_M, BLOCK_N)[j // 2], BLOCK_M, BLOCK_N // 2)[j % 2]
             _dswiglu_chunk(
-                p,
-                col0,
+                chunk,
+                col0 + j * CHUNK,
                 gu_ptr,
                 scale_ptr,
                 dgu_ptr,
@@ -454,158 +462,12 @@ def _dswiglu_tma_kernel(
                 STORE_ACT,
                 IN_PLACE,
             )
-        else:
-            # the accumulator's column halves (quarters), each through the epilogue in turn: fewer values
-            # live at once than the whole tile's
-            p0, p1 = tl.split(tl.permute(tl.reshape(p, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            if EPI_SPLIT == 2:
-                _dswiglu_chunk(
-                    p0,
-                    col0,
-                    gu_ptr,
-                    scale_ptr,
-                    dgu_ptr,
-                    act_ptr,
-                    part_ptr,
-                    rows_c,
-                    row_ok,
-                    N_I,
-                    stride_gm,
-                    stride_gn,
-                    stride_om,
-                    stride_on,
-                    stride_am,
-                    stride_an,
-                    stride_pm,
-                    CHUNK,
-                    HAS_SCALE,
-                    ROWDOT,
-                    STORE_ACT,
-                    IN_PLACE,
-                )
-                _dswiglu_chunk(
-                    p1,
-                    col0 + CHUNK,
-                    gu_ptr,
-                    scale_ptr,
-                    dgu_ptr,
-                    act_ptr,
-                    part_ptr,
-                    rows_c,
-                    row_ok,
-                    N_I,
-                    stride_gm,
-                    stride_gn,
-                    stride_om,
-                    stride_on,
-                    stride_am,
-                    stride_an,
-                    stride_pm,
-                    CHUNK,
-                    HAS_SCALE,
-                    ROWDOT,
-                    STORE_ACT,
-                    IN_PLACE,
-                )
-            else:
-                p00, p01 = tl.split(tl.permute(tl.reshape(p0, (BLOCK_M, 2, CHUNK)), (0, 2, 1)))
-                _dswiglu_chunk(
-                    p00,
-                    col0,
-                    gu_ptr,
-                    scale_ptr,
-                    dgu_ptr,
-                    act_ptr,
-                    part_ptr,
-                    rows_c,
-                    row_ok,
-                    N_I,
-                    stride_gm,
-                    stride_gn,
-                    stride_om,
-                    stride_on,
-                    stride_am,
-                    stride_an,
-                    stride_pm,
-                    CHUNK,
-                    HAS_SCALE,
-                    ROWDOT,
-                    STORE_ACT,
-                    IN_PLACE,
-                )
-                _dswiglu_chunk(
-                    p01,
-                    col0 + CHUNK,
-                    gu_ptr,
-                    scale_ptr,
-                    dgu_ptr,
-                    act_ptr,
-                    part_ptr,
-                    rows_c,
-                    row_ok,
-                    N_I,
-                    stride_gm,
-                    stride_gn,
-                    stride_om,
-                    stride_on,
-                    stride_am,
-                    stride_an,
-                    stride_pm,
-                    CHUNK,
-                    HAS_SCALE,
-                    ROWDOT,
-                    STORE_ACT,
-                    IN_PLACE,
-                )
-                p10, p11 = tl.split(tl.permute(tl.reshape(p1, (BLOCK_M, 2, CHUNK)), (0, 2, 1)))
-                _dswiglu_chunk(
-                    p10,
-                    col0 + 2 * CHUNK,
-                    gu_ptr,
-                    scale_ptr,
-                    dgu_ptr,
-                    act_ptr,
-                    part_ptr,
-                    rows_c,
-                    row_ok,
-                    N_I,
-                    stride_gm,
-                    stride_gn,
-                    stride_om,
-                    stride_on,
-                    stride_am,
-                    stride_an,
-                    stride_pm,
-                    CHUNK,
-                    HAS_SCALE,
-                    ROWDOT,
-                    STORE_ACT,
-                    IN_PLACE,
-                )
-                _dswiglu_chunk(
-                    p11,
-                    col0 + 3 * CHUNK,
-                    gu_ptr,
-                    scale_ptr,
-                    dgu_ptr,
-                    act_ptr,
-                    part_ptr,
-                    rows_c,
-                    row_ok,
-                    N_I,
-                    stride_gm,
-                    stride_gn,
-                    stride_om,
-                    stride_on,
-                    stride_am,
-                    stride_an,
-                    stride_pm,
-                    CHUNK,
-                    HAS_SCALE,
-                    ROWDOT,
-                    STORE_ACT,
-                    IN_PLACE,
-                )
+
+
+@triton.jit
+def _halves(p, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The first and the second COLS // 2 columns of p [ROWS, COLS]."""
+    return tl.split(tl.permute(tl.reshape(p, (ROWS, 2, COLS // 2)), (0, 2, 1)))
 
 
 @triton.jit
