@@ -15,7 +15,8 @@ weights (the router learns) and both weights. Contenders:
 - ``hf:grouped_mm:compiled``: transformers' grouped_mm experts backend (Qwen3-MoE's experts module over the
   cell's weights, as E8 runs it), under torch.compile;
 - ``unsloth:grouped_gemm``: Unsloth's Triton MoE kernels with their own backward, loaded at run time from
-  their source (MOEGEMM_UNSLOTH_SOURCE; experiments/unsloth_moe.py; the revision in the row);
+  their source (MOEGEMM_UNSLOTH_SOURCE; experiments/unsloth_moe.py; the revision in the row), as Unsloth's
+  training runs them: configs from Unsloth's own tuner, once per layer shape (the row's config);
 - ``per-expert-loop``: transformers' eager experts (a loop over the experts hit; host syncs: launch clock
   only).
 
@@ -134,11 +135,13 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
     own = (lambda out: check(out, ref_y, k)) if phase == "fwd" else None
     fields = {"phase": phase}
 
-    def plain(name, fn, graph=True, extra=None):
+    def plain(name, fn, graph=True, extra=None, config=None):
         def make(inp):
             return Step(lambda: fn(x, ids, wts, inp[0], inp[1]), (x, wts, inp[0], inp[1]), (), dy, phase)
 
-        return Contender(name, memo_bind(make), graph=graph, check=own, fields={**fields, **(extra or {})})
+        return Contender(
+            name, memo_bind(make), graph=graph, check=own, fields={**fields, **(extra or {})}, config=config
+        )
 
     def ours_recompute(x, ids, wts, a, b):
         return moe_ffn(x, ids, wts, a, b, w_layout="nk", validate=False, save_gate_up=False)
@@ -181,15 +184,17 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
             hf("hf:grouped_mm:compiled", "grouped_mm", True),
         ]
     if uk is not None:
+        tuned: dict = {}  # the configs Unsloth's tuner chose, filled by the first call
 
         def unsloth(x, ids, wts, a, b):
-            return unsloth_moe.moe_layer(uk, x, ids, wts, a, b)
+            return unsloth_moe.moe_layer(uk, x, ids, wts, a, b, record=tuned)
 
         cs.append(
             plain(
                 "unsloth:grouped_gemm",
                 unsloth,
                 extra={"config_source": uk.origin, "peer_revision": uk.revision},
+                config=tuned,
             )
         )
     cs.append(hf("per-expert-loop", "eager", False, graph=False))

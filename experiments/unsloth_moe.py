@@ -8,17 +8,26 @@ packages (Unsloth's own ``__init__`` imports its whole training stack), with the
 interface reads from it (``DEVICE_TYPE = "cuda"``). The revision recorded in the rows: the checkout's git
 commit where it is a git repository, else ``MOEGEMM_UNSLOTH_REVISION``, else "unknown".
 
-The layer as Unsloth's fused Qwen3-MoE block runs it (reference/layers/qwen3_moe.py there): its routing
-(get_routing_indices: histc counts and a stable argsort), the gate/up grouped GEMM with the permutation
-fused into its prologue (permute_x), SiLU(gate) * up as torch ops, the down grouped GEMM with the
-un-permutation fused into its epilogue (permute_y), then the gating weights and the sum over top_k as
-torch ops; autotuned kernels (autotune=True, their advice).
+The layer as Unsloth's training runs it when its Triton backend is chosen (``UNSLOTH_MOE_BACKEND=
+unsloth_triton``; unsloth_zoo's ``forward_triton_grouped_gemm``, unslothai/unsloth-zoo
+unsloth_zoo/temporary_patches/moe_utils.py at 00351ea; Unsloth's default MoE backend is torch._grouped_mm,
+E9's torch pipeline): the kernel configs of each GEMM from Unsloth's own ``get_or_autotune_moe_kernels``
+(unsloth/kernels/moe/autotune_cache.py: its autotuning of the forward, dX and dW kernels once per layer
+shape at 4096 tokens, cached in memory and under ~/.cache/unsloth), with the dimensions unsloth_zoo passes;
+its routing (a bincount of the expert ids and their stable argsort); the gate/up grouped GEMM with the
+permutation fused into its prologue (permute_x), SiLU(gate) * up as torch ops, the down grouped GEMM with
+the un-permutation fused into its epilogue (permute_y), both with ``autotune=False`` and the tuned configs;
+then the gating weights and the sum over top_k as torch ops. One difference: unsloth_zoo also installs a
+persistent Triton allocator for the TMA descriptors' scratch; Triton's allocator is global to the process
+and the other contenders' TMA kernels install their own, so here Unsloth's interface allocates that
+scratch per call as it does without unsloth_zoo (a host cost on the launch clock, none on the GPU clock).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import subprocess
 import sys
@@ -34,9 +43,11 @@ PACKAGE = Path("unsloth") / "kernels" / "moe" / "grouped_gemm"
 @dataclasses.dataclass
 class Unsloth:
     grouped_gemm: object  # interface.grouped_gemm
-    get_routing_indices: object  # reference.moe_ops.get_routing_indices
+    tune: object  # autotune_cache.get_or_autotune_moe_kernels
     revision: str
     origin: str
+    # one layer shape's configs, as unsloth_zoo keeps them on the experts module after its first call
+    configs: dict = dataclasses.field(default_factory=dict)
 
 
 def _root(source: str) -> Path:
@@ -89,11 +100,68 @@ def load(source: str | None = None) -> tuple[Unsloth | None, str]:
         sys.modules["unsloth"].DEVICE_TYPE = "cuda"
     try:
         interface = importlib.import_module("unsloth.kernels.moe.grouped_gemm.interface")
-        ops = importlib.import_module("unsloth.kernels.moe.grouped_gemm.reference.moe_ops")
+        cache = importlib.import_module("unsloth.kernels.moe.autotune_cache")
     except Exception as ex:  # noqa: BLE001 - an optional peer: recorded, not fatal
         return None, f"import failed: {type(ex).__name__}: {str(ex)[:200]}"
     rev = revision_of(root)
-    return Unsloth(interface.grouped_gemm, ops.get_routing_indices, rev, f"unsloth {rev[:12]} ({root})"), ""
+    origin = f"unsloth {rev[:12]} ({root})"
+    return Unsloth(interface.grouped_gemm, cache.get_or_autotune_moe_kernels, rev, origin), ""
+
+
+class _Warnings(logging.Handler):
+    """What Unsloth's tuner logs at WARNING and above (a failed autotuning falls back to default configs
+    with only a log line)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage()[:160])
+
+
+def layer_configs(uk: Unsloth, e: int, h: int, i: int, top_k: int, dtype: torch.dtype) -> tuple:
+    """((forward, dX, dW) configs of the gate/up GEMM, those of the down GEMM, what the tuner warned of):
+    Unsloth's own tuner once per GEMM with the dimensions unsloth_zoo gives it (gate/up: hidden H,
+    intermediate 2I; down: hidden I, intermediate H), kept per layer shape."""
+    key = (e, h, i, top_k, dtype)
+    if key not in uk.configs:
+        log = logging.getLogger("unsloth.kernels.moe.autotune_cache")
+        warned = _Warnings()
+        log.addHandler(warned)
+        try:
+            up = uk.tune(num_experts=e, hidden_dim=h, intermediate_dim=2 * i, top_k=top_k, dtype=dtype)
+            down = uk.tune(num_experts=e, hidden_dim=i, intermediate_dim=h, top_k=top_k, dtype=dtype)
+        finally:
+            log.removeHandler(warned)
+        torch.cuda.empty_cache()  # (as unsloth_zoo does after its tuning)
+        uk.configs[key] = (up, down, "; ".join(warned.lines))
+    return uk.configs[key]
+
+
+def describe(configs: tuple) -> dict:
+    """The tuned configs of layer_configs as plain data, for the row's config column."""
+
+    def plain(c):
+        if not dataclasses.is_dataclass(c):
+            return repr(c)
+        simple = (bool, int, float, str, type(None))
+        return {k: v if isinstance(v, simple) else str(v) for k, v in dataclasses.asdict(c).items()}
+
+    up, down, warned = configs
+    names = ("fwd", "dX", "dW")
+    out = {f"gate_up.{n}": plain(c) for n, c in zip(names, up)}
+    out.update({f"down.{n}": plain(c) for n, c in zip(names, down)})
+    if warned:
+        out["tuner_warnings"] = warned
+    return out
+
+
+def routing(ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows per expert, int32; the rows in expert order): unsloth_zoo's routing, a bincount of the expert
+    ids and their stable argsort."""
+    flat = ids.reshape(-1)
+    return torch.bincount(flat, minlength=e).to(torch.int32), flat.argsort(stable=True)
 
 
 def moe_layer(
@@ -103,15 +171,21 @@ def moe_layer(
     wts: torch.Tensor,
     w_gu: torch.Tensor,
     w_dn: torch.Tensor,
-    autotune: bool = True,
+    record: dict | None = None,
 ) -> torch.Tensor:
-    """[T, H]: the expert FFN on Unsloth's kernels (w_gu [E, 2I, H], w_dn [E, H, I], as nn.Linear stores
-    them; ids [T, top_k]; wts [T, top_k]); differentiable in x, wts, w_gu and w_dn."""
+    """[T, H]: the expert FFN on Unsloth's kernels as its training path runs them (w_gu [E, 2I, H], w_dn
+    [E, H, I], as nn.Linear stores them; ids [T, top_k]; wts [T, top_k]); differentiable in x, wts, w_gu
+    and w_dn. The first call of a layer shape runs Unsloth's tuner (layer_configs); ``record``, where given,
+    receives the configs used (describe)."""
     t, h = x.shape
     top_k = ids.shape[1]
     e, two_i, _ = w_gu.shape
     i = two_i // 2
-    counts, gather = uk.get_routing_indices(ids, e)
+    configs = layer_configs(uk, e, h, i, top_k, x.dtype)
+    if record is not None and not record:
+        record.update(describe(configs))
+    (fwd1, dx1, dw1), (fwd2, dx2, dw2), _ = configs
+    counts, gather = routing(ids, e)
     y = uk.grouped_gemm(
         X=x,
         W=w_gu,
@@ -120,7 +194,10 @@ def moe_layer(
         topk=top_k,
         permute_x=True,
         permute_y=False,
-        autotune=autotune,
+        autotune=False,
+        kernel_config_fwd=fwd1,
+        kernel_config_bwd_dX=dx1,
+        kernel_config_bwd_dW=dw1,
         is_first_gemm=True,
     )
     act = torch.nn.functional.silu(y[:, :i]) * y[:, i:]
@@ -132,7 +209,10 @@ def moe_layer(
         topk=top_k,
         permute_x=False,
         permute_y=True,
-        autotune=autotune,
+        autotune=False,
+        kernel_config_fwd=fwd2,
+        kernel_config_bwd_dX=dx2,
+        kernel_config_bwd_dW=dw2,
         is_first_gemm=False,
     )
     return (y.view(t, top_k, h) * wts[..., None].to(y.dtype)).sum(1).to(x.dtype)

@@ -122,21 +122,22 @@ def test_the_pipeline_runs_the_configured_selection_of_cells():
 
 def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypatch):
     """load(): no source -> None with the reason; a tree without the package -> None naming it; a stand-in
-    tree with the package's two modules -> their functions, unsloth's own __init__ never run."""
+    tree with the interface and the tuner's module -> their functions, unsloth's own __init__ never run."""
     import experiments.unsloth_moe as um
 
     monkeypatch.delenv(um.ENV, raising=False)
     assert um.load()[0] is None and um.ENV in um.load()[1]
     assert um.load(str(tmp_path))[0] is None
     pkg = tmp_path / "unsloth" / "kernels" / "moe" / "grouped_gemm"
-    (pkg / "reference").mkdir(parents=True)
+    pkg.mkdir(parents=True)
     (tmp_path / "unsloth" / "__init__.py").write_text("raise ImportError('the whole stack')\n")
     (pkg / "__init__.py").write_text("")
-    (pkg / "reference" / "__init__.py").write_text("")
     (pkg / "interface.py").write_text(
         "from unsloth import DEVICE_TYPE\ndef grouped_gemm(**kw):\n    return DEVICE_TYPE\n"
     )
-    (pkg / "reference" / "moe_ops.py").write_text("def get_routing_indices(ids, e):\n    return 'routing'\n")
+    (pkg.parent / "autotune_cache.py").write_text(
+        "def get_or_autotune_moe_kernels(**kw):\n    return 'tuned'\n"
+    )
     monkeypatch.setenv("MOEGEMM_UNSLOTH_REVISION", "abc123")
     saved = {k: v for k, v in sys.modules.items() if k == "unsloth" or k.startswith("unsloth.")}
     try:
@@ -144,12 +145,78 @@ def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypa
             del sys.modules[k]
         uk, why = um.load(str(pkg))
         assert uk is not None, why
-        assert uk.grouped_gemm() == "cuda" and uk.get_routing_indices(None, 1) == "routing"
+        assert uk.grouped_gemm() == "cuda" and uk.tune() == "tuned"
         assert uk.revision == "abc123"  # (tmp_path is no repository's top)
     finally:
         for k in [k for k in sys.modules if k == "unsloth" or k.startswith("unsloth.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def test_unsloth_layer_runs_unsloths_training_path():
+    """unsloth_moe.moe_layer with a stand-in for Unsloth's interface that computes what its grouped GEMM
+    computes (rows gathered by gather_indices // topk under permute_x, scattered back under permute_y):
+    the layer against a float64 reference per token on fresh random data; Unsloth's tuner asked once per
+    layer shape with the dimensions unsloth_zoo gives it, every GEMM called with autotune=False and the
+    tuned configs of its own GEMM; the configs and the tuner's warnings recorded."""
+    import dataclasses
+    import logging
+
+    import experiments.unsloth_moe as um
+
+    @dataclasses.dataclass
+    class Cfg:
+        BLOCK_SIZE_M: int
+        dtype: object = torch.float64
+
+    tuned, calls = [], []
+
+    def tune(**kw):
+        tuned.append(kw)
+        logging.getLogger("unsloth.kernels.moe.autotune_cache").warning("fell back to default configs")
+        n = kw["intermediate_dim"]
+        return Cfg(n), Cfg(n + 1), Cfg(n + 2)
+
+    def gemm(X, W, m_sizes, gather_indices, topk, permute_x, permute_y, **kw):
+        calls.append(kw)
+        rows = X[gather_indices // topk] if permute_x else X
+        out, start = torch.empty(rows.shape[0], W.shape[1], dtype=X.dtype), 0
+        for e, end in enumerate(m_sizes.cumsum(0).tolist()):
+            out[start:end] = rows[start:end] @ W[e].T
+            start = end
+        if permute_y:
+            scattered = torch.empty_like(out)
+            scattered[gather_indices] = out
+            out = scattered
+        return out
+
+    uk = um.Unsloth(gemm, tune, "rev", "origin")
+    g = torch.Generator().manual_seed(7)
+    t, e, k, h, i = 9, 5, 2, 8, 6
+    x = torch.randn(t, h, generator=g, dtype=torch.float64)
+    w_gu = torch.randn(e, 2 * i, h, generator=g, dtype=torch.float64)
+    w_dn = torch.randn(e, h, i, generator=g, dtype=torch.float64)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    wts = torch.softmax(torch.randn(t, k, generator=g, dtype=torch.float64), -1)
+    record: dict = {}
+    got = um.moe_layer(uk, x, ids, wts, w_gu, w_dn, record=record)
+    ref = torch.zeros(t, h, dtype=torch.float64)
+    for r in range(t):
+        for j in range(k):
+            gu = w_gu[ids[r, j]] @ x[r]
+            ref[r] += wts[r, j] * (w_dn[ids[r, j]] @ (torch.nn.functional.silu(gu[:i]) * gu[i:]))
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    assert tuned == [
+        {"num_experts": e, "hidden_dim": h, "intermediate_dim": 2 * i, "top_k": k, "dtype": torch.float64},
+        {"num_experts": e, "hidden_dim": i, "intermediate_dim": h, "top_k": k, "dtype": torch.float64},
+    ]
+    assert [c["autotune"] for c in calls] == [False, False]
+    assert [c["kernel_config_fwd"].BLOCK_SIZE_M for c in calls] == [2 * i, h]
+    assert [c["kernel_config_bwd_dW"].BLOCK_SIZE_M for c in calls] == [2 * i + 2, h + 2]
+    assert record["gate_up.dX"] == {"BLOCK_SIZE_M": 2 * i + 1, "dtype": "torch.float64"}
+    assert "fell back" in record["tuner_warnings"]
+    um.moe_layer(uk, x, ids, wts, w_gu, w_dn)
+    assert len(tuned) == 2  # the layer shape's configs kept, as unsloth_zoo keeps them on its module
 
 
 def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
