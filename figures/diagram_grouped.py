@@ -228,7 +228,10 @@ def draw(ex: dict):
 
 def main():
     a = args(__doc__)
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels' device code on the CPU, read before import
+    import torch
+
+    if not torch.cuda.is_available():  # the kernels' device code on the CPU (read before moegemm's import)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     save(draw(example()), a.out)
 
 

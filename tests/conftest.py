@@ -55,6 +55,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _gpu_memory(request):
+    """On a GPU, where pytest-xdist's workers share its memory: a real-shape test (marker ``gpu``) hands what
+    PyTorch's allocator cached back to the driver when it ends, so that a worker idle or on small tests does
+    not sit on tens of GB; one that holds tens of GB itself (marker ``gpu_memory``) also runs one at a time
+    across the workers, under an exclusive lock on a file in the temporary folder (any --dist mode; a group
+    would serialise them only under --dist loadgroup)."""
+    if not HAS_CUDA or request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    lock = None
+    if request.node.get_closest_marker("gpu_memory") is not None:
+        import fcntl
+        import tempfile
+
+        lock = open(Path(tempfile.gettempdir()) / "moegemm-gpu-memory.lock", "w")  # noqa: SIM115
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        finally:
+            if lock is not None:
+                lock.close()  # (releases the lock)
+
+
 def spread_long_tests(items: list, workers: int) -> None:
     """Under pytest-xdist's work stealing each worker is first dealt a contiguous 1/workers of the
     collection, and the others steal from the end of a worker's queue: long tests in one chunk run one after

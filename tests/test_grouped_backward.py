@@ -13,9 +13,10 @@ from moegemm.grouped import backward as bw
 from moegemm.grouped import grouped_mm, grouped_mm_swiglu, moe_ffn
 from tests.moe_cells import one_small_config
 
-# The GPU tests at real shapes hold tens of GiB each (float64 references included): under pytest-xdist they
-# run one after another on one worker, or several at once run the GPU out of memory.
-BIG_ON_ONE_WORKER = pytest.mark.xdist_group("gpu-real-shapes")
+# The GPU tests at real shapes hold tens of GiB each (float64 references included): one at a time across
+# pytest-xdist's workers, whatever its --dist mode (tests/conftest.py), or several at once run the GPU out of
+# memory.
+BIG = pytest.mark.gpu_memory
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 6e-3}  # largest error / largest value
 
@@ -281,6 +282,13 @@ def test_grouped_dw_tma_against_float64(dtype, w_layout, scaled, device, poison,
         r += sz
 
 
+def tma_h() -> int:
+    """A hidden size H that the TMA kernels take at the tiles they run with: a multiple of the SwiGLU
+    backward's BLOCK_K, which reads the down weight [E, H, I] along H (the interpreter's 16-wide tiles, or the
+    library's on a GPU)."""
+    return 32 if bw.INTERPRET else 2 * bw.DSWIGLU_TMA_TILES["BLOCK_K"]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 @pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
@@ -290,7 +298,7 @@ def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, mo
     gradients through the TMA kernels, against float64; an unrouted expert's weight gradients exact
     zeros."""
     monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
-    x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=51 + save, t=13, h=32, i=16, e=5, k=2)
+    x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=51 + save, t=13, h=tma_h(), i=16, e=5, k=2)
     y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
     y.backward(dy)
@@ -317,7 +325,9 @@ def test_dswiglu_epilogue_in_chunks(block_n, split, i, device, monkeypatch, pois
     monkeypatch.setattr(ag, "SAVE_GATE_UP", True)
     monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, BLOCK_N=block_n, EPI_SPLIT=split))
     monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, EPI_SPLIT=split))
-    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=60 + i, t=11, h=32, i=i, e=3, k=2)
+    x, ids, tw, wgu, wd = ffn_inputs(
+        torch.bfloat16, "nk", device, seed=60 + i, t=11, h=tma_h(), i=i, e=3, k=2
+    )
     y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(y.dtype).to(device)
     y.backward(dy)
@@ -565,7 +575,7 @@ def ffn_float64(x, ids, tw, wgu, wd, w_layout):
 
 
 @pytest.mark.gpu
-@BIG_ON_ONE_WORKER
+@BIG
 @pytest.mark.parametrize("shape", REAL, ids=["qwen3-30b", "qwen3-235b", "mixtral-8x7b"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("zipf", [False, True], ids=["uniform", "zipf"])
@@ -587,7 +597,7 @@ def test_gpu_moe_ffn_grads_at_real_shapes(shape, dtype, zipf):
 
 
 @pytest.mark.gpu
-@BIG_ON_ONE_WORKER
+@BIG
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
     """A forward + backward step with default arguments captures in a CUDA graph (no host sync), replays
@@ -624,7 +634,7 @@ def test_gpu_step_captures_in_a_cuda_graph_and_is_deterministic(w_layout):
 
 
 @pytest.mark.gpu
-@BIG_ON_ONE_WORKER
+@BIG
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 @pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
 def test_gpu_grouped_mm_grads_at_real_shapes(w_layout, swiglu):

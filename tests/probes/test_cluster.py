@@ -610,7 +610,7 @@ def test_gpu_chains_and_stages(dtype):
             else torch.randn(n, k, device="cuda", generator=g).to(dtype).t()
         )
         for cfg in cfgs:
-            assert C.plan(a, b, epilogue="relu", config=cfg) is not None, cfg
+            assert C.plan(a, b, epilogue="relu", config=cfg) is not None, (cfg, C.FALLBACK_REASONS)
             got = C.matmul(a, b, epilogue="relu", config=cfg, out=poisoned((m, n), dtype, "cuda"))
             assert_close_to_ref(got, _ref(a, b, "relu"), k, f"{m}x{n}x{k} kn={kn} {cfg}")
 
