@@ -708,10 +708,19 @@ def path_contenders(ids, wts, e) -> list[Contender]:
 def e7_cells(cfg: dict) -> list[tuple[str, str, int, str]]:
     """E7's cells (model, projection, T, load) under ``cfg``: per tune-split model and projection, its decode
     and prefill T at their loads (``loads``), and the whole path at ``path_tokens``; per held-out model and
-    projection, ``heldout_tokens`` at their loads (``heldout_loads``)."""
+    projection, ``heldout_tokens`` at their loads (``heldout_loads``); of the held-out models, those of
+    ``heldout_models`` where it is given."""
     g = cfg["grouped"]
+    chosen = g.get("heldout_models")
+    if chosen is not None:
+        heldout = {m for m, spec in g["models"].items() if spec["split"] == "heldout"}
+        if set(chosen) - heldout:
+            unknown = sorted(set(chosen) - heldout)
+            raise ValueError(f"grouped.heldout_models: not held-out zoo models: {unknown}")
     cells = []
     for model, spec in g["models"].items():
+        if spec["split"] == "heldout" and chosen is not None and model not in chosen:
+            continue
         for proj in ("up", "down"):
             if spec["split"] == "heldout":
                 cells += [(model, proj, t, load) for t in g["heldout_tokens"] for load in heldout_loads(g, t)]

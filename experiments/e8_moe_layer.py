@@ -268,9 +268,11 @@ def annotate(
 
 def run_selection(e8: dict) -> dict:
     """The pipeline's E8 run: config.yaml's ``moe_layer.run`` over ``moe_layer`` (each key it lacks: the
-    zoo's), with ``splits`` (default both) and ``uniform_only_tokens`` (default none)."""
+    zoo's), with ``splits`` (default both), ``models`` (default every model of those splits) and
+    ``uniform_only_tokens`` (default none)."""
     return {
         "splits": ["tune", "heldout"],
+        "models": None,
         "uniform_only_tokens": [],
         **{k: e8[k] for k in ("tokens", "loads", "compiled_tokens")},
         **e8.get("run", {}),
@@ -281,10 +283,13 @@ def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
     """E8's run's cells (model, T, load): the models of its splits, each of its T, each of its loads but the
     uniform load alone at its ``uniform_only_tokens`` (run_selection)."""
     run = run_selection(e8)
+    unknown = set(run["models"] or ()) - set(g["models"])
+    if unknown:
+        raise ValueError(f"moe_layer.run.models: not zoo models: {sorted(unknown)}")
     return [
         (model, t, load)
         for model, spec in g["models"].items()
-        if spec["split"] in run["splits"]
+        if spec["split"] in run["splits"] and (run["models"] is None or model in run["models"])
         for t in run["tokens"]
         for load in (["uniform"] if t in run["uniform_only_tokens"] else run["loads"])
     ]
