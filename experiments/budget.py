@@ -16,7 +16,7 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
 Steps with no knob here (floors, verify) keep their committed time. An estimate, not a measurement: the run
 on the GPU confirms it (the benchmark files it writes become the next baseline).
 
-A step with no committed benchmark file yet may have a partial run's record instead (``HARNESS_RECORDS``: the
+A step with no committed benchmark file yet may have a run's own record instead (``HARNESS_RECORDS``: the
 per-contender wall times that moegemm.bench.runner.measure writes, ``setup_s``, ``capture_s``, ``timed_s``);
 :func:`harness_estimates` prices the step from it, each model's first cell less a later one being what the
 model's compiles and autotuning cost once.
@@ -131,8 +131,8 @@ def moe_train_work(cfg: dict, total_bytes: int = 141 << 30) -> float:
     return len(cells) + 4.0 * len({m for m, _, _ in cells})
 
 
-# Steps with no benchmark file yet, and the partial run whose rows time them (results/<gpu>/<file>)
-HARNESS_RECORDS = {"moe_train": "moe_train.csv"}  # its first 4 cells (one run, stopped at the time limit)
+# Steps with no benchmark file yet, and the run whose rows time them (results/<gpu>/<file>)
+HARNESS_RECORDS = {"moe_train": "moe_train.csv"}  # its rows' setup, capture and timed wall times
 
 
 def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[str, tuple[float, str]]:

@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     if not args.as_measured:  # the committed times scaled to the config's cells (experiments/budget.py)
         step_s = scaled_step_times(step_s, cfg)
-    # steps with no benchmark file, priced from a partial run's record (experiments/budget.py)
+    # steps with no benchmark file, priced from a run's own record (experiments/budget.py)
     records = harness_estimates(ROOT / "results" / slugify(args.gpu), cfg)
     estimated = {s: v for s, v in records.items() if s not in step_s}
     step_s.update({s: sec for s, (sec, _) in estimated.items()})
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         f"{args.cpu_job_s:.0f} s each"
     )
     for s, (sec, record) in sorted(estimated.items()):
-        print(f"{s}: {sec:.0f} s estimated from a partial run's record ({record}), not a benchmark file")
+        print(f"{s}: {sec:.0f} s estimated from its run's own record ({record}), not a benchmark file")
     if unmeasured:
         print(f"not in the prediction (no committed run yet): {', '.join(sorted(unmeasured))}")
     return 0

@@ -98,18 +98,34 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
 
 
 def coverage(n: Numbers, raw: pd.DataFrame) -> None:
-    """What of the pipeline's E9 selection (config.yaml's moe_train.run) the committed run holds: its cells
-    measured of those planned, the selection's models with no row, and the cells whose step has no GPU
-    time for ours (its graph capture failed: launch clock only)."""
+    """``ENineCoverage``: coverage_text."""
+    n.add("ENineCoverage", coverage_text(raw))
+
+
+def coverage_text(raw: pd.DataFrame) -> str:
+    """What of the pipeline's E9 selection (config.yaml's moe_train.run) the committed run holds, as one
+    clause of plain text: its cells measured of those planned, and where there are any, the selection's
+    models with no row, the cells whose step has no GPU time for ours (its graph capture failed: launch
+    clock only) and the peers whose step has no GPU time in any cell."""
     cfg = load_config()
     planned = train_cells(cfg["grouped"], cfg["moe_train"], 141 << 30)
-    step = raw[(raw.phase == "fwd+bwd") & (raw.contender == OURS) & (raw.status == "ok")]
+    steps = raw[(raw.phase == "fwd+bwd") & (raw.status == "ok")]
+    step = steps[steps.contender == OURS]
     done = {(m, int(t), ld) for m, t, ld in zip(step.model, step.tokens, step.load)}
-    n.add("ENineCellsPlanned", len(planned), "{}")
-    n.add("ENineCellsMeasured", len(done & set(planned)), "{}")
+    measured = len(done & set(planned))
     missing = sorted({m for m, _, _ in planned} - set(raw.model))
-    n.add("ENineMissingModels", ", ".join(missing) if missing else "none")
-    n.add("ENineGpuClockMissing", int(step.graph_us.isna().sum()), "{}")
+    no_graph = int(step.graph_us.isna().sum())
+    launch_only = [
+        p for p in PEERS if (steps.contender == p).any() and steps[steps.contender == p].graph_us.isna().all()
+    ]
+    parts = [f"the run holds {measured} of the selection's {len(planned)} cells"]
+    if missing:
+        parts.append(f"no row of {', '.join(missing)}")
+    if no_graph:
+        parts.append(f"{no_graph} cell{'s' if no_graph > 1 else ''} with the launch clock only for ours")
+    if launch_only:
+        parts.append(f"the launch clock only for {', '.join(launch_only)}, whose step's graph capture failed")
+    return "; ".join(parts)
 
 
 def e9(n: Numbers, results: Path, gen: Path) -> None:

@@ -225,7 +225,7 @@ def train_headline(results: Path) -> list[str]:
     """E9's part of the headline: the expert layer's forward + backward on the held-out models, each peer's
     step time over ours on both clocks with intervals, the backward alone and the peak memory; what of the
     run's selection the committed run holds."""
-    from .e9 import OURS, coverage, e9_frame, peer_rows
+    from .e9 import OURS, coverage_text, e9_frame, peer_rows
 
     path = results / "moe_train.csv"
     if not path.exists():
@@ -238,9 +238,6 @@ def train_headline(results: Path) -> list[str]:
     rows = peer_rows(raw, held)
     if not rows:
         return []
-    n = Numbers()
-    coverage(n, raw)
-    c = n.items
     tokens = ", ".join(str(int(t)) for t in sorted(held.tokens.unique()))
 
     def x(v) -> str:
@@ -256,9 +253,7 @@ def train_headline(results: Path) -> list[str]:
         "",
         f"Training (E9): the expert layer's forward + backward (`moe_ffn`, default arguments) on "
         f"{held.model.nunique()} held-out models at T = {tokens}, uniform and Zipf 1.2 loads "
-        f"({c['ENineCellsMeasured']} of the run's {c['ENineCellsPlanned']} cells; not measured: "
-        f"{c['ENineMissingModels']}; {c['ENineGpuClockMissing']} cell with the launch clock only, every "
-        "step's graph capture having failed, and some peers' captures failing in another). x = their time "
+        f"({coverage_text(raw)}). x = their time "
         "(or peak memory) / ours, geomean over cells with its 95% "
         f"bootstrap interval over cells and rounds: the best peer of each cell {best['GPU time']} GPU time "
         f"({best['cells']} cells), {best['launch-inclusive']} launch-inclusive; per peer, the step's GPU "
