@@ -148,11 +148,12 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
     if peers:
         cell = ["model", "split", "tokens", "load"]
         pb = held.pivot_table(index=cell, columns="contender", values="bwd_us")
-        rb = (pb[peers].min(axis=1) / pb[OURS]).dropna()
+        # (a peer whose step never captured has no GPU time: no column, and no part in the best peer's)
+        rb = (pb.reindex(columns=peers).min(axis=1) / pb[OURS]).dropna()
         if len(rb):
             n.add("ENineHeldBwdVsPeer", gm(rb))
         step = held.pivot_table(index=cell, columns="contender", values="step_us")
-        r = (step[peers].min(axis=1) / step[OURS]).dropna()
+        r = (step.reindex(columns=peers).min(axis=1) / step[OURS]).dropna()
         n.add("ENineHeldSlowerPeer", int((r < 1).sum()), "{}")
         if len(r):
             n.add("ENineHeldVsPeerMin", f"{r.min():.2f}")
