@@ -245,8 +245,8 @@ def train_headline(results: Path) -> list[str]:
 
     best = rows[0]
     per_peer = "; ".join(
-        f"{r['peer']} {r['GPU time']} ({r['cells']} cells), backward {x(r.get('backward (GPU)'))}, "
-        f"memory {x(r.get('peak memory'))}"
+        f"{r['peer']} {r['GPU time']} GPU time, {r['launch-inclusive']} launch-inclusive "
+        f"({r['cells']} cells), backward {x(r.get('backward (GPU)'))}, memory {x(r.get('peak memory'))}"
         for r in rows[1:]
     )
     return [
@@ -256,8 +256,8 @@ def train_headline(results: Path) -> list[str]:
         f"({coverage_text(raw)}). x = their time "
         "(or peak memory) / ours, geomean over cells with its 95% "
         f"bootstrap interval over cells and rounds: the best peer of each cell {best['GPU time']} GPU time "
-        f"({best['cells']} cells), {best['launch-inclusive']} launch-inclusive; per peer, the step's GPU "
-        "time, the backward alone (where both phases have GPU times) and the step's peak memory: "
+        f"({best['cells']} cells), {best['launch-inclusive']} launch-inclusive; per peer, the step's time "
+        "on both clocks, the backward alone (where both phases have GPU times) and the step's peak memory: "
         f"{per_peer}.",
     ]
 
