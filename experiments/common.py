@@ -54,6 +54,14 @@ def parse_shard(spec: str) -> tuple[int, int]:
     return i, n
 
 
+def check_models(chosen, allowed, key: str, kind: str = "zoo models") -> None:
+    """Refuse a run's model selection ``chosen`` (None: no selection) that names a model outside ``allowed``,
+    with a ValueError naming the config ``key``."""
+    unknown = sorted(set(chosen or ()) - set(allowed))
+    if unknown:
+        raise ValueError(f"{key}: not {kind}: {unknown}")
+
+
 def shard_cells(cells: list[tuple], shard: tuple[int, int]) -> list[tuple]:
     """The cells (tuples, the model first) of shard I of N, in their order. Each model's cells stay in one
     shard (its weights and compiled graphs are built once); the models go, most cells first, to the shard with

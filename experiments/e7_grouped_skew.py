@@ -39,6 +39,7 @@ from experiments.common import (
     Progress,
     ResultWriter,
     check_and_time,
+    check_models,
     cli,
     load_config,
     provenance_fields,
@@ -712,11 +713,8 @@ def e7_cells(cfg: dict) -> list[tuple[str, str, int, str]]:
     ``heldout_models`` where it is given."""
     g = cfg["grouped"]
     chosen = g.get("heldout_models")
-    if chosen is not None:
-        heldout = {m for m, spec in g["models"].items() if spec["split"] == "heldout"}
-        if set(chosen) - heldout:
-            unknown = sorted(set(chosen) - heldout)
-            raise ValueError(f"grouped.heldout_models: not held-out zoo models: {unknown}")
+    heldout = [m for m, spec in g["models"].items() if spec["split"] == "heldout"]
+    check_models(chosen, heldout, "grouped.heldout_models", "held-out zoo models")
     cells = []
     for model, spec in g["models"].items():
         if spec["split"] == "heldout" and chosen is not None and model not in chosen:

@@ -41,7 +41,7 @@ import time
 import torch
 
 from experiments import triton_kernels_moe, vllm_moe
-from experiments.common import Progress, shard_cells
+from experiments.common import Progress, check_models, shard_cells
 from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates, start
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Contender, measure
@@ -283,9 +283,7 @@ def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
     """E8's run's cells (model, T, load): the models of its splits, each of its T, each of its loads but the
     uniform load alone at its ``uniform_only_tokens`` (run_selection)."""
     run = run_selection(e8)
-    unknown = set(run["models"] or ()) - set(g["models"])
-    if unknown:
-        raise ValueError(f"moe_layer.run.models: not zoo models: {sorted(unknown)}")
+    check_models(run["models"], g["models"], "moe_layer.run.models")
     return [
         (model, t, load)
         for model, spec in g["models"].items()

@@ -39,7 +39,7 @@ import time
 import torch
 
 from experiments import unsloth_moe
-from experiments.common import Progress, raise_recompile_limit, shard_cells
+from experiments.common import Progress, check_models, raise_recompile_limit, shard_cells
 from experiments.e7_grouped_skew import failed_contender, graph_rates, start
 from experiments.e8_moe_layer import annotate, ffn_weights, hf_experts, layer_sizes
 from moegemm.bench.correctness import check
@@ -242,9 +242,7 @@ def train_cells(g: dict, e9: dict, total_bytes: int) -> list[tuple[str, int, str
     """E9's run's cells (model, T, load): its models (in the zoo's order), T and loads, where the step fits
     in ``total_bytes`` of GPU memory (``fits``)."""
     run = run_selection(e9)
-    unknown = set(run["models"] or ()) - set(g["models"])
-    if unknown:
-        raise ValueError(f"moe_train.run.models: not zoo models: {sorted(unknown)}")
+    check_models(run["models"], g["models"], "moe_train.run.models")
     return [
         (model, t, load)
         for model in g["models"]

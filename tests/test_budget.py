@@ -96,3 +96,18 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
     assert budget.work(everything)["moe_layer"] == pytest.approx(budget.BASELINE["moe_layer_work"])
     for step in ("grouped_skew", "moe_layer"):
         assert step_s[step] < measured[step], step
+
+
+def test_the_runs_refuse_models_outside_their_selection_by_name():
+    """E7's held-out selection takes only held-out zoo models, E8's only zoo models: anything else is
+    refused with a ValueError naming the config key."""
+    cfg = load_config(ROOT / "experiments" / "config.yaml")
+    tune = next(m for m, v in cfg["grouped"]["models"].items() if v["split"] == "tune")
+    bad = copy.deepcopy(cfg)
+    bad["grouped"]["heldout_models"] = [tune]
+    with pytest.raises(ValueError, match=rf"grouped.heldout_models: not held-out zoo models: \['{tune}'\]"):
+        budget.e7_cells(bad)
+    bad = copy.deepcopy(cfg)
+    bad["moe_layer"]["run"]["models"] = ["no-such-model"]
+    with pytest.raises(ValueError, match="moe_layer.run.models: not zoo models"):
+        budget.moe_layer_cells(bad)
