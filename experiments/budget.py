@@ -115,11 +115,13 @@ def moe_layer_work(cfg: dict) -> float:
     """E8's contender-cells under ``cfg``: moe_ffn, the unfused composition, our transformers backend,
     transformers' grouped_mm, the torch._grouped_mm pipeline, vLLM's fused_experts, triton_kernels, the
     per-expert loop, and the two compiled backends at the compiled token counts."""
-    from experiments.e8_moe_layer import run_selection
+    from experiments.e8_moe_layer import compiled_here, run_selection
 
-    compiled = set(run_selection(cfg["moe_layer"])["compiled_tokens"])
+    run = run_selection(cfg["moe_layer"])
     host = 0.5 if cfg["moe_layer"].get("host_calls") else 0.0  # the host-cost calls: half a contender's setup
-    return sum((8 + 2 * (t in compiled)) * (1 + host * (t >= 1024)) for _, t, _ in moe_layer_cells(cfg))
+    return sum(
+        (8 + 2 * compiled_here(run, m, t)) * (1 + host * (t >= 1024)) for m, t, _ in moe_layer_cells(cfg)
+    )
 
 
 def moe_train_work(cfg: dict, total_bytes: int = 141 << 30) -> float:
@@ -139,10 +141,12 @@ def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[
     """{step: (estimated seconds, the record it comes from)} for the steps of HARNESS_RECORDS whose record is
     committed: E9 from the wall times of a run's rows, per (model, T, load) cell the sum over its contenders
     and phases; a model's first cell costs its compiles once (first cell less the mean of its later cells),
-    every cell the mean later one; under ``cfg``'s selection (e9_moe_train.train_cells)."""
+    every cell the mean later one; Unsloth's own tuning (its rows' first ``setup_s`` of a model) is priced
+    apart, once per model that Unsloth joins (that model's own where the record has it, else their mean);
+    under ``cfg``'s selection (e9_moe_train.train_cells)."""
     import pandas as pd
 
-    from experiments.e9_moe_train import train_cells
+    from experiments.e9_moe_train import run_selection, train_cells, unsloth_joins
 
     out = {}
     path = Path(results) / HARNESS_RECORDS["moe_train"]
@@ -151,7 +155,9 @@ def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[
     df = pd.read_csv(path)
     cols = [c for c in ("setup_s", "capture_s", "timed_s") if c in df]
     wall = df.assign(wall=df[cols].fillna(0).sum(axis=1))
-    per = wall.groupby(["model", "tokens", "load"], sort=False).wall.sum()
+    peer = wall.contender.str.startswith("unsloth")
+    per = wall[~peer].groupby(["model", "tokens", "load"], sort=False).wall.sum()
+    tunes = {m: float(v) for m, v in wall[peer].groupby("model", sort=False).setup_s.max().dropna().items()}
     firsts, laters = [], []
     for model in dict.fromkeys(m for m, _, _ in per.index):
         measured = per[per.index.get_level_values(0) == model]
@@ -161,8 +167,14 @@ def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[
         return out
     cell_s = sum(laters) / len(laters)
     model_s = sum(firsts) / len(firsts) - cell_s
+    mean_tune = sum(tunes.values()) / len(tunes) if tunes else 0.0
     cells = train_cells(cfg["grouped"], cfg["moe_train"], total_bytes)
-    out["moe_train"] = (len({m for m, _, _ in cells}) * model_s + len(cells) * cell_s, path.name)
+    models = list(dict.fromkeys(m for m, _, _ in cells))
+    run = run_selection(cfg["moe_train"])
+    tune_s = sum(
+        tunes.get(m, mean_tune) for m in models if unsloth_joins(run, m)
+    )  # a model's own where timed
+    out["moe_train"] = (len(models) * model_s + tune_s + len(cells) * cell_s, path.name)
     return out
 
 

@@ -10,7 +10,10 @@
 # it and the targets after it are otherwise left for the next call. TARGET+ resumes the rows an earlier call
 # of this run finished (<output>.partial); without +, the target measures afresh. Snakemake records each
 # step's wall time in results/<gpu>/benchmarks/<step>.tsv; this adds one line per call to <step>.calls (a
-# step resumed over several calls; experiments.pipeline.run_times sums them).
+# step resumed over several calls; experiments.pipeline.run_times sums them). Snakemake runs without its
+# lock and reruns what a killed call left incomplete: one call at a time runs on the machine, and a call
+# stopped at its deadline otherwise leaves a lock and incomplete-file marks that the next call's dry run
+# trips over (it then finds no job for the target).
 # Each call's checkout replaces the tracked files, the tuned tables and the results of earlier calls among
 # them, so every call saves what the run has produced in $STATE (outside the checkout; the machine keeps it
 # while warm) and the next call puts it back first. On a fresh machine, copy the returned results.tgz into
@@ -36,7 +39,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 echo "setup $((SECONDS - t_start))s"
 # "rule|benchmark|output, output..." of the job that makes $1, from Snakemake's dry run
-job() { python3 -m snakemake -n --cores 1 --force -- "$1" 2>/dev/null | awk -v t="$1" '
+job() { python3 -m snakemake -n --cores 1 --force --nolock --rerun-incomplete -- "$1" 2>/dev/null | awk -v t="$1" '
   /^(local)?rule [^ ]+:$/ { r = $2; sub(/:$/, "", r); o = ""; b = "" }
   /^    output: / { o = substr($0, 13) }
   /^    benchmark: / { b = substr($0, 16) }
@@ -54,7 +57,7 @@ for spec in "$@"; do
   step=$(basename "${bench:-$rule}" .tsv)
   for f in ${outputs//,/ }; do [ $resume = 1 ] || rm -f "$f.partial"; done
   [ $resume = 1 ] || rm -f "$R/benchmarks/$step.calls"
-  timeout -s INT "$((DEADLINE - SECONDS))" python3 -m snakemake --cores 1 --force --allowed-rules "$rule" \
+  timeout -s INT "$((DEADLINE - SECONDS))" python3 -m snakemake --cores 1 --force --nolock --rerun-incomplete --allowed-rules "$rule" \
     -- "$target" > "/tmp/smk-$step.log" 2>&1
   rc=$?
   grep -v "it/s]" "/tmp/smk-$step.log" | tail -3

@@ -268,15 +268,23 @@ def annotate(
 
 def run_selection(e8: dict) -> dict:
     """The pipeline's E8 run: config.yaml's ``moe_layer.run`` over ``moe_layer`` (each key it lacks: the
-    zoo's), with ``splits`` (default both), ``models`` (default every model of those splits) and
-    ``uniform_only_tokens`` (default none)."""
+    zoo's), with ``splits`` (default both), ``models`` (default every model of those splits),
+    ``compiled_models`` (the models the compiled contenders join at ``compiled_tokens``; default every model)
+    and ``uniform_only_tokens`` (default none)."""
     return {
         "splits": ["tune", "heldout"],
         "models": None,
+        "compiled_models": None,
         "uniform_only_tokens": [],
         **{k: e8[k] for k in ("tokens", "loads", "compiled_tokens")},
         **e8.get("run", {}),
     }
+
+
+def compiled_here(run: dict, model: str, t: int) -> bool:
+    """Whether the compiled contenders join the cell of ``model`` at ``t`` in the run ``run``
+    (``run_selection``)."""
+    return t in run["compiled_tokens"] and (run["compiled_models"] is None or model in run["compiled_models"])
 
 
 def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
@@ -284,6 +292,9 @@ def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
     uniform load alone at its ``uniform_only_tokens`` (run_selection)."""
     run = run_selection(e8)
     check_models(run["models"], g["models"], "moe_layer.run.models")
+    check_models(
+        run["compiled_models"], run["models"] or g["models"], "moe_layer.run.compiled_models", "E8's models"
+    )
     return [
         (model, t, load)
         for model, spec in g["models"].items()
@@ -312,7 +323,7 @@ def main():
             continue
         t_cell = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
-        cs = contenders(x, ids, wts, e, h, i, t, t in run_selection(e8)["compiled_tokens"], vllm.kernel, tk)
+        cs = contenders(x, ids, wts, e, h, i, t, compiled_here(run_selection(e8), model, t), vllm.kernel, tk)
         out = measure(cs, sets, ref, h + i, settings)
         annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
         writer.add(out)

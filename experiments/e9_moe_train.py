@@ -234,8 +234,14 @@ def fits(m: dict, t: int, total_bytes: int) -> bool:
 
 def run_selection(e9: dict) -> dict:
     """The pipeline's E9 run: config.yaml's ``moe_train.run`` over ``moe_train`` (each key it lacks: the
-    zoo's; ``models`` default every zoo model)."""
-    return {"models": None, **{k: e9[k] for k in ("tokens", "loads", "compiled_tokens")}, **e9.get("run", {})}
+    zoo's; ``models`` and ``unsloth_models`` default every zoo model)."""
+    keys = ("tokens", "loads", "compiled_tokens")
+    return {"models": None, "unsloth_models": None, **{k: e9[k] for k in keys}, **e9.get("run", {})}
+
+
+def unsloth_joins(run: dict, model: str) -> bool:
+    """Whether Unsloth's kernels join ``model``'s cells in the run ``run`` (``run_selection``)."""
+    return run["unsloth_models"] is None or model in run["unsloth_models"]
 
 
 def train_cells(g: dict, e9: dict, total_bytes: int) -> list[tuple[str, int, str]]:
@@ -243,6 +249,9 @@ def train_cells(g: dict, e9: dict, total_bytes: int) -> list[tuple[str, int, str
     in ``total_bytes`` of GPU memory (``fits``)."""
     run = run_selection(e9)
     check_models(run["models"], g["models"], "moe_train.run.models")
+    check_models(
+        run["unsloth_models"], run["models"] or g["models"], "moe_train.run.unsloth_models", "E9's models"
+    )
     return [
         (model, t, load)
         for model in g["models"]
@@ -279,7 +288,7 @@ def main():
     e9 = cfg["moe_train"]
     total = torch.cuda.get_device_properties(0).total_memory
     cells = train_cells(g, e9, total)
-    compiled_tokens = run_selection(e9)["compiled_tokens"]
+    run = run_selection(e9)
     cells = shard_cells(cells, args.shard)
     raise_recompile_limit(256)  # the compiled contenders: a graph per (T, load, phase) of each model
     uk, why = unsloth_moe.load()
@@ -296,7 +305,8 @@ def main():
         for phase in e9["phases"]:
             if writer.done(model=model, tokens=t, load=load, phase=phase):
                 continue
-            cs = contenders(x, ids, wts, dy, e, phase, ref_y, h + i, t in compiled_tokens, uk)
+            peer = uk if unsloth_joins(run, model) else None
+            cs = contenders(x, ids, wts, dy, e, phase, ref_y, h + i, t in run["compiled_tokens"], peer)
             sets = [(w_gu, w_dn)]
             out = measure(cs, sets, ref_dx, h + i, settings)
             for c, row in zip(cs, out):

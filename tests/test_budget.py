@@ -81,9 +81,10 @@ def test_work_follows_the_knobs():
 
 def test_steps_measured_under_this_config_are_predicted_as_measured():
     """tune_grouped was last measured under the current config (the budget's BASELINE holds its knobs): its
-    prediction is its committed time, unscaled. E7 and E8 were measured with three more held-out models
-    than the pipeline now runs (grouped.heldout_models, moe_layer.run.models): their predictions are their
-    committed times scaled down by the cells left out. Every step of the committed run has an estimate."""
+    prediction is its committed time, unscaled. E7 and E8 were measured with more held-out models, E7 with
+    more decode T and E8 with the compiled contenders on every model, than the pipeline now runs: with
+    those knobs set back, their work is the baseline's; under the current config their predictions are
+    their committed times scaled down. Every step of the committed run has an estimate."""
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     times = run_times(ROOT / "results" / "nvidia-h200")
     measured = dict(zip(times.step, times.seconds))
@@ -92,6 +93,8 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
     assert step_s["tune_grouped"] == pytest.approx(measured["tune_grouped"])
     everything = copy.deepcopy(cfg)
     del everything["grouped"]["heldout_models"], everything["moe_layer"]["run"]["models"]
+    del everything["moe_layer"]["run"]["compiled_models"]
+    everything["grouped"]["decode_tokens"] = [1, 64, 256]
     assert budget.work(everything)["grouped_skew"] == pytest.approx(budget.BASELINE["grouped_skew_work"])
     assert budget.work(everything)["moe_layer"] == pytest.approx(budget.BASELINE["moe_layer_work"])
     for step in ("grouped_skew", "moe_layer"):
@@ -110,4 +113,32 @@ def test_the_runs_refuse_models_outside_their_selection_by_name():
     bad = copy.deepcopy(cfg)
     bad["moe_layer"]["run"]["models"] = ["no-such-model"]
     with pytest.raises(ValueError, match="moe_layer.run.models: not zoo models"):
+        budget.moe_layer_cells(bad)
+
+
+def test_peer_selections_of_e8_and_e9_stay_inside_their_runs():
+    """E9's Unsloth models and E8's compiled models are models of their runs: by default every one, else
+    those named; a name outside the run is refused with a ValueError naming the config key."""
+    from experiments.e8_moe_layer import compiled_here
+    from experiments.e8_moe_layer import run_selection as e8_run
+    from experiments.e9_moe_train import run_selection as e9_run
+    from experiments.e9_moe_train import train_cells, unsloth_joins
+
+    cfg = load_config(ROOT / "experiments" / "config.yaml")
+    e9 = e9_run(cfg["moe_train"])
+    assert [m for m in e9["models"] if unsloth_joins(e9, m)] == e9["unsloth_models"]
+    assert all(unsloth_joins({**e9, "unsloth_models": None}, m) for m in e9["models"])
+    e8 = e8_run(cfg["moe_layer"])
+    t = e8["compiled_tokens"][0]
+    assert [m for m in e8["models"] if compiled_here(e8, m, t)] == e8["compiled_models"]
+    assert not any(compiled_here(e8, m, 1) for m in e8["models"]) or 1 in e8["compiled_tokens"]
+    bad = copy.deepcopy(cfg)
+    bad["moe_train"]["run"]["unsloth_models"] = ["mixtral-8x22b"]  # a zoo model outside E9's run
+    with pytest.raises(
+        ValueError, match=r"moe_train.run.unsloth_models: not E9's models: \['mixtral-8x22b'\]"
+    ):
+        train_cells(bad["grouped"], bad["moe_train"], 141 << 30)
+    bad = copy.deepcopy(cfg)
+    bad["moe_layer"]["run"]["compiled_models"] = ["deepseek-v3"]
+    with pytest.raises(ValueError, match=r"moe_layer.run.compiled_models: not E8's models"):
         budget.moe_layer_cells(bad)

@@ -12,6 +12,7 @@ SHARDS = 6  # compiled in parallel processes where pytest-xdist spreads the test
 
 
 @pytest.mark.long
+@pytest.mark.compile_only
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_all_kernels_compile_for_sm90(shard):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -574,11 +574,26 @@ def ffn_float64(x, ids, tw, wgu, wd, w_layout):
     return y
 
 
+# (shape, dtype, load): every float dtype on two of the real shapes, and each shape under both loads (each
+# case holds tens of GB and runs alone; the full product of the three would be 18 cases)
+REAL_CASES = [
+    (0, torch.bfloat16, False),
+    (0, torch.float32, True),
+    (1, torch.float16, False),
+    (1, torch.bfloat16, True),
+    (2, torch.float32, False),
+    (2, torch.float16, True),
+]
+REAL_IDS = ["qwen3-30b", "qwen3-235b", "mixtral-8x7b"]
+
+
 @pytest.mark.gpu
 @BIG
-@pytest.mark.parametrize("shape", REAL, ids=["qwen3-30b", "qwen3-235b", "mixtral-8x7b"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("zipf", [False, True], ids=["uniform", "zipf"])
+@pytest.mark.parametrize(
+    "shape, dtype, zipf",
+    [(REAL[s], d, z) for s, d, z in REAL_CASES],
+    ids=[f"{REAL_IDS[s]}-{str(d).split('.')[-1]}-{'zipf' if z else 'uniform'}" for s, d, z in REAL_CASES],
+)
 def test_gpu_moe_ffn_grads_at_real_shapes(shape, dtype, zipf):
     e, h, i, k = shape
     t = 1024 if dtype == torch.float32 else 2048

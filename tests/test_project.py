@@ -217,3 +217,14 @@ def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
     assert conftest.pytest_xdist_auto_num_workers(None) == 3
     monkeypatch.setenv("MOEGEMM_TEST_WORKERS", "2")
     assert conftest.pytest_xdist_auto_num_workers(None) == 2
+
+
+def test_verify_leaves_the_compile_check_to_ci_on_a_gpu_only():
+    """The pipeline's verify step: never the pipeline's or the outputs' tests; on a GPU, where the native
+    tests compile and run the kernels, not the sm_90 compile check, which each CPU run keeps."""
+    from experiments.verify import selection
+
+    assert selection(False) == "not pipeline and not outputs"
+    assert selection(True) == "not pipeline and not outputs and not compile_only"
+    src = (ROOT / "tests" / "test_compile_sm90.py").read_text()
+    assert "@pytest.mark.compile_only" in src
