@@ -13,6 +13,7 @@ from torch._inductor.codegen.memory_planning import _align as align
 from torch import device, empty_strided
 from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.select_algorithm import extern_kernels
+from torch._C import _cuda_getCurrentRawStream as get_raw_stream
 import triton
 import triton.language as tl
 from torch._inductor.runtime.triton_heuristics import start_graph, end_graph
@@ -34,7 +35,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/torchinductor_root/z5/cz5u4fhj6qz36jgszb3nfbwavyslokx6rtoetz4pktvs65wjcxta.py
+# kernel path: /tmp/torchinductor_root/g2/cg27dtxjlmp7vhux37nbrbyw2hb7erqlwdh4vrjh24aiyyulo3zu.py
 # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
 # Source node to ATen node mapping:
 #   mm_relu_default => mm_relu
@@ -48,14 +49,14 @@ from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint,
 
 @triton_heuristics.template(
 
-num_stages=5,
+num_stages=3,
 num_warps=1,
-triton_meta={'signature': {'arg_A': '*bf16', 'arg_B': '*bf16', 'out_ptr0': '*bf16'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]]}]},
-inductor_meta={'kernel_name': 'triton_tem_fused_mm_relu_0', 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'grid_type': 'FixedGrid', 'fixed_grid': ['_grid_0', '_grid_1', '_grid_2'], 'extra_launcher_args': ['_grid_0', '_grid_1', '_grid_2'], 'config_args': {'EVEN_K': True, 'USE_FAST_ACCUM': False, 'ACC_TYPE': 'tl.float32', 'BLOCK_M': 16, 'BLOCK_N': 16, 'BLOCK_K': 32, 'GROUP_M': 8, 'ALLOW_TF32': False}},
+triton_meta={'signature': {'arg_A': '*bf16', 'arg_B': '*bf16', 'out_ptr1': '*bf16'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]]}]},
+inductor_meta={'kernel_name': 'triton_tem_fused_mm_relu_0', 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'grid_type': 'FixedGrid', 'fixed_grid': ['_grid_0', '_grid_1', '_grid_2'], 'extra_launcher_args': ['_grid_0', '_grid_1', '_grid_2'], 'config_args': {'EVEN_K': True, 'USE_FAST_ACCUM': False, 'ACC_TYPE': 'tl.float32', 'BLOCK_M': 16, 'BLOCK_N': 16, 'BLOCK_K': 32, 'GROUP_M': 8, 'ALLOW_TF32': False}},
 
 )
 @triton.jit
-def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr0):
+def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr1):
     EVEN_K : tl.constexpr = True
     USE_FAST_ACCUM : tl.constexpr = False
     ACC_TYPE : tl.constexpr = tl.float32
@@ -134,41 +135,9 @@ def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr0):
 
     # inductor generates a suffix
     xindex = idx_n + 16*idx_m
-    tl.store(out_ptr0 + (tl.broadcast_to(xindex, [BLOCK_M, BLOCK_N])), acc, mask)
-''', device_str='cuda')
-
-
-# kernel path: /tmp/torchinductor_root/tn/ctnqqx4ss4pwirb6hzm7v6smxj64lyv5vtcpa5isurporjm44uon.py
-# Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
-# Source node to ATen node mapping:
-#   mm_relu_default => mm_relu
-triton_poi_fused_mm_relu_1 = async_compile.triton('triton_poi_fused_mm_relu_1', '''
-import triton
-import triton.language as tl
-
-from torch._inductor.runtime import triton_helpers, triton_heuristics
-from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
-from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
-triton_helpers.set_driver_to_gpu()
-
-@triton_heuristics.pointwise(
-    size_hints={'x': 256}, 
-    filename=__file__,
-    triton_meta={'signature': {'in_out_ptr0': '*bf16', 'xnumel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]}]},
-    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_poi_fused_mm_relu_1', 'mutated_arg_names': ['in_out_ptr0'], 'optimize_mem': True, 'no_x_dim': False, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 0, 'backend_hash': '91D1D1166449D9E2EB66EB9770C9E2C3B0FEB787341F27FEB4D3F0338DA50336', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 1536}},
-    min_elem_per_thread=0
-)
-@triton.jit
-def triton_poi_fused_mm_relu_1(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
-    xnumel = 256
-    xoffset = tl.program_id(0) * XBLOCK
-    xindex = xoffset + tl.arange(0, XBLOCK)[:]
-    xmask = xindex < xnumel
-    x0 = xindex
-    tmp0 = tl.load(in_out_ptr0 + (x0), xmask).to(tl.float32)
-    tmp1 = tl.full([1], 0, tl.int32)
-    tmp2 = triton_helpers.maximum(tmp1, tmp0)
-    tl.store(in_out_ptr0 + (x0), tmp2, xmask)
+    tmp0 = tl.full([1], 0, tl.int32)
+    tmp1 = triton_helpers.maximum(tmp0, acc)
+    tl.store(out_ptr1 + (tl.broadcast_to(xindex, [BLOCK_M, BLOCK_N])), tmp1, mask)
 ''', device_str='cuda')
 
 
@@ -192,16 +161,12 @@ class Runner:
         assert_size_stride(arg1_1, (256, 16), (16, 1))
         with torch.cuda._DeviceGuard(0):
             torch.cuda.set_device(0)
-            buf1 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+            buf2 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
             # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
             stream0 = get_raw_stream(0)
-            triton_tem_fused_mm_relu_0.run(arg0_1, arg1_1, buf1, 1, 1, 1, stream=stream0)
+            triton_tem_fused_mm_relu_0.run(arg0_1, arg1_1, buf2, 1, 1, 1, stream=stream0)
             del arg0_1
             del arg1_1
-            buf2 = buf1; del buf1  # reuse
-            # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
-            stream0 = get_raw_stream(0)
-            triton_poi_fused_mm_relu_1.run(buf2, 256, stream=stream0)
         return (buf2, )
 
 runner = Runner(partitions=[])
