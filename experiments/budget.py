@@ -54,6 +54,26 @@ BASELINE = {
     # E9: its work (moe_train_work) under the config of its first committed run
     "moe_train_work": 18.0,
 }
+# Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
+# verify, the tuners and E1-E4 under the config of that tree)
+STEP_BASELINE = {
+    "compile_modes": {
+        "compile_shapes": 1,
+        "compile_modes": ["default", "max-autotune", "max-autotune-no-cudagraphs"],
+    },
+    "inductor_codegen": {"codegen_shapes": 2},
+    "epilogue_fusion": {"fusion_grid_k": 2},
+    "split_sweep": {"fusion_grid_k": 2, "split_sweep": 8},
+    "tune": {"grid_k": 4, "router_tune_tokens": 7},
+    "tune_seed": {"grid_k": 4, "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384]},
+}
+
+
+def step_baseline(step: str) -> dict:
+    """The knobs ``step``'s committed time was measured under."""
+    return {**BASELINE, **STEP_BASELINE.get(step, {})}
+
+
 # E7's and E8's share of time in the timed rounds (an earlier run's: about 83 of 433 s and 100 of 778 s)
 TIMED_SHARE = 0.2
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
@@ -210,7 +230,13 @@ def work(cfg: dict) -> dict[str, float]:
 
 
 def baseline_work() -> dict[str, float]:
-    b = BASELINE
+    """Each step's work under the knobs its committed time was measured under (step_baseline)."""
+    every = {step: _work_under(step_baseline(step)) for step in {*STEP_BASELINE, "verify"}}
+    base = _work_under(BASELINE)
+    return {step: every.get(step, base)[step] for step in base}
+
+
+def _work_under(b: dict) -> dict[str, float]:
     grid, fusion = b["grid_mn"] * b["grid_k"], b["grid_mn"] * b["fusion_grid_k"]
     return {
         "compile_modes": _compile_work(b["compile_shapes"], b["compile_modes"]),

@@ -220,11 +220,13 @@ def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
 
 
 def test_verify_leaves_the_compile_check_to_ci_on_a_gpu_only():
-    """The pipeline's verify step: never the pipeline's or the outputs' tests; on a GPU, where the native
-    tests compile and run the kernels, not the sm_90 compile check, which each CPU run keeps."""
+    """The pipeline's verify step: never the pipeline's, the outputs' or the probes' tests; on a GPU, where
+    the native tests compile and run the kernels, not the sm_90 compile check, which each CPU run keeps."""
     from experiments.verify import selection
 
-    assert selection(False) == "not pipeline and not outputs"
-    assert selection(True) == "not pipeline and not outputs and not compile_only"
+    assert selection(False) == "not pipeline and not outputs and not probe"
+    assert selection(True) == "not pipeline and not outputs and not probe and not compile_only"
     src = (ROOT / "tests" / "test_compile_sm90.py").read_text()
     assert "@pytest.mark.compile_only" in src
+    for f in (ROOT / "tests" / "probes").glob("test_*.py"):
+        assert "pytestmark = pytest.mark.probe" in f.read_text(), f.name

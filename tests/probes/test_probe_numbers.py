@@ -3,6 +3,10 @@ before its CSV exists."""
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.probe  # the probes' own tests (the pipeline runs no probe)
+
 
 def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple) -> dict:
     """A probe's numbers (``numbers(n, results)``) from a synthetic probe CSV: one ok row per (cell,

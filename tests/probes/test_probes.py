@@ -10,6 +10,8 @@ import pytest
 
 from tests.moe_cells import small_ffn_cell, small_moe_cell
 
+pytestmark = pytest.mark.probe  # the probes' own tests (the pipeline runs no probe)
+
 
 def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device):
     """The probe's contenders (plain grid, persistent and masked grids of 1, 2 and the library's number of
