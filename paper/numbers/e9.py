@@ -102,29 +102,44 @@ def coverage(n: Numbers, raw: pd.DataFrame) -> None:
     n.add("ENineCoverage", coverage_text(raw))
 
 
+# each peer as the prose names it
+PEER_NAMES = {
+    TORCH: "the torch._grouped_mm pipeline",
+    TORCH_COMPILED: "the compiled pipeline",
+    HF_COMPILED: "transformers' compiled backend",
+    UNSLOTH: "Unsloth's kernels",
+}
+
+
 def coverage_text(raw: pd.DataFrame) -> str:
     """What of the pipeline's E9 selection (config.yaml's moe_train.run) the committed run holds, as one
-    clause of plain text: its cells measured of those planned, and where there are any, the selection's
-    models with no row, the cells whose step has no GPU time for ours (its graph capture failed: launch
-    clock only) and the peers whose step has no GPU time in any cell."""
+    clause of plain text: the cells measured of those planned (and the models with no row); the peers that ran
+    on some of the models only; the cells whose step has no GPU time for ours (its graph capture failed:
+    launch clock only) and the peers whose step has no GPU time in any cell."""
     cfg = load_config()
     planned = train_cells(cfg["grouped"], cfg["moe_train"], 141 << 30)
+    models = list(dict.fromkeys(m for m, _, _ in planned))
     steps = raw[(raw.phase == "fwd+bwd") & (raw.status == "ok")]
     step = steps[steps.contender == OURS]
     done = {(m, int(t), ld) for m, t, ld in zip(step.model, step.tokens, step.load)}
     measured = len(done & set(planned))
-    missing = sorted({m for m, _, _ in planned} - set(raw.model))
+    missing = sorted(set(models) - set(raw.model))
+    if measured == len(planned):
+        parts = [f"every one of its {len(planned)} cells was measured"]
+    else:
+        parts = [f"{measured} of its {len(planned)} cells were measured"]
+        if missing:
+            parts[0] += f" (no row of {', '.join(missing)})"
+    for p in PEERS:
+        ran = [m for m in models if (raw[raw.contender == p].model == m).any()]
+        if ran and len(ran) < len(models) - len(missing):
+            parts.append(f"{PEER_NAMES[p]} ran on {', '.join(ran)} alone")
     no_graph = int(step.graph_us.isna().sum())
-    launch_only = [
-        p for p in PEERS if (steps.contender == p).any() and steps[steps.contender == p].graph_us.isna().all()
-    ]
-    parts = [f"the run holds {measured} of the selection's {len(planned)} cells"]
-    if missing:
-        parts.append(f"no row of {', '.join(missing)}")
     if no_graph:
-        parts.append(f"{no_graph} cell{'s' if no_graph > 1 else ''} with the launch clock only for ours")
-    if launch_only:
-        parts.append(f"the launch clock only for {', '.join(launch_only)}, whose step's graph capture failed")
+        parts.append(f"ours has the launch clock only in {no_graph} cell{'s' if no_graph > 1 else ''}")
+    for p in PEERS:
+        if (steps.contender == p).any() and steps[steps.contender == p].graph_us.isna().all():
+            parts.append(f"the launch clock only for {PEER_NAMES[p]}, whose step no CUDA graph could capture")
     return "; ".join(parts)
 
 
