@@ -65,6 +65,7 @@ STEP_ORDER = [
     "router_gemm",
     "grouped_skew",
     "moe_layer",
+    "moe_train",
 ]
 
 

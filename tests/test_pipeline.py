@@ -213,6 +213,9 @@ def test_paper_builds_from_committed_results(tree_copy):
     log = (pdf.parent / "paper.log").read_text(errors="replace")
     assert "Undefined control sequence" not in log and "There were undefined references" not in log
     assert not re.search(r"LaTeX Warning: (Reference|Citation) .* undefined", log)
+    # nothing runs into the margin: a table wider than the text is fitted (report.table's fit) or narrowed
+    wide = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert not [w for w in wide if w > 2.0], wide
     main, appendix = paper_pages((pdf.parent / "paper.aux").read_text())
     assert main <= 8 and appendix <= 8, (main, appendix)
     # the paper rule recorded the PDF's pages beside it (paper/manifest.py pages)
@@ -425,7 +428,7 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert abs(df.seconds.sum() - 301.5) < 1e-9
     (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
     text = runtime_block(tmp_path)
-    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 13" in text and "router_gemm" in text
+    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 14" in text and "router_gemm" in text
     assert "within the 20 minutes" in text
     (tmp_path / "benchmarks" / "tune.tsv").write_text("s\th:m:s\tmax_rss\n1000.0\t0:00:00\t1.0\n")
     assert "21.0 minutes" in runtime_block(tmp_path) and "over the 20 minutes" in runtime_block(tmp_path)

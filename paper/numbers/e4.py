@@ -15,4 +15,5 @@ def e4(n: Numbers, results: Path, gen: Path) -> None:
     best = df.loc[df.groupby(["m", "k", "variant"])["graph_us"].idxmin()]
     for v, tag in {"two_stage": "TwoStage", "flat": "Flat", "single_launch": "SingleLaunch"}.items():
         b = best[best.variant == v]  # the range of the per-shape fastest S of each of our reducers
-        n.add(f"EFourBestS{tag}", f"{int(b.split_k.min())}--{int(b.split_k.max())}")
+        lo, hi = int(b.split_k.min()), int(b.split_k.max())
+        n.add(f"EFourBestS{tag}", f"{lo}--{hi}" if hi > lo else str(lo))

@@ -22,7 +22,7 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
     missing = missing_steps(df)
     n.add(
         "FullRunText",
-        f"took {df.seconds.sum() / 60:.1f} minutes"
+        f"took {df.seconds.sum() / 60:.1f} minutes in sum"
         + (
             f" ({len(df)} of {len(STEP_ORDER)} steps timed; not timed: {', '.join(missing)})"
             if missing
@@ -58,10 +58,10 @@ def gpu_paragraph(results: Path) -> str:
     minutes = df.seconds.sum() / 60
     aim = f"{'within' if minutes <= RUNTIME_AIM_MIN else 'over'} the {RUNTIME_AIM_MIN} minutes we aim for"
     return (
-        f"Full GPU run of `snakemake --cores 1` on one {gpu_name(results)}: **{minutes:.1f} "
-        f"minutes** for {what}, {aim}, from Snakemake's benchmark files in "
-        f"`results/{results.name}/benchmarks/` ({steps}; a step run after others on one machine found their "
-        f"compile caches warm, so a cold run takes longer: RUNS.md)."
+        f"The GPU steps of `snakemake --cores 1` on one {gpu_name(results)}, each as Snakemake timed it "
+        f"where it last ran (not all in one run: RUNS.md): **{minutes:.1f} minutes** in sum for {what}, "
+        f"{aim}, from the benchmark files in `results/{results.name}/benchmarks/` ({steps}; a step run after "
+        f"others on one machine found their compile caches warm, so a cold run takes longer)."
     )
 
 
