@@ -16,8 +16,9 @@
 # trips over (it then finds no job for the target).
 # Each call's checkout replaces the tracked files, the tuned tables and the results of earlier calls among
 # them, so every call saves what the run has produced in $STATE (outside the checkout; the machine keeps it
-# while warm) and the next call puts it back first. On a fresh machine, copy the returned results.tgz into
-# the checkout before the next call. Figures, numbers and the paper are then built on any machine.
+# while warm) and the next call puts it back first. A machine idle for half a minute is handed back, and the
+# next call gets a fresh one without $STATE: carry the last call's results.tgz as .run-state/results.tgz
+# (git-ignored), which a call without $STATE puts back instead. Figures, numbers and the paper are then built on any machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
@@ -35,6 +36,8 @@ mkdir -p "$OUT" "$R/benchmarks"
 if [ -d "$STATE/results" ]; then
   cp -a "$STATE/results/." results/ && cp -a "$STATE/tuned/." src/moegemm/tuned/ \
     && echo "restored this run's results and tuned tables from $STATE"
+elif [ -f .run-state/results.tgz ]; then
+  tar xzf .run-state/results.tgz && echo "restored this run's results and tuned tables from the carried .run-state"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 echo "setup $((SECONDS - t_start))s"
