@@ -191,9 +191,7 @@ def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[
     cells = train_cells(cfg["grouped"], cfg["moe_train"], total_bytes)
     models = list(dict.fromkeys(m for m, _, _ in cells))
     run = run_selection(cfg["moe_train"])
-    tune_s = sum(
-        tunes.get(m, mean_tune) for m in models if unsloth_joins(run, m)
-    )  # a model's own where timed
+    tune_s = sum(tunes.get(m, mean_tune) for m in models if unsloth_joins(run, m))
     out["moe_train"] = (len(models) * model_s + tune_s + len(cells) * cell_s, path.name)
     return out
 
@@ -231,7 +229,7 @@ def work(cfg: dict) -> dict[str, float]:
 
 def baseline_work() -> dict[str, float]:
     """Each step's work under the knobs its committed time was measured under (step_baseline)."""
-    every = {step: _work_under(step_baseline(step)) for step in {*STEP_BASELINE, "verify"}}
+    every = {step: _work_under(step_baseline(step)) for step in STEP_BASELINE}
     base = _work_under(BASELINE)
     return {step: every.get(step, base)[step] for step in base}
 

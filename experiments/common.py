@@ -54,6 +54,11 @@ def parse_shard(spec: str) -> tuple[int, int]:
     return i, n
 
 
+def selected(chosen, model: str) -> bool:
+    """Whether a run's model selection ``chosen`` (None: no selection, every model) takes ``model``."""
+    return chosen is None or model in chosen
+
+
 def check_models(chosen, allowed, key: str, kind: str = "zoo models") -> None:
     """Refuse a run's model selection ``chosen`` (None: no selection) that names a model outside ``allowed``,
     with a ValueError naming the config ``key``."""

@@ -18,7 +18,8 @@
 # them, so every call saves what the run has produced in $STATE (outside the checkout; the machine keeps it
 # while warm) and the next call puts it back first. A machine idle for half a minute is handed back, and the
 # next call gets a fresh one without $STATE: carry the last call's results.tgz as .run-state/results.tgz
-# (git-ignored), which a call without $STATE puts back instead. Figures, numbers and the paper are then built on any machine.
+# (git-ignored), which a call without $STATE puts back instead. Figures, numbers and the paper are then
+# built on any machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
@@ -37,7 +38,8 @@ if [ -d "$STATE/results" ]; then
   cp -a "$STATE/results/." results/ && cp -a "$STATE/tuned/." src/moegemm/tuned/ \
     && echo "restored this run's results and tuned tables from $STATE"
 elif [ -f .run-state/results.tgz ]; then
-  tar xzf .run-state/results.tgz && echo "restored this run's results and tuned tables from the carried .run-state"
+  tar xzf .run-state/results.tgz \
+    && echo "restored this run's results and tuned tables from the carried .run-state"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 echo "setup $((SECONDS - t_start))s"

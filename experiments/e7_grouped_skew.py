@@ -44,6 +44,7 @@ from experiments.common import (
     load_config,
     provenance_fields,
     require_gpu,
+    selected,
     shard_cells,
     timing_settings,
     weight_sets,
@@ -717,7 +718,7 @@ def e7_cells(cfg: dict) -> list[tuple[str, str, int, str]]:
     check_models(chosen, heldout, "grouped.heldout_models", "held-out zoo models")
     cells = []
     for model, spec in g["models"].items():
-        if spec["split"] == "heldout" and chosen is not None and model not in chosen:
+        if spec["split"] == "heldout" and not selected(chosen, model):
             continue
         for proj in ("up", "down"):
             if spec["split"] == "heldout":

@@ -41,7 +41,7 @@ import time
 import torch
 
 from experiments import triton_kernels_moe, vllm_moe
-from experiments.common import Progress, check_models, shard_cells
+from experiments.common import Progress, check_models, selected, shard_cells
 from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates, start
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Contender, measure
@@ -284,7 +284,7 @@ def run_selection(e8: dict) -> dict:
 def compiled_here(run: dict, model: str, t: int) -> bool:
     """Whether the compiled contenders join the cell of ``model`` at ``t`` in the run ``run``
     (``run_selection``)."""
-    return t in run["compiled_tokens"] and (run["compiled_models"] is None or model in run["compiled_models"])
+    return t in run["compiled_tokens"] and selected(run["compiled_models"], model)
 
 
 def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
@@ -298,7 +298,7 @@ def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
     return [
         (model, t, load)
         for model, spec in g["models"].items()
-        if spec["split"] in run["splits"] and (run["models"] is None or model in run["models"])
+        if spec["split"] in run["splits"] and selected(run["models"], model)
         for t in run["tokens"]
         for load in (["uniform"] if t in run["uniform_only_tokens"] else run["loads"])
     ]
@@ -307,6 +307,7 @@ def layer_cells(g: dict, e8: dict) -> list[tuple[str, int, str]]:
 def main():
     args, cfg, g, settings, prov, slug, writer = start(__doc__, CELL_KEYS)
     e8 = cfg["moe_layer"]
+    run = run_selection(e8)
     cells = layer_cells(g, e8)
     cells = shard_cells(cells, args.shard)
     if e8.get("host_calls"):  # Python's cost of one call (the cpu_us column): this many calls, no sync
@@ -323,7 +324,7 @@ def main():
             continue
         t_cell = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
-        cs = contenders(x, ids, wts, e, h, i, t, compiled_here(run_selection(e8), model, t), vllm.kernel, tk)
+        cs = contenders(x, ids, wts, e, h, i, t, compiled_here(run, model, t), vllm.kernel, tk)
         out = measure(cs, sets, ref, h + i, settings)
         annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
         writer.add(out)

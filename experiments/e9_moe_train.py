@@ -39,7 +39,7 @@ import time
 import torch
 
 from experiments import unsloth_moe
-from experiments.common import Progress, check_models, raise_recompile_limit, shard_cells
+from experiments.common import Progress, check_models, raise_recompile_limit, selected, shard_cells
 from experiments.e7_grouped_skew import failed_contender, graph_rates, start
 from experiments.e8_moe_layer import annotate, ffn_weights, hf_experts, layer_sizes
 from moegemm.bench.correctness import check
@@ -241,7 +241,7 @@ def run_selection(e9: dict) -> dict:
 
 def unsloth_joins(run: dict, model: str) -> bool:
     """Whether Unsloth's kernels join ``model``'s cells in the run ``run`` (``run_selection``)."""
-    return run["unsloth_models"] is None or model in run["unsloth_models"]
+    return selected(run["unsloth_models"], model)
 
 
 def train_cells(g: dict, e9: dict, total_bytes: int) -> list[tuple[str, int, str]]:
@@ -255,7 +255,7 @@ def train_cells(g: dict, e9: dict, total_bytes: int) -> list[tuple[str, int, str
     return [
         (model, t, load)
         for model in g["models"]
-        if run["models"] is None or model in run["models"]
+        if selected(run["models"], model)
         for t in run["tokens"]
         for load in run["loads"]
         if fits(g["models"][model], t, total_bytes)
