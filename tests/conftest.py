@@ -28,7 +28,9 @@ HAS_CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0")
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which tags the xdist groups
 def pytest_collection_modifyitems(config, items):
+    check_groups_tagged(config, items)
     stray = [
         it.nodeid
         for it in items
@@ -43,7 +45,11 @@ def pytest_collection_modifyitems(config, items):
             f"tests that take the checkout snapshot outside xdist group {SNAKEMAKE_GROUP!r}: {stray}"
         )
     workers = getattr(config, "workerinput", {}).get("workercount", 1)
-    if config.getoption("dist", "no") in ("loadgroup", "loadscope", "loadfile"):
+    # in a worker, pytest-xdist has set --dist to "no" and kept only whether it was loadgroup
+    if getattr(config.option, "loadgroup", False) or config.getoption("dist", "no") in (
+        "loadscope",
+        "loadfile",
+    ):
         long_first(items, workers)
     else:
         spread_long_tests(items, workers)
@@ -53,6 +59,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def check_groups_tagged(config, items):
+    """Under `--dist loadgroup` a pytest-xdist worker tags each test of an xdist group by appending
+    "@<group>" to its node id, and the controller deals the tests by that tag. Where the pytest release
+    ignores the tag (pytest 9.2 builds node ids from a structured id that pytest-xdist 3.8 does not set), the
+    Snakemake tests are dealt to any worker, and their `snakemake -n` in the checkout races another's
+    snapshot of it: refuse to run rather than fail at random."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    untagged = [
+        it.nodeid for it in items if it.get_closest_marker("xdist_group") is not None and "@" not in it.nodeid
+    ]
+    if untagged:
+        why = (
+            f"pytest-xdist's loadgroup did not tag {len(untagged)} xdist_group tests (e.g. {untagged[0]}) "
+            f"with pytest {pytest.__version__}: install the pytest that the `test` extra pins"
+        )
+        print(f"\n{why}", file=sys.__stderr__, flush=True)  # a worker's exit message is not shown
+        pytest.exit(why, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(autouse=True)
