@@ -13,7 +13,9 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
   spent about 80% of its time outside the timed loops), times the rounds' share;
 - E8: the same, per cell;
 - E9: each cell, and each model's compiles (moe_train_work).
-Steps with no knob here (floors, verify) keep their committed time. An estimate, not a measurement: the run
+verify: its committed time times the share of that run's worker time (its report's per-test seconds) spent
+in tests the current selection still runs (verify_share). Steps with no knob here (floors) keep their
+committed time. An estimate, not a measurement: the run
 on the GPU confirms it (the benchmark files it writes become the next baseline).
 
 A step with no committed benchmark file yet may have a run's own record instead (``HARNESS_RECORDS``: the
@@ -253,6 +255,19 @@ def _work_under(b: dict) -> dict[str, float]:
         "moe_layer": b["moe_layer_work"],
         "moe_train": b["moe_train_work"],
     }
+
+
+def verify_share(report: dict, expr: str) -> float:
+    """The share of a verify report's worker time (``cases``: each test's id and seconds) in tests that the
+    pytest -m expression ``expr`` (experiments.verify.selection) still runs: the probes' tests (tests/probes/,
+    all marked ``probe``) are the only ones a selection since has left out. Taken as the share of the step's
+    wall time it keeps (the tests spread over the workers by work stealing)."""
+    cases = report.get("cases") or []
+    total = sum(c["seconds"] for c in cases)
+    if not total or "not probe" not in expr:
+        return 1.0
+    kept = sum(c["seconds"] for c in cases if not c["id"].startswith("tests.probes."))
+    return kept / total
 
 
 def scaled_step_times(step_s: dict[str, float], cfg: dict) -> dict[str, float]:

@@ -145,3 +145,26 @@ def test_peer_selections_of_e8_and_e9_stay_inside_their_runs():
     bad["moe_layer"]["run"]["compiled_models"] = ["deepseek-v3"]
     with pytest.raises(ValueError, match=r"moe_layer.run.compiled_models: not E8's models"):
         budget.moe_layer_cells(bad)
+
+
+def test_verify_keeps_the_share_of_its_worker_time_the_selection_still_runs():
+    """verify's estimate: the committed run's time times the share of its worker time in tests the current
+    selection runs (the probes' tests left out since); every test kept where the selection keeps them."""
+    from experiments.verify import selection
+
+    report = {
+        "cases": [
+            {"id": "tests.test_grouped_backward::test_a[x]", "seconds": 30.0},
+            {"id": "tests.probes.test_cluster::test_b", "seconds": 25.0},
+            {"id": "tests.test_decompose_k_gpu::test_c", "seconds": 45.0},
+        ]
+    }
+    assert budget.verify_share(report, selection(has_gpu=True)) == pytest.approx(0.75)
+    assert budget.verify_share(report, "not pipeline and not outputs") == 1.0
+    assert budget.verify_share({"cases": []}, selection(has_gpu=True)) == 1.0
+    # the committed report: its probes' share is what the docs say the pipeline left out
+    import json
+
+    committed = json.loads((ROOT / "results" / "nvidia-h200" / "verify.json").read_text())
+    share = budget.verify_share(committed, selection(has_gpu=True))
+    assert 0.0 < share <= 1.0
