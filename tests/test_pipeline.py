@@ -623,8 +623,13 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
     ours = df[df.contender.isin(["ours:contiguous", "ours:persistent"]) & df.proj.isin(["up", "down"])]
     best = ours.groupby(["model", "proj", "tokens", "load"]).graph_us.min().unstack("load")
     pen = (best["zipf1.2"] / best["uniform"]).dropna()
-    assert f"\\newcommand{{\\ESevenSkewPenaltyFloor}}{{{np.exp(np.log(pen).mean()):.2f}}}" in numbers
-    assert f"\\newcommand{{\\ESevenSkewPenaltyFloorMax}}{{{pen.max():.2f}}}" in numbers
+    t = pen.index.get_level_values("tokens")
+    for phase, part in (("Decode", pen[t <= 256]), ("Prefill", pen[t >= 1024])):  # each phase apart
+        assert len(part), phase
+        gm = np.exp(np.log(part).mean())
+        assert f"\\newcommand{{\\ESevenSkewPenaltyFloor{phase}}}{{{gm:.2f}}}" in numbers, phase
+        assert f"\\newcommand{{\\ESevenSkewPenaltyFloor{phase}Max}}{{{part.max():.2f}}}" in numbers, phase
+    assert "\\newcommand{\\ESevenPathT}" in numbers
     assert "ours:contiguous" in (tmp_path / "gen" / "table_e7.tex").read_text()
 
 
@@ -813,9 +818,12 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     rows.append({**rows[0], "contender": "vllm:fused_experts", "status": "error", "graph_us": float("nan")})
     pd.DataFrame(rows).to_csv(tmp_path / "moe_layer.csv", index=False)
     e8(n, tmp_path, tmp_path)
-    assert n.items["EEightHeldPeerCells"] == "8" and n.items["EEightHeldSlowerPeer"] == "0"
-    # vLLM (110 us) is the fastest peer in every cell: the best peer is vLLM's time
-    assert n.items["EEightHeldVsPeerMin"] == "1.10"
+    for phase in ("Decode", "Prefill"):  # each phase apart: 2 models x 2 loads at T = 16, and at 4096
+        assert n.items[f"EEight{phase}PeerCells"] == "4" and n.items[f"EEight{phase}SlowerPeer"] == "0"
+        # vLLM (110 us) is the fastest peer in every cell: the best peer is vLLM's time
+        assert n.items[f"EEight{phase}VsPeerMin"] == "1.10"
+        assert n.items[f"EEight{phase}FastestGpu"] == "vLLM's fused\\_experts (4 of 4 cells)"
+    assert "EEightDecodeFastestLaunch" not in n.items  # no launch clock in these rows
     assert n.items["EEightHeldDecodeVsPeerGpu"] == "1.10x [1.10, 1.10]"
     # held-out decode: the pipeline at 130 us over ours at 100 in every cell
     assert n.items["EEightHeldDecodeVsTorchGpu"] == "1.30x [1.30, 1.30]"

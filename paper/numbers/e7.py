@@ -186,13 +186,18 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
     # Zipf's time over uniform's per unit of floor: a skewed decode load activates other experts than a
     # uniform one, so other weight bytes; what is left is the kernel's own penalty
     pen_floor = ((p["zipf1.2"] / p["uniform"]) / (fp["zipf1.2"] / fp["uniform"])).dropna()
-    n.add("ESevenSkewPenaltyFloor", gm(pen_floor))
-    n.add("ESevenSkewPenaltyFloorMax", float(pen_floor.max()))
+    t = pen_floor.index.get_level_values("tokens")
+    for phase, part in (("Decode", pen_floor[t <= 256]), ("Prefill", pen_floor[t >= 1024])):
+        # each phase apart (decode T <= 256, prefill T >= 1024)
+        n.add(f"ESevenSkewPenaltyFloor{phase}", gm(part))
+        n.add(f"ESevenSkewPenaltyFloor{phase}Max", float(part.max()))
     path_rows = ok[ok.proj == "path(up)"].pivot_table(
         index=["model", "tokens"], columns="contender", values="graph_us"
     )
     if {"path:ours", "path:torch._grouped_mm"} <= set(path_rows.columns):
         n.add("ESevenPathSpeedup", gm(path_rows["path:torch._grouped_mm"] / path_rows["path:ours"]))
+        path_t = sorted({int(t) for t in path_rows.index.get_level_values("tokens")})
+        n.add("ESevenPathT", ", ".join(str(t) for t in path_t))
     if "ceil_us" in o:
         dec, pre = o[o.tokens <= 256], o[o.tokens > 256]
         n.add("ESevenCeilDecodePct", gm(dec.ceil_pct), "{:.0f}")

@@ -79,6 +79,7 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     dec, pre = o[o.tokens <= 256], o[o.tokens >= PREFILL]
     n.add("HeldModels", o.model.nunique(), "{}")
     for tag, c in (("Prefill", pre), ("Decode", dec)):
+        n.add(f"Held{tag}T", ", ".join(str(int(t)) for t in sorted(c.tokens.unique())))  # the phase's T
         n.add(f"Held{tag}Pct", gm(c.pct), "{:.0f}")
         n.add(f"Held{tag}TorchPct", gm(c.tg_pct), "{:.0f}")
     first = o[o.source == "autotuned on this call"].first_call_s.astype(float)

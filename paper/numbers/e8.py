@@ -147,6 +147,33 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
             n.add(name, ci_text(*r["graph"]))
 
 
+# each peer as the prose names it
+PEER_NAMES = {
+    HF_COMPILED: "transformers' compiled backend",
+    TORCH: "the torch._grouped_mm pipeline",
+    VLLM: "vLLM's fused_experts",
+    TK: "triton_kernels' layer",
+}
+
+
+def fastest_numbers(n: Numbers, held: pd.DataFrame) -> None:
+    """The peer most often the best peer, per phase and clock, as plain text
+    (EEight<Phase>Fastest<Gpu|Launch>: "vLLM's fused_experts (5 of 7 cells)")."""
+    ok = held[(held.status == "ok") & held.contender.isin(PEERS)]
+    for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
+        col = f"{clock}_us"
+        live = ok[ok[col].notna()] if col in ok else ok.iloc[:0]
+        if live.empty:
+            continue
+        best = live.loc[live.groupby(KEYS)[col].idxmin()]
+        for phase, part in (("Decode", best[best.tokens <= 256]), ("Prefill", best[best.tokens >= PREFILL])):
+            counts = part.contender.value_counts()
+            if counts.empty:
+                continue
+            top, k = counts.index[0], int(counts.iloc[0])
+            n.add(f"EEight{phase}Fastest{ct}", f"{PEER_NAMES[top]} ({k} of {len(part)} cells)")
+
+
 def gemm_vs_layer(n: Numbers, results: Path, held: pd.DataFrame) -> None:
     """vLLM's GEMMs alone (E7, held-out: its kernel's gate/up plus down time over ours, ours with the gather
     timed where E7 has it, ``ours:auto+gather``, else ``ours:auto``) against its whole layer (E8) on the same
@@ -187,12 +214,16 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
         return
     held = o[o.split == "heldout"]
     n.add("EEightFuseAbove", FUSE_ABOVE_ROWS_PER_EXPERT, "{}")
-    r = (held.best_peer / held[OURS]).dropna()
-    if len(r):
-        n.add("EEightHeldVsPeerMin", float(r.min()))
-        n.add("EEightHeldSlowerPeer", int((r < 1).sum()), "{}")
-        n.add("EEightHeldPeerCells", len(r), "{}")
-    phase_numbers(n, df[df.split == "heldout"] if "split" in df else df.iloc[:0])
+    r = (held.set_index(KEYS).best_peer / held.set_index(KEYS)[OURS]).dropna()
+    t = r.index.get_level_values("tokens")
+    for phase, part in (("Decode", r[t <= 256]), ("Prefill", r[t >= PREFILL])):  # each phase apart
+        if len(part):
+            n.add(f"EEight{phase}VsPeerMin", float(part.min()))
+            n.add(f"EEight{phase}SlowerPeer", int((part < 1).sum()), "{}")
+            n.add(f"EEight{phase}PeerCells", len(part), "{}")
+    held_rows = df[df.split == "heldout"] if "split" in df else df.iloc[:0]
+    phase_numbers(n, held_rows)
+    fastest_numbers(n, held_rows)
     gemm_vs_layer(n, results, held)
     if UNFUSED in o:
         f = fusion_ratios(o)
@@ -220,7 +251,7 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 "each cell (the fastest of transformers' compiled \\texttt{grouped\\_mm} backend, the "
                 "\\texttt{torch.\\_grouped\\_mm} pipeline, vLLM's \\texttt{fused\\_experts} and, where "
                 "measured, \\texttt{triton\\_kernels}), and against vLLM's at prefill; their time over ours, "
-                "geomean (lowest) over token counts and loads; GPU time. Last column: our time with SwiGLU "
+                "geomean (lowest) over the model's cells; GPU time. Last column: our time with SwiGLU "
                 f"as a separate op over the fused one, where \\texttt{{moe\\_ffn}} fuses (above "
                 f"{FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
                 "tab:e8",

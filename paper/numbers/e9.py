@@ -74,6 +74,16 @@ def interval(rows: pd.DataFrame, peer: str, clock: str) -> tuple[str, int]:
     return (ci_text(*ratio_ci(theirs, ours)), len(cells)) if len(cells) else ("--", 0)
 
 
+def best_backward(held: pd.DataFrame, peers: list[str]) -> pd.Series:
+    """Per held-out cell, the fastest peer's backward (GPU time) over ours (a peer whose step never captured
+    has no GPU time: no part in it)."""
+    cell = ["model", "split", "tokens", "load"]
+    pb = held.pivot_table(index=cell, columns="contender", values="bwd_us")
+    if OURS not in pb:
+        return pd.Series(dtype=float)
+    return (pb.reindex(columns=peers).min(axis=1) / pb[OURS]).dropna()
+
+
 def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -> list[dict]:
     """Per peer of the held-out rows and the best peer: the step's time over ours on both clocks with
     intervals, cells, and (per peer) the backward alone and the peak memory over ours; the best peer's
@@ -93,8 +103,57 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
         if peer != "best peer":
             line["backward (GPU)"] = gm(ratios(held, peer, "bwd_us"))
             line["peak memory"] = gm(ratios(held, peer, "peak_bytes"))
+        else:  # the fastest peer's backward per cell (the memory is each peer's own: no best)
+            rb = best_backward(held, peers)
+            line["backward (GPU)"] = gm(rb) if len(rb) else float("nan")
+            line["peak memory"] = float("nan")
         table_rows.append(line)
     return table_rows
+
+
+def fastest_peers(raw: pd.DataFrame, clock: str) -> pd.Series:
+    """Per held-out cell (CELL), the peer (PEERS) whose step is fastest on ``clock``."""
+    step = raw[(raw.split == "heldout") & (raw.phase == "fwd+bwd") & (raw.status == "ok")]
+    live = step[step.contender.isin(PEERS) & step[f"{clock}_us"].notna()]
+    if live.empty:
+        return pd.Series(dtype=object)
+    return live.loc[live.groupby(CELL)[f"{clock}_us"].idxmin()].set_index(CELL).contender
+
+
+def fastest_text(raw: pd.DataFrame, clock: str) -> str:
+    """Which peers are the best peer, as plain text: "transformers' compiled backend in 3 of 4 cells, the
+    compiled pipeline in 1" (most cells first)."""
+    best = fastest_peers(raw, clock)
+    if best.empty:
+        return "--"
+    counts = best.value_counts()
+    parts = [f"{PEER_NAMES[p]} in {k}" for p, k in counts.items()]
+    parts[0] += f" of {len(best)} cells" if len(counts) > 1 or len(best) > 1 else " cell"
+    return ", ".join(parts)
+
+
+def model_experts(raw: pd.DataFrame) -> dict[str, int]:
+    """Each held-out model's routed experts: the CSV's ``experts`` column, else the zoo's (config.yaml)."""
+    held = raw[raw.split == "heldout"]
+    if "experts" in held:
+        return {m: int(e) for m, e in held.groupby("model").experts.first().items()}
+    zoo = load_config()["grouped"]["models"]
+    return {m: int(zoo[m]["experts"]) for m in held.model.unique() if m in zoo}
+
+
+def per_model_text(raw: pd.DataFrame) -> str:
+    """Per held-out model (fewest experts first), the best peer's step time over ours on the GPU clock with
+    its interval over the model's cells and rounds, as plain text: "on phi-3.5-moe (16 experts) parity
+    (1.01x [0.98, 1.04]), on olmoe-1b-7b (64 experts) 1.05x [1.02, 1.08]"."""
+    rows = step_rows(raw[raw.split == "heldout"])
+    experts = model_experts(raw)
+    parts = []
+    for model in sorted(rows.model.unique(), key=lambda m: (experts.get(m, 0), m)):
+        text, cells = interval(rows[rows.model == model], "best peer", "graph")
+        if cells:
+            size = f" ({experts[model]} experts)" if model in experts else ""
+            parts.append(f"on {model}{size} {text}")
+    return ", ".join(parts) if parts else "--"
 
 
 def coverage(n: Numbers, raw: pd.DataFrame) -> None:
@@ -165,15 +224,18 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
         return
     held = f[f.split == "heldout"]
     n.add("ENineHeldModels", held.model.nunique(), "{}")
+    experts = sorted(set(model_experts(raw).values()))
+    n.add("ENineExperts", " and ".join(str(e) for e in experts) or "--")
     coverage(n, raw)
+    n.add("ENinePerModel", per_model_text(raw))
+    n.add("ENineFastestPeerGpu", fastest_text(raw, "graph"))
+    n.add("ENineFastestPeerLaunch", fastest_text(raw, "launch"))
     n.add("ENineTokens", ", ".join(str(int(t)) for t in sorted(held.tokens.unique())))
     peers = [p for p in PEERS if (held.contender == p).any()]
     table_rows = peer_rows(raw, held, n)
     if peers:
         cell = ["model", "split", "tokens", "load"]
-        pb = held.pivot_table(index=cell, columns="contender", values="bwd_us")
-        # (a peer whose step never captured has no GPU time: no column, and no part in the best peer's)
-        rb = (pb.reindex(columns=peers).min(axis=1) / pb[OURS]).dropna()
+        rb = best_backward(held, peers)
         if len(rb):
             n.add("ENineHeldBwdVsPeer", gm(rb))
         step = held.pivot_table(index=cell, columns="contender", values="step_us")

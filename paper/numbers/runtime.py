@@ -24,7 +24,7 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
         "FullRunText",
         f"took {df.seconds.sum() / 60:.1f} minutes in sum"
         + (
-            f" ({len(df)} of {len(STEP_ORDER)} steps timed; not timed: {', '.join(missing)})"
+            f" ({len(df)} of its {len(STEP_ORDER)} steps; without a timing: {', '.join(missing)})"
             if missing
             else ""
         ),
