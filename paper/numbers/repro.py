@@ -64,6 +64,8 @@ PROBES = {  # CSV: the probe table's row it is drawn from
     "probe_dswiglu_split": "SwiGLU backward tiles",
 }
 REMOVED = {"probe_stream_k": "experiments.probe_stream_k"}
+# CSVs a CPU step computes from another CSV (no provenance columns of their own): that CSV's commit and Triton
+DERIVED = {"distill_grouped": "tune_grouped"}
 # probes whose CSV another probe's module writes (the module, with the arguments that make that CSV)
 WRITTEN_BY = {
     "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu",
@@ -96,6 +98,9 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
         if not path.exists():
             continue
         commit, triton = provenance_of(path)
+        if csv in DERIVED and commit == "--" and (results / f"{DERIVED[csv]}.csv").exists():
+            commit, triton = provenance_of(results / f"{DERIVED[csv]}.csv")
+            commit += "$^\\dagger$"
         rows.append(
             {
                 "shown in": what,
@@ -113,10 +118,11 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
             "Each figure and table, the CSV it is drawn from (\\texttt{results/<gpu>/<CSV>.csv}), the "
             "commit and Triton version its rows record (``+'': a tree with uncommitted changes), and the "
             "module that measures it, \\texttt{python -m <module> --out results/<gpu>/<CSV>.csv} ($^*$: at "
-            "that commit, no longer in the tree).",
+            "that commit, no longer in the tree; $^\\dagger$: computed on a CPU from the CSV of the step "
+            "before, whose commit and Triton it shows).",
             "tab:repro",
             "lllll",
-            raw=("shown in", "CSV", "module"),
+            raw=("shown in", "CSV", "commit", "module"),
             colsep=2,
             long=True,
         ),

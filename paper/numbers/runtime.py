@@ -22,7 +22,7 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
     missing = missing_steps(df)
     n.add(
         "FullRunText",
-        f"took {df.seconds.sum() / 60:.1f} minutes in sum"
+        f"took {df.seconds.sum() / 60:.1f} minutes"
         + (
             f" ({len(df)} of its {len(STEP_ORDER)} steps; without a timing: {', '.join(missing)})"
             if missing
