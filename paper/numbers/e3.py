@@ -47,8 +47,13 @@ def e3(n: Numbers, results: Path, gen: Path) -> None:
             row[f"{clock[:-3]} geomean"] = gm(r)
             row[f"{clock[:-3]} min"] = r.min()
             row[f"{clock[:-3]} max"] = r.max()
-            if tag and clock == "graph_us":  # the two-launch reducers' gains the text quotes
-                n.add(f"EThree{tag}Graph", gm(r))
+            if tag and clock == "graph_us":  # the two-launch reducers' gains the text quotes, with intervals
+                pair = sub.assign(
+                    contender=sub.epilogue_fused.astype(str).map({"True": "fused", "False": "unfused"})
+                )
+                theirs, ours, cells = paired_rounds(pair, ["m", "k"], "unfused", "fused", "graph")
+                if len(cells):
+                    n.add(f"EThree{tag}Graph", ci_text(*ratio_ci(theirs, ours)))
         rows.append(row)
     default_fusion(n, df)
     t = pd.DataFrame(rows)
