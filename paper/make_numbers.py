@@ -49,6 +49,7 @@ def main():
         p.dk_design_probe,
         p.dk_latency_probe,
         p.backward_probe,
+        p.cluster_probe,
     ):
         f(n, results)
     p.power_probe(n, results, e7.e7_frame(results))

@@ -282,3 +282,36 @@ def backward_probe(n: Numbers, results: Path) -> None:
             r = (step["torch._grouped_mm pipeline"] / step[ours]).dropna()
             n.add(name + "Lo", float(r.min()))
             n.add(name + "Hi", float(r.max()))
+
+
+def cluster_probe(n: Numbers, results: Path) -> None:
+    """probes/cluster_dk.py and probes/cluster_grouped.py (when their CSVs are committed): thread-block
+    clusters. Decompose-K with the S split programs of a tile as one cluster, the partials exchanged through
+    distributed shared memory: per shape, the fastest correct clustered config's speed as a multiple of
+    ``ours: auto`` and of the seed's optimized kernel (geomean over the shapes; rows whose check failed left
+    out). The grouped GEMM on two-CTA clusters sharing each weight tile by TMA multicast: its best TFLOP/s
+    per row count against grouped_mm's (lowest, highest over the row counts)."""
+    path = results / "probe_cluster_dk.csv"
+    if path.exists():
+        df = pd.read_csv(path)
+        shape = ["kind", "m", "n", "k", "dtype", "epilogue"]
+        ok = df[df.status == "ok"]
+        clustered = ok[ok.contender.str.startswith("cluster")].groupby(shape).graph_us.min()
+        p = ok[~ok.contender.str.startswith("cluster")].pivot_table(
+            index=shape, columns="contender", values="graph_us"
+        )
+        if {"ours: auto", "seed: optimized"} <= set(p.columns):
+            both = p.join(clustered.rename("cluster"), how="inner").dropna()
+            if len(both):
+                n.add("ClusterDkShapes", len(both), "{}")
+                n.add("ClusterDkVsOurs", gm(both["ours: auto"] / both["cluster"]))
+                n.add("ClusterDkVsSeed", gm(both["seed: optimized"] / both["cluster"]))
+    path = results / "probe_cluster_grouped.csv"
+    if path.exists():
+        g = pd.read_csv(path)
+        g = g[(g.status == "ok") & (g.contender.isin(["cluster-multicast", "grouped_mm"]))]
+        best = g.pivot_table(index="rows", columns="contender", values="tflops", aggfunc="max").dropna()
+        if len(best) and "cluster-multicast" in best:
+            for tag, c in (("Cl", "cluster-multicast"), ("Ours", "grouped_mm")):
+                n.add(f"ClusterGr{tag}Lo", float(best[c].min()), "{:.0f}")
+                n.add(f"ClusterGr{tag}Hi", float(best[c].max()), "{:.0f}")

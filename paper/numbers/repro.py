@@ -62,8 +62,13 @@ PROBES = {  # CSV: the probe table's row it is drawn from
     "probe_host_cost": "Host cost",
     "probe_backward": "Training backward",
     "probe_dswiglu_split": "SwiGLU backward tiles",
+    "probe_cluster_dk": "Clustered Decompose-K",
+    "probe_cluster_grouped": "Multicast grouped",
 }
 REMOVED = {"probe_stream_k": "experiments.probe_stream_k"}
+# probes whose CSV another module writes (the module, with the arguments that make that CSV); the clustered
+# probes' bench writes both of theirs
+BENCH = {"probe_cluster_dk": "probes.cluster_bench", "probe_cluster_grouped": "probes.cluster_bench"}
 # CSVs a CPU step computes from another CSV (no provenance columns of their own): that CSV's commit and Triton
 DERIVED = {"distill_grouped": "tune_grouped"}
 # probes whose CSV another probe's module writes (the module, with the arguments that make that CSV)
@@ -75,9 +80,17 @@ WRITTEN_BY = {
 
 def provenance_of(path: Path) -> tuple[str, str]:
     """(the commits a CSV's rows were measured at, short, "+" where the tree had uncommitted changes; its
-    Triton versions) from its provenance columns; "--" where it has none."""
+    Triton versions) from its provenance columns, or for a CSV written without them from its record in
+    provenance_files.csv beside it (taken from RUNS.md); "--" where it has neither."""
     commits = commits_of(path)
-    if commits is None:
+    if commits is None:  # a CSV written without provenance columns: its record in provenance_files.csv
+        side = path.parent / "provenance_files.csv"
+        if side.exists():
+            rec = pd.read_csv(side, dtype=str)
+            rec = rec[rec.file == path.name]
+            if len(rec):
+                r = rec.iloc[0]
+                return r.commit[:7] + ("+" if r.dirty == "True" else ""), r.triton
         return "--", "--"
     df = pd.read_csv(path, usecols=lambda c: c in ("git_dirty", "triton"))
     dirty = df.git_dirty.astype(str).eq("True") if "git_dirty" in df else pd.Series(False, index=df.index)
@@ -91,7 +104,11 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
     command; rows whose CSV is not committed are left out."""
     rows = []
     for what, csv, module in EXPERIMENTS + [
-        (rf"Tab.~\ref{{tab:probes}}: {row}", p, REMOVED.get(p, WRITTEN_BY.get(p, f"probes.{p}")))
+        (
+            rf"Tab.~\ref{{tab:probes}}: {row}",
+            p,
+            REMOVED.get(p, WRITTEN_BY.get(p, BENCH.get(p, f"probes.{p}"))),
+        )
         for p, row in PROBES.items()
     ]:
         path = results / f"{csv}.csv"
@@ -115,11 +132,10 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
         gen / "table_repro.tex",
         table(
             pd.DataFrame(rows),
-            "Each figure and table, the CSV it is drawn from (\\texttt{results/<gpu>/<CSV>.csv}), the "
-            "commit and Triton version its rows record (``+'': a tree with uncommitted changes), and the "
-            "module that measures it, \\texttt{python -m <module> --out results/<gpu>/<CSV>.csv} ($^*$: at "
-            "that commit, no longer in the tree; $^\\dagger$: computed on a CPU from the CSV of the step "
-            "before, whose commit and Triton it shows).",
+            "Each figure and table, its CSV (\\texttt{results/<gpu>/<CSV>.csv}), the commit and Triton its "
+            "rows record (``+'': uncommitted changes), and the module that measures it, \\texttt{python -m "
+            "<module> --out} the CSV ($^*$: no longer in the tree; $^\\dagger$: computed on a CPU from the "
+            "step before's CSV, whose commit it shows).",
             "tab:repro",
             "lllll",
             raw=("shown in", "CSV", "commit", "module"),

@@ -344,6 +344,59 @@ def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
         assert f["atom"] == [] and f["ld_cg"] == 0, r
 
 
+PLAIN_TRITON_CTAS = r"""
+import json, re, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def mm(a, b, c, M, K: tl.constexpr, N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pm, pn = tl.program_id(0), tl.program_id(1)
+    da = tl.make_tensor_descriptor(a, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    db = tl.make_tensor_descriptor(b, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
+    dc = tl.make_tensor_descriptor(c, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k in range(0, K, BK):
+        acc = tl.dot(da.load([pm * BM, k]), db.load([pn * BN, k]).T, acc)
+    dc.store([pm * BM, pn * BN], acc)
+
+sig = {"a": "*bf16", "b": "*bf16", "c": "*fp32", "M": "i32", "K": "constexpr", "N": "constexpr",
+       "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+const = {"K": 4096, "N": 4096, "BM": 128, "BN": 128, "BK": 64}
+out = {}
+for ctas in (1, 2):
+    k = triton.compile(ASTSource(fn=mm, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "num_ctas": ctas})
+    ptx = k.asm["ptx"]
+    out[ctas] = {"num_ctas": k.metadata.num_ctas,
+                 "cluster": len(re.findall(r"\.reqnctapercluster 2", ptx)),
+                 "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                 "multicast": len(re.findall(r"multicast::cluster", ptx)),
+                 "dsmem": len(re.findall(r"shared::cluster|mapa", ptx))}
+print(json.dumps(out))
+"""
+
+
+def test_plain_triton_num_ctas_forms_a_cluster_but_shares_no_tile(tmp_path):
+    """Plain Triton's ``num_ctas=2`` on sm_90 (a TMA-fed matmul compiled for sm_90a on the CPU): with Triton
+    3.7 it launches a cluster of two (``.reqnctapercluster 2``) but each CTA copies its own tiles: no TMA
+    multicast, no access to the other CTA's shared memory. So it cannot halve the operands' L2 traffic, the
+    lever the clustered probes reach for through Gluon."""
+    import triton
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / "plain_ctas.py"  # Triton reads a kernel's source from its file
+    script.write_text(PLAIN_TRITON_CTAS)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    one, two = got["1"], got["2"]
+    assert one["num_ctas"] == 1 and one["cluster"] == 0 and one["tma"] > 0, one
+    assert two["num_ctas"] == 2 and two["cluster"] == 1 and two["tma"] > 0, two
+    if triton.__version__.startswith("3.7"):  # the finding, for the Triton the pipeline runs
+        assert two["multicast"] == 0 and two["dsmem"] == 0, two
+
+
 # ----------------------------------------------------------------------------------------------------
 # CPU: feature detection, the fallback, configs, bad input
 # ----------------------------------------------------------------------------------------------------
