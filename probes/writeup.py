@@ -107,6 +107,9 @@ def prefill_probe(n: Numbers, results: Path) -> None:
     n.add("ProbeCells", len(t), "{}")
     n.add("ProbeDenseOursVsCublas", gm(uni["dense:ours"] / uni["dense:cublas"]))
     n.add("ProbeGroupedVsEven", gm(uni["tuned"] / uni["even:ours"]))
+    rows = pd.read_csv(results / "probe_prefill_tiles.csv", usecols=lambda c: c == "triton", dtype=str)
+    if "triton" in rows:  # the Triton it ran on (the write-up's E7 explanation rests on it)
+        n.add("ProbePrefillTriton", ", ".join(sorted(set(rows.triton.dropna()))))
 
 
 COUNTERS = {

@@ -54,7 +54,10 @@ def distill_numbers(n: Numbers, results: Path) -> None:
     path = results / "distill_grouped.csv"
     if not path.exists():
         return
+    from experiments.distill_grouped import SHORTLIST
+
     d = pd.read_csv(path)
+    n.add("ShortlistSize", SHORTLIST, "{}")  # the configs a new shape's first call times (a setting)
     n.add("LooCells", len(d), "{}")
     n.add("LooShort", gm(d.shortlist_slowdown))
 
