@@ -129,6 +129,7 @@ def spread_long_tests(items: list, workers: int) -> None:
     items[:] = out
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (-p no:xdist) it is not called
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per CPU this process may use; with a GPU at most 8 and one per two CPUs (the
     real-shape grouped tests hold up to ~10 GB of GPU memory each, as in experiments/verify.py).
