@@ -41,6 +41,11 @@ def test_ratio_ci_widens_with_noisier_rounds_and_reads_parity_when_it_spans_one(
     assert hi_n - lo_n > 0.02 and is_parity(lo_n, hi_n)
     assert ci_text(p, lo_n, hi_n).startswith("parity (")
     assert ci_text(1.2345, 1.1, 1.3) == "1.23x [1.10, 1.30]"
+    # a bound that rounds to 1.00 shows whether it holds 1.0
+    assert ci_text(1.07, 1.0031, 1.11) == "1.07x [1.003, 1.11]"
+    assert ci_text(0.95, 0.9, 0.9996) == "0.95x [0.90, 0.999]"
+    assert ci_text(1.05, 1.0004, 1.1) == "1.05x [1.001, 1.10]"
+    assert ci_text(1.02, 0.999, 1.04).startswith("parity (1.02x [0.999, 1.04]")
     assert ci_text(float("nan"), 0, 0) == "--"
 
 

@@ -130,10 +130,23 @@ def is_parity(lo: float, hi: float) -> bool:
 
 def ci_text(point: float, lo: float, hi: float) -> str:
     """A headline ratio as generated text: "1.23x [1.10, 1.35]", or "parity (0.98x [0.95, 1.02])" where the
-    interval contains 1.0; "--" where there is none."""
+    interval contains 1.0; "--" where there is none. A bound that rounds to 1.00 is written with three digits
+    ("1.07x [1.003, 1.11]"), so that whether the interval holds 1.0 shows."""
     if not np.isfinite(point):
         return "--"
-    body = f"{point:.2f}x [{lo:.2f}, {hi:.2f}]"
+
+    def bound(v: float) -> str:
+        """Two digits; a bound that rounds to 1.00 but is not 1.0 gets three, rounded toward 1.0 but never to
+        it (1.0031 -> 1.003, 1.0004 -> 1.001, 0.9996 -> 0.999), so that which side of 1.0 it is on shows."""
+        if f"{v:.2f}" != "1.00" or v == 1.0:
+            return f"{v:.2f}"
+        return (
+            f"{max(1.001, np.floor(v * 1000) / 1000):.3f}"
+            if v > 1
+            else f"{min(0.999, np.ceil(v * 1000) / 1000):.3f}"
+        )
+
+    body = f"{point:.2f}x [{bound(lo)}, {bound(hi)}]"
     return f"parity ({body})" if is_parity(lo, hi) else body
 
 

@@ -143,8 +143,8 @@ def model_experts(raw: pd.DataFrame) -> dict[str, int]:
 
 def per_model_text(raw: pd.DataFrame) -> str:
     """Per held-out model (fewest experts first), the best peer's step time over ours on the GPU clock with
-    its interval over the model's cells and rounds, as plain text: "on phi-3.5-moe (16 experts) parity
-    (1.01x [0.98, 1.04]), on olmoe-1b-7b (64 experts) 1.05x [1.02, 1.08]"."""
+    its interval over the model's cells and rounds, as plain text: "phi-3.5-moe (16 experts) parity
+    (1.01x [0.98, 1.04]); olmoe-1b-7b (64 experts) 1.05x [1.02, 1.08]"."""
     rows = step_rows(raw[raw.split == "heldout"])
     experts = model_experts(raw)
     parts = []
@@ -152,8 +152,8 @@ def per_model_text(raw: pd.DataFrame) -> str:
         text, cells = interval(rows[rows.model == model], "best peer", "graph")
         if cells:
             size = f" ({experts[model]} experts)" if model in experts else ""
-            parts.append(f"on {model}{size} {text}")
-    return ", ".join(parts) if parts else "--"
+            parts.append(f"{model}{size} {text}")
+    return "; ".join(parts) if parts else "--"
 
 
 def coverage(n: Numbers, raw: pd.DataFrame) -> None:
