@@ -79,10 +79,10 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
     from .e7 import e7_phase_numbers  # per phase, both clocks, 95% intervals: HeldSeven<Phase>Vs<Peer><Clock>
 
     e7_phase_numbers(n, raw[raw.split == "heldout"], prefix="HeldSeven", tags=("Torch", "Vllm", "Tk"))
-    dec, pre = o[o.tokens <= 256], o[o.tokens >= PREFILL]
     n.add("HeldModels", o.model.nunique(), "{}")
-    for tag, c in (("Prefill", pre), ("Decode", dec)):
-        n.add(f"Held{tag}T", ", ".join(str(int(t)) for t in sorted(c.tokens.unique())))  # the phase's T
+    for tag, sel in (("Prefill", o.tokens >= PREFILL), ("Decode", o.tokens <= 256)):
+        c = o[sel]
+        n.add(f"Held{tag}T", _ts(o, sel))  # the phase's T
         n.add(f"Held{tag}Pct", gm(c.pct), "{:.0f}")
         n.add(f"Held{tag}TorchPct", gm(c.tg_pct), "{:.0f}")
     first = o[o.source == "autotuned on this call"].first_call_s.astype(float)

@@ -99,6 +99,7 @@ def with_best_peer(df: pd.DataFrame) -> pd.DataFrame:
         if live.empty:
             continue
         best = live.loc[live.groupby(KEYS)[col].idxmin()].copy()
+        best["best_of"] = best.contender  # which peer it was
         best["contender"] = f"{BEST}:{clock}"
         extra.append(best)
     return pd.concat([df, *extra], ignore_index=True) if extra else df
@@ -157,17 +158,13 @@ PEER_NAMES = {
 
 
 def fastest_numbers(n: Numbers, held: pd.DataFrame) -> None:
-    """The peer most often the best peer, per phase and clock, as plain text
-    (EEight<Phase>Fastest<Gpu|Launch>: "vLLM's fused_experts (5 of 7 cells)")."""
-    ok = held[(held.status == "ok") & held.contender.isin(PEERS)]
+    """The peer most often the best peer (with_best_peer's choice per cell), per phase and clock, as plain
+    text (EEight<Phase>Fastest<Gpu|Launch>: "vLLM's fused_experts (5 of 7 cells)")."""
+    d = with_best_peer(held)
     for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
-        col = f"{clock}_us"
-        live = ok[ok[col].notna()] if col in ok else ok.iloc[:0]
-        if live.empty:
-            continue
-        best = live.loc[live.groupby(KEYS)[col].idxmin()]
+        best = d[d.contender == f"{BEST}:{clock}"]
         for phase, part in (("Decode", best[best.tokens <= 256]), ("Prefill", best[best.tokens >= PREFILL])):
-            counts = part.contender.value_counts()
+            counts = part.best_of.value_counts()
             if counts.empty:
                 continue
             top, k = counts.index[0], int(counts.iloc[0])

@@ -62,6 +62,7 @@ def step_rows(df: pd.DataFrame) -> pd.DataFrame:
         live = ok[ok[f"{clock}_us"].notna()]
         if len(live):
             best = live.loc[live.groupby(CELL)[f"{clock}_us"].idxmin()].copy()
+            best["best_of"] = best.contender  # which peer it was
             best["contender"] = f"best peer:{clock}"
             extra.append(best)
     return pd.concat([step, *extra], ignore_index=True) if extra else step
@@ -111,22 +112,14 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
     return table_rows
 
 
-def fastest_peers(raw: pd.DataFrame, clock: str) -> pd.Series:
-    """Per held-out cell (CELL), the peer (PEERS) whose step is fastest on ``clock``."""
-    step = raw[(raw.split == "heldout") & (raw.phase == "fwd+bwd") & (raw.status == "ok")]
-    live = step[step.contender.isin(PEERS) & step[f"{clock}_us"].notna()]
-    if live.empty:
-        return pd.Series(dtype=object)
-    return live.loc[live.groupby(CELL)[f"{clock}_us"].idxmin()].set_index(CELL).contender
-
-
 def fastest_text(raw: pd.DataFrame, clock: str) -> str:
-    """Which peers are the best peer, as plain text: "transformers' compiled backend in 3 of 4 cells, the
-    compiled pipeline in 1" (most cells first)."""
-    best = fastest_peers(raw, clock)
+    """Which peers are the best peer on ``clock`` (step_rows' choice per held-out cell), as plain text:
+    "transformers' compiled backend in 3 of 4 cells, the compiled pipeline in 1" (most cells first)."""
+    rows = step_rows(raw[raw.split == "heldout"])
+    best = rows[rows.contender == f"best peer:{clock}"]
     if best.empty:
         return "--"
-    counts = best.value_counts()
+    counts = best.best_of.value_counts()
     parts = [f"{PEER_NAMES[p]} in {k}" for p, k in counts.items()]
     parts[0] += f" of {len(best)} cells" if len(counts) > 1 or len(best) > 1 else " cell"
     return ", ".join(parts)

@@ -66,14 +66,13 @@ PROBES = {  # CSV: the probe table's row it is drawn from
     "probe_cluster_grouped": "Multicast grouped",
 }
 REMOVED = {"probe_stream_k": "experiments.probe_stream_k"}
-# probes whose CSV another module writes (the module, with the arguments that make that CSV); the clustered
-# probes' bench writes both of theirs
-BENCH = {"probe_cluster_dk": "probes.cluster_bench", "probe_cluster_grouped": "probes.cluster_bench"}
 # CSVs a CPU step computes from another CSV (no provenance columns of their own): that CSV's commit and Triton
 DERIVED = {"distill_grouped": "tune_grouped"}
-# probes whose CSV another probe's module writes (the module, with the arguments that make that CSV)
+# probes whose CSV another module writes (the module, with the arguments that make that CSV)
 WRITTEN_BY = {
     "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu",
+    "probe_cluster_dk": "probes.cluster_bench",  # the clustered probes' bench writes both of their CSVs
+    "probe_cluster_grouped": "probes.cluster_bench",
     "probe_prefill_timing": "probes.probe_prefill_counters",
 }
 
@@ -104,11 +103,7 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
     command; rows whose CSV is not committed are left out."""
     rows = []
     for what, csv, module in EXPERIMENTS + [
-        (
-            rf"Tab.~\ref{{tab:probes}}: {row}",
-            p,
-            REMOVED.get(p, WRITTEN_BY.get(p, BENCH.get(p, f"probes.{p}"))),
-        )
+        (rf"Tab.~\ref{{tab:probes}}: {row}", p, REMOVED.get(p, WRITTEN_BY.get(p, f"probes.{p}")))
         for p, row in PROBES.items()
     ]:
         path = results / f"{csv}.csv"
