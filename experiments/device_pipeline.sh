@@ -19,7 +19,8 @@
 # while warm) and the next call puts it back first. A machine idle for half a minute is handed back, and the
 # next call gets a fresh one without $STATE: carry the last call's results.tgz as .run-state/results.tgz
 # (git-ignored), which a call without $STATE puts back instead. Figures, numbers and the paper are then
-# built on any machine.
+# built on any machine. The archive leaves out the superseded runs (runs/ and runs.tar.xz), which no GPU step
+# writes and every checkout holds, so that it fits in the carry beside the Triton bundle and the peers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
@@ -72,6 +73,6 @@ for spec in "$@"; do
 done
 rm -rf "$STATE" && mkdir -p "$STATE" && cp -a results "$STATE/results" \
   && cp -a src/moegemm/tuned "$STATE/tuned"
-tar czf "$OUT/results.tgz" --exclude='results/*/runs' results src/moegemm/tuned 2>/dev/null
+tar czf "$OUT/results.tgz" --exclude='results/*/runs' --exclude='results/*/runs.tar.xz' results src/moegemm/tuned 2>/dev/null
 tar czf "$OUT/logs.tgz" logs /tmp/smk-*.log .snakemake/log 2>/dev/null
 echo "call total $((SECONDS - t_start))s"
