@@ -162,8 +162,15 @@ def test_verify_keeps_the_share_of_its_worker_time_the_selection_still_runs():
     assert budget.verify_share(report, selection(has_gpu=True)) == pytest.approx(0.75)
     assert budget.verify_share(report, "not pipeline and not outputs") == 1.0
     assert budget.verify_share({"cases": []}, selection(has_gpu=True)) == 1.0
-    # the committed report: its probes' share is what the docs say the pipeline left out
+
+
+@pytest.mark.outputs
+def test_the_committed_verify_report_keeps_a_share_of_its_worker_time():
+    """The committed report's share in tests the selection still runs. Marked ``outputs``: the verify step
+    removes its report before it runs the suite, so the step itself must not run this test."""
     import json
+
+    from experiments.verify import selection
 
     committed = json.loads((ROOT / "results" / "nvidia-h200" / "verify.json").read_text())
     share = budget.verify_share(committed, selection(has_gpu=True))
