@@ -13,9 +13,10 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
   spent about 80% of its time outside the timed loops), times the rounds' share;
 - E8: the same, per cell;
 - E9: each cell, and each model's compiles (moe_train_work).
-verify: its committed time times the share of that run's worker time (its report's per-test seconds) spent
-in tests the current selection still runs (verify_share). Steps with no knob here (floors) keep their
-committed time. An estimate, not a measurement: the run
+verify and floors have no knob here and keep their committed times. (verify's estimate was once scaled by
+the share of worker time in the tests its selection still runs, the probes' tests left out since; the run
+at 1b00448 took longer without them, 367 s inside pytest against 336 s with them at be024eb, and the
+scaling is gone.) An estimate, not a measurement: the run
 on the GPU confirms it (the benchmark files it writes become the next baseline).
 
 A step with no committed benchmark file yet may have a run's own record instead (``HARNESS_RECORDS``: the
@@ -57,7 +58,7 @@ BASELINE = {
     "moe_train_work": 18.0,
 }
 # Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
-# verify, the tuners and E1-E4 under the config of that tree)
+# verify, the tuners and E1-E4 under the config of that tree; the run at 7aa7038: E5-E8)
 STEP_BASELINE = {
     "compile_modes": {
         "compile_shapes": 1,
@@ -68,6 +69,16 @@ STEP_BASELINE = {
     "split_sweep": {"fusion_grid_k": 2, "split_sweep": 8},
     "tune": {"grid_k": 4, "router_tune_tokens": 7},
     "tune_seed": {"grid_k": 4, "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384]},
+    # E5-E8 at 7aa7038, under the config of that tree
+    "decompose_k_grid": {"grid_k": 4, "grid_compiled_k": 1},
+    "router_gemm": {
+        "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384],
+        "router_compiled_tokens": [1, 4096],
+        "router_epilogues": ["none", "relu", "sigmoid"],
+        "router_relu_max_tokens": 256,
+    },
+    "grouped_skew": {"grouped_skew_work": 732.0},
+    "moe_layer": {"moe_layer_work": 205.0},
 }
 
 
@@ -248,26 +259,16 @@ def _work_under(b: dict) -> dict[str, float]:
         "tune": 2 * grid + b["router_tune_tokens"],
         "tune_seed": grid + sum(t <= b["seed_max_tokens"] for t in b["router_tokens"]),
         "router_gemm": _router_work(
-            b["router_tokens"], set(b["router_compiled_tokens"]), b["router_epilogues"]
+            b["router_tokens"],
+            set(b["router_compiled_tokens"]),
+            b["router_epilogues"],
+            b.get("router_relu_max_tokens"),
         ),
         "tune_grouped": _tune_grouped_work(b["tune_models"], b["grouped_tune_tokens"], b["tune_loads"]),
         "grouped_skew": b["grouped_skew_work"],
         "moe_layer": b["moe_layer_work"],
         "moe_train": b["moe_train_work"],
     }
-
-
-def verify_share(report: dict, expr: str) -> float:
-    """The share of a verify report's worker time (``cases``: each test's id and seconds) in tests that the
-    pytest -m expression ``expr`` (experiments.verify.selection) still runs: the probes' tests (tests/probes/,
-    all marked ``probe``) are the only ones a selection since has left out. Taken as the share of the step's
-    wall time it keeps (the tests spread over the workers by work stealing)."""
-    cases = report.get("cases") or []
-    total = sum(c["seconds"] for c in cases)
-    if not total or "not probe" not in expr:
-        return 1.0
-    kept = sum(c["seconds"] for c in cases if not c["id"].startswith("tests.probes."))
-    return kept / total
 
 
 def scaled_step_times(step_s: dict[str, float], cfg: dict) -> dict[str, float]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import os
 import re
 import subprocess
@@ -149,16 +148,12 @@ def main(argv=None) -> int:
     if times is None:
         raise SystemExit(f"no benchmark files for {args.gpu}")
     step_s = dict(zip(times.step, times.seconds))
-    from experiments.budget import harness_estimates, scaled_step_times, verify_share
+    from experiments.budget import harness_estimates, scaled_step_times
     from experiments.common import load_config
-    from experiments.verify import selection
 
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     if not args.as_measured:  # the committed times scaled to the config's cells (experiments/budget.py)
         step_s = scaled_step_times(step_s, cfg)
-        report = ROOT / "results" / slugify(args.gpu) / "verify.json"
-        if "verify" in step_s and report.exists():  # less the tests verify no longer runs
-            step_s["verify"] *= verify_share(json.loads(report.read_text()), selection(has_gpu=True))
     # steps with no benchmark file, priced from a run's own record (experiments/budget.py)
     records = harness_estimates(ROOT / "results" / slugify(args.gpu), cfg)
     estimated = {s: v for s, v in records.items() if s not in step_s}

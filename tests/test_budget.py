@@ -33,7 +33,10 @@ def baseline_config(cfg: dict, step: str) -> dict:
         seed_max_tokens=b["seed_max_tokens"],
         epilogues=list(b["router_epilogues"]),
     )
-    r.pop("relu_max_tokens", None)
+    if b.get("router_relu_max_tokens") is None:
+        r.pop("relu_max_tokens", None)
+    else:
+        r["relu_max_tokens"] = b["router_relu_max_tokens"]
     c["grouped"]["tune_tokens"] = list(b["grouped_tune_tokens"])
     return c
 
@@ -80,20 +83,22 @@ def test_work_follows_the_knobs():
 
 
 def test_steps_measured_under_this_config_are_predicted_as_measured():
-    """The tuners and E1-E4 were last measured under the current config (the budget's step_baseline holds
-    their knobs): their predictions are their committed times, unscaled. E7 and E8 were measured with more
-    held-out models, E7 with more decode T and E8 with the compiled contenders on every model, than the
-    pipeline now runs: with those knobs set back, their work is the baseline's; under the current config
-    their predictions are their committed times scaled down. Every step of the committed run has an
-    estimate."""
+    """The tuners and E1-E8 were last measured under the current config (the budget's step_baseline holds
+    their knobs): their predictions are their committed times, unscaled. BASELINE's E7 and E8 work is that of
+    more held-out models, E7 with more decode T and E8 with the compiled contenders on every model: with those
+    knobs set back, the work is BASELINE's, and under the current config less. Every step of the committed
+    run has an estimate."""
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     times = run_times(ROOT / "results" / "nvidia-h200")
     measured = dict(zip(times.step, times.seconds))
     step_s = budget.scaled_step_times(measured, cfg)
     assert set(step_s) == set(measured)
-    for step in ("tune_grouped", "tune", "tune_seed", "compile_modes", "inductor_codegen", "epilogue_fusion"):
+    from experiments.pipeline import STEP_ORDER
+
+    # every step with a work model and a benchmark file (E9 has no benchmark file yet, verify and floors no
+    # work model)
+    for step in [s for s in STEP_ORDER if s not in ("verify", "floors", "moe_train")]:
         assert step_s[step] == pytest.approx(measured[step]), step
-    assert step_s["split_sweep"] == pytest.approx(measured["split_sweep"])
     everything = copy.deepcopy(cfg)
     del everything["grouped"]["heldout_models"], everything["moe_layer"]["run"]["models"]
     del everything["moe_layer"]["run"]["compiled_models"]
@@ -101,7 +106,7 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
     assert budget.work(everything)["grouped_skew"] == pytest.approx(budget.BASELINE["grouped_skew_work"])
     assert budget.work(everything)["moe_layer"] == pytest.approx(budget.BASELINE["moe_layer_work"])
     for step in ("grouped_skew", "moe_layer"):
-        assert step_s[step] < measured[step], step
+        assert budget.work(cfg)[step] < budget.BASELINE[f"{step}_work"], step
 
 
 def test_the_runs_refuse_models_outside_their_selection_by_name():
@@ -145,33 +150,3 @@ def test_peer_selections_of_e8_and_e9_stay_inside_their_runs():
     bad["moe_layer"]["run"]["compiled_models"] = ["deepseek-v3"]
     with pytest.raises(ValueError, match=r"moe_layer.run.compiled_models: not E8's models"):
         budget.moe_layer_cells(bad)
-
-
-def test_verify_keeps_the_share_of_its_worker_time_the_selection_still_runs():
-    """verify's estimate: the committed run's time times the share of its worker time in tests the current
-    selection runs (the probes' tests left out since); every test kept where the selection keeps them."""
-    from experiments.verify import selection
-
-    report = {
-        "cases": [
-            {"id": "tests.test_grouped_backward::test_a[x]", "seconds": 30.0},
-            {"id": "tests.probes.test_cluster::test_b", "seconds": 25.0},
-            {"id": "tests.test_decompose_k_gpu::test_c", "seconds": 45.0},
-        ]
-    }
-    assert budget.verify_share(report, selection(has_gpu=True)) == pytest.approx(0.75)
-    assert budget.verify_share(report, "not pipeline and not outputs") == 1.0
-    assert budget.verify_share({"cases": []}, selection(has_gpu=True)) == 1.0
-
-
-@pytest.mark.outputs
-def test_the_committed_verify_report_keeps_a_share_of_its_worker_time():
-    """The committed report's share in tests the selection still runs. Marked ``outputs``: the verify step
-    removes its report before it runs the suite, so the step itself must not run this test."""
-    import json
-
-    from experiments.verify import selection
-
-    committed = json.loads((ROOT / "results" / "nvidia-h200" / "verify.json").read_text())
-    share = budget.verify_share(committed, selection(has_gpu=True))
-    assert 0.0 < share <= 1.0
