@@ -6,8 +6,8 @@
 # Base: the PyTorch nightly the seed study measured with (torch 2.12.0.dev20260408, CUDA 12.8; it ships
 # Triton as the `pytorch-triton` package). Which torch and Triton a result used is in its CSV rows (the
 # README's headline names them, from those rows): the committed H200 results came from torch 2.11.0+cu130
-# (the lent GPU machine's image), E5 and E6 with Triton 3.6.0 and the rest with Triton 3.7.1 (the Triton
-# torch 2.12 and 2.13 require; this image's nightly ships the 3.7 line). At start the container prints its own torch and
+# (the lent GPU machine's image) with Triton 3.7.1 (the Triton torch 2.13 requires; torch 2.12 requires 3.7.0,
+# and this image's nightly ships the 3.7 line). At start the container prints its own torch and
 # Triton and records them in results/<gpu>/image_versions.json (the ENTRYPOINT below).
 FROM ghcr.io/pytorch/pytorch-nightly:2.12.0.dev20260408-cuda12.8-cudnn9-devel
 

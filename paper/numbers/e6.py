@@ -63,32 +63,19 @@ def phase_numbers(n: Numbers, df: pd.DataFrame) -> None:
 def range_dispatch(n: Numbers, results: Path, df: pd.DataFrame) -> None:
     """The custom-op range dispatch beyond the last split point (experiments/e6_router_gemm.py: one compile
     with T dynamic, so one implementation serves every T of a range, and the last range is T > 256), at the
-    largest T it was measured, sigmoid epilogue: its GPU time, cuBLAS's, and
-    what writing and reading back the fp32 partials [S, T, N] of the decomposeK candidate at the largest
-    split the custom op offers for this K (moegemm.inductor.custom_op.valid_splits) takes at the streaming
-    read rate the floors step measured: the model the section compares its time with."""
-    import json
-
-    from moegemm.inductor.custom_op import valid_splits
-
+    largest T it was measured, sigmoid epilogue: its GPU time and cuBLAS's."""
     sub = df[df.epilogue == "sigmoid"]
     p = sub.pivot_table(index="m", columns="contender", values="graph_us")
     name = "custom-op-range-dispatch"
     if name not in p:
         return
     past = p[name][p.index > 256].dropna()
-    read = json.loads((results / "floors.json").read_text())["measured"].get("read_tb_s")
-    if past.empty or not read:
+    if past.empty:
         return
-    k, nn = int(sub.k.iloc[0]), int(sub.n.iloc[0])
-    split = max(valid_splits(k))
-    n.add("ESixDispatchSplit", split, "{}")
     t = past.index.max()
     n.add("ESixDispatchHiT", int(t), "{}")
     n.add("ESixDispatchHiUs", float(p.loc[t, name]), "{:.0f}")
     n.add("ESixDispatchHiEagerUs", float(p.loc[t, "eager"]), "{:.0f}")
-    partial_bytes = 2 * split * int(t) * nn * 4  # written once, read back once
-    n.add("ESixDispatchHiPartialsUs", partial_bytes / (read * 1e12) * 1e6, "{:.0f}")
 
 
 def eager_numbers(n: Numbers, df: pd.DataFrame) -> None:
