@@ -36,6 +36,20 @@ PALETTE = {
     "seed: optimized": "#e377c2",
     "seed: original": "#f7b6d2",
 }
+# The Decompose-K contenders' legend names (E5, E6): what each is, not the CSVs' ids
+DK_NAMES = {
+    "eager": "cuBLAS (eager)",
+    "compiled": "torch.compile",
+    "custom-op-autotuned": "custom-op autotuning",
+    "custom-op-range-dispatch": "custom-op range dispatch",
+    "pytorch:decompose_k": "seed: PyTorch decomposeK",
+    "ours:two_stage": "ours: two-stage reducer",
+    "ours:flat": "ours: flat reducer",
+    "ours:single_launch": "ours: single launch",
+    "ours:auto": "ours: default (auto)",
+    "seed: optimized": "seed: optimized kernel",
+    "seed: original": "seed: original kernel",
+}
 
 
 def args(description: str) -> argparse.Namespace:

@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from figures.common import OURS, PALETTE, args, finish, gpu_name, load, save, setup
+from figures.common import DK_NAMES, OURS, PALETTE, args, finish, gpu_name, load, save, setup
 
 SEED_FILES = {
     "bf16-relu": "epilogue_relu_bf16.csv",
@@ -50,7 +50,7 @@ def main():
                 ms=2,
                 lw=1.6 if c in OURS else 0.9,
                 color=PALETTE.get(c),
-                label=c,
+                label=DK_NAMES.get(c, c),
                 ls="-" if c.startswith(("ours", "seed:")) else "--",
             )
         fl = sub.drop_duplicates("k").sort_values("k")

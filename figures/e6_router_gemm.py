@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import OURS, PALETTE, args, finish, load, save, setup
+from figures.common import DK_NAMES, OURS, PALETTE, args, finish, load, save, setup
 
 
 def main():
@@ -28,7 +28,7 @@ def main():
                     marker="o",
                     ms=2,
                     color=PALETTE.get(c),
-                    label=c,
+                    label=DK_NAMES.get(c, c),
                     lw=1.6 if c in OURS else 0.9,
                     ls="-" if c.startswith(("ours", "seed:")) else "--",
                 )
@@ -41,7 +41,7 @@ def main():
             ax.set_xlabel("tokens T")
             ax.set_ylabel("time [us]" if ax is axes[0] else "")
     h, lab = axes[0].get_legend_handles_labels()
-    finish(fig, h, lab, ncol=5)
+    finish(fig, h, lab, ncol=4)
     save(fig, a.out)
 
 

@@ -630,7 +630,7 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
         assert f"\\newcommand{{\\ESevenSkewPenaltyFloor{phase}}}{{{gm:.2f}}}" in numbers, phase
         assert f"\\newcommand{{\\ESevenSkewPenaltyFloor{phase}Max}}{{{part.max():.2f}}}" in numbers, phase
     assert "\\newcommand{\\ESevenPathT}" in numbers
-    assert "ours:contiguous" in (tmp_path / "gen" / "table_e7.tex").read_text()
+    assert "ours, tile per program" in (tmp_path / "gen" / "table_e7.tex").read_text()
 
 
 def test_tuner_feature_numbers_fall_back_to_the_newest_kept_run(tmp_path):
