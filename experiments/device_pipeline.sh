@@ -4,7 +4,7 @@
 # several calls, each given the Snakemake targets still to run, in pipeline order.
 #   MOEGEMM_COMMIT=<sha> MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh TARGET[:SECONDS][+]...
 # TARGET: what `snakemake` takes: a rule without wildcards (e.g. verify, tune) or an output file (e.g.
-# results/<gpu>/grouped_skew.csv). Each target is one `snakemake --cores 1 --force` run of the rule that
+# results/<gpu>/grouped_skew.csv), or a measurement step's name (grouped_skew: its CSV). Each target is one `snakemake --cores 1 --force` run of the rule that
 # makes it, and of that rule only (--allowed-rules): what it needs was made by an earlier target of this run
 # or is committed. It starts only if SECONDS (its estimate, default 0) fits before DEADLINE (default 540 s);
 # it and the targets after it are otherwise left for the next call. TARGET+ resumes the rows an earlier call
@@ -58,6 +58,9 @@ for spec in "$@"; do
     echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left"; break
   fi
   IFS='|' read -r rule bench outputs <<< "$(job "$target")"
+  if [ -z "$rule" ] && [ "${target#*/}" = "$target" ]; then  # a measurement step by name: its CSV
+    IFS='|' read -r rule bench outputs <<< "$(job "$R/$target.csv")" && [ -n "$rule" ] && target=$R/$target.csv
+  fi
   if [ -z "$rule" ]; then echo "=== $target: no Snakemake job makes it"; continue; fi
   t0=$SECONDS
   step=$(basename "${bench:-$rule}" .tsv)

@@ -8,9 +8,11 @@ shard of an experiment split over G GPUs takes 1/G of it, as the shards deal abo
 shard's own compiles and warm-up are not in that share, so it errs low). CPU jobs take ``--cpu-job-s`` each.
 Jobs are started greedily, longest remaining path first, one GPU job per GPU (as ``gpu_slot`` pins them).
 
-    python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10]
+    python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10] [--calls 560]
 
-Prints the predicted makespan, the critical path (unlimited GPUs) and each GPU job's start and end.
+Prints the predicted makespan, the critical path (unlimited GPUs) and each GPU job's start and end; with
+``--calls DEADLINE``, also the one-GPU run as the argument lists of experiments/device_pipeline.sh, on a
+machine where no call may run longer than the deadline.
 """
 
 from __future__ import annotations
@@ -127,6 +129,38 @@ def schedule(nodes: dict, edges: list, dur: dict, gpus: int) -> tuple[float, flo
     return max(done_at.values()), critical, sorted(log)
 
 
+# The one-GPU run's steps in the order device calls take them (experiments.pipeline.STEP_ORDER, with the CPU
+# step between the grouped tuner and the experiments that read its table)
+CALL_ORDER_CPU = {"distill_grouped": "tune_grouped"}  # {CPU step: the step it follows}
+
+
+def call_plan(step_s: dict[str, float], deadline: float, order: list[str]) -> list[list[tuple[str, float]]]:
+    """The steps of ``order`` (each with its estimate from ``step_s``, 0 where it has none) packed, in order,
+    into device calls of at most ``deadline`` seconds of estimates each (experiments/device_pipeline.sh's
+    DEADLINE): a call takes the next step while it fits; a step longer than the deadline gets a call of its
+    own (a measurement step then resumes in the next call)."""
+    calls: list[list[tuple[str, float]]] = []
+    used = 0.0
+    for step in order:
+        est = float(step_s.get(step, 0.0))
+        if not calls or used + est > deadline:
+            calls.append([])
+            used = 0.0
+        calls[-1].append((step, est))
+        used += est
+    return calls
+
+
+def call_order() -> list[str]:
+    from experiments.pipeline import STEP_ORDER
+
+    out = []
+    for step in STEP_ORDER:
+        out.append(step)
+        out += [cpu for cpu, after in CALL_ORDER_CPU.items() if after == step]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=4)
@@ -138,6 +172,13 @@ def main(argv=None) -> int:
         "--as-measured",
         action="store_true",
         help="the committed step times as measured, not scaled to the current config",
+    )
+    ap.add_argument(
+        "--calls",
+        type=float,
+        metavar="DEADLINE",
+        help="also print the one-GPU run as device calls of at most DEADLINE seconds of estimates each "
+        "(the argument lists of experiments/device_pipeline.sh)",
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -174,6 +215,13 @@ def main(argv=None) -> int:
         print(f"{s}: {sec:.0f} s estimated from its run's own record ({record}), not a benchmark file")
     if unmeasured:
         print(f"not in the prediction (no committed run yet): {', '.join(sorted(unmeasured))}")
+    if args.calls:
+        plan_s = {**{cpu: args.cpu_job_s for cpu in CALL_ORDER_CPU}, **step_s}
+        for n, call in enumerate(call_plan(plan_s, args.calls, call_order()), 1):
+            total = sum(est for _, est in call)
+            steps = " ".join(f"{step}:{est:.0f}" for step, est in call)
+            run = f"DEADLINE={args.calls:.0f} bash experiments/device_pipeline.sh {steps}"
+            print(f"call {n} (~{total:.0f} s): {run}")
     return 0
 
 

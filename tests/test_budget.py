@@ -150,3 +150,17 @@ def test_peer_selections_of_e8_and_e9_stay_inside_their_runs():
     bad["moe_layer"]["run"]["compiled_models"] = ["deepseek-v3"]
     with pytest.raises(ValueError, match=r"moe_layer.run.compiled_models: not E8's models"):
         budget.moe_layer_cells(bad)
+
+
+def test_the_call_plan_keeps_pipeline_order_and_each_call_within_its_deadline():
+    """experiments.schedule.call_plan packs the one-GPU run's steps, in order, into device calls of at most
+    the deadline; a step longer than the deadline gets a call of its own; the order puts the grouped tuner's
+    CPU step before the experiments that read its table."""
+    from experiments.schedule import call_order, call_plan
+
+    plan = call_plan({"a": 300, "b": 200, "c": 100, "d": 700, "e": 50}, 550, ["a", "b", "c", "d", "e", "f"])
+    assert plan == [[("a", 300), ("b", 200)], [("c", 100)], [("d", 700)], [("e", 50), ("f", 0.0)]]
+    assert [s for call in plan for s, _ in call] == ["a", "b", "c", "d", "e", "f"]
+    order = call_order()
+    assert order.index("tune_grouped") < order.index("distill_grouped") < order.index("grouped_skew")
+    assert order[0] == "verify" and order[-1] == "moe_train"
