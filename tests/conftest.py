@@ -115,18 +115,35 @@ def spread_long_tests(items: list, workers: int) -> None:
     the other, and one deep in a chunk starts late (the S4 runs' verify: the six compile-check shards were all
     dealt to one worker, and five of them and a 75 s test were among the last to finish). So the tests
     marked ``long`` go to the heads of the chunks, one each (every worker collects in the same order, so all
-    agree). Without xdist: no change."""
-    long_items = [it for it in items if "long" in it.keywords]
-    if workers < 2 or not long_items:
+    agree). The tests marked ``gpu_memory`` run one at a time whatever the worker (a lock, _gpu_memory): they
+    head the first chunk together, so that one worker runs them in series from the start instead of leaving
+    the chain to start late in a chunk, or other workers to wait on the lock. Without xdist: no change."""
+    chain = [it for it in items if _marked(it, "gpu_memory")]
+    long_items = [it for it in items if "long" in it.keywords and not _marked(it, "gpu_memory")]
+    if workers < 2 or not (long_items or chain):
         return
-    rest = [it for it in items if "long" not in it.keywords]
+    rest = [it for it in items if "long" not in it.keywords and not _marked(it, "gpu_memory")]
     per = len(items) / workers
-    heads = {round(j * per): it for j, it in enumerate(long_items[:workers])}
-    spill = long_items[workers:]
+    heads = dict(enumerate(chain))
+    starts = range(1 if chain else 0, workers)
+    spill = long_items[len(starts) :]
+    for j, it in zip(starts, long_items):
+        pos = max(round(j * per), len(chain))
+        while pos in heads:
+            pos += 1
+        if pos < len(items):
+            heads[pos] = it
+        else:
+            spill.insert(0, it)
     out, r = [], iter(spill + rest)
     for pos in range(len(items)):
         out.append(heads[pos] if pos in heads else next(r))
     items[:] = out
+
+
+def _marked(item, name: str) -> bool:
+    get = getattr(item, "get_closest_marker", None)
+    return get is not None and get(name) is not None
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (-p no:xdist) it is not called

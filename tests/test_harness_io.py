@@ -157,3 +157,30 @@ def test_long_tests_head_the_chunks_xdist_deals_out():
     assert heads == ["t0", "t1", "t2", "t40", "t97"]
     rest = [n for n in got if n not in heads]
     assert rest == [n for n in names if n not in heads]
+
+
+def test_the_tests_that_run_one_at_a_time_head_the_first_chunk_in_series():
+    """conftest.spread_long_tests: the tests marked gpu_memory (one at a time under a lock whatever the
+    worker) head the first chunk together, in their order; the long tests head the other chunks; nothing
+    is lost or doubled."""
+    from types import SimpleNamespace
+
+    from tests.conftest import spread_long_tests
+
+    def item(i):
+        big = i in (60, 61, 62, 90)
+        return SimpleNamespace(
+            name=f"t{i}",
+            keywords={"long"} if i in (5, 70) else set(),
+            get_closest_marker=lambda name, big=big: object() if big and name == "gpu_memory" else None,
+        )
+
+    items = [item(i) for i in range(100)]
+    names = [it.name for it in items]
+    spread_long_tests(items, 4)
+    got = [it.name for it in items]
+    assert sorted(got) == sorted(names)
+    assert got[:4] == ["t60", "t61", "t62", "t90"]
+    assert got[25] == "t5" and got[50] == "t70"
+    moved = {"t60", "t61", "t62", "t90", "t5", "t70"}
+    assert [n for n in got if n not in moved] == [n for n in names if n not in moved]
