@@ -746,6 +746,7 @@ def main():
         if writer.done(model=model, proj=proj, tokens=t, load=load):
             bar.update()
             continue
+        t_cell = time.perf_counter()
         m = g["models"][model]
         e, top_k = m["experts"], m["top_k"]
         k, n = m["up"] if proj.startswith("up") or proj.startswith("path") else m["down"]
@@ -803,11 +804,14 @@ def main():
                     peers=tuple(peers),
                 )
             sets = [(xs, wi) for wi in ws]
+        inputs_s = time.perf_counter() - t_cell  # weights (once per projection), routing, reference, peers
         out = measure(cs, sets, ref, k, settings)
         n_sets = len(sets)
         del ws, sets
+        cell_s = time.perf_counter() - t_cell
         for r in out:
             r["timing_scope"] = timing_scope(r["contender"], proj)
+            r.update(inputs_s=inputs_s, cell_s=cell_s)  # the cell's own cost: its inputs, its whole wall time
             r.update(
                 experiment="E7",
                 model=model,

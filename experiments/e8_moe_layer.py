@@ -324,9 +324,13 @@ def main():
             continue
         t_cell = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
+        inputs_s = time.perf_counter() - t_cell  # weights (once per model), routing, reference
         cs = contenders(x, ids, wts, e, h, i, t, compiled_here(run, model, t), vllm.kernel, tk)
         out = measure(cs, sets, ref, h + i, settings)
         annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
+        cell_s = time.perf_counter() - t_cell
+        for r in out:  # the cell's own cost: its inputs, and its whole wall time
+            r.update(inputs_s=inputs_s, cell_s=cell_s)
         writer.add(out)
         print(f"E8 {model} T={t} {load}: {time.perf_counter() - t_cell:.1f} s", file=sys.stderr, flush=True)
         del sets, cs

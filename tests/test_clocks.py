@@ -116,6 +116,9 @@ def test_measure_times_the_contenders_in_the_settings_order(monkeypatch):
         )
         assert "".join(seen[3:]) == want  # after the three checking calls
         assert [r["launch_n"] for r in rows] == [4, 4, 4]
+        # each row's own costs, and the cell's parallel compiles (the same on every row)
+        assert all(r["setup_s"] >= 0 and r["timed_s"] >= 0 for r in rows)
+        assert len({r["prewarm_s"] for r in rows}) == 1 and rows[0]["prewarm_s"] >= 0
 
 
 @pytest.mark.parametrize("one_graph", [False, True])

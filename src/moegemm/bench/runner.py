@@ -163,7 +163,9 @@ def check_contenders(
     (compiles from a thread pool first where allowed) checked against float64 or by its own check; one that
     cannot run is recorded as an error, not raised."""
     rows, live = {}, []
+    t0 = time.perf_counter()
     prewarm([c.bind(input_sets[0]) for c in contenders if c.parallel_compile])
+    prewarm_s = time.perf_counter() - t0  # the cell's parallel compiles, before any contender's setup_s
     for c in contenders:
         t0 = time.perf_counter()
         try:
@@ -178,7 +180,13 @@ def check_contenders(
             **c.fields,  # fields may have been filled in by the first call
             "config": c.config if isinstance(c.config, str) else json.dumps(c.config or {}, sort_keys=True),
         }
-        row.update(status=status_of(ok, why), rel_err=rel, note=why, setup_s=time.perf_counter() - t0)
+        row.update(
+            status=status_of(ok, why),
+            rel_err=rel,
+            note=why,
+            setup_s=time.perf_counter() - t0,
+            prewarm_s=prewarm_s,
+        )
         rows[c.name] = row
         if ok:
             live.append(c)
@@ -190,7 +198,8 @@ def measure(
 ) -> list[dict]:
     """One row per contender: status, error, and both clocks (median, p20, p80 in us); the wall time of
     its first call and check (``setup_s``: compiles and autotuning included), of its graph's capture
-    (``capture_s``) and of its timed rounds (``timed_s``), the run's own cost."""
+    (``capture_s``) and of its timed rounds (``timed_s``), the run's own cost; ``prewarm_s``: the cell's
+    compiles from a thread pool before the first calls (the same on each of its rows)."""
     rows, live = check_contenders(contenders, input_sets, ref64, k)
     timers, launch, graph = {}, {c.name: [] for c in live}, {c.name: [] for c in live}
     calls = {c.name: [c.bind(inp) for inp in input_sets] for c in live}  # one call per rotated input set
