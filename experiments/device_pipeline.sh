@@ -4,10 +4,11 @@
 # several calls, each given the Snakemake targets still to run, in pipeline order.
 #   MOEGEMM_COMMIT=<sha> MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh TARGET[:SECONDS][+]...
 # TARGET: what `snakemake` takes: a rule without wildcards (e.g. verify, tune) or an output file (e.g.
-# results/<gpu>/grouped_skew.csv), or a measurement step's name (grouped_skew: its CSV). Each target is one `snakemake --cores 1 --force` run of the rule that
-# makes it, and of that rule only (--allowed-rules): what it needs was made by an earlier target of this run
-# or is committed. It starts only if SECONDS (its estimate, default 0) fits before DEADLINE (default 540 s);
-# it and the targets after it are otherwise left for the next call. TARGET+ resumes the rows an earlier call
+# results/<gpu>/grouped_skew.csv), or a measurement step's name (grouped_skew: its CSV). Each target is one
+# `snakemake --cores 1 --force` run of the rule that makes it, and of that rule only (--allowed-rules): what
+# it needs was made by an earlier target of this run or is committed. It starts only if SECONDS (its
+# estimate, default 0) fits before DEADLINE (default 540 s); it and the targets after it are otherwise left
+# for the next call. TARGET+ resumes the rows an earlier call
 # of this run finished (<output>.partial); without +, the target measures afresh. Snakemake records each
 # step's wall time in results/<gpu>/benchmarks/<step>.tsv; this adds one line per call to <step>.calls (a
 # step resumed over several calls; experiments.pipeline.run_times sums them). Snakemake runs without its

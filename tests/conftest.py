@@ -118,11 +118,12 @@ def spread_long_tests(items: list, workers: int) -> None:
     agree). The tests marked ``gpu_memory`` run one at a time whatever the worker (a lock, _gpu_memory): they
     head the first chunk together, so that one worker runs them in series from the start instead of leaving
     the chain to start late in a chunk, or other workers to wait on the lock. Without xdist: no change."""
-    chain = [it for it in items if _marked(it, "gpu_memory")]
-    long_items = [it for it in items if "long" in it.keywords and not _marked(it, "gpu_memory")]
+    big = [_marked(it, "gpu_memory") for it in items]
+    chain = [it for it, b in zip(items, big) if b]
+    long_items = [it for it, b in zip(items, big) if not b and "long" in it.keywords]
     if workers < 2 or not (long_items or chain):
         return
-    rest = [it for it in items if "long" not in it.keywords and not _marked(it, "gpu_memory")]
+    rest = [it for it, b in zip(items, big) if not b and "long" not in it.keywords]
     per = len(items) / workers
     heads = dict(enumerate(chain))
     starts = range(1 if chain else 0, workers)

@@ -83,6 +83,20 @@ def round_times(row, clock: str = "graph") -> np.ndarray:
     return np.array([v]) if np.isfinite(v) and v > 0 else np.array([])
 
 
+def _kept_rounds(theirs: list, ours: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each cell's (their rounds, ours), rounds that are not finite and positive left out, and cells where
+    either side has none left out."""
+    pairs = [(np.asarray(a, float), np.asarray(b, float)) for a, b in zip(theirs, ours, strict=True)]
+    pairs = [(a[np.isfinite(a) & (a > 0)], b[np.isfinite(b) & (b > 0)]) for a, b in pairs]
+    return [(a, b) for a, b in pairs if a.size and b.size]
+
+
+def cell_ratios(theirs: list, ours: list) -> list[float]:
+    """Each cell's their time over ours: its median round over its median round (the cells ratio_ci's point
+    is the geometric mean of)."""
+    return [float(np.median(a) / np.median(b)) for a, b in _kept_rounds(theirs, ours)]
+
+
 def ratio_ci(
     theirs: list, ours: list, level: float = 0.95, n_boot: int = 4000, seed: int = 20261130
 ) -> tuple[float, float, float]:
@@ -92,12 +106,10 @@ def ratio_ci(
     from a fixed seed. ``theirs[i]``, ``ours[i]``: cell i's per-round times (any count >= 1; cells where
     either side has none are left out). A cell with one round per side contributes only the spread over
     cells. NaN triple where no cell is left."""
-    pairs = [(np.asarray(a, float), np.asarray(b, float)) for a, b in zip(theirs, ours, strict=True)]
-    pairs = [(a[np.isfinite(a) & (a > 0)], b[np.isfinite(b) & (b > 0)]) for a, b in pairs]
-    pairs = [(a, b) for a, b in pairs if a.size and b.size]
+    pairs = _kept_rounds(theirs, ours)
     if not pairs:
         return float("nan"), float("nan"), float("nan")
-    point = float(np.exp(np.mean([np.log(np.median(a) / np.median(b)) for a, b in pairs])))
+    point = float(np.exp(np.mean(np.log(cell_ratios(theirs, ours)))))
     rng = np.random.default_rng(seed)
     c = len(pairs)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from experiments._io import write_text
 from experiments.common import load_config
 from experiments.e9_moe_train import train_cells
 
-from .common import Numbers, ci_text, gm, paired_rounds, ratio_ci, table
+from .common import Numbers, cell_ratios, ci_text, gm, paired_rounds, ratio_ci, table
 
 OURS, OURS_RECOMPUTE = "ours:moe_ffn", "ours:moe_ffn:recompute"
 TORCH, TORCH_COMPILED = "torch._grouped_mm pipeline", "torch._grouped_mm pipeline:compiled"
@@ -113,11 +112,11 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
     return table_rows
 
 
-def fastest_text(raw: pd.DataFrame, clock: str) -> str:
-    """Which peers are the best peer on ``clock`` (step_rows' choice per held-out cell), as plain text:
-    "transformers' compiled backend in 3 of 4 cells, the compiled pipeline in 1" (most cells first)."""
-    rows = step_rows(raw[raw.split == "heldout"])
-    best = rows[rows.contender == f"best peer:{clock}"]
+def fastest_text(steps: pd.DataFrame, clock: str) -> str:
+    """Which peers are the best peer on ``clock`` (step_rows' choice per cell of ``steps``, the held-out
+    split's step rows), as plain text: "transformers' compiled backend in 3 of 4 cells, the compiled
+    pipeline in 1" (most cells first)."""
+    best = steps[steps.contender == f"best peer:{clock}"]
     if best.empty:
         return "--"
     counts = best.best_of.value_counts()
@@ -135,11 +134,11 @@ def model_experts(raw: pd.DataFrame) -> dict[str, int]:
     return {m: int(zoo[m]["experts"]) for m in held.model.unique() if m in zoo}
 
 
-def per_model_text(raw: pd.DataFrame) -> str:
+def per_model_text(raw: pd.DataFrame, rows: pd.DataFrame) -> str:
     """Per held-out model (fewest experts first), the best peer's step time over ours on the GPU clock with
-    its interval over the model's cells and rounds, as plain text: "phi-3.5-moe (16 experts) parity
-    (1.01x [0.98, 1.04]); olmoe-1b-7b (64 experts) 1.05x [1.02, 1.08]"."""
-    rows = step_rows(raw[raw.split == "heldout"])
+    its interval over the model's cells and rounds (``rows``: the held-out split's step_rows), as plain
+    text: "phi-3.5-moe (16 experts) parity (1.01x [0.98, 1.04]); olmoe-1b-7b (64 experts) 1.05x [1.02,
+    1.08]"."""
     experts = model_experts(raw)
     parts = []
     for model in sorted(rows.model.unique(), key=lambda m: (experts.get(m, 0), m)):
@@ -221,9 +220,10 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
     experts = sorted(set(model_experts(raw).values()))
     n.add("ENineExperts", " and ".join(str(e) for e in experts) or "--")
     coverage(n, raw)
-    n.add("ENinePerModel", per_model_text(raw))
-    n.add("ENineFastestPeerGpu", fastest_text(raw, "graph"))
-    n.add("ENineFastestPeerLaunch", fastest_text(raw, "launch"))
+    steps = step_rows(raw[raw.split == "heldout"])  # with the best peer of each cell and clock
+    n.add("ENinePerModel", per_model_text(raw, steps))
+    n.add("ENineFastestPeerGpu", fastest_text(steps, "graph"))
+    n.add("ENineFastestPeerLaunch", fastest_text(steps, "launch"))
     n.add("ENineTokens", ", ".join(str(int(t)) for t in sorted(held.tokens.unique())))
     peers = [p for p in PEERS if (held.contender == p).any()]
     table_rows = peer_rows(raw, held, n)
@@ -231,11 +231,9 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
         rb = best_backward(held, peers)
         if len(rb):
             n.add("ENineHeldBwdVsPeer", gm(rb))
-        # per cell the same point estimate as the intervals' (median round over median round, the best peer of
-        # the cell), so that the lowest cell is never above the geomean of any set of cells that holds it
-        rows = step_rows(raw[raw.split == "heldout"])
-        theirs, ours, _ = paired_rounds(rows, CELL, "best peer:graph", OURS, "graph")
-        r = pd.Series([float(np.median(a) / np.median(b)) for a, b in zip(theirs, ours, strict=True)])
+        # per cell the intervals' point estimate (the cell's best peer), so that the lowest cell is never
+        # above the geomean of any set of cells that holds it
+        r = pd.Series(cell_ratios(*paired_rounds(steps, CELL, "best peer:graph", OURS, "graph")[:2]))
         n.add("ENineHeldSlowerPeer", int((r < 1).sum()), "{}")
         if len(r):
             n.add("ENineHeldVsPeerMin", f"{r.min():.2f}")
