@@ -8,7 +8,8 @@
 # Without one, the kernels are verified under Triton's interpreter and the write-up is rebuilt from the
 # committed results of config["committed_results"]; no GPU number is ever produced on such a machine.
 # Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures
-# (add `tune tune_grouped floors` to re-tune and re-measure the floors too).
+# (add `tune tune_grouped tune_seed tune_unsloth floors` to re-tune, the peers' own searches included, and
+# re-measure the floors too).
 # What a reader gets without running anything is committed as this builds it: figures/<gpu>/ (PDF, PNG and
 # MANIFEST.json) and paper/paper.pdf (with pages.json and MANIFEST.json): each figure and the numbers run
 # under paper/manifest.py's trace, which records the sha256 of what they read, ran and wrote, and
@@ -241,6 +242,26 @@ if GPUS:
         shell:
             "{params.slot} {params.py} -m experiments.tune_seed --out {output} > {log} 2>&1"
 
+    rule tune_unsloth:
+        """Unsloth's own config search for its MoE kernels, once per layer shape E9 runs them on (E9's
+        "unsloth: ..." contender takes its choices, as Unsloth's disk cache serves a machine's later runs); a
+        CSV that says so where MOEGEMM_UNSLOTH_SOURCE is not set."""
+        input:
+            f"results/{HERE}/verify.json",
+        output:
+            f"results/{HERE}/tune_unsloth.csv",
+        log:
+            f"logs/{HERE}/tune_unsloth.log",
+        benchmark:
+            f"results/{HERE}/benchmarks/tune_unsloth.tsv"
+        params:
+            slot=SLOT,
+            py=PY,
+        resources:
+            gpu=1,
+        shell:
+            "{params.slot} {params.py} -m experiments.tune_unsloth --out {output} > {log} 2>&1"
+
     # What each experiment reads: the Decompose-K experiments (E1-E6) the Decompose-K table (E3-E6 also the
     # seed's search), the grouped ones (E7, E8) the grouped tables. No experiment reads the floors (the
     # write-up does), so with several GPUs E7 and E8 start once the grouped tuner is done, beside the
@@ -249,6 +270,7 @@ if GPUS:
     MEASURE_INPUT = dict(
         verify=f"results/{HERE}/verify.json",
         seed=lambda w: [f"results/{HERE}/tune_seed.csv"] if w.experiment in SEED_EXPERIMENTS else [],
+        unsloth=lambda w: [f"results/{HERE}/tune_unsloth.csv"] if w.experiment == "moe_train" else [],
         tables=lambda w: [f"src/moegemm/tuned/grouped/{HERE}.json", f"src/moegemm/tuned/grouped_default/{HERE}.json"]
         if w.experiment in GROUPED_EXPERIMENTS else [f"src/moegemm/tuned/decompose_k/{HERE}.json"],
         config="experiments/config.yaml",

@@ -67,6 +67,7 @@ def main():
     suites = cfg["decompose_k"]["suites"]
     compiled_suites = set(cfg["decompose_k"].get("grid_compiled_suites", suites))
     compiled_k = set(cfg["decompose_k"].get("grid_compiled_k", cfg["decompose_k"]["grid_k"]))
+    compiled_mn = set(cfg["decompose_k"].get("grid_compiled_mn", cfg["decompose_k"]["grid_mn"]))
     bar = Progress(len(shapes) * len(suites), "E5")
     for suite, s in suites.items():
         dtype = DTYPES[s["dtype"]]
@@ -83,7 +84,7 @@ def main():
                 dtype,
                 s["epilogue"],
                 cfg,
-                suite in compiled_suites and k in compiled_k,
+                suite in compiled_suites and k in compiled_k and m in compiled_mn,
                 str(Path(args.out).parent),
             )
             writer.add(

@@ -7,9 +7,9 @@ heuristic there).
 
 Contenders: eager, torch.compile(max-autotune-no-cudagraphs) per exact T, the custom-op autotuned path with
 range dispatch on T (one dynamic-T compile; Inductor benchmarks mm vs decomposeK per T range and emits a
-runtime dispatch) at every factor of 4 (``compiled_tokens``), the seed's two Triton kernels at decode (its own
-config search, tune_seed; the sigmoid after them), our kernels (tuned config) and our `auto` (which may
-dispatch to cuBLAS; ``config_source`` says what it chose).
+runtime dispatch) at ``compiled_tokens`` and ``compiled_epilogues``, the seed's two Triton kernels at decode
+(its own config search, tune_seed; the sigmoid after them), our kernels (tuned config) and our `auto`
+(which may dispatch to cuBLAS; ``config_source`` says what it chose).
 
     python -m experiments.e6_router_gemm --out results/<slug>/router_gemm.csv
 """
@@ -66,6 +66,7 @@ def main():
     tokens = r["tokens"]
     tuned = set(r.get("tune_tokens", r["tokens"]))
     compiled_t = set(r.get("compiled_tokens", r["tokens"]))
+    compiled_epi = set(r.get("compiled_epilogues", [e for e in r["epilogues"] if e != "relu"]))
     results_dir = str(Path(args.out).parent)
     relu_max = r.get("relu_max_tokens", max(tokens))
     per_epi = {epi: [t for t in tokens if epi != "relu" or t <= relu_max] for epi in r["epilogues"]}
@@ -76,9 +77,9 @@ def main():
             if not writer.done(epilogue=epilogue, m=t):
                 probe = torch.empty(t, r["k"], dtype=torch.bfloat16, device="cuda")
                 cs = [dk.eager(epilogue)]
-                # the compiled contenders (tens of seconds each) answer the sigmoid and no-epilogue questions;
-                # the ReLU cells are the like-for-like comparison with the seed's kernels
-                if t in compiled_t and epilogue != "relu":
+                # the compiled contenders (tens of seconds each) at ``compiled_epilogues`` (by default all but
+                # ReLU, whose cells are the like-for-like comparison with the seed's kernels)
+                if t in compiled_t and epilogue in compiled_epi:
                     cs += [
                         dk.compiled(
                             dk.epilogue_fn(epilogue),

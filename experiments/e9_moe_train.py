@@ -16,7 +16,10 @@ weights (the router learns) and both weights. Contenders:
   cell's weights, as E8 runs it), under torch.compile;
 - ``unsloth:grouped_gemm``: Unsloth's Triton MoE kernels with their own backward, loaded at run time from
   their source (MOEGEMM_UNSLOTH_SOURCE; experiments/unsloth_moe.py; the revision in the row), as Unsloth's
-  training runs them: configs from Unsloth's own tuner, once per layer shape (the row's config);
+  training runs them: configs from Unsloth's own tuner, run once per layer shape by the pipeline's
+  tune_unsloth step (results/<slug>/tune_unsloth.csv, as Unsloth's disk cache serves a machine's later runs;
+  where that file lacks the shape, the first call tunes, inside the contender's setup time; the row's
+  config and config_source say which);
 - ``per-expert-loop``: transformers' eager experts (a loop over the experts hit; host syncs: launch clock
   only).
 
@@ -35,11 +38,12 @@ import dataclasses
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from experiments import unsloth_moe
-from experiments.common import Progress, check_models, raise_recompile_limit, selected, shard_cells
+from experiments.common import ROOT, Progress, check_models, raise_recompile_limit, selected, shard_cells
 from experiments.e7_grouped_skew import failed_contender, graph_rates, start
 from experiments.e8_moe_layer import annotate, ffn_weights, hf_experts, layer_sizes
 from moegemm.bench.correctness import check
@@ -128,7 +132,9 @@ def memo_bind(make):
     return bind
 
 
-def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: bool, uk) -> list[Contender]:
+def contenders(
+    x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: bool, uk, tuned_by: str = ""
+) -> list[Contender]:
     """The contenders of one cell and phase (see the module's docstring). ``x`` and ``wts`` are the leaves
     (requires_grad); an input set is (w_gate_up, w_down), leaves too."""
 
@@ -193,12 +199,30 @@ def contenders(x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: boo
             plain(
                 "unsloth:grouped_gemm",
                 unsloth,
-                extra={"config_source": uk.origin, "peer_revision": uk.revision},
+                extra={
+                    "config_source": uk.origin + (f"; configs from {tuned_by}" if tuned_by else ""),
+                    "peer_revision": uk.revision,
+                },
                 config=tuned,
             )
         )
     cs.append(hf("per-expert-loop", "eager", False, graph=False))
     return cs
+
+
+def unsloth_tuned(uk, results_dir: Path, slug: str) -> str:
+    """Put in place the configs of Unsloth's tuner run (tune_unsloth.csv in ``results_dir``, or in
+    results/<slug>/ for a shard's output) for Unsloth's first calls; returns where they came from, or "" where
+    no such file holds a layer shape (the first call then tunes)."""
+    import pandas as pd
+
+    for d in (results_dir, ROOT / "results" / slug):
+        path = d / "tune_unsloth.csv"
+        if path.exists():
+            rows = pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+            n = unsloth_moe.seed_configs(uk, rows)
+            return f"Unsloth's tuner in tune_unsloth ({path.name}, {n} layer shapes)" if n else ""
+    return ""
 
 
 def step_columns(rows: list[dict]) -> None:
@@ -293,6 +317,11 @@ def main():
     raise_recompile_limit(256)  # the compiled contenders: a graph per (T, load, phase) of each model
     uk, why = unsloth_moe.load()
     print(f"Unsloth's MoE kernels: {uk.origin if uk else why}", flush=True)
+    tuned_by = ""
+    if uk is not None:
+        tuned_by = unsloth_tuned(uk, Path(args.out).resolve().parent, slug)
+        where = tuned_by or "its tuner, on the first call of each layer shape"
+        print(f"Unsloth's configs: {where}", flush=True)
     bar = Progress(len(cells), "E9")
     weights: dict = {}
     for model, t, load in cells:
@@ -306,7 +335,9 @@ def main():
             if writer.done(model=model, tokens=t, load=load, phase=phase):
                 continue
             peer = uk if unsloth_joins(run, model) else None
-            cs = contenders(x, ids, wts, dy, e, phase, ref_y, h + i, t in run["compiled_tokens"], peer)
+            cs = contenders(
+                x, ids, wts, dy, e, phase, ref_y, h + i, t in run["compiled_tokens"], peer, tuned_by
+            )
             sets = [(w_gu, w_dn)]
             out = measure(cs, sets, ref_dx, h + i, settings)
             for c, row in zip(cs, out):

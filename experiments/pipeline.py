@@ -57,6 +57,7 @@ STEP_ORDER = [
     "tune",
     "tune_seed",
     "tune_grouped",
+    "tune_unsloth",
     "compile_modes",
     "inductor_codegen",
     "epilogue_fusion",

@@ -10,7 +10,9 @@ Jobs are started greedily, longest remaining path first, one GPU job per GPU (as
 
     python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10] [--calls 560]
 
-Prints the predicted makespan, the critical path (unlimited GPUs) and each GPU job's start and end; with
+Prints the predicted makespan, the critical path (unlimited GPUs), each GPU job's start and end, and the
+makespan of a re-measurement, which reuses the committed outputs of the tuners (experiments/budget.py's
+TUNERS: the library's tuned tables and the configs the peers' own searches chose); with
 ``--calls DEADLINE``, also the one-GPU run as the argument lists of experiments/device_pipeline.sh, on a
 machine where no call may run longer than the deadline.
 """
@@ -26,7 +28,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU_RULES = ("verify", "floors", "tune", "tune_grouped", "tune_seed", "measure", "measure_shard")
+GPU_RULES = (
+    "verify",
+    "floors",
+    "tune",
+    "tune_grouped",
+    "tune_seed",
+    "tune_unsloth",
+    "measure",
+    "measure_shard",
+)
 
 
 def dag(gpus: int, gpu_name: str) -> tuple[dict[int, dict], list[tuple[int, int]]]:
@@ -210,6 +221,17 @@ def main(argv=None) -> int:
         f"{args.gpus} x {args.gpu}: predicted {makespan:.0f} s ({makespan / 60:.1f} min); critical path "
         f"{critical:.0f} s; GPU work {gpu_work:.0f} s ({gpu_work / args.gpus:.0f} s per GPU); CPU jobs "
         f"{args.cpu_job_s:.0f} s each"
+    )
+    # a re-measurement: the tuners' outputs committed and reused (budget.TUNERS), the rest as above
+    from experiments.budget import TUNERS
+
+    reuse = set(TUNERS) | set(CALL_ORDER_CPU)
+    kept = {i: 0.0 if nodes[i]["rule"] in reuse else d for i, d in dur.items()}
+    again, _, _ = schedule(nodes, edges, kept, args.gpus)
+    tuners_s = sum(d for i, d in dur.items() if nodes[i]["rule"] in TUNERS)
+    print(
+        f"re-measurement (the tuners' outputs committed and reused: {', '.join(TUNERS)}, {tuners_s:.0f} s of "
+        f"GPU work): predicted {again:.0f} s ({again / 60:.1f} min)"
     )
     for s, (sec, record) in sorted(estimated.items()):
         print(f"{s}: {sec:.0f} s estimated from its run's own record ({record}), not a benchmark file")

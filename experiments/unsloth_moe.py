@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import subprocess
@@ -44,6 +45,7 @@ PACKAGE = Path("unsloth") / "kernels" / "moe" / "grouped_gemm"
 class Unsloth:
     grouped_gemm: object  # interface.grouped_gemm
     tune: object  # autotune_cache.get_or_autotune_moe_kernels
+    config_types: tuple  # tuning.KernelConfigForward, KernelConfigBackward_dX, KernelConfigBackward_dW
     revision: str
     origin: str
     # one layer shape's configs, as unsloth_zoo keeps them on the experts module after its first call
@@ -101,11 +103,13 @@ def load(source: str | None = None) -> tuple[Unsloth | None, str]:
     try:
         interface = importlib.import_module("unsloth.kernels.moe.grouped_gemm.interface")
         cache = importlib.import_module("unsloth.kernels.moe.autotune_cache")
+        tuning = importlib.import_module("unsloth.kernels.moe.grouped_gemm.kernels.tuning")
+        types_ = (tuning.KernelConfigForward, tuning.KernelConfigBackward_dX, tuning.KernelConfigBackward_dW)
     except Exception as ex:  # noqa: BLE001 - an optional peer: recorded, not fatal
         return None, f"import failed: {type(ex).__name__}: {str(ex)[:200]}"
     rev = revision_of(root)
     origin = f"unsloth {rev[:12]} ({root})"
-    return Unsloth(interface.grouped_gemm, cache.get_or_autotune_moe_kernels, rev, origin), ""
+    return Unsloth(interface.grouped_gemm, cache.get_or_autotune_moe_kernels, types_, rev, origin), ""
 
 
 class _Warnings(logging.Handler):
@@ -120,38 +124,93 @@ class _Warnings(logging.Handler):
         self.lines.append(record.getMessage()[:160])
 
 
+def gemm_dims(h: int, i: int) -> dict[str, tuple[int, int]]:
+    """{GEMM: (hidden_dim, intermediate_dim)} as unsloth_zoo passes them to Unsloth's tuner: gate/up hidden H,
+    intermediate 2I; down hidden I, intermediate H."""
+    return {"gate_up": (h, 2 * i), "down": (i, h)}
+
+
+def tune_gemm(
+    uk: Unsloth, e: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, force: bool
+) -> tuple:
+    """((forward, dX, dW) configs, what the tuner warned of): Unsloth's own tuner for one GEMM (``force``: it
+    tunes even where its cache under ~/.cache/unsloth holds the shape, as on a machine's first run)."""
+    log = logging.getLogger("unsloth.kernels.moe.autotune_cache")
+    warned = _Warnings()
+    log.addHandler(warned)
+    try:
+        configs = uk.tune(
+            num_experts=e,
+            hidden_dim=hidden,
+            intermediate_dim=inter,
+            top_k=top_k,
+            dtype=dtype,
+            force_autotune=force,
+        )
+    finally:
+        log.removeHandler(warned)
+    return tuple(configs), "; ".join(warned.lines)
+
+
 def layer_configs(uk: Unsloth, e: int, h: int, i: int, top_k: int, dtype: torch.dtype) -> tuple:
     """((forward, dX, dW) configs of the gate/up GEMM, those of the down GEMM, what the tuner warned of):
-    Unsloth's own tuner once per GEMM with the dimensions unsloth_zoo gives it (gate/up: hidden H,
-    intermediate 2I; down: hidden I, intermediate H), kept per layer shape."""
+    those ``seed_configs`` put in place (Unsloth's tuner run once before, as its disk cache keeps them for a
+    machine's later runs), else Unsloth's own tuner once per GEMM with the dimensions unsloth_zoo gives it
+    (gemm_dims), kept per layer shape."""
     key = (e, h, i, top_k, dtype)
     if key not in uk.configs:
-        log = logging.getLogger("unsloth.kernels.moe.autotune_cache")
-        warned = _Warnings()
-        log.addHandler(warned)
-        try:
-            up = uk.tune(num_experts=e, hidden_dim=h, intermediate_dim=2 * i, top_k=top_k, dtype=dtype)
-            down = uk.tune(num_experts=e, hidden_dim=i, intermediate_dim=h, top_k=top_k, dtype=dtype)
-        finally:
-            log.removeHandler(warned)
+        dims = gemm_dims(h, i)
+        up, w_up = tune_gemm(uk, e, *dims["gate_up"], top_k, dtype, force=False)
+        down, w_down = tune_gemm(uk, e, *dims["down"], top_k, dtype, force=False)
         torch.cuda.empty_cache()  # (as unsloth_zoo does after its tuning)
-        uk.configs[key] = (up, down, "; ".join(warned.lines))
+        uk.configs[key] = (up, down, "; ".join(w for w in (w_up, w_down) if w))
     return uk.configs[key]
+
+
+def plain_config(c) -> dict | str:
+    """One Unsloth kernel config as plain data (its dataclass fields; what Unsloth's disk cache stores)."""
+    if not dataclasses.is_dataclass(c):
+        return repr(c)
+    simple = (bool, int, float, str, type(None))
+    return {k: v if isinstance(v, simple) else str(v) for k, v in dataclasses.asdict(c).items()}
+
+
+def config_objects(uk: Unsloth, fwd: dict, dx: dict, dw: dict) -> tuple:
+    """(forward, dX, dW) configs rebuilt from plain data, as Unsloth's cache loader rebuilds them."""
+    return tuple(t(**d) for t, d in zip(uk.config_types, (fwd, dx, dw)))
+
+
+def seed_configs(uk: Unsloth, rows: list[dict]) -> int:
+    """Put the configs of Unsloth's tuner run (experiments/tune_unsloth.py's rows: model-independent keys
+    e, h, i, top_k, dtype, and per GEMM its three configs) in place for layer_configs; returns how many
+    layer shapes got both GEMMs."""
+    by: dict = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        dims = (int(r[c]) for c in ("experts", "hidden", "intermediate", "top_k"))
+        key = (*dims, DTYPE[r["dtype"]])
+        cfg = config_objects(uk, *(json.loads(r[c]) for c in ("fwd", "dX", "dW")))
+        by.setdefault(key, {})[r["gemm"]] = (cfg, r.get("tuner_warnings") or "")
+    n = 0
+    for key, gemms in by.items():
+        if {"gate_up", "down"} <= set(gemms):
+            warned = "; ".join(w for _, w in (gemms["gate_up"], gemms["down"]) if isinstance(w, str) and w)
+            uk.configs[key] = (gemms["gate_up"][0], gemms["down"][0], warned)
+            n += 1
+    return n
+
+
+DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def describe(configs: tuple) -> dict:
     """The tuned configs of layer_configs as plain data, for the row's config column."""
 
-    def plain(c):
-        if not dataclasses.is_dataclass(c):
-            return repr(c)
-        simple = (bool, int, float, str, type(None))
-        return {k: v if isinstance(v, simple) else str(v) for k, v in dataclasses.asdict(c).items()}
-
     up, down, warned = configs
     names = ("fwd", "dX", "dW")
-    out = {f"gate_up.{n}": plain(c) for n, c in zip(names, up)}
-    out.update({f"down.{n}": plain(c) for n, c in zip(names, down)})
+    out = {f"gate_up.{n}": plain_config(c) for n, c in zip(names, up)}
+    out.update({f"down.{n}": plain_config(c) for n, c in zip(names, down)})
     if warned:
         out["tuner_warnings"] = warned
     return out

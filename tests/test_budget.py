@@ -26,12 +26,14 @@ def baseline_config(cfg: dict, step: str) -> dict:
     d["fusion_grid_k"] = [8192] * b["fusion_grid_k"]
     d["split_sweep"] = [2] * b["split_sweep"]
     d["grid_compiled_k"] = [8192] * b["grid_compiled_k"]
+    d["grid_compiled_mn"] = [16] * b["grid_compiled_mn"]
     r.update(
         tokens=list(b["router_tokens"]),
         tune_tokens=[1] * b["router_tune_tokens"],
         compiled_tokens=list(b["router_compiled_tokens"]),
         seed_max_tokens=b["seed_max_tokens"],
         epilogues=list(b["router_epilogues"]),
+        compiled_epilogues=list(b["router_compiled_epilogues"]),
     )
     if b.get("router_relu_max_tokens") is None:
         r.pop("relu_max_tokens", None)
@@ -83,11 +85,12 @@ def test_work_follows_the_knobs():
 
 
 def test_steps_measured_under_this_config_are_predicted_as_measured():
-    """The tuners and E1-E8 were last measured under the current config (the budget's step_baseline holds
-    their knobs): their predictions are their committed times, unscaled. BASELINE's E7 and E8 work is that of
-    more held-out models, E7 with more decode T and E8 with the compiled contenders on every model: with those
-    knobs set back, the work is BASELINE's, and under the current config less. Every step of the committed
-    run has an estimate."""
+    """The tuners, E1-E4, E7 and E8 were last measured under the current config (the budget's step_baseline
+    holds their knobs): their predictions are their committed times, unscaled; E5 and E6, measured with
+    their compiled contenders at more shapes and epilogues, are predicted shorter. BASELINE's E7 and E8 work
+    is that of more held-out models, E7 with more decode T and E8 with the compiled contenders on every
+    model: with those knobs set back, the work is BASELINE's, and under the current config less. Every step
+    of the committed run has an estimate."""
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     times = run_times(ROOT / "results" / "nvidia-h200")
     measured = dict(zip(times.step, times.seconds))
@@ -95,10 +98,13 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
     assert set(step_s) == set(measured)
     from experiments.pipeline import STEP_ORDER
 
-    # every step with a work model and a benchmark file (E9 has no benchmark file yet, verify and floors no
-    # work model)
-    for step in [s for s in STEP_ORDER if s not in ("verify", "floors", "moe_train")]:
+    # every step with a work model and a benchmark file (E9 and tune_unsloth have no benchmark file yet,
+    # verify and floors no work model)
+    cut = ("decompose_k_grid", "router_gemm")
+    for step in [s for s in STEP_ORDER if s not in ("verify", "floors", "moe_train", "tune_unsloth", *cut)]:
         assert step_s[step] == pytest.approx(measured[step]), step
+    for step in cut:
+        assert step_s[step] < measured[step], step
     everything = copy.deepcopy(cfg)
     del everything["grouped"]["heldout_models"], everything["moe_layer"]["run"]["models"]
     del everything["moe_layer"]["run"]["compiled_models"]

@@ -138,6 +138,11 @@ def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypa
     (pkg.parent / "autotune_cache.py").write_text(
         "def get_or_autotune_moe_kernels(**kw):\n    return 'tuned'\n"
     )
+    (pkg / "kernels").mkdir()
+    (pkg / "kernels" / "__init__.py").write_text("")
+    (pkg / "kernels" / "tuning.py").write_text(
+        "KernelConfigForward, KernelConfigBackward_dX, KernelConfigBackward_dW = dict, list, tuple\n"
+    )
     monkeypatch.setenv("MOEGEMM_UNSLOTH_REVISION", "abc123")
     saved = {k: v for k, v in sys.modules.items() if k == "unsloth" or k.startswith("unsloth.")}
     try:
@@ -146,6 +151,7 @@ def test_unsloth_loader_imports_only_the_grouped_gemm_package(tmp_path, monkeypa
         uk, why = um.load(str(pkg))
         assert uk is not None, why
         assert uk.grouped_gemm() == "cuda" and uk.tune() == "tuned"
+        assert uk.config_types == (dict, list, tuple)
         assert uk.revision == "abc123"  # (tmp_path is no repository's top)
     finally:
         for k in [k for k in sys.modules if k == "unsloth" or k.startswith("unsloth.")]:
@@ -190,7 +196,7 @@ def test_unsloth_layer_runs_unsloths_training_path():
             out = scattered
         return out
 
-    uk = um.Unsloth(gemm, tune, "rev", "origin")
+    uk = um.Unsloth(gemm, tune, (Cfg, Cfg, Cfg), "rev", "origin")
     g = torch.Generator().manual_seed(7)
     t, e, k, h, i = 9, 5, 2, 8, 6
     x = torch.randn(t, h, generator=g, dtype=torch.float64)
@@ -206,9 +212,10 @@ def test_unsloth_layer_runs_unsloths_training_path():
             gu = w_gu[ids[r, j]] @ x[r]
             ref[r] += wts[r, j] * (w_dn[ids[r, j]] @ (torch.nn.functional.silu(gu[:i]) * gu[i:]))
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    common = {"num_experts": e, "top_k": k, "dtype": torch.float64, "force_autotune": False}
     assert tuned == [
-        {"num_experts": e, "hidden_dim": h, "intermediate_dim": 2 * i, "top_k": k, "dtype": torch.float64},
-        {"num_experts": e, "hidden_dim": i, "intermediate_dim": h, "top_k": k, "dtype": torch.float64},
+        {**common, "hidden_dim": h, "intermediate_dim": 2 * i},
+        {**common, "hidden_dim": i, "intermediate_dim": h},
     ]
     assert [c["autotune"] for c in calls] == [False, False]
     assert [c["kernel_config_fwd"].BLOCK_SIZE_M for c in calls] == [2 * i, h]
@@ -217,6 +224,37 @@ def test_unsloth_layer_runs_unsloths_training_path():
     assert "fell back" in record["tuner_warnings"]
     um.moe_layer(uk, x, ids, wts, w_gu, w_dn)
     assert len(tuned) == 2  # the layer shape's configs kept, as unsloth_zoo keeps them on its module
+
+    # the configs of a tuner run (tune_unsloth's rows) put in place: the layer's first call tunes nothing,
+    # and each GEMM runs its own row's configs, rebuilt from their plain data
+    import json
+
+    fresh = um.Unsloth(gemm, tune, (Cfg, Cfg, Cfg), "rev", "origin")
+    rows = [
+        {
+            "model": "m",
+            "gemm": gemm_name,
+            "experts": str(e),
+            "hidden": str(h),
+            "intermediate": str(i),
+            "top_k": str(k),
+            "dtype": "float32",
+            "status": "ok",
+            **{n: json.dumps({"BLOCK_SIZE_M": base + j}) for j, n in enumerate(("fwd", "dX", "dW"))},
+            "tuner_warnings": "",
+        }
+        for gemm_name, base in (("gate_up", 100), ("down", 200))
+    ]
+    rows.append({**rows[0], "gemm": "down", "experts": str(e + 1)})  # another shape, half of it: not used
+    rows.append({**rows[0], "status": "error"})
+    assert um.seed_configs(fresh, rows) == 1
+    calls.clear()
+    x32, ids32 = x.float(), ids
+    before = len(tuned)
+    um.moe_layer(fresh, x32, ids32, wts.float(), w_gu.float(), w_dn.float())
+    assert len(tuned) == before
+    assert [c["kernel_config_fwd"].BLOCK_SIZE_M for c in calls] == [100, 200]
+    assert [c["kernel_config_bwd_dW"].BLOCK_SIZE_M for c in calls] == [102, 202]
 
 
 def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
@@ -321,7 +359,8 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
 def test_e9_is_priced_from_a_partial_runs_record(tmp_path):
     """experiments.budget.harness_estimates on a partial run's record (synthetic test data made here): per
     model, its first cell's contender wall times less a later cell's (the compiles, once) plus every cell's
-    later-cell time, under the config's selection; no record, no estimate."""
+    later-cell time, under the config's selection; Unsloth's tuning inside a cell priced as the tune_unsloth
+    step's, once per model Unsloth joins, and not E9's; no record, no estimate."""
     import pandas as pd
 
     from experiments.budget import HARNESS_RECORDS, harness_estimates
@@ -345,10 +384,30 @@ def test_e9_is_priced_from_a_partial_runs_record(tmp_path):
                         timed_s=0.5,
                     )
                 )
+    rows.append({**rows[0], "contender": "unsloth:grouped_gemm", "setup_s": 50.0})
     pd.DataFrame(rows).to_csv(tmp_path / HARNESS_RECORDS["moe_train"], index=False)
-    est, record = harness_estimates(tmp_path, cfg)["moe_train"]
+    priced = harness_estimates(tmp_path, cfg)
+    est, record = priced["moe_train"]
+    joins = len(cfg["moe_train"]["run"]["unsloth_models"])
+    assert priced["tune_unsloth"] == (pytest.approx(50.0 * joins), HARNESS_RECORDS["moe_train"])
     cell_s, first_s = 4.0 + 4.0, 100.0 + 4.0  # per cell: setup + 4 x (capture + timed)
     models = len(cfg["moe_train"]["run"]["models"])
     cells = models * len(cfg["moe_train"]["run"]["tokens"]) * len(cfg["moe_train"]["run"]["loads"])
     assert record == HARNESS_RECORDS["moe_train"]
     assert est == pytest.approx(models * (first_s - cell_s) + cells * cell_s)
+
+
+def test_unsloths_tuner_step_tunes_the_layer_shapes_e9_gives_unsloth():
+    """experiments.tune_unsloth.layer_shapes: the models of E9's run that Unsloth joins, each once, in the
+    zoo's order; every one of them, where the run names no Unsloth models."""
+    import copy
+
+    from experiments.common import load_config
+    from experiments.tune_unsloth import layer_shapes
+
+    cfg = load_config()
+    run = cfg["moe_train"]["run"]
+    assert layer_shapes(cfg, 141 << 30) == run["unsloth_models"]
+    every = copy.deepcopy(cfg)
+    del every["moe_train"]["run"]["unsloth_models"]
+    assert layer_shapes(every, 141 << 30) == [m for m in cfg["grouped"]["models"] if m in run["models"]]

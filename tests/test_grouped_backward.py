@@ -574,15 +574,14 @@ def ffn_float64(x, ids, tw, wgu, wd, w_layout):
     return y
 
 
-# (shape, dtype, load): every float dtype on two of the real shapes, and each shape under both loads (each
-# case holds tens of GB and runs alone; the full product of the three would be 18 cases)
+# (shape, dtype, load): each real shape once, each float dtype once, both loads. Each case holds tens of GB
+# and runs alone, so the cases run in series on the pipeline's verify step's critical path (the six cases
+# of two dtypes per shape took 147 s of it on the H200); every dtype on every case of the small-shape grid
+# is test_moe_ffn_grads_match_float64's, on the CPU and the GPU
 REAL_CASES = [
-    (0, torch.bfloat16, False),
     (0, torch.float32, True),
     (1, torch.float16, False),
-    (1, torch.bfloat16, True),
-    (2, torch.float32, False),
-    (2, torch.float16, True),
+    (2, torch.bfloat16, True),
 ]
 REAL_IDS = ["qwen3-30b", "qwen3-235b", "mixtral-8x7b"]
 

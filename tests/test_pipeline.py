@@ -428,7 +428,7 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert abs(df.seconds.sum() - 301.5) < 1e-9
     (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
     text = runtime_block(tmp_path)
-    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 14" in text and "router_gemm" in text
+    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 15" in text and "router_gemm" in text
     assert "within the 20 minutes" in text
     (tmp_path / "benchmarks" / "tune.tsv").write_text("s\th:m:s\tmax_rss\n1000.0\t0:00:00\t1.0\n")
     assert "21.0 minutes" in runtime_block(tmp_path) and "over the 20 minutes" in runtime_block(tmp_path)
