@@ -60,7 +60,7 @@ BASELINE = {
     "moe_train_work": 18.0,
 }
 # Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
-# verify, the tuners and E1-E4 under the config of that tree; the run at 7aa7038: E5-E8)
+# the tuners under the config of that tree; the run at e709832: verify, floors and E1-E8)
 STEP_BASELINE = {
     "compile_modes": {
         "compile_shapes": 1,
@@ -71,13 +71,13 @@ STEP_BASELINE = {
     "split_sweep": {"fusion_grid_k": 2, "split_sweep": 8},
     "tune": {"grid_k": 4, "router_tune_tokens": 7},
     "tune_seed": {"grid_k": 4, "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384]},
-    # E5-E8 at 7aa7038, under the config of that tree
-    "decompose_k_grid": {"grid_k": 4, "grid_compiled_k": 1},
+    "decompose_k_grid": {"grid_k": 4, "grid_compiled_k": 1, "grid_compiled_mn": 2},
     "router_gemm": {
         "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384],
         "router_compiled_tokens": [1, 4096],
         "router_epilogues": ["none", "relu", "sigmoid"],
         "router_relu_max_tokens": 256,
+        "router_compiled_epilogues": ["sigmoid"],
     },
     "grouped_skew": {"grouped_skew_work": 732.0},
     "moe_layer": {"moe_layer_work": 205.0},

@@ -1071,7 +1071,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/torchinductor_root/rx/crxpzfudnywgqduktpgvk2r4svqhnrofqed4rmfmdb5wvi5mr7lj.py
+# kernel path: /tmp/torchinductor_root/gm/cgmgo46aabzlmsbqttcjy2l5k6vxbrnrdjgzd6drjfphmboiixsp.py
 # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
 # Source node to ATen node mapping:
 #   mm_relu_default => mm_relu
@@ -1085,17 +1085,17 @@ from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint,
 triton_helpers.set_driver_to_gpu()
 
 @triton_heuristics.persistent_reduction(
-    size_hints={'x': 256, 'r0_': 16},
+    size_hints={'x': 256, 'r0_': 32},
     reduction_hint=ReductionHint.DEFAULT,
     filename=__file__,
     triton_meta={'signature': {'in_ptr0': '*fp32', 'out_ptr1': '*bf16', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]], (3,): [['tt.divisibility', 16]]}]},
-    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused_mm_relu_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': False, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'tiling_scores': {'x': 17408, 'r0_': 0}}
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused_mm_relu_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': False, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'tiling_scores': {'x': 33792, 'r0_': 0}}
 )
 @triton.jit
 def triton_per_fused_mm_relu_0(in_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.constexpr):
     xnumel = 256
-    r0_numel = 16
-    R0_BLOCK: tl.constexpr = 16
+    r0_numel = 32
+    R0_BLOCK: tl.constexpr = 32
     rnumel = r0_numel
     RBLOCK: tl.constexpr = R0_BLOCK
     xoffset = tl.program_id(0) * XBLOCK
@@ -1139,15 +1139,15 @@ class Runner:
         assert_size_stride(arg1_1, (32768, 16), (16, 1))
         with torch.cuda._DeviceGuard(0):
             torch.cuda.set_device(0)
-            buf1 = empty_strided_cuda((16, 16, 16), (256, 16, 1), torch.float32)
+            buf1 = empty_strided_cuda((32, 16, 16), (256, 16, 1), torch.float32)
             # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
-            extern_kernels.bmm_dtype(reinterpret_tensor(arg0_1, (16, 16, 2048), (2048, 32768, 1), 0), reinterpret_tensor(arg1_1, (16, 2048, 16), (32768, 16, 1), 0), out_dtype=torch.float32, out=buf1)
+            extern_kernels.bmm_dtype(reinterpret_tensor(arg0_1, (32, 16, 1024), (1024, 32768, 1), 0), reinterpret_tensor(arg1_1, (32, 1024, 16), (16384, 16, 1), 0), out_dtype=torch.float32, out=buf1)
             del arg0_1
             del arg1_1
             buf3 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
             # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
             stream0 = get_raw_stream(0)
-            triton_per_fused_mm_relu_0.run(buf1, buf3, 256, 16, stream=stream0)
+            triton_per_fused_mm_relu_0.run(buf1, buf3, 256, 32, stream=stream0)
             del buf1
         return (buf3, )
 
