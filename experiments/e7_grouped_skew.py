@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import os
+import tempfile
 import time
 
 import torch
@@ -147,6 +148,9 @@ def start(doc: str, keys: tuple[str, ...] = ("model", "proj", "tokens", "load"))
     GPU."""
     args = cli(doc)
     require_gpu()
+    # the grouped GEMM's first call of a shape as a new user's: its choices from an empty disk cache, not
+    # from one an earlier process on this machine left (MOEGEMM_CACHE_DIR, where set, is kept)
+    os.environ.setdefault("MOEGEMM_CACHE_DIR", tempfile.mkdtemp(prefix="moegemm-cache-"))
     cfg = load_config(args.config)
     g = cfg["grouped"]
     settings = timing_settings(cfg, "grouped")
