@@ -30,11 +30,13 @@ def main():
     width = 0.8 / len(rivals)
     for i, c in enumerate(rivals):
         r = (p[c] / ours).dropna()  # the compiled ones: only where measured
-        vals = [geomean(r.xs(m, level="m")) for m in ms]
+        at = set(r.index.get_level_values("m"))
+        vals = [geomean(r.xs(m, level="m")) if m in at else float("nan") for m in ms]
         bars = ax.bar(
             [x + i * width for x in range(len(ms))], vals, width, label=f"vs {c} ({geomean(r):.2f}x)"
         )
-        ax.bar_label(bars, fmt="%.2f", fontsize=7, rotation=90, padding=2)
+        labels = [f"{v:.2f}" if v == v else "" for v in vals]  # none where a rival was not measured
+        ax.bar_label(bars, labels=labels, fontsize=7, rotation=90, padding=2)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([x + width * (len(rivals) - 1) / 2 for x in range(len(ms))], [f"M = N = {m}" for m in ms])
     ax.set_ylabel("their GPU time / ours, geomean over K")
