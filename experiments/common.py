@@ -85,9 +85,16 @@ def shard_cells(cells: list[tuple], shard: tuple[int, int]) -> list[tuple]:
     return [c for c in cells if owner[c[0]] == i]
 
 
+# Set to 1 by a caller that removes ``<out>.partial`` itself once it has recorded the step as done
+# (experiments/device_pipeline.sh): a step stopped between its CSV and that record (Snakemake then removes
+# the CSV of the job it was interrupted in) still resumes from its rows instead of measuring them again.
+KEEP_PARTIAL = "MOEGEMM_KEEP_PARTIAL"
+
+
 class ResultWriter:
     """Long-form rows, appended to ``<out>.partial`` as each unit finishes (so a killed run resumes where
-    it stopped), renamed into place atomically by :meth:`finish` when all are done."""
+    it stopped), renamed into place atomically by :meth:`finish` when all are done (which removes the
+    ``.partial`` log, unless KEEP_PARTIAL is set)."""
 
     def __init__(self, out: str | os.PathLike, key_fields: tuple[str, ...]):
         self.out = Path(out)
@@ -124,7 +131,8 @@ class ResultWriter:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             w.writerows(self.rows)
-        self.partial.unlink(missing_ok=True)
+        if os.environ.get(KEEP_PARTIAL) != "1":
+            self.partial.unlink(missing_ok=True)
         print(f"wrote {self.out} ({len(self.rows)} rows)", file=sys.stderr)
 
 

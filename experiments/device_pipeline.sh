@@ -67,9 +67,12 @@ for spec in "$@"; do
   step=$(basename "${bench:-$rule}" .tsv)
   for f in ${outputs//,/ }; do [ $resume = 1 ] || rm -f "$f.partial"; done
   [ $resume = 1 ] || rm -f "$R/benchmarks/$step.calls"
-  timeout -s INT "$((DEADLINE - SECONDS))" python3 -m snakemake --cores 1 --force --nolock --rerun-incomplete --allowed-rules "$rule" \
+  MOEGEMM_KEEP_PARTIAL=1 timeout -s INT "$((DEADLINE - SECONDS))" python3 -m snakemake --cores 1 --force --nolock --rerun-incomplete --allowed-rules "$rule" \
     -- "$target" > "/tmp/smk-$step.log" 2>&1
   rc=$?
+  # the step is recorded done: its rows' log goes (kept until now, MOEGEMM_KEEP_PARTIAL, so that a step
+  # stopped after writing its CSV, which Snakemake then removes, resumes from its rows)
+  [ $rc = 0 ] && for f in ${outputs//,/ }; do rm -f "$f.partial"; done
   grep -v "it/s]" "/tmp/smk-$step.log" | tail -3
   echo "=== $target rc=$rc $((SECONDS - t0))s (estimate ${est}s)"
   [ -f "$R/benchmarks/$step.calls" ] || printf 'seconds\trc\n' > "$R/benchmarks/$step.calls"

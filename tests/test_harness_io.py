@@ -29,6 +29,26 @@ def test_result_writer_resumes_and_writes_atomically(tmp_path):
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["x.csv"]  # no temp files left behind
 
 
+def test_a_kept_partial_log_resumes_a_step_whose_csv_was_removed(tmp_path, monkeypatch):
+    """Under MOEGEMM_KEEP_PARTIAL=1 (experiments/device_pipeline.sh), finish() leaves the .partial log: a
+    step interrupted after its CSV was written, whose CSV Snakemake then removed, resumes with every row
+    done and writes the same CSV again without measuring anything."""
+    from experiments.common import KEEP_PARTIAL
+
+    monkeypatch.setenv(KEEP_PARTIAL, "1")
+    out = tmp_path / "x.csv"
+    w = ResultWriter(out, ("m",))
+    w.add([{"m": 1, "v": 0.5}, {"m": 2, "v": 0.25}])
+    w.finish()
+    first = out.read_text()
+    assert (tmp_path / "x.csv.partial").exists()
+    out.unlink()  # what Snakemake does to the output of an interrupted job
+    again = ResultWriter(out, ("m",))
+    assert again.done(m=1) and again.done(m=2)
+    again.finish()
+    assert out.read_text() == first
+
+
 def test_atomic_path_leaves_old_file_on_failure(tmp_path):
     from experiments._io import atomic_path
 
