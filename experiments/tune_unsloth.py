@@ -35,6 +35,31 @@ def layer_shapes(cfg: dict, total_bytes: int) -> list[str]:
     return [m for m in models if unsloth_joins(run, m)]
 
 
+def tuned_row(model: str, gemm: str, m: dict, configs: tuple | None, note: str) -> dict:
+    """One GEMM's row: the layer shape E9 looks it up by (unsloth_moe.seed_configs: experts, hidden,
+    intermediate, top_k, dtype, gemm), the dimensions Unsloth's tuner was given, and its (forward, dX, dW)
+    configs as JSON with what the tuner warned of (``note``); ``configs`` None: the search failed, ``note``
+    says why."""
+    e, top_k = m["experts"], m["top_k"]
+    h, i = layer_sizes(m)
+    hidden, inter = unsloth_moe.gemm_dims(h, i)[gemm]
+    row = {
+        "model": model,
+        "gemm": gemm,
+        "experts": e,
+        "hidden": h,
+        "intermediate": i,
+        "top_k": top_k,
+        "dtype": DTYPE,
+        "tuner_hidden": hidden,
+        "tuner_intermediate": inter,
+    }
+    if configs is None:
+        return {**row, "status": "error", "note": note}
+    plain = [json.dumps(unsloth_moe.plain_config(c), sort_keys=True) for c in configs]
+    return {**row, "status": "ok", **dict(zip(("fwd", "dX", "dW"), plain)), "tuner_warnings": note}
+
+
 def main():
     args = cli(__doc__)
     require_gpu()
@@ -57,31 +82,15 @@ def main():
             if writer.done(model=model, gemm=gemm):
                 bar.update()
                 continue
-            row = {
-                "model": model,
-                "gemm": gemm,
-                "experts": e,
-                "hidden": h,
-                "intermediate": i,
-                "top_k": top_k,
-                "dtype": DTYPE,
-                "tuner_hidden": hidden,
-                "tuner_intermediate": inter,
-            }
             t0 = time.perf_counter()
             try:
                 configs, warned = unsloth_moe.tune_gemm(
                     uk, e, hidden, inter, top_k, unsloth_moe.DTYPE[DTYPE], force=True
                 )
             except Exception as ex:  # noqa: BLE001 - recorded: E9 then tunes on its first call
-                row.update(status="error", note=f"{type(ex).__name__}: {str(ex)[:300]}")
+                row = tuned_row(model, gemm, m, None, f"{type(ex).__name__}: {str(ex)[:300]}")
             else:
-                plain = [json.dumps(unsloth_moe.plain_config(c), sort_keys=True) for c in configs]
-                row.update(
-                    status="ok",
-                    **dict(zip(("fwd", "dX", "dW"), plain)),
-                    tuner_warnings=warned,
-                )
+                row = tuned_row(model, gemm, m, configs, warned)
             torch.cuda.empty_cache()
             row.update(
                 tune_s=time.perf_counter() - t0,

@@ -411,3 +411,44 @@ def test_unsloths_tuner_step_tunes_the_layer_shapes_e9_gives_unsloth():
     every = copy.deepcopy(cfg)
     del every["moe_train"]["run"]["unsloth_models"]
     assert layer_shapes(every, 141 << 30) == [m for m in cfg["grouped"]["models"] if m in run["models"]]
+
+
+def test_unsloths_tuner_rows_are_what_e9_reads_back(tmp_path):
+    """tune_unsloth.tuned_row written to a CSV and read back as E9 reads it (e9_moe_train.unsloth_tuned):
+    both GEMMs of a layer shape in place under the key layer_configs looks up, each config rebuilt from its
+    row's JSON; a failed search's row is skipped, so that shape tunes on its first call."""
+    import dataclasses
+
+    import pandas as pd
+
+    import experiments.unsloth_moe as um
+    from experiments.common import load_config
+    from experiments.e9_moe_train import unsloth_tuned
+    from experiments.tune_unsloth import DTYPE, tuned_row
+
+    @dataclasses.dataclass
+    class Cfg:
+        BLOCK_SIZE_M: int
+        flatten: bool = True
+
+    cfg = load_config()
+    g = cfg["grouped"]["models"]
+    up = (Cfg(64), Cfg(128, False), Cfg(32))
+    down = (Cfg(16), Cfg(256), Cfg(8, False))
+    rows = [
+        tuned_row("olmoe-1b-7b", "gate_up", g["olmoe-1b-7b"], up, "fell back"),
+        tuned_row("olmoe-1b-7b", "down", g["olmoe-1b-7b"], down, ""),
+        tuned_row("phi-3.5-moe", "gate_up", g["phi-3.5-moe"], None, "RuntimeError: out of resources"),
+        tuned_row("phi-3.5-moe", "down", g["phi-3.5-moe"], down, ""),
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / "tune_unsloth.csv", index=False)
+    uk = um.Unsloth(None, None, (Cfg, Cfg, Cfg), "rev", "origin")
+    where = unsloth_tuned(uk, tmp_path, "no-such-gpu")
+    assert "1 layer shapes" in where
+    m = g["olmoe-1b-7b"]
+    key = (m["experts"], m["down"][1], m["down"][0], m["top_k"], um.DTYPE[DTYPE])
+    assert set(uk.configs) == {key}
+    got_up, got_down, warned = uk.configs[key]
+    assert got_up == up and got_down == down and warned == "fell back"
+    assert rows[0]["tuner_intermediate"] == 2 * m["down"][0] and rows[1]["tuner_hidden"] == m["down"][0]
+    assert unsloth_tuned(um.Unsloth(None, None, (Cfg,) * 3, "r", "o"), tmp_path / "none", "no-such-gpu") == ""
