@@ -13,7 +13,7 @@ FROM ghcr.io/pytorch/pytorch-nightly:2.12.0.dev20260408-cuda12.8-cudnn9-devel
 
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git latexmk texlive-latex-base texlive-latex-recommended \
+ && apt-get install -y --no-install-recommends git unzip latexmk texlive-latex-base texlive-latex-recommended \
       texlive-latex-extra texlive-fonts-recommended \
  && rm -rf /var/lib/apt/lists/*
 
@@ -32,6 +32,16 @@ RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['p
 RUN echo "vllm==0.33.0 --hash=sha256:4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa" > /tmp/vllm.txt \
  && pip download --no-deps --only-binary=:all: --require-hashes -r /tmp/vllm.txt -d /opt/vllm
 ENV MOEGEMM_VLLM_SOURCE=/opt/vllm/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+# OpenAI's triton_kernels (E7's and E8's "tk: ..." contender) as that wheel ships it (vllm/third_party),
+# unpacked by the script that prepares the GPU machine's peers (experiments/fetch_peers.sh)
+RUN bash experiments/fetch_peers.sh /opt/peers /opt/vllm/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+ENV MOEGEMM_TRITON_KERNELS_SOURCE=/opt/peers/tk
+
+# Unsloth's Triton MoE kernels, E9's "unsloth: ..." contender and tune_unsloth's: a clone at the revision
+# measured, read at run time (experiments/unsloth_moe.py imports only its grouped-GEMM package)
+RUN git clone --quiet https://github.com/unslothai/unsloth /opt/unsloth \
+ && git -C /opt/unsloth checkout --quiet 015bdef0d94a241bcd94eec7a405b1700632180d
+ENV MOEGEMM_UNSLOTH_SOURCE=/opt/unsloth
 
 # The seed author's Triton Decompose-K kernels, the contenders "seed: original" and "seed: optimized" of
 # E3-E6: a clone at the commit we measured, read at run time (experiments/seed_dk.py); nothing of it is

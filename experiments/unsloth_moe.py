@@ -38,6 +38,9 @@ from pathlib import Path
 import torch
 
 ENV = "MOEGEMM_UNSLOTH_SOURCE"
+# The repository and revision E9's rows were measured at (the Dockerfile clones them)
+UNSLOTH_REPO = "unslothai/unsloth"
+UNSLOTH_COMMIT = "015bdef0d94a241bcd94eec7a405b1700632180d"
 PACKAGE = Path("unsloth") / "kernels" / "moe" / "grouped_gemm"
 
 

@@ -352,6 +352,15 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
     assert seed_src.endswith("/decompose-k") and re.search(
         rf"clone [^\n]* {seed_src.rsplit('/', 1)[0]}\b", docker
     )
+    # triton_kernels from that same wheel (fetch_peers.sh unpacks it), and Unsloth at the revision measured
+    wheel = source
+    assert f"fetch_peers.sh /opt/peers {wheel}" in docker and "unzip" in docker
+    assert re.search(r"^ENV MOEGEMM_TRITON_KERNELS_SOURCE=/opt/peers/tk$", docker, flags=re.M)
+    from experiments.unsloth_moe import UNSLOTH_COMMIT, UNSLOTH_REPO
+
+    assert f"github.com/{UNSLOTH_REPO} /opt/unsloth" in docker
+    assert f"checkout --quiet {UNSLOTH_COMMIT}" in docker
+    assert re.search(r"^ENV MOEGEMM_UNSLOTH_SOURCE=/opt/unsloth$", docker, flags=re.M)
     for line in re.findall(r"^\s*(docker (?:build|run)[^\n]*)", docker, flags=re.M):
         assert line.strip() in readme, f"README must document: {line.strip()}"
 
