@@ -34,7 +34,7 @@ RUN echo "vllm==0.33.0 --hash=sha256:4b6bdec4ab269990bf70d45a3c1e94c3760a2706451
 ENV MOEGEMM_VLLM_SOURCE=/opt/vllm/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 # OpenAI's triton_kernels (E7's and E8's "tk: ..." contender) as that wheel ships it (vllm/third_party),
 # unpacked by the script that prepares the GPU machine's peers (experiments/fetch_peers.sh)
-RUN bash experiments/fetch_peers.sh /opt/peers /opt/vllm/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+RUN bash experiments/fetch_peers.sh /opt/peers "$MOEGEMM_VLLM_SOURCE"
 ENV MOEGEMM_TRITON_KERNELS_SOURCE=/opt/peers/tk
 
 # Unsloth's Triton MoE kernels, E9's "unsloth: ..." contender and tune_unsloth's: a clone at the revision

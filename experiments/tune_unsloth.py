@@ -20,7 +20,15 @@ import time
 import torch
 
 from experiments import unsloth_moe
-from experiments.common import Progress, ResultWriter, cli, load_config, provenance_fields, require_gpu
+from experiments.common import (
+    DTYPES,
+    Progress,
+    ResultWriter,
+    cli,
+    load_config,
+    provenance_fields,
+    require_gpu,
+)
 from experiments.e8_moe_layer import layer_sizes
 from experiments.e9_moe_train import run_selection, train_cells, unsloth_joins
 
@@ -35,25 +43,29 @@ def layer_shapes(cfg: dict, total_bytes: int) -> list[str]:
     return [m for m in models if unsloth_joins(run, m)]
 
 
-def tuned_row(model: str, gemm: str, m: dict, configs: tuple | None, note: str) -> dict:
-    """One GEMM's row: the layer shape E9 looks it up by (unsloth_moe.seed_configs: experts, hidden,
-    intermediate, top_k, dtype, gemm), the dimensions Unsloth's tuner was given, and its (forward, dX, dW)
-    configs as JSON with what the tuner warned of (``note``); ``configs`` None: the search failed, ``note``
-    says why."""
-    e, top_k = m["experts"], m["top_k"]
+def shape_row(model: str, gemm: str, m: dict) -> dict:
+    """One GEMM's key fields: the layer shape E9 looks it up by (unsloth_moe.seed_configs: experts, hidden,
+    intermediate, top_k, dtype, gemm) and the dimensions Unsloth's tuner is given (tuner_hidden,
+    tuner_intermediate)."""
     h, i = layer_sizes(m)
     hidden, inter = unsloth_moe.gemm_dims(h, i)[gemm]
-    row = {
+    return {
         "model": model,
         "gemm": gemm,
-        "experts": e,
+        "experts": m["experts"],
         "hidden": h,
         "intermediate": i,
-        "top_k": top_k,
+        "top_k": m["top_k"],
         "dtype": DTYPE,
         "tuner_hidden": hidden,
         "tuner_intermediate": inter,
     }
+
+
+def tuned_row(model: str, gemm: str, m: dict, configs: tuple | None, note: str) -> dict:
+    """One GEMM's row: its key fields (shape_row), and its (forward, dX, dW) configs as JSON with what the
+    tuner warned of (``note``); ``configs`` None: the search failed, ``note`` says why."""
+    row = shape_row(model, gemm, m)
     if configs is None:
         return {**row, "status": "error", "note": note}
     plain = [json.dumps(unsloth_moe.plain_config(c), sort_keys=True) for c in configs]
@@ -76,16 +88,21 @@ def main():
     bar = Progress(2 * len(models), "tune_unsloth")
     for model in models:
         m = g["models"][model]
-        e, top_k = m["experts"], m["top_k"]
-        h, i = layer_sizes(m)
-        for gemm, (hidden, inter) in unsloth_moe.gemm_dims(h, i).items():
+        for gemm in ("gate_up", "down"):
             if writer.done(model=model, gemm=gemm):
                 bar.update()
                 continue
+            key = shape_row(model, gemm, m)
             t0 = time.perf_counter()
             try:
                 configs, warned = unsloth_moe.tune_gemm(
-                    uk, e, hidden, inter, top_k, unsloth_moe.DTYPE[DTYPE], force=True
+                    uk,
+                    key["experts"],
+                    key["tuner_hidden"],
+                    key["tuner_intermediate"],
+                    key["top_k"],
+                    DTYPES[DTYPE],
+                    force=True,
                 )
             except Exception as ex:  # noqa: BLE001 - recorded: E9 then tunes on its first call
                 row = tuned_row(model, gemm, m, None, f"{type(ex).__name__}: {str(ex)[:300]}")

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from experiments.common import DTYPES
+
 ENV = "MOEGEMM_UNSLOTH_SOURCE"
 # The repository and revision E9's rows were measured at (the Dockerfile clones them)
 UNSLOTH_REPO = "unslothai/unsloth"
@@ -192,7 +194,7 @@ def seed_configs(uk: Unsloth, rows: list[dict]) -> int:
         if r.get("status") != "ok":
             continue
         dims = (int(r[c]) for c in ("experts", "hidden", "intermediate", "top_k"))
-        key = (*dims, DTYPE[r["dtype"]])
+        key = (*dims, DTYPES[r["dtype"]])
         cfg = config_objects(uk, *(json.loads(r[c]) for c in ("fwd", "dX", "dW")))
         by.setdefault(key, {})[r["gemm"]] = (cfg, r.get("tuner_warnings") or "")
     n = 0
@@ -202,9 +204,6 @@ def seed_configs(uk: Unsloth, rows: list[dict]) -> int:
             uk.configs[key] = (gemms["gate_up"][0], gemms["down"][0], warned)
             n += 1
     return n
-
-
-DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def describe(configs: tuple) -> dict:

@@ -422,7 +422,7 @@ def test_unsloths_tuner_rows_are_what_e9_reads_back(tmp_path):
     import pandas as pd
 
     import experiments.unsloth_moe as um
-    from experiments.common import load_config
+    from experiments.common import DTYPES, load_config
     from experiments.e9_moe_train import unsloth_tuned
     from experiments.tune_unsloth import DTYPE, tuned_row
 
@@ -446,7 +446,7 @@ def test_unsloths_tuner_rows_are_what_e9_reads_back(tmp_path):
     where = unsloth_tuned(uk, tmp_path, "no-such-gpu")
     assert "1 layer shapes" in where
     m = g["olmoe-1b-7b"]
-    key = (m["experts"], m["down"][1], m["down"][0], m["top_k"], um.DTYPE[DTYPE])
+    key = (m["experts"], m["down"][1], m["down"][0], m["top_k"], DTYPES[DTYPE])
     assert set(uk.configs) == {key}
     got_up, got_down, warned = uk.configs[key]
     assert got_up == up and got_down == down and warned == "fell back"

@@ -353,8 +353,9 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
         rf"clone [^\n]* {seed_src.rsplit('/', 1)[0]}\b", docker
     )
     # triton_kernels from that same wheel (fetch_peers.sh unpacks it), and Unsloth at the revision measured
-    wheel = source
-    assert f"fetch_peers.sh /opt/peers {wheel}" in docker and "unzip" in docker
+    fetch = 'RUN bash experiments/fetch_peers.sh /opt/peers "$MOEGEMM_VLLM_SOURCE"'
+    assert fetch in docker and "unzip" in docker
+    assert docker.index("ENV MOEGEMM_VLLM_SOURCE=") < docker.index(fetch)  # the wheel it reads, set before
     assert re.search(r"^ENV MOEGEMM_TRITON_KERNELS_SOURCE=/opt/peers/tk$", docker, flags=re.M)
     from experiments.unsloth_moe import UNSLOTH_COMMIT, UNSLOTH_REPO
 
