@@ -6,7 +6,9 @@ torch._grouped_mm's result on the same operands (CUTLASS, bf16; the yardstick ro
 
 - ``recompute``: the gate/up product again, the forward's grouped GEMM (its own config choice);
 - ``dswiglu``: the down projection's dX GEMM with the SwiGLU backward in its epilogue, the TMA kernel at
-  each of DSWIGLU_CONFIGS, and ``dswiglu:pointer``, the pointer kernel (dY's rows gathered in-kernel);
+  each of DSWIGLU_CONFIGS, ``dswiglu:pointer``, the pointer kernel (dY's rows gathered in-kernel), and
+  ``dswiglu:gemm-only``, the product P alone through the forward's grouped GEMM (its own config choice):
+  what the epilogue costs on top;
 - ``dw_down``, ``dw_gate_up``: the weight gradients, the TMA kernel at each of DW_CONFIGS, and
   ``...:pointer``, the pointer kernel with its in-kernel gather and scale;
 - ``dx``: dX through the gate/up weights (the forward's grouped GEMM in the other layout);
@@ -52,9 +54,15 @@ def _dw(bm, bk, bn, warps, stages):
     return dict(BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, GROUP_K=8, num_warps=warps, num_stages=stages)
 
 
-def _ds(bm, bn, bk, warps, stages, split=1):
+def _ds(bm, bn, bk, warps, stages, split=1, flatten=False, gu_tma=False):
     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
-    return cfg if split == 1 else dict(cfg, EPI_SPLIT=split)
+    if split > 1:
+        cfg["EPI_SPLIT"] = split
+    if flatten:
+        cfg["FLATTEN"] = True
+    if gu_tma:
+        cfg["GU_TMA"] = True
+    return cfg
 
 
 DW_CONFIGS = [
@@ -89,6 +97,17 @@ DSWIGLU_CONFIGS = [
     _ds(128, 64, 64, 4, 4, 2),
     _ds(128, 64, 64, 8, 4, 2),
     _ds(128, 256, 64, 8, 3, 4),
+    # the persistent loop flattened with the K loop (FLATTEN: the next tile's loads in flight during the
+    # epilogue), G and U by TMA boxes (GU_TMA), and both, at the fastest tiles above
+    _ds(128, 256, 64, 8, 3, 4, flatten=True),
+    _ds(128, 256, 64, 8, 3, 4, gu_tma=True),
+    _ds(128, 256, 64, 8, 3, 4, flatten=True, gu_tma=True),
+    _ds(128, 256, 64, 8, 4, 4, flatten=True, gu_tma=True),
+    _ds(128, 128, 64, 8, 4, 4, flatten=True),
+    _ds(128, 128, 64, 8, 4, 4, gu_tma=True),
+    _ds(128, 128, 64, 8, 4, 4, flatten=True, gu_tma=True),
+    _ds(128, 128, 64, 8, 4, 2, flatten=True, gu_tma=True),
+    _ds(64, 128, 64, 4, 4, 4, flatten=True, gu_tma=True),
 ]
 
 
@@ -136,6 +155,7 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
             "dw_down": torch._grouped_mm(dys.t(), sact, offs=o32),  # [E, H, I], down's "nk" layout
             "dw_gate_up": torch._grouped_mm(dgu.t(), xs, offs=o32),  # [E, 2I, H], gate/up's "nk"
             "dx": torch._grouped_mm(dgu, wg, offs=o32),
+            "dswiglu:gemm-only": torch._grouped_mm(dys, wd, offs=o32),  # P, the product before SwiGLU's
         }
     f_gu, f_dn = 2.0 * rows * h * 2 * i, 2.0 * rows * h * i
     out = [("recompute", "auto", None, lambda: grouped_mm_forward(xs, wg, offs, validate=False), f_gu)]
@@ -151,6 +171,15 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
                 f_dn,
             )
         )
+    out.append(
+        (
+            "dswiglu:gemm-only",
+            "auto",
+            None,
+            lambda: grouped_mm_forward(dys, wd, offs, w_layout="kn", validate=False),
+            f_dn,
+        )
+    )
     out.append(
         (
             "dswiglu:pointer",
@@ -231,39 +260,63 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
 
 
 def label(cfg: dict) -> str:
+    """e.g. 128x256x64/w8s3e4fg: tiles, warps, stages, epilogue split, f: FLATTEN, g: GU_TMA."""
     split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
     return (
         "x".join(str(cfg[k]) for k in cfg if k.startswith("BLOCK"))
         + f"/w{cfg['num_warps']}s{cfg['num_stages']}{split}"
+        + ("f" if cfg.get("FLATTEN") else "")
+        + ("g" if cfg.get("GU_TMA") else "")
     )
 
 
-def steps(x, ids, wts, w_gu, w_dn, dy, e):
-    """The steps timed whole: moe_ffn recomputing the gate/up product ("ours:moe_ffn", the row's name from
-    the probe's first run, when recompute was the default) and keeping it ("ours:moe_ffn:save-gate-up",
-    now the default), and the torch._grouped_mm pipeline."""
+# The SwiGLU backward's tiles that the whole step is also timed at (--steps; the library's own first), as
+# "ours:moe_ffn:save-gate-up:dswiglu=<label>"
+STEP_DSWIGLU = [
+    dict(bw.DSWIGLU_TMA_TILES),
+    _ds(128, 256, 64, 8, 3, 4, flatten=True),
+    _ds(128, 256, 64, 8, 3, 4, gu_tma=True),
+    _ds(128, 256, 64, 8, 3, 4, flatten=True, gu_tma=True),
+]
+
+
+def steps(x, ids, wts, w_gu, w_dn, dy, e, variants: bool = False):
+    """{name: (forward, the SwiGLU backward's tiles or None for the library's)} of the steps timed whole:
+    moe_ffn recomputing the gate/up product ("ours:moe_ffn", the row's name from the probe's first run, when
+    recompute was the default) and keeping it ("ours:moe_ffn:save-gate-up", now the default), the
+    torch._grouped_mm pipeline, and with ``variants`` the default step at each of STEP_DSWIGLU."""
 
     def ours(save):
         return lambda: moe_ffn(x, ids, wts, w_gu, w_dn, w_layout="nk", validate=False, save_gate_up=save)
 
-    return {
-        "ours:moe_ffn": ours(False),
-        "ours:moe_ffn:save-gate-up": ours(True),
-        "torch._grouped_mm pipeline": lambda: torch_pipeline_train(x, ids, wts, w_gu, w_dn, e),
+    out = {
+        "ours:moe_ffn": (ours(False), None),
+        "ours:moe_ffn:save-gate-up": (ours(True), None),
+        "torch._grouped_mm pipeline": (lambda: torch_pipeline_train(x, ids, wts, w_gu, w_dn, e), None),
     }
+    if variants:
+        for cfg in STEP_DSWIGLU:
+            out[f"ours:moe_ffn:save-gate-up:dswiglu={label(cfg)}"] = (ours(True), cfg)
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--pieces", nargs="+", help="time only these pieces (and their yardsticks), no steps")
+    ap.add_argument(
+        "--steps",
+        action="store_true",
+        help="time the steps also with --pieces, and the default step at each of STEP_DSWIGLU's tiles",
+    )
+    ap.add_argument("--cells", type=int, help="only the first N cells")
     args = ap.parse_args()
     require_gpu()
     g = load_config()["grouped"]
     prov = provenance_fields()
     rows, weights = [], {}
     t_all = time.perf_counter()
-    for model, t in CELLS:
+    for model, t in CELLS[: args.cells]:
         assert g["models"][model]["split"] == "tune", model  # the tiles learn from the tune split only
         t0 = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, dy = cell_inputs(g, model, t, "uniform", weights)
@@ -277,7 +330,8 @@ def main():
                 got = call()
                 if cfg_label != "torch._grouped_mm":  # (the yardstick is the reference; its dswiglu is P)
                     base = piece.split(":")[0]
-                    row["rel_err"] = rel(got, ref[base] if base in ref else dgu)
+                    want = ref.get(piece, ref.get(base, dgu))
+                    row["rel_err"] = rel(got, want)
                 row["status"] = "ok" if row.get("rel_err", 0.0) < 2e-2 else "WRONG"
                 del got
                 us = gpu_us(call)
@@ -287,10 +341,15 @@ def main():
             rows.append(row)
         del ps, ref, dgu
         torch.cuda.empty_cache()
-        todo = {} if args.pieces else steps(x, ids, wts, w_gu, w_dn, dy, e)
-        for name, fwd in todo.items():
+        todo = {} if args.pieces and not args.steps else steps(x, ids, wts, w_gu, w_dn, dy, e, args.steps)
+        for name, (fwd, tiles) in todo.items():
             for phase in ("fwd+bwd", "fwd"):
+                if tiles is not None and phase == "fwd":  # (the tiles are the backward's)
+                    continue
                 row = dict(model=model, tokens=t, piece="step:" + phase, config=name, **prov)
+                kept = bw.DSWIGLU_TMA_TILES
+                if tiles is not None:
+                    bw.DSWIGLU_TMA_TILES = tiles  # (captured into the step's graph with these tiles)
                 try:
                     st = Step(fwd, (x, wts, w_gu, w_dn), (), dy, phase)
                     st()
@@ -299,18 +358,24 @@ def main():
                     row["status"] = "ok"
                 except Exception as ex:  # noqa: BLE001 - recorded
                     row.update(status="error", note=f"{type(ex).__name__}: {str(ex)[:160]}")
+                finally:
+                    bw.DSWIGLU_TMA_TILES = kept
                 rows.append(row)
         torch.cuda.empty_cache()
+        write(args.out, rows)  # after every cell, so that a run stopped at a time limit keeps its cells
         print(f"{model} T={t}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    summary(rows)
+    print(f"{len(rows)} rows, {time.perf_counter() - t_all:.0f} s", flush=True)
+
+
+def write(path: str, rows: list[dict]) -> None:
     fields: list[str] = []
     for r in rows:
         fields += [k for k in r if k not in fields]
-    with atomic_path(args.out) as tmp, open(tmp, "w", newline="") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    summary(rows)
-    print(f"{len(rows)} rows, {time.perf_counter() - t_all:.0f} s", flush=True)
 
 
 def summary(rows: list[dict]) -> None:

@@ -231,11 +231,12 @@ class LaunchSpy:
     """Stands in for a Triton kernel object: records each launch, then launches the real kernel."""
 
     def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+        self.kernel, self.launches, self.grid, self.kwargs = kernel, 0, None, {}
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.launches += 1
+            self.grid, self.kwargs = grid, kwargs
             return self.kernel[grid](*args, **kwargs)
 
         return run
@@ -338,6 +339,51 @@ def test_dswiglu_epilogue_in_chunks(block_n, split, i, device, monkeypatch, pois
     names = ("x", "topk_weights", "w_gate_up", "w_down")
     for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
         assert rel_err(got, want) < TOL[torch.bfloat16] * 2, name
+
+
+@pytest.mark.parametrize("flatten, gu_tma", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
+def test_dswiglu_flattened_loop_and_tma_epilogue(
+    flatten, gu_tma, save, device, monkeypatch, poison, tma_spies
+):
+    """The SwiGLU backward's kernel with its persistent loop flattened into the K loop's pipeline (FLATTEN,
+    one program per SM; here a GPU of 2 SMs, so that each program walks several tiles) and G, U brought in
+    by TMA boxes (GU_TMA; in place over the gate/up buffer when it is kept): the same gradients as float64.
+    Under the interpreter 32-column tiles in halves, I = 40: a chunk across I, whose G box reads U's first
+    columns and whose U box runs past gu's last column (zeros), neither stored; ragged experts, one empty.
+    On a GPU, the library's tiles."""
+    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
+    monkeypatch.setattr(bw, "device_sm_count", lambda t: 2)
+    knobs = dict(FLATTEN=flatten, GU_TMA=gu_tma)
+    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, BLOCK_N=32, EPI_SPLIT=2, **knobs))
+    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, **knobs))
+    x, ids, tw, wgu, wd = ffn_inputs(
+        torch.bfloat16, "nk", device, seed=80 + 2 * flatten + gu_tma, t=23, h=tma_h(), i=40, e=4, k=2
+    )
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(y.dtype).to(device)
+    y.backward(dy)
+    spy = tma_spies["_dswiglu_tma_kernel"]
+    assert spy.launches == 1
+    assert spy.kwargs["FLATTEN"] == flatten and spy.kwargs["GU_TMA"] == gu_tma
+    assert spy.grid[0] == 2 if flatten else spy.grid[0] > 2
+    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
+    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], "nk")
+    yr.backward(dy.double().cpu())
+    names = ("x", "topk_weights", "w_gate_up", "w_down")
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
+        assert rel_err(got, want) < TOL[torch.bfloat16] * 2, name
+    assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
+
+
+def test_dswiglu_tiles_are_validated(device, monkeypatch):
+    """A key the SwiGLU backward's tiles do not know is refused, naming it, not ignored."""
+    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, FLATEN=True))
+    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, FLATEN=True))
+    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=71, t=5, h=tma_h(), i=16, e=3, k=2)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
+    with pytest.raises(ValueError, match="FLATEN"):
+        y.backward(torch.ones_like(y))
 
 
 def test_dswiglu_epilogue_split_is_validated(device, monkeypatch):

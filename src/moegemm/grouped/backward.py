@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, device_sm_count
 from .._triton_common import dot_meta
 from .backward_kernels import (
     _dswiglu_tma_kernel,
@@ -43,6 +43,17 @@ DW_TMA_TILES = dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4
 DSWIGLU_TMA_TILES = dict(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, EPI_SPLIT=4
 )
+_DSWIGLU_KEYS = {
+    "BLOCK_M",
+    "BLOCK_N",
+    "BLOCK_K",
+    "GROUP_M",
+    "num_warps",
+    "num_stages",
+    "EPI_SPLIT",
+    "FLATTEN",
+    "GU_TMA",
+}
 _INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
 _INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
 
@@ -183,6 +194,9 @@ def swiglu_grad(
     split = meta.get("EPI_SPLIT", 1)
     if split not in (1, 2, 4) or meta["BLOCK_N"] % split:
         raise ValueError(f"tiles: EPI_SPLIT must be 1, 2 or 4 and divide BLOCK_N, got {meta}")
+    unknown = set(meta) - _DSWIGLU_KEYS
+    if unknown:
+        raise ValueError(f"tiles: unknown keys {sorted(unknown)} (known: {sorted(_DSWIGLU_KEYS)})")
     cfg = GroupedConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], tma=True)
     wd_desc = (
         w_descriptor(w_down, other_layout(w_layout), e, i, h, cfg)
@@ -211,10 +225,21 @@ def swiglu_grad(
     part = torch.empty((rows, n_part), dtype=torch.float32, device=gu.device) if rowdot else None
     offsets = group_offsets.to(torch.int32).contiguous()
     grid = (triton.cdiv(rows, meta["BLOCK_M"]) + min(e, rows)) * n_tiles
+    if meta.get("FLATTEN"):  # the persistent grid: one program per SM
+        grid = min(grid, device_sm_count(gu))
     dy_desc = TensorDescriptor(dys, [rows, h], [dys.stride(0), 1], [meta["BLOCK_M"], meta["BLOCK_K"]])
+    chunk = meta["BLOCK_N"] // split
+    # G and U by TMA boxes where gu's rows allow them and a box row is at least TMA's 16 bytes
+    meta["GU_TMA"] = bool(meta.get("GU_TMA")) and tma_rows_ok(gu) and chunk * gu.element_size() >= 16
+    gu_desc = (
+        TensorDescriptor(gu, [rows, 2 * i], [gu.stride(0), 1], [meta["BLOCK_M"], chunk])
+        if meta["GU_TMA"]
+        else dy_desc  # (unused)
+    )
     _dswiglu_tma_kernel[(grid,)](
         dy_desc,
         wd_desc,
+        gu_desc,
         gu,
         scale.contiguous() if scale is not None else offsets,
         offsets,
