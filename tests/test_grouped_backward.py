@@ -290,6 +290,16 @@ def tma_h() -> int:
     return 32 if bw.INTERPRET else 2 * bw.DSWIGLU_TMA_TILES["BLOCK_K"]
 
 
+def assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, tol):
+    """moe_ffn's gradients (after y.backward(dy)) for x, topk_weights, w_gate_up and w_down against float64
+    autograd through ref_ffn, each within ``tol`` (largest error / largest value)."""
+    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
+    ref_ffn(ref[0], ids.cpu(), *ref[1:], w_layout).backward(dy.double().cpu())
+    names = ("x", "topk_weights", "w_gate_up", "w_down")
+    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
+        assert rel_err(got, want) < tol, name
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 @pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
@@ -306,12 +316,7 @@ def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, mo
     assert tma_spies["_dswiglu_tma_kernel"].launches == 1
     assert tma_spies["_grouped_dw_tma_kernel"].launches == 2
     assert tma_spies["_swiglu_bwd_kernel"].launches == 0 and tma_spies["_grouped_dw_kernel"].launches == 0
-    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
-    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], w_layout)
-    yr.backward(dy.double().cpu())
-    names = ("x", "topk_weights", "w_gate_up", "w_down")
-    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
-        assert rel_err(got, want) < TOL[dtype] * 2, name
+    assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, TOL[dtype] * 2)
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
@@ -333,12 +338,7 @@ def test_dswiglu_epilogue_in_chunks(block_n, split, i, device, monkeypatch, pois
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(y.dtype).to(device)
     y.backward(dy)
     assert tma_spies["_dswiglu_tma_kernel"].launches == 1
-    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
-    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], "nk")
-    yr.backward(dy.double().cpu())
-    names = ("x", "topk_weights", "w_gate_up", "w_down")
-    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
-        assert rel_err(got, want) < TOL[torch.bfloat16] * 2, name
+    assert_ffn_grads(x, ids, tw, wgu, wd, dy, "nk", TOL[torch.bfloat16] * 2)
 
 
 @pytest.mark.parametrize("flatten, gu_tma", [(True, False), (False, True), (True, True)])
@@ -367,12 +367,7 @@ def test_dswiglu_flattened_loop_and_tma_epilogue(
     assert spy.launches == 1
     assert spy.kwargs["FLATTEN"] == flatten and spy.kwargs["GU_TMA"] == gu_tma
     assert spy.grid[0] == 2 if flatten else spy.grid[0] > 2
-    ref = [t.detach().double().cpu().requires_grad_() for t in (x, tw, wgu, wd)]
-    yr = ref_ffn(ref[0], ids.cpu(), *ref[1:], "nk")
-    yr.backward(dy.double().cpu())
-    names = ("x", "topk_weights", "w_gate_up", "w_down")
-    for name, got, want in zip(names, (x.grad, tw.grad, wgu.grad, wd.grad), (r.grad for r in ref)):
-        assert rel_err(got, want) < TOL[torch.bfloat16] * 2, name
+    assert_ffn_grads(x, ids, tw, wgu, wd, dy, "nk", TOL[torch.bfloat16] * 2)
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
