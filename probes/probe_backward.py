@@ -108,6 +108,8 @@ DSWIGLU_CONFIGS = [
     _ds(128, 128, 64, 8, 4, 4, flatten=True, gu_tma=True),
     _ds(128, 128, 64, 8, 4, 2, flatten=True, gu_tma=True),
     _ds(64, 128, 64, 4, 4, 4, flatten=True, gu_tma=True),
+    # P through the forward's grouped GEMM, then the SwiGLU backward in one pointwise kernel (SEPARATE)
+    dict(_ds(128, 256, 64, 8, 3, 4), SEPARATE=True),
 ]
 
 
@@ -260,7 +262,10 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
 
 
 def label(cfg: dict) -> str:
-    """e.g. 128x256x64/w8s3e4fg: tiles, warps, stages, epilogue split, f: FLATTEN, g: GU_TMA."""
+    """e.g. 128x256x64/w8s3e4fg: tiles, warps, stages, epilogue split, f: FLATTEN, g: GU_TMA; "separate"
+    for SEPARATE (the forward's GEMM at its own config, then the pointwise kernel at SWIGLU_TILES)."""
+    if cfg.get("SEPARATE"):
+        return "separate"
     split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
     return (
         "x".join(str(cfg[k]) for k in cfg if k.startswith("BLOCK"))
@@ -277,6 +282,7 @@ STEP_DSWIGLU = [
     _ds(128, 256, 64, 8, 3, 4, flatten=True),
     _ds(128, 256, 64, 8, 3, 4, gu_tma=True),
     _ds(128, 256, 64, 8, 3, 4, flatten=True, gu_tma=True),
+    dict(_ds(128, 256, 64, 8, 3, 4), SEPARATE=True),
 ]
 
 
@@ -310,6 +316,7 @@ def main():
         help="time the steps also with --pieces, and the default step at each of STEP_DSWIGLU's tiles",
     )
     ap.add_argument("--cells", type=int, help="only the first N cells")
+    ap.add_argument("--configs", nargs="+", help="time only the tiles of these labels (and the yardsticks)")
     args = ap.parse_args()
     require_gpu()
     g = load_config()["grouped"]
@@ -324,6 +331,8 @@ def main():
         ps, ref, dgu = pieces(x, ids, wts, w_gu, w_dn, dy, e)
         for piece, cfg_label, _, call, flops in ps:
             if args.pieces and piece.split(":")[0] not in args.pieces:
+                continue
+            if args.configs and cfg_label not in args.configs and cfg_label != "torch._grouped_mm":
                 continue
             row = dict(model=model, tokens=t, piece=piece, config=cfg_label, **prov)
             try:
@@ -345,6 +354,8 @@ def main():
         for name, (fwd, tiles) in todo.items():
             for phase in ("fwd+bwd", "fwd"):
                 if tiles is not None and phase == "fwd":  # (the tiles are the backward's)
+                    continue
+                if tiles is not None and args.configs and label(tiles) not in args.configs:
                     continue
                 row = dict(model=model, tokens=t, piece="step:" + phase, config=name, **prov)
                 kept = bw.DSWIGLU_TMA_TILES

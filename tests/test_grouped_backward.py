@@ -371,6 +371,27 @@ def test_dswiglu_flattened_loop_and_tma_epilogue(
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
+def test_dswiglu_separate(dtype, w_layout, save, device, monkeypatch, poison, tma_spies):
+    """The SwiGLU backward with the down projection's dX product P through the forward's grouped GEMM and
+    the rest in one pointwise kernel (SEPARATE; s A written over P, dGU over the kept gate/up product): the
+    same gradients as float64, an unrouted expert's weight gradients exact zeros, and no launch of the
+    fused kernel."""
+    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
+    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, SEPARATE=True))
+    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, SEPARATE=True))
+    x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=90 + save, t=21, h=tma_h(), i=40, e=4)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(10)).to(dtype).to(device)
+    y.backward(dy)
+    assert tma_spies["_dswiglu_tma_kernel"].launches == 0
+    assert tma_spies["_swiglu_bwd_kernel"].launches == 1
+    assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, TOL[dtype] * 2)
+    assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
+
+
 def test_dswiglu_tiles_are_validated(device, monkeypatch):
     """A key the SwiGLU backward's tiles do not know is refused, naming it, not ignored."""
     monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, FLATEN=True))

@@ -53,6 +53,7 @@ _DSWIGLU_KEYS = {
     "EPI_SPLIT",
     "FLATTEN",
     "GU_TMA",
+    "SEPARATE",
 }
 _INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
 _INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
@@ -189,7 +190,6 @@ def swiglu_grad(
     e, i, h, *_ = _w_dims(w_down, w_layout)
     rows = dys.shape[0]
     dgu = gu if in_place else torch.empty_like(gu)
-    act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
     meta = dict(_INTERPRET_SWIGLU if INTERPRET else tiles or DSWIGLU_TMA_TILES)
     split = meta.get("EPI_SPLIT", 1)
     if split not in (1, 2, 4) or meta["BLOCK_N"] % split:
@@ -197,6 +197,25 @@ def swiglu_grad(
     unknown = set(meta) - _DSWIGLU_KEYS
     if unknown:
         raise ValueError(f"tiles: unknown keys {sorted(unknown)} (known: {sorted(_DSWIGLU_KEYS)})")
+    if meta.get("SEPARATE"):
+        # P = dY D_e^T through the forward's grouped GEMM (its own config choice), written where s A goes;
+        # then the SwiGLU backward in one pointwise kernel, s A over P
+        p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=other_layout(w_layout), validate=False)
+        return swiglu_backward(
+            group_offsets,
+            rows,
+            p,
+            x=None,
+            w_gate_up=None,
+            w_layout=w_layout,
+            gu=gu,
+            scale=scale,
+            rowdot=rowdot,
+            store_act=store_act,
+            out=dgu,
+            act=p if store_act else None,
+        )
+    act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
     cfg = GroupedConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], tma=True)
     wd_desc = (
         w_descriptor(w_down, other_layout(w_layout), e, i, h, cfg)
@@ -297,10 +316,11 @@ def swiglu_backward(
     if w_gate_up is not None:
         e, h, two_i, s_ge, s_gk, s_gn = _w_dims(w_gate_up, w_layout)
         dtype = w_gate_up.dtype
-    else:  # G and U loaded: the sizes from gu and the down weight (down: A[., I] @ D_e[I, H])
-        if gu is None or w_down is None:
-            raise ValueError("gu, w_down: without w_gate_up both are needed")
-        e, _, h, *_ = _w_dims(w_down, w_layout)
+    else:  # G and U loaded: the sizes from gu and the offsets (down: A[., I] @ D_e[I, H])
+        if gu is None:
+            raise ValueError("gu: without w_gate_up the gate/up product is needed")
+        e = group_offsets.numel() - 1
+        h = _w_dims(w_down, w_layout)[2] if w_down is not None else 0
         two_i, s_ge, s_gk, s_gn, dtype = gu.shape[1], 0, 0, 0, gu.dtype
     i = two_i // 2
     device = dy.device
@@ -365,7 +385,9 @@ def swiglu_backward(
         HAS_SCALE=scale is not None,
         ROWDOT=rowdot,
         STORE_ACT=store_act,
-        IN_PLACE=gu is not None and dgu.data_ptr() == gu.data_ptr(),
+        # (dGU over gu, or s A over the upstream gradient it is computed from: every load of a tile first)
+        IN_PLACE=(gu is not None and dgu.data_ptr() == gu.data_ptr())
+        or (act is not None and act.data_ptr() == dy.data_ptr()),
         **dot_meta(dtype, False),
         **meta,
     )
