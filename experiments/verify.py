@@ -56,7 +56,9 @@ def workers(has_gpu: bool) -> int:
     from moegemm._runtime import usable_cpus
 
     cpus = usable_cpus()
-    # on a GPU at most 8: the real-shape grouped tests hold up to ~10 GB of GPU memory each
+    # on a GPU at most 8, half the CPUs: the compiles bound the step (on the H200's 16 cores, 11 workers took
+    # 362 s inside pytest against 299 s for 8, its slowest tests up to 5x longer), and the real-shape grouped
+    # tests hold up to ~10 GB of GPU memory each
     return max(1, min(8, cpus // 2) if has_gpu else min(4, cpus))
 
 

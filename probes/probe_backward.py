@@ -5,20 +5,23 @@ each GEMM of the backward timed alone (GPU time, CUDA-graph replay), with its TF
 torch._grouped_mm's result on the same operands (CUTLASS, bf16; the yardstick rows):
 
 - ``recompute``: the gate/up product again, the forward's grouped GEMM (its own config choice);
-- ``dswiglu``: the down projection's dX GEMM with the SwiGLU backward in its epilogue, the TMA kernel at
-  each of DSWIGLU_CONFIGS, ``dswiglu:pointer``, the pointer kernel (dY's rows gathered in-kernel), and
-  ``dswiglu:gemm-only``, the product P alone through the forward's grouped GEMM (its own config choice):
-  what the epilogue costs on top;
+- ``dswiglu``: the down projection's dX product P and the SwiGLU backward: the library's TMA kernel (the
+  SwiGLU backward in P's epilogue) at each of DSWIGLU_CONFIGS; ``separate`` (separate_swiglu_grad: P
+  through the forward's grouped GEMM, then the pointwise pass); ``dswiglu:pointer``, the pointer kernel (dY's
+  rows gathered in-kernel); and ``dswiglu:gemm-only``, P alone through the forward's grouped GEMM;
 - ``dw_down``, ``dw_gate_up``: the weight gradients, the TMA kernel at each of DW_CONFIGS, and
   ``...:pointer``, the pointer kernel with its in-kernel gather and scale;
 - ``dx``: dX through the gate/up weights (the forward's grouped GEMM in the other layout);
 
 then the whole step (forward + backward, and the forward alone) of moe_ffn (the gate/up product recomputed,
-and kept) and of the torch._grouped_mm pipeline, with peak memory (E9's Step and step_memory). The tiles
-the library keeps (moegemm.grouped.backward's DW_TMA_TILES and DSWIGLU_TMA_TILES) are those of least
-geometric-mean time over these cells, which the summary prints.
+and kept) and of the torch._grouped_mm pipeline, with peak memory (E9's Step and step_memory); with
+--steps also the default step with the separate SwiGLU backward. The tiles the library keeps
+(moegemm.grouped.backward's DW_TMA_TILES and DSWIGLU_TMA_TILES) are those of least geometric-mean time over
+these cells, which the summary prints.
 
     python -m probes.probe_backward --out results/<slug>/probe_backward.csv
+    python -m probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto \
+        --out results/<slug>/probe_dswiglu_separate.csv
 """
 
 from __future__ import annotations
@@ -54,15 +57,9 @@ def _dw(bm, bk, bn, warps, stages):
     return dict(BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, GROUP_K=8, num_warps=warps, num_stages=stages)
 
 
-def _ds(bm, bn, bk, warps, stages, split=1, flatten=False, gu_tma=False):
+def _ds(bm, bn, bk, warps, stages, split=1):
     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
-    if split > 1:
-        cfg["EPI_SPLIT"] = split
-    if flatten:
-        cfg["FLATTEN"] = True
-    if gu_tma:
-        cfg["GU_TMA"] = True
-    return cfg
+    return cfg if split == 1 else dict(cfg, EPI_SPLIT=split)
 
 
 DW_CONFIGS = [
@@ -97,20 +94,31 @@ DSWIGLU_CONFIGS = [
     _ds(128, 64, 64, 4, 4, 2),
     _ds(128, 64, 64, 8, 4, 2),
     _ds(128, 256, 64, 8, 3, 4),
-    # the persistent loop flattened with the K loop (FLATTEN: the next tile's loads in flight during the
-    # epilogue), G and U by TMA boxes (GU_TMA), and both, at the fastest tiles above
-    _ds(128, 256, 64, 8, 3, 4, flatten=True),
-    _ds(128, 256, 64, 8, 3, 4, gu_tma=True),
-    _ds(128, 256, 64, 8, 3, 4, flatten=True, gu_tma=True),
-    _ds(128, 256, 64, 8, 4, 4, flatten=True, gu_tma=True),
-    _ds(128, 128, 64, 8, 4, 4, flatten=True),
-    _ds(128, 128, 64, 8, 4, 4, gu_tma=True),
-    _ds(128, 128, 64, 8, 4, 4, flatten=True, gu_tma=True),
-    _ds(128, 128, 64, 8, 4, 2, flatten=True, gu_tma=True),
-    _ds(64, 128, 64, 4, 4, 4, flatten=True, gu_tma=True),
-    # P through the forward's grouped GEMM, then the SwiGLU backward in one pointwise kernel (SEPARATE)
-    dict(_ds(128, 256, 64, 8, 3, 4), SEPARATE=True),
 ]
+# (Two more knobs of the kernel were measured at its fastest tiles and removed, neither having won a cell:
+# its persistent loop flattened with the K loop, one program per SM, and G, U brought in by TMA boxes;
+# results/nvidia-h200/probe_dswiglu_flatten.csv.)
+
+
+def separate_swiglu_grad(group_offsets, dys, gu, w_down, w_layout, *, scale, rowdot, store_act, in_place):
+    """backward.swiglu_grad's result in two launches instead of the fused kernel: P = dY D_e^T through the
+    forward's grouped GEMM (its own config choice, P in the operands' dtype), then the SwiGLU backward's
+    pointwise pass (backward.swiglu_backward with P given: s A over P, dGU over gu with ``in_place``)."""
+    p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=bw.other_layout(w_layout), validate=False)
+    return bw.swiglu_backward(
+        group_offsets,
+        dys.shape[0],
+        p,
+        x=None,
+        w_gate_up=None,
+        w_layout=w_layout,
+        gu=gu,
+        scale=scale,
+        rowdot=rowdot,
+        store_act=store_act,
+        out=gu if in_place else None,
+        act=p if store_act else None,
+    )
 
 
 def gpu_us(fn, replays: int = 5) -> float:
@@ -173,6 +181,17 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
                 f_dn,
             )
         )
+    out.append(
+        (
+            "dswiglu",
+            "separate",
+            None,
+            lambda: separate_swiglu_grad(
+                offs, dys, gu, wd, "nk", scale=ws, rowdot=True, store_act=True, in_place=False
+            )[0],
+            f_dn,
+        )
+    )
     out.append(
         (
             "dswiglu:gemm-only",
@@ -262,35 +281,20 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
 
 
 def label(cfg: dict) -> str:
-    """e.g. 128x256x64/w8s3e4fg: tiles, warps, stages, epilogue split, f: FLATTEN, g: GU_TMA; "separate"
-    for SEPARATE (the forward's GEMM at its own config, then the pointwise kernel at SWIGLU_TILES)."""
-    if cfg.get("SEPARATE"):
-        return "separate"
+    """e.g. 128x256x64/w8s3e4: tiles, warps, stages, epilogue split."""
     split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
     return (
         "x".join(str(cfg[k]) for k in cfg if k.startswith("BLOCK"))
         + f"/w{cfg['num_warps']}s{cfg['num_stages']}{split}"
-        + ("f" if cfg.get("FLATTEN") else "")
-        + ("g" if cfg.get("GU_TMA") else "")
     )
 
 
-# The SwiGLU backward's tiles that the whole step is also timed at (--steps; the library's own first), as
-# "ours:moe_ffn:save-gate-up:dswiglu=<label>"
-STEP_DSWIGLU = [
-    dict(bw.DSWIGLU_TMA_TILES),
-    _ds(128, 256, 64, 8, 3, 4, flatten=True),
-    _ds(128, 256, 64, 8, 3, 4, gu_tma=True),
-    _ds(128, 256, 64, 8, 3, 4, flatten=True, gu_tma=True),
-    dict(_ds(128, 256, 64, 8, 3, 4), SEPARATE=True),
-]
-
-
 def steps(x, ids, wts, w_gu, w_dn, dy, e, variants: bool = False):
-    """{name: (forward, the SwiGLU backward's tiles or None for the library's)} of the steps timed whole:
-    moe_ffn recomputing the gate/up product ("ours:moe_ffn", the row's name from the probe's first run, when
-    recompute was the default) and keeping it ("ours:moe_ffn:save-gate-up", now the default), the
-    torch._grouped_mm pipeline, and with ``variants`` the default step at each of STEP_DSWIGLU."""
+    """{name: (forward, what stands in for backward.swiglu_grad in the step or None)} of the steps timed
+    whole: moe_ffn recomputing the gate/up product ("ours:moe_ffn", the row's name from the probe's first
+    run, when recompute was the default) and keeping it ("ours:moe_ffn:save-gate-up", now the default), the
+    torch._grouped_mm pipeline, and with ``variants`` the default step with separate_swiglu_grad for the
+    SwiGLU backward ("ours:moe_ffn:save-gate-up:separate")."""
 
     def ours(save):
         return lambda: moe_ffn(x, ids, wts, w_gu, w_dn, w_layout="nk", validate=False, save_gate_up=save)
@@ -301,8 +305,7 @@ def steps(x, ids, wts, w_gu, w_dn, dy, e, variants: bool = False):
         "torch._grouped_mm pipeline": (lambda: torch_pipeline_train(x, ids, wts, w_gu, w_dn, e), None),
     }
     if variants:
-        for cfg in STEP_DSWIGLU:
-            out[f"ours:moe_ffn:save-gate-up:dswiglu={label(cfg)}"] = (ours(True), cfg)
+        out["ours:moe_ffn:save-gate-up:separate"] = (ours(True), separate_swiglu_grad)
     return out
 
 
@@ -313,7 +316,7 @@ def main():
     ap.add_argument(
         "--steps",
         action="store_true",
-        help="time the steps also with --pieces, and the default step at each of STEP_DSWIGLU's tiles",
+        help="time the steps also with --pieces, and the default step with the separate SwiGLU backward",
     )
     ap.add_argument("--cells", type=int, help="only the first N cells")
     ap.add_argument("--configs", nargs="+", help="time only the tiles of these labels (and the yardsticks)")
@@ -351,16 +354,14 @@ def main():
         del ps, ref, dgu
         torch.cuda.empty_cache()
         todo = {} if args.pieces and not args.steps else steps(x, ids, wts, w_gu, w_dn, dy, e, args.steps)
-        for name, (fwd, tiles) in todo.items():
+        for name, (fwd, grad) in todo.items():
             for phase in ("fwd+bwd", "fwd"):
-                if tiles is not None and phase == "fwd":  # (the tiles are the backward's)
-                    continue
-                if tiles is not None and args.configs and label(tiles) not in args.configs:
+                if grad is not None and phase == "fwd":  # (it stands in for the backward's)
                     continue
                 row = dict(model=model, tokens=t, piece="step:" + phase, config=name, **prov)
-                kept = bw.DSWIGLU_TMA_TILES
-                if tiles is not None:
-                    bw.DSWIGLU_TMA_TILES = tiles  # (captured into the step's graph with these tiles)
+                kept = bw.swiglu_grad
+                if grad is not None:
+                    bw.swiglu_grad = grad  # (captured into the step's graph)
                 try:
                     st = Step(fwd, (x, wts, w_gu, w_dn), (), dy, phase)
                     st()
@@ -370,7 +371,7 @@ def main():
                 except Exception as ex:  # noqa: BLE001 - recorded
                     row.update(status="error", note=f"{type(ex).__name__}: {str(ex)[:160]}")
                 finally:
-                    bw.DSWIGLU_TMA_TILES = kept
+                    bw.swiglu_grad = kept
                 rows.append(row)
         torch.cuda.empty_cache()
         write(args.out, rows)  # after every cell, so that a run stopped at a time limit keeps its cells

@@ -247,9 +247,13 @@ def backward_probe(n: Numbers, results: Path) -> None:
     against torch._grouped_mm on the same products, as torch's time over ours (geomean): the SwiGLU backward
     in the down projection's dX GEMM (against the plain GEMM), the two weight gradients; then the step
     (forward + backward, GPU time) of moe_ffn as it comes (the gate/up product kept) and recomputing it,
-    against the torch._grouped_mm pipeline (lowest, highest over the cells)."""
+    against the torch._grouped_mm pipeline (lowest, highest over the cells). Then the fused kernel's two
+    knobs against it (probe_dswiglu_flatten), and the separate form against it and against the plain GEMM,
+    piece and step (probe_dswiglu_separate)."""
     from moegemm.grouped import backward as bw
     from probes.probe_backward import DSWIGLU_CONFIGS, label  # the config labels its rows carry
+
+    separate_probe(n, results, label(bw.DSWIGLU_TMA_TILES))
 
     df = probe_rows(results, "probe_backward")
     if df is None:
@@ -285,6 +289,49 @@ def backward_probe(n: Numbers, results: Path) -> None:
             r = (step["torch._grouped_mm pipeline"] / step[ours]).dropna()
             n.add(name + "Lo", float(r.min()))
             n.add(name + "Hi", float(r.max()))
+
+
+def separate_probe(n: Numbers, results: Path, fused: str) -> None:
+    """The SwiGLU backward's form. probe_dswiglu_flatten: the fused kernel at its tiles ``fused`` with its
+    persistent loop flattened (f), with G, U by TMA boxes (g), and both (fg), each as the plain fused
+    kernel's time over its own (geomean over the cells). probe_dswiglu_separate: torch._grouped_mm's plain
+    GEMM time over the separate form's, the fused kernel's and the forward's GEMM alone (geomean), and the
+    default step's GPU time with the fused kernel over its time with the separate form (geomean, lowest,
+    highest)."""
+    df = probe_rows(results, "probe_dswiglu_flatten")
+    if df is not None:
+        t = df[df.piece == "dswiglu"].pivot_table(
+            index=["model", "tokens"], columns="config", values="graph_us"
+        )
+        for suffix, name in (("f", "BwdFlatten"), ("g", "BwdGuTma"), ("fg", "BwdFlattenGuTma")):
+            if fused + suffix in t and fused in t:
+                n.add(name, gm(t[fused] / t[fused + suffix]))
+    df = probe_rows(results, "probe_dswiglu_separate")
+    if df is None:
+        return
+    t = df.pivot_table(index=["model", "tokens"], columns=["piece", "config"], values="graph_us")
+    torch_ = t[("dswiglu", "torch._grouped_mm")]
+    for name, key in (
+        ("BwdSepPiece", ("dswiglu", "separate")),
+        ("BwdSepFusedPiece", ("dswiglu", fused)),
+        ("BwdSepGemmOnly", ("dswiglu:gemm-only", "auto")),
+    ):
+        if key in t:
+            n.add(name, gm(torch_ / t[key]))
+    step = t.get("step:fwd+bwd")
+    # the step rows' names (fused, separate): both forms as variants of the same run (the first run's),
+    # else the default (fused) against the separate variant (the probe's code now)
+    pairs = [
+        (f"ours:moe_ffn:save-gate-up:dswiglu={fused}", "ours:moe_ffn:save-gate-up:dswiglu=separate"),
+        ("ours:moe_ffn:save-gate-up", "ours:moe_ffn:save-gate-up:separate"),
+    ]
+    pair = next((p for p in pairs if step is not None and p[0] in step and p[1] in step), None)
+    if pair is not None:
+        r = (step[pair[0]] / step[pair[1]]).dropna()
+        n.add("BwdSepStep", gm(r))
+        n.add("BwdSepStepLo", float(r.min()))
+        n.add("BwdSepStepHi", float(r.max()))
+        n.add("BwdSepCells", len(r), "{}")
 
 
 def cluster_probe(n: Numbers, results: Path) -> None:

@@ -384,7 +384,6 @@ def variants():
             tio = {
                 "dy_desc": f"tensordesc<{dt}[{t['BLOCK_M']},{t['BLOCK_K']}]>",
                 "wd_desc": f"tensordesc<{dt}{box}>",
-                "gu_desc": f"tensordesc<{dt}[{t['BLOCK_M']},{t['BLOCK_N'] // t.get('EPI_SPLIT', 1)}]>",
                 "gu_ptr": TY[dt],
                 "scale_ptr": "*fp32",
                 "offsets_ptr": "*i32",

@@ -341,55 +341,42 @@ def test_dswiglu_epilogue_in_chunks(block_n, split, i, device, monkeypatch, pois
     assert_ffn_grads(x, ids, tw, wgu, wd, dy, "nk", TOL[torch.bfloat16] * 2)
 
 
-@pytest.mark.parametrize("flatten, gu_tma", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
-def test_dswiglu_flattened_loop_and_tma_epilogue(
-    flatten, gu_tma, save, device, monkeypatch, poison, tma_spies
-):
-    """The SwiGLU backward's kernel with its persistent loop flattened into the K loop's pipeline (FLATTEN,
-    one program per SM; here a GPU of 2 SMs, so that each program walks several tiles) and G, U brought in
-    by TMA boxes (GU_TMA; in place over the gate/up buffer when it is kept): the same gradients as float64.
-    Under the interpreter 32-column tiles in halves, I = 40: a chunk across I, whose G box reads U's first
-    columns and whose U box runs past gu's last column (zeros), neither stored; ragged experts, one empty.
-    On a GPU, the library's tiles."""
-    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
-    monkeypatch.setattr(bw, "device_sm_count", lambda t: 2)
-    knobs = dict(FLATTEN=flatten, GU_TMA=gu_tma)
-    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, BLOCK_N=32, EPI_SPLIT=2, **knobs))
-    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, **knobs))
-    x, ids, tw, wgu, wd = ffn_inputs(
-        torch.bfloat16, "nk", device, seed=80 + 2 * flatten + gu_tma, t=23, h=tma_h(), i=40, e=4, k=2
+@pytest.mark.parametrize("in_place", [False, True])
+def test_swiglu_backward_from_a_given_product(in_place, device, poison):
+    """The SwiGLU backward's pointwise pass alone (swiglu_backward with the upstream gradient P given and the
+    gate/up product loaded, no weight): dGU, s A and rowdot(P, A) against float64, ragged experts and an
+    empty one; with ``in_place``, dGU over the gate/up product and s A over P."""
+    g = torch.Generator().manual_seed(12)
+    sizes, i = [7, 0, 20, 5], 40
+    rows = sum(sizes)
+    p = torch.randn(rows, i, generator=g).bfloat16().to(device)
+    gu = torch.randn(rows, 2 * i, generator=g).bfloat16().to(device)
+    s = torch.rand(rows, generator=g).to(device)
+    p64, gu64, s64 = p.double().cpu(), gu.double().cpu(), s.double().cpu()[:, None]
+    out, act = (gu, p) if in_place else (None, None)
+    dgu, sact, ds = bw.swiglu_backward(
+        offsets_of(sizes, device),
+        rows,
+        p,
+        x=None,
+        w_gate_up=None,
+        w_layout="nk",
+        gu=gu,
+        scale=s,
+        rowdot=True,
+        store_act=True,
+        out=out,
+        act=act,
     )
-    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(y.dtype).to(device)
-    y.backward(dy)
-    spy = tma_spies["_dswiglu_tma_kernel"]
-    assert spy.launches == 1
-    assert spy.kwargs["FLATTEN"] == flatten and spy.kwargs["GU_TMA"] == gu_tma
-    assert spy.grid[0] == 2 if flatten else spy.grid[0] > 2
-    assert_ffn_grads(x, ids, tw, wgu, wd, dy, "nk", TOL[torch.bfloat16] * 2)
-    assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("w_layout", ["kn", "nk"])
-@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
-def test_dswiglu_separate(dtype, w_layout, save, device, monkeypatch, poison, tma_spies):
-    """The SwiGLU backward with the down projection's dX product P through the forward's grouped GEMM and
-    the rest in one pointwise kernel (SEPARATE; s A written over P, dGU over the kept gate/up product): the
-    same gradients as float64, an unrouted expert's weight gradients exact zeros, and no launch of the
-    fused kernel."""
-    monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
-    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, SEPARATE=True))
-    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, SEPARATE=True))
-    x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=90 + save, t=21, h=tma_h(), i=40, e=4)
-    y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(10)).to(dtype).to(device)
-    y.backward(dy)
-    assert tma_spies["_dswiglu_tma_kernel"].launches == 0
-    assert tma_spies["_swiglu_bwd_kernel"].launches == 1
-    assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, TOL[dtype] * 2)
-    assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
+    gate, up = gu64[:, :i], gu64[:, i:]
+    sig = torch.sigmoid(gate)
+    a = gate * sig * up
+    want_dgu = torch.cat([s64 * p64 * up * sig * (1 + gate * (1 - sig)), s64 * p64 * gate * sig], 1)
+    assert rel_err(dgu, want_dgu) < TOL[torch.bfloat16]
+    assert rel_err(sact, s64 * a) < TOL[torch.bfloat16]
+    assert rel_err(ds, (p64 * a).sum(1)) < TOL[torch.bfloat16]
+    if in_place:
+        assert dgu.data_ptr() == gu.data_ptr() and sact.data_ptr() == p.data_ptr()
 
 
 def test_dswiglu_tiles_are_validated(device, monkeypatch):

@@ -62,6 +62,8 @@ PROBES = {  # CSV: the probe table's row it is drawn from
     "probe_host_cost": "Host cost",
     "probe_backward": "Training backward",
     "probe_dswiglu_split": "SwiGLU backward tiles",
+    "probe_dswiglu_flatten": "SwiGLU backward's form",
+    "probe_dswiglu_separate": "SwiGLU backward's form",
     "probe_cluster_dk": "Clustered Decompose-K",
     "probe_cluster_grouped": "Multicast grouped",
 }
@@ -71,6 +73,10 @@ DERIVED = {"distill_grouped": "tune_grouped"}
 # probes whose CSV another module writes (the module, with the arguments that make that CSV)
 WRITTEN_BY = {
     "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu",
+    "probe_dswiglu_flatten": "probes.probe_backward --pieces dswiglu --steps",
+    "probe_dswiglu_separate": (
+        "probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto"
+    ),
     "probe_cluster_dk": "probes.cluster_bench",  # the clustered probes' bench writes both of their CSVs
     "probe_cluster_grouped": "probes.cluster_bench",
     "probe_prefill_timing": "probes.probe_prefill_counters",

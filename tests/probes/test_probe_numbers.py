@@ -410,3 +410,53 @@ def test_backward_probe_numbers_on_a_synthetic_csv(tmp_path, monkeypatch):
         "BwdStepRecomputeLo": "0.92",
         "BwdStepRecomputeHi": "1.60",
     }
+
+
+def test_separate_probe_numbers_on_synthetic_csvs(tmp_path):
+    """The SwiGLU backward's form: the fused kernel's knobs as its time over theirs, and the separate form,
+    the fused kernel and the GEMM alone as torch's plain GEMM time over theirs (geomean over the cells), the
+    default step's time with the fused kernel over its time with the separate one; none before the CSVs."""
+    import pandas as pd
+
+    from experiments.report import Numbers
+    from probes.writeup import separate_probe
+
+    fused = "128x256x64/w8s3e4"
+    n = Numbers()
+    separate_probe(n, tmp_path, fused)
+    assert not n.items
+    cells = (("a", 4096), ("b", 16384))
+    knobs = {fused: (200, 400), fused + "f": (250, 400), fused + "g": (200, 500), fused + "fg": (400, 800)}
+    pd.DataFrame(
+        [
+            dict(model=m, tokens=t, piece="dswiglu", config=c, status="ok", graph_us=us[j])
+            for c, us in knobs.items()
+            for j, (m, t) in enumerate(cells)
+        ]
+        + [dict(model="a", tokens=4096, piece="dswiglu", config=fused + "f", status="error", graph_us=None)]
+    ).to_csv(tmp_path / "probe_dswiglu_flatten.csv", index=False)
+    pieces = {
+        ("dswiglu", "torch._grouped_mm"): (100, 400),
+        ("dswiglu", "separate"): (125, 400),
+        ("dswiglu", fused): (200, 800),
+        ("dswiglu:gemm-only", "auto"): (50, 400),
+        ("step:fwd+bwd", "ours:moe_ffn:save-gate-up"): (11, 36),
+        ("step:fwd+bwd", "ours:moe_ffn:save-gate-up:separate"): (10, 40),
+    }
+    pd.DataFrame(
+        [
+            dict(model=m, tokens=t, piece=p, config=c, status="ok", graph_us=us[j])
+            for (p, c), us in pieces.items()
+            for j, (m, t) in enumerate(cells)
+        ]
+    ).to_csv(tmp_path / "probe_dswiglu_separate.csv", index=False)
+    separate_probe(n, tmp_path, fused)
+    got = {k: float(v) for k, v in n.items.items()}
+    assert got["BwdFlatten"] == pytest.approx((0.8 * 1.0) ** 0.5, abs=0.01)
+    assert got["BwdGuTma"] == pytest.approx((1.0 * 0.8) ** 0.5, abs=0.01)
+    assert got["BwdFlattenGuTma"] == pytest.approx(0.5, abs=0.01)
+    assert got["BwdSepPiece"] == pytest.approx((0.8 * 1.0) ** 0.5, abs=0.01)
+    assert got["BwdSepFusedPiece"] == pytest.approx(0.5, abs=0.01)
+    assert got["BwdSepGemmOnly"] == pytest.approx(2**0.5, abs=0.01)
+    assert got["BwdSepStep"] == pytest.approx((1.1 * 0.9) ** 0.5, abs=0.01)
+    assert (got["BwdSepStepLo"], got["BwdSepStepHi"], got["BwdSepCells"]) == (0.9, 1.1, 2)

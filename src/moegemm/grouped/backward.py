@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._runtime import INTERPRET, device_sm_count
+from .._runtime import INTERPRET
 from .._triton_common import dot_meta
 from .backward_kernels import (
     _dswiglu_tma_kernel,
@@ -43,18 +43,7 @@ DW_TMA_TILES = dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4
 DSWIGLU_TMA_TILES = dict(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, EPI_SPLIT=4
 )
-_DSWIGLU_KEYS = {
-    "BLOCK_M",
-    "BLOCK_N",
-    "BLOCK_K",
-    "GROUP_M",
-    "num_warps",
-    "num_stages",
-    "EPI_SPLIT",
-    "FLATTEN",
-    "GU_TMA",
-    "SEPARATE",
-}
+_DSWIGLU_KEYS = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "EPI_SPLIT"}
 _INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
 _INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
 
@@ -190,6 +179,7 @@ def swiglu_grad(
     e, i, h, *_ = _w_dims(w_down, w_layout)
     rows = dys.shape[0]
     dgu = gu if in_place else torch.empty_like(gu)
+    act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
     meta = dict(_INTERPRET_SWIGLU if INTERPRET else tiles or DSWIGLU_TMA_TILES)
     split = meta.get("EPI_SPLIT", 1)
     if split not in (1, 2, 4) or meta["BLOCK_N"] % split:
@@ -197,25 +187,6 @@ def swiglu_grad(
     unknown = set(meta) - _DSWIGLU_KEYS
     if unknown:
         raise ValueError(f"tiles: unknown keys {sorted(unknown)} (known: {sorted(_DSWIGLU_KEYS)})")
-    if meta.get("SEPARATE"):
-        # P = dY D_e^T through the forward's grouped GEMM (its own config choice), written where s A goes;
-        # then the SwiGLU backward in one pointwise kernel, s A over P
-        p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=other_layout(w_layout), validate=False)
-        return swiglu_backward(
-            group_offsets,
-            rows,
-            p,
-            x=None,
-            w_gate_up=None,
-            w_layout=w_layout,
-            gu=gu,
-            scale=scale,
-            rowdot=rowdot,
-            store_act=store_act,
-            out=dgu,
-            act=p if store_act else None,
-        )
-    act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
     cfg = GroupedConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], tma=True)
     wd_desc = (
         w_descriptor(w_down, other_layout(w_layout), e, i, h, cfg)
@@ -244,21 +215,10 @@ def swiglu_grad(
     part = torch.empty((rows, n_part), dtype=torch.float32, device=gu.device) if rowdot else None
     offsets = group_offsets.to(torch.int32).contiguous()
     grid = (triton.cdiv(rows, meta["BLOCK_M"]) + min(e, rows)) * n_tiles
-    if meta.get("FLATTEN"):  # the persistent grid: one program per SM
-        grid = min(grid, device_sm_count(gu))
     dy_desc = TensorDescriptor(dys, [rows, h], [dys.stride(0), 1], [meta["BLOCK_M"], meta["BLOCK_K"]])
-    chunk = meta["BLOCK_N"] // split
-    # G and U by TMA boxes where gu's rows allow them and a box row is at least TMA's 16 bytes
-    meta["GU_TMA"] = bool(meta.get("GU_TMA")) and tma_rows_ok(gu) and chunk * gu.element_size() >= 16
-    gu_desc = (
-        TensorDescriptor(gu, [rows, 2 * i], [gu.stride(0), 1], [meta["BLOCK_M"], chunk])
-        if meta["GU_TMA"]
-        else dy_desc  # (unused)
-    )
     _dswiglu_tma_kernel[(grid,)](
         dy_desc,
         wd_desc,
-        gu_desc,
         gu,
         scale.contiguous() if scale is not None else offsets,
         offsets,
@@ -311,8 +271,8 @@ def swiglu_backward(
     G, U: from ``gu`` [rows, 2I] where given, else recomputed as X @ W_gate_up (X's rows: x[x_idx[r]]).
     The activation's upstream gradient: ``dy`` [rows, I] itself, or with ``w_down`` dY @ D_e^T (the down
     projection y = s * A @ D_e; dY's rows: dy[dy_idx[r]]). ``rowdot``: also the gradient of s (rowdot of the
-    upstream gradient and A). ``store_act``: also s A (into ``act`` where given). ``out``: dGU's buffer
-    (``gu`` itself: written in place)."""
+    upstream gradient and A). ``store_act``: also s A (into ``act`` where given; ``dy`` itself: written
+    over it). ``out``: dGU's buffer (``gu`` itself: written in place)."""
     if w_gate_up is not None:
         e, h, two_i, s_ge, s_gk, s_gn = _w_dims(w_gate_up, w_layout)
         dtype = w_gate_up.dtype

@@ -382,7 +382,6 @@ def _grouped_dw_tma_kernel(
 def _dswiglu_tma_kernel(
     dy_desc,
     wd_desc,
-    gu_desc,
     gu_ptr,
     scale_ptr,
     offsets_ptr,
@@ -411,21 +410,16 @@ def _dswiglu_tma_kernel(
     IN_PLACE: tl.constexpr,
     UPCAST: tl.constexpr,
     EPI_SPLIT: tl.constexpr = 1,
-    FLATTEN: tl.constexpr = False,
-    GU_TMA: tl.constexpr = False,
 ):
     """The SwiGLU backward in the epilogue of the down projection's dX GEMM, its tiles brought in by TMA: per
     tile of rows of one expert and BLOCK_N of the I activation columns, P = dY[rows] @ D_e^T[:, cols] (dY:
     the permuted rows of the layer's output gradient [rows, H]; D_e^T read through the 2-D descriptor of
     the down weight in the layout of a forward [H, I] operand, W_KN as in _grouped_mm_tma_kernel), then
     _dswiglu_store with G, U loaded from gu [rows, 2I] (which dGU may overwrite: IN_PLACE). Tiles numbered
-    as in the forward kernels (from the group offsets, in-kernel: no host sync). FLATTEN: the persistent
-    loop over tiles flattened with the K loop into one software pipeline, so that the next tile's first
-    operand loads are in flight during this tile's epilogue (the grid then one program per SM). GU_TMA: G and
-    U brought in by TMA boxes of gu_desc ([BLOCK_M, BLOCK_N // EPI_SPLIT] of gu), not by pointer loads."""
+    as in the forward kernels (from the group offsets, in-kernel: no host sync)."""
     e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     CHUNK: tl.constexpr = BLOCK_N // EPI_SPLIT
-    for tile in tl.range(tl.program_id(0), total_tiles, tl.num_programs(0), flatten=FLATTEN):
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
             tile, e_offs, lo, hi, cum, N_I, BLOCK_M, BLOCK_N, GROUP_M, 0
         )
@@ -446,9 +440,7 @@ def _dswiglu_tma_kernel(
                 chunk = _halves(_halves(p, BLOCK_M, BLOCK_N)[j // 2], BLOCK_M, BLOCK_N // 2)[j % 2]
             _dswiglu_chunk(
                 chunk,
-                row0,
                 col0 + j * CHUNK,
-                gu_desc,
                 gu_ptr,
                 scale_ptr,
                 dgu_ptr,
@@ -469,7 +461,6 @@ def _dswiglu_tma_kernel(
                 ROWDOT,
                 STORE_ACT,
                 IN_PLACE,
-                GU_TMA,
             )
 
 
@@ -482,9 +473,7 @@ def _halves(p, ROWS: tl.constexpr, COLS: tl.constexpr):
 @triton.jit
 def _dswiglu_chunk(
     p,
-    row0,
     col0,
-    gu_desc,
     gu_ptr,
     scale_ptr,
     dgu_ptr,
@@ -505,22 +494,15 @@ def _dswiglu_chunk(
     ROWDOT: tl.constexpr,
     STORE_ACT: tl.constexpr,
     IN_PLACE: tl.constexpr,
-    GU_TMA: tl.constexpr,
 ):
     """The epilogue of CHUNK columns from col0 of a tile: G, U loaded from gu, then _dswiglu_store (its row
-    scale partial in the part column col0 // CHUNK). GU_TMA: G and U as the TMA boxes at (row0, col0) and
-    (row0, I + col0) of gu; rows past the expert's end (the next expert's, or past gu: zeros) and, for G,
-    columns past I (U's) are read but never stored."""
+    scale partial in the part column col0 // CHUNK)."""
     cols = col0 + tl.arange(0, CHUNK)
     col_ok = cols < N_I
-    if GU_TMA:
-        gate = gu_desc.load([row0, col0]).to(tl.float32)
-        up = gu_desc.load([row0, N_I + col0]).to(tl.float32)
-    else:
-        n_c = cols % N_I
-        g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
-        gate = tl.load(g_ptrs).to(tl.float32)
-        up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
+    n_c = cols % N_I
+    g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
+    gate = tl.load(g_ptrs).to(tl.float32)
+    up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
     _dswiglu_store(
         p,
         gate,
