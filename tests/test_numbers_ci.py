@@ -1,4 +1,5 @@
-"""paper/numbers/common.py: the bootstrap interval of headline ratios, the phase split and the parity rule."""
+"""paper/numbers: the bootstrap interval of headline ratios, the phase split and the parity rule (common.py),
+and the reproducibility table's command cell (repro.py)."""
 
 from __future__ import annotations
 
@@ -223,3 +224,20 @@ def test_runner_records_each_rounds_median_for_the_intervals(monkeypatch):
     assert row["launch_round_us"] == "2.0000;3.0000;4.0000"
     assert round_times(pd.Series(row), "launch").tolist() == [2.0, 3.0, 4.0]
     assert row["graph_round_us"] == ""  # no graph clock for this contender
+
+
+def test_repro_commands_break_at_spaces_to_keep_the_table_in_the_text_width():
+    """The reproducibility table's command cell: a short command is one typewriter cell; a long one is a
+    stack of lines of at most the width, broken at spaces, its words kept whole and in order."""
+    from paper.numbers.repro import command_cell
+
+    assert command_cell("experiments.e7_grouped_skew") == r"\texttt{experiments.e7\_grouped\_skew}"
+    cmd = "probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto"
+    cell = command_cell(cmd, width=38)
+    assert cell.startswith(r"\shortstack[l]{") and cell.endswith("}")
+    lines = [
+        ln.removeprefix(r"\texttt{").removesuffix("}")
+        for ln in cell[len(r"\shortstack[l]{") : -1].split(r"\\")
+    ]
+    assert len(lines) == 3 and all(len(ln.replace("\\_", "_")) <= 38 for ln in lines)
+    assert " ".join(ln.replace("\\_", "_") for ln in lines) == cmd

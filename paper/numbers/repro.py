@@ -62,8 +62,8 @@ PROBES = {  # CSV: the probe table's row it is drawn from
     "probe_host_cost": "Host cost",
     "probe_backward": "Training backward",
     "probe_dswiglu_split": "SwiGLU backward tiles",
-    "probe_dswiglu_flatten": "SwiGLU backward's form",
-    "probe_dswiglu_separate": "SwiGLU backward's form",
+    "probe_dswiglu_flatten": "SwiGLU form",
+    "probe_dswiglu_separate": "SwiGLU form",
     "probe_cluster_dk": "Clustered Decompose-K",
     "probe_cluster_grouped": "Multicast grouped",
 }
@@ -104,6 +104,19 @@ def provenance_of(path: Path) -> tuple[str, str]:
     return ", ".join(marks), triton or "--"
 
 
+def command_cell(module: str, width: int = 38) -> str:
+    """The module and its arguments in typewriter type, over several lines (broken at spaces) where it is
+    longer than ``width`` characters, so that the table keeps to the text width."""
+    lines: list[str] = []
+    for word in module.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    cells = [f"\\texttt{{{tex_escape(line)}}}" for line in lines]
+    return cells[0] if len(cells) == 1 else "\\shortstack[l]{" + "\\\\".join(cells) + "}"
+
+
 def repro(n: Numbers, results: Path, gen: Path) -> None:
     """table_repro.tex: a row per figure/table group of the write-up with its CSV, commit, Triton and
     command; rows whose CSV is not committed are left out."""
@@ -125,8 +138,7 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
                 "CSV": f"\\texttt{{{tex_escape(csv)}}}",
                 "commit": commit,
                 "Triton": triton,
-                "module": f"\\texttt{{{tex_escape(module)}}}"
-                + ("$^*$" if module in REMOVED.values() else ""),
+                "module": command_cell(module) + ("$^*$" if module in REMOVED.values() else ""),
             }
         )
     write_text(
