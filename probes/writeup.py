@@ -12,6 +12,12 @@ import pandas as pd
 from experiments.report import Numbers, gm
 
 
+def probe_rows_any(results: Path, probe: str) -> pd.DataFrame | None:
+    """A probe's rows (results/<gpu>/<probe>.csv) whatever their status, None where it is not committed."""
+    path = results / f"{probe}.csv"
+    return pd.read_csv(path) if path.exists() else None
+
+
 def probe_rows(results: Path, probe: str) -> pd.DataFrame | None:
     """A probe's correct rows (results/<gpu>/<probe>.csv), None where it is not committed."""
     path = results / f"{probe}.csv"
@@ -318,6 +324,14 @@ def separate_probe(n: Numbers, results: Path, fused: str) -> None:
     ):
         if key in t:
             n.add(name, gm(torch_ / t[key]))
+    acc = probe_rows_any(results, "probe_swiglu_accuracy")
+    if acc is not None:  # dX's relative error against float64, E9's check, per form: the largest over cells
+        dx = acc[acc.grad == "x"]
+        for form, name in (("fused", "BwdAccFused"), ("separate", "BwdAccSeparate")):
+            f = dx[dx.form == form]
+            if len(f):
+                n.add(name, f"{f.rel_err.max():.1e}", "{}")
+                n.add(name + "Ok", f"{int(f.ok.astype(str).eq('True').sum())} of {len(f)}", "{}")
     step = t.get("step:fwd+bwd")
     # the step rows' names (fused, separate): both forms as variants of the same run (the first run's),
     # else the default (fused) against the separate variant (the probe's code now)

@@ -64,6 +64,7 @@ PROBES = {  # CSV: the probe table's row it is drawn from
     "probe_dswiglu_split": "SwiGLU backward tiles",
     "probe_dswiglu_flatten": "SwiGLU form",
     "probe_dswiglu_separate": "SwiGLU form",
+    "probe_swiglu_accuracy": "SwiGLU form",
     "probe_cluster_dk": "Clustered Decompose-K",
     "probe_cluster_grouped": "Multicast grouped",
 }
@@ -74,6 +75,7 @@ DERIVED = {"distill_grouped": "tune_grouped"}
 WRITTEN_BY = {
     "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu",
     "probe_dswiglu_flatten": "probes.probe_backward --pieces dswiglu --steps",
+    "probe_swiglu_accuracy": "probes.probe_separate_accuracy",
     "probe_dswiglu_separate": (
         "probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto"
     ),

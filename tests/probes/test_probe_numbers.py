@@ -450,7 +450,26 @@ def test_separate_probe_numbers_on_synthetic_csvs(tmp_path):
             for j, (m, t) in enumerate(cells)
         ]
     ).to_csv(tmp_path / "probe_dswiglu_separate.csv", index=False)
+    pd.DataFrame(
+        [
+            dict(model=m, tokens=t, form=f, grad="x", ok=ok, rel_err=err)
+            for (m, t), f, ok, err in (
+                (cells[0], "fused", True, 3e-3),
+                (cells[1], "fused", True, 4e-3),
+                (cells[0], "separate", True, 5e-3),
+                (cells[1], "separate", False, 9e-3),
+            )
+        ]
+        + [dict(model="a", tokens=4096, form="separate vs fused", grad="w_down", ok=None, rel_err=0.5)]
+    ).to_csv(tmp_path / "probe_swiglu_accuracy.csv", index=False)
     separate_probe(n, tmp_path, fused)
+    acc = {k: n.items.pop(k) for k in list(n.items) if k.startswith("BwdAcc")}
+    assert acc == {
+        "BwdAccFused": "4.0e-03",
+        "BwdAccFusedOk": "2 of 2",
+        "BwdAccSeparate": "9.0e-03",
+        "BwdAccSeparateOk": "1 of 2",
+    }
     got = {k: float(v) for k, v in n.items.items()}
     assert got["BwdFlatten"] == pytest.approx((0.8 * 1.0) ** 0.5, abs=0.01)
     assert got["BwdGuTma"] == pytest.approx((1.0 * 0.8) ** 0.5, abs=0.01)
