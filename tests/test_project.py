@@ -230,3 +230,29 @@ def test_verify_leaves_the_compile_check_to_ci_on_a_gpu_only():
     assert "@pytest.mark.compile_only" in src
     for f in (ROOT / "tests" / "probes").glob("test_*.py"):
         assert "pytestmark = pytest.mark.probe" in f.read_text(), f.name
+
+
+def test_readme_says_how_the_interpreter_casts_to_bf16():
+    """The README's word on the CPU tests' bf16 rounding holds for the Triton installed: under the
+    interpreter an fp32 to bf16 cast truncates (where torch, like the GPU, rounds to nearest). On a GPU, or
+    once a Triton rounds to nearest there too, the claim is checked natively or fails and must change."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from moegemm._runtime import INTERPRET
+
+    if not INTERPRET:
+        pytest.skip("the claim is about Triton's interpreter")
+
+    @triton.jit
+    def cast(x_ptr, y_ptr, N: tl.constexpr):
+        o = tl.arange(0, N)
+        tl.store(y_ptr + o, tl.load(x_ptr + o).to(tl.bfloat16))
+
+    x = torch.randn(1024, generator=torch.Generator().manual_seed(0))
+    y = torch.empty(1024, dtype=torch.bfloat16)
+    cast[(1,)](x, y, 1024)
+    truncated = (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    assert torch.equal(y, truncated) and not torch.equal(y, x.to(torch.bfloat16))
+    assert "casts fp32 to bf16 by truncation" in (ROOT / "README.md").read_text()
