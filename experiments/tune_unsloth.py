@@ -88,7 +88,7 @@ def main():
     bar = Progress(2 * len(models), "tune_unsloth")
     for model in models:
         m = g["models"][model]
-        for gemm in ("gate_up", "down"):
+        for gemm in unsloth_moe.gemm_dims(*layer_sizes(m)):
             if writer.done(model=model, gemm=gemm):
                 bar.update()
                 continue

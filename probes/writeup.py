@@ -20,11 +20,8 @@ def probe_rows_any(results: Path, probe: str) -> pd.DataFrame | None:
 
 def probe_rows(results: Path, probe: str) -> pd.DataFrame | None:
     """A probe's correct rows (results/<gpu>/<probe>.csv), None where it is not committed."""
-    path = results / f"{probe}.csv"
-    if not path.exists():
-        return None
-    df = pd.read_csv(path)
-    return df[df.status == "ok"]
+    df = probe_rows_any(results, probe)
+    return None if df is None else df[df.status == "ok"]
 
 
 def probe_cells(results: Path, probe: str, values: str | list[str] = "graph_us") -> pd.DataFrame | None:

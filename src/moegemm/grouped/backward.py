@@ -273,14 +273,15 @@ def swiglu_backward(
     projection y = s * A @ D_e; dY's rows: dy[dy_idx[r]]). ``rowdot``: also the gradient of s (rowdot of the
     upstream gradient and A). ``store_act``: also s A (into ``act`` where given; ``dy`` itself: written
     over it). ``out``: dGU's buffer (``gu`` itself: written in place)."""
+    down = _w_dims(w_down, w_layout) if w_down is not None else None  # down: A[., I] @ D_e[I, H]
     if w_gate_up is not None:
         e, h, two_i, s_ge, s_gk, s_gn = _w_dims(w_gate_up, w_layout)
         dtype = w_gate_up.dtype
-    else:  # G and U loaded: the sizes from gu and the offsets (down: A[., I] @ D_e[I, H])
+    else:  # G and U loaded: the sizes from gu and the offsets
         if gu is None:
             raise ValueError("gu: without w_gate_up the gate/up product is needed")
         e = group_offsets.numel() - 1
-        h = _w_dims(w_down, w_layout)[2] if w_down is not None else 0
+        h = down[2] if down is not None else 0
         two_i, s_ge, s_gk, s_gn, dtype = gu.shape[1], 0, 0, 0, gu.dtype
     i = two_i // 2
     device = dy.device
@@ -292,8 +293,8 @@ def swiglu_backward(
     part = torch.empty((rows, max(n_tiles, 1)), dtype=torch.float32, device=device) if rowdot else None
     if rows == 0 or i == 0:
         return dgu, act, (part.sum(1) if rowdot else None)
-    if w_down is not None:
-        _, di, dh, s_de, s_dk, s_dn = _w_dims(w_down, w_layout)  # down: A[., I] @ D_e[I, H]
+    if down is not None:
+        _, di, dh, s_de, s_dk, s_dn = down
         d_strides = (s_de, s_dn, s_dk)  # read as D_e^T [H, I]: (expert, over H, over I)
     else:
         d_strides = (0, 0, 0)
