@@ -37,6 +37,7 @@ BASELINE = {
     "grid_mn": 4,
     "grid_k": 7,
     "fusion_grid_k": 4,
+    "fusion_grid_mn": 4,
     "split_sweep": 13,
     "suites": 4,
     "grid_compiled_suites": 1,
@@ -223,7 +224,7 @@ def work(cfg: dict) -> dict[str, float]:
     """Each step's work under ``cfg`` (the units of the module docstring)."""
     d, r, g = cfg["decompose_k"], cfg["decompose_k"]["router"], cfg["grouped"]
     grid = len(d["grid_mn"]) * len(d["grid_k"])
-    fusion = len(d["grid_mn"]) * len(d.get("fusion_grid_k", d["grid_k"]))
+    fusion = len(d.get("fusion_grid_mn", d["grid_mn"])) * len(d.get("fusion_grid_k", d["grid_k"]))
     compiled_k = len(d.get("grid_compiled_k", d["grid_k"]))
     compiled_mn = len(d.get("grid_compiled_mn", d["grid_mn"]))
     rounds = g.get("timing", {}).get("rounds", cfg["timing"]["rounds"])
@@ -263,7 +264,7 @@ def baseline_work() -> dict[str, float]:
 
 
 def _work_under(b: dict) -> dict[str, float]:
-    grid, fusion = b["grid_mn"] * b["grid_k"], b["grid_mn"] * b["fusion_grid_k"]
+    grid, fusion = b["grid_mn"] * b["grid_k"], b["fusion_grid_mn"] * b["fusion_grid_k"]
     return {
         "compile_modes": _compile_work(b["compile_shapes"], b["compile_modes"]),
         "inductor_codegen": b["codegen_shapes"],

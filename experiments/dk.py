@@ -13,9 +13,11 @@ from moegemm.epilogue import Epilogue
 
 
 def grid_shapes(cfg: dict, ks: str = "grid_k") -> list[tuple[int, int, int]]:
-    """The M=N x K grid; ``ks`` names the config list of K (E3 uses its own, ``fusion_grid_k``)."""
+    """The M=N x K grid; ``ks`` names the config list of K (E3 and E4 use their own, ``fusion_grid_k``, with
+    M = N from ``fusion_grid_mn`` where the config has it)."""
     d = cfg["decompose_k"]
-    return [(mn, mn, k) for mn in d["grid_mn"] for k in d.get(ks, d["grid_k"])]
+    mns = d.get("fusion_grid_mn", d["grid_mn"]) if ks == "fusion_grid_k" else d["grid_mn"]
+    return [(mn, mn, k) for mn in mns for k in d.get(ks, d["grid_k"])]
 
 
 def router_shapes(cfg: dict, key: str = "tokens") -> list[tuple[int, int, int]]:

@@ -4,7 +4,7 @@ For every Decompose-K variant, ReLU fused vs ReLU as a separate op with the same
 (tuned config), the seed's two Triton kernels (the configs of its own search, tune_seed), the seed's PyTorch
 decomposeK (eager, ReLU separate) vs the same function compiled by Inductor (default mode; ReLU fuses into the
 sum's store), and Inductor's own lowering of relu(mm) under max-autotune-no-cudagraphs (with what it emitted).
-bf16, the M=N x K grid at every other K (`fusion_grid_k`).
+bf16, the M=N x K grid at the K and M = N that `fusion_grid_k` and `fusion_grid_mn` name.
 
     python -m experiments.e3_epilogue_fusion --out results/<slug>/epilogue_fusion.csv
 """

@@ -1,6 +1,6 @@
 """E4 split-sweep: how does latency depend on the split count S?
 
-For each grid shape at every other K (bf16, E3's ``fusion_grid_k``) and each variant, every S in the
+For each of E3's shapes (bf16, ``fusion_grid_k`` x ``fusion_grid_mn``) and each variant, every S in the
 configured sweep that the variant accepts: our kernels at their tuned tile shape with S varied (any S <=
 K/BLOCK_K; K need not be divisible), the seed's two Triton kernels at the tile their own search chose
 (tune_seed) with S varied, and the seed's PyTorch decomposeK (for the seed's code S must divide K).

@@ -5,19 +5,20 @@ each GEMM of the backward timed alone (GPU time, CUDA-graph replay), with its TF
 torch._grouped_mm's result on the same operands (CUTLASS, bf16; the yardstick rows):
 
 - ``recompute``: the gate/up product again, the forward's grouped GEMM (its own config choice);
-- ``dswiglu``: the down projection's dX product P and the SwiGLU backward: the library's TMA kernel (the
-  SwiGLU backward in P's epilogue) at each of DSWIGLU_CONFIGS; ``separate`` (separate_swiglu_grad: P
-  through the forward's grouped GEMM, then the pointwise pass); ``dswiglu:pointer``, the pointer kernel (dY's
-  rows gathered in-kernel); and ``dswiglu:gemm-only``, P alone through the forward's grouped GEMM;
+- ``dswiglu``: the down projection's dX product P and the SwiGLU backward: the fused TMA kernel
+  (probes/dswiglu_fused.py, the SwiGLU backward in P's epilogue) at each of DSWIGLU_CONFIGS; ``separate``,
+  the library's (backward.swiglu_grad: P through the forward's grouped GEMM, then the pointwise pass);
+  ``dswiglu:pointer``, the pointer kernel (dY's rows gathered in-kernel); and ``dswiglu:gemm-only``, P alone
+  through the forward's grouped GEMM;
 - ``dw_down``, ``dw_gate_up``: the weight gradients, the TMA kernel at each of DW_CONFIGS, and
   ``...:pointer``, the pointer kernel with its in-kernel gather and scale;
 - ``dx``: dX through the gate/up weights (the forward's grouped GEMM in the other layout);
 
 then the whole step (forward + backward, and the forward alone) of moe_ffn (the gate/up product recomputed,
 and kept) and of the torch._grouped_mm pipeline, with peak memory (E9's Step and step_memory); with
---steps also the default step with the separate SwiGLU backward. The tiles the library keeps
-(moegemm.grouped.backward's DW_TMA_TILES and DSWIGLU_TMA_TILES) are those of least geometric-mean time over
-these cells, which the summary prints.
+--steps also the default step with the fused SwiGLU backward. The tiles the library keeps
+(moegemm.grouped.backward's DW_TMA_TILES) and the fused kernel's (dswiglu_fused.FUSED_TILES) are those of
+least geometric-mean time over these cells, which the summary prints.
 
     python -m probes.probe_backward --out results/<slug>/probe_backward.csv
     python -m probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto \
@@ -43,6 +44,7 @@ from moegemm.grouped import backward as bw
 from moegemm.grouped import moe_ffn, route
 from moegemm.grouped.contiguous import grouped_mm_forward
 from moegemm.grouped.pointwise import silu_mul
+from probes.dswiglu_fused import fused_swiglu_grad
 
 CELLS = [
     ("mixtral-8x7b", 4096),
@@ -100,27 +102,6 @@ DSWIGLU_CONFIGS = [
 # results/nvidia-h200/probe_dswiglu_flatten.csv.)
 
 
-def separate_swiglu_grad(group_offsets, dys, gu, w_down, w_layout, *, scale, rowdot, store_act, in_place):
-    """backward.swiglu_grad's result in two launches instead of the fused kernel: P = dY D_e^T through the
-    forward's grouped GEMM (its own config choice, P in the operands' dtype), then the SwiGLU backward's
-    pointwise pass (backward.swiglu_backward with P given: s A over P, dGU over gu with ``in_place``)."""
-    p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=bw.other_layout(w_layout), validate=False)
-    return bw.swiglu_backward(
-        group_offsets,
-        dys.shape[0],
-        p,
-        x=None,
-        w_gate_up=None,
-        w_layout=w_layout,
-        gu=gu,
-        scale=scale,
-        rowdot=rowdot,
-        store_act=store_act,
-        out=gu if in_place else None,
-        act=p if store_act else None,
-    )
-
-
 def gpu_us(fn, replays: int = 5) -> float:
     """us per call of ``fn`` from a CUDA graph of enough calls for about 3 ms a replay."""
     fn()
@@ -175,7 +156,7 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
                 "dswiglu",
                 label(cfg),
                 cfg,
-                lambda cfg=cfg: bw.swiglu_grad(
+                lambda cfg=cfg: fused_swiglu_grad(
                     offs, dys, gu, wd, "nk", scale=ws, rowdot=True, store_act=True, in_place=False, tiles=cfg
                 )[0],
                 f_dn,
@@ -186,7 +167,7 @@ def pieces(x, ids, wts, w_gu, w_dn, dy, e):
             "dswiglu",
             "separate",
             None,
-            lambda: separate_swiglu_grad(
+            lambda: bw.swiglu_grad(
                 offs, dys, gu, wd, "nk", scale=ws, rowdot=True, store_act=True, in_place=False
             )[0],
             f_dn,
@@ -293,8 +274,8 @@ def steps(x, ids, wts, w_gu, w_dn, dy, e, variants: bool = False):
     """{name: (forward, what stands in for backward.swiglu_grad in the step or None)} of the steps timed
     whole: moe_ffn recomputing the gate/up product ("ours:moe_ffn", the row's name from the probe's first
     run, when recompute was the default) and keeping it ("ours:moe_ffn:save-gate-up", now the default), the
-    torch._grouped_mm pipeline, and with ``variants`` the default step with separate_swiglu_grad for the
-    SwiGLU backward ("ours:moe_ffn:save-gate-up:separate")."""
+    torch._grouped_mm pipeline, and with ``variants`` the default step with the fused kernel for the SwiGLU
+    backward (dswiglu_fused.fused_swiglu_grad at its tiles, "ours:moe_ffn:save-gate-up:fused")."""
 
     def ours(save):
         return lambda: moe_ffn(x, ids, wts, w_gu, w_dn, w_layout="nk", validate=False, save_gate_up=save)
@@ -305,7 +286,7 @@ def steps(x, ids, wts, w_gu, w_dn, dy, e, variants: bool = False):
         "torch._grouped_mm pipeline": (lambda: torch_pipeline_train(x, ids, wts, w_gu, w_dn, e), None),
     }
     if variants:
-        out["ours:moe_ffn:save-gate-up:separate"] = (ours(True), separate_swiglu_grad)
+        out["ours:moe_ffn:save-gate-up:fused"] = (ours(True), fused_swiglu_grad)
     return out
 
 
@@ -316,7 +297,7 @@ def main():
     ap.add_argument(
         "--steps",
         action="store_true",
-        help="time the steps also with --pieces, and the default step with the separate SwiGLU backward",
+        help="time the steps also with --pieces, and the default step with the fused SwiGLU backward",
     )
     ap.add_argument("--cells", type=int, help="only the first N cells")
     ap.add_argument("--configs", nargs="+", help="time only the tiles of these labels (and the yardsticks)")

@@ -1,5 +1,6 @@
-"""Registers and spills of the SwiGLU backward's kernel against the forward's TMA kernel on the same tiles,
-compiled for sm_90 with no GPU (not a pipeline step; a CPU machine with Triton's CUDA backend and its ptxas).
+"""Registers and spills of the fused SwiGLU backward's kernel (probes/dswiglu_fused.py) against the forward's
+TMA kernel on the same tiles, compiled for sm_90 with no GPU (not a pipeline step; a CPU machine with
+Triton's CUDA backend and its ptxas).
 
 Each kernel is compiled by Triton for sm_90 (the arguments typed as a launch on aligned tensors types them:
 pointers and sizes divisible by 16, the unit column strides the constant 1), then its PTX assembled by
@@ -24,8 +25,8 @@ from triton.compiler import ASTSource
 
 from experiments._io import atomic_path
 from experiments.common import provenance_fields
-from moegemm.grouped.backward_kernels import _dswiglu_tma_kernel
 from moegemm.grouped.kernels import _grouped_mm_tma_kernel
+from probes.dswiglu_fused import _dswiglu_tma_kernel
 from probes.probe_backward import DSWIGLU_CONFIGS
 
 TARGET = GPUTarget("cuda", 90, 32)

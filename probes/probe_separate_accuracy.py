@@ -1,6 +1,6 @@
 """The SwiGLU backward's two forms checked as E9 checks a step (not a pipeline step): on the tune split's
 cells (E9's inputs, uniform load), the step's dX from moe_ffn (the gate/up product kept) with the fused
-kernel (the library's backward.swiglu_grad) and with the separate form (probe_backward.separate_swiglu_grad:
+kernel (dswiglu_fused.fused_swiglu_grad) and with the separate form (the library's backward.swiglu_grad:
 P through the forward's GEMM, rounded to the operands' dtype, then the pointwise pass), each against E9's
 float64 reference with E9's check (moegemm.bench.correctness.check, K = H + I), and the largest relative
 error of every other gradient (topk_weights, w_gate_up, w_down) between the two forms.
@@ -20,7 +20,8 @@ from experiments.e9_moe_train import cell_inputs, ref_step
 from moegemm.bench.correctness import check
 from moegemm.grouped import backward as bw
 from moegemm.grouped import moe_ffn
-from probes.probe_backward import CELLS, separate_swiglu_grad, write
+from probes.dswiglu_fused import fused_swiglu_grad
+from probes.probe_backward import CELLS, write
 
 
 def grads(x, ids, wts, w_gu, w_dn, dy):
@@ -59,7 +60,7 @@ def main():
         _, ref_dx = ref_step(x, ids, wts, w_gu, w_dn, dy)
         kept = bw.swiglu_grad
         got = {}
-        for form, fn in (("fused", kept), ("separate", separate_swiglu_grad)):
+        for form, fn in (("fused", fused_swiglu_grad), ("separate", kept)):
             bw.swiglu_grad = fn
             try:
                 got[form] = grads(x, ids, wts, w_gu, w_dn, dy)

@@ -246,17 +246,18 @@ def dk_design_probe(n: Numbers, results: Path) -> None:
 
 def backward_probe(n: Numbers, results: Path) -> None:
     """probes/probe_backward.py (when its CSV is committed), the tune split's cells: the backward GEMMs that
-    the library runs (the configs of backward.DW_TMA_TILES and DSWIGLU_TMA_TILES, the fastest of its sweep)
-    against torch._grouped_mm on the same products, as torch's time over ours (geomean): the SwiGLU backward
-    in the down projection's dX GEMM (against the plain GEMM), the two weight gradients; then the step
+    (the configs of backward.DW_TMA_TILES and dswiglu_fused.FUSED_TILES, the fastest of its sweep) against
+    torch._grouped_mm on the same products, as torch's time over ours (geomean): the SwiGLU backward fused in
+    the down projection's dX GEMM (against the plain GEMM), the two weight gradients; then the step
     (forward + backward, GPU time) of moe_ffn as it comes (the gate/up product kept) and recomputing it,
     against the torch._grouped_mm pipeline (lowest, highest over the cells). Then the fused kernel's two
-    knobs against it (probe_dswiglu_flatten), and the separate form against it and against the plain GEMM,
-    piece and step (probe_dswiglu_separate)."""
+    knobs against it (probe_dswiglu_flatten), and the separate form (the library's) against it and against
+    the plain GEMM, piece and step (probe_dswiglu_separate)."""
     from moegemm.grouped import backward as bw
+    from probes.dswiglu_fused import FUSED_TILES
     from probes.probe_backward import DSWIGLU_CONFIGS, label  # the config labels its rows carry
 
-    separate_probe(n, results, label(bw.DSWIGLU_TMA_TILES))
+    separate_probe(n, results, label(FUSED_TILES))
 
     df = probe_rows(results, "probe_backward")
     if df is None:
@@ -268,13 +269,13 @@ def backward_probe(n: Numbers, results: Path) -> None:
         s = split.pivot_table(index=cell, columns="config", values="graph_us")
         ratio = {c: gm(s["torch._grouped_mm"] / s[c]) for c in s if c != "torch._grouped_mm"}
         whole = [label(c) for c in DSWIGLU_CONFIGS if "EPI_SPLIT" not in c and label(c) in ratio]
-        if label(bw.DSWIGLU_TMA_TILES) in ratio:
-            n.add("BwdDswiglu", ratio[label(bw.DSWIGLU_TMA_TILES)])
+        if label(FUSED_TILES) in ratio:
+            n.add("BwdDswiglu", ratio[label(FUSED_TILES)])
         if whole:
             n.add("BwdSplitWhole", max(ratio[c] for c in whole))  # the best tile with a whole epilogue
     t = df.pivot_table(index=cell, columns=["piece", "config"], values="graph_us")
     for name, piece, cfg in (
-        ("BwdDswiglu", "dswiglu", bw.DSWIGLU_TMA_TILES),
+        ("BwdDswiglu", "dswiglu", FUSED_TILES),
         ("BwdDwDown", "dw_down", bw.DW_TMA_TILES),
         ("BwdDwGateUp", "dw_gate_up", bw.DW_TMA_TILES),
     ):
@@ -330,11 +331,11 @@ def separate_probe(n: Numbers, results: Path, fused: str) -> None:
                 n.add(name, f"{f.rel_err.max():.1e}", "{}")
                 n.add(name + "Ok", f"{int(f.ok.astype(str).eq('True').sum())} of {len(f)}", "{}")
     step = t.get("step:fwd+bwd")
-    # the step rows' names (fused, separate): both forms as variants of the same run (the first run's),
-    # else the default (fused) against the separate variant (the probe's code now)
+    # the step rows' names (fused, separate): both forms as variants of the same run (the committed run's),
+    # else the fused variant against the default, the separate form (the probe's code now)
     pairs = [
         (f"ours:moe_ffn:save-gate-up:dswiglu={fused}", "ours:moe_ffn:save-gate-up:dswiglu=separate"),
-        ("ours:moe_ffn:save-gate-up", "ours:moe_ffn:save-gate-up:separate"),
+        ("ours:moe_ffn:save-gate-up:fused", "ours:moe_ffn:save-gate-up"),
     ]
     pair = next((p for p in pairs if step is not None and p[0] in step and p[1] in step), None)
     if pair is not None:

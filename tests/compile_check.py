@@ -28,7 +28,6 @@ from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
 from moegemm.grouped import backward as bw  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
 from moegemm.grouped.backward_kernels import (  # noqa: E402
-    _dswiglu_tma_kernel,
     _grouped_dw_kernel,
     _grouped_dw_tma_kernel,
     _swiglu_bwd_kernel,
@@ -346,15 +345,18 @@ def variants():
         sio.update(
             x_idx_ptr="*i32", dy_idx_ptr="*i32", scale_ptr="*fp32", offsets_ptr="*i32", part_ptr="*fp32"
         )
-        for recompute, in_place in ((True, False), (False, True)):
+        # (recompute, P's GEMM in the K loop, in place): the grouped_mm_swiglu backward, moe_ffn's in fp32,
+        # and moe_ffn's pointwise pass over a P given (16-bit)
+        forms = [(True, False, False), (False, True, True)] + ([(False, False, True)] if dt != "fp32" else [])
+        for recompute, p_gemm, in_place in forms:
             consts = dict(
                 {k: v for k, v in t.items() if k.isupper()},
                 E_BLOCK=256,
                 EVEN_K=False,
                 RECOMPUTE=recompute,
-                P_GEMM=not recompute,
+                P_GEMM=p_gemm,
                 X_IDX=recompute,
-                DY_IDX=not recompute,
+                DY_IDX=p_gemm,
                 HAS_SCALE=True,
                 ROWDOT=True,
                 STORE_ACT=not recompute,
@@ -363,7 +365,7 @@ def variants():
                 UPCAST=False,
             )
             opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
-            yield ("swiglu_bwd", dt, recompute, in_place), _swiglu_bwd_kernel, sio, consts, opts
+            yield ("swiglu_bwd", dt, recompute, p_gemm, in_place), _swiglu_bwd_kernel, sio, consts, opts
         if dt == "fp32":
             continue
         t = bw.DW_TMA_TILES
@@ -378,31 +380,6 @@ def variants():
         consts = dict({k: v for k, v in t.items() if k.isupper()}, UPCAST=False)
         opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
         yield ("grouped_dw_tma", dt), _grouped_dw_tma_kernel, tio, consts, opts
-        t = bw.DSWIGLU_TMA_TILES
-        for w_kn, in_place in ((True, True), (False, False)):
-            box = f"[{t['BLOCK_K']},{t['BLOCK_N']}]" if w_kn else f"[{t['BLOCK_N']},{t['BLOCK_K']}]"
-            tio = {
-                "dy_desc": f"tensordesc<{dt}[{t['BLOCK_M']},{t['BLOCK_K']}]>",
-                "wd_desc": f"tensordesc<{dt}{box}>",
-                "gu_ptr": TY[dt],
-                "scale_ptr": "*fp32",
-                "offsets_ptr": "*i32",
-                "dgu_ptr": TY[dt],
-                "act_ptr": TY[dt],
-                "part_ptr": "*fp32",
-            }
-            consts = dict(
-                {k: v for k, v in t.items() if k.isupper()},
-                E_BLOCK=256,
-                W_KN=w_kn,
-                HAS_SCALE=True,
-                ROWDOT=True,
-                STORE_ACT=True,
-                IN_PLACE=in_place,
-                UPCAST=False,
-            )
-            opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
-            yield ("dswiglu_tma", dt, w_kn, in_place), _dswiglu_tma_kernel, tio, consts, opts
     # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates

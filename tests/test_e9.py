@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from moegemm._runtime import INTERPRET
+
 
 @pytest.fixture
 def small_tiles(monkeypatch, tmp_path):
@@ -29,6 +31,19 @@ def tiny_cell(device):
     wts = torch.softmax(torch.randn(t, top_k, generator=g), -1).to(device).requires_grad_()
     dy = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
     return e, h, i, ids, x, wts, dy, w_gu, w_dn
+
+
+def interpreter_check(out, ref64, k) -> tuple[bool, str]:
+    """moegemm.bench.correctness.check with its tolerances doubled: (ok, reason). NaN never passes."""
+    from moegemm.bench.correctness import atol_for
+
+    rtol, atol = atol_for(out.dtype, k)
+    got = out.detach().double()
+    if torch.isnan(got).any():
+        return False, "NaN in output"
+    bad = (got - ref64).abs() > 2 * (atol + rtol * ref64.abs())
+    rel = float((got - ref64).norm() / ref64.norm().clamp_min(1e-30))
+    return not bool(bad.any()) and rel < 8 * rtol, f"{int(bad.sum())} elements outside 2x, relative {rel:.2e}"
 
 
 def test_e9_reference_matches_autograd(device):
@@ -68,6 +83,11 @@ def test_e9_contenders_compute_the_step(phase, device, small_tiles):
         assert c.bind((w_gu, w_dn)) is call  # one call per input set
         out = call()
         ok, rel, why = c.check(out) if c.check is not None else check(out, ref_dx, h + i)
+        if not ok and INTERPRET and out.dtype == torch.bfloat16:
+            # Triton's interpreter casts fp32 to bf16 by truncation (README): each of ours' bf16 stores
+            # (the gate/up product, P, dGU) carries up to twice its GPU rounding error there, so the check's
+            # budget doubles; on a GPU the harness's own check holds (E9 and -m gpu)
+            ok, why = interpreter_check(out, ref_dx, h + i)
         assert ok, (c.name, why)
         assert c.fields["phase"] == phase
         if phase == "fwd+bwd":

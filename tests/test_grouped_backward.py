@@ -246,7 +246,7 @@ class LaunchSpy:
 def tma_spies(monkeypatch):
     """The backward's TMA kernels wrapped so that a test can see that they ran."""
     spies = {}
-    for name in ("_grouped_dw_tma_kernel", "_dswiglu_tma_kernel", "_grouped_dw_kernel", "_swiglu_bwd_kernel"):
+    for name in ("_grouped_dw_tma_kernel", "_grouped_dw_kernel", "_swiglu_bwd_kernel"):
         spies[name] = LaunchSpy(getattr(bw, name))
         monkeypatch.setattr(bw, name, spies[name])
     return spies
@@ -284,10 +284,10 @@ def test_grouped_dw_tma_against_float64(dtype, w_layout, scaled, device, poison,
 
 
 def tma_h() -> int:
-    """A hidden size H that the TMA kernels take at the tiles they run with: a multiple of the SwiGLU
-    backward's BLOCK_K, which reads the down weight [E, H, I] along H (the interpreter's 16-wide tiles, or the
-    library's on a GPU)."""
-    return 32 if bw.INTERPRET else 2 * bw.DSWIGLU_TMA_TILES["BLOCK_K"]
+    """A hidden size H that every TMA kernel takes at the tiles it runs with: a whole number of K steps of
+    the interpreter's 16-wide tiles, or of the widest on a GPU (128), so that no TMA read of the down
+    weight [E, H, I] along H crosses into the next expert's rows."""
+    return 32 if bw.INTERPRET else 128
 
 
 def assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, tol):
@@ -305,40 +305,34 @@ def assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, tol):
 @pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
 def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, monkeypatch, poison, tma_spies):
     """moe_ffn's gradients where every operand is TMA-readable (H and I multiples of the tiles, 16-bit): the
-    SwiGLU backward in the down projection's dX GEMM (dGU over the gate/up buffer) and both weight
-    gradients through the TMA kernels, against float64; an unrouted expert's weight gradients exact
-    zeros."""
+    down projection's dX GEMM through the forward's grouped GEMM, then the SwiGLU backward's pointwise pass
+    over it (dGU over the gate/up buffer, s A over P), and both weight gradients through the TMA kernels,
+    against float64; an unrouted expert's weight gradients exact zeros."""
     monkeypatch.setattr(ag, "SAVE_GATE_UP", save)
     x, ids, tw, wgu, wd = ffn_inputs(dtype, w_layout, device, seed=51 + save, t=13, h=tma_h(), i=16, e=5, k=2)
     y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
     y.backward(dy)
-    assert tma_spies["_dswiglu_tma_kernel"].launches == 1
-    assert tma_spies["_grouped_dw_tma_kernel"].launches == 2
-    assert tma_spies["_swiglu_bwd_kernel"].launches == 0 and tma_spies["_grouped_dw_kernel"].launches == 0
+    spy = tma_spies["_swiglu_bwd_kernel"]
+    assert spy.launches == 1 and not spy.kwargs["P_GEMM"] and not spy.kwargs["RECOMPUTE"]
+    assert spy.kwargs["IN_PLACE"]
+    assert tma_spies["_grouped_dw_tma_kernel"].launches == 2 and tma_spies["_grouped_dw_kernel"].launches == 0
     assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, TOL[dtype] * 2)
     assert (wgu.grad[3] == 0).all() and (wd.grad[3] == 0).all()
 
 
-@pytest.mark.parametrize("block_n, split", [(16, 2), (16, 4), (32, 2)])
-@pytest.mark.parametrize("i", [48, 40])
-def test_dswiglu_epilogue_in_chunks(block_n, split, i, device, monkeypatch, poison, tma_spies):
-    """The SwiGLU backward's epilogue through the accumulator's column halves or quarters (EPI_SPLIT): the
-    same gradients as float64. Under the interpreter (16- or 32-column tiles): I = 48 whole tiles; I = 40
-    with 16-column tiles in quarters, a tile's last chunks wholly past I; with 32-column tiles in halves,
-    a chunk across I. The row scale's gradient sums every chunk's partial. On a GPU, the library's tiles
-    at each split."""
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_moe_ffn_in_fp32_fuses_the_swiglu_backward(w_layout, device, monkeypatch, poison, tma_spies):
+    """In fp32 the down projection's dX GEMM and the SwiGLU backward run as one launch of the pointer kernel
+    (P in its K loop, the backward in its epilogue), with the same gradients as float64."""
     monkeypatch.setattr(ag, "SAVE_GATE_UP", True)
-    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, BLOCK_N=block_n, EPI_SPLIT=split))
-    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, EPI_SPLIT=split))
-    x, ids, tw, wgu, wd = ffn_inputs(
-        torch.bfloat16, "nk", device, seed=60 + i, t=11, h=tma_h(), i=i, e=3, k=2
-    )
-    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(y.dtype).to(device)
+    x, ids, tw, wgu, wd = ffn_inputs(torch.float32, w_layout, device, seed=57, t=11, h=tma_h(), i=16)
+    y = moe_ffn(x, ids, tw, wgu, wd, w_layout=w_layout)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(device)
     y.backward(dy)
-    assert tma_spies["_dswiglu_tma_kernel"].launches == 1
-    assert_ffn_grads(x, ids, tw, wgu, wd, dy, "nk", TOL[torch.bfloat16] * 2)
+    spy = tma_spies["_swiglu_bwd_kernel"]
+    assert spy.launches == 1 and spy.kwargs["P_GEMM"] and not spy.kwargs["RECOMPUTE"]
+    assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, TOL[torch.float32] * 2)
 
 
 @pytest.mark.parametrize("in_place", [False, True])
@@ -377,26 +371,6 @@ def test_swiglu_backward_from_a_given_product(in_place, device, poison):
     assert rel_err(ds, (p64 * a).sum(1)) < TOL[torch.bfloat16]
     if in_place:
         assert dgu.data_ptr() == gu.data_ptr() and sact.data_ptr() == p.data_ptr()
-
-
-def test_dswiglu_tiles_are_validated(device, monkeypatch):
-    """A key the SwiGLU backward's tiles do not know is refused, naming it, not ignored."""
-    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, FLATEN=True))
-    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, FLATEN=True))
-    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=71, t=5, h=tma_h(), i=16, e=3, k=2)
-    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
-    with pytest.raises(ValueError, match="FLATEN"):
-        y.backward(torch.ones_like(y))
-
-
-def test_dswiglu_epilogue_split_is_validated(device, monkeypatch):
-    """An epilogue split the kernel has no branch for (3) is refused, naming the tiles, not run wrongly."""
-    monkeypatch.setattr(bw, "_INTERPRET_SWIGLU", dict(bw._INTERPRET_SWIGLU, EPI_SPLIT=3))
-    monkeypatch.setattr(bw, "DSWIGLU_TMA_TILES", dict(bw.DSWIGLU_TMA_TILES, EPI_SPLIT=3))
-    x, ids, tw, wgu, wd = ffn_inputs(torch.bfloat16, "nk", device, seed=70, t=5, h=32, i=16, e=3, k=2)
-    y = moe_ffn(x, ids, tw, wgu, wd, w_layout="nk")
-    with pytest.raises(ValueError, match="tiles: EPI_SPLIT"):
-        y.backward(torch.ones_like(y))
 
 
 def test_saved_gate_up_backs_one_backward_only(device):

@@ -352,14 +352,15 @@ def test_backward_probe_numbers_on_a_synthetic_csv(tmp_path, monkeypatch):
 
     from experiments.report import Numbers
     from moegemm.grouped import backward as bw
+    from probes import dswiglu_fused
     from probes.writeup import backward_probe
 
     monkeypatch.setattr(
         bw, "DW_TMA_TILES", dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4, num_stages=5)
     )
     monkeypatch.setattr(
-        bw,
-        "DSWIGLU_TMA_TILES",
+        dswiglu_fused,
+        "FUSED_TILES",
         dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
     )
     dw, ds, torch_ = "32x128x128/w4s5", "64x64x64/w4s4", "torch._grouped_mm"
@@ -440,8 +441,8 @@ def test_separate_probe_numbers_on_synthetic_csvs(tmp_path):
         ("dswiglu", "separate"): (125, 400),
         ("dswiglu", fused): (200, 800),
         ("dswiglu:gemm-only", "auto"): (50, 400),
-        ("step:fwd+bwd", "ours:moe_ffn:save-gate-up"): (11, 36),
-        ("step:fwd+bwd", "ours:moe_ffn:save-gate-up:separate"): (10, 40),
+        ("step:fwd+bwd", "ours:moe_ffn:save-gate-up:fused"): (11, 36),
+        ("step:fwd+bwd", "ours:moe_ffn:save-gate-up"): (10, 40),
     }
     pd.DataFrame(
         [

@@ -16,13 +16,15 @@ The backward GEMMs:
   count: one program per (expert, output tile), rows walked in order, fp32 accumulation. Bitwise
   deterministic (no atomics, no split), exact zeros for an expert with no rows, written in the weight's
   own layout.
-- The SwiGLU backward runs in the epilogue of a grouped GEMM. For moe_ffn (:func:`swiglu_grad`,
-  moegemm.grouped.backward_kernels._dswiglu_tma_kernel), the down projection's dX GEMM P = dY D_e^T over the
-  permuted rows of the layer's output gradient, its epilogue loading the tile's gate and up pre-activations
-  G, U and storing dG, dU over them, s A (the down projection's input as its weight gradient reads it) and
-  the gating weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order. For
-  grouped_mm_swiglu (:func:`swiglu_backward`), the gate/up product recomputed in a K loop whose epilogue
-  applies the same backward to the upstream gradient.
+- The SwiGLU backward. For moe_ffn (:func:`swiglu_grad`), over the permuted rows of the layer's output
+  gradient: with 16-bit operands, the down projection's dX GEMM P = dY D_e^T through the forward's grouped
+  GEMM, then one pointwise kernel that loads P and the gate and up pre-activations G, U and stores dG, dU
+  over them, s A over P (the down projection's input as its weight gradient reads it) and the gating
+  weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order; in fp32, the same backward
+  in the epilogue of a pointer kernel's dX GEMM. The two-launch form is the faster: the same backward in
+  the 16-bit dX GEMM's epilogue ran at 0.68x torch._grouped_mm's speed on the plain GEMM, the two
+  launches at 0.80x (docs/training.md). For grouped_mm_swiglu (:func:`swiglu_backward`), the gate/up
+  product recomputed in a K loop whose epilogue applies the same backward to the upstream gradient.
 
 What moe_ffn keeps from the forward for the backward (beyond x, the weights and topk_weights, which the
 caller holds anyway), per token, for top_k routed copies:
@@ -42,9 +44,10 @@ memory within one layer's step. Recompute keeps 2 * I * top_k * b bytes per toke
 forward and backward, for a model whose activations do not fit.
 
 The backward's transient buffers (freed by the step's end): the rows of x and of dY in sorted order
-[rows, H] each, s A [rows, I], dX's rows [rows, H], fp32 partials [rows, ceil(I / BLOCK_N)]; with
-recompute, the gate/up buffer [rows, 2I]. The torch._grouped_mm pipeline keeps the permuted rows, gate/up,
-the activation and the down output for its backward: top_k * (2H + 3I) * b bytes per token and more.
+[rows, H] each, P and then s A over it [rows, I], dX's rows [rows, H], fp32 partials
+[rows, ceil(I / BLOCK_N)]; with recompute, the gate/up buffer [rows, 2I]. The torch._grouped_mm pipeline
+keeps the permuted rows, gate/up, the activation and the down output for its backward: top_k * (2H + 3I) * b
+bytes per token and more.
 
 No host sync with the default arguments: every grid is a bound known from the shapes, each tile finds its
 expert from the group offsets in-kernel, and the reductions are torch ops on the device.

@@ -1,7 +1,7 @@
 """The backward of the grouped GEMMs and of the MoE layer: the weight-gradient GEMM (varlen K), the SwiGLU
-backward fused into one grouped GEMM's epilogue, and the forward and backward steps that the autograd
-functions and custom ops of :mod:`moegemm.grouped.autograd` run. See that module for what is computed and
-what is kept between forward and backward."""
+backward (in a grouped GEMM's epilogue, or a pointwise pass over the forward GEMM's product), and the forward
+and backward steps that the autograd functions and custom ops of :mod:`moegemm.grouped.autograd` run. See
+that module for what is computed and what is kept between forward and backward."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ import triton
 from .._runtime import INTERPRET
 from .._triton_common import dot_meta
 from .backward_kernels import (
-    _dswiglu_tma_kernel,
     _grouped_dw_kernel,
     _grouped_dw_tma_kernel,
     _swiglu_bwd_kernel,
 )
-from .config import GroupedConfig, config_of
+from .config import config_of
 from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .ffn import gate_up_act
 from .pointwise import combine, silu_mul
-from .tma import TensorDescriptor, tma_rows_ok, w_descriptor
+from .tma import TensorDescriptor, tma_rows_ok
 
 # Tiles of the backward kernels on a GPU, per kernel and operand dtype (module-level so that they can be
 # measured and changed); the interpreter takes 16-wide tiles.
@@ -34,16 +33,10 @@ SWIGLU_TILES = {
     torch.float16: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
     torch.float32: dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=2),
 }
-# The TMA kernels' tiles (16-bit operands): the weight gradient (BLOCK_K x BLOCK_N output tiles, BLOCK_M
-# rows a step) and the SwiGLU backward in the down projection's dX GEMM. Each the config of least
-# geometric-mean time over the tune split's cells of probes/probe_backward.py (DW_CONFIGS, DSWIGLU_CONFIGS;
-# results/nvidia-h200/probe_backward.csv, and probe_dswiglu_split.csv for the SwiGLU backward's tiles with
-# the epilogue in column chunks, EPI_SPLIT).
+# The TMA weight-gradient kernel's tiles (16-bit operands; BLOCK_K x BLOCK_N output tiles, BLOCK_M rows a
+# step): the config of least geometric-mean time over the tune split's cells of probes/probe_backward.py
+# (DW_CONFIGS; results/nvidia-h200/probe_backward.csv).
 DW_TMA_TILES = dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4, num_stages=5)
-DSWIGLU_TMA_TILES = dict(
-    BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, EPI_SPLIT=4
-)
-_DSWIGLU_KEYS = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "EPI_SPLIT"}
 _INTERPRET_DW = dict(BLOCK_M=16, BLOCK_K=16, BLOCK_N=16, GROUP_K=2, num_warps=4, num_stages=1)
 _INTERPRET_SWIGLU = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
 
@@ -168,83 +161,67 @@ def swiglu_grad(
     rowdot: bool,
     store_act: bool,
     in_place: bool,
-    tiles: dict | None = None,
 ):
     """(dGU [rows, 2I], s A [rows, I] or None, the row scale's gradient [rows] fp32 or None) of the down
     projection y = s * (silu(G) U) @ D_e over the permuted rows, from ``dys`` (the output gradient's rows in
-    sorted order, [rows, H]) and the gate/up pre-activations ``gu`` [rows, 2I], in one launch: the
-    down projection's dX GEMM with the SwiGLU backward in its epilogue. ``in_place``: dGU is written over
-    ``gu`` (and returned as it). TMA where the operands allow it, else the pointer kernel. ``tiles``: the
-    TMA kernel's tiles (default :data:`DSWIGLU_TMA_TILES`)."""
+    sorted order, [rows, H]) and the gate/up pre-activations ``gu`` [rows, 2I]. ``in_place``: dGU is
+    written over ``gu`` (and returned as it).
+
+    16-bit operands of one dtype (:func:`_separate_ok`): two launches. The down projection's dX GEMM
+    P = dY D_e^T [rows, I] runs through the forward's grouped GEMM (its tuned TMA kernels, P in the
+    operands' dtype), then the SwiGLU backward's pointwise kernel reads P, G and U (s A written over P,
+    dGU over ``gu`` where in place). Measured against the same backward in the dX GEMM's epilogue (one
+    launch, P never stored): 0.80x against 0.68x of torch._grouped_mm's speed on the plain GEMM, faster in
+    every cell of the tune split, because on Triton for sm_90 a tile's long epilogue runs after its main
+    loop, not beside it (docs/training.md). Otherwise (fp32, mixed dtypes) one launch of the pointer
+    kernel, which computes P in its K loop and applies the backward in its epilogue."""
     e, i, h, *_ = _w_dims(w_down, w_layout)
     rows = dys.shape[0]
     dgu = gu if in_place else torch.empty_like(gu)
-    act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
-    meta = dict(_INTERPRET_SWIGLU if INTERPRET else tiles or DSWIGLU_TMA_TILES)
-    split = meta.get("EPI_SPLIT", 1)
-    if split not in (1, 2, 4) or meta["BLOCK_N"] % split:
-        raise ValueError(f"tiles: EPI_SPLIT must be 1, 2 or 4 and divide BLOCK_N, got {meta}")
-    unknown = set(meta) - _DSWIGLU_KEYS
-    if unknown:
-        raise ValueError(f"tiles: unknown keys {sorted(unknown)} (known: {sorted(_DSWIGLU_KEYS)})")
-    cfg = GroupedConfig(meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], tma=True)
-    wd_desc = (
-        w_descriptor(w_down, other_layout(w_layout), e, i, h, cfg)
-        if rows and i and h and tma_rows_ok(dys) and gu.dtype == dys.dtype == w_down.dtype
-        else None
-    )
-    if wd_desc is None:
-        dgu, act, ds = swiglu_backward(
+    if rows and i and h and _separate_ok(dys, gu, w_down):
+        p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=other_layout(w_layout), validate=False)
+        return swiglu_backward(
             group_offsets,
             rows,
-            dys,
+            p,
             x=None,
             w_gate_up=None,
             w_layout=w_layout,
             gu=gu,
-            w_down=w_down,
             scale=scale,
             rowdot=rowdot,
             store_act=store_act,
             out=dgu,
-            act=act,
+            act=p if store_act else None,
         )
-        return dgu, act, ds
-    n_tiles = triton.cdiv(i, meta["BLOCK_N"])
-    n_part = n_tiles * split  # a partial per epilogue chunk of a tile
-    part = torch.empty((rows, n_part), dtype=torch.float32, device=gu.device) if rowdot else None
-    offsets = group_offsets.to(torch.int32).contiguous()
-    grid = (triton.cdiv(rows, meta["BLOCK_M"]) + min(e, rows)) * n_tiles
-    dy_desc = TensorDescriptor(dys, [rows, h], [dys.stride(0), 1], [meta["BLOCK_M"], meta["BLOCK_K"]])
-    _dswiglu_tma_kernel[(grid,)](
-        dy_desc,
-        wd_desc,
-        gu,
-        scale.contiguous() if scale is not None else offsets,
-        offsets,
-        dgu,
-        act if act is not None else dgu,
-        part if part is not None else offsets,
-        i,
-        h,
-        e,
-        gu.stride(0),
-        gu.stride(1),
-        dgu.stride(0),
-        dgu.stride(1),
-        act.stride(0) if act is not None else 0,
-        act.stride(1) if act is not None else 0,
-        part.stride(0) if part is not None else 0,
-        E_BLOCK=max(16, triton.next_power_of_2(e)),
-        W_KN=other_layout(w_layout) == "kn",
-        HAS_SCALE=scale is not None,
-        ROWDOT=rowdot,
-        STORE_ACT=store_act,
-        IN_PLACE=dgu.data_ptr() == gu.data_ptr(),
-        UPCAST=dot_meta(gu.dtype, False)["UPCAST"],
-        **meta,
+    return swiglu_grad_pointer(group_offsets, dys, gu, w_down, w_layout, scale, rowdot, store_act, dgu)
+
+
+def swiglu_grad_pointer(group_offsets, dys, gu, w_down, w_layout, scale, rowdot, store_act, dgu, act=None):
+    """:func:`swiglu_grad` in one launch of the pointer kernel: P = dY D_e^T in its K loop, the SwiGLU
+    backward in its epilogue (dGU into ``dgu``, s A into ``act`` where given)."""
+    return swiglu_backward(
+        group_offsets,
+        dys.shape[0],
+        dys,
+        x=None,
+        w_gate_up=None,
+        w_layout=w_layout,
+        gu=gu,
+        w_down=w_down,
+        scale=scale,
+        rowdot=rowdot,
+        store_act=store_act,
+        out=dgu,
+        act=act,
     )
-    return dgu, act, (part.sum(1) if rowdot else None)
+
+
+def _separate_ok(dys: torch.Tensor, gu: torch.Tensor, w_down: torch.Tensor) -> bool:
+    """Whether :func:`swiglu_grad` runs the dX GEMM and the SwiGLU backward as two launches: dY, the gate/up
+    product and the down weight of one 16-bit dtype (the forward's grouped GEMM then serves P with its tuned
+    kernels, in the dtype the backward reads it in)."""
+    return dys.dtype == gu.dtype == w_down.dtype and dys.dtype in (torch.bfloat16, torch.float16)
 
 
 def swiglu_backward(
