@@ -13,7 +13,10 @@ from experiments.pipeline import CPU_SLUG, machine_slug, results_slug
 from moegemm.inductor.codegen import inspect
 
 
-def test_result_writer_resumes_and_writes_atomically(tmp_path):
+def test_result_writer_resumes_and_writes_atomically(tmp_path, monkeypatch):
+    from experiments.common import KEEP_PARTIAL
+
+    monkeypatch.delenv(KEEP_PARTIAL, raising=False)  # (set where experiments/device_pipeline.sh runs verify)
     out = tmp_path / "r" / "x.csv"
     w = ResultWriter(out, ("m",))
     w.add([{"m": 1, "v": 0.5}])
