@@ -61,15 +61,16 @@ BASELINE = {
     "moe_train_work": 18.0,
 }
 # Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
-# the tuners under the config of that tree; the run at e709832: verify, floors and E1-E8)
+# the tuners under the config of that tree; the run at e709832: E7 and E8; the run at e1a7574: verify, floors
+# and E1-E6)
 STEP_BASELINE = {
     "compile_modes": {
         "compile_shapes": 1,
         "compile_modes": ["default", "max-autotune", "max-autotune-no-cudagraphs"],
     },
     "inductor_codegen": {"codegen_shapes": 2},
-    "epilogue_fusion": {"fusion_grid_k": 2},
-    "split_sweep": {"fusion_grid_k": 2, "split_sweep": 8},
+    "epilogue_fusion": {"fusion_grid_k": 2, "fusion_grid_mn": 2},
+    "split_sweep": {"fusion_grid_k": 2, "fusion_grid_mn": 2, "split_sweep": 8},
     "tune": {"grid_k": 4, "router_tune_tokens": 7},
     "tune_seed": {"grid_k": 4, "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384]},
     "decompose_k_grid": {"grid_k": 4, "grid_compiled_k": 1, "grid_compiled_mn": 2},
