@@ -96,8 +96,8 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
         ms = 1e3 * float(o.first_call_s.astype(float).median())
         n.add(
             "HeldAutotuneText",
-            "the measured first calls found the choices of an earlier process on the same machine in the "
-            f"disk cache (median {ms:.1f} ms), so a new shape's tuning time is not measured here",
+            f"the measured first calls hit the on-disk autotuning cache (median {ms:.1f} ms), so a new "
+            "shape's tuning time is not measured here",
             "{}",
         )
     rows = []

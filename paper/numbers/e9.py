@@ -186,7 +186,7 @@ def coverage_text(raw: pd.DataFrame) -> str:
     measured = len(done & set(planned))
     missing = sorted(set(models) - set(raw.model))
     if measured == len(planned):
-        parts = [f"every one of its {len(planned)} cells was measured"]
+        parts = [f"all {len(planned)} of its cells were measured"]
     else:
         parts = [f"{measured} of its {len(planned)} cells were measured"]
         if missing:
@@ -200,7 +200,7 @@ def coverage_text(raw: pd.DataFrame) -> str:
         parts.append(f"ours has the launch clock only in {no_graph} cell{'s' if no_graph > 1 else ''}")
     for p in PEERS:
         if (steps.contender == p).any() and steps[steps.contender == p].graph_us.isna().all():
-            parts.append(f"the launch clock only for {PEER_NAMES[p]}, whose step no CUDA graph could capture")
+            parts.append(f"for {PEER_NAMES[p]} the launch clock only (no CUDA graph captured its step)")
     return "; ".join(parts)
 
 

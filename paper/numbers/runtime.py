@@ -22,12 +22,12 @@ def runtime(n: Numbers, results: Path, gen: Path) -> None:
     missing = missing_steps(df)
     n.add(
         "FullRunText",
-        f"took {df.seconds.sum() / 60:.1f} minutes"
-        + (
-            f" ({len(df)} of its {len(STEP_ORDER)} steps; without a timing: {', '.join(missing)})"
+        (
+            f"with a timing ({len(df)} of {len(STEP_ORDER)}; none yet for {', '.join(missing)})"
             if missing
             else ""
-        ),
+        )
+        + f" took {df.seconds.sum() / 60:.1f} minutes",
     )
 
 
