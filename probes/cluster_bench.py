@@ -3,6 +3,7 @@ cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
 
     PYTHONPATH=src python probes/cluster_bench.py     # CSVs to $OUT if set; MOEGEMM_SEED_SOURCE for the seed
     PYTHONPATH=src python -m probes.cluster_bench     # the same
+    python -m probes.cluster_bench --parts grouped      # only part 3 (--parts: any of checks, dk, grouped)
 
 1. Checks (quick): every dtype x epilogue (+ bias) against float64 on fresh random data, outputs poisoned
    with NaN first; K tails, a single row, b as w.t() (K-contiguous), a strided a, a transposed out; bitwise
@@ -501,9 +502,15 @@ def time_swiglu(dev, e, k, i, rows=8192):
 
 
 def write_csv(name, rows):
+    """``rows`` as $OUT/name (nothing without $OUT), each with the run's provenance (GPU, driver, CUDA, torch,
+    Triton, commit, time)."""
     out = os.environ.get("OUT")
     if not out or not rows:
         return
+    from experiments.common import provenance_fields
+
+    prov = provenance_fields()
+    rows = [{**r, **{k: v for k, v in prov.items() if k not in r}} for r in rows]
     keys = []
     for r in rows:
         keys += [k for k in r if k not in keys]
@@ -516,23 +523,40 @@ def write_csv(name, rows):
     tmp.rename(path)
 
 
-def main() -> int:
+PARTS = ("checks", "dk", "grouped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to run: the Decompose-K kernel's checks (1), its times (2), the grouped kernel (3)",
+    )
+    parts = set(ap.parse_args(argv).parts)
     dev = torch.device("cuda")
     import triton
 
     print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
     print("cluster supported:", C.cluster_supported(dev), C.unsupported_reason(0))
-    run_checks(dev)
-    print(f"checks done at {elapsed():.0f}s")
+    if "checks" in parts:
+        run_checks(dev)
+        print(f"checks done at {elapsed():.0f}s")
     for r in CHECKS:
         if r["status"] != "ok":
             print("CHECK", r)
     print(f"checks: {sum(r['status'] == 'ok' for r in CHECKS)} ok of {len(CHECKS)}")
     write_csv("cluster_checks.csv", CHECKS)
 
-    seed_mod, seed_best = seed_configs()
+    seed_mod, seed_best = seed_configs() if "dk" in parts else (None, None)
     shapes = [("grid", s, s, k) for s in (16, 32, 48, 64) for k in range(8192, 32768 + 1, 4096)]
     shapes += [("router", t, 256, 7168) for t in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    if "dk" not in parts:
+        shapes = []
     for kind, m, n, k in shapes:
         try:
             time_shape(kind, m, n, k, seed_mod, seed_best, dev)
@@ -540,12 +564,13 @@ def main() -> int:
             ROWS.append({"kind": kind, "m": m, "n": n, "k": k, "status": f"error: {e!r}"[:300]})
         write_csv("cluster_bench.csv", ROWS)
     print(f"timing done at {elapsed():.0f}s")
-    try:
-        time_grouped(dev)
-    except Exception as exc:  # noqa: BLE001
-        GROUPED.append({"status": f"error: {exc!r}"[:300]})
-        traceback.print_exc()
-    print(f"grouped done at {elapsed():.0f}s")
+    if "grouped" in parts:
+        try:
+            time_grouped(dev)
+        except Exception as exc:  # noqa: BLE001
+            GROUPED.append({"status": f"error: {exc!r}"[:300]})
+            traceback.print_exc()
+        print(f"grouped done at {elapsed():.0f}s")
 
     # the compact table
     print(

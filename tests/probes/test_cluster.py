@@ -879,3 +879,11 @@ if __name__ == "__main__":
         sys.exit(_jit_main())
     if sys.argv[1:2] == ["--grouped"]:
         sys.exit(_grouped_main())
+
+
+def test_cluster_bench_refuses_an_unknown_part():
+    """probes.cluster_bench --parts takes only the parts it has (checks, dk, grouped), before any GPU work."""
+    from probes import cluster_bench
+
+    with pytest.raises(SystemExit):
+        cluster_bench.main(["--parts", "multicast"])
