@@ -112,19 +112,6 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
     return table_rows
 
 
-def fastest_text(steps: pd.DataFrame, clock: str) -> str:
-    """Which peers are the best peer on ``clock`` (step_rows' choice per cell of ``steps``, the held-out
-    split's step rows), as plain text: "transformers' compiled backend in 3 of 4 cells, the compiled
-    pipeline in 1" (most cells first)."""
-    best = steps[steps.contender == f"best peer:{clock}"]
-    if best.empty:
-        return "--"
-    counts = best.best_of.value_counts()
-    parts = [f"{PEER_NAMES[p]} in {k}" for p, k in counts.items()]
-    parts[0] += f" of {len(best)} cells" if len(counts) > 1 or len(best) > 1 else " cell"
-    return ", ".join(parts)
-
-
 def model_experts(raw: pd.DataFrame) -> dict[str, int]:
     """Each held-out model's routed experts: the CSV's ``experts`` column, else the zoo's (config.yaml)."""
     held = raw[raw.split == "heldout"]
@@ -222,8 +209,6 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
     coverage(n, raw)
     steps = step_rows(raw[raw.split == "heldout"])  # with the best peer of each cell and clock
     n.add("ENinePerModel", per_model_text(raw, steps))
-    n.add("ENineFastestPeerGpu", fastest_text(steps, "graph"))
-    n.add("ENineFastestPeerLaunch", fastest_text(steps, "launch"))
     n.add("ENineTokens", ", ".join(str(int(t)) for t in sorted(held.tokens.unique())))
     peers = [p for p in PEERS if (held.contender == p).any()]
     table_rows = peer_rows(raw, held, n)
