@@ -53,9 +53,7 @@ def fused_swiglu_grad(
     rows = dys.shape[0]
     dgu = gu if in_place else torch.empty_like(gu)
     act = torch.empty((rows, i), dtype=gu.dtype, device=gu.device) if store_act else None
-    meta = dict(bw._INTERPRET_SWIGLU if INTERPRET else FUSED_TILES)
-    if tiles is not None:
-        meta = dict(tiles)
+    meta = dict(tiles if tiles is not None else bw._INTERPRET_SWIGLU if INTERPRET else FUSED_TILES)
     split = meta.get("EPI_SPLIT", 1)
     if split not in (1, 2, 4) or meta["BLOCK_N"] % split:
         raise ValueError(f"tiles: EPI_SPLIT must be 1, 2 or 4 and divide BLOCK_N, got {meta}")
@@ -70,7 +68,7 @@ def fused_swiglu_grad(
     )
     if wd_desc is None:
         args = (scale, rowdot, store_act, dgu, act)
-        return bw.swiglu_grad_pointer(group_offsets, dys, gu, w_down, w_layout, *args)
+        return bw.swiglu_pass(group_offsets, dys, gu, w_down, w_layout, *args)
     n_tiles = triton.cdiv(i, meta["BLOCK_N"])
     n_part = n_tiles * split  # a partial per epilogue chunk of a tile
     part = torch.empty((rows, n_part), dtype=torch.float32, device=gu.device) if rowdot else None

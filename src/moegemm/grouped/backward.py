@@ -175,35 +175,24 @@ def swiglu_grad(
     every cell of the tune split, because on Triton for sm_90 a tile's long epilogue runs after its main
     loop, not beside it (docs/training.md). Otherwise (fp32, mixed dtypes) one launch of the pointer
     kernel, which computes P in its K loop and applies the backward in its epilogue."""
-    e, i, h, *_ = _w_dims(w_down, w_layout)
-    rows = dys.shape[0]
+    _, i, h, *_ = _w_dims(w_down, w_layout)
     dgu = gu if in_place else torch.empty_like(gu)
-    if rows and i and h and _separate_ok(dys, gu, w_down):
+    if dys.shape[0] and i and h and _separate_ok(dys, gu, w_down):
         p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=other_layout(w_layout), validate=False)
-        return swiglu_backward(
-            group_offsets,
-            rows,
-            p,
-            x=None,
-            w_gate_up=None,
-            w_layout=w_layout,
-            gu=gu,
-            scale=scale,
-            rowdot=rowdot,
-            store_act=store_act,
-            out=dgu,
-            act=p if store_act else None,
+        return swiglu_pass(
+            group_offsets, p, gu, None, w_layout, scale, rowdot, store_act, dgu, p if store_act else None
         )
-    return swiglu_grad_pointer(group_offsets, dys, gu, w_down, w_layout, scale, rowdot, store_act, dgu)
+    return swiglu_pass(group_offsets, dys, gu, w_down, w_layout, scale, rowdot, store_act, dgu)
 
 
-def swiglu_grad_pointer(group_offsets, dys, gu, w_down, w_layout, scale, rowdot, store_act, dgu, act=None):
-    """:func:`swiglu_grad` in one launch of the pointer kernel: P = dY D_e^T in its K loop, the SwiGLU
-    backward in its epilogue (dGU into ``dgu``, s A into ``act`` where given)."""
+def swiglu_pass(group_offsets, upstream, gu, w_down, w_layout, scale, rowdot, store_act, dgu, act=None):
+    """The SwiGLU backward of :func:`swiglu_grad` in one launch of the pointer kernel, G and U loaded from
+    ``gu``: over ``upstream`` as P itself (``w_down`` None), or as dY with P = dY D_e^T computed in its K
+    loop and the backward in its epilogue. dGU into ``dgu``, s A into ``act`` where given."""
     return swiglu_backward(
         group_offsets,
-        dys.shape[0],
-        dys,
+        upstream.shape[0],
+        upstream,
         x=None,
         w_gate_up=None,
         w_layout=w_layout,
