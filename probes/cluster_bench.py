@@ -16,8 +16,9 @@ cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
    S, tiles) on 12 grid cells and 4 router cells. A variant that fails to compile,
    launch or check is recorded as such and the run goes on.
 
-3. The multicast grouped kernel (2-CTA clusters sharing each weight tile) against the library's grouped_mm
-   and torch._grouped_mm at prefill: E = 8, K = 4096, N = 14336, 2048-16384 rows split evenly, w [E, N, K].
+3. The multicast grouped kernel (2-CTA clusters sharing each weight tile), in its plain and its
+   warp-specialized persistent form, against the library's grouped_mm and torch._grouped_mm at prefill:
+   E = 8, K = 4096, N = 14336, 2048-16384 rows split evenly, w [E, N, K].
 
 Prints a compact table last.
 """
@@ -394,6 +395,11 @@ def time_grouped(dev):
         G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3),
         G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4),
         G.ClusterGroupedConfig(block_n=256, stages=4),
+        # the warp-specialized, persistent form
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4, ws=True),
+        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3, ws=True),
+        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4, ws=True),
+        G.ClusterGroupedConfig(block_n=256, stages=4, ws=True),
     ]
     for rows in (2048, 4096, 8192, 16384):
         if elapsed() > DEADLINE_S + 50:
@@ -470,6 +476,7 @@ def time_swiglu(dev, e, k, i, rows=8192):
         ref[r0:r1] = torch.nn.functional.silu(gu[:, :i]) * gu[:, i:]
     base = {"E": e, "K": k, "N": 2 * i, "rows": rows, "w_layout": "nk", "dtype": "bfloat16"}
     big = G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4)
+    big_ws = dataclasses.replace(big, ws=True)
     for name, cfg, call in (
         ("grouped_mm_swiglu", "", lambda: grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False)),
         (
@@ -481,6 +488,11 @@ def time_swiglu(dev, e, k, i, rows=8192):
             "cluster-multicast-swiglu",
             dataclasses.asdict(big),
             lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False, config=big),
+        ),
+        (
+            "cluster-multicast-swiglu",
+            dataclasses.asdict(big_ws),
+            lambda: G.grouped_mm_swiglu(x, w, offsets, w_layout="nk", validate=False, config=big_ws),
         ),
     ):
         row = dict(base, contender=name, config=str(cfg))

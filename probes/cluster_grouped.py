@@ -61,7 +61,17 @@ def constexprs(
         "HAS_SCALE": has_scale,
         "EPILOGUE": int(epilogue),
         "SWIGLU": swiglu,
-    }
+    } | ({"PRODUCER_REGS": PRODUCER_REGS} if cfg.ws else {})
+
+
+# the warp-specialized form's producer warp group: its registers (setmaxnreg); the warps that multiply get
+# the rest
+PRODUCER_REGS = 40
+
+
+def kernel_of(cfg: ClusterGroupedConfig):
+    """The Gluon kernel a config runs."""
+    return K._grouped_cluster_ws_kernel if cfg.ws else K._grouped_cluster_kernel
 
 
 def compile_sm90(
@@ -95,7 +105,7 @@ def compile_sm90(
     c = constexprs(num_experts, cfg, w_kn, epilogue, has_scale, swiglu)
     sig.update({name: "constexpr" for name in c})
     return triton.compile(
-        GluonASTSource(fn=K._grouped_cluster_kernel, signature=sig, constexprs=c),
+        GluonASTSource(fn=kernel_of(cfg), signature=sig, constexprs=c),
         target=GPUTarget("cuda", 90, 32),
         options={"num_warps": cfg.num_warps, "num_ctas": 2},
     )
@@ -185,7 +195,7 @@ def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cf
     w2 = w.view(geom[0])
     da = K.TensorDescriptor(x, list(x.shape), [x.stride(0), 1], box_a, la)
     dw = K.TensorDescriptor(w2, list(w2.shape), [w2.stride(0), 1], box_w, lw)
-    compiled = K._grouped_cluster_kernel.warmup(
+    compiled = kernel_of(cfg).warmup(
         da,
         dw,
         out,
@@ -217,7 +227,9 @@ def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg):
     if clusters < 1:
         FALLBACK_REASONS[(m, n, k, cfg)] = f"no 2-CTA cluster with {shared} B of shared memory fits"
         return None
-    names = list(K._grouped_cluster_kernel.arg_names)
+    if cfg.ws:  # persistent: as many clusters as run at once, each walking every grid-th pair tile
+        grid = min(grid, clusters)
+    names = list(kernel_of(cfg).arg_names)
     tail = tuple(c[nm] for nm in names[names.index("stride_ym") + 1 :])
     return _Plan(
         grid=grid,

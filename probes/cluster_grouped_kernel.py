@@ -24,6 +24,12 @@ bound of the pair tiles and the clusters past the last one exit at once.
 (both weight tiles of a K step multicast, two accumulators). Where it cannot serve a call (a Triton without
 these Gluon features, not Hopper, operands TMA cannot read, fp32, "kn" with K not a multiple of BLOCK_K), the
 library's :func:`moegemm.grouped.grouped_mm` (or ``grouped_mm_swiglu``) runs it.
+
+``ClusterGroupedConfig(ws=True)`` runs the warp-specialized form (``_grouped_cluster_ws_kernel``): the same
+pair tiles on a persistent grid of clusters, a producer warp group per CTA issuing every copy into the
+ring while the consumer warp groups only wait, multiply, free slots and store, so a tile's epilogue overlaps
+the next tile's copies (the split CUTLASS's Hopper kernels make). Its slot hand-over is symmetric: each CTA's
+"empty" barrier of a slot counts every consumer warp group of both CTAs.
 """
 
 from __future__ import annotations
@@ -52,7 +58,9 @@ except Exception:  # noqa: BLE001 - unsupported_reason says why; the library's k
 @dataclasses.dataclass(frozen=True)
 class ClusterGroupedConfig:
     """block_m: rows per CTA (the pair covers 2 * block_m rows of one expert); 64 per warp group of 4
-    warps; block_n, block_k: the weight tile; stages: ring slots; group_m: row pairs walked together."""
+    warps; block_n, block_k: the weight tile; stages: ring slots; group_m: row pairs walked together; ws:
+    the warp-specialized, persistent form (a producer warp group per CTA beside the num_warps that
+    multiply)."""
 
     block_m: int = 64
     block_n: int = 128
@@ -60,6 +68,7 @@ class ClusterGroupedConfig:
     num_warps: int = 4
     stages: int = 4
     group_m: int = 8
+    ws: bool = False  # warp-specialized on a persistent grid (_grouped_cluster_ws_kernel)
 
     def __post_init__(self) -> None:
         if self.num_warps not in (4, 8) or self.block_m != 16 * self.num_warps:
@@ -75,6 +84,8 @@ class ClusterGroupedConfig:
             raise ValueError(f"config.stages: expected 2..8, got {self.stages!r}")
         if not isinstance(self.group_m, int) or self.group_m < 1:
             raise ValueError(f"config.group_m: expected an int >= 1, got {self.group_m!r}")
+        if not isinstance(self.ws, bool):
+            raise ValueError(f"config.ws: expected a bool, got {self.ws!r}")
 
 
 if gluon is not None:
@@ -124,29 +135,35 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _empty_arrive(lanes, off):
-        """Thread 0 of this CTA arrives (release, cluster scope) on the lead CTA's barrier at ``off``."""
+    def _remote_arrive(lanes, off, rank, mask):
+        """The threads whose id has no bit of ``mask`` set (mask -1: thread 0; 127: the first of each warp
+        group) arrive (release, cluster scope) on the barrier at ``off`` of CTA ``rank`` of the cluster."""
         return gl.inline_asm_elementwise(
             """{
             .reg .pred %xp;
-            .reg .u32 %xa, %xd, %xt, %xz;
+            .reg .u32 %xa, %xd, %xt;
             mov.u32 %xt, %tid.x;
+            and.b32 %xt, %xt, $4;
             setp.eq.u32 %xp, %xt, 0;
             mov.u32 %xa, global_smem;
             mov.u32 %xd, %dynamic_smem_size;
             add.u32 %xa, %xa, %xd;
             add.u32 %xa, %xa, $2;
-            mov.u32 %xz, 0;
-            mapa.shared::cluster.u32 %xa, %xa, %xz;
+            mapa.shared::cluster.u32 %xa, %xa, $3;
             @%xp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%xa];
             mov.u32 $0, 0;
             }""",
-            "=r,r,r",
-            [lanes, lanes + off],
+            "=r,r,r,r,r",
+            [lanes, lanes + off, lanes + rank, lanes + mask],
             dtype=gl.int32,
             is_pure=False,
             pack=1,
         )
+
+    @gluon.jit
+    def _empty_arrive(lanes, off):
+        """Thread 0 of this CTA arrives (release, cluster scope) on the lead CTA's barrier at ``off``."""
+        return _remote_arrive(lanes, off, 0, -1)
 
     @gluon.jit
     def _empty_wait(lanes, off, phase, pred):
@@ -179,6 +196,48 @@ if gluon is not None:
         )
 
     @gluon.jit
+    def _pair_plan(
+        offsets_ptr,
+        E,
+        N,
+        PAIR: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        WARPS: gl.constexpr,
+    ):
+        """(expert ids, first rows, end rows, inclusive prefix of pair tiles per expert, all pair tiles), in
+        a layout over the WARPS warps of the caller: experts in order, each its row pairs by the column
+        tiles."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0], cga_layout=_bases(1, False))
+        e = gl.arange(0, E_BLOCK, layout=layout)
+        lo = gl.load(offsets_ptr + e, mask=e < E, other=0)
+        hi = gl.load(offsets_ptr + e + 1, mask=e < E, other=0)
+        pairs = (hi - lo + PAIR - 1) // PAIR
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        cum = gl.associative_scan(pairs, 0, _add) * n_tiles
+        return e, lo, hi, cum, gl.sum(pairs, axis=0) * n_tiles
+
+    @gluon.jit
+    def _pair_coords(
+        tile, e, lo, hi, cum, N, PAIR: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
+    ):
+        """(expert, first row of the pair, the expert's end row, first column) of pair tile ``tile`` of the
+        plan: bands of GROUP_M row pairs walked column by column."""
+        n_tiles = gl.cdiv(N, BLOCK_N)
+        expert = gl.sum((cum <= tile).to(gl.int32), axis=0)
+        sel = e == expert
+        row_start = gl.sum(gl.where(sel, lo, 0), axis=0)
+        row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
+        mt = (row_end - row_start + PAIR - 1) // PAIR
+        local = tile - (gl.sum(gl.where(sel, cum, 0), axis=0) - mt * n_tiles)
+        band = local // (GROUP_M * n_tiles)
+        in_band = local % (GROUP_M * n_tiles)
+        band_rows = gl.maximum(gl.minimum(mt - band * GROUP_M, GROUP_M), 1)
+        tm = band * GROUP_M + in_band % band_rows
+        tn = in_band // band_rows
+        return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N
+
+    @gluon.jit
     def _coords(
         tile,
         offsets_ptr,
@@ -191,27 +250,10 @@ if gluon is not None:
         WARPS: gl.constexpr,
     ):
         """(expert, first row of the pair, the expert's end row, first column, all pair tiles) of pair tile
-        ``tile``: experts in order, bands of GROUP_M row pairs walked column by column."""
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0], cga_layout=_bases(1, False))
-        e = gl.arange(0, E_BLOCK, layout=layout)
-        lo = gl.load(offsets_ptr + e, mask=e < E, other=0)
-        hi = gl.load(offsets_ptr + e + 1, mask=e < E, other=0)
-        pairs = (hi - lo + PAIR - 1) // PAIR
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        cum = gl.associative_scan(pairs, 0, _add) * n_tiles
-        total = gl.sum(pairs, axis=0) * n_tiles
-        expert = gl.sum((cum <= tile).to(gl.int32), axis=0)
-        sel = e == expert
-        row_start = gl.sum(gl.where(sel, lo, 0), axis=0)
-        row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
-        mt = (row_end - row_start + PAIR - 1) // PAIR
-        local = tile - (gl.sum(gl.where(sel, cum, 0), axis=0) - mt * n_tiles)
-        band = local // (GROUP_M * n_tiles)
-        in_band = local % (GROUP_M * n_tiles)
-        band_rows = gl.maximum(gl.minimum(mt - band * GROUP_M, GROUP_M), 1)
-        tm = band * GROUP_M + in_band % band_rows
-        tn = in_band // band_rows
-        return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N, total
+        ``tile``."""
+        e, lo, hi, cum, total = _pair_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, WARPS)
+        expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+        return expert, row0, row_end, col0, total
 
     @gluon.jit
     def _w_copies(
@@ -237,6 +279,63 @@ if gluon is not None:
         else:
             acc = warpgroup_mma(a_smem, w_smem.permute((1, 0)), acc, is_async=True)
         return acc
+
+    @gluon.jit
+    def _store_pair(
+        acc,
+        acc_up,
+        y_ptr,
+        scale_ptr,
+        row0,
+        row_end,
+        col0,
+        N,
+        stride_ym,
+        HAS_SCALE: gl.constexpr,
+        EPILOGUE: gl.constexpr,
+        SWIGLU: gl.constexpr,
+    ):
+        """The pair tile's epilogue (SwiGLU of the two products, or the epilogue; then row_scale) and its
+        store from registers, each CTA its rows, those of the expert (< row_end) and columns < N."""
+        rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+        cols = col0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+        if HAS_SCALE:
+            sc = gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32)
+        if SWIGLU:
+            acc = acc / (1.0 + gl.exp(-acc)) * acc_up
+        if EPILOGUE == 1:
+            acc = gl.where(acc < 0.0, 0.0, acc)
+        elif EPILOGUE == 2:
+            acc = 1.0 / (1.0 + gl.exp(-acc))
+        if HAS_SCALE:
+            acc = acc * gl.expand_dims(sc, 1)
+        ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(rows < row_end, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _ring(
+        a_desc, w_desc, STAGES: gl.constexpr, SWIGLU: gl.constexpr, NW: gl.constexpr, FREE: gl.constexpr
+    ):
+        """The ring of STAGES slots: x boxes, weight boxes (and the up projection's with SWIGLU), a barrier
+        per slot and CTA for its copies (one per CTA: its x half and the whole weight box), and the "empty"
+        barriers past Triton's shared memory, each completed by FREE arrivals, initialised and fenced.
+        Returns the slots, the copies' barriers and a lane tensor over NW warps."""
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        if SWIGLU:
+            u_bufs = gl.allocate_shared_memory(
+                w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
+            )
+        else:
+            u_bufs = w_bufs
+        ready = mbarrier.allocate_mbarrier(batch=STAGES)
+        lanes = _lane_tensor(NW)
+        for j in gl.static_range(STAGES):
+            mbarrier.init(ready.index(j), count=1)
+            _empty_init(lanes, 8 * j - 8 * STAGES, FREE)
+        fence_async_shared()
+        return a_bufs, w_bufs, u_bufs, ready, lanes
 
     @gluon.jit
     def _grouped_cluster_kernel(
@@ -267,22 +366,10 @@ if gluon is not None:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16], cga_layout=_bases(2, True)
         )
-        # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-        if SWIGLU:
-            u_bufs = gl.allocate_shared_memory(
-                w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout
-            )
-        else:
-            u_bufs = w_bufs
-        ready = mbarrier.allocate_mbarrier(batch=STAGES)  # one per CTA: its x half and the whole w box
-        lanes = _lane_tensor(NW)
-        XB: gl.constexpr = 8 * STAGES  # the pair's empty barriers (used on the lead CTA), from the end
-        for j in gl.static_range(STAGES):
-            mbarrier.init(ready.index(j), count=1)
-            _empty_init(lanes, 8 * j - XB, 2)
-        fence_async_shared()
+        # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both;
+        # the empty barriers are waited on on the lead CTA, both CTAs arriving
+        a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2)
+        XB: gl.constexpr = 8 * STAGES
         mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
 
         tile = gl.program_id(0)
@@ -353,20 +440,265 @@ if gluon is not None:
                 acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
             else:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            rows = row0 + gl.arange(0, PAIR, layout=gl.SliceLayout(1, acc_layout))
-            cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-            if HAS_SCALE:
-                sc = gl.load(scale_ptr + rows, mask=rows < row_end, other=0.0).to(gl.float32)
-            if SWIGLU:
-                acc = acc / (1.0 + gl.exp(-acc)) * acc_up
-            if EPILOGUE == 1:
-                acc = gl.where(acc < 0.0, 0.0, acc)
-            elif EPILOGUE == 2:
-                acc = 1.0 / (1.0 + gl.exp(-acc))
-            if HAS_SCALE:
-                acc = acc * gl.expand_dims(sc, 1)
-            ptrs = y_ptr + gl.expand_dims(rows.to(gl.int64) * stride_ym, 1) + gl.expand_dims(cols, 0)
-            mask = gl.expand_dims(rows < row_end, 1) & gl.expand_dims(cols < N, 0)
-            gl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            if not SWIGLU:
+                acc_up = acc
+            _store_pair(
+                acc, acc_up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
+            )
         cluster.arrive()  # neither CTA exits while the other may still signal its barriers
         cluster.wait()
+
+    # The warp-specialized form: the same pair tiles and copies, on a persistent grid of clusters, the warps
+    # split as in CUTLASS's Hopper kernels. A producer warp group per CTA only issues the TMA copies into the
+    # ring (its x rows; on the lead, the multicast weight boxes), the consumer warp groups only multiply and
+    # store.
+    # Every CTA has an "empty" barrier per slot (past Triton's shared memory, as above), which both CTAs'
+    # consumer warp groups release: a CTA's producer refills a slot once both CTAs are done with it, so the
+    # lead's multicast never lands in a slot the other CTA still reads, and the other CTA's barrier of the
+    # copies has completed its phase before the lead's next copy signals it.
+
+    @gluon.jit
+    def _pair_release(lanes, off):
+        """The first thread of each warp group arrives (release, cluster scope) on the barrier at ``off`` of
+        both CTAs of the pair."""
+        _remote_arrive(lanes, off, 0, 127)
+        return _remote_arrive(lanes, off, 1, 127)
+
+    @gluon.jit
+    def _slot_wait(lanes, off, phase):
+        """Every thread of the caller waits (acquire, cluster scope) until this CTA's barrier at ``off``
+        completes the phase of parity ``phase`` (a fresh barrier passes parity 1 at once)."""
+        return gl.inline_asm_elementwise(
+            """{
+            .reg .pred %xq;
+            .reg .u32 %xa, %xd;
+            mov.u32 %xa, global_smem;
+            mov.u32 %xd, %dynamic_smem_size;
+            add.u32 %xa, %xa, %xd;
+            add.u32 %xa, %xa, $2;
+            XWAIT:
+            mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 %xq, [%xa], $3;
+            @!%xq bra.uni XWAIT;
+            mov.u32 $0, 0;
+            }""",
+            "=r,r,r,r",
+            [lanes, lanes + off, lanes + phase],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+    @gluon.jit
+    def _ws_producer(
+        a_desc,
+        w_desc,
+        offsets_ptr,
+        a_bufs,
+        w_bufs,
+        u_bufs,
+        ready,
+        E,
+        N,
+        K,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        W_KN: gl.constexpr,
+        SWIGLU: gl.constexpr,
+    ):
+        """One warp group per CTA (one thread issues): per K step of every pair tile of this cluster, wait
+        until both CTAs have freed the slot, then copy this CTA's x rows into it and (the lead) the weight
+        boxes into both CTAs' slot."""
+        PAIR: gl.constexpr = 2 * BLOCK_M
+        XB: gl.constexpr = 8 * STAGES
+        W_BOXES: gl.constexpr = 2 if SWIGLU else 1
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + W_BOXES * w_desc.nbytes_per_cta
+        lanes = _lane_tensor(4)
+        e, lo, hi, cum, total = _pair_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, 4)
+        steps = gl.cdiv(K, BLOCK_K)
+        it = 0
+        cluster.arrive()  # both CTAs' barriers exist (their init fenced) before either signals the other's
+        cluster.wait()
+        for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+            expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+            for kk in range(steps):
+                s = it % STAGES
+                _slot_wait(lanes, 8 * s - XB, ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                _tma_copy(a_desc, [row0, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
+                _w_copies(
+                    w_desc,
+                    w_bufs.index(s),
+                    u_bufs.index(s),
+                    ready.index(s),
+                    expert,
+                    kk * BLOCK_K,
+                    col0,
+                    N,
+                    K,
+                    W_KN,
+                    SWIGLU,
+                    True,
+                )
+                it += 1
+        cluster.arrive()  # neither CTA exits while the other may still signal its barriers
+        cluster.wait()
+
+    @gluon.jit
+    def _ws_consumer(
+        y_ptr,
+        offsets_ptr,
+        scale_ptr,
+        a_bufs,
+        w_bufs,
+        u_bufs,
+        ready,
+        E,
+        N,
+        K,
+        stride_ym,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        W_KN: gl.constexpr,
+        HAS_SCALE: gl.constexpr,
+        EPILOGUE: gl.constexpr,
+        SWIGLU: gl.constexpr,
+        NW: gl.constexpr,
+    ):
+        """The NW warps (whole warp groups) of each CTA: per K step wait for the slot's copies, issue the
+        wgmma on it, wait for the one before (one stays in flight) and free that one's slot in both CTAs;
+        after a tile's last step wait for all, free the last slot and store the tile while the producer
+        already fills the ring for the next."""
+        PAIR: gl.constexpr = 2 * BLOCK_M
+        XB: gl.constexpr = 8 * STAGES
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16], cga_layout=_bases(2, True)
+        )
+        lanes = _lane_tensor(NW)
+        e, lo, hi, cum, total = _pair_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, NW)
+        steps = gl.cdiv(K, BLOCK_K)
+        it = 0
+        cluster.arrive()  # as in the producer: every warp of both CTAs takes part in a cluster barrier
+        cluster.wait()
+        for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+            expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+            acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+            acc_up = acc
+            for kk in range(steps):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
+                if SWIGLU:
+                    acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
+                    acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if kk > 0:
+                    _pair_release(lanes, 8 * ((it + STAGES - 1) % STAGES) - XB)
+                it += 1
+            if SWIGLU:
+                acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                acc_up = acc
+            _pair_release(lanes, 8 * ((it + STAGES - 1) % STAGES) - XB)
+            _store_pair(
+                acc, acc_up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
+            )
+        cluster.arrive()
+        cluster.wait()
+
+    @gluon.jit
+    def _grouped_cluster_ws_kernel(
+        a_desc,
+        w_desc,
+        y_ptr,
+        offsets_ptr,
+        scale_ptr,
+        E,
+        N,
+        K,
+        stride_ym,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,
+        E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        W_KN: gl.constexpr,
+        HAS_SCALE: gl.constexpr,
+        EPILOGUE: gl.constexpr,
+        SWIGLU: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+    ):
+        """:func:`_grouped_cluster_kernel`'s result, warp-specialized on a persistent grid of clusters (one
+        per pair of SMs that fits): the grid walks every pair tile, cluster c taking tiles c, c + grid, ..."""
+        NW: gl.constexpr = gl.num_warps()
+        # each warp group of both CTAs frees a slot
+        a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2 * (NW // 4))
+        # No cluster barrier here: the worker warps do not run this region (they wait for their partition
+        # from the kernel's start), and a cluster barrier waits for every thread of both CTAs; each partition
+        # takes part in the start and end barriers itself.
+        gl.warp_specialize(
+            [
+                (
+                    _ws_consumer,
+                    (
+                        y_ptr,
+                        offsets_ptr,
+                        scale_ptr,
+                        a_bufs,
+                        w_bufs,
+                        u_bufs,
+                        ready,
+                        E,
+                        N,
+                        K,
+                        stride_ym,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                        W_KN,
+                        HAS_SCALE,
+                        EPILOGUE,
+                        SWIGLU,
+                        NW,
+                    ),
+                ),
+                (
+                    _ws_producer,
+                    (
+                        a_desc,
+                        w_desc,
+                        offsets_ptr,
+                        a_bufs,
+                        w_bufs,
+                        u_bufs,
+                        ready,
+                        E,
+                        N,
+                        K,
+                        BLOCK_M,
+                        BLOCK_N,
+                        BLOCK_K,
+                        E_BLOCK,
+                        GROUP_M,
+                        STAGES,
+                        W_KN,
+                        SWIGLU,
+                    ),
+                ),
+            ],
+            [4],  # a whole warp group (setmaxnreg's unit); its first warp issues the copies
+            [PRODUCER_REGS],
+        )

@@ -106,6 +106,12 @@ def grouped_variants():
     for dt, kn, scale in itertools.product(("bf16", "fp16"), (True, False), (False, True)):  # fused SwiGLU
         cfg = ClusterGroupedConfig(block_m=64, block_n=128 if scale else 64, num_warps=4, stages=3)
         yield f"grouped-swiglu-{dt}-{'kn' if kn else 'nk'}-{scale}", dt, cfg, kn, Epilogue.NONE, scale, True
+    epilogues = itertools.cycle(Epilogue)
+    for dt, kn, swiglu in itertools.product(("bf16", "fp16"), (True, False), (False, True)):  # ws, persistent
+        cfg = ClusterGroupedConfig(block_m=128, block_n=128, num_warps=8, stages=4, ws=True)
+        epi = Epilogue.NONE if swiglu else next(epilogues)
+        name = f"grouped-ws-{dt}-{'kn' if kn else 'nk'}-{'swiglu' if swiglu else epi.name.lower()}"
+        yield name, dt, cfg, kn, epi, not swiglu, swiglu
 
 
 def _grouped_main() -> int:
@@ -122,6 +128,8 @@ def _grouped_main() -> int:
                 ptx_facts(ptx),
                 ok=True,
                 arrive_remote=len(re.findall(r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
+                setmaxnreg=len(re.findall(r"setmaxnreg", ptx)),
+                ws=cfg.ws,
             )
         except Exception as e:  # noqa: BLE001
             rec.update(ok=False, error=str(e).splitlines()[-1][:300] if str(e) else repr(e))
@@ -132,9 +140,10 @@ def _grouped_main() -> int:
 
 @pytest.mark.long
 def test_grouped_multicast_kernel_compiles_for_sm90():
-    """Every variant of the multicast grouped kernel compiles; its PTX holds a 2-CTA cluster, the weight
-    copies with .multicast::cluster, the remote arrive on the lead's barrier and a barrier per CTA for
-    the copies (each expecting its x half and the whole weight box)."""
+    """Every variant of the multicast grouped kernel, and of its warp-specialized form, compiles; its PTX
+    holds a 2-CTA cluster, the weight copies with .multicast::cluster, the remote arrives on the barriers
+    that free a slot and a barrier per CTA for the copies (each expecting its x half and the whole weight
+    box)."""
     if C._gluon_api_ok() is not None:
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
     res = subprocess.run(
@@ -148,11 +157,18 @@ def test_grouped_multicast_kernel_compiles_for_sm90():
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(recs) == len(list(grouped_variants())) > 0
+    assert any(r["ws"] for r in recs) and not all(r["ws"] for r in recs)
     for r in recs:
         assert r["ok"], r
-        assert r["reqnctapercluster"] == 2 and r["multicast"] > 0 and r["arrive_remote"] == 1, r
+        # the warp-specialized form: both CTAs' barriers freed at two places (within a tile, after it), its
+        # producer warp group's registers set apart
+        remote, regs = (4, r["setmaxnreg"] > 0) if r["ws"] else (1, r["setmaxnreg"] == 0)
+        assert r["reqnctapercluster"] == 2 and r["multicast"] > 0 and r["arrive_remote"] == remote and regs, r
         assert r["skip_wait"] == 0 and r["expect_bytes"] == [r["box_bytes"]], r
-        assert r["wait"] == 2 and r["arrive"] == 2, r  # the init sync and the exit barrier
+        # the init sync and the exit barrier (the warp-specialized form: in each of its two partitions, since
+        # its producer warps do not run the kernel's own region and a cluster barrier waits for every thread)
+        syncs = 4 if r["ws"] else 2
+        assert r["wait"] == syncs and r["arrive"] == syncs, r
 
 
 def _env() -> dict:
@@ -772,7 +788,7 @@ def test_grouped_falls_back_where_it_cannot_serve(device, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
-@pytest.mark.parametrize("cfg_i", [0, 1, 2])
+@pytest.mark.parametrize("cfg_i", [0, 1, 2, 3, 4])
 def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
     from probes import cluster_grouped as G
 
@@ -783,6 +799,8 @@ def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
         G.ClusterGroupedConfig(),
         G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=128, stages=3),
         G.ClusterGroupedConfig(block_n=256, stages=3),
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=128, stages=4, ws=True),
+        G.ClusterGroupedConfig(block_n=256, stages=3, ws=True),
     ][cfg_i]
     g = torch.Generator().manual_seed(cfg_i)
     cases = (
@@ -814,7 +832,8 @@ def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
-def test_gpu_grouped_multicast_swiglu(dtype, w_layout, monkeypatch):
+@pytest.mark.parametrize("ws", [False, True])
+def test_gpu_grouped_multicast_swiglu(dtype, w_layout, ws, monkeypatch):
     from probes import cluster_grouped as G
 
     if not G.cluster_supported(torch.device("cuda")):
@@ -833,6 +852,7 @@ def test_gpu_grouped_multicast_swiglu(dtype, w_layout, monkeypatch):
             offsets,
             w_layout=w_layout,
             row_scale=scale,
+            config=G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4, ws=ws),
             out=torch.full((m, i), float("nan"), dtype=dtype, device="cuda"),
         )
         assert [p for p in G._PLANS.values() if p is not None], f"fell back: {G.FALLBACK_REASONS}"
@@ -843,7 +863,8 @@ def test_gpu_grouped_multicast_swiglu(dtype, w_layout, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_grouped_multicast_graph_replays_new_routing():
+@pytest.mark.parametrize("ws", [False, True])
+def test_gpu_grouped_multicast_graph_replays_new_routing(ws):
     """20 replays of one captured call, each with new x, w and a new split of the rows among the experts
     (the tile map is computed in the kernel from the offsets)."""
     from probes import cluster_grouped as G
@@ -856,11 +877,12 @@ def test_gpu_grouped_multicast_graph_replays_new_routing():
     w = torch.randn(e, n, k, generator=g).to(torch.bfloat16).cuda()
     offsets = _partition(m, e, g).cuda()
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    G.grouped_mm(x, w, offsets, w_layout="nk", out=out, validate=False)
+    cfg = G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4, ws=ws)
+    G.grouped_mm(x, w, offsets, w_layout="nk", out=out, validate=False, config=cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        G.grouped_mm(x, w, offsets, w_layout="nk", out=out, validate=False)
+        G.grouped_mm(x, w, offsets, w_layout="nk", out=out, validate=False, config=cfg)
     for i in range(20):
         x.copy_(torch.randn(m, k, generator=g).to(torch.bfloat16))
         w.copy_((torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16))
