@@ -178,6 +178,8 @@ def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg
         x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu
     )
     compiled._init_handles()
+    if cfg.ws:  # persistent: at most a cluster per pair of SMs (the occupancy query below may allow more)
+        grid = min(grid, torch.cuda.get_device_properties(x.device).multi_processor_count // 2)
     return _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, x.shape[0], n, k, cfg)
 
 
