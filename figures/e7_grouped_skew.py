@@ -110,6 +110,9 @@ def main():
         heldout_panel(axes[0], o, "prefill", True)
         heldout_panel(axes[1], o, "decode", False)
         axes[1].sharex(axes[0])
+        # one x range for both phases, wide enough for the longer bar of either (shared axes keep the range
+        # autoscaled from the first panel's bars alone, which clipped the decode panel's)
+        axes[0].set_xlim(0, 1.05 * max(ax.dataLim.x1 for ax in axes[:2]))
     skew_panel(right[0], df, dec_t, "decode")
     skew_panel(right[1], df, pre_t, "prefill")
     right[0].set_ylabel("% of floor (GPU time)")
