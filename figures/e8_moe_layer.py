@@ -1,7 +1,7 @@
 """E8: the whole expert FFN. Left: on the held-out models, each peer's time over ours per model (geomean
-over token counts and loads; triton_kernels' layer where measured). Right: the same against the token count
-(geomean over the held-out models and loads), with what fusing SwiGLU into the gate/up GEMM saves (our unfused
-time over the fused one)."""
+over token counts and loads; transformers' compiled backend where measured, at prefill). Right: the same
+against the token count (geomean over the held-out models and loads), with what fusing SwiGLU into the
+gate/up GEMM saves (our unfused time over the fused one)."""
 
 from __future__ import annotations
 
