@@ -178,9 +178,8 @@ def _make_plan(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg
         x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu
     )
     compiled._init_handles()
-    if cfg.ws:  # persistent: at most a cluster per pair of SMs (the occupancy query below may allow more)
-        grid = min(grid, torch.cuda.get_device_properties(x.device).multi_processor_count // 2)
-    return _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, x.shape[0], n, k, cfg)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    return _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, x.shape[0], n, k, cfg, sms)
 
 
 def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cfg, swiglu=False):
@@ -217,7 +216,7 @@ def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cf
     return compiled, c, grid, geom, la, lw, box_a, box_w
 
 
-def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg):
+def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg, sms):
     shared = _cdiv(int(compiled.metadata.shared), 16) * 16 + 8 * cfg.stages  # + the pair's empty barriers
     from triton.runtime import driver
 
@@ -229,8 +228,9 @@ def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg):
     if clusters < 1:
         FALLBACK_REASONS[(m, n, k, cfg)] = f"no 2-CTA cluster with {shared} B of shared memory fits"
         return None
-    if cfg.ws:  # persistent: as many clusters as run at once, each walking every grid-th pair tile
-        grid = min(grid, clusters)
+    if cfg.ws:  # persistent: as many clusters as run at once, each walking every grid-th pair tile; at most
+        # one per pair of SMs (Triton's occupancy query for clusters assumes 128 threads a CTA)
+        grid = min(grid, clusters, sms // 2)
     names = list(kernel_of(cfg).arg_names)
     tail = tuple(c[nm] for nm in names[names.index("stride_ym") + 1 :])
     return _Plan(
