@@ -16,8 +16,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-if os.environ.get("PYTEST_XDIST_WORKER"):  # the worker processes already share the CPUs
+if os.environ.get("PYTEST_XDIST_WORKER"):  # the worker processes already share the CPUs: no Inductor compile
+    # pool inside each, and the library's side-by-side compiles (moegemm.grouped.autotune) on each one's share
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    _share = (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ.setdefault("MOEGEMM_COMPILE_THREADS", str(max(1, _share)))
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tests that run Snakemake: under pytest-xdist (`--dist loadgroup`) all of them go to one worker, in order,

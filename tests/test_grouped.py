@@ -580,6 +580,57 @@ def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
     assert not autotune.enabled()
 
 
+def test_first_call_compiles_the_shortlist_side_by_side(monkeypatch):
+    """The first call of an unseen shape launches every candidate once from a pool of threads, each on the
+    caller's device and stream (so the compiles overlap, and nothing races the caller's queue), before its
+    one-at-a-time timing; a candidate whose launch raises there is left for the caller's own first launch,
+    not dropped; with MOEGEMM_COMPILE_THREADS=1 nothing is launched from a thread, and a bad value names the
+    variable."""
+    import contextlib
+    import threading
+
+    from moegemm.grouped import autotune
+
+    caller = threading.get_ident()
+    entered: list[tuple] = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "the caller's stream")
+
+    @contextlib.contextmanager
+    def device(d):
+        entered.append(("device", d, threading.get_ident()))
+        yield
+
+    @contextlib.contextmanager
+    def stream(s):
+        entered.append(("stream", s, threading.get_ident()))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    launched: list[tuple] = []
+    barrier = threading.Barrier(3, timeout=10)
+
+    def launch(c):
+        launched.append((c, threading.get_ident()))
+        barrier.wait()  # three launches at once, or this times out: they run side by side
+        if c == "b":
+            raise RuntimeError("off the caller's thread only")
+
+    monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "3")
+    assert autotune.compile_side_by_side(launch, ["a", "b", "c"]) == 3
+    assert sorted(c for c, _ in launched) == ["a", "b", "c"]
+    assert all(tid != caller for _, tid in launched)
+    assert {(kind, what) for kind, what, _ in entered} == {("device", 3), ("stream", "the caller's stream")}
+    assert len(entered) == 6 and all(tid != caller for *_, tid in entered)
+    launched.clear()
+    monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "1")
+    assert autotune.compile_side_by_side(launch, ["a", "b", "c"]) == 0 and launched == []
+    monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "many")
+    with pytest.raises(ValueError, match="MOEGEMM_COMPILE_THREADS"):
+        autotune.compile_side_by_side(launch, ["a", "b"])
+
+
 def test_default_path_computes_the_product_on_an_unseen_shape(device, monkeypatch):
     """grouped_mm with no config on a shape no tuned entry covers runs the shortlist's first config (the
     interpreter does not time) and is right: merged tails and the mixed order, or plain pointer tiles."""

@@ -320,6 +320,38 @@ def test_unseen_shape_autotunes_once_then_captures(t, tmp_path, monkeypatch):
             assert_close_to_ref(out, _ref(xs, w, offsets), hidden, f"{label}: replay {i} {load}")
 
 
+@pytest.mark.parametrize("threads", ["1", "8"])
+def test_unseen_shape_first_call_on_a_side_stream(threads, tmp_path, monkeypatch):
+    """The first call of an unseen shape made on a side stream, its inputs written on that stream just
+    before it (behind a long GEMM): the shortlist's compiles from the pool of threads launch on the caller's
+    stream, so the result is right, with the compiles side by side or one after another, and the timed
+    choice is kept."""
+    import moegemm.grouped.config as api
+    from moegemm.grouped import autotune
+
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", threads)
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    e, top_k, t, hidden, n = 24, 4, 512, 2112, 1040
+    g = torch.Generator(device="cuda").manual_seed(7)
+    w = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
+    offsets = route(sample_topk(t, e, top_k, "zipf1.2", seed=7), e).group_offsets
+    src = torch.randn(t * top_k, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    big = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        xs = torch.full_like(src, float("nan"))
+        for _ in range(4):
+            big = big @ big.T / 8192  # keeps the side stream busy while the first call is issued
+        xs.copy_(src)
+        y = grouped_mm(xs, w, offsets, w_layout="nk", validate=False)
+    s.synchronize()
+    assert api.choose_config(xs, e, n, "nk")[1] == "autotuned"
+    assert_close_to_ref(y, _ref(src, w, offsets), hidden, f"first call on a side stream, {threads} threads")
+
+
 def test_default_expert_path_captures_and_compiles():
     """route -> permute -> grouped_mm -> unpermute with every default argument (validation on the device, no
     host sync): one CUDA graph, right on replays with new routing and activations; and the same function

@@ -675,3 +675,52 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
         assert by[c]["graph_us_min"] == 10.0 * pos[0] and by[c]["graph_us_max"] == 10.0 * pos[-1]
         assert by[c]["holds"] == 3 and by[c]["graph_calls"] == 4 and by[c]["status"] == "ok"
     assert json.loads(by["a"]["config"]) == {"x": 1} and by["own"]["note"] == "own check"
+
+
+def test_first_call_probe_runs_each_measurement_in_a_fresh_process(monkeypatch):
+    """probe_first_call: each measurement is a new process with empty Triton and autotune caches (new folders
+    each time), the compile threads set for one setting and left to the library's default for the other
+    (an inherited value removed), and a child that fails is recorded with its last error line; its --cells
+    parser refuses items that are not model:T."""
+    import subprocess
+    import types
+
+    from probes import probe_first_call as probe
+
+    seen = []
+
+    def fake_run(cmd, env, capture_output, text, timeout):
+        seen.append((cmd, env))
+        if env["TRITON_CACHE_DIR"] == "fail":
+            return types.SimpleNamespace(returncode=1, stdout="", stderr="Traceback\nRuntimeError: boom\n")
+        return types.SimpleNamespace(returncode=0, stdout='{"first_call_s": 1.5, "threads": 8}\n', stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "5")
+    row = probe.run_child("dbrx", 4096, None, 10)
+    assert row == {"status": "ok", "process_s": row["process_s"], "first_call_s": 1.5, "threads": 8}
+    probe.run_child("dbrx", 4096, "1", 10)
+    (cmd0, env0), (_, env1) = seen
+    assert cmd0[-2:] == ["--child", "dbrx:4096"]
+    assert "MOEGEMM_COMPILE_THREADS" not in env0 and env1["MOEGEMM_COMPILE_THREADS"] == "1"
+    assert env0["TRITON_CACHE_DIR"] != env1["TRITON_CACHE_DIR"]
+    assert env0["MOEGEMM_CACHE_DIR"] not in (env0["TRITON_CACHE_DIR"], env1["MOEGEMM_CACHE_DIR"])
+    monkeypatch.setattr(probe.tempfile, "TemporaryDirectory", lambda: _named("fail"))
+    assert probe.run_child("dbrx", 16, "1", 10) == {"status": "error", "note": "RuntimeError: boom"}
+    assert probe.parse_cells("dbrx:4096,olmoe-1b-7b:16") == [("dbrx", 4096), ("olmoe-1b-7b", 16)]
+    for bad in ("dbrx", "dbrx:x", ":16"):
+        with pytest.raises(SystemExit, match="--cells"):
+            probe.parse_cells(bad)
+
+
+class _named:
+    """A stand-in for tempfile.TemporaryDirectory that yields a fixed name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        return self.name
+
+    def __exit__(self, *exc):
+        return False

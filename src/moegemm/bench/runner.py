@@ -112,15 +112,11 @@ def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> in
     same stream and run in order. Errors are swallowed here: the caller's own first call, made afterwards
     one at a time, meets them again and records them. MOEGEMM_COMPILE_THREADS=1 turns this off. Returns
     the number of threads used (0: not used)."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from .._runtime import usable_cpus
+    from .._runtime import compile_threads
 
-    if workers is None:
-        env = os.environ.get("MOEGEMM_COMPILE_THREADS")
-        workers = int(env) if env else min(8, usable_cpus())
-    workers = min(workers, len(calls))
+    workers = compile_threads(len(calls)) if workers is None else min(workers, len(calls))
     if workers <= 1 or not torch.cuda.is_available():
         return 0
     device = torch.cuda.current_device()

@@ -3,6 +3,9 @@ tuner's measurements of other models (experiments/distill_grouped.py), timed on 
 unseen (dtype, E, K, N, w layout, rows bucket) on that call's own inputs. The fastest is kept in memory and
 on disk, so later calls, and later processes, take it with no timing and no host sync.
 
+The first call compiles the shortlist's kernels side by side, from a pool of threads
+(MOEGEMM_COMPILE_THREADS=1: one after another), then times them one at a time.
+
 Where a call cannot time (it is being captured into a CUDA graph, traced by torch.compile, run by Triton's
 interpreter, or MOEGEMM_AUTOTUNE=0), it takes the shortlist's first config and remembers nothing, so a
 later call that can time still does.
@@ -92,11 +95,41 @@ def remember(slug: str, key: tuple, config: dict, times_us: dict) -> None:
         pass
 
 
-def fastest(launch, configs: list) -> tuple[object, dict]:
+def compile_side_by_side(launch, configs: list) -> int:
+    """Launch each of ``configs`` once from a pool of threads, on the caller's device and stream, so that
+    the kernels they need compile side by side rather than one after another (the first call of an unseen
+    shape otherwise waits for every candidate's compile in turn). Errors are left for the caller's own
+    first launches, made afterwards one at a time. Returns the threads used (0: none, where there is one
+    config, or MOEGEMM_COMPILE_THREADS=1)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .._runtime import compile_threads
+
+    workers = compile_threads(len(configs))
+    if workers <= 1:
+        return 0
+    device, stream = torch.cuda.current_device(), torch.cuda.current_stream()
+
+    def one(c) -> None:
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                launch(c)
+        except Exception:  # noqa: BLE001 - met again by the caller's first launch of this config
+            pass
+
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(one, configs))
+    return workers
+
+
+def fastest(launch, configs: list, parallel_compile: bool = False) -> tuple[object, dict]:
     """(the fastest of ``configs``, {index: median us per call}) by CUDA events: each launched once (its
     compile), then ROUNDS interleaved rounds of REPS calls each, who goes first rotating. A config whose
     launch raises (e.g. more shared memory than this GPU has) is left out; if all raise, the first error
-    is raised."""
+    is raised. ``parallel_compile``: ``launch`` is one kernel launch (no timing of its own), so the
+    configs' compiles may first run side by side (:func:`compile_side_by_side`)."""
+    if parallel_compile:
+        compile_side_by_side(launch, configs)
     ok, first_error = [], None
     for c in configs:
         try:

@@ -228,7 +228,7 @@ def _grouped(
                 candidates = list(shortlist(m_total, e, n_w, slug))
                 if swiglu and source != "default":
                     candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
-                cfg, times = autotune.fastest(run, candidates)
+                cfg, times = autotune.fastest(run, candidates, parallel_compile=True)
                 autotune.remember(slug, key_t, dataclasses.asdict(cfg), times)
             else:  # not timed now (a capture, autotuning off): a later call may time it, unless timing is
                 #     off (the key holds whether it is, see _plan_key)
