@@ -50,6 +50,7 @@ def main():
         p.dk_latency_probe,
         p.backward_probe,
         p.cluster_probe,
+        p.first_call_probe,
     ):
         f(n, results)
     p.power_probe(n, results, e7.e7_frame(results))

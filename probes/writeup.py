@@ -372,8 +372,29 @@ def cluster_probe(n: Numbers, results: Path) -> None:
     if path.exists():
         g = pd.read_csv(path)
         g = g[(g.status == "ok") & (g.contender.isin(["cluster-multicast", "grouped_mm"]))]
+        # the multicast kernel's two forms apart: asynchronous wgmma in every warp, and warp-specialized (a
+        # producer warp group loading, consumer warp groups multiplying; "'ws': True" in the config)
+        ws = g.config.fillna("").str.contains("'ws': True")
+        g = g.assign(contender=g.contender.where(~ws, "cluster-multicast-ws"))
         best = g.pivot_table(index="rows", columns="contender", values="tflops", aggfunc="max").dropna()
         if len(best) and "cluster-multicast" in best:
-            for tag, c in (("Cl", "cluster-multicast"), ("Ours", "grouped_mm")):
-                n.add(f"ClusterGr{tag}Lo", float(best[c].min()), "{:.0f}")
-                n.add(f"ClusterGr{tag}Hi", float(best[c].max()), "{:.0f}")
+            forms = (("Cl", "cluster-multicast"), ("Ws", "cluster-multicast-ws"), ("Ours", "grouped_mm"))
+            for tag, c in forms:
+                if c in best:
+                    n.add(f"ClusterGr{tag}Lo", float(best[c].min()), "{:.0f}")
+                    n.add(f"ClusterGr{tag}Hi", float(best[c].max()), "{:.0f}")
+
+
+def first_call_probe(n: Numbers, results: Path) -> None:
+    """probes/probe_first_call.py: how much sooner moe_ffn's first call on an unseen shape returns with the
+    shortlists' compiles side by side than one after another (the probe's first cell, the medians over the
+    repeats of each setting)."""
+    df = probe_rows(results, "probe_first_call")
+    if df is None or not len(df):
+        return
+    model, t = df.model.iloc[0], int(df.tokens.iloc[0])
+    cell = df[(df.model == model) & (df.tokens == t)]
+    med = cell.groupby("setting").first_call_s.median()
+    if not {"side by side", "one after another"} <= set(med.index):
+        return
+    n.add("FirstCallGain", float(med["one after another"] / med["side by side"]), "{:.2f}")

@@ -44,6 +44,7 @@ EXPERIMENTS = [
     (r"Sec.~\ref{sec:kernels}", "tune_seed", "experiments.tune_seed"),
     (r"Sec.~\ref{sec:grouped}, Tab.~\ref{tab:probes}", "tune_grouped", "experiments.tune_grouped"),
     (r"Sec.~\ref{sec:grouped}", "distill_grouped", "experiments.distill_grouped"),
+    (r"Sec.~\ref{sec:grouped}", "probe_first_call", "probes.probe_first_call"),
 ]
 # The probes of the probe table (Tab. probes), by their CSV; each is run as ``python -m probes.<name>``,
 # except those no longer in the tree, run at their commit from experiments/ (REMOVED).
