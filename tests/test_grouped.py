@@ -580,18 +580,12 @@ def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
     assert not autotune.enabled()
 
 
-def test_first_call_compiles_the_shortlist_side_by_side(monkeypatch):
-    """The first call of an unseen shape launches every candidate once from a pool of threads, each on the
-    caller's device and stream (so the compiles overlap, and nothing races the caller's queue), before its
-    one-at-a-time timing; a candidate whose launch raises there is left for the caller's own first launch,
-    not dropped; with MOEGEMM_COMPILE_THREADS=1 nothing is launched from a thread, and a bad value names the
-    variable."""
+def _fake_cuda(monkeypatch) -> list[tuple]:
+    """torch.cuda's device, stream, event and sync calls as the autotuner makes them, faked on the CPU;
+    returns the list the device and stream contexts entered are recorded in (kind, value, thread)."""
     import contextlib
     import threading
 
-    from moegemm.grouped import autotune
-
-    caller = threading.get_ident()
     entered: list[tuple] = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: "the caller's stream")
@@ -602,33 +596,82 @@ def test_first_call_compiles_the_shortlist_side_by_side(monkeypatch):
         yield
 
     @contextlib.contextmanager
-    def stream(s):
-        entered.append(("stream", s, threading.get_ident()))
+    def stream(st):
+        entered.append(("stream", st, threading.get_ident()))
         yield
+
+    class Event:  # each timing of a config reads as 1 ms
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 1.0
 
     monkeypatch.setattr(torch.cuda, "device", device)
     monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    return entered
+
+
+def test_first_call_compiles_the_shortlist_side_by_side(monkeypatch):
+    """The first call of an unseen shape launches every candidate kernel once from a pool of threads, all
+    at once, each on the caller's device and stream and off the caller's thread (so the compiles overlap
+    and nothing races the caller's queue); configs that differ only in their launch are launched once
+    there; a candidate whose launch raises only off the caller's thread is still timed and can be kept;
+    with MOEGEMM_COMPILE_THREADS=1 nothing is launched from a thread; a value that is not a positive
+    integer raises, naming the variable."""
+    import threading
+
+    from moegemm._runtime import compile_threads
+    from moegemm.grouped import autotune
+
+    caller = threading.get_ident()
+    entered = _fake_cuda(monkeypatch)
     launched: list[tuple] = []
     barrier = threading.Barrier(3, timeout=10)
+    broken: list[str] = []
 
     def launch(c):
         launched.append((c, threading.get_ident()))
-        barrier.wait()  # three launches at once, or this times out: they run side by side
-        if c == "b":
-            raise RuntimeError("off the caller's thread only")
+        if threading.get_ident() != caller:
+            try:
+                barrier.wait()  # the three kernels' first launches at once, or this breaks
+            except threading.BrokenBarrierError:
+                broken.append(c)
+            if c == "b":
+                raise RuntimeError("off the caller's thread only")
 
     monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "3")
-    assert autotune.compile_side_by_side(launch, ["a", "b", "c"]) == 3
-    assert sorted(c for c, _ in launched) == ["a", "b", "c"]
+    # "a2" differs from "a" in its launch only (kernel_of): not launched from the pool
+    assert autotune.compile_side_by_side(launch, ["a", "b", "a2", "c"], kernel_of=lambda c: c[0]) == 3
+    assert broken == [] and sorted(c for c, _ in launched) == ["a", "b", "c"]
     assert all(tid != caller for _, tid in launched)
     assert {(kind, what) for kind, what, _ in entered} == {("device", 3), ("stream", "the caller's stream")}
     assert len(entered) == 6 and all(tid != caller for *_, tid in entered)
+
+    launched.clear()
+    barrier.reset()
+    best, times = autotune.fastest(
+        launch, ["a", "b", "a2", "c"], parallel_compile=True, kernel_of=lambda c: c[0]
+    )
+    assert broken == [] and best in ("a", "b", "a2", "c") and sorted(times) == ["0", "1", "2", "3"]
+    first = [c for c, tid in launched if tid == caller][:4]
+    assert first == ["a", "b", "a2", "c"]  # then every config's own first launch, on the caller's thread
+
     launched.clear()
     monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "1")
     assert autotune.compile_side_by_side(launch, ["a", "b", "c"]) == 0 and launched == []
-    monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", "many")
-    with pytest.raises(ValueError, match="MOEGEMM_COMPILE_THREADS"):
-        autotune.compile_side_by_side(launch, ["a", "b"])
+    for bad in ("many", "0", "-3"):
+        monkeypatch.setenv("MOEGEMM_COMPILE_THREADS", bad)
+        with pytest.raises(ValueError, match="MOEGEMM_COMPILE_THREADS"):
+            compile_threads(2)
 
 
 def test_default_path_computes_the_product_on_an_unseen_shape(device, monkeypatch):

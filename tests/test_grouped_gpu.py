@@ -323,9 +323,10 @@ def test_unseen_shape_autotunes_once_then_captures(t, tmp_path, monkeypatch):
 @pytest.mark.parametrize("threads", ["1", "8"])
 def test_unseen_shape_first_call_on_a_side_stream(threads, tmp_path, monkeypatch):
     """The first call of an unseen shape made on a side stream, its inputs written on that stream just
-    before it (behind a long GEMM): the shortlist's compiles from the pool of threads launch on the caller's
-    stream, so the result is right, with the compiles side by side or one after another, and the timed
-    choice is kept."""
+    before it: every launch of the shortlist's kernels, from the pool of threads (with 8) or not (with 1),
+    goes to the caller's stream and device, the result is right, and the timed choice is kept."""
+    import threading
+
     import moegemm.grouped.config as api
     from moegemm.grouped import autotune, contiguous
 
@@ -334,6 +335,14 @@ def test_unseen_shape_first_call_on_a_side_stream(threads, tmp_path, monkeypatch
     monkeypatch.setattr(autotune, "_MEMORY", {})
     monkeypatch.setattr(autotune, "_LOADED", set())
     monkeypatch.setattr(contiguous, "_PLANS", {})  # no plan kept from a call of the same key before
+    seen: list[tuple] = []
+    real_launch = contiguous.launch
+
+    def recording_launch(*args, **kwargs):
+        seen.append((torch.cuda.current_stream(), torch.cuda.current_device(), threading.get_ident()))
+        return real_launch(*args, **kwargs)
+
+    monkeypatch.setattr(contiguous, "launch", recording_launch)
     e, top_k, t, hidden, n = 24, 4, 512, 2112, 1040
     g = torch.Generator(device="cuda").manual_seed(7)
     w = (torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
@@ -351,6 +360,10 @@ def test_unseen_shape_first_call_on_a_side_stream(threads, tmp_path, monkeypatch
     s.synchronize()
     assert_close_to_ref(y, _ref(src, w, offsets), hidden, f"first call on a side stream, {threads} threads")
     assert api.choose_config(xs, e, n, "nk")[1] == "autotuned"
+    caller = threading.get_ident()
+    assert seen and all(st == s and dev == torch.cuda.current_device() for st, dev, _ in seen)
+    pooled = {tid for *_, tid in seen if tid != caller}
+    assert (len(pooled) > 1) if threads == "8" else not pooled
 
 
 def test_default_expert_path_captures_and_compiles():

@@ -66,14 +66,16 @@ def usable_cpus() -> int:
 def compile_threads(jobs: int) -> int:
     """Threads to compile ``jobs`` Triton kernels from at once (1: one after another): Triton's compiler
     drops the GIL in its MLIR passes and in ptxas, so kernels launched for the first time from a pool of
-    threads compile side by side. At most 8 and the usable CPUs; MOEGEMM_COMPILE_THREADS overrides (1
-    turns it off)."""
+    threads compile side by side. At most 8 and the usable CPUs; MOEGEMM_COMPILE_THREADS overrides (a
+    positive integer; 1 turns it off)."""
     env = os.environ.get("MOEGEMM_COMPILE_THREADS")
     if env:
         try:
             workers = int(env)
         except ValueError:
-            raise ValueError(f"MOEGEMM_COMPILE_THREADS: expected an integer, got {env!r}") from None
+            workers = 0
+        if workers < 1:
+            raise ValueError(f"MOEGEMM_COMPILE_THREADS: expected a positive integer, got {env!r}")
     else:
         workers = min(8, usable_cpus())
     return max(1, min(workers, jobs))

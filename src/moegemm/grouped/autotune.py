@@ -26,7 +26,7 @@ import torch
 import triton
 
 from .. import __version__
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, compile_threads
 
 REPS, ROUNDS = 5, 3  # calls per timing, interleaved rounds over the shortlist
 
@@ -40,9 +40,12 @@ def enabled() -> bool:
 
 def can_time(x: torch.Tensor) -> bool:
     """Whether a call on ``x`` may time candidates now: a CUDA tensor, outside a graph capture and a
-    torch.compile trace, not under the interpreter, autotuning not switched off."""
+    torch.compile trace, not under the interpreter, autotuning not switched off. A bad
+    MOEGEMM_COMPILE_THREADS raises here, before anything is timed (inside a timing it would read as a
+    candidate that cannot run)."""
     if not enabled() or INTERPRET or not x.is_cuda:
         return False
+    compile_threads(1)
     compiler = getattr(torch, "compiler", None)
     if compiler is not None and getattr(compiler, "is_compiling", lambda: False)():
         return False
@@ -95,41 +98,51 @@ def remember(slug: str, key: tuple, config: dict, times_us: dict) -> None:
         pass
 
 
-def compile_side_by_side(launch, configs: list) -> int:
-    """Launch each of ``configs`` once from a pool of threads, on the caller's device and stream, so that
-    the kernels they need compile side by side rather than one after another (the first call of an unseen
-    shape otherwise waits for every candidate's compile in turn). Errors are left for the caller's own
-    first launches, made afterwards one at a time. Returns the threads used (0: none, where there is one
-    config, or MOEGEMM_COMPILE_THREADS=1)."""
+def compile_side_by_side(launch, configs: list, kernel_of=None) -> int:
+    """Launch each of ``configs`` once from a pool of threads, on the caller's device and stream and in a
+    copy of the caller's context variables (Triton's allocator lives in one), so that the kernels they need
+    compile side by side rather than one after another (the first call of an unseen shape otherwise waits
+    for every candidate's compile in turn). ``kernel_of(config)``: what the compiled kernel depends on, so
+    that configs differing only in their launch are launched once here. Errors are left for the caller's
+    own first launches, made afterwards one at a time. Returns the threads used (0: none, where there is
+    one kernel to compile, or MOEGEMM_COMPILE_THREADS=1)."""
+    import contextvars
     from concurrent.futures import ThreadPoolExecutor
 
-    from .._runtime import compile_threads
-
-    workers = compile_threads(len(configs))
+    firsts: dict = {}
+    for c in configs:
+        firsts.setdefault(kernel_of(c) if kernel_of is not None else c, c)
+    todo = list(firsts.values())
+    workers = compile_threads(len(todo))
     if workers <= 1:
         return 0
     device, stream = torch.cuda.current_device(), torch.cuda.current_stream()
+    contexts = [contextvars.copy_context() for _ in todo]  # one each: a context is entered by one thread
 
-    def one(c) -> None:
+    def in_context(c) -> None:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            launch(c)
+
+    def one(job) -> None:
+        ctx, c = job
         try:
-            with torch.cuda.device(device), torch.cuda.stream(stream):
-                launch(c)
+            ctx.run(in_context, c)
         except Exception:  # noqa: BLE001 - met again by the caller's first launch of this config
             pass
 
     with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(one, configs))
+        list(ex.map(one, zip(contexts, todo)))
     return workers
 
 
-def fastest(launch, configs: list, parallel_compile: bool = False) -> tuple[object, dict]:
+def fastest(launch, configs: list, parallel_compile: bool = False, kernel_of=None) -> tuple[object, dict]:
     """(the fastest of ``configs``, {index: median us per call}) by CUDA events: each launched once (its
     compile), then ROUNDS interleaved rounds of REPS calls each, who goes first rotating. A config whose
     launch raises (e.g. more shared memory than this GPU has) is left out; if all raise, the first error
     is raised. ``parallel_compile``: ``launch`` is one kernel launch (no timing of its own), so the
-    configs' compiles may first run side by side (:func:`compile_side_by_side`)."""
+    configs' compiles may first run side by side (:func:`compile_side_by_side`, with ``kernel_of``)."""
     if parallel_compile:
-        compile_side_by_side(launch, configs)
+        compile_side_by_side(launch, configs, kernel_of)
     ok, first_error = [], None
     for c in configs:
         try:

@@ -206,6 +206,9 @@ def _grouped(
             allow_tf32,
         )
 
+    def kernel_of(cfg: GroupedConfig) -> GroupedConfig:  # the grid is the launch's, not the kernel's
+        return dataclasses.replace(swiglu_config(cfg) if swiglu else cfg, persistent=False)
+
     def run(cfg: GroupedConfig) -> None:
         kernel, work_items, args, kwargs, _ = spec(cfg)
         launch(kernel, work_items, swiglu_config(cfg) if swiglu else cfg, x_sorted, args, kwargs)
@@ -228,7 +231,7 @@ def _grouped(
                 candidates = list(shortlist(m_total, e, n_w, slug))
                 if swiglu and source != "default":
                     candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
-                cfg, times = autotune.fastest(run, candidates, parallel_compile=True)
+                cfg, times = autotune.fastest(run, candidates, parallel_compile=True, kernel_of=kernel_of)
                 autotune.remember(slug, key_t, dataclasses.asdict(cfg), times)
             else:  # not timed now (a capture, autotuning off): a later call may time it, unless timing is
                 #     off (the key holds whether it is, see _plan_key)
