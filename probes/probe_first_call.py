@@ -10,7 +10,9 @@ Each measurement is its own process, with an empty Triton cache and an empty aut
 call compiles and times every candidate as a new user's first call does. The two settings alternate, the
 first of each pair rotating, ``--repeats`` pairs per cell. A row gives the first call's wall time (synced:
 the compiles, the shortlists' timing and the call), the second call's (nothing left to compile), the
-threads used and the configs kept; its inputs are E8's (experiments.e8_moe_layer.cell_inputs, uniform load).
+pool's size limit (``threads``: a shortlist of n distinct kernels takes at most n of them) and the configs
+kept; its inputs are E8's (experiments.e8_moe_layer.cell_inputs, uniform load). A child that fails or
+outlasts ``--timeout-s`` is recorded as an error row.
 
     python -m probes.probe_first_call --out probe_first_call.csv [--cells dbrx:4096,olmoe-1b-7b:16]
         [--repeats 2]
@@ -73,13 +75,16 @@ def run_child(model: str, t: int, threads: str | None, timeout_s: float) -> dict
         if threads is not None:
             env["MOEGEMM_COMPILE_THREADS"] = threads
         t0 = time.perf_counter()
-        p = subprocess.run(
-            [sys.executable, "-m", "probes.probe_first_call", "--child", f"{model}:{t}"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        try:
+            p = subprocess.run(
+                [sys.executable, "-m", "probes.probe_first_call", "--child", f"{model}:{t}"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired:
+            return {"status": "error", "note": f"no result within {timeout_s:g} s"}
         wall = time.perf_counter() - t0
     if p.returncode != 0:
         why = p.stderr.strip().splitlines()[-1][:300] if p.stderr.strip() else f"exit status {p.returncode}"

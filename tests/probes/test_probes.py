@@ -680,8 +680,8 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
 def test_first_call_probe_runs_each_measurement_in_a_fresh_process(monkeypatch):
     """probe_first_call: each measurement is a new process with empty Triton and autotune caches (new folders
     each time), the compile threads set for one setting and left to the library's default for the other
-    (an inherited value removed), and a child that fails is recorded with its last error line; its --cells
-    parser refuses items that are not model:T."""
+    (an inherited value removed), and a child that fails is recorded with its last error line, one that
+    outlasts the timeout as such; its --cells parser refuses items that are not model:T."""
     import subprocess
     import types
 
@@ -707,6 +707,12 @@ def test_first_call_probe_runs_each_measurement_in_a_fresh_process(monkeypatch):
     assert env0["MOEGEMM_CACHE_DIR"] not in (env0["TRITON_CACHE_DIR"], env1["MOEGEMM_CACHE_DIR"])
     monkeypatch.setattr(probe.tempfile, "TemporaryDirectory", lambda: _named("fail"))
     assert probe.run_child("dbrx", 16, "1", 10) == {"status": "error", "note": "RuntimeError: boom"}
+
+    def too_slow(cmd, env, capture_output, text, timeout):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(subprocess, "run", too_slow)
+    assert probe.run_child("dbrx", 16, "1", 10) == {"status": "error", "note": "no result within 10 s"}
     assert probe.parse_cells("dbrx:4096,olmoe-1b-7b:16") == [("dbrx", 4096), ("olmoe-1b-7b", 16)]
     for bad in ("dbrx", "dbrx:x", ":16"):
         with pytest.raises(SystemExit, match="--cells"):
