@@ -8,8 +8,12 @@
 # `snakemake --cores 1 --force` run of the rule that makes it, and of that rule only (--allowed-rules): what
 # it needs was made by an earlier target of this run or is committed. It starts only if SECONDS (its
 # estimate, default 0) fits before DEADLINE (default 540 s); it and the targets after it are otherwise left
-# for the next call. TARGET+ resumes the rows an earlier call
-# of this run finished (<output>.partial); without +, the target measures afresh. Snakemake records each
+# for the next call. With PACK_S (seconds, default 0: off), a step that does not fit starts anyway where at
+# least PACK_S seconds are left, if its rule keeps its finished rows (a measurement or a tuner): it runs to
+# the deadline, and the next call's TARGET+ goes on from its rows, so no device time is left idle (verify,
+# a test run, and the rules that keep no rows are never started so).
+# TARGET+ resumes the rows an earlier call of this run finished (<output>.partial); without +, the target
+# measures afresh. Snakemake records each
 # step's wall time in results/<gpu>/benchmarks/<step>.tsv; this adds one line per call to <step>.calls (a
 # step resumed over several calls; experiments.pipeline.run_times sums them). Snakemake runs without its
 # lock and reruns what a killed call left incomplete: one call at a time runs on the machine, and a call
@@ -33,6 +37,8 @@ SLUG=$(python3 -c "import torch; from moegemm._runtime import slugify
 print(slugify(torch.cuda.get_device_name(0)))")
 R=results/$SLUG
 DEADLINE=${DEADLINE:-540}
+PACK_S=${PACK_S:-0}
+[[ $PACK_S =~ ^[0-9]+$ ]] || { echo "PACK_S: expected a whole number of seconds, got '$PACK_S'"; exit 2; }
 OUT=${OUT:-/tmp/out}
 STATE=${STATE:-/tmp/moegemm-run-${MOEGEMM_COMMIT:-nocommit}}  # one per run (per commit)
 mkdir -p "$OUT" "$R/benchmarks"
@@ -55,14 +61,29 @@ for spec in "$@"; do
   target=${spec%%:*}; est=0; [ "$target" = "$spec" ] || est=${spec##*:}
   resume=0; case $spec in *+) resume=1; target=${target%+}; est=${est%+} ;; esac
   left=$((DEADLINE - SECONDS))
+  packed=0
   if [ "$est" -gt "$left" ]; then
-    echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left"; break
+    if [ "$PACK_S" -gt 0 ] && [ "$left" -ge "$PACK_S" ]; then
+      packed=1
+    else
+      echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left"; break
+    fi
   fi
   IFS='|' read -r rule bench outputs <<< "$(job "$target")"
   if [ -z "$rule" ] && [ "${target#*/}" = "$target" ]; then  # a measurement step by name: its CSV
     IFS='|' read -r rule bench outputs <<< "$(job "$R/$target.csv")" && [ -n "$rule" ] && target=$R/$target.csv
   fi
   if [ -z "$rule" ]; then echo "=== $target: no Snakemake job makes it"; continue; fi
+  if [ $packed = 1 ]; then
+    case $rule in
+      measure|measure_shard|tune|tune_grouped|tune_seed|tune_unsloth)  # their finished rows are kept
+        echo "=== $target started with $((DEADLINE - SECONDS))s left (estimate ${est}s): it stops at the deadline, its rows kept" ;;
+      *) echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left (rule $rule keeps no rows)"; break ;;
+    esac
+  fi
+  if [ $((DEADLINE - SECONDS)) -lt 1 ]; then  # timeout 0 would not limit it
+    echo "=== $target and the targets after it not started: no time left"; break
+  fi
   t0=$SECONDS
   step=$(basename "${bench:-$rule}" .tsv)
   for f in ${outputs//,/ }; do [ $resume = 1 ] || rm -f "$f.partial"; done
