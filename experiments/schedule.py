@@ -9,6 +9,7 @@ shard's own compiles and warm-up are not in that share, so it errs low). CPU job
 Jobs are started greedily, longest remaining path first, one GPU job per GPU (as ``gpu_slot`` pins them).
 
     python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10] [--calls 560]
+        [--times-from RUN]
 
 Prints the predicted makespan, the critical path (unlimited GPUs), each GPU job's start and end, and the
 makespan of a re-measurement, which reuses the committed outputs of the tuners (experiments/budget.py's
@@ -172,6 +173,19 @@ def call_order() -> list[str]:
     return out
 
 
+def superseded_times(results: Path, run: str) -> dict[str, float]:
+    """{step: seconds} of the steps that the superseded run ``run`` (results/<gpu>/runs/<run>/benchmarks,
+    unpacked from runs.tar.xz) timed, as experiments.pipeline.run_times reads them."""
+    from experiments.pipeline import run_times
+    from experiments.report import runs_dir
+
+    folder = runs_dir(results) / run
+    times = run_times(folder) if (folder / "benchmarks").is_dir() else None
+    if times is None:
+        raise SystemExit(f"--times-from: {run!r} has no benchmark files under {folder}")
+    return dict(zip(times.step, times.seconds))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=4)
@@ -183,6 +197,13 @@ def main(argv=None) -> int:
         "--as-measured",
         action="store_true",
         help="the committed step times as measured, not scaled to the current config",
+    )
+    ap.add_argument(
+        "--times-from",
+        metavar="RUN",
+        help="a superseded run of results/<gpu>/runs/ (runs.tar.xz, as RUNS.md names it) whose step "
+        "times replace the committed ones for the steps it timed: a what-if for a change the committed run "
+        "predates",
     )
     ap.add_argument(
         "--calls",
@@ -200,6 +221,8 @@ def main(argv=None) -> int:
     if times is None:
         raise SystemExit(f"no benchmark files for {args.gpu}")
     step_s = dict(zip(times.step, times.seconds))
+    if args.times_from:
+        step_s.update(superseded_times(ROOT / "results" / slugify(args.gpu), args.times_from))
     from experiments.budget import harness_estimates, scaled_step_times
     from experiments.common import load_config
 

@@ -169,3 +169,19 @@ def test_the_call_plan_keeps_pipeline_order_and_each_call_within_its_deadline():
     order = call_order()
     assert order.index("tune_grouped") < order.index("distill_grouped") < order.index("grouped_skew")
     assert order[0] == "verify" and order[-1] == "moe_train"
+
+
+def test_a_superseded_runs_step_times_replace_the_committed_ones(tmp_path):
+    """experiments.schedule --times-from RUN: the step times a superseded run (results/<gpu>/runs/<run>/
+    benchmarks) recorded, one call's or several calls' sum, as run_times reads them; a run without benchmark
+    files is refused, naming the option."""
+    from experiments.schedule import superseded_times
+
+    bench = tmp_path / "runs" / "r1" / "benchmarks"
+    bench.mkdir(parents=True)
+    (bench / "verify.tsv").write_text("s\th:m:s\n300.5\t0:05:00\n")
+    (bench / "moe_layer.tsv").write_text("s\th:m:s\n60.0\t0:01:00\n")
+    (bench / "moe_layer.calls").write_text("seconds\trc\n200\t124\n70\t0\n")
+    assert superseded_times(tmp_path, "r1") == {"verify": 300.5, "moe_layer": 270.0}
+    with pytest.raises(SystemExit, match="--times-from"):
+        superseded_times(tmp_path, "r2")
