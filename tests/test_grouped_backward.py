@@ -22,12 +22,17 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 6e-3}  # larges
 
 
 @pytest.fixture(autouse=True)
-def small_tiles(monkeypatch, tmp_path):
-    """Interpreter-sized forward tiles for every shape, and no cache file at home (on a GPU: the library's
-    own choice)."""
+def small_tiles(monkeypatch, tmp_path, request):
+    """Interpreter-sized forward tiles for every shape, and no cache file at home. On a GPU the library's
+    own configs; for the small shapes the first of each shortlist, untimed (MOEGEMM_AUTOTUNE=0, as under the
+    interpreter and in a graph capture): those tests check the gradients' arithmetic on ragged shapes, and
+    timing every shortlist config of each dtype and layout on a few dozen rows only compiled kernels that
+    the real-shape tests (``gpu``, autotuned) compile again."""
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
     if not torch.cuda.is_available():
         one_small_config(monkeypatch)
+    elif request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("MOEGEMM_AUTOTUNE", "0")
 
 
 @pytest.fixture
