@@ -19,8 +19,9 @@ if not torch.cuda.is_available():
 if os.environ.get("PYTEST_XDIST_WORKER"):  # the worker processes already share the CPUs: no Inductor compile
     # pool inside each, and the library's side-by-side compiles (moegemm.grouped.autotune) on each one's share
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    _cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    _share = _cpus // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    from moegemm._runtime import usable_cpus  # (after TRITON_INTERPRET is decided, above)
+
+    _share = usable_cpus() // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ.setdefault("MOEGEMM_COMPILE_THREADS", str(max(1, _share)))
 
 ROOT = Path(__file__).resolve().parent.parent

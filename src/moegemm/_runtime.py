@@ -81,6 +81,37 @@ def compile_threads(jobs: int) -> int:
     return max(1, min(workers, jobs))
 
 
+def launch_side_by_side(calls: list, workers: int | None = None) -> int:
+    """Make each of ``calls`` (no arguments) once from a pool of threads, on the caller's CUDA device and
+    stream and each in a copy of the caller's context variables (Triton's allocator lives in one), so that
+    the Triton kernels they launch for the first time compile side by side. Errors are swallowed: the
+    caller's own calls, made afterwards one at a time, meet them again. ``workers``: the pool's size
+    (default :func:`compile_threads`). Returns the threads used (0: none, for fewer than two)."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = compile_threads(len(calls)) if workers is None else min(workers, len(calls))
+    if workers <= 1:
+        return 0
+    device, stream = torch.cuda.current_device(), torch.cuda.current_stream()
+    contexts = [contextvars.copy_context() for _ in calls]  # one each: a context is entered by one thread
+
+    def on_caller_stream(call) -> None:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            call()
+
+    def one(job) -> None:
+        ctx, call = job
+        try:
+            ctx.run(on_caller_stream, call)
+        except Exception:  # noqa: BLE001 - met again by the caller's own call
+            pass
+
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(one, zip(contexts, calls)))
+    return workers
+
+
 def device_sm_count(t: torch.Tensor) -> int:
     return sm_count(t.device.index if t.device.type == "cuda" else None)
 

@@ -106,35 +106,23 @@ def fewest_calls(one_us: float, input_sets: int, settings: Settings) -> int:
 
 
 def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> int:
-    """Make each call once, from a pool of threads, so that the Triton kernels they need compile in
-    parallel: Triton's compiler drops the GIL in its MLIR passes and in ptxas, and a tuner's or an
-    experiment's candidates are otherwise compiled one after another. Launches from the threads go to the
-    same stream and run in order. Errors are swallowed here: the caller's own first call, made afterwards
-    one at a time, meets them again and records them. MOEGEMM_COMPILE_THREADS=1 turns this off. Returns
-    the number of threads used (0: not used)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Make each call once, from a pool of threads (moegemm._runtime.launch_side_by_side), so that the
+    Triton kernels they need compile in parallel: a tuner's or an experiment's candidates are otherwise
+    compiled one after another. Launches from the threads go to the caller's stream and run in order.
+    Errors are swallowed here: the caller's own first call, made afterwards one at a time, meets them again
+    and records them. MOEGEMM_COMPILE_THREADS=1 turns this off. Returns the number of threads used (0: not
+    used)."""
+    from .._runtime import launch_side_by_side
 
-    from .._runtime import compile_threads
-
-    workers = compile_threads(len(calls)) if workers is None else min(workers, len(calls))
-    if workers <= 1 or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return 0
-    device = torch.cuda.current_device()
-
-    def one(call):
+    used = launch_side_by_side(calls, workers)
+    if used:
         try:
-            torch.cuda.set_device(device)
-            call()
-        except Exception:  # noqa: BLE001 (met again by the caller's sequential first call)
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001
             pass
-
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(one, calls))
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001
-        pass
-    return workers
+    return used
 
 
 def cpu_cost_us(calls: list[Callable[[], object]], n: int, repeats: int = 3) -> float:

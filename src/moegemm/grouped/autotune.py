@@ -16,6 +16,7 @@ only."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -26,7 +27,7 @@ import torch
 import triton
 
 from .. import __version__
-from .._runtime import INTERPRET, compile_threads
+from .._runtime import INTERPRET, compile_threads, launch_side_by_side
 
 REPS, ROUNDS = 5, 3  # calls per timing, interleaved rounds over the shortlist
 
@@ -99,40 +100,17 @@ def remember(slug: str, key: tuple, config: dict, times_us: dict) -> None:
 
 
 def compile_side_by_side(launch, configs: list, kernel_of=None) -> int:
-    """Launch each of ``configs`` once from a pool of threads, on the caller's device and stream and in a
-    copy of the caller's context variables (Triton's allocator lives in one), so that the kernels they need
-    compile side by side rather than one after another (the first call of an unseen shape otherwise waits
-    for every candidate's compile in turn). ``kernel_of(config)``: what the compiled kernel depends on, so
-    that configs differing only in their launch are launched once here. Errors are left for the caller's
-    own first launches, made afterwards one at a time. Returns the threads used (0: none, where there is
-    one kernel to compile, or MOEGEMM_COMPILE_THREADS=1)."""
-    import contextvars
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Launch each of ``configs`` once from a pool of threads (moegemm._runtime.launch_side_by_side: on the
+    caller's device and stream), so that the kernels they need compile side by side rather than one after
+    another (the first call of an unseen shape otherwise waits for every candidate's compile in turn).
+    ``kernel_of(config)``: what the compiled kernel depends on, so that configs differing only in their
+    launch are launched once here. Errors are left for the caller's own first launches, made afterwards one
+    at a time. Returns the threads used (0: none, where there is one kernel to compile, or
+    MOEGEMM_COMPILE_THREADS=1)."""
     firsts: dict = {}
     for c in configs:
         firsts.setdefault(kernel_of(c) if kernel_of is not None else c, c)
-    todo = list(firsts.values())
-    workers = compile_threads(len(todo))
-    if workers <= 1:
-        return 0
-    device, stream = torch.cuda.current_device(), torch.cuda.current_stream()
-    contexts = [contextvars.copy_context() for _ in todo]  # one each: a context is entered by one thread
-
-    def in_context(c) -> None:
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            launch(c)
-
-    def one(job) -> None:
-        ctx, c = job
-        try:
-            ctx.run(in_context, c)
-        except Exception:  # noqa: BLE001 - met again by the caller's first launch of this config
-            pass
-
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(one, zip(contexts, todo)))
-    return workers
+    return launch_side_by_side([functools.partial(launch, c) for c in firsts.values()])
 
 
 def fastest(launch, configs: list, parallel_compile: bool = False, kernel_of=None) -> tuple[object, dict]:
