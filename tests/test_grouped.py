@@ -774,6 +774,41 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
         GroupedConfig(split_k=2)
 
 
+def test_untuned_configs_are_fitted_to_the_dtypes_shared_memory():
+    """The distilled shortlists and the heuristic are written for 16-bit operands; in fp32 a config whose
+    pipeline takes more shared memory than one program may have is given fewer stages, then a shallower K
+    step, until it fits (fp32 128 x 256 x 64 in three stages, 294912 bytes, did not launch on the H200's
+    232448). 16-bit configs that fit, tuned entries (measured in their own dtype) and the interpreter (no
+    limit) keep theirs; every default and heuristic choice fits."""
+    import moegemm.grouped.config as api
+
+    h200 = 232448
+    big = GroupedConfig(128, 256, 64, num_warps=8, num_stages=3)
+    assert api.shared_bytes(big, 4) == 294912
+    assert api.fitted(big, torch.float32, h200) == dataclasses.replace(big, num_stages=2)
+    assert api.fitted(big, torch.bfloat16, h200) == big and api.fitted(big, torch.float32, None) == big
+    deep = GroupedConfig(16, 64, 256, num_stages=4)  # two stages still too many on a 64 KB GPU
+    assert api.fitted(deep, torch.float32, 65536) == GroupedConfig(16, 64, 64, num_stages=2)
+    for limit in (h200, 101376, 65536):
+        for rows, e, n in ((2, 16, 704), (64, 16, 704), (512, 16, 704), (4096, 16, 704), (8192, 8, 32)):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                size = torch.empty((), dtype=dtype).element_size()
+                for slug in ("nvidia-h200", "no-such-gpu"):
+                    cfg, src = api.choose(rows, 1000, dtype, slug, e, n, "nk", limit)
+                    assert src in ("default", "heuristic") and api.shared_bytes(cfg, size) <= limit, cfg
+                    short = api.fitted_shortlist(rows, e, n, slug, dtype, limit)
+                    assert cfg == short[0] and len(set(short)) == len(short)
+                    assert all(api.shared_bytes(c, size) <= limit for c in short)
+                    if dtype != torch.float32 and limit == h200:  # what the shortlists were written for
+                        assert short == list(dict.fromkeys(api.shortlist(rows, e, n, slug)))
+    (dtype_s, e, k, n, layout, bucket), entry = next(
+        item for item in api._tuned_table("nvidia-h200").items() if item[0][-1] >= 1
+    )
+    rows = int(bucket * e)
+    cfg, src = api.choose(rows, k, getattr(torch, dtype_s), "nvidia-h200", e, n, layout, 1024)
+    assert (cfg, src) == (entry, "tuned")
+
+
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("persistent,group_m", [(False, 8), (True, 2)])
 def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):

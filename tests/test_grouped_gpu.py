@@ -320,6 +320,38 @@ def test_unseen_shape_autotunes_once_then_captures(t, tmp_path, monkeypatch):
             assert_close_to_ref(out, _ref(xs, w, offsets), hidden, f"{label}: replay {i} {load}")
 
 
+@pytest.mark.parametrize("t", [2, 16, 128, 1024])  # 0.5, 4, 32 and 256 rows per expert: each regime
+@pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
+def test_fp32_untimed_choice_fits_shared_memory(t, swiglu, monkeypatch):
+    """fp32 on an unseen shape with timing off, as inside a capture: the regime's distilled first config,
+    written for 16-bit operands, fitted to what one program may take of shared memory in fp32 (unfitted,
+    several of them ask for more and do not launch). It launches, eagerly and captured, and is right."""
+    import moegemm.grouped.config as api
+    from moegemm._runtime import device_smem_per_block
+    from moegemm.grouped import grouped_mm_swiglu
+
+    monkeypatch.setenv("MOEGEMM_AUTOTUNE", "0")
+    e, top_k, hidden, n = 16, 4, 1000, 704
+    g = torch.Generator(device="cuda").manual_seed(t + swiglu)
+    plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=t), e)
+    xs = torch.randn(t * top_k, hidden, device="cuda", generator=g)
+    w = torch.randn(e, n, hidden, device="cuda", generator=g) / hidden**0.5
+    cfg, source = api.choose_config(xs, e, n, "nk")
+    assert source == "default" and api.shared_bytes(cfg, 4) <= device_smem_per_block(xs)
+    gu = _ref(xs, w, plan.group_offsets)
+    ref = torch.nn.functional.silu(gu[:, : n // 2]) * gu[:, n // 2 :] if swiglu else gu
+    fn = grouped_mm_swiglu if swiglu else grouped_mm
+    out = torch.full(ref.shape, float("nan"), device="cuda")
+    fn(xs, w, plan.group_offsets, w_layout="nk", out=out, validate=False)
+    assert_close_to_ref(out, ref, hidden, f"fp32 T={t} eager")
+    out.fill_(float("nan"))
+    graph, _ = _captured(lambda: fn(xs, w, plan.group_offsets, w_layout="nk", out=out, validate=False))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_ref(out, ref, hidden, f"fp32 T={t} captured")
+
+
 @pytest.mark.parametrize("threads", ["1", "8"])
 def test_unseen_shape_first_call_on_a_side_stream(threads, tmp_path, monkeypatch):
     """The first call of an unseen shape made on a side stream, its inputs written on that stream just
@@ -362,8 +394,10 @@ def test_unseen_shape_first_call_on_a_side_stream(threads, tmp_path, monkeypatch
     assert api.choose_config(xs, e, n, "nk")[1] == "autotuned"
     caller = threading.get_ident()
     assert seen and all(st == s and dev == torch.cuda.current_device() for st, dev, _ in seen)
+    # with 8, the pool's threads made launches (how many threads: as many as were idle when the jobs came,
+    # one where the kernels were compiled before, by this process or another's disk cache); with 1, none
     pooled = {tid for *_, tid in seen if tid != caller}
-    assert (len(pooled) > 1) if threads == "8" else not pooled
+    assert pooled if threads == "8" else not pooled
 
 
 def test_default_expert_path_captures_and_compiles():

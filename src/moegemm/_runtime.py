@@ -58,6 +58,22 @@ def device_smem_per_sm(t: torch.Tensor) -> int:
     return smem_per_sm(t.device.index if t.device.type == "cuda" else None)
 
 
+@functools.lru_cache(maxsize=None)
+def smem_per_block(device_index: int) -> int:
+    """The most shared memory one program may take on this device, in bytes (the opt-in limit Triton
+    launches against; feature-detected, older torch lacks the property)."""
+    props = torch.cuda.get_device_properties(device_index)
+    optin = getattr(props, "shared_memory_per_block_optin", None)
+    return int(optin if optin else smem_per_sm(device_index) - 1024)
+
+
+def device_smem_per_block(t: torch.Tensor) -> int | None:
+    """:func:`smem_per_block` of the device ``t`` lives on; None under the interpreter (no limit)."""
+    if t.device.type != "cuda":
+        return None
+    return smem_per_block(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from .. import tuned
-from .._runtime import gpu_slug
+from .._runtime import device_smem_per_block, gpu_slug
 from . import autotune
 
 # Row tiles of one expert walked together, column by column, so that they share the expert's weights in L2
@@ -160,17 +160,58 @@ def choose_config(
     or, on a GPU without one, 'heuristic'. :func:`moegemm.grouped.grouped_mm` with no config times the
     shortlist where this says 'default' and it can (see moegemm.grouped.autotune)."""
     rows, k = x.shape
-    return choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout)
+    return choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout, device_smem_per_block(x))
 
 
 def autotune_key(rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int, w_layout: str) -> tuple:
     return (str(dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
 
 
+def shared_bytes(cfg: GroupedConfig, itemsize: int) -> int:
+    """The shared memory of a config's software pipeline: ``num_stages`` buffers of a row tile and a weight
+    tile of ``block_k`` (the fused SwiGLU kernel's gate and up halves take as many columns in all). What
+    Triton allocates for the contiguous kernel at these tiles (fp32 128 x 256 x 64 in three stages: 294912
+    bytes)."""
+    return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
+
+
+def fitted(cfg: GroupedConfig, dtype: torch.dtype, limit: int | None) -> GroupedConfig:
+    """``cfg``, or where its tiles in ``dtype`` take more than ``limit`` bytes of shared memory (the
+    device's limit per program; None: no limit, the interpreter), the same tiles in fewer stages (down to
+    two), then with half the K step (down to 16), until they fit. The distilled shortlists and the
+    heuristic are written for 16-bit operands: in fp32 their deepest pipelines would not launch."""
+    if limit is None:
+        return cfg
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    while shared_bytes(cfg, itemsize) > limit:
+        if cfg.num_stages > 2:
+            cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_k > 16:
+            cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+        else:
+            break
+    return cfg
+
+
+def fitted_shortlist(
+    rows: int, num_experts: int, n: int, slug: str, dtype: torch.dtype, limit: int | None
+) -> list[GroupedConfig]:
+    """:func:`shortlist`, each config :func:`fitted` to ``dtype`` and ``limit`` (in order, no repeats)."""
+    return list(dict.fromkeys(fitted(c, dtype, limit) for c in shortlist(rows, num_experts, n, slug)))
+
+
 def choose(
-    rows: int, k: int, dtype: torch.dtype, slug: str, num_experts: int, n: int, w_layout: str
+    rows: int,
+    k: int,
+    dtype: torch.dtype,
+    slug: str,
+    num_experts: int,
+    n: int,
+    w_layout: str,
+    smem: int | None = None,
 ) -> tuple[GroupedConfig, str]:
-    """:func:`choose_config` from the shape's numbers."""
+    """:func:`choose_config` from the shape's numbers; ``smem``: the device's shared memory per program,
+    which the untuned configs are :func:`fitted` to (None: no limit)."""
     dtype_s = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
     table = _tuned_table(slug)
@@ -189,8 +230,8 @@ def choose(
     if timed is not None:
         return GroupedConfig.from_dict(timed), "autotuned"
     if _default_table(slug):
-        return shortlist(rows, num_experts, n, slug)[0], "default"
-    return heuristic_config(rows, num_experts, n), "heuristic"
+        return fitted_shortlist(rows, num_experts, n, slug, dtype, smem)[0], "default"
+    return fitted(heuristic_config(rows, num_experts, n), dtype, smem), "heuristic"
 
 
 def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
@@ -223,7 +264,8 @@ def masked_config(
     e, m_max, k = x.shape
     if config is None:
         config = dataclasses.replace(
-            choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout)[0], persistent=True
+            choose(e * m_max, k, x.dtype, gpu_slug(x), e, n, w_layout, device_smem_per_block(x))[0],
+            persistent=True,
         )
     return dataclasses.replace(
         config,

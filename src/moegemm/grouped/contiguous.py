@@ -9,12 +9,20 @@ import dataclasses
 
 import torch
 
-from .._runtime import INTERPRET, check_device, gpu_slug
+from .._runtime import INTERPRET, check_device, device_smem_per_block, gpu_slug
 from .._triton_common import check_dtype
 from ..epilogue import Epilogue
 from . import autotune
 from .checks import check_offsets, check_w
-from .config import GroupedConfig, autotune_key, choose, config_list, config_of, shortlist, swiglu_config
+from .config import (
+    GroupedConfig,
+    autotune_key,
+    choose,
+    config_list,
+    config_of,
+    fitted_shortlist,
+    swiglu_config,
+)
 from .launch import GroupedPlan, launch, spec_contiguous, spec_swiglu
 
 
@@ -218,7 +226,8 @@ def _grouped(
         cfg = config
     else:
         slug = gpu_slug(x_sorted)
-        cfg, source = choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout)
+        smem = device_smem_per_block(x_sorted)
+        cfg, source = choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout, smem)
         if source == "default" or swiglu:
             # The fused kernel's timed choices are its own (the unfused kernel's, choose has looked up
             # already). The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that
@@ -228,7 +237,7 @@ def _grouped(
             if timed is not None:
                 cfg = GroupedConfig.from_dict(timed)
             elif autotune.can_time(x_sorted):
-                candidates = list(shortlist(m_total, e, n_w, slug))
+                candidates = fitted_shortlist(m_total, e, n_w, slug, x_sorted.dtype, smem)
                 if swiglu and source != "default":
                     candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
                 cfg, times = autotune.fastest(run, candidates, parallel_compile=True, kernel_of=kernel_of)
