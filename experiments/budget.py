@@ -61,8 +61,8 @@ BASELINE = {
     "moe_train_work": 18.0,
 }
 # Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
-# the tuners under the config of that tree; the run at e709832: E7 and E8; the run at e1a7574: verify, floors
-# and E1-E6)
+# the tuners under the config of that tree; the run at e709832: E7 and E8; the run at e1a7574: verify, floors,
+# E1-E6 and E9)
 STEP_BASELINE = {
     "compile_modes": {
         "compile_shapes": 1,
@@ -83,6 +83,8 @@ STEP_BASELINE = {
     },
     "grouped_skew": {"grouped_skew_work": 732.0},
     "moe_layer": {"moe_layer_work": 205.0},
+    # the run at e1a7574: E9 under the current selection (two models, one T, both loads)
+    "moe_train": {"moe_train_work": 12.0},
 }
 
 
