@@ -8,14 +8,14 @@ shard of an experiment split over G GPUs takes 1/G of it, as the shards deal abo
 shard's own compiles and warm-up are not in that share, so it errs low). CPU jobs take ``--cpu-job-s`` each.
 Jobs are started greedily, longest remaining path first, one GPU job per GPU (as ``gpu_slot`` pins them).
 
-    python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10] [--calls 560]
-        [--times-from RUN]
+    python -m experiments.schedule --gpus 4 [--gpu "NVIDIA H200"] [--cpu-job-s 10] [--times-from RUN]
+        [--calls 560 [--remeasure] [--step-overhead 8]]
 
 Prints the predicted makespan, the critical path (unlimited GPUs), each GPU job's start and end, and the
 makespan of a re-measurement, which reuses the committed outputs of the tuners (experiments/budget.py's
 TUNERS: the library's tuned tables and the configs the peers' own searches chose); with
-``--calls DEADLINE``, also the one-GPU run as the argument lists of experiments/device_pipeline.sh, on a
-machine where no call may run longer than the deadline.
+``--calls DEADLINE``, also the one-GPU run (``--remeasure``: the re-measurement) as the argument lists of
+experiments/device_pipeline.sh, on a machine where no call may run longer than the deadline.
 """
 
 from __future__ import annotations
@@ -146,31 +146,38 @@ def schedule(nodes: dict, edges: list, dur: dict, gpus: int) -> tuple[float, flo
 CALL_ORDER_CPU = {"distill_grouped": "tune_grouped"}  # {CPU step: the step it follows}
 
 
-def call_plan(step_s: dict[str, float], deadline: float, order: list[str]) -> list[list[tuple[str, float]]]:
+def call_plan(
+    step_s: dict[str, float], deadline: float, order: list[str], step_overhead: float = 0.0
+) -> list[list[tuple[str, float]]]:
     """The steps of ``order`` (each with its estimate from ``step_s``, 0 where it has none) packed, in order,
-    into device calls of at most ``deadline`` seconds of estimates each (experiments/device_pipeline.sh's
-    DEADLINE): a call takes the next step while it fits; a step longer than the deadline gets a call of its
-    own (a measurement step then resumes in the next call)."""
+    into device calls of at most ``deadline`` seconds each (experiments/device_pipeline.sh's DEADLINE): a
+    call takes the next step while its estimate plus ``step_overhead`` (Snakemake's start and dry run per
+    target, which the benchmark files do not time) fits; a step longer than the deadline gets a call of its
+    own (a measurement step then resumes in the next call, and pays its start again)."""
     calls: list[list[tuple[str, float]]] = []
     used = 0.0
     for step in order:
         est = float(step_s.get(step, 0.0))
-        if not calls or used + est > deadline:
+        if not calls or used + est + step_overhead > deadline:
             calls.append([])
             used = 0.0
         calls[-1].append((step, est))
-        used += est
+        used += est + step_overhead
     return calls
 
 
-def call_order() -> list[str]:
+def call_order(remeasure: bool = False) -> list[str]:
+    """The one-GPU run's steps in call order; with ``remeasure``, without the tuners and their CPU step
+    (a re-measurement reuses their committed outputs)."""
+    from experiments.budget import TUNERS
     from experiments.pipeline import STEP_ORDER
 
     out = []
     for step in STEP_ORDER:
         out.append(step)
         out += [cpu for cpu, after in CALL_ORDER_CPU.items() if after == step]
-    return out
+    skip = set(TUNERS) | set(CALL_ORDER_CPU) if remeasure else set()
+    return [s for s in out if s not in skip]
 
 
 def superseded_times(results: Path, run: str) -> dict[str, float]:
@@ -211,6 +218,18 @@ def main(argv=None) -> int:
         metavar="DEADLINE",
         help="also print the one-GPU run as device calls of at most DEADLINE seconds of estimates each "
         "(the argument lists of experiments/device_pipeline.sh)",
+    )
+    ap.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="with --calls: the re-measurement's calls (the tuners' committed outputs reused)",
+    )
+    ap.add_argument(
+        "--step-overhead",
+        type=float,
+        default=8.0,
+        help="with --calls: seconds per step that a call spends beyond the step's benchmark time "
+        "(Snakemake's start and dry run)",
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -262,7 +281,8 @@ def main(argv=None) -> int:
         print(f"not in the prediction (no committed run yet): {', '.join(sorted(unmeasured))}")
     if args.calls:
         plan_s = {**{cpu: args.cpu_job_s for cpu in CALL_ORDER_CPU}, **step_s}
-        for n, call in enumerate(call_plan(plan_s, args.calls, call_order()), 1):
+        order = call_order(args.remeasure)
+        for n, call in enumerate(call_plan(plan_s, args.calls, order, args.step_overhead), 1):
             total = sum(est for _, est in call)
             steps = " ".join(f"{step}:{est:.0f}" for step, est in call)
             run = f"DEADLINE={args.calls:.0f} bash experiments/device_pipeline.sh {steps}"

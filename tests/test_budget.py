@@ -168,6 +168,10 @@ def test_the_call_plan_keeps_pipeline_order_and_each_call_within_its_deadline():
     order = call_order()
     assert order.index("tune_grouped") < order.index("distill_grouped") < order.index("grouped_skew")
     assert order[0] == "verify" and order[-1] == "moe_train"
+    again = call_order(remeasure=True)
+    assert again == [s for s in order if s not in budget.TUNERS + ("distill_grouped",)]
+    # with a per-step overhead a call ends sooner: a + b + 2 x 30 > 550
+    assert call_plan({"a": 300, "b": 200}, 550, ["a", "b"], 30.0) == [[("a", 300)], [("b", 200)]]
 
 
 def test_a_superseded_runs_step_times_replace_the_committed_ones(tmp_path):
