@@ -11,7 +11,11 @@ contenders as probe_prefill_tiles where they split the gap:
   weights streamed, no ragged row tiles;
 - ``dense:ours`` / ``dense:cublas``: the cell's FLOPs as one GEMM with one expert's weights (our tiles,
   cuBLAS): the tile loop without the expert structure;
-- ``torch._grouped_mm``: the CUTLASS grouped GEMM.
+- ``torch._grouped_mm``: the CUTLASS grouped GEMM;
+- with ``--cases``, also ``mcast:async`` / ``mcast:ws``: the multicast grouped kernel on 2-CTA clusters
+  (probes/cluster_grouped.py) at its fastest config, its two forms (asynchronous wgmma in every warp; a
+  producer warp group and consumer warp groups), whose loss against the library's kernel the counters'
+  warp-stall breakdown places.
 
 Two phases, one command:
 
@@ -27,6 +31,9 @@ Two phases, one command:
 
     python -m probes.probe_prefill_counters --out results/<slug>/probe_prefill_timing.csv \\
         --counters-out results/<slug>/probe_prefill_counters.csv [--raw-dir DIR]
+    python -m probes.probe_prefill_counters --cells mixtral-8x7b:up:4096:uniform \\
+        --cases tuned,torch._grouped_mm,mcast:async,mcast:ws --out results/<slug>/probe_cluster_timing.csv \\
+        --counters-out results/<slug>/probe_cluster_counters.csv
 """
 
 from __future__ import annotations
@@ -56,6 +63,10 @@ CELLS = [  # E7's prefill cells where our kernel trails the practical ceiling mo
     ("mixtral-8x7b", "down", 1024, "uniform"),
 ]
 CASES = ("tuned", "tails:separate", "tails:merged", "even", "dense:ours", "dense:cublas", "torch._grouped_mm")
+# the multicast grouped kernel on 2-CTA clusters (probes/cluster_grouped.py) at its fastest config of
+# probe_cluster_grouped.csv (E = 8, K = 4096, N = 14336), with asynchronous wgmma in every warp and
+# warp-specialized; asked for by --cases, where the GPU's Triton can run it
+CLUSTER_CASES = ("mcast:async", "mcast:ws")
 SECTIONS = (
     "SpeedOfLight",
     "MemoryWorkloadAnalysis",
@@ -190,7 +201,40 @@ def case_calls(name: str, xs, w, plan, e: int, n: int):
         from moegemm.grouped.baselines import torch_grouped_mm
 
         return (lambda inp: lambda: torch_grouped_mm(inp[0], inp[1], off, w_layout="nk")), {}, off
-    raise ValueError(f"case: expected one of {CASES}, got {name!r}")
+    if name in CLUSTER_CASES:
+        from probes import cluster_grouped as cg
+
+        if xs.dtype not in (torch.bfloat16, torch.float16) or not cg.cluster_supported(xs.device):
+            return None  # the probe's grouped_mm would run the library's kernel in its place
+        c = cg.ClusterGroupedConfig(
+            block_m=128, block_n=256, block_k=64, num_warps=8, stages=4, ws=name == "mcast:ws"
+        )
+        return (
+            (lambda inp: lambda: cg.grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False)),
+            dataclasses.asdict(c),
+            off,
+        )
+    raise ValueError(f"case: expected one of {CASES + CLUSTER_CASES}, got {name!r}")
+
+
+def parse_cells(spec: str) -> list[tuple[str, str, int, str]]:
+    """--cells MODEL:PROJ:T:LOAD[,...] -> [(model, proj, T, load)]; a malformed cell raises naming it."""
+    cells = []
+    for item in spec.split(","):
+        parts = item.split(":")
+        if len(parts) != 4 or parts[1] not in ("up", "down") or not parts[2].isdigit():
+            raise ValueError(f"--cells: expected MODEL:PROJ:T:LOAD (PROJ up or down), got {item!r}")
+        cells.append((parts[0], parts[1], int(parts[2]), parts[3]))
+    return cells
+
+
+def parse_cases(spec: str) -> tuple[str, ...]:
+    """--cases NAME[,...]: the cases of CASES and CLUSTER_CASES to run, in that order of priority."""
+    names = tuple(spec.split(","))
+    bad = [c for c in names if c not in CASES + CLUSTER_CASES]
+    if bad:
+        raise ValueError(f"--cases: not cases of this probe: {bad}; expected among {CASES + CLUSTER_CASES}")
+    return names
 
 
 def sampled_check(xs, w, offsets, k: int, seed: int = 0):
@@ -319,7 +363,7 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
             fl, nbytes, flops = floor_us(rows, k, n, stats["active_experts"], slug)
             ws = weight_sets(w, stats["active_experts"], rows, k, n)
             cs = []
-            for name in CASES:
+            for name in args.cases:
                 got = case_calls(name, xs, w, plan, e, n)
                 if got is None:
                     continue
@@ -475,7 +519,8 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
     if raw_dir:
         raw_dir.mkdir(parents=True, exist_ok=True)
     writer = ResultWriter(args.counters_out, ("model", "proj", "tokens", "load", "contender"))
-    passed = sorted(passed, key=lambda p: PRIORITY.index(p[1]))  # stable: cells in order within a case
+    order = PRIORITY + CLUSTER_CASES
+    passed = sorted(passed, key=lambda p: order.index(p[1]))  # stable: cells in order within a case
     deadline = time.time() + args.counters_budget_s
     if args.deadline_s:  # no case started that might not end before the whole run's deadline
         deadline = min(deadline, T_START + args.deadline_s - args.case_timeout_s)
@@ -517,6 +562,8 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
                 args.config,
                 "--out",
                 os.devnull,
+                "--cases",
+                case,
             ]
             t0 = time.time()
             run = subprocess.run(
@@ -595,6 +642,10 @@ def main():
     ap.add_argument("--raw-dir", help="also keep ncu's raw CSV page of each case here")
     ap.add_argument("--config", default=str(ROOT / "experiments" / "config.yaml"))
     ap.add_argument("--quick", action="store_true", help="the first cell only, at E7's timing")
+    ap.add_argument("--cells", help="MODEL:PROJ:T:LOAD[,...] of the zoo, in place of the probe's own cells")
+    ap.add_argument(
+        "--cases", default=",".join(CASES), help=f"the cases to run (of {', '.join(CASES + CLUSTER_CASES)})"
+    )
     ap.add_argument("--ncu", help="path of ncu (default: on PATH, or CUDA's and Nsight Compute's folders)")
     ap.add_argument(
         "--counters-budget-s",
@@ -610,6 +661,11 @@ def main():
     )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # MODEL:PROJ:T:LOAD:CASE, the child under ncu
     args = ap.parse_args()
+    try:
+        args.cases = parse_cases(args.cases)
+        cells = parse_cells(args.cells) if args.cells else None
+    except ValueError as ex:
+        ap.error(str(ex))
     require_gpu()
     cfg = load_config(args.config)
     g = cfg["grouped"]
@@ -618,7 +674,11 @@ def main():
         return
     prov = provenance_fields()
     slug = slugify(prov["gpu"])
-    cells = CELLS[:1] if args.quick else CELLS
+    if cells is None:
+        cells = CELLS[:1] if args.quick else CELLS
+    unknown = sorted({m for m, *_ in cells} - set(g["models"]))
+    if unknown:
+        sys.exit(f"--cells: not zoo models: {unknown}")
     passed = timing_phase(args, cfg, g, prov, slug, cells)
     if args.counters_out:
         counters_phase(args, prov, passed)

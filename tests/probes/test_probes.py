@@ -356,6 +356,29 @@ def test_prefill_counters_probe_cases_compute_their_products(device, monkeypatch
     assert not ok and "non-finite" in why
 
 
+def test_prefill_counters_probe_takes_cells_and_cases_by_name(device):
+    """--cells and --cases: zoo cells as MODEL:PROJ:T:LOAD and the probe's cases (the multicast cluster
+    kernel's two forms among them) by name, a malformed cell or an unknown case refused naming the option;
+    the cluster cases are left out where the kernel cannot run (here: no Hopper GPU), never run as the
+    library's kernel under their name."""
+    from probes import probe_prefill_counters as probe
+
+    assert probe.parse_cells("mixtral-8x7b:up:4096:uniform,dbrx:down:16:zipf1.2") == [
+        ("mixtral-8x7b", "up", 4096, "uniform"),
+        ("dbrx", "down", 16, "zipf1.2"),
+    ]
+    for bad in ("mixtral-8x7b:up:4096", "mixtral-8x7b:gate:4096:uniform", "dbrx:up:many:uniform"):
+        with pytest.raises(ValueError, match="--cells: expected MODEL:PROJ:T:LOAD"):
+            probe.parse_cells(bad)
+    assert probe.parse_cases("tuned,mcast:ws") == ("tuned", "mcast:ws")
+    with pytest.raises(ValueError, match=r"--cases: not cases of this probe: \['mcast:sync'\]"):
+        probe.parse_cases("tuned,mcast:sync")
+    plan, xs, w, _ = small_moe_cell(device, 12, 4, 64, 48, t=9)
+    if device == "cpu":
+        for case in probe.CLUSTER_CASES:
+            assert probe.case_calls(case, xs, w, plan, 4, 48) is None
+
+
 def test_prefill_counters_probe_reads_ncu_raw_pages():
     """ncu's raw CSV page: the header and units rows, one row per kernel; kept numeric counters become long
     rows (thousands separators removed), strings and counters outside KEPT are dropped, ncu's own ==PROF==
