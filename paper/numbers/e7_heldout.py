@@ -98,6 +98,10 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
 
     e7_phase_numbers(n, raw[raw.split == "heldout"], prefix="HeldSeven", tags=("Torch", "Vllm", "Tk"))
     n.add("HeldModels", o.model.nunique(), "{}")
+    from experiments.common import load_config
+
+    zoo = load_config()["grouped"]["models"]
+    n.add("ZooHeldModels", sum(m["split"] == "heldout" for m in zoo.values()), "{}")  # the zoo's, config.yaml
     for tag, sel in (("Prefill", o.tokens >= PREFILL), ("Decode", o.tokens <= 256)):
         c = o[sel]
         n.add(f"Held{tag}T", _ts(o, sel))  # the phase's T
