@@ -131,8 +131,8 @@ def phase_rows(df: pd.DataFrame) -> list[dict]:
 
 def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
     """The E8 headline, held-out models, both clocks with intervals (text, "parity" where the interval holds
-    1.0): against the best peer per phase (EEightHeld<Phase>VsPeer<Gpu|Launch>); and on the GPU clock
-    against the torch._grouped_mm pipeline at decode and vLLM's fused_experts at prefill."""
+    1.0): against the best peer per phase (EEightHeld<Phase>VsPeer<Gpu|Launch>), against the
+    torch._grouped_mm pipeline at decode and vLLM's fused_experts at prefill (the same two clocks)."""
     rows = {(r["theirs"], r["phase"]): r for r in phase_rows(held)}
     for phase in ("decode", "prefill"):
         r = rows.get((BEST, phase), {})
@@ -140,12 +140,13 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
             if r.get(f"{clock}_cells"):
                 n.add(f"EEightHeld{phase.capitalize()}VsPeer{ct}", ci_text(*r[clock]))
     for peer, phase, name in (
-        (TORCH, "decode", "EEightHeldDecodeVsTorchGpu"),
-        (VLLM, "prefill", "EEightHeldPrefillVsVllmGpu"),
+        (TORCH, "decode", "EEightHeldDecodeVsTorch"),
+        (VLLM, "prefill", "EEightHeldPrefillVsVllm"),
     ):
         r = rows.get((peer, phase), {})
-        if r.get("graph_cells"):
-            n.add(name, ci_text(*r["graph"]))
+        for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
+            if r.get(f"{clock}_cells"):
+                n.add(name + ct, ci_text(*r[clock]))
 
 
 # each peer as the prose names it
