@@ -325,6 +325,45 @@ def test_auto_charges_cublas_the_separate_activation(monkeypatch):
         configs._choose.cache_clear()
 
 
+def test_auto_charges_a_two_launch_kernel_its_second_launch(monkeypatch):
+    """`auto` takes the single launch over a two-launch kernel that the table found faster by less than one
+    tiny kernel's time (its second launch's charge), and the two-launch kernel where it wins by more; an
+    explicit kernel is taken as asked. The packaged H200 table's fp32 entries at M = N = 48 and 64, where
+    `flat` won by less than that, now run the single launch."""
+    from moegemm.decompose_k import configs
+    from moegemm.epilogue import Epilogue
+
+    cfg = DecomposeKConfig(split_k=8, block_m=64, block_n=32)
+
+    def entry(best, flat_us, single_us):
+        times = {"cublas": 20.0, "flat": flat_us, "two_stage": 30.0, "single_launch": single_us}
+        return (best, {"single_launch": cfg, "flat": cfg, "two_stage": cfg}, times, 1.0)
+
+    table = {
+        ("float32", 48, 48, 8192, "none"): entry("flat", 8.2, 8.8),  # within 1.0: the single launch
+        ("float32", 64, 64, 8192, "none"): entry("flat", 8.2, 9.5),  # flat by more than one launch
+        ("float32", 32, 32, 8192, "none"): entry("cublas", 9.0, 9.6),  # with an epilogue: cuBLAS + 1.0 > flat
+    }
+    monkeypatch.setattr(configs, "_tuned_table", lambda slug: table)
+    configs._choose.cache_clear()
+    try:
+        pick = lambda m, epi=Epilogue.NONE, kernel="auto": configs._choose(  # noqa: E731
+            "gpu", torch.float32, m, m, 8192, epi, kernel, 132
+        )[0]
+        assert pick(48) == "single_launch" and pick(48, kernel="flat") == "flat"
+        assert pick(64) == "flat"
+        assert pick(32) == "cublas" and pick(32, Epilogue.RELU) == "single_launch"  # 9.6 <= 9.0 + 1.0
+    finally:
+        configs._choose.cache_clear()
+    h200 = configs._tuned_table("nvidia-h200")
+    flats = [key for key, (best, *_) in h200.items() if best in configs.TWO_LAUNCH]
+    assert flats, "the packaged table no longer has a two-launch winner to check"
+    for dt, m, n, k, epi in flats:
+        best, per_kernel, times, act = h200[(dt, m, n, k, epi)]
+        got = configs._choose("nvidia-h200", getattr(torch, dt), m, n, k, Epilogue.NONE, "auto", 132)[0]
+        assert got == ("single_launch" if times["single_launch"] <= times[best] + act else best)
+
+
 def test_packaged_decompose_k_table_rebuilds_from_its_csv(tmp_path, monkeypatch):
     """The committed table is what the tuner's table step makes of the committed tuning CSV (configs, best
     backend, each backend's time); where it was rebuilt on a CPU, its activation charge is the floors'
