@@ -48,6 +48,16 @@ def test_ratio_ci_widens_with_noisier_rounds_and_reads_parity_when_it_spans_one(
     assert ci_text(1.05, 1.0004, 1.1) == "1.05x [1.001, 1.10]"
     assert ci_text(1.02, 0.999, 1.04).startswith("parity (1.02x [0.999, 1.04]")
     assert ci_text(float("nan"), 0, 0) == "--"
+    # an interval over few cells names how many: it is then little more than their range
+    assert ci_text(1.2345, 1.1, 1.3, cells=2) == "1.23x [1.10, 1.30] over 2 cells"
+    assert ci_text(1.02, 0.99, 1.04, cells=1) == "parity (1.02x [0.99, 1.04] over 1 cell)"
+    assert ci_text(1.2345, 1.1, 1.3, cells=5) == ci_text(1.2345, 1.1, 1.3) == "1.23x [1.10, 1.30]"
+    from paper.numbers.common import ratio_ci_text
+
+    two = [np.array([2.0, 2.1, 1.9]), np.array([3.0, 3.2])]
+    ones = [np.array([1.0, 1.0]), np.array([1.0])]
+    assert ratio_ci_text(two, ones) == ci_text(*ratio_ci(two, ones), cells=2)
+    assert ratio_ci_text(two, ones).endswith(" over 2 cells")
 
 
 def test_ratio_ci_takes_cells_of_one_round_and_leaves_out_empty_or_bad_ones():

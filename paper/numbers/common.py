@@ -140,10 +140,16 @@ def is_parity(lo: float, hi: float) -> bool:
     return bool(lo <= 1.0 <= hi)
 
 
-def ci_text(point: float, lo: float, hi: float) -> str:
+# fewer cells than this and a bootstrap interval over cells is little more than their range: the text says
+# how many ("1.52x [1.18, 2.90] over 2 cells")
+FEW_CELLS = 5
+
+
+def ci_text(point: float, lo: float, hi: float, cells: int | None = None) -> str:
     """A headline ratio as generated text: "1.23x [1.10, 1.35]", or "parity (0.98x [0.95, 1.02])" where the
     interval contains 1.0; "--" where there is none. A bound that rounds to 1.00 is written with three digits
-    ("1.07x [1.003, 1.11]"), so that whether the interval holds 1.0 shows."""
+    ("1.07x [1.003, 1.11]"), so that whether the interval holds 1.0 shows. ``cells``: how many cells the
+    interval is over, named where fewer than FEW_CELLS."""
     if not np.isfinite(point):
         return "--"
 
@@ -159,7 +165,14 @@ def ci_text(point: float, lo: float, hi: float) -> str:
         )
 
     body = f"{point:.2f}x [{bound(lo)}, {bound(hi)}]"
+    if cells is not None and cells < FEW_CELLS:
+        body += f" over {cells} cell{'s' if cells != 1 else ''}"
     return f"parity ({body})" if is_parity(lo, hi) else body
+
+
+def ratio_ci_text(theirs: list, ours: list) -> str:
+    """:func:`ci_text` of :func:`ratio_ci`, with the number of cells both sides have rounds in."""
+    return ci_text(*ratio_ci(theirs, ours), cells=len(_kept_rounds(theirs, ours)))
 
 
 def paired_rounds(

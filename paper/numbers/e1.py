@@ -8,7 +8,7 @@ import pandas as pd
 
 from experiments._io import write_text
 
-from .common import Numbers, ci_text, paired_rounds, ratio_ci, table
+from .common import Numbers, paired_rounds, ratio_ci_text, table
 
 
 def e1(n: Numbers, results: Path, gen: Path) -> None:
@@ -57,11 +57,11 @@ def e1(n: Numbers, results: Path, gen: Path) -> None:
     keys = ["function", "m", "n", "k"]
     theirs, ours, cells = paired_rounds(modes, keys, "max-autotune", "max-autotune-no-cudagraphs", "launch")
     if len(cells):
-        n.add("EOneNoCgVsCgLaunch", ci_text(*ratio_ci(theirs, ours)))
+        n.add("EOneNoCgVsCgLaunch", ratio_ci_text(theirs, ours))
     dk = modes[modes.function == "decompose_k+relu"]
     theirs, ours, cells = paired_rounds(dk, keys, "eager", "default", "graph")
     if len(cells):
-        n.add("EOneDecomposeCompiledVsEager", ci_text(*ratio_ci(theirs, ours)))
+        n.add("EOneDecomposeCompiledVsEager", ratio_ci_text(theirs, ours))
 
 
 def e1_against_e5(n: Numbers, results: Path) -> None:

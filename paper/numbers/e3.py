@@ -8,7 +8,7 @@ import pandas as pd
 
 from experiments._io import write_text
 
-from .common import Numbers, ci_text, gm, paired_rounds, ratio_ci, table
+from .common import Numbers, gm, paired_rounds, ratio_ci_text, table
 
 
 def default_fusion(n: Numbers, df: pd.DataFrame) -> None:
@@ -21,7 +21,7 @@ def default_fusion(n: Numbers, df: pd.DataFrame) -> None:
     for clock, ctag in (("graph", "Graph"), ("launch", "Launch")):
         theirs, ours, cells = paired_rounds(default, ["m", "k"], "unfused", "fused", clock)
         if len(cells):
-            n.add(f"EThreeSingleLaunch{ctag}Ci", ci_text(*ratio_ci(theirs, ours)))
+            n.add(f"EThreeSingleLaunch{ctag}Ci", ratio_ci_text(theirs, ours))
 
 
 def e3(n: Numbers, results: Path, gen: Path) -> None:
@@ -53,7 +53,7 @@ def e3(n: Numbers, results: Path, gen: Path) -> None:
                 )
                 theirs, ours, cells = paired_rounds(pair, ["m", "k"], "unfused", "fused", "graph")
                 if len(cells):
-                    n.add(f"EThree{tag}Graph", ci_text(*ratio_ci(theirs, ours)))
+                    n.add(f"EThree{tag}Graph", ratio_ci_text(theirs, ours))
         rows.append(row)
     default_fusion(n, df)
     t = pd.DataFrame(rows)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from experiments._io import write_text
 
-from .common import OURS, SEEDS, Numbers, cell_ratios, ci_text, gm, paired_rounds, ratio_ci, table
+from .common import OURS, SEEDS, Numbers, cell_ratios, gm, paired_rounds, ratio_ci_text, table
 
 E5_RIVALS = ("eager", *SEEDS, "pytorch:decompose_k", "compiled", "custom-op-autotuned")
 
@@ -49,7 +49,7 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
     for suite, tag in (("bf16", "Bf"), ("fp16", "Fp")):  # with intervals over shapes (and rounds)
         theirs, ours_r, cells = paired_rounds(df[df.suite == suite], ["m", "k"], "seed: optimized", OURS[0])
         if len(cells):
-            n.add(f"EFive{tag}GraphVsSeedOpt", ci_text(*ratio_ci(theirs, ours_r)))
+            n.add(f"EFive{tag}GraphVsSeedOpt", ratio_ci_text(theirs, ours_r))
     if ("fp32", "graph_us") in seed_opt:
         n.add("EFiveFpThirtyTwoGraphVsSeedOpt", seed_opt["fp32", "graph_us"])
     if ("fp32", "launch_us") in seed_opt:
@@ -107,7 +107,7 @@ def intervals(n: Numbers, g: pd.DataFrame) -> None:
         for clock, tag in (("graph", "Graph"), ("launch", "Launch")):
             theirs, ours, cells = paired_rounds(g, ["m", "k"], c, OURS[0], clock)
             if len(cells):
-                n.add(f"EFiveBfRelu{tag}Vs{ct}Ci", ci_text(*ratio_ci(theirs, ours)))
+                n.add(f"EFiveBfRelu{tag}Vs{ct}Ci", ratio_ci_text(theirs, ours))
 
 
 OUTLIER = 10.0  # a seed cell this many times slower than ours: its config, not its kernel's design

@@ -15,7 +15,7 @@ from .common import (
     ci_text,
     paired_rounds,
     phase_headline,
-    ratio_ci,
+    ratio_ci_text,
     table,
 )
 
@@ -44,7 +44,7 @@ def seed_headline(n: Numbers, df: pd.DataFrame) -> None:
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             ta, tb, cells = paired_rounds(sub, ["m"], SEEDS[0], OURS[0], clock)
             if len(cells):
-                n.add(f"ESix{tag}{ct}", ci_text(*ratio_ci(ta, tb)))
+                n.add(f"ESix{tag}{ct}", ratio_ci_text(ta, tb))
         if epi == like:
             n.add("ESixLikeEpilogue", "ReLU" if like == "relu" else "no epilogue")
 
@@ -57,7 +57,10 @@ def phase_numbers(n: Numbers, df: pd.DataFrame) -> None:
     for r in phase_headline(d, ["m"], "eager", OURS[0]):
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             if r[f"{clock}_cells"]:
-                n.add(f"ESixSigmoid{r['phase'].capitalize()}VsEager{ct}", ci_text(*r[clock]))
+                n.add(
+                    f"ESixSigmoid{r['phase'].capitalize()}VsEager{ct}",
+                    ci_text(*r[clock], cells=r[f"{clock}_cells"]),
+                )
 
 
 def range_dispatch(n: Numbers, results: Path, df: pd.DataFrame) -> None:

@@ -106,7 +106,10 @@ def e7_phase_numbers(
             rows.append(r)
             for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
                 if r[f"{clock}_cells"] and tag in tags:
-                    n.add(f"{prefix}{r['phase'].capitalize()}Vs{tag}{ct}", ci_text(*r[clock]))
+                    n.add(
+                        f"{prefix}{r['phase'].capitalize()}Vs{tag}{ct}",
+                        ci_text(*r[clock], cells=r[f"{clock}_cells"]),
+                    )
     return rows
 
 

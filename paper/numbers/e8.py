@@ -138,7 +138,9 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
         r = rows.get((BEST, phase), {})
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             if r.get(f"{clock}_cells"):
-                n.add(f"EEightHeld{phase.capitalize()}VsPeer{ct}", ci_text(*r[clock]))
+                n.add(
+                    f"EEightHeld{phase.capitalize()}VsPeer{ct}", ci_text(*r[clock], cells=r[f"{clock}_cells"])
+                )
     for peer, phase, name in (
         (TORCH, "decode", "EEightHeldDecodeVsTorch"),
         (VLLM, "prefill", "EEightHeldPrefillVsVllm"),
@@ -146,7 +148,7 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
         r = rows.get((peer, phase), {})
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             if r.get(f"{clock}_cells"):
-                n.add(name + ct, ci_text(*r[clock]))
+                n.add(name + ct, ci_text(*r[clock], cells=r[f"{clock}_cells"]))
 
 
 # each peer as the prose names it

@@ -11,7 +11,7 @@ from experiments._io import write_text
 from experiments.common import load_config
 from experiments.e9_moe_train import train_cells
 
-from .common import Numbers, cell_ratios, ci_text, gm, paired_rounds, ratio_ci, table
+from .common import Numbers, cell_ratios, ci_text, gm, paired_rounds, ratio_ci, ratio_ci_text, table
 
 OURS, OURS_RECOMPUTE = "ours:moe_ffn", "ours:moe_ffn:recompute"
 TORCH, TORCH_COMPILED = "torch._grouped_mm pipeline", "torch._grouped_mm pipeline:compiled"
@@ -68,11 +68,14 @@ def step_rows(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([step, *extra], ignore_index=True) if extra else step
 
 
-def interval(rows: pd.DataFrame, peer: str, clock: str) -> tuple[str, int]:
-    """(their step time over ours with its 95% bootstrap interval over cells and rounds, as text; cells)."""
+def interval(rows: pd.DataFrame, peer: str, clock: str, count: bool = True) -> tuple[str, int]:
+    """(their step time over ours with its 95% bootstrap interval over cells and rounds, as text, naming the
+    cells where they are few unless ``count`` is off (a table with a cells column); cells)."""
     name = f"best peer:{clock}" if peer == "best peer" else peer
     theirs, ours, cells = paired_rounds(rows, CELL, name, OURS, clock)
-    return (ci_text(*ratio_ci(theirs, ours)), len(cells)) if len(cells) else ("--", 0)
+    if not len(cells):
+        return "--", 0
+    return (ratio_ci_text(theirs, ours) if count else ci_text(*ratio_ci(theirs, ours))), len(cells)
 
 
 def best_backward(held: pd.DataFrame, peers: list[str]) -> pd.Series:
@@ -95,10 +98,9 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
     for peer in ["best peer", *peers] if peers else []:
         line, count = {"peer": peer}, 0
         for clock, ct, label in (("graph", "Gpu", "GPU time"), ("launch", "Launch", "launch-inclusive")):
-            text, cells = interval(rows, peer, clock)
-            line[label] = text
+            line[label], cells = interval(rows, peer, clock, count=False)
             if cells and peer == "best peer" and n is not None:  # the headline; each peer's is in the table
-                n.add(f"ENineHeldVsPeer{ct}", text)
+                n.add(f"ENineHeldVsPeer{ct}", interval(rows, peer, clock)[0])
             count = count or cells
         line["cells"] = count
         if peer != "best peer":

@@ -9,7 +9,7 @@ import pandas as pd
 from experiments._io import write_text
 
 from . import e3, e5, e6
-from .common import OURS, Numbers, ci_text, paired_rounds, ratio_ci
+from .common import OURS, Numbers, ci_text, paired_rounds, ratio_ci_text
 from .e5 import E5_RIVALS, vs_ours
 from .runtime import RUNTIME_END, RUNTIME_START
 
@@ -146,7 +146,7 @@ def router_sentence(df: pd.DataFrame) -> str:
         for clock, label in (("graph", "GPU time"), ("launch", "launch-inclusive")):
             ta, tb, cells = paired_rounds(sub, ["m"], seed, ours, clock)
             if len(cells):
-                clocks.append(f"{ci_text(*ratio_ci(ta, tb))} {label}")
+                clocks.append(f"{ratio_ci_text(ta, tb)} {label}")
         if clocks:
             parts.append(f"{what}: " + ", ".join(clocks))
     if not parts:
