@@ -175,6 +175,10 @@ def e7(n: Numbers, results: Path, gen: Path) -> None:
                     else "--",
                 }
             )
+    by = {r["contender"]: r for r in rows}
+    for c, tag in ((OURS_AUTO, "Auto"), ("ours:masked", "Masked")):  # the masked layout beside the default
+        if label[c] in by and np.isfinite(by[label[c]]["decode % floor"]):
+            n.add(f"ESeven{tag}DecodePct", by[label[c]]["decode % floor"], "{:.0f}")
     if "ceil_us" in o:  # the practical ceiling of each cell (GPU clock only: its two parts are timed apart)
         dec, pre = o[o.tokens <= 256], o[o.tokens > 256]
         rows.append(
