@@ -67,6 +67,10 @@ def e5(n: Numbers, results: Path, gen: Path) -> None:
         if "seed: optimized" in cpu:
             n.add("EFiveBfReluCpuSeedOpt", cpu["seed: optimized"].median(), "{:.0f}")
     intervals(n, df[df.suite == "bf16-relu"])
+    comp = relu[relu.contender == "compiled"]  # the shapes the compiled contenders ran at (config.yaml)
+    if len(comp):
+        n.add("EFiveCompiledK", ", ".join(str(int(k)) for k in sorted(comp.k.unique())))
+        n.add("EFiveCompiledMN", ", ".join(str(int(m)) for m in sorted(comp.m.unique())))
     seed_outliers(n, df[df.suite == "fp32"])
     t = pd.DataFrame(rows)
     t = t.rename(
