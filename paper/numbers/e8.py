@@ -156,7 +156,7 @@ PEER_NAMES = {
     HF_COMPILED: "transformers' compiled backend",
     TORCH: "the torch._grouped_mm pipeline",
     VLLM: "vLLM's fused_experts",
-    TK: "triton_kernels' layer",
+    TK: "triton_kernels",
 }
 
 
