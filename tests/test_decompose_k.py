@@ -326,23 +326,26 @@ def test_auto_charges_cublas_the_separate_activation(monkeypatch):
 
 
 def test_auto_charges_a_two_launch_kernel_its_second_launch(monkeypatch):
-    """`auto` takes the single launch over a two-launch kernel that the table found faster by less than one
-    tiny kernel's time (its second launch's charge), and the two-launch kernel where it wins by more; an
-    explicit kernel is taken as asked. The packaged H200 table's fp32 entries at M = N = 48 and 64, where
-    `flat` won by less than that, now run the single launch."""
+    """`auto` takes the backend of least tuned time plus one tiny kernel's time per launch it adds (a
+    two-launch kernel's second launch; cuBLAS's separate activation where there is an epilogue), the table's
+    best on a tie: the single launch over a two-launch kernel that won by less than that charge, the
+    two-launch kernel where it won by more, cuBLAS over a two-launch kernel that beat it by less; an
+    explicit kernel is taken as asked. Every packaged H200 entry follows the same rule."""
     from moegemm.decompose_k import configs
     from moegemm.epilogue import Epilogue
 
     cfg = DecomposeKConfig(split_k=8, block_m=64, block_n=32)
 
-    def entry(best, flat_us, single_us):
-        times = {"cublas": 20.0, "flat": flat_us, "two_stage": 30.0, "single_launch": single_us}
-        return (best, {"single_launch": cfg, "flat": cfg, "two_stage": cfg}, times, 1.0)
+    def entry(cublas, flat, single, two_stage=30.0):
+        times = {"cublas": cublas, "flat": flat, "two_stage": two_stage, "single_launch": single}
+        return (min(times, key=times.get), {k: cfg for k in times if k != "cublas"}, times, 1.0)
 
     table = {
-        ("float32", 48, 48, 8192, "none"): entry("flat", 8.2, 8.8),  # within 1.0: the single launch
-        ("float32", 64, 64, 8192, "none"): entry("flat", 8.2, 9.5),  # flat by more than one launch
-        ("float32", 32, 32, 8192, "none"): entry("cublas", 9.0, 9.6),  # with an epilogue: cuBLAS + 1.0 > flat
+        ("float32", 48, 48, 8192, "none"): entry(20.0, 8.2, 8.8),  # flat by < 1.0: the single launch
+        ("float32", 64, 64, 8192, "none"): entry(20.0, 8.2, 9.5),  # flat by more than its launch
+        ("float32", 16, 16, 8192, "none"): entry(8.5, 8.2, 20.0),  # flat + 1.0 > cuBLAS
+        ("float32", 32, 32, 8192, "none"): entry(9.0, 9.5, 10.4),  # cuBLAS best; with an epilogue too
+        ("float32", 80, 80, 8192, "none"): entry(9.0, 9.5, 9.6),  # with an epilogue: the single launch
     }
     monkeypatch.setattr(configs, "_tuned_table", lambda slug: table)
     configs._choose.cache_clear()
@@ -352,16 +355,25 @@ def test_auto_charges_a_two_launch_kernel_its_second_launch(monkeypatch):
         )[0]
         assert pick(48) == "single_launch" and pick(48, kernel="flat") == "flat"
         assert pick(64) == "flat"
-        assert pick(32) == "cublas" and pick(32, Epilogue.RELU) == "single_launch"  # 9.6 <= 9.0 + 1.0
+        assert pick(16) == "cublas"
+        assert pick(32) == "cublas" and pick(32, Epilogue.RELU) == "cublas"  # 10.0 < 10.4 < 10.5
+        assert pick(80) == "cublas" and pick(80, Epilogue.RELU) == "single_launch"  # 9.6 < 10.0
     finally:
         configs._choose.cache_clear()
     h200 = configs._tuned_table("nvidia-h200")
-    flats = [key for key, (best, *_) in h200.items() if best in configs.TWO_LAUNCH]
-    assert flats, "the packaged table no longer has a two-launch winner to check"
-    for dt, m, n, k, epi in flats:
-        best, per_kernel, times, act = h200[(dt, m, n, k, epi)]
-        got = configs._choose("nvidia-h200", getattr(torch, dt), m, n, k, Epilogue.NONE, "auto", 132)[0]
-        assert got == ("single_launch" if times["single_launch"] <= times[best] + act else best)
+    assert any(best in configs.TWO_LAUNCH for best, *_ in h200.values()), "no two-launch winner to check"
+    for (dt, m, n, k, _), (best, per_kernel, times, act) in h200.items():
+        for epi in (Epilogue.NONE, Epilogue.RELU):
+            cost = {
+                b: t + act * ((b in configs.TWO_LAUNCH) + (b == "cublas" and epi is not Epilogue.NONE))
+                for b, t in times.items()
+                if b == "cublas" or b in per_kernel
+            }
+            want = min(cost, key=lambda b: (cost[b], b != best))
+            got = configs._choose("nvidia-h200", getattr(torch, dt), m, n, k, epi, "auto", 132)[0]
+            assert got == want, (dt, m, n, k, epi)
+            if best in configs.TWO_LAUNCH and times["single_launch"] <= times[best] + act:
+                assert got != best  # the five fp32 shapes where flat won by less than its launch
 
 
 def test_packaged_decompose_k_table_rebuilds_from_its_csv(tmp_path, monkeypatch):

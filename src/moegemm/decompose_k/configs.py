@@ -230,24 +230,24 @@ TWO_LAUNCH = ("flat", "two_stage")
 
 
 def _charged_best(best: str, per_kernel: dict, times: dict, activation_us: float, epilogue: Epilogue) -> str:
-    """The tuned best backend for a call with ``epilogue``, each extra launch charged one tiny kernel's time
-    (the table's ``activation_us``, about what a launch costs inside a CUDA graph):
-    - the table is tuned without an epilogue, and cuBLAS then runs the activation as a launch of its own,
-      which our kernels fuse into their store; so cuBLAS is charged against our fastest kernel;
-    - a two-launch kernel (TWO_LAUNCH) is charged its second launch against the single launch. The table
-      times every kernel in a CUDA graph, where the second launch costs little; called from Python it costs
-      far more (fp32, M = N = 48 and 64 on the H200: the two-launch `flat` won by at most 9% on the graph
-      clock and took several times the single launch's time launch-inclusive)."""
-    if best == "cublas" and epilogue is not Epilogue.NONE and "cublas" in times:
-        ours = {k: t for k, t in times.items() if k in per_kernel}
-        if ours:
-            fastest = min(ours, key=ours.get)
-            best = fastest if ours[fastest] < times["cublas"] + activation_us else best
-    single = times.get("single_launch")
-    if best in TWO_LAUNCH and "single_launch" in per_kernel and single is not None:
-        if best in times and single <= times[best] + activation_us:
-            return "single_launch"
-    return best
+    """The tuned best backend for a call with ``epilogue``: the least of each backend's tuned time plus one
+    tiny kernel's time (the table's ``activation_us``, about what a launch costs inside a CUDA graph) for
+    each launch it adds, the table's best on a tie:
+    - cuBLAS, where there is an epilogue: the table is tuned without one, and cuBLAS then runs the
+      activation as a launch of its own, which our kernels fuse into their store;
+    - a two-launch kernel (TWO_LAUNCH): its second launch. The table times every kernel in a CUDA graph,
+      where that launch costs little; called from Python it costs far more (fp32, M = N = 48 and 64 on the
+      H200: the two-launch `flat` won by at most 9% on the graph clock and took several times the single
+      launch's time launch-inclusive)."""
+    cost = {}
+    for name, t in times.items():
+        if name != "cublas" and name not in per_kernel:
+            continue
+        extra = (name in TWO_LAUNCH) + (name == "cublas" and epilogue is not Epilogue.NONE)
+        cost[name] = t + activation_us * extra
+    if best not in cost:
+        return best
+    return min(cost, key=lambda name: (cost[name], name != best))
 
 
 def choose(
