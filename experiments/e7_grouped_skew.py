@@ -50,7 +50,7 @@ from experiments.common import (
     timing_settings,
     weight_sets,
 )
-from moegemm._runtime import gpu_slug, slugify
+from moegemm._runtime import device_smem_per_block, gpu_slug, slugify
 from moegemm.bench.correctness import check
 from moegemm.bench.floors import datasheet
 from moegemm.bench.moe_loads import sample_topk, skew_stats
@@ -68,7 +68,7 @@ from moegemm.grouped import (
     unpermute,
 )
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
-from moegemm.grouped.config import masked_config, shortlist
+from moegemm.grouped.config import fitted_shortlist, masked_config
 from moegemm.grouped.routing import gather_rows, row_positions
 
 
@@ -641,7 +641,7 @@ def heldout_contenders(
     torch._grouped_mm and, where at hand, vLLM's kernel. ours:auto's row records the first call's wall time
     (``first_call_s``: the timing and the compiles where it timed) and the config it kept."""
     off = plan.group_offsets
-    first = shortlist(xs.shape[0], e, n, gpu_slug(xs))[0]
+    first = fitted_shortlist(xs.shape[0], e, n, gpu_slug(xs), xs.dtype, device_smem_per_block(xs))[0]
     source = choose_config(xs, e, n, "nk")[1]
     fields = {"config_source": source}
     auto = Contender("ours:auto", None, fields=fields)

@@ -176,7 +176,11 @@ def call_order(remeasure: bool = False) -> list[str]:
     for step in STEP_ORDER:
         out.append(step)
         out += [cpu for cpu, after in CALL_ORDER_CPU.items() if after == step]
-    skip = set(TUNERS) | set(CALL_ORDER_CPU) if remeasure else set()
+    skip = (
+        set(TUNERS) | {cpu for cpu, after in CALL_ORDER_CPU.items() if after in TUNERS}
+        if remeasure
+        else set()
+    )
     return [s for s in out if s not in skip]
 
 

@@ -261,11 +261,15 @@ def grouped_mm(
     config: ClusterGroupedConfig | None = None,
     out: torch.Tensor | None = None,
     validate: bool = True,
+    strict: bool = False,
 ) -> torch.Tensor:
     """:func:`moegemm.grouped.grouped_mm` (same arguments and result) on 2-CTA clusters that multicast each
     weight tile to both CTAs. Where this kernel cannot serve the call (see the module's docstring), the
-    library's grouped_mm does."""
-    return _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, False)
+    library's grouped_mm does, or with ``strict`` a RuntimeError says so (a measurement of this kernel must
+    not time the library's under its name)."""
+    return _grouped(
+        x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, False, strict
+    )
 
 
 def grouped_mm_swiglu(
@@ -287,12 +291,16 @@ def grouped_mm_swiglu(
     )
 
 
-def _grouped(x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, swiglu):
+def _grouped(
+    x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, validate, swiglu, strict=False
+):
     from moegemm._runtime import check_device
     from moegemm._triton_common import check_dtype
     from moegemm.grouped import api as gapi
 
     def fallback():
+        if strict:
+            raise RuntimeError("the cluster kernel cannot serve this call (strict: no fallback)")
         if swiglu:
             return gapi.grouped_mm_swiglu(
                 x_sorted, w, group_offsets, w_layout=w_layout, row_scale=row_scale, out=out, validate=validate

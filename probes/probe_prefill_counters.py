@@ -210,7 +210,13 @@ def case_calls(name: str, xs, w, plan, e: int, n: int):
             block_m=128, block_n=256, block_k=64, num_warps=8, stages=4, ws=name == "mcast:ws"
         )
         return (
-            (lambda inp: lambda: cg.grouped_mm(inp[0], inp[1], off, w_layout="nk", config=c, validate=False)),
+            (
+                lambda inp: (
+                    lambda: cg.grouped_mm(
+                        inp[0], inp[1], off, w_layout="nk", config=c, validate=False, strict=True
+                    )
+                )
+            ),
             dataclasses.asdict(c),
             off,
         )
@@ -229,8 +235,8 @@ def parse_cells(spec: str) -> list[tuple[str, str, int, str]]:
 
 
 def parse_cases(spec: str) -> tuple[str, ...]:
-    """--cases NAME[,...]: the cases of CASES and CLUSTER_CASES to run, in that order of priority."""
-    names = tuple(spec.split(","))
+    """--cases NAME[,...]: the cases of CASES and CLUSTER_CASES to run, in the order given, each once."""
+    names = tuple(dict.fromkeys(spec.split(",")))
     bad = [c for c in names if c not in CASES + CLUSTER_CASES]
     if bad:
         raise ValueError(f"--cases: not cases of this probe: {bad}; expected among {CASES + CLUSTER_CASES}")

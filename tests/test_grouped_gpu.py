@@ -322,15 +322,19 @@ def test_unseen_shape_autotunes_once_then_captures(t, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("t", [2, 16, 128, 1024])  # 0.5, 4, 32 and 256 rows per expert: each regime
 @pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
-def test_fp32_untimed_choice_fits_shared_memory(t, swiglu, monkeypatch):
+def test_fp32_untimed_choice_fits_shared_memory(t, swiglu, tmp_path, monkeypatch):
     """fp32 on an unseen shape with timing off, as inside a capture: the regime's distilled first config,
     written for 16-bit operands, fitted to what one program may take of shared memory in fp32 (unfitted,
     several of them ask for more and do not launch). It launches, eagerly and captured, and is right."""
     import moegemm.grouped.config as api
     from moegemm._runtime import device_smem_per_block
-    from moegemm.grouped import grouped_mm_swiglu
+    from moegemm.grouped import autotune, contiguous, grouped_mm_swiglu
 
     monkeypatch.setenv("MOEGEMM_AUTOTUNE", "0")
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))  # no choice kept from an earlier run
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    monkeypatch.setattr(contiguous, "_PLANS", {})
     e, top_k, hidden, n = 16, 4, 1000, 704
     g = torch.Generator(device="cuda").manual_seed(t + swiglu)
     plan = route(sample_topk(t, e, top_k, "zipf1.2", seed=t), e)

@@ -68,7 +68,8 @@ def smem_per_block(device_index: int) -> int:
 
 
 def device_smem_per_block(t: torch.Tensor) -> int | None:
-    """:func:`smem_per_block` of the device ``t`` lives on; None under the interpreter (no limit)."""
+    """:func:`smem_per_block` of the CUDA device ``t`` lives on; None for any other tensor (under the
+    interpreter: no limit)."""
     if t.device.type != "cuda":
         return None
     return smem_per_block(t.device.index if t.device.index is not None else torch.cuda.current_device())

@@ -361,6 +361,8 @@ def test_prefill_counters_probe_takes_cells_and_cases_by_name(device):
     kernel's two forms among them) by name, a malformed cell or an unknown case refused naming the option;
     the cluster cases are left out where the kernel cannot run (here: no Hopper GPU), never run as the
     library's kernel under their name."""
+    import torch
+
     from probes import probe_prefill_counters as probe
 
     assert probe.parse_cells("mixtral-8x7b:up:4096:uniform,dbrx:down:16:zipf1.2") == [
@@ -377,6 +379,12 @@ def test_prefill_counters_probe_takes_cells_and_cases_by_name(device):
     if device == "cpu":
         for case in probe.CLUSTER_CASES:
             assert probe.case_calls(case, xs, w, plan, 4, 48) is None
+        from probes import cluster_grouped as cg
+
+        # where the cluster kernel cannot serve a call, strict refuses it rather than run the library's
+        with pytest.raises(RuntimeError, match="cannot serve this call"):
+            cg.grouped_mm(xs, w, plan.group_offsets, w_layout="nk", strict=True)
+        assert torch.isfinite(cg.grouped_mm(xs, w, plan.group_offsets, w_layout="nk")).all()
 
 
 def test_prefill_counters_probe_reads_ncu_raw_pages():

@@ -157,7 +157,8 @@ def choose_config(
     'tuned' for an exact entry of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K,
     N) whose rows bucket is nearest (log scale; the same w layout preferred), 'autotuned' for a choice an
     earlier call timed (moegemm.grouped.autotune), else 'default' (the first of the distilled shortlist)
-    or, on a GPU without one, 'heuristic'. :func:`moegemm.grouped.grouped_mm` with no config times the
+    or, on a GPU without one, 'heuristic' (those two fitted to the dtype's shared memory on this device,
+    see :func:`fitted`). :func:`moegemm.grouped.grouped_mm` with no config times the
     shortlist where this says 'default' and it can (see moegemm.grouped.autotune)."""
     rows, k = x.shape
     return choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout, device_smem_per_block(x))
@@ -168,10 +169,10 @@ def autotune_key(rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int
 
 
 def shared_bytes(cfg: GroupedConfig, itemsize: int) -> int:
-    """The shared memory of a config's software pipeline: ``num_stages`` buffers of a row tile and a weight
-    tile of ``block_k`` (the fused SwiGLU kernel's gate and up halves take as many columns in all). What
-    Triton allocates for the contiguous kernel at these tiles (fp32 128 x 256 x 64 in three stages: 294912
-    bytes)."""
+    """The shared memory of a config's software pipeline, counted high: ``num_stages`` buffers of a row tile
+    and a weight tile of ``block_k`` (the fused SwiGLU kernel's gate and up halves take as many columns in
+    all). Triton allocates this much for the pointer kernel in fp32 with TF32 (128 x 256 x 64 in three
+    stages: 294912 bytes, which did not launch on the H200) and one stage's buffers fewer without it."""
     return cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize
 
 
@@ -211,7 +212,8 @@ def choose(
     smem: int | None = None,
 ) -> tuple[GroupedConfig, str]:
     """:func:`choose_config` from the shape's numbers; ``smem``: the device's shared memory per program,
-    which the untuned configs are :func:`fitted` to (None: no limit)."""
+    which the untuned configs (default, heuristic) are :func:`fitted` to (None: not fitted; a caller with a
+    CUDA tensor passes :func:`moegemm._runtime.device_smem_per_block`)."""
     dtype_s = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
     table = _tuned_table(slug)
