@@ -195,6 +195,11 @@ def paired_rounds(
     return ta, tb, cells
 
 
+def phase_ci_text(row: dict, clock: str) -> str:
+    """:func:`ci_text` of a :func:`phase_headline` row's interval on ``clock``, with its cell count."""
+    return ci_text(*row[clock], cells=row[f"{clock}_cells"])
+
+
 def phase_headline(df: pd.DataFrame, keys: list[str], theirs: str, ours: str) -> list[dict]:
     """Per phase (decode, prefill; never pooled): their time over ours with its interval on both clocks, the
     cells, and the host cost (cpu_us medians, ours and theirs, where measured)."""

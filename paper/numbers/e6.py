@@ -12,8 +12,8 @@ from .common import (
     OURS,
     SEEDS,
     Numbers,
-    ci_text,
     paired_rounds,
+    phase_ci_text,
     phase_headline,
     ratio_ci_text,
     table,
@@ -62,7 +62,7 @@ def phase_numbers(n: Numbers, df: pd.DataFrame) -> None:
             if r[f"{clock}_cells"]:
                 n.add(
                     f"ESixSigmoid{r['phase'].capitalize()}VsEager{ct}",
-                    ci_text(*r[clock], cells=r[f"{clock}_cells"]),
+                    phase_ci_text(r, clock),
                 )
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from experiments._io import write_text
 
-from .common import Numbers, ci_text, gm, phase_headline, table
+from .common import Numbers, gm, phase_ci_text, phase_headline, table
 
 OURS_GROUPED = ["ours:contiguous", "ours:persistent"]  # the same tuned tiles on the two grids we ship
 # E7's ours: the default path as the library deploys it (grouped_mm with no config); CSVs from before that
@@ -108,7 +108,7 @@ def e7_phase_numbers(
                 if r[f"{clock}_cells"] and tag in tags:
                     n.add(
                         f"{prefix}{r['phase'].capitalize()}Vs{tag}{ct}",
-                        ci_text(*r[clock], cells=r[f"{clock}_cells"]),
+                        phase_ci_text(r, clock),
                     )
     return rows
 

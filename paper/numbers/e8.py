@@ -9,7 +9,7 @@ import pandas as pd
 from experiments._io import write_text
 from moegemm.grouped.ffn import FUSE_ABOVE_ROWS_PER_EXPERT
 
-from .common import CLOCKS, Numbers, ci_text, gm, phase_headline, table
+from .common import CLOCKS, Numbers, gm, phase_ci_text, phase_headline, table
 
 OURS, UNFUSED = "ours:moe_ffn", "ours:unfused-swiglu"
 HF_COMPILED, TORCH, VLLM = "hf:grouped_mm:compiled", "torch._grouped_mm pipeline", "vllm:fused_experts"
@@ -138,9 +138,7 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
         r = rows.get((BEST, phase), {})
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             if r.get(f"{clock}_cells"):
-                n.add(
-                    f"EEightHeld{phase.capitalize()}VsPeer{ct}", ci_text(*r[clock], cells=r[f"{clock}_cells"])
-                )
+                n.add(f"EEightHeld{phase.capitalize()}VsPeer{ct}", phase_ci_text(r, clock))
     for peer, phase, name in (
         (TORCH, "decode", "EEightHeldDecodeVsTorch"),
         (VLLM, "prefill", "EEightHeldPrefillVsVllm"),
@@ -148,7 +146,7 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
         r = rows.get((peer, phase), {})
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             if r.get(f"{clock}_cells"):
-                n.add(name + ct, ci_text(*r[clock], cells=r[f"{clock}_cells"]))
+                n.add(name + ct, phase_ci_text(r, clock))
 
 
 # each peer as the prose names it

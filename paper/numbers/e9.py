@@ -11,7 +11,7 @@ from experiments._io import write_text
 from experiments.common import load_config
 from experiments.e9_moe_train import train_cells
 
-from .common import Numbers, cell_ratios, ci_text, gm, paired_rounds, ratio_ci, ratio_ci_text, table
+from .common import Numbers, cell_ratios, ci_text, gm, paired_rounds, ratio_ci, table
 
 OURS, OURS_RECOMPUTE = "ours:moe_ffn", "ours:moe_ffn:recompute"
 TORCH, TORCH_COMPILED = "torch._grouped_mm pipeline", "torch._grouped_mm pipeline:compiled"
@@ -68,14 +68,12 @@ def step_rows(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([step, *extra], ignore_index=True) if extra else step
 
 
-def interval(rows: pd.DataFrame, peer: str, clock: str, count: bool = True) -> tuple[str, int]:
-    """(their step time over ours with its 95% bootstrap interval over cells and rounds, as text, naming the
-    cells where they are few unless ``count`` is off (a table with a cells column); cells)."""
+def interval(rows: pd.DataFrame, peer: str, clock: str) -> tuple[tuple[float, float, float] | None, int]:
+    """(their step time over ours with its 95% bootstrap interval over cells and rounds, None where no cell
+    has both; cells)."""
     name = f"best peer:{clock}" if peer == "best peer" else peer
     theirs, ours, cells = paired_rounds(rows, CELL, name, OURS, clock)
-    if not len(cells):
-        return "--", 0
-    return (ratio_ci_text(theirs, ours) if count else ci_text(*ratio_ci(theirs, ours))), len(cells)
+    return (ratio_ci(theirs, ours), len(cells)) if len(cells) else (None, 0)
 
 
 def best_backward(held: pd.DataFrame, peers: list[str]) -> pd.Series:
@@ -98,9 +96,10 @@ def peer_rows(raw: pd.DataFrame, held: pd.DataFrame, n: Numbers | None = None) -
     for peer in ["best peer", *peers] if peers else []:
         line, count = {"peer": peer}, 0
         for clock, ct, label in (("graph", "Gpu", "GPU time"), ("launch", "Launch", "launch-inclusive")):
-            line[label], cells = interval(rows, peer, clock, count=False)
+            ci, cells = interval(rows, peer, clock)
+            line[label] = ci_text(*ci) if ci else "--"  # the table has a cells column
             if cells and peer == "best peer" and n is not None:  # the headline; each peer's is in the table
-                n.add(f"ENineHeldVsPeer{ct}", interval(rows, peer, clock)[0])
+                n.add(f"ENineHeldVsPeer{ct}", ci_text(*ci, cells=cells))
             count = count or cells
         line["cells"] = count
         if peer != "best peer":
@@ -131,8 +130,9 @@ def per_model_text(raw: pd.DataFrame, rows: pd.DataFrame) -> str:
     experts = model_experts(raw)
     parts = []
     for model in sorted(rows.model.unique(), key=lambda m: (experts.get(m, 0), m)):
-        text, cells = interval(rows[rows.model == model], "best peer", "graph")
+        ci, cells = interval(rows[rows.model == model], "best peer", "graph")
         if cells:
+            text = ci_text(*ci, cells=cells)
             size = f" ({experts[model]} experts)" if model in experts else ""
             parts.append(f"{model}{size} {text}")
     return "; ".join(parts) if parts else "--"

@@ -183,8 +183,7 @@ def fitted(cfg: GroupedConfig, dtype: torch.dtype, limit: int | None) -> Grouped
     heuristic are written for 16-bit operands: in fp32 their deepest pipelines would not launch."""
     if limit is None:
         return cfg
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    while shared_bytes(cfg, itemsize) > limit:
+    while shared_bytes(cfg, dtype.itemsize) > limit:
         if cfg.num_stages > 2:
             cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
         elif cfg.block_k > 16:
