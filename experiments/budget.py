@@ -61,29 +61,28 @@ BASELINE = {
     "moe_train_work": 18.0,
 }
 # Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
-# the tuners under the config of that tree; the run at e709832: E7 and E8; the run at e1a7574: verify, floors,
-# E1-E6 and E9)
+# the tuners under the config of that tree; the run at 7c79113: verify, floors and E1-E9)
 STEP_BASELINE = {
     "compile_modes": {
         "compile_shapes": 1,
         "compile_modes": ["default", "max-autotune", "max-autotune-no-cudagraphs"],
     },
     "inductor_codegen": {"codegen_shapes": 2},
-    "epilogue_fusion": {"fusion_grid_k": 2, "fusion_grid_mn": 2},
-    "split_sweep": {"fusion_grid_k": 2, "fusion_grid_mn": 2, "split_sweep": 8},
+    "epilogue_fusion": {"fusion_grid_k": 1, "fusion_grid_mn": 2},
+    "split_sweep": {"fusion_grid_k": 1, "fusion_grid_mn": 2, "split_sweep": 8},
     "tune": {"grid_k": 4, "router_tune_tokens": 7},
     "tune_seed": {"grid_k": 4, "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384]},
     "decompose_k_grid": {"grid_k": 4, "grid_compiled_k": 1, "grid_compiled_mn": 2},
     "router_gemm": {
         "router_tokens": [1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 16384],
-        "router_compiled_tokens": [1, 4096],
+        "router_compiled_tokens": [4096],
         "router_epilogues": ["none", "relu", "sigmoid"],
         "router_relu_max_tokens": 256,
         "router_compiled_epilogues": ["sigmoid"],
     },
-    "grouped_skew": {"grouped_skew_work": 732.0},
-    "moe_layer": {"moe_layer_work": 205.0},
-    # the run at e1a7574: E9 under the current selection (two models, one T, both loads)
+    "grouped_skew": {"grouped_skew_work": 660.0},
+    "moe_layer": {"moe_layer_work": 149.0},
+    # E9 under the current selection (two models, one T, both loads)
     "moe_train": {"moe_train_work": 12.0},
 }
 

@@ -1071,11 +1071,11 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/torchinductor_root/gm/cgmgo46aabzlmsbqttcjy2l5k6vxbrnrdjgzd6drjfphmboiixsp.py
+# kernel path: /tmp/torchinductor_root/45/c45arh2pwv5kereltxghmvpykbkfic5kguzvhyfwiyoagiz5kbwg.py
 # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
 # Source node to ATen node mapping:
 #   mm_relu_default => mm_relu
-triton_per_fused_mm_relu_0 = async_compile.triton('triton_per_fused_mm_relu_0', '''
+triton_red_fused_mm_relu_0 = async_compile.triton('triton_red_fused_mm_relu_0', '''
 import triton
 import triton.language as tl
 
@@ -1084,38 +1084,41 @@ from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
 from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
 triton_helpers.set_driver_to_gpu()
 
-@triton_heuristics.persistent_reduction(
-    size_hints={'x': 256, 'r0_': 32},
-    reduction_hint=ReductionHint.DEFAULT,
+@triton_heuristics.reduction(
+    size_hints={'x': 256, 'r0_': 128},
+    reduction_hint=ReductionHint.OUTER,
     filename=__file__,
-    triton_meta={'signature': {'in_ptr0': '*fp32', 'out_ptr1': '*bf16', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]], (3,): [['tt.divisibility', 16]]}]},
-    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused_mm_relu_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': False, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'tiling_scores': {'x': 33792, 'r0_': 0}}
+    triton_meta={'signature': {'in_ptr0': '*fp32', 'out_ptr1': '*bf16', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr', 'R0_BLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]], (3,): [['tt.divisibility', 16]]}]},
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_red_fused_mm_relu_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': False, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': False, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'tiling_scores': {'x': 132096, 'r0_': 0}}
 )
 @triton.jit
-def triton_per_fused_mm_relu_0(in_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.constexpr):
+def triton_red_fused_mm_relu_0(in_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.constexpr, R0_BLOCK : tl.constexpr):
     xnumel = 256
-    r0_numel = 32
-    R0_BLOCK: tl.constexpr = 32
+    r0_numel = 128
     rnumel = r0_numel
     RBLOCK: tl.constexpr = R0_BLOCK
     xoffset = tl.program_id(0) * XBLOCK
     xindex = xoffset + tl.arange(0, XBLOCK)[:, None]
     xmask = xindex < xnumel
-    r0_index = tl.arange(0, R0_BLOCK)[None, :]
-    r0_offset = 0
-    r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :]
-    roffset = r0_offset
-    rindex = r0_index
-    r0_1 = r0_index
+    r0_base = tl.arange(0, R0_BLOCK)[None, :]
+    rbase = r0_base
     x0 = xindex
-    tmp0 = tl.load(in_ptr0 + (x0 + 256*r0_1), xmask, other=0.0)
-    tmp1 = tl.broadcast_to(tmp0, [XBLOCK, R0_BLOCK])
-    tmp3 = tl.where(xmask, tmp1, 0)
-    tmp4 = tl.sum(tmp3, 1)[:, None].to(tl.float32)
-    tmp5 = tmp4.to(tl.float32)
-    tmp6 = tl.full([1, 1], 0, tl.int32)
-    tmp7 = triton_helpers.maximum(tmp6, tmp5)
-    tl.store(out_ptr1 + (x0), tmp7, xmask)
+    _tmp2 = tl.full([XBLOCK, R0_BLOCK], 0, tl.float32)
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = r0_index < r0_numel
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp0 = tl.load(in_ptr0 + (x0 + 256*r0_1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
+        tmp1 = tl.broadcast_to(tmp0, [XBLOCK, R0_BLOCK])
+        tmp3 = _tmp2 + tmp1
+        _tmp2 = tl.where(r0_mask & xmask, tmp3, _tmp2)
+    tmp2 = tl.sum(_tmp2, 1)[:, None]
+    tmp4 = tmp2.to(tl.float32)
+    tmp5 = tl.full([1, 1], 0, tl.int32)
+    tmp6 = triton_helpers.maximum(tmp5, tmp4)
+    tl.store(out_ptr1 + (x0), tmp6, xmask)
 ''', device_str='cuda')
 
 
@@ -1139,15 +1142,15 @@ class Runner:
         assert_size_stride(arg1_1, (32768, 16), (16, 1))
         with torch.cuda._DeviceGuard(0):
             torch.cuda.set_device(0)
-            buf1 = empty_strided_cuda((32, 16, 16), (256, 16, 1), torch.float32)
+            buf1 = empty_strided_cuda((128, 16, 16), (256, 16, 1), torch.float32)
             # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
-            extern_kernels.bmm_dtype(reinterpret_tensor(arg0_1, (32, 16, 1024), (1024, 32768, 1), 0), reinterpret_tensor(arg1_1, (32, 1024, 16), (16384, 16, 1), 0), out_dtype=torch.float32, out=buf1)
+            extern_kernels.bmm_dtype(reinterpret_tensor(arg0_1, (128, 16, 256), (256, 32768, 1), 0), reinterpret_tensor(arg1_1, (128, 256, 16), (4096, 16, 1), 0), out_dtype=torch.float32, out=buf1)
             del arg0_1
             del arg1_1
             buf3 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
             # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
             stream0 = get_raw_stream(0)
-            triton_per_fused_mm_relu_0.run(buf1, buf3, 256, 32, stream=stream0)
+            triton_red_fused_mm_relu_0.run(buf1, buf3, 256, 128, stream=stream0)
             del buf1
         return (buf3, )
 

@@ -35,7 +35,7 @@ async_compile = AsyncCompile()
 empty_strided_p2p = torch._C._distributed_c10d._SymmetricMemory.empty_strided_p2p
 
 
-# kernel path: /tmp/torchinductor_root/o5/co5tza472jicwx6ngcmqbpxyeeqktiuw5cdhg6xut4crbbtzwcx5.py
+# kernel path: /tmp/torchinductor_root/7d/c7dawm5z426dcj3yvtnbwkjjwornr4wdedbfs35sfpnlge5wnqn3.py
 # Unsorted Source Nodes: [mm_relu_default], Original ATen: [moegemm.mm_relu]
 # Source node to ATen node mapping:
 #   mm_relu_default => mm_relu
@@ -52,7 +52,7 @@ from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint,
 num_stages=5,
 num_warps=1,
 triton_meta={'signature': {'arg_A': '*bf16', 'arg_B': '*bf16', 'out_ptr1': '*bf16'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]]}]},
-inductor_meta={'kernel_name': 'triton_tem_fused_mm_relu_0', 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'grid_type': 'FixedGrid', 'fixed_grid': ['_grid_0', '_grid_1', '_grid_2'], 'extra_launcher_args': ['_grid_0', '_grid_1', '_grid_2'], 'config_args': {'EVEN_K': True, 'USE_FAST_ACCUM': False, 'ACC_TYPE': 'tl.float32', 'BLOCK_M': 16, 'BLOCK_N': 16, 'BLOCK_K': 64, 'GROUP_M': 8, 'ALLOW_TF32': False}},
+inductor_meta={'kernel_name': 'triton_tem_fused_mm_relu_0', 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'grid_type': 'FixedGrid', 'fixed_grid': ['_grid_0', '_grid_1', '_grid_2'], 'extra_launcher_args': ['_grid_0', '_grid_1', '_grid_2'], 'config_args': {'EVEN_K': True, 'USE_FAST_ACCUM': False, 'ACC_TYPE': 'tl.float32', 'BLOCK_M': 16, 'BLOCK_N': 16, 'BLOCK_K': 32, 'GROUP_M': 8, 'ALLOW_TF32': False}},
 
 )
 @triton.jit
@@ -62,7 +62,7 @@ def triton_tem_fused_mm_relu_0(arg_A, arg_B, out_ptr1):
     ACC_TYPE : tl.constexpr = tl.float32
     BLOCK_M : tl.constexpr = 16
     BLOCK_N : tl.constexpr = 16
-    BLOCK_K : tl.constexpr = 64
+    BLOCK_K : tl.constexpr = 32
     GROUP_M : tl.constexpr = 8
     ALLOW_TF32 : tl.constexpr = False
     INDEX_DTYPE : tl.constexpr = tl.int32

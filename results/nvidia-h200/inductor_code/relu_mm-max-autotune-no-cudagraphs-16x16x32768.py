@@ -1275,7 +1275,7 @@ from torch._C import _cuda_getCurrentRawStream as get_raw_stream
 
 
 
-# kernel path: /tmp/torchinductor_root/wu/cwu7gnsy3qudapgs7cpqwfcdddwyi6syq6aeldkugoxno6ehruwu.py
+# kernel path: /tmp/torchinductor_root/ln/clnemmpu3tibrug65wezkhndrq7jdifwb7kd5dklsily3vncp3v5.py
 # Unsorted Source Nodes: [matmul], Original ATen: [aten.mm]
 # Source node to ATen node mapping:
 #   matmul => mm
@@ -1289,17 +1289,17 @@ from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint,
 triton_helpers.set_driver_to_gpu()
 
 @triton_heuristics.persistent_reduction(
-    size_hints={'x': 256, 'r0_': 32},
-    reduction_hint=ReductionHint.DEFAULT,
+    size_hints={'x': 256, 'r0_': 64},
+    reduction_hint=ReductionHint.OUTER,
     filename=__file__,
     triton_meta={'signature': {'in_ptr0': '*fp32', 'out_ptr1': '*bf16', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32), 'constants': {}, 'native_matmul': False, 'enable_fp_fusion': True, 'launch_pdl': False, 'disable_ftz': False, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]], (2,): [['tt.divisibility', 16]], (3,): [['tt.divisibility', 16]]}]},
-    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused_mm_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 33792, 'r0_': 0}}
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused_mm_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': None, 'atomic_add_found': False, 'num_load': 1, 'num_store': 1, 'num_reduction': 1, 'backend_hash': '2F9549A1D69D9ED3D5002E7A38ECF6F5534A0656E3416F2617C8354C8DE614FE', 'assert_indirect_indexing': True, 'autotune_local_cache': True, 'autotune_pointwise': True, 'autotune_remote_cache': None, 'force_disable_caches': False, 'dynamic_scale_rblock': True, 'max_autotune': True, 'max_autotune_pointwise': False, 'min_split_scan_rblock': 256, 'spill_threshold': 16, 'store_cubin': False, 'deterministic': False, 'force_filter_reduction_configs': False, 'mix_order_reduction_allow_multi_stages': False, 'are_deterministic_algorithms_enabled': False, 'coordinate_descent_tuning': True, 'coordinate_descent_search_radius': 1, 'coordinate_descent_check_all_directions': False, 'tiling_scores': {'x': 66560, 'r0_': 0}}
 )
 @triton.jit
 def triton_per_fused_mm_0(in_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.constexpr):
     xnumel = 256
-    r0_numel = 32
-    R0_BLOCK: tl.constexpr = 32
+    r0_numel = 64
+    R0_BLOCK: tl.constexpr = 64
     rnumel = r0_numel
     RBLOCK: tl.constexpr = R0_BLOCK
     xoffset = tl.program_id(0) * XBLOCK
@@ -1320,24 +1320,24 @@ def triton_per_fused_mm_0(in_ptr0, out_ptr1, xnumel, r0_numel, XBLOCK : tl.const
     tl.store(out_ptr1 + (x0), tmp5, xmask)
 ''', device_str='cuda')
 
-def decompose_k_mm_32_split_10(args):
-    decompose_k_mm_32_split_10_arg0_1, decompose_k_mm_32_split_10_arg1_1 = args
+def decompose_k_mm_64_split_11(args):
+    decompose_k_mm_64_split_11_arg0_1, decompose_k_mm_64_split_11_arg1_1 = args
     args.clear()
-    assert_size_stride(decompose_k_mm_32_split_10_arg0_1, (16, 32768), (32768, 1))
-    assert_size_stride(decompose_k_mm_32_split_10_arg1_1, (32768, 16), (16, 1))
+    assert_size_stride(decompose_k_mm_64_split_11_arg0_1, (16, 32768), (32768, 1))
+    assert_size_stride(decompose_k_mm_64_split_11_arg1_1, (32768, 16), (16, 1))
     with torch.cuda._DeviceGuard(0):
         torch.cuda.set_device(0)
-        decompose_k_mm_32_split_10_buf0 = empty_strided_cuda((32, 16, 16), (256, 16, 1), torch.float32)
+        decompose_k_mm_64_split_11_buf0 = empty_strided_cuda((64, 16, 16), (256, 16, 1), torch.float32)
         # Unsorted Source Nodes: [matmul], Original ATen: [aten.mm]
-        extern_kernels.bmm_dtype(reinterpret_tensor(decompose_k_mm_32_split_10_arg0_1, (32, 16, 1024), (1024, 32768, 1), 0), reinterpret_tensor(decompose_k_mm_32_split_10_arg1_1, (32, 1024, 16), (16384, 16, 1), 0), out_dtype=torch.float32, out=decompose_k_mm_32_split_10_buf0)
-        del decompose_k_mm_32_split_10_arg0_1
-        del decompose_k_mm_32_split_10_arg1_1
-        decompose_k_mm_32_split_10_buf2 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
+        extern_kernels.bmm_dtype(reinterpret_tensor(decompose_k_mm_64_split_11_arg0_1, (64, 16, 512), (512, 32768, 1), 0), reinterpret_tensor(decompose_k_mm_64_split_11_arg1_1, (64, 512, 16), (8192, 16, 1), 0), out_dtype=torch.float32, out=decompose_k_mm_64_split_11_buf0)
+        del decompose_k_mm_64_split_11_arg0_1
+        del decompose_k_mm_64_split_11_arg1_1
+        decompose_k_mm_64_split_11_buf2 = empty_strided_cuda((16, 16), (16, 1), torch.bfloat16)
         # Unsorted Source Nodes: [matmul], Original ATen: [aten.mm]
         stream0 = get_raw_stream(0)
-        triton_per_fused_mm_0.run(decompose_k_mm_32_split_10_buf0, decompose_k_mm_32_split_10_buf2, 256, 32, stream=stream0)
-        del decompose_k_mm_32_split_10_buf0
-    return (decompose_k_mm_32_split_10_buf2, )
+        triton_per_fused_mm_0.run(decompose_k_mm_64_split_11_buf0, decompose_k_mm_64_split_11_buf2, 256, 64, stream=stream0)
+        del decompose_k_mm_64_split_11_buf0
+    return (decompose_k_mm_64_split_11_buf2, )
 
 
 async_compile.wait(globals())
@@ -1361,9 +1361,9 @@ class Runner:
         with torch.cuda._DeviceGuard(0):
             torch.cuda.set_device(0)
 
-            # subgraph: decompose_k_mm_32_split_10
-            decompose_k_mm_32_split_10_args = [arg0_1, arg1_1]
-            (buf0,) = decompose_k_mm_32_split_10(decompose_k_mm_32_split_10_args)
+            # subgraph: decompose_k_mm_64_split_11
+            decompose_k_mm_64_split_11_args = [arg0_1, arg1_1]
+            (buf0,) = decompose_k_mm_64_split_11(decompose_k_mm_64_split_11_args)
             del arg0_1
             del arg1_1
             buf1 = buf0; del buf0  # reuse
