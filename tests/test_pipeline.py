@@ -461,6 +461,17 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert df.seconds["moe_layer"] == 240 and df.shards["moe_layer"] == 2
     text = runtime_block(tmp_path)
     assert "grouped_skew 550 s over 2 device calls" in text and "moe_layer 240 s in 2 shards" in text
+    assert "timed it where it last ran (not all in one run: RUNS.md)" in text  # no output names its commit
+    # every step but the tuners at one commit (a CSV's rows, verify.json's provenance): said so
+    (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU", "git_commit": "abcdef0123"}}')
+    for step in ("grouped_skew", "moe_layer"):
+        (tmp_path / f"{step}.csv").write_text("git_commit,x\nabcdef0123,1\nabcdef0123,2\n")
+    (tmp_path / "tune_decompose_k.csv").write_text("git_commit\n99999999\n")
+    assert "timed it (every step but the tuners in one run at abcdef0, the tuners where they last ran: " in (
+        runtime_block(tmp_path)
+    )
+    (tmp_path / "moe_layer.csv").write_text("git_commit,x\nabcdef0123,1\n1111111,2\n")  # rows of two runs
+    assert "(not all in one run: RUNS.md)" in runtime_block(tmp_path)
 
 
 def test_headline_names_the_triton_each_result_used(tmp_path):

@@ -62,14 +62,47 @@ def gpu_paragraph(results: Path) -> str:
     again = minutes - tuned.seconds.sum() / 60
     side = "within" if again <= RUNTIME_AIM_MIN else "over"
     aim = f"{side} the pipeline's budget of {RUNTIME_AIM_MIN} minutes (experiments/config.yaml)"
+    commits = step_commits(results)
+    rest = {commits.get(s) for s in df.step if s not in TUNERS}
+    where = (
+        f" (every step but the tuners in one run at {next(iter(rest))[:7]}, the tuners where they last ran: "
+        "RUNS.md)"
+        if len(rest) == 1 and None not in rest
+        else " where it last ran (not all in one run: RUNS.md)"
+    )
     return (
-        f"The GPU steps of `snakemake --cores 1` on one {gpu_name(results)}, each as Snakemake timed it "
-        f"where it last ran (not all in one run: RUNS.md): **{minutes:.1f} minutes** in sum for {what}; "
+        f"The GPU steps of `snakemake --cores 1` on one {gpu_name(results)}, each as Snakemake timed it"
+        f"{where}: **{minutes:.1f} minutes** in sum for {what}; "
         f"without the tuners ({', '.join(tuned.step)}), whose committed outputs a re-measurement reuses, "
         f"**{again:.1f} minutes**, {aim}; from the benchmark files in `results/{results.name}/benchmarks/` "
         f"({steps}; a step run after others on one machine found their compile caches warm, so a cold run "
         "takes longer)."
     )
+
+
+# the file each GPU step writes whose rows (or provenance) name the commit it ran at
+STEP_OUTPUT = {"verify": "verify.json", "floors": "floors.json", "tune": "tune_decompose_k.csv"}
+
+
+def step_commits(results: Path) -> dict[str, str]:
+    """{step: the commit its output was measured at} for the steps of STEP_ORDER whose output in ``results``
+    names one (a CSV's git_commit column, a JSON's provenance); a step whose rows name several commits maps to
+    none of them and is left out."""
+    out = {}
+    for step in STEP_ORDER:
+        f = results / STEP_OUTPUT.get(step, f"{step}.csv")
+        if not f.exists():
+            continue
+        if f.suffix == ".json":
+            got = {json.loads(f.read_text()).get("provenance", {}).get("git_commit")}
+        else:
+            cols = pd.read_csv(f, nrows=0).columns
+            if "git_commit" not in cols:
+                continue
+            got = set(pd.read_csv(f, usecols=["git_commit"], dtype=str).git_commit)
+        if len(got) == 1 and None not in got:
+            out[step] = got.pop()
+    return out
 
 
 RUNTIME_AIM_MIN = 20  # the budget of a re-measurement's GPU time (config.yaml's cuts are made to it)
