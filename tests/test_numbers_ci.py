@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from paper.numbers.common import (
+    cell_ratios,
     ci_text,
     is_parity,
     paired_rounds,
@@ -134,6 +135,19 @@ def test_round_times_reads_the_round_column_else_the_median():
     assert round_times(pd.Series({"graph_us": 5.0, "graph_round_us": "4;6;nan"})).tolist() == [4.0, 6.0]
     assert round_times(pd.Series({"graph_us": 5.0, "graph_round_us": float("nan")})).tolist() == [5.0]
     assert round_times(pd.Series({"graph_us": float("nan")})).size == 0
+
+
+def test_a_headline_point_takes_each_cells_time_as_its_row_states_it():
+    """Rows with rounds: the point is the geomean of the rows' own times (what the tables show), not of their
+    median rounds; the interval still resamples the rounds. Plain arrays (no row): their median rounds."""
+    theirs = [round_times(pd.Series({"graph_us": 12.0, "graph_round_us": "10;11;15"}))]
+    ours = [round_times(pd.Series({"graph_us": 8.0, "graph_round_us": "9;10;10"}))]
+    assert cell_ratios(theirs, ours) == [pytest.approx(1.5)]
+    assert ratio_ci(theirs, ours)[0] == pytest.approx(1.5)
+    assert cell_ratios([np.array([10.0, 11.0, 15.0])], [np.array([9.0, 10.0, 10.0])]) == [pytest.approx(1.1)]
+    # a row without its own time (a CSV cell left empty): its median round
+    bare = [round_times(pd.Series({"graph_us": float("nan"), "graph_round_us": "10;11;15"}))]
+    assert cell_ratios(bare, ours) == [pytest.approx(11.0 / 8.0)]
 
 
 def test_e8_phase_rows_take_the_fastest_peer_per_cell_and_clock():

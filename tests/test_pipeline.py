@@ -852,6 +852,12 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
         assert n.items[f"EEight{phase}VsPeerMin"] == "1.10"
         assert n.items[f"EEight{phase}FastestGpu"] == "vLLM's fused\\_experts (4 of 4 cells)"
     assert "EEightDecodeFastestLaunch" not in n.items  # no launch clock in these rows
+    # peers tied for the most cells are all named, never the first of a tie alone
+    from paper.numbers.e8 import TK, VLLM, most_often
+
+    assert most_often(pd.Series({VLLM: 3, TK: 1}), 4) == "vLLM's fused_experts (3 of 4 cells)"
+    tie = most_often(pd.Series({VLLM: 2, TK: 2, "torch._grouped_mm pipeline": 1}), 5)
+    assert tie == "triton_kernels or vLLM's fused_experts (2 of 5 cells each)"
     assert n.items["EEightHeldDecodeVsPeerGpu"] == "1.10x [1.10, 1.10] over 4 cells"
     # held-out decode: the pipeline at 130 us over ours at 100 in every cell
     assert n.items["EEightHeldDecodeVsTorchGpu"] == "1.30x [1.30, 1.30] over 4 cells"

@@ -70,42 +70,62 @@ def phase_of(tokens) -> pd.Series:
     return pd.Series(phase, index=t.index)
 
 
+class Rounds(np.ndarray):
+    """A cell's per-round times that also carry the cell's time as its row states it (``time``: the median
+    over every sample of every round, the ``<clock>_us`` column the tables and figures show)."""
+
+    time: float = float("nan")
+
+    def __array_finalize__(self, obj) -> None:
+        self.time = getattr(obj, "time", float("nan"))
+
+
 def round_times(row, clock: str = "graph") -> np.ndarray:
     """A result row's per-round medians on ``clock`` (its ``<clock>_round_us`` column, ';'-joined), else the
-    row's one median (CSVs from before the per-round column): the values the interval resamples."""
+    row's one median (CSVs from before the per-round column): the values the interval resamples, as
+    :class:`Rounds` carrying the row's own ``<clock>_us`` (the point :func:`cell_ratios` takes)."""
+    v = float(row[f"{clock}_us"]) if f"{clock}_us" in row else float("nan")
     raw = row.get(f"{clock}_round_us") if hasattr(row, "get") else None
+    vals = np.array([])
     if isinstance(raw, str) and raw.strip():
         vals = np.array([float(v) for v in raw.split(";") if v.strip()], dtype=float)
         vals = vals[np.isfinite(vals) & (vals > 0)]
-        if vals.size:
-            return vals
-    v = float(row[f"{clock}_us"]) if f"{clock}_us" in row else float("nan")
-    return np.array([v]) if np.isfinite(v) and v > 0 else np.array([])
+    if not vals.size:
+        vals = np.array([v]) if np.isfinite(v) and v > 0 else np.array([])
+    out = vals.view(Rounds)
+    out.time = v if np.isfinite(v) and v > 0 else (float(np.median(vals)) if vals.size else float("nan"))
+    return out
 
 
 def _kept_rounds(theirs: list, ours: list) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each cell's (their rounds, ours), rounds that are not finite and positive left out, and cells where
     either side has none left out."""
-    pairs = [(np.asarray(a, float), np.asarray(b, float)) for a, b in zip(theirs, ours, strict=True)]
+    pairs = [(np.asanyarray(a, float), np.asanyarray(b, float)) for a, b in zip(theirs, ours, strict=True)]
     pairs = [(a[np.isfinite(a) & (a > 0)], b[np.isfinite(b) & (b > 0)]) for a, b in pairs]
     return [(a, b) for a, b in pairs if a.size and b.size]
 
 
+def _cell_time(rounds: np.ndarray) -> float:
+    t = getattr(rounds, "time", float("nan"))
+    return float(t) if np.isfinite(t) and t > 0 else float(np.median(rounds))
+
+
 def cell_ratios(theirs: list, ours: list) -> list[float]:
-    """Each cell's their time over ours: its median round over its median round (the cells ratio_ci's point
-    is the geometric mean of)."""
-    return [float(np.median(a) / np.median(b)) for a, b in _kept_rounds(theirs, ours)]
+    """Each cell's their time over ours (the cells ratio_ci's point is the geometric mean of): each side's
+    time as its row states it where the rounds carry it (:func:`round_times`), so that a headline's point and
+    the tables and figures drawn from the same rows agree; else its median round."""
+    return [_cell_time(a) / _cell_time(b) for a, b in _kept_rounds(theirs, ours)]
 
 
 def ratio_ci(
     theirs: list, ours: list, level: float = 0.95, n_boot: int = 4000, seed: int = 20261130
 ) -> tuple[float, float, float]:
-    """(point, low, high): the geometric mean over cells of theirs / ours (each cell's median round over its
-    median round), and its percentile bootstrap interval at ``level``: cells resampled with replacement, and
-    within each resampled cell each side's rounds resampled with replacement (their mean), ``n_boot`` times,
-    from a fixed seed. ``theirs[i]``, ``ours[i]``: cell i's per-round times (any count >= 1; cells where
-    either side has none are left out). A cell with one round per side contributes only the spread over
-    cells. NaN triple where no cell is left."""
+    """(point, low, high): the geometric mean over cells of theirs / ours (:func:`cell_ratios`: each cell's
+    time as its row states it, else its median round), and its percentile bootstrap interval at ``level``:
+    cells resampled with replacement, and within each resampled cell each side's rounds resampled with
+    replacement (their mean), ``n_boot`` times, from a fixed seed. ``theirs[i]``, ``ours[i]``: cell i's
+    per-round times (any count >= 1; cells where either side has none are left out). A cell with one round
+    per side contributes only the spread over cells. NaN triple where no cell is left."""
     pairs = _kept_rounds(theirs, ours)
     if not pairs:
         return float("nan"), float("nan"), float("nan")
