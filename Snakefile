@@ -7,9 +7,10 @@
 # With a CUDA GPU every experiment runs into results/<gpu-slug>/ and the write-up is built from those.
 # Without one, the kernels are verified under Triton's interpreter and the write-up is rebuilt from the
 # committed results of config["committed_results"]; no GPU number is ever produced on such a machine.
-# Results already present for this GPU are reused: `snakemake --cores 1 --forcerun measure` re-measures
-# (add `tune tune_grouped tune_seed tune_unsloth floors` to re-tune, the peers' own searches included, and
-# re-measure the floors too).
+# Results already present for this GPU are reused. `snakemake --cores 1 --forcerun measure verify floors
+# --config keep_tuned=1` re-measures with the tuners' outputs kept (the budget's re-measurement: without
+# keep_tuned, a verify run again runs every tuner again, as they wait for it); `--forcerun measure verify floors
+# tune tune_grouped tune_seed tune_unsloth` re-tunes as well, the peers' own searches included.
 # What a reader gets without running anything is committed as this builds it: figures/<gpu>/ (PDF, PNG and
 # MANIFEST.json) and paper/paper.pdf (with pages.json and MANIFEST.json): each figure and the numbers run
 # under paper/manifest.py's trace, which records the sha256 of what they read, ran and wrote, and
@@ -37,6 +38,9 @@ HERE = machine_slug(GPUS)  # what this machine verifies (and, with a GPU, measur
 RES = results_slug(GPUS, config["committed_results"])  # what the write-up is built from
 SRC = sorted(str(p) for p in Path("src").rglob("*.py")) + sorted(str(p) for p in Path("tests").rglob("*.py"))
 TEX = shutil.which("latexmk") is not None
+# the tuners wait for verify; with keep_tuned a newer verify does not make them run again (their committed
+# outputs are reused: the re-measurement the budget times), with it off (the default) it does
+TUNER_VERIFY = (ancient if config.get("keep_tuned") else str)(f"results/{HERE}/verify.json")
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
 NUMBERS_CODE = sorted(set(["paper/make_numbers.py", "probes/writeup.py", "experiments/report.py"]
                            + [str(p) for p in Path("paper/numbers").glob("*.py")]
@@ -169,7 +173,7 @@ if GPUS:
     rule tune:
         """Per-GPU Decompose-K config table (data read by the library)."""
         input:
-            f"results/{HERE}/verify.json",
+            TUNER_VERIFY,
         output:
             csv=f"results/{HERE}/tune_decompose_k.csv",
             table=f"src/moegemm/tuned/decompose_k/{HERE}.json",
@@ -188,7 +192,7 @@ if GPUS:
     rule tune_grouped:
         """Per-GPU grouped-GEMM tile table (data read by the library)."""
         input:
-            f"results/{HERE}/verify.json",
+            TUNER_VERIFY,
         output:
             csv=f"results/{HERE}/tune_grouped.csv",
             table=f"src/moegemm/tuned/grouped/{HERE}.json",
@@ -227,7 +231,7 @@ if GPUS:
         """The seed's own config search for its two Triton kernels (E3-E6's "seed: ..." contenders); a CSV
         that says so where MOEGEMM_SEED_SOURCE is not set."""
         input:
-            f"results/{HERE}/verify.json",
+            TUNER_VERIFY,
         output:
             f"results/{HERE}/tune_seed.csv",
         log:
@@ -247,7 +251,7 @@ if GPUS:
         "unsloth: ..." contender takes its choices, as Unsloth's disk cache serves a machine's later runs); a
         CSV that says so where MOEGEMM_UNSLOTH_SOURCE is not set."""
         input:
-            f"results/{HERE}/verify.json",
+            TUNER_VERIFY,
         output:
             f"results/{HERE}/tune_unsloth.csv",
         log:

@@ -218,7 +218,8 @@ def harness_estimates(results, cfg: dict, total_bytes: int = 141 << 30) -> dict[
 
 # The steps whose outputs a re-measurement reuses: the tuned tables the library ships (tune, tune_grouped)
 # and the configs the peers' own searches chose (tune_seed, tune_unsloth), each committed with its CSV. They
-# run where a GPU has none yet, and again where their code or the toolchain changed.
+# run where a GPU has none yet, and, forced, where a kernel, their code or the toolchain changed (the
+# Snakefile's keep_tuned keeps a re-measurement's newer verify from running them again).
 TUNERS = ("tune", "tune_seed", "tune_grouped", "tune_unsloth")
 
 

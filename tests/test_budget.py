@@ -88,7 +88,7 @@ def test_work_follows_the_knobs():
 @pytest.mark.outputs  # (the committed step times against the config: a config change fails it until they are
 # measured again, so the pipeline's verify step, which runs before them, leaves it to CI)
 def test_steps_measured_under_this_config_are_predicted_as_measured():
-    """The tuners and E1-E8 were last measured under the current config (the budget's step_baseline holds
+    """The tuners and E1-E9 were last measured under the current config (the budget's step_baseline holds
     their knobs): their predictions are their committed times, unscaled. BASELINE's E7 and E8 work
     is that of more held-out models, E7 with more decode T and E8 with the compiled contenders on every
     model: with those knobs set back, the work is BASELINE's, and under the current config less. Every step

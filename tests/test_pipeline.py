@@ -91,6 +91,26 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
     )
 
 
+@in_snakemake_group
+def test_the_budgeted_remeasurement_keeps_the_tuners_outputs(tree_copy):
+    """The README's re-measurement on the committed GPU (`--forcerun measure verify floors --config
+    keep_tuned=1`) runs verify, floors and E1-E9 and no tuner; without keep_tuned a verify run again runs
+    every tuner again; on a GPU without tuner outputs keep_tuned still runs them."""
+    remeasure = ("-n", "--cores", "1", "--forcerun", "measure", "verify", "floors")
+    h200 = {"MOEGEMM_FAKE_GPUS": "NVIDIA H200"}
+    tuners = ("tune", "tune_grouped", "tune_seed", "tune_unsloth")
+    res = _snake(tree_copy, *remeasure, "--config", "keep_tuned=1", env_extra=h200)
+    counts = _job_counts(res.stdout + res.stderr)
+    assert res.returncode == 0 and counts.get("measure") == 9 and counts.get("verify") == 1, counts
+    assert not any(t in counts for t in tuners), counts
+    counts = _job_counts(_snake(tree_copy, *remeasure, env_extra=h200).stdout)
+    assert all(counts.get(t) == 1 for t in tuners), counts
+    fresh = {"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"}
+    counts = _job_counts(_snake(tree_copy, *remeasure, "--config", "keep_tuned=1", env_extra=fresh).stdout)
+    assert all(counts.get(t) == 1 for t in tuners), counts
+    assert "keep_tuned=1" in (ROOT / "README.md").read_text()
+
+
 def test_shards_deal_whole_models_and_merge_back(tmp_path):
     """shard_cells: every cell in exactly one shard, in its order, each model's cells together, the shards'
     cell counts within one model's of each other; merge_shards: the shards' rows under the union of their
@@ -472,6 +492,12 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     )
     (tmp_path / "moe_layer.csv").write_text("git_commit,x\nabcdef0123,1\n1111111,2\n")  # rows of two runs
     assert "(not all in one run: RUNS.md)" in runtime_block(tmp_path)
+    # rows that name no commit (empty, "unknown"), an empty file, a null commit: no run, never an error
+    for bad in ("git_commit,x\n,1\n,2\n", "git_commit,x\nunknown,1\n", ""):
+        for step in ("grouped_skew", "moe_layer"):
+            (tmp_path / f"{step}.csv").write_text(bad)
+        (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU", "git_commit": null}}')
+        assert "(not all in one run: RUNS.md)" in runtime_block(tmp_path)
 
 
 def test_headline_names_the_triton_each_result_used(tmp_path):

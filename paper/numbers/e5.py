@@ -16,8 +16,8 @@ E5_RIVALS = ("eager", *SEEDS, "pytorch:decompose_k", "compiled", "custom-op-auto
 
 def vs_ours(g: pd.DataFrame, clock: str) -> tuple[pd.DataFrame, pd.Series, dict]:
     """One suite of E5 on one clock: the (m, k) x contender times, our default's per shape, and each rival's
-    geomean of (its time / ours) where it was measured, each shape's ratio that of the two sides' median
-    rounds (the estimator of the headline intervals, ratio_ci's point)."""
+    geomean of (its time / ours) where it was measured, each shape's ratio that of the two sides' times as
+    their rows state them (common.cell_ratios, the point of the headline intervals)."""
     p = g.pivot_table(index=["m", "k"], columns="contender", values=clock)
     ours = p[OURS[0]]
     name = clock.removesuffix("_us")

@@ -91,16 +91,16 @@ def step_commits(results: Path) -> dict[str, str]:
     out = {}
     for step in STEP_ORDER:
         f = results / STEP_OUTPUT.get(step, f"{step}.csv")
-        if not f.exists():
+        if not f.exists() or not f.stat().st_size:
             continue
         if f.suffix == ".json":
-            got = {json.loads(f.read_text()).get("provenance", {}).get("git_commit")}
+            got = {(json.loads(f.read_text()).get("provenance") or {}).get("git_commit")}
         else:
-            cols = pd.read_csv(f, nrows=0).columns
-            if "git_commit" not in cols:
+            if "git_commit" not in pd.read_csv(f, nrows=0).columns:
                 continue
-            got = set(pd.read_csv(f, usecols=["git_commit"], dtype=str).git_commit)
-        if len(got) == 1 and None not in got:
+            got = set(pd.read_csv(f, usecols=["git_commit"], dtype=str, keep_default_na=False).git_commit)
+        # a row that names no commit (left empty, or "unknown" where the run had no git) names no run
+        if len(got) == 1 and not got & {None, "", "unknown"}:
             out[step] = got.pop()
     return out
 
