@@ -202,9 +202,9 @@ def grouped_headline(results: Path) -> list[str]:
             lines += [
                 "",
                 f"The whole expert FFN (`moe_ffn`, E8) on the {models} held-out models; "
-                "the best peer is the fastest per cell and clock of transformers' compiled grouped_mm "
-                "backend, "
-                "the torch._grouped_mm pipeline, vLLM's fused_experts and triton_kernels' matmul_ogs; "
+                "the best peer is the fastest per cell and clock of the torch._grouped_mm pipeline, "
+                "vLLM's fused_experts, triton_kernels' matmul_ogs and, where measured, transformers' "
+                "compiled grouped_mm backend; "
                 f"{note}",
                 "",
                 *_phase_table(rows, "peer"),
