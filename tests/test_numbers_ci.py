@@ -145,6 +145,9 @@ def test_a_headline_point_takes_each_cells_time_as_its_row_states_it():
     assert cell_ratios(theirs, ours) == [pytest.approx(1.5)]
     assert ratio_ci(theirs, ours)[0] == pytest.approx(1.5)
     assert cell_ratios([np.array([10.0, 11.0, 15.0])], [np.array([9.0, 10.0, 10.0])]) == [pytest.approx(1.1)]
+    # a selection of the rounds keeps the row's time; arithmetic and reductions give plain values
+    r = theirs[0]
+    assert r[r > 10.5].time == 12.0 and type(r * 2) is np.ndarray and type(np.median(r)) is not type(r)
     # a row without its own time (a CSV cell left empty): its median round
     bare = [round_times(pd.Series({"graph_us": float("nan"), "graph_round_us": "10;11;15"}))]
     assert cell_ratios(bare, ours) == [pytest.approx(11.0 / 8.0)]

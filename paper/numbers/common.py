@@ -79,6 +79,14 @@ class Rounds(np.ndarray):
     def __array_finalize__(self, obj) -> None:
         self.time = getattr(obj, "time", float("nan"))
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """Arithmetic and reductions give plain arrays and floats: only a selection of the rounds (indexing,
+        a mask) keeps the row's time, which arithmetic would leave standing for values it no longer fits."""
+        inputs = tuple(np.asarray(x) if isinstance(x, Rounds) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(x) if isinstance(x, Rounds) else x for x in kwargs["out"])
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
 
 def round_times(row, clock: str = "graph") -> np.ndarray:
     """A result row's per-round medians on ``clock`` (its ``<clock>_round_us`` column, ';'-joined), else the
