@@ -10,7 +10,7 @@ import pandas as pd
 
 from experiments.pipeline import STEP_ORDER, run_times
 
-from .common import Numbers
+from .common import Numbers, commits_of
 
 
 def runtime(n: Numbers, results: Path, gen: Path) -> None:
@@ -86,8 +86,8 @@ STEP_OUTPUT = {"verify": "verify.json", "floors": "floors.json", "tune": "tune_d
 
 def step_commits(results: Path) -> dict[str, str]:
     """{step: the commit its output was measured at} for the steps of STEP_ORDER whose output in ``results``
-    names one (a CSV's git_commit column, a JSON's provenance); a step whose rows name several commits maps to
-    none of them and is left out."""
+    names one (a CSV's git_commit column as :func:`common.commits_of` reads it, corrections applied; a JSON's
+    provenance); a step whose rows name several commits maps to none of them and is left out."""
     out = {}
     for step in STEP_ORDER:
         f = results / STEP_OUTPUT.get(step, f"{step}.csv")
@@ -96,11 +96,12 @@ def step_commits(results: Path) -> dict[str, str]:
         if f.suffix == ".json":
             got = {(json.loads(f.read_text()).get("provenance") or {}).get("git_commit")}
         else:
-            if "git_commit" not in pd.read_csv(f, nrows=0).columns:
+            commits = commits_of(f)
+            if commits is None:
                 continue
-            got = set(pd.read_csv(f, usecols=["git_commit"], dtype=str, keep_default_na=False).git_commit)
+            got = set(commits)
         # a row that names no commit (left empty, or "unknown" where the run had no git) names no run
-        if len(got) == 1 and not got & {None, "", "unknown"}:
+        if len(got) == 1 and not got & {None, "", "nan", "unknown"}:
             out[step] = got.pop()
     return out
 
