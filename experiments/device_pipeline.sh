@@ -3,6 +3,9 @@
 # carried in .whl/), and on which no call may run past 10 minutes: the steps of one run are spread over
 # several calls, each given the Snakemake targets still to run, in pipeline order.
 #   MOEGEMM_COMMIT=<sha> MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh TARGET[:SECONDS][+]...
+# <sha>: the commit of the code shipped, `python -m experiments.code_commit` where it was committed (the
+# newest commit that changed code: a run spread over checkouts that differ only in results or write-up
+# records one commit).
 # TARGET: what `snakemake` takes: a rule without wildcards (e.g. verify, tune) or an output file (e.g.
 # results/<gpu>/grouped_skew.csv), or a measurement step's name (grouped_skew: its CSV). Each target is one
 # `snakemake --cores 1 --force` run of the rule that makes it, and of that rule only (--allowed-rules): what

@@ -153,10 +153,76 @@ def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
         prov._static.cache_clear()
         monkeypatch.delenv("MOEGEMM_COMMIT")
         monkeypatch.delenv("MOEGEMM_DIRTY")
-        head = prov._git("rev-parse", "HEAD")
-        assert prov.provenance()["git_commit"] == (head or "unknown")
+        local = prov.code_commit()
+        assert prov.provenance()["git_commit"] == (local[0] if local else "unknown")
     finally:
         prov._static.cache_clear()
+
+
+def test_the_commit_recorded_is_that_of_the_code_measured(tmp_path):
+    """code_commit: a commit of results, write-up, figures or docs alone leaves the recorded commit at the
+    last one that changed code; uncommitted changes mark it dirty only where they touch code; a run from a
+    subfolder reads the same."""
+    import subprocess
+
+    from moegemm.bench import provenance as prov
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    for d in ("src/pkg", "results/gpu", "paper", "figures", "docs"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "src/pkg/k.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("a\n")
+    git("add", "-A")
+    git("commit", "-qm", "code")
+    code = git("rev-parse", "HEAD")
+    assert prov.code_commit(str(tmp_path)) == (code, False)
+    for f in ("results/gpu/e.csv", "paper/p.tex", "figures/f.png", "docs/d.md", "README.md", "src/pkg/N.md"):
+        (tmp_path / f).write_text("b\n")
+        git("add", "-A")
+        git("commit", "-qm", f"only {f}")
+        assert prov.code_commit(str(tmp_path)) == (code, False), f
+    assert git("rev-parse", "HEAD") != code
+    (tmp_path / "results/gpu/e.csv").write_text("c\n")  # uncommitted, not code
+    assert prov.code_commit(str(tmp_path)) == (code, False)
+    assert prov.code_commit(str(tmp_path / "src/pkg")) == (code, False)
+    (tmp_path / "src/pkg/k.py").write_text("x = 2\n")
+    assert prov.code_commit(str(tmp_path)) == (code, True)
+    git("commit", "-qam", "code again")
+    assert prov.code_commit(str(tmp_path)) == (git("rev-parse", "HEAD"), False)
+    assert prov.code_commit(str(tmp_path.parent / "no-repo-here")) is None
+
+
+def test_the_code_commit_command_refuses_uncommitted_code(tmp_path, monkeypatch, capsys):
+    """python -m experiments.code_commit prints the commit of the code (what a shipped tree records in
+    MOEGEMM_COMMIT), and exits 1 with no commit printed where the code has uncommitted changes."""
+    import subprocess
+
+    from experiments import code_commit as cli
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
+
+    git("init", "-q")
+    (tmp_path / "k.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "code")
+    monkeypatch.chdir(tmp_path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert cli.main([]) == 0 and capsys.readouterr().out.strip() == head
+    assert cli.main(["--short"]) == 0 and capsys.readouterr().out.strip() == head[:7]
+    (tmp_path / "k.py").write_text("x = 2\n")
+    assert cli.main([]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and "uncommitted" in out.err
 
 
 def test_long_tests_head_the_chunks_xdist_deals_out():

@@ -36,6 +36,24 @@ def _driver() -> str:
     return "n/a"
 
 
+# What a measurement runs: every tracked path but the measured results and what is built or written from
+# them (the write-up, the figures, the docs and the prose files). A commit that changes none of these, such
+# as one that adds a run's CSVs or rebuilds the paper, leaves the measured code as it was.
+NOT_MEASURED = ("results", "paper", "figures", "docs", ".ci", "*.md", "CITATION.cff", "LICENSE")
+MEASURED_PATHSPEC = (":(top)", *(f":(top,exclude){p}" for p in NOT_MEASURED))
+
+
+def code_commit(repo: str | None = None) -> tuple[str, bool] | None:
+    """(the newest commit up to HEAD that changed what a measurement runs, whether the tree has uncommitted
+    changes there) from git; None without git or a repository. A run recorded under this commit ran that
+    commit's code, whichever later commit (of results or write-up only) the checkout was at."""
+    commit = _git("log", "-1", "--format=%H", "HEAD", "--", *MEASURED_PATHSPEC, cwd=repo)
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", *MEASURED_PATHSPEC, cwd=repo)
+    if not commit or status is None:
+        return None
+    return commit, bool(status)
+
+
 @functools.lru_cache(maxsize=None)
 def _static(repo: str | None) -> dict:
     import triton
@@ -44,14 +62,12 @@ def _static(repo: str | None) -> dict:
     # machine) records the commit it was built from in MOEGEMM_COMMIT (and MOEGEMM_DIRTY); that record
     # wins over a .git found there, which can be stale (on 2026-11-30 the lent machine's copy carried the
     # session's first commit and reported it, dirty, for later code; see results/nvidia-h200/RUNS.md).
+    # Without it, the commit is that of the code measured (code_commit), dirty for uncommitted changes there.
     shipped = os.environ.get("MOEGEMM_COMMIT")
-    commit = shipped or _git("rev-parse", "HEAD", cwd=repo) or "unknown"
     recorded_dirty = "MOEGEMM_DIRTY" in os.environ
-    status = (
-        None
-        if shipped and recorded_dirty
-        else _git("status", "--porcelain", "--untracked-files=no", cwd=repo)
-    )
+    local = None if shipped and recorded_dirty else code_commit(repo)
+    commit = shipped or (local[0] if local else None) or "unknown"
+    status = None if local is None else ("dirty" if local[1] else "")
     if status is None and recorded_dirty:  # recorded by whoever shipped the tree (or no git here)
         status = "dirty" if os.environ["MOEGEMM_DIRTY"] == "1" else ""
     info = {
