@@ -389,17 +389,22 @@ def time_grouped(dev):
     e, k, n = 8, 4096, 14336
     g = torch.Generator(device=dev).manual_seed(0)
     w = (torch.randn(e, n, k, device=dev, generator=g) / 16).to(torch.bfloat16)
+    big = {"block_m": 128, "num_warps": 8}
     configs = [
         G.ClusterGroupedConfig(),
-        G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4),
-        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3),
-        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4),
-        G.ClusterGroupedConfig(block_n=256, stages=4),
+        G.ClusterGroupedConfig(**big, stages=4),
+        G.ClusterGroupedConfig(**big, block_n=256, stages=4),
+        # the slot hand-over at CTA scope (CUTLASS's barriers), the refill a step later, more slots
+        G.ClusterGroupedConfig(**big, block_n=256, stages=4, scope="cta"),
+        G.ClusterGroupedConfig(**big, block_n=256, stages=4, scope="cta", lag=2),
+        G.ClusterGroupedConfig(**big, stages=6, scope="cta"),
+        G.ClusterGroupedConfig(**big, stages=6, lag=2),
+        G.ClusterGroupedConfig(**big, stages=6, scope="cta", lag=2),
+        G.ClusterGroupedConfig(block_n=256, stages=5, scope="cta", lag=2),
         # the warp-specialized, persistent form
-        G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=4, ws=True),
-        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=3, ws=True),
-        G.ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4, ws=True),
-        G.ClusterGroupedConfig(block_n=256, stages=4, ws=True),
+        G.ClusterGroupedConfig(**big, block_n=256, stages=4, ws=True),
+        G.ClusterGroupedConfig(**big, block_n=256, stages=4, ws=True, scope="cta"),
+        G.ClusterGroupedConfig(**big, stages=6, ws=True, scope="cta"),
     ]
     for rows in (2048, 4096, 8192, 16384):
         if elapsed() > DEADLINE_S + 50:

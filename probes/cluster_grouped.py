@@ -61,7 +61,8 @@ def constexprs(
         "HAS_SCALE": has_scale,
         "EPILOGUE": int(epilogue),
         "SWIGLU": swiglu,
-    } | ({"PRODUCER_REGS": PRODUCER_REGS} if cfg.ws else {})
+        "SCOPE_CTA": cfg.scope == "cta",
+    } | ({"PRODUCER_REGS": PRODUCER_REGS} if cfg.ws else {"LAG": cfg.lag})
 
 
 # the warp-specialized form's producer warp group: its registers (setmaxnreg); the warps that multiply get

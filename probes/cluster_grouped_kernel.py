@@ -25,6 +25,12 @@ bound of the pair tiles and the clusters past the last one exit at once.
 these Gluon features, not Hopper, operands TMA cannot read, fp32, "kn" with K not a multiple of BLOCK_K), the
 library's :func:`moegemm.grouped.grouped_mm` (or ``grouped_mm_swiglu``) runs it.
 
+Two settings of the hand-over, each a probe's question (is the pair's per-step handshake what holds this
+kernel below the unclustered one?): ``scope="cta"`` frees and waits for slots with the PTX defaults
+(release / acquire at CTA scope, as CUTLASS's cluster barriers do) in place of cluster scope; ``lag=2`` has
+the lead refill, during step i, the slot of step i - 2, which the other CTA freed a step earlier, so that
+its wait for the other CTA's arrival is off the path of its next wgmma (one slot fewer ahead).
+
 ``ClusterGroupedConfig(ws=True)`` runs the warp-specialized form (``_grouped_cluster_ws_kernel``): the same
 pair tiles on a persistent grid of clusters, a producer warp group per CTA issuing every copy into the
 ring while the consumer warp groups only wait, multiply, free slots and store, so a tile's epilogue overlaps
@@ -69,6 +75,12 @@ class ClusterGroupedConfig:
     stages: int = 4
     group_m: int = 8
     ws: bool = False  # warp-specialized on a persistent grid (_grouped_cluster_ws_kernel)
+    # the memory order of the barriers the pair frees slots on: "cluster" (release/acquire at cluster scope)
+    # or "cta" (the PTX defaults, CTA scope, as CUTLASS's cluster barriers use them)
+    scope: str = "cluster"
+    # (not ws) the lead refills the slot of step i - lag during step i: 1 waits for the other CTA to free the
+    # slot it has just used; 2 for the slot before, which it freed a step earlier, one slot less ahead
+    lag: int = 1
 
     def __post_init__(self) -> None:
         if self.num_warps not in (4, 8) or self.block_m != 16 * self.num_warps:
@@ -86,6 +98,13 @@ class ClusterGroupedConfig:
             raise ValueError(f"config.group_m: expected an int >= 1, got {self.group_m!r}")
         if not isinstance(self.ws, bool):
             raise ValueError(f"config.ws: expected a bool, got {self.ws!r}")
+        if self.scope not in ("cluster", "cta"):
+            raise ValueError(f"config.scope: expected 'cluster' or 'cta', got {self.scope!r}")
+        if self.lag not in (1, 2) or self.lag >= self.stages or (self.ws and self.lag != 1):
+            raise ValueError(
+                f"config.lag: expected 1, or 2 with at least 3 stages and not ws, got {self.lag!r} "
+                f"({self.stages} stages, ws={self.ws})"
+            )
 
 
 if gluon is not None:
@@ -96,6 +115,30 @@ if gluon is not None:
         the whole tensor (its own copy)."""
         rank, rows = (getattr(v, "value", v) for v in (rank, rows))
         return [[1 if (rows and d == 0) else 0 for d in range(rank)]]
+
+    @constexpr_function
+    def _arrive_op(scope_cta):
+        """The remote arrive: release at cluster scope, or the PTX defaults (release, CTA scope)."""
+        cta = getattr(scope_cta, "value", scope_cta)
+        return (
+            "mbarrier.arrive.shared::cluster.b64"
+            if cta
+            else "mbarrier.arrive.release.cluster.shared::cluster.b64"
+        )
+
+    @constexpr_function
+    def _wait_op(scope_cta):
+        """The wait: acquire at cluster scope, or the PTX defaults (acquire, CTA scope)."""
+        cta = getattr(scope_cta, "value", scope_cta)
+        return (
+            "mbarrier.try_wait.parity.shared::cta.b64"
+            if cta
+            else "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64"
+        )
+
+    @constexpr_function
+    def _with_op(template, op):
+        return getattr(template, "value", template).replace("OP", getattr(op, "value", op))
 
     @gluon.jit
     def _add(a, b):
@@ -135,11 +178,13 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _remote_arrive(lanes, off, rank, mask):
+    def _remote_arrive(lanes, off, rank, mask, SCOPE_CTA: gl.constexpr):
         """The threads whose id has no bit of ``mask`` set (mask -1: thread 0; 127: the first of each warp
-        group) arrive (release, cluster scope) on the barrier at ``off`` of CTA ``rank`` of the cluster."""
+        group) arrive (release, at cluster scope unless SCOPE_CTA) on the barrier at ``off`` of CTA ``rank``
+        of the cluster."""
         return gl.inline_asm_elementwise(
-            """{
+            _with_op(
+                """{
             .reg .pred %xp;
             .reg .u32 %xa, %xd, %xt;
             mov.u32 %xt, %tid.x;
@@ -150,9 +195,11 @@ if gluon is not None:
             add.u32 %xa, %xa, %xd;
             add.u32 %xa, %xa, $2;
             mapa.shared::cluster.u32 %xa, %xa, $3;
-            @%xp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%xa];
+            @%xp OP _, [%xa];
             mov.u32 $0, 0;
             }""",
+                _arrive_op(SCOPE_CTA),
+            ),
             "=r,r,r,r,r",
             [lanes, lanes + off, lanes + rank, lanes + mask],
             dtype=gl.int32,
@@ -161,16 +208,17 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _empty_arrive(lanes, off):
-        """Thread 0 of this CTA arrives (release, cluster scope) on the lead CTA's barrier at ``off``."""
-        return _remote_arrive(lanes, off, 0, -1)
+    def _empty_arrive(lanes, off, SCOPE_CTA: gl.constexpr):
+        """Thread 0 of this CTA arrives (release) on the lead CTA's barrier at ``off``."""
+        return _remote_arrive(lanes, off, 0, -1, SCOPE_CTA)
 
     @gluon.jit
-    def _empty_wait(lanes, off, phase, pred):
-        """The lead CTA (every thread) waits (acquire, cluster scope) until the barrier at ``off`` completes
-        the phase of parity ``phase``; the other CTA and a false ``pred`` pass at once."""
+    def _empty_wait(lanes, off, phase, pred, SCOPE_CTA: gl.constexpr):
+        """The lead CTA (every thread) waits (acquire, at cluster scope unless SCOPE_CTA) until the barrier at
+        ``off`` completes the phase of parity ``phase``; the other CTA and a false ``pred`` pass at once."""
         return gl.inline_asm_elementwise(
-            """{
+            _with_op(
+                """{
             .reg .pred %xp, %xq;
             .reg .u32 %xa, %xd, %xr;
             mov.u32 %xr, %cluster_ctarank;
@@ -183,11 +231,13 @@ if gluon is not None:
             add.u32 %xa, %xa, %xd;
             add.u32 %xa, %xa, $2;
             XWAIT:
-            mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 %xq, [%xa], $3;
+            OP %xq, [%xa], $3;
             @!%xq bra.uni XWAIT;
             XDONE:
             mov.u32 $0, 0;
             }""",
+                _wait_op(SCOPE_CTA),
+            ),
             "=r,r,r,r,r",
             [lanes, lanes + off, lanes + phase, lanes + pred],
             dtype=gl.int32,
@@ -358,6 +408,8 @@ if gluon is not None:
         HAS_SCALE: gl.constexpr,
         EPILOGUE: gl.constexpr,
         SWIGLU: gl.constexpr,
+        SCOPE_CTA: gl.constexpr,
+        LAG: gl.constexpr,
     ):
         """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
         silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows)."""
@@ -412,14 +464,15 @@ if gluon is not None:
                     acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
                 else:
                     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                if i > 0:  # step i - 1's wgmma (slot p) is done in this warp group
-                    p = (i - 1) % STAGES
-                    pph = ((i - 1) // STAGES) & 1
+                if i > 0:  # step i - 1's wgmma is done in this warp group
                     gl.barrier()  # ... and in every warp group of this CTA ...
-                    _empty_arrive(lanes, 8 * p - XB)  # ... which thread 0 tells the lead
-                    nxt = i - 1 + STAGES
+                    _empty_arrive(lanes, 8 * ((i - 1) % STAGES) - XB, SCOPE_CTA)  # ... which thread 0 tells
+                if i >= LAG:  # the lead (LAG 1: this step's arrivals; 2: the step before's)
+                    p = (i - LAG) % STAGES
+                    pph = ((i - LAG) // STAGES) & 1
+                    nxt = i - LAG + STAGES
                     refill = nxt < steps
-                    _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32))  # the lead: both CTAs have
+                    _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32), SCOPE_CTA)  # both CTAs have
                     mbarrier.expect(ready.index(p), nbytes, pred=refill)
                     _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
                     _w_copies(
@@ -458,18 +511,20 @@ if gluon is not None:
     # copies has completed its phase before the lead's next copy signals it.
 
     @gluon.jit
-    def _pair_release(lanes, off):
-        """The first thread of each warp group arrives (release, cluster scope) on the barrier at ``off`` of
-        both CTAs of the pair."""
-        _remote_arrive(lanes, off, 0, 127)
-        return _remote_arrive(lanes, off, 1, 127)
+    def _pair_release(lanes, off, SCOPE_CTA: gl.constexpr):
+        """The first thread of each warp group arrives (release) on the barrier at ``off`` of both CTAs of
+        the pair."""
+        _remote_arrive(lanes, off, 0, 127, SCOPE_CTA)
+        return _remote_arrive(lanes, off, 1, 127, SCOPE_CTA)
 
     @gluon.jit
-    def _slot_wait(lanes, off, phase):
-        """Every thread of the caller waits (acquire, cluster scope) until this CTA's barrier at ``off``
-        completes the phase of parity ``phase`` (a fresh barrier passes parity 1 at once)."""
+    def _slot_wait(lanes, off, phase, SCOPE_CTA: gl.constexpr):
+        """Every thread of the caller waits (acquire, at cluster scope unless SCOPE_CTA) until this CTA's
+        barrier at ``off`` completes the phase of parity ``phase`` (a fresh barrier passes parity 1 at
+        once)."""
         return gl.inline_asm_elementwise(
-            """{
+            _with_op(
+                """{
             .reg .pred %xq;
             .reg .u32 %xa, %xd;
             mov.u32 %xa, global_smem;
@@ -477,10 +532,12 @@ if gluon is not None:
             add.u32 %xa, %xa, %xd;
             add.u32 %xa, %xa, $2;
             XWAIT:
-            mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 %xq, [%xa], $3;
+            OP %xq, [%xa], $3;
             @!%xq bra.uni XWAIT;
             mov.u32 $0, 0;
             }""",
+                _wait_op(SCOPE_CTA),
+            ),
             "=r,r,r,r",
             [lanes, lanes + off, lanes + phase],
             dtype=gl.int32,
@@ -508,6 +565,7 @@ if gluon is not None:
         STAGES: gl.constexpr,
         W_KN: gl.constexpr,
         SWIGLU: gl.constexpr,
+        SCOPE_CTA: gl.constexpr,
     ):
         """One warp group per CTA (one thread issues): per K step of every pair tile of this cluster, wait
         until both CTAs have freed the slot, then copy this CTA's x rows into it and (the lead) the weight
@@ -526,7 +584,7 @@ if gluon is not None:
             expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
             for kk in range(steps):
                 s = it % STAGES
-                _slot_wait(lanes, 8 * s - XB, ((it // STAGES) & 1) ^ 1)
+                _slot_wait(lanes, 8 * s - XB, ((it // STAGES) & 1) ^ 1, SCOPE_CTA)
                 mbarrier.expect(ready.index(s), nbytes)
                 _tma_copy(a_desc, [row0, kk * BLOCK_K], ready.index(s), a_bufs.index(s))
                 _w_copies(
@@ -571,6 +629,7 @@ if gluon is not None:
         EPILOGUE: gl.constexpr,
         SWIGLU: gl.constexpr,
         NW: gl.constexpr,
+        SCOPE_CTA: gl.constexpr,
     ):
         """The NW warps (whole warp groups) of each CTA: per K step wait for the slot's copies, issue the
         wgmma on it, wait for the one before (one stays in flight) and free that one's slot in both CTAs;
@@ -601,14 +660,14 @@ if gluon is not None:
                 else:
                     acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 if kk > 0:
-                    _pair_release(lanes, 8 * ((it + STAGES - 1) % STAGES) - XB)
+                    _pair_release(lanes, 8 * ((it + STAGES - 1) % STAGES) - XB, SCOPE_CTA)
                 it += 1
             if SWIGLU:
                 acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
             else:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 acc_up = acc
-            _pair_release(lanes, 8 * ((it + STAGES - 1) % STAGES) - XB)
+            _pair_release(lanes, 8 * ((it + STAGES - 1) % STAGES) - XB, SCOPE_CTA)
             _store_pair(
                 acc, acc_up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
             )
@@ -636,6 +695,7 @@ if gluon is not None:
         HAS_SCALE: gl.constexpr,
         EPILOGUE: gl.constexpr,
         SWIGLU: gl.constexpr,
+        SCOPE_CTA: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
         """:func:`_grouped_cluster_kernel`'s result, warp-specialized on a persistent grid of clusters (one
@@ -673,6 +733,7 @@ if gluon is not None:
                         EPILOGUE,
                         SWIGLU,
                         NW,
+                        SCOPE_CTA,
                     ),
                 ),
                 (
@@ -696,6 +757,7 @@ if gluon is not None:
                         STAGES,
                         W_KN,
                         SWIGLU,
+                        SCOPE_CTA,
                     ),
                 ),
             ],

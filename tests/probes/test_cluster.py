@@ -112,6 +112,15 @@ def grouped_variants():
         epi = Epilogue.NONE if swiglu else next(epilogues)
         name = f"grouped-ws-{dt}-{'kn' if kn else 'nk'}-{'swiglu' if swiglu else epi.name.lower()}"
         yield name, dt, cfg, kn, epi, not swiglu, swiglu
+    # the slot hand-over at CTA scope, and the refill a step later, in both forms and layouts
+    for kn, (scope, lag, ws) in itertools.product(
+        (True, False), (("cta", 1, False), ("cluster", 2, False), ("cta", 2, False), ("cta", 1, True))
+    ):
+        cfg = ClusterGroupedConfig(
+            block_m=128, block_n=128, num_warps=8, stages=6, scope=scope, lag=lag, ws=ws
+        )
+        name = f"grouped-{'ws-' if ws else ''}{scope}-lag{lag}-{'kn' if kn else 'nk'}"
+        yield name, "bf16", cfg, kn, Epilogue.NONE, True, False
 
 
 def _grouped_main() -> int:
@@ -127,9 +136,14 @@ def _grouped_main() -> int:
             rec.update(
                 ptx_facts(ptx),
                 ok=True,
-                arrive_remote=len(re.findall(r"mbarrier\.arrive\.release\.cluster\.shared::cluster", ptx)),
+                arrive_remote=len(re.findall(r"mbarrier\.arrive(\.release\.cluster)?\.shared::cluster", ptx)),
+                cluster_scope=len(
+                    re.findall(r"mbarrier\.arrive\.release\.cluster|try_wait\.parity\.acquire\.cluster", ptx)
+                ),
                 setmaxnreg=len(re.findall(r"setmaxnreg", ptx)),
                 ws=cfg.ws,
+                scope=cfg.scope,
+                shared=int(ck.metadata.shared),
             )
         except Exception as e:  # noqa: BLE001
             rec.update(ok=False, error=str(e).splitlines()[-1][:300] if str(e) else repr(e))
@@ -164,6 +178,9 @@ def test_grouped_multicast_kernel_compiles_for_sm90():
         # producer warp group's registers set apart
         remote, regs = (4, r["setmaxnreg"] > 0) if r["ws"] else (1, r["setmaxnreg"] == 0)
         assert r["reqnctapercluster"] == 2 and r["multicast"] > 0 and r["arrive_remote"] == remote and regs, r
+        # the hand-over's barriers at the scope asked for: the slot's arrive and wait at cluster scope, or
+        # none at all with "cta"; every ring within Hopper's 227 KB of shared memory a block
+        assert (r["cluster_scope"] == 0) == (r["scope"] == "cta") and 0 < r["shared"] <= 232448, r
         assert r["skip_wait"] == 0 and r["expect_bytes"] == [r["box_bytes"]], r
         # the init sync and the exit barrier (the warp-specialized form: in each of its two partitions, since
         # its producer warps do not run the kernel's own region and a cluster barrier waits for every thread)
@@ -781,6 +798,11 @@ def test_grouped_falls_back_where_it_cannot_serve(device, monkeypatch):
         G.grouped_mm(x, w, offsets, config={"block_m": 64})
     with pytest.raises(ValueError, match="config.block_m"):
         G.ClusterGroupedConfig(block_m=32)
+    with pytest.raises(ValueError, match="config.scope"):
+        G.ClusterGroupedConfig(scope="gpu")
+    for bad in ({"lag": 3}, {"lag": 2, "stages": 2}, {"lag": 2, "ws": True}):
+        with pytest.raises(ValueError, match="config.lag"):
+            G.ClusterGroupedConfig(**bad)
     with pytest.raises(ValueError, match="w_layout"):
         G.grouped_mm(x, w, offsets, w_layout="mk")
 
@@ -788,7 +810,7 @@ def test_grouped_falls_back_where_it_cannot_serve(device, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
-@pytest.mark.parametrize("cfg_i", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("cfg_i", range(8))
 def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
     from probes import cluster_grouped as G
 
@@ -801,6 +823,9 @@ def test_gpu_grouped_multicast(dtype, w_layout, cfg_i, monkeypatch):
         G.ClusterGroupedConfig(block_n=256, stages=3),
         G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=128, stages=4, ws=True),
         G.ClusterGroupedConfig(block_n=256, stages=3, ws=True),
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, block_n=256, stages=4, scope="cta", lag=2),
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=6, lag=2),
+        G.ClusterGroupedConfig(block_m=128, num_warps=8, stages=6, scope="cta", ws=True),
     ][cfg_i]
     g = torch.Generator().manual_seed(cfg_i)
     cases = (
