@@ -877,7 +877,7 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
         # vLLM (110 us) is the fastest peer in every cell: the best peer is vLLM's time
         assert n.items[f"EEight{phase}VsPeerMin"] == "1.10"
         assert n.items[f"EEight{phase}FastestGpu"] == "vLLM's fused\\_experts (4 of 4 cells)"
-    assert "EEightDecodeFastestLaunch" not in n.items  # no launch clock in these rows
+    assert "EEightDecodeFastestLaunch" not in n.items  # the GPU clock's alone
     # peers tied for the most cells are all named, never the first of a tie alone
     from paper.numbers.e8 import TK, VLLM, most_often
 

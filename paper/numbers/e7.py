@@ -81,27 +81,47 @@ def practical_ceiling(g: pd.DataFrame) -> pd.DataFrame:
     return st.assign(ceil_us=np.maximum(st.graph_us.to_numpy(), d))
 
 
+MATCHED = "ours:matched"  # ours on a peer's work, projection by projection (matched_ours)
+
+
+def matched_ours(ok: pd.DataFrame, peer: str) -> pd.DataFrame:
+    """``ok`` with ours on ``peer``'s work added under the name MATCHED, per projection: ours with its gather
+    of the rows timed (``ours:auto+gather``, where measured) where the peer's timed call gathers its rows
+    itself, as its ``timing_scope`` says (vLLM's kernel; triton_kernels' gate/up), else ours on rows already
+    permuted (``ours:auto``; triton_kernels' down, timed on rows in its sorted order without its scatter). A
+    CSV without timing scopes: the gather timed for every projection."""
+    gathered = OURS_GATHER if (ok.contender == OURS_GATHER).any() else OURS_AUTO
+    theirs = ok[ok.contender == peer]
+    parts = [ok]
+    for proj, rows in theirs.groupby("proj"):
+        scope = rows.timing_scope.dropna().astype(str) if "timing_scope" in rows else pd.Series(dtype=str)
+        gathers = scope.empty or scope.str.contains("gather").all()
+        mine = ok[(ok.contender == (gathered if gathers else OURS_AUTO)) & (ok.proj == proj)]
+        parts.append(mine.assign(contender=MATCHED))
+    return pd.concat(parts, ignore_index=True)
+
+
 def e7_phase_numbers(
     n: Numbers, df: pd.DataFrame, prefix: str, tags: tuple[str, ...] = ("Torch", "Vllm", "Tk")
 ) -> list[dict]:
     """E7's headline per phase and clock with 95% intervals: each peer's time over ours. Against
     torch._grouped_mm, ours is ``ours:auto`` (both on rows already permuted); against the kernels that gather
-    their rows themselves (vLLM's, triton_kernels' gate/up), ``ours:auto+gather`` (the same work) where
-    measured. Macros <prefix><Phase>Vs<Peer><Gpu|Launch> (text, "parity" where the interval holds 1.0) for
-    the peers named in ``tags``; returns the rows of every peer measured."""
+    their rows themselves, ours on the same work, projection by projection (:func:`matched_ours`: the
+    gather timed against vLLM's kernel and triton_kernels' gate/up, not against triton_kernels' down, timed
+    without its scatter). Macros <prefix><Phase>Vs<Peer><Gpu|Launch> (text, "parity" where the interval
+    holds 1.0) for the peers named in ``tags``; returns the rows of every peer measured."""
     ok = df[df.proj.isin(["up", "down"])]
     if not (ok.contender == OURS_AUTO).any():
         return []
-    gathered = OURS_GATHER if (ok.contender == OURS_GATHER).any() else OURS_AUTO
     rows = []
     for peer, tag, ours in (
         ("torch._grouped_mm", "Torch", OURS_AUTO),
-        (VLLM, "Vllm", gathered),
-        (TK, "Tk", gathered),
+        (VLLM, "Vllm", MATCHED),
+        (TK, "Tk", MATCHED),
     ):
         if not (ok.contender == peer).any():
             continue
-        for r in phase_headline(ok, E7_KEYS, peer, ours):
+        for r in phase_headline(matched_ours(ok, peer) if ours == MATCHED else ok, E7_KEYS, peer, ours):
             r["ours"] = ours
             rows.append(r)
             for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):

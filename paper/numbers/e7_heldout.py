@@ -107,6 +107,17 @@ def e7_heldout(n: Numbers, results: Path, gen: Path) -> None:
         n.add(f"Held{tag}T", _ts(o, sel))  # the phase's T
         n.add(f"Held{tag}Pct", gm(c.pct), "{:.0f}")
         n.add(f"Held{tag}TorchPct", gm(c.tg_pct), "{:.0f}")
+    # the spread between models, which the headline's interval (cells resampled) does not show: per model,
+    # torch._grouped_mm's time over ours at prefill, geomean over its cells: the highest and whose it is,
+    # and the others' range
+    pre = o[o.tokens >= PREFILL]
+    per_model = pre.groupby("model").apply(lambda m: gm(m.tg_us / m.us), include_groups=False).dropna()
+    if len(per_model) > 1:
+        n.add("HeldPrefillTorchModelHi", float(per_model.max()))
+        n.add("HeldPrefillTorchModelTop", str(per_model.idxmax()), "{}")
+        rest = per_model.drop(per_model.idxmax())
+        n.add("HeldPrefillTorchRestLo", float(rest.min()))
+        n.add("HeldPrefillTorchRestHi", float(rest.max()))
     first = o[o.source == "autotuned on this call"].first_call_s.astype(float)
     if len(first):
         n.add(

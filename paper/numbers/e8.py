@@ -62,21 +62,18 @@ def ffn_ceiling_probe(n: Numbers, results: Path) -> None:
 
 def host_probe(n: Numbers, results: Path) -> None:
     """probes/probe_host_cost.py: the host's time per moe_ffn call (range over the cells), how much less it
-    is than with every kernel launched through Triton's own launcher (measured in alternating rounds), and
-    ours over vLLM's call as E8 times it (geomeans)."""
+    is than with every kernel launched through Triton's own launcher (measured in alternating rounds)."""
     path = results / "probe_host_cost.csv"
     if not path.exists():
         return
     df = pd.read_csv(path)
     p = df.pivot_table(index=["model", "tokens"], columns="contender", values="cpu_us")
-    ours, plain, vllm = "moe_ffn", "moe_ffn:triton-launch", "vllm:fused_experts"
+    ours, plain = "moe_ffn", "moe_ffn:triton-launch"
     if ours not in p or plain not in p:
         return
     n.add("EEightHostUsMin", float(p[ours].min()), "{:.0f}")
     n.add("EEightHostUsMax", float(p[ours].max()), "{:.0f}")
     n.add("EEightHostGain", gm(p[plain] / p[ours]))
-    if vllm in p:
-        n.add("EEightHostOverVllm", gm(p[ours] / p[vllm]))
 
 
 def fusion_ratios(o: pd.DataFrame) -> pd.Series:
@@ -147,6 +144,12 @@ def phase_numbers(n: Numbers, held: pd.DataFrame) -> None:
         for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
             if r.get(f"{clock}_cells"):
                 n.add(name + ct, phase_ci_text(r, clock))
+    # the host's time per call as E8 measured it (cpu_us, median over the phase's cells): ours and vLLM's
+    for phase in ("decode", "prefill"):
+        r = rows.get((VLLM, phase), {})
+        if "host_ours_us" in r and pd.notna(r["host_ours_us"]) and pd.notna(r["host_theirs_us"]):
+            n.add(f"EEightHost{phase.capitalize()}OursUs", r["host_ours_us"], "{:.0f}")
+            n.add(f"EEightHost{phase.capitalize()}VllmUs", r["host_theirs_us"], "{:.0f}")
 
 
 # each peer as the prose names it
@@ -159,10 +162,10 @@ PEER_NAMES = {
 
 
 def fastest_numbers(n: Numbers, held: pd.DataFrame) -> None:
-    """The peer most often the best peer (with_best_peer's choice per cell), per phase and clock, as plain
-    text (EEight<Phase>Fastest<Gpu|Launch>: "vLLM's fused_experts (5 of 7 cells)")."""
+    """The peer most often the best peer (with_best_peer's choice per cell), per phase, on the GPU clock, as
+    plain text (EEight<Phase>FastestGpu: "vLLM's fused_experts (5 of 7 cells)")."""
     d = with_best_peer(held)
-    for clock, ct in (("graph", "Gpu"), ("launch", "Launch")):
+    for clock, ct in (("graph", "Gpu"),):
         best = d[d.contender == f"{BEST}:{clock}"]
         for phase, part in (("Decode", best[best.tokens <= 256]), ("Prefill", best[best.tokens >= PREFILL])):
             counts = part.best_of.value_counts()
@@ -239,8 +242,10 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
     host_probe(n, results)
     rows = []
     for model, m in held.groupby("model", sort=False):
-        r = m.best_peer / m[OURS]
-        row = {"model": model, "vs best peer": f"{gm(r):.2f} ({r.min():.2f})"}
+        row = {"model": model}
+        for phase, part in (("decode", m[m.tokens <= 256]), ("prefill", m[m.tokens >= PREFILL])):
+            r = (part.best_peer / part[OURS]).dropna()
+            row[f"{phase} vs best peer"] = f"{gm(r):.2f} ({r.min():.2f})" if len(r) else "--"
         if VLLM in m:
             pm = m[m.tokens >= PREFILL]
             row["prefill vs vLLM"] = f"{gm(pm[VLLM] / pm[OURS]):.2f}"
@@ -256,8 +261,9 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
                 "E8, held-out models: the whole expert FFN (\\texttt{moe\\_ffn}) against the best peer of "
                 "each cell (the fastest of the \\texttt{torch.\\_grouped\\_mm} pipeline, vLLM's "
                 "\\texttt{fused\\_experts}, \\texttt{triton\\_kernels} and, where measured, transformers' "
-                "compiled \\texttt{grouped\\_mm} backend), and against vLLM's at prefill; their time over "
-                "ours, geomean (lowest) over the model's cells; GPU time. Last column: our time with SwiGLU "
+                "compiled \\texttt{grouped\\_mm} backend) at decode ($T \\le 256$) and prefill ($T \\ge "
+                f"{PREFILL}$), each apart, and against vLLM's at prefill; their time over ours, geomean "
+                "(lowest) over the model's cells of that phase; GPU time. Last column: our time with SwiGLU "
                 f"as a separate op over the fused one, where \\texttt{{moe\\_ffn}} fuses (above "
                 f"{FUSE_ABOVE_ROWS_PER_EXPERT} rows per expert).",
                 "tab:e8",
