@@ -620,3 +620,120 @@ def test_bound_kernel_launches_through_either_launcher_convention():
     ]
     with pytest.raises(ValueError, match="slots"):
         BoundKernel(kern, (1,), ("x0",), dict(BLOCK=32), 2, compiled=Known())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradients (the router trains through matmul: the custom op's registered autograd)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _grads(a, b, bias, dy, f):
+    """The gradients of a, b and bias of sum(f(a, b, bias) * dy)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (a, b, bias)]
+    f(*leaves).backward(dy.to(leaves[0].dtype))
+    return [t.grad for t in leaves]
+
+
+def _ref(epilogue):
+    act = {"none": lambda z: z, "relu": torch.relu, "sigmoid": torch.sigmoid}[epilogue]
+    return lambda a, b, bias: act(a @ b + bias)
+
+
+def _max_rel(got, want) -> float:
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    return ((got.double().cpu() - want.cpu()).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("kernel", ["auto", *KERNELS])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_gradients_match_float64(kernel, dtype, epilogue, device, poison_partials):
+    """dA, dB and dbias of every kernel and epilogue on fresh random data (a transposed weight, as the router
+    holds it), the Triton kernels as the forward (split_k set) so that the gradient does not depend on which
+    backend ran:
+
+    - the backward's own arithmetic: against float64 from our forward's output (the epilogue's derivative
+      reads it), within that dtype's rounding;
+    - the whole: against float64 autograd of the float64 forward, no further from it than the same
+      computation in eager PyTorch at that dtype, twice over (six times for bf16 under Triton's interpreter,
+      whose truncating casts double the output's rounding, which the sigmoid's 1 - c magnifies), or that
+      dtype's rounding."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{kernel}{dtype}{epilogue}".encode()))
+    a = make((7, 200), dtype, "contiguous", gen, device)
+    w = make((24, 200), dtype, "contiguous", gen, device)  # the router's [N, K] weight, used as w.t()
+    bias = torch.randn(24, generator=gen).to(dtype).to(device)
+    dy = torch.randn(7, 24, generator=gen).to(device)
+    split = None if kernel in ("auto", "cublas") else 3
+    outs = []
+
+    def ours(a, w, bias):
+        outs.append(matmul(a, w.t(), kernel=kernel, split_k=split, epilogue=epilogue, bias=bias))
+        return outs[-1]
+
+    got = _grads(a, w, bias, dy, ours)
+    floor = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    # the backward given our forward's output c
+    c, d = outs[0].detach().double(), dy.double()
+    dz = {"none": d, "relu": d * (c > 0), "sigmoid": d * c * (1 - c)}[epilogue]
+    given = (dz @ w.double(), dz.t() @ a.double(), dz.sum(0))
+    for name, g, r in zip(("a", "w", "bias"), got, given):
+        assert g.dtype == dtype, name
+        assert _max_rel(g, r) <= floor, (name, "given our output", _max_rel(g, r))
+    # the whole, against float64 throughout and against eager PyTorch at this dtype
+    want = _grads(a.double(), w.double(), bias.double(), d, lambda a, w, b: _ref(epilogue)(a, w.t(), b))
+    eager = _grads(a, w, bias, dy, lambda a, w, b: _ref(epilogue)(a, w.t(), b))
+    times = 6 if dtype is torch.bfloat16 and not torch.cuda.is_available() else 2
+    for name, g, r, e in zip(("a", "w", "bias"), got, want, eager):
+        assert _max_rel(g, r) <= max(times * _max_rel(e, r), floor), (name, _max_rel(g, r), _max_rel(e, r))
+
+
+def test_gradients_only_where_asked_and_under_torch_compile(device):
+    """Only the inputs that require grad get one; a compiled step (fullgraph) gives the eager gradients;
+    ``out`` with a recorded gradient is refused by name; with no gradient recorded, the call makes none."""
+    torch._dynamo.reset()
+    a, b, bias = _case(6, 16, 300, torch.float32, device, seed=5, bias=True)
+    w = b.t().contiguous().requires_grad_()
+    x = a.clone().requires_grad_()
+    matmul(x, w.t(), epilogue="relu", bias=bias, split_k=4).sum().backward()
+    assert x.grad is not None and w.grad is not None and bias.grad is None
+
+    def step(x, w, bias):
+        return matmul(x, w.t(), epilogue="sigmoid", bias=bias, split_k=4).square().sum()
+
+    leaves = [t.detach().clone().requires_grad_() for t in (a, w, bias)]
+    step(*leaves).backward()
+    comp = [t.detach().clone().requires_grad_() for t in (a, w, bias)]
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*comp).backward()
+    for e, c in zip(leaves, comp):
+        torch.testing.assert_close(c.grad, e.grad, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="out"):
+        matmul(x, w.t(), out=torch.empty(6, 16, device=device))
+    with torch.no_grad():
+        assert not matmul(x, w.t(), split_k=4).requires_grad
+    assert not matmul(a, b, split_k=4).requires_grad
+
+
+def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch):
+    """allow_tf32 holds on the cuBLAS path whatever the process-wide setting: cuBLAS runs inside
+    fp32_matmul_precision, which sets PyTorch's TF32 flag to the call's choice and puts it back after."""
+    from moegemm.decompose_k import api
+
+    flag = torch.backends.cuda.matmul
+    before = flag.allow_tf32
+    try:
+        for process_wide in (True, False):
+            flag.allow_tf32 = process_wide
+            for asked in (False, True):
+                with api.fp32_matmul_precision(asked):
+                    assert flag.allow_tf32 is asked
+                assert flag.allow_tf32 is process_wide
+        seen = []
+        real = torch.mm
+        monkeypatch.setattr(torch, "mm", lambda *a, **k: seen.append(flag.allow_tf32) or real(*a, **k))
+        flag.allow_tf32 = True
+        a, b = torch.randn(4, 64), torch.randn(64, 8)
+        matmul(a, b, kernel="cublas")
+        matmul(a, b, kernel="cublas", allow_tf32=True)
+        assert seen == [False, True] and flag.allow_tf32 is True
+    finally:
+        flag.allow_tf32 = before

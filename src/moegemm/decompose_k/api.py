@@ -10,11 +10,16 @@ Under ``torch.compile`` the call goes through the custom op ``moegemm::dk_matmul
 beside the cached plans it runs), so that ``torch.compile(fullgraph=True)`` traces a caller with no graph
 break: its real implementation runs the same plans, its fake one gives the compiler the output's shape,
 dtype and (contiguous) strides. Eager calls do not pass through the op: a plan costs less CPU time per
-call than the dispatcher would.
+call than the dispatcher would, except where a gradient is recorded (``a``, ``b`` or ``bias`` requires
+grad, grad mode on): then the op runs, whose registered autograd gives the router's gradients, eagerly and
+compiled alike. Its backward: the epilogue's derivative from the saved output (ReLU: where it is positive;
+sigmoid: ``c (1 - c)``), then ``dA = dZ B^T`` and ``dB = A^T dZ`` as cuBLAS GEMMs (neither is skinny in
+K: their reduction runs over the router's N or the token count) and ``dbias`` the column sums.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -110,7 +115,11 @@ class Plan:
                 return out
             return torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         if self.backend == "cublas" and out is None:  # cuBLAS allocates its own output (cheaper than out=)
-            c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+            if self.dtype is torch.float32:
+                with fp32_matmul_precision(self.allow_tf32):
+                    c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+            else:
+                c = torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
             return self._activate(c)
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
@@ -149,10 +158,11 @@ class Plan:
         if self.backend == "empty":
             return _empty_sum(out, bias, self.epilogue)
         if self.backend == "cublas":
-            if bias is None:
-                torch.mm(a, b, out=out)
-            else:
-                torch.addmm(bias, a, b, out=out)
+            with fp32_matmul_precision(self.allow_tf32 or self.dtype is not torch.float32):
+                if bias is None:
+                    torch.mm(a, b, out=out)
+                else:
+                    torch.addmm(bias, a, b, out=out)
             return self._activate(out)
         p = Prepared(
             a=a,
@@ -187,6 +197,26 @@ class Plan:
         named = single_launch.kernel_args(p, self.config, None, None, self.coop)
         args = tuple(named[name] for name in kernel.arg_names)
         self._bound = BoundKernel(kernel, self._grid, args, {}, _DYNAMIC, compiled=compiled)
+
+
+@contextlib.contextmanager
+def fp32_matmul_precision(allow_tf32: bool):
+    """cuBLAS's fp32 products within: TF32 where ``allow_tf32``, else IEEE, whatever the process-wide setting
+    (``torch.backends.cuda.matmul.allow_tf32``, or ``torch.set_float32_matmul_precision``), which is put back
+    after. A no-op where the setting already agrees."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        before = matmul.allow_tf32
+    except RuntimeError:  # the process set the precision through the newer API, which the flag cannot read
+        before = None
+    if before is None or before == allow_tf32:
+        yield
+        return
+    matmul.allow_tf32 = allow_tf32
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = before
 
 
 def _empty_sum(out, bias, epi):
@@ -327,6 +357,12 @@ def matmul(
     """
     if torch.compiler.is_compiling():
         return _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (a, b, bias)
+    ):  # a gradient is recorded: the custom op, whose autograd is registered
+        if out is not None:
+            raise ValueError("out: not supported where a gradient is recorded (a, b or bias requires grad)")
+        return _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, None, allow_tf32)
     return _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32).run(a, b, bias, out)
 
 
@@ -354,6 +390,41 @@ def _(a, b, bias, kernel, split_k, epilogue, config, allow_tf32):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: "a, b: expected 2-D tensors")
     torch._check(a.shape[1] == b.shape[0], lambda: "b: inner dimensions differ")
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _dk_setup_context(ctx, inputs, output):
+    a, b, bias, _kernel, _split_k, epilogue, _config, allow_tf32 = inputs
+    ctx.epilogue = Epilogue.parse(epilogue)
+    ctx.has_bias = bias is not None
+    ctx.allow_tf32 = allow_tf32
+    keep = output if ctx.epilogue is not Epilogue.NONE else None  # the epilogue's derivative reads it
+    ctx.save_for_backward(a, b, keep)
+
+
+def _dk_backward(ctx, grad):
+    """dZ = grad times the epilogue's derivative at the output; dA = dZ B^T, dB = A^T dZ, dbias = sum dZ."""
+    a, b, c = ctx.saved_tensors
+    if ctx.epilogue is Epilogue.RELU:
+        dz = torch.where(c > 0, grad, torch.zeros_like(grad))
+    elif ctx.epilogue is Epilogue.SIGMOID:
+        cf = c.float()
+        dz = (grad.float() * cf * (1.0 - cf)).to(grad.dtype)
+    else:
+        dz = grad
+    need_a, need_b, need_bias = ctx.needs_input_grad[:3]
+    precision = (
+        fp32_matmul_precision(ctx.allow_tf32)
+        if dz.dtype is torch.float32 and not torch.compiler.is_compiling()
+        else contextlib.nullcontext()
+    )
+    with precision:
+        da = dz @ b.t() if need_a else None
+        db = a.t() @ dz if need_b else None
+    dbias = dz.float().sum(0).to(dz.dtype) if ctx.has_bias and need_bias else None
+    return da, db, dbias, None, None, None, None, None
+
+
+dk_matmul.register_autograd(_dk_backward, setup_context=_dk_setup_context)
 
 
 # Read here, not while tracing (Dynamo does not trace dataclasses.fields on a class).
