@@ -707,3 +707,197 @@ def test_gpu_grouped_mm_grads_at_real_shapes(w_layout, swiglu):
     for ex in range(e):
         if int(sizes[ex]) == 0:
             assert (w.grad[ex] == 0).all()
+
+
+# ---- the step-by-step API in training: route, permute, grouped_mm, unpermute ----
+
+
+def _pipeline_inputs(t, k, e, dtype, device, seed, h=16, n=12):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g).to(dtype).to(device)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(device)
+    ids[: max(t // 2, 1)] = ids[0]  # skew: half the tokens on the first token's experts
+    tw = torch.rand(t, k, generator=g).to(dtype).to(device)
+    w = (torch.randn(e, n, h, generator=g) * 0.3).to(dtype).to(device)
+    dy = torch.randn(t, n, generator=g).to(dtype).to(device)
+    return x, ids, tw, w, dy
+
+
+def _pipeline_grads(x, ids, tw, w, dy, fused_scale):
+    """Gradients of x, topk_weights and w through route -> permute -> grouped_mm -> unpermute, the gating
+    weights applied in the un-permute, or (``fused_scale``) as grouped_mm's row_scale after
+    route_and_permute."""
+    from moegemm.grouped import permute, route, route_and_permute, sorted_weights, unpermute
+
+    x, tw, w = (t.detach().clone().requires_grad_() for t in (x, tw, w))
+    e = w.shape[0]
+    if fused_scale:
+        plan, xs, ws = route_and_permute(x, ids, tw, e)
+        assert torch.equal(ws.detach(), sorted_weights(tw.detach(), plan))
+        y = unpermute(grouped_mm(xs, w, plan.group_offsets, row_scale=ws), plan, None)
+    else:
+        plan = route(ids, e)
+        y = unpermute(grouped_mm(permute(x, plan), w, plan.group_offsets), plan, tw)
+    assert y.requires_grad
+    y.backward(dy)
+    return x.grad, tw.grad, w.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("slots", [(5, 2, 4), (40, 3, 6)], ids=["decode-one-launch", "three-kernels"])
+@pytest.mark.parametrize("fused_scale", [False, True], ids=["weights-in-unpermute", "weights-as-row-scale"])
+def test_step_by_step_pipeline_trains(dtype, slots, fused_scale, device, poison):
+    """The README's pipeline gets gradients for x, the gating weights and the weights, against float64, at
+    decode (at most 64 slots: the routing's one-launch kernel, which has no gradient, gives way) and above;
+    two backwards give bitwise the same gradients (no atomics)."""
+    t, k, e = slots
+    x, ids, tw, w, dy = _pipeline_inputs(t, k, e, dtype, device, seed=t * 10 + k)
+    got = _pipeline_grads(x, ids, tw, w, dy, fused_scale)
+    again = _pipeline_grads(x, ids, tw, w, dy, fused_scale)
+    for a, b in zip(got, again):
+        assert torch.equal(a, b)
+    x64, tw64, w64 = (v.detach().double().cpu().requires_grad_() for v in (x, tw, w))
+    ids_c = ids.cpu()
+    y64 = sum(tw64[:, j : j + 1] * torch.einsum("th,tnh->tn", x64, w64[ids_c[:, j]]) for j in range(k))
+    y64.backward(dy.double().cpu())
+    for name, g, r in zip(("x", "topk_weights", "w"), got, (x64.grad, tw64.grad, w64.grad)):
+        assert g.dtype == dtype, name
+        assert rel_err(g, r) < TOL[dtype], (name, rel_err(g, r))
+
+
+def test_step_by_step_pipeline_under_torch_compile(device):
+    """The same pipeline compiled (fullgraph): the routing steps trace as custom ops with their autograd,
+    and the gradients equal the eager ones."""
+    torch._dynamo.reset()
+    x, ids, tw, w, dy = _pipeline_inputs(12, 2, 4, torch.float32, device, seed=3)
+
+    def step(x, tw, w):
+        from moegemm.grouped import permute, route, unpermute
+
+        plan = route(ids, 4)
+        return (unpermute(grouped_mm(permute(x, plan), w, plan.group_offsets), plan, tw) * dy).sum()
+
+    eager = [v.detach().clone().requires_grad_() for v in (x, tw, w)]
+    step(*eager).backward()
+    comp = [v.detach().clone().requires_grad_() for v in (x, tw, w)]
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*comp).backward()
+    for a, b in zip(eager, comp):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_double_backward_raises_instead_of_dropping_terms(device):
+    """A gradient of a gradient through grouped_mm or moe_ffn raises (their backwards are differentiable
+    once), where it used to return a graph without the weights' part."""
+    x = torch.randn(6, 8, device=device, requires_grad=True)
+    w = torch.randn(2, 8, 4, device=device, requires_grad=True)
+    y = grouped_mm(x, w, offsets_of([2, 4], device), w_layout="kn")
+    (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        gx.square().sum().backward()
+    xf, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=4)
+    (gx,) = torch.autograd.grad(moe_ffn(xf, ids, tw, wgu, wd).square().sum(), xf, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        gx.square().sum().backward()
+
+
+def test_training_calls_check_their_arguments_by_name(device):
+    """The training path refuses what the inference path refuses, by name: a token count topk_ids does not
+    route, integer gating weights, a save_gate_up that is not a bool; grouped_mm_masked, which has no
+    gradient, says so; a config must be a GroupedConfig or its dict; row_scale a float tensor."""
+    from moegemm.grouped import grouped_mm_masked, sorted_weights
+
+    x, ids, tw, wgu, wd = ffn_inputs(torch.float32, "nk", device, seed=5)
+    for grad in (False, True):
+        xx = x.detach().clone().requires_grad_(grad)
+        with pytest.raises(ValueError, match="topk_ids: routes"):
+            moe_ffn(xx[:-1], ids, tw, wgu, wd)
+        with pytest.raises(TypeError, match="topk_weights"):
+            moe_ffn(xx, ids, (tw * 10).long(), wgu, wd)
+    with pytest.raises(TypeError, match="save_gate_up"):
+        moe_ffn(x, ids, tw, wgu, wd, save_gate_up="no")
+    xm = torch.randn(3, 4, 8, device=device, requires_grad=True)
+    wm = torch.randn(3, 5, 8, device=device)
+    with pytest.raises(RuntimeError, match="grouped_mm_masked has no gradient"):
+        grouped_mm_masked(xm, wm, torch.tensor([4, 0, 2], device=device))
+    with torch.no_grad():
+        assert grouped_mm_masked(xm, wm, torch.tensor([4, 0, 2], device=device)).shape == (3, 4, 5)
+    xs = torch.randn(6, 8, device=device)
+    w2 = torch.randn(2, 4, 8, device=device)
+    off = offsets_of([2, 4], device)
+    cfg = {"block_m": 16, "block_n": 16, "block_k": 16, "num_warps": 4, "num_stages": 2}
+    from moegemm.grouped import GroupedConfig
+
+    torch.testing.assert_close(
+        grouped_mm(xs, w2, off, config=cfg), grouped_mm(xs, w2, off, config=GroupedConfig(**cfg))
+    )
+    with pytest.raises(TypeError, match="config"):
+        grouped_mm(xs, w2, off, config="fast")
+    with pytest.raises(TypeError, match="config"):
+        grouped_mm(xs, w2, off, config={"bogus": 1})
+    with pytest.raises(TypeError, match="row_scale"):
+        grouped_mm(xs, w2, off, row_scale=torch.ones(6, dtype=torch.int64, device=device))
+    with pytest.raises(TypeError, match="topk_weights"):
+        from moegemm.grouped import route
+
+        sorted_weights([[1.0, 0.5]] * 9, route(ids, wgu.shape[0]))
+
+
+def test_transformers_backend_under_autocast(device):
+    """Mixed-precision training through the transformers backend: fp32 parameters under autocast run the
+    expert GEMMs in autocast's dtype (as transformers' own backends do), close to float64 at that dtype's
+    rounding, with fp32 gradients for every parameter."""
+    pytest.importorskip("transformers")
+    moe = pytest.importorskip("transformers.integrations.moe")
+    if not hasattr(moe, "ExpertsInterface"):
+        pytest.skip("transformers without ExpertsInterface")
+    import copy
+
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    import moegemm.integrations.transformers as hf
+
+    cfg = Qwen3MoeConfig(
+        hidden_size=32,
+        moe_intermediate_size=16,
+        num_experts=6,
+        num_experts_per_tok=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=97,
+    )
+    block = Qwen3MoeSparseMoeBlock(cfg)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    ref = Qwen3MoeSparseMoeBlock(copy.deepcopy(cfg)).double()
+    ref.load_state_dict(block.state_dict())
+    ref.experts.config._experts_implementation = "eager"
+    block = block.to(device)
+    block.experts.config._experts_implementation = "moegemm"
+    seen = []
+    real = hf.moe_ffn
+
+    def spy(x, *args, **kwargs):
+        seen.append(x.dtype)
+        return real(x, *args, **kwargs)
+
+    hf.moe_ffn = spy
+    try:
+        x = torch.randn(2, 5, 32, generator=g)
+        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+            out = block(x.to(device))
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().square().sum().backward()
+    finally:
+        hf.moe_ffn = real
+    assert seen == [torch.bfloat16]
+    want = ref(x.double())
+    want = want[0] if isinstance(want, tuple) else want
+    assert rel_err(out.detach(), want.detach()) < 3e-2
+    for name, p in block.named_parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32, name

@@ -8,7 +8,7 @@ import torch
 
 from ..epilogue import Epilogue
 from . import autograd
-from .config import GroupedConfig
+from .config import GroupedConfig, config_arg
 from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .ffn import check_moe_ffn, moe_ffn_forward
 
@@ -50,6 +50,7 @@ def grouped_mm(
     Gradients (an operand requiring grad, grad mode on): for x_sorted, w and row_scale, with epilogue "none"
     and no ``out`` (:mod:`moegemm.grouped.autograd`).
     """
+    config = config_arg(config)
     if _records_grad(x_sorted, w, row_scale):
         return autograd.grouped_mm_train(
             x_sorted,
@@ -101,6 +102,7 @@ def grouped_mm_swiglu(
     :func:`grouped_mm` times an untuned one, and kept apart from its choices) among the distilled
     shortlist of its regime and, where the tuned table has the unfused shape, that entry's tiles. Gradients:
     for x_sorted, w_gate_up and row_scale, the SwiGLU backward fused into one grouped GEMM's epilogue."""
+    config = config_arg(config)
     if _records_grad(x_sorted, w_gate_up, row_scale):
         return autograd.grouped_mm_train(
             x_sorted,
@@ -162,6 +164,8 @@ def moe_ffn(
     backwards); None: :data:`moegemm.grouped.autograd.SAVE_GATE_UP` (True).
     """
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
+    if save_gate_up is not None and not isinstance(save_gate_up, bool):
+        raise TypeError(f"save_gate_up: expected a bool or None, got {type(save_gate_up).__name__}")
     if _records_grad(x, topk_weights, w_gate_up, w_down):
         return autograd.moe_ffn_train(
             x,

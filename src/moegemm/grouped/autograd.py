@@ -76,6 +76,7 @@ class _GroupedMM(torch.autograd.Function):
         return mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a double backward raises, not silently drops terms
     def backward(ctx, dy):
         x, w, offsets, row_scale = ctx.saved_tensors
         n = ctx.needs_input_grad
@@ -210,6 +211,7 @@ class _MoEFFN(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a double backward raises, not silently drops terms
     def backward(ctx, dy):
         saved = ctx.saved_tensors
         grads = ffn_backward(dy, *saved, *ctx.meta, ctx.needs_input_grad[:4])

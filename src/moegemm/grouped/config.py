@@ -88,6 +88,19 @@ class GroupedConfig:
 _FIELDS = tuple((f.name, f.type in (bool, "bool")) for f in dataclasses.fields(GroupedConfig))
 
 
+def config_arg(config) -> GroupedConfig | None:
+    """A public call's ``config`` argument: None, a GroupedConfig, or its dict (as a tuned table holds
+    it); anything else is a TypeError naming ``config`` (a bad field's value a ValueError naming it)."""
+    if config is None or isinstance(config, GroupedConfig):
+        return config
+    if isinstance(config, dict):
+        try:
+            return GroupedConfig.from_dict(config)
+        except TypeError as exc:  # an unknown field
+            raise TypeError(f"config: {exc}") from None
+    raise TypeError(f"config: expected a GroupedConfig, a dict or None, got {type(config).__name__}")
+
+
 def config_list(config: GroupedConfig | None) -> list[int] | None:
     """A config as the custom ops take it (None: the library's choice)."""
     return None if config is None else [int(getattr(config, name)) for name, _ in _FIELDS]

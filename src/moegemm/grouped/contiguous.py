@@ -149,6 +149,8 @@ def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, valid
             raise ValueError(f"row_scale: expected shape ({m_total},), got {got}")
         if row_scale.device != x_sorted.device:
             raise ValueError(f"row_scale: on {row_scale.device}, but x_sorted is on {x_sorted.device}")
+        if not row_scale.is_floating_point():
+            raise TypeError(f"row_scale: expected a floating-point tensor, got {row_scale.dtype}")
         row_scale = row_scale.contiguous()
     if out is None:
         out = torch.empty((m_total, n), dtype=x_sorted.dtype, device=x_sorted.device)

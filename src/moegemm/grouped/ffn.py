@@ -133,6 +133,15 @@ def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -
             f"topk_weights: expected shape {tuple(topk_ids.shape)} (topk_ids'), got "
             f"{tuple(topk_weights.shape)}"
         )
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids: expected a 2-D [T, top_k] tensor, got shape {tuple(topk_ids.shape)}")
+    if topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids: routes {topk_ids.shape[0]} tokens, but x has {x.shape[0]} rows")
+    if not topk_weights.is_floating_point():
+        raise TypeError(f"topk_weights: expected a floating-point tensor, got {topk_weights.dtype}")
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise ValueError(f"{name}: on {t.device}, but x is on {x.device}")
     return e
 
 

@@ -13,7 +13,7 @@ from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from . import config as _config
 from .checks import check_masked_m_values, check_w
-from .config import GroupedConfig, config_list, config_of, masked_config
+from .config import GroupedConfig, config_arg, config_list, config_of, masked_config
 from .launch import launch
 from .masked_kernels import _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel
 from .tma import ensure_allocator, tma_rows_ok, w_descriptor
@@ -46,7 +46,16 @@ def grouped_mm_masked(
     and 16-bit inputs whose rows are 16-byte aligned (w as for :func:`moegemm.grouped.grouped_mm`), x's
     rows come in by TMA through a descriptor made in-kernel for each expert's first masked_m[e] rows, so
     rows past them are still not read; other inputs take the pointer kernel with the same tiles.
-    Under ``torch.compile`` this traces as the custom op ``moegemm::grouped_mm_masked``."""
+    Under ``torch.compile`` this traces as the custom op ``moegemm::grouped_mm_masked``.
+
+    No gradient: the masked layout serves decode (inference). Where autograd would record one (x or w
+    requires grad, grad mode on), a RuntimeError says so; :func:`moegemm.grouped.grouped_mm` trains."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w)):
+        raise RuntimeError(
+            "x, w: grouped_mm_masked has no gradient (the masked layout serves decode); train through "
+            "grouped_mm (contiguous rows and group offsets), or call this under torch.no_grad()"
+        )
+    config = config_arg(config)
     if torch.compiler.is_compiling():
         n = w.shape[2] if w_layout == "kn" else w.shape[1]
         out = x.new_empty((x.shape[0], x.shape[1], n)) if out is None else out

@@ -2,6 +2,14 @@
 
 All on the device with torch ops and no host synchronisation (on a GPU the value checks run on the device
 too), and traceable by torch.compile.
+
+Gradients: :func:`permute`, :func:`sorted_weights` and :func:`unpermute` are differentiable in their
+tensors (x; the gating weights; y_sorted and the gating weights), deterministically, eagerly and under
+torch.compile: where a gradient is recorded they run as custom ops with registered autograd. permute's
+backward sums each token's top_k row gradients in a fixed order (the un-permute's kernel, not an atomic
+scatter); sorted_weights' places each row's gradient back in its slot (a permutation); unpermute's gathers
+each row's token gradient (times its weight) and, for the weights, the dot product of that gradient with
+the row. With no gradient recorded they take the plain paths (one gather, the one-launch routing at decode).
 """
 
 from __future__ import annotations
@@ -139,7 +147,9 @@ def route_and_permute(
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
-    if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1):
+    if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1) or _records(
+        x, topk_weights
+    ):  # (the one-launch kernel has no gradient: where one is recorded, the three in turn)
         plan = _plan(flat, t, k, num_experts, on_device_check)
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
     flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
@@ -223,6 +233,11 @@ def _route_torch(flat: torch.Tensor, num_experts: int, k: int):
     return (order // max(k, 1)).to(torch.int32), order.to(torch.int32), slot_rows, sizes, offsets
 
 
+def _records(*tensors) -> bool:
+    """Whether autograd records a gradient through any of ``tensors`` (grad mode on, one requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """x [T, K] -> x_sorted [T * top_k, K]: each token copied once per chosen expert, grouped by expert."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -231,7 +246,61 @@ def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
         raise ValueError(f"x: has {x.shape[0]} rows but the plan routes {plan.num_tokens} tokens")
     if x.device != plan.sorted_token_ids.device:
         raise ValueError(f"x: on {x.device}, but the plan is on {plan.sorted_token_ids.device}")
+    if _records(x):
+        return permute_rows_op(x, plan.sorted_token_ids, plan.slot_rows, plan.top_k)
     return gather_rows(x, plan.sorted_token_ids)
+
+
+@torch.library.custom_op("moegemm::permute_rows", mutates_args=())
+def permute_rows_op(
+    x: torch.Tensor, sorted_token_ids: torch.Tensor, slot_rows: torch.Tensor, top_k: int
+) -> torch.Tensor:
+    """:func:`permute` where a gradient is recorded: the gather, with a deterministic backward."""
+    return x.index_select(0, sorted_token_ids)
+
+
+@permute_rows_op.register_fake
+def _(x, sorted_token_ids, slot_rows, top_k):
+    return x.new_empty((sorted_token_ids.shape[0], x.shape[1]))
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2])
+    ctx.top_k = inputs[3]
+
+
+def _permute_backward(ctx, grad):
+    # each token's gradient: its top_k rows' gradients, summed in a fixed order
+    (slot_rows,) = ctx.saved_tensors
+    return combine_any(grad, slot_rows, ctx.top_k, None), None, None, None
+
+
+permute_rows_op.register_autograd(_permute_backward, setup_context=_permute_setup)
+
+
+@torch.library.custom_op("moegemm::gather_slots", mutates_args=())
+def gather_slots_op(src: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """src.index_select(0, perm) for a permutation ``perm`` (:func:`sorted_weights` where a gradient is
+    recorded), whose backward puts each gradient back at its index."""
+    return src.index_select(0, perm)
+
+
+@gather_slots_op.register_fake
+def _(src, perm):
+    return src.new_empty((perm.shape[0], *src.shape[1:]))
+
+
+def _slots_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+    ctx.n = inputs[0].shape[0]
+
+
+def _slots_backward(ctx, grad):
+    (perm,) = ctx.saved_tensors
+    return grad.new_zeros((ctx.n, *grad.shape[1:])).index_copy(0, perm.to(torch.int64), grad), None
+
+
+gather_slots_op.register_autograd(_slots_backward, setup_context=_slots_setup)
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -263,20 +332,60 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
         raise ValueError(f"y_sorted: expected a 2-D tensor, got {getattr(y_sorted, 'shape', None)}")
     if y_sorted.shape[0] != plan.num_rows:
         raise ValueError(f"y_sorted: has {y_sorted.shape[0]} rows, expected T*top_k = {plan.num_rows}")
-    t, k, n = plan.num_tokens, plan.top_k, y_sorted.shape[1]
+    t, k = plan.num_tokens, plan.top_k
     if topk_weights is not None and tuple(topk_weights.shape) != (t, k):
         raise ValueError(f"topk_weights: expected shape ({t}, {k}), got {tuple(topk_weights.shape)}")
     if y_sorted.device != plan.slot_rows.device:
         raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
     if triton_here(y_sorted):  # one Triton kernel; under torch.compile the same, as a custom op
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _records(y_sorted, topk_weights):
             return combine_op(y_sorted, plan.slot_rows, k, topk_weights)
         return combine(y_sorted, plan.slot_rows, k, topk_weights)
-    # on the CPU without the interpreter: torch ops
-    slots = y_sorted.index_select(0, plan.slot_rows).view(t, k, n).float()
+    return _combine_torch(y_sorted, plan.slot_rows, k, topk_weights)
+
+
+def _combine_torch(y_sorted, slot_rows, k, topk_weights):
+    """The un-permute in torch ops (on the CPU without the interpreter), differentiable as they are."""
+    t, n = y_sorted.shape[0] // max(k, 1), y_sorted.shape[1]
+    slots = y_sorted.index_select(0, slot_rows).view(t, k, n).float()
     if topk_weights is not None:
         slots = slots * topk_weights.float().unsqueeze(-1)
     return slots.sum(dim=1).to(y_sorted.dtype)
+
+
+def combine_any(y_sorted, slot_rows, k, topk_weights):
+    """The un-permute's sum where it runs: the Triton kernel (as its custom op, which a backward traced by
+    torch.compile can hold), or torch ops."""
+    if triton_here(y_sorted):
+        return combine_op(y_sorted, slot_rows, k, topk_weights)
+    return _combine_torch(y_sorted, slot_rows, k, topk_weights)
+
+
+def _combine_setup(ctx, inputs, output):
+    y_sorted, slot_rows, top_k, topk_weights = inputs
+    ctx.top_k = top_k
+    ctx.has_w = topk_weights is not None
+    ctx.save_for_backward(y_sorted, slot_rows, topk_weights)
+
+
+def _combine_backward(ctx, grad):
+    """dy_sorted[slot_rows[s]] = grad[s // top_k] * w[s] (each row once: a permutation, no atomics);
+    dw[t, j] = <grad[t], y_sorted[slot_rows[t * top_k + j]]> in fp32."""
+    y_sorted, slot_rows, w = ctx.saved_tensors
+    k = ctx.top_k
+    need_y, _, _, need_w = ctx.needs_input_grad
+    per_slot = grad.repeat_interleave(k, dim=0)  # [T * k, N], slot order
+    dy = dw = None
+    if need_y:
+        src = per_slot if w is None else (per_slot.float() * w.reshape(-1, 1).float()).to(grad.dtype)
+        dy = torch.empty_like(y_sorted).index_copy(0, slot_rows.to(torch.int64), src)
+    if need_w and w is not None:
+        rows = y_sorted.index_select(0, slot_rows).float()
+        dw = (rows * per_slot.float()).sum(-1).view(w.shape).to(w.dtype)
+    return dy, None, None, dw
+
+
+combine_op.register_autograd(_combine_backward, setup_context=_combine_setup)
 
 
 def triton_here(t: torch.Tensor) -> bool:
@@ -294,8 +403,12 @@ def row_positions(group_offsets: torch.Tensor, num_rows: int) -> tuple[torch.Ten
 
 def sorted_weights(topk_weights: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """Gating weights in permuted row order, for ``grouped_mm(..., row_scale=...)``."""
+    if not isinstance(topk_weights, torch.Tensor):
+        raise TypeError(f"topk_weights: expected a torch.Tensor, got {type(topk_weights).__name__}")
     if tuple(topk_weights.shape) != (plan.num_tokens, plan.top_k):
         raise ValueError(
             f"topk_weights: expected shape ({plan.num_tokens}, {plan.top_k}), got {tuple(topk_weights.shape)}"
         )
+    if _records(topk_weights):
+        return gather_slots_op(topk_weights.reshape(-1), plan.sorted_slot)
     return gather_rows(topk_weights.reshape(-1), plan.sorted_slot)

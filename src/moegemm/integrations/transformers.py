@@ -10,6 +10,8 @@ default gating, no biases, no post-expert norm, no expert parallelism; weights [
 with ``is_transposed``, [E, H, 2I] and [E, I, H]. An experts module with anything else (gpt-oss's clamped,
 interleaved gating, biases, ...) runs transformers' own ``grouped_mm`` implementation instead, with a
 warning naming the reason, once per reason. The forward has no host sync and traces under torch.compile.
+Under autocast (mixed-precision training) the expert GEMMs run in autocast's dtype, the weights cast to it
+as autocast casts a linear layer's.
 """
 
 from __future__ import annotations
@@ -65,12 +67,17 @@ def moegemm_experts_forward(
             )
         return hf_moe.grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     w_layout = "kn" if getattr(self, "is_transposed", False) else "nk"
+    x, w_gate_up, w_down = hidden_states, self.gate_up_proj, self.down_proj
+    device = hidden_states.device.type
+    if torch.is_autocast_enabled(device):  # mixed precision: the GEMMs in autocast's dtype, as matmuls run
+        dtype = torch.get_autocast_dtype(device)
+        x, w_gate_up, w_down = (t.to(dtype) for t in (x, w_gate_up, w_down))
     y = moe_ffn(
-        hidden_states,
+        x,
         top_k_index,
         top_k_weights.to(torch.float32),
-        self.gate_up_proj,
-        self.down_proj,
+        w_gate_up,
+        w_down,
         w_layout=w_layout,
         validate=False,
     )
