@@ -50,3 +50,14 @@ def assert_close_to_ref(out: torch.Tensor, ref64: torch.Tensor, k: int, what: st
     if ref64.numel():
         rel = ((got - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
         assert rel < 4 * rtol, f"{what}: relative error {rel:.2e} >= {4 * rtol:.1e}"
+
+
+def assert_compiled_grads_match(step, tensors, rtol: float, atol: float) -> None:
+    """``step(*tensors)`` (a scalar loss) eagerly and under torch.compile(fullgraph=True, aot_eager): the
+    gradients of fresh leaf copies of ``tensors`` agree within rtol, atol."""
+    eager = [t.detach().clone().requires_grad_() for t in tensors]
+    step(*eager).backward()
+    comp = [t.detach().clone().requires_grad_() for t in tensors]
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*comp).backward()
+    for e, c in zip(eager, comp):
+        torch.testing.assert_close(c.grad, e.grad, rtol=rtol, atol=atol)

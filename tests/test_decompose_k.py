@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 import torch
-from helpers import DTYPES, LAYOUTS, assert_close_to_ref, make, poisoned
+from helpers import DTYPES, LAYOUTS, assert_close_to_ref, assert_compiled_grads_match, make, poisoned
 
 from moegemm.decompose_k import KERNELS, DecomposeKConfig, decompose_k, heuristic_config, matmul
 from moegemm.decompose_k.reference import decompose_k_relu, reference_mm
@@ -700,12 +700,7 @@ def test_gradients_only_where_asked_and_under_torch_compile(device):
     def step(x, w, bias):
         return matmul(x, w.t(), epilogue="sigmoid", bias=bias, split_k=4).square().sum()
 
-    leaves = [t.detach().clone().requires_grad_() for t in (a, w, bias)]
-    step(*leaves).backward()
-    comp = [t.detach().clone().requires_grad_() for t in (a, w, bias)]
-    torch.compile(step, fullgraph=True, backend="aot_eager")(*comp).backward()
-    for e, c in zip(leaves, comp):
-        torch.testing.assert_close(c.grad, e.grad, rtol=1e-5, atol=1e-6)
+    assert_compiled_grads_match(step, (a, w, bias), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="out"):
         matmul(x, w.t(), out=torch.empty(6, 16, device=device))
     with torch.no_grad():

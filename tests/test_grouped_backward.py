@@ -11,6 +11,7 @@ import torch
 from moegemm.grouped import autograd as ag
 from moegemm.grouped import backward as bw
 from moegemm.grouped import grouped_mm, grouped_mm_swiglu, moe_ffn
+from tests.helpers import assert_compiled_grads_match
 from tests.moe_cells import one_small_config
 
 # The GPU tests at real shapes hold tens of GiB each (float64 references included): one at a time across
@@ -503,19 +504,13 @@ def test_checkpoint_recomputes_the_layer(device):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
-def test_transformers_backend_backward(device):
-    """loss.backward() through a transformers MoE block on experts_implementation="moegemm": every
-    parameter's gradient (the router's included) against the same block in float64 on the eager experts."""
-    pytest.importorskip("transformers")
-    moe = pytest.importorskip("transformers.integrations.moe")
-    if not hasattr(moe, "ExpertsInterface"):
-        pytest.skip("transformers without ExpertsInterface")
+def _qwen3_blocks(device, seed):
+    """(a small Qwen3-MoE block on ``device`` with experts_implementation="moegemm", the same block in float64
+    on transformers' eager experts, the generator that drew its random parameters)."""
     import copy
 
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-    import moegemm.integrations.transformers  # noqa: F401
 
     cfg = Qwen3MoeConfig(
         hidden_size=32,
@@ -530,7 +525,7 @@ def test_transformers_backend_backward(device):
         vocab_size=97,
     )
     block = Qwen3MoeSparseMoeBlock(cfg)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.2)
@@ -539,6 +534,20 @@ def test_transformers_backend_backward(device):
     ref.experts.config._experts_implementation = "eager"
     block = block.to(device)
     block.experts.config._experts_implementation = "moegemm"
+    return block, ref, g
+
+
+def test_transformers_backend_backward(device):
+    """loss.backward() through a transformers MoE block on experts_implementation="moegemm": every
+    parameter's gradient (the router's included) against the same block in float64 on the eager experts."""
+    pytest.importorskip("transformers")
+    moe = pytest.importorskip("transformers.integrations.moe")
+    if not hasattr(moe, "ExpertsInterface"):
+        pytest.skip("transformers without ExpertsInterface")
+
+    import moegemm.integrations.transformers  # noqa: F401
+
+    block, ref, g = _qwen3_blocks(device, seed=1)
     x = torch.randn(2, 5, 32, generator=g)
     out = block(x.to(device))
     out = out[0] if isinstance(out, tuple) else out
@@ -777,12 +786,7 @@ def test_step_by_step_pipeline_under_torch_compile(device):
         plan = route(ids, 4)
         return (unpermute(grouped_mm(permute(x, plan), w, plan.group_offsets), plan, tw) * dy).sum()
 
-    eager = [v.detach().clone().requires_grad_() for v in (x, tw, w)]
-    step(*eager).backward()
-    comp = [v.detach().clone().requires_grad_() for v in (x, tw, w)]
-    torch.compile(step, fullgraph=True, backend="aot_eager")(*comp).backward()
-    for a, b in zip(eager, comp):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-6)
+    assert_compiled_grads_match(step, (x, tw, w), rtol=1e-6, atol=1e-6)
 
 
 def test_double_backward_raises_instead_of_dropping_terms(device):
@@ -850,35 +854,10 @@ def test_transformers_backend_under_autocast(device):
     moe = pytest.importorskip("transformers.integrations.moe")
     if not hasattr(moe, "ExpertsInterface"):
         pytest.skip("transformers without ExpertsInterface")
-    import copy
-
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     import moegemm.integrations.transformers as hf
 
-    cfg = Qwen3MoeConfig(
-        hidden_size=32,
-        moe_intermediate_size=16,
-        num_experts=6,
-        num_experts_per_tok=2,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        vocab_size=97,
-    )
-    block = Qwen3MoeSparseMoeBlock(cfg)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    ref = Qwen3MoeSparseMoeBlock(copy.deepcopy(cfg)).double()
-    ref.load_state_dict(block.state_dict())
-    ref.experts.config._experts_implementation = "eager"
-    block = block.to(device)
-    block.experts.config._experts_implementation = "moegemm"
+    block, ref, g = _qwen3_blocks(device, seed=2)
     seen = []
     real = hf.moe_ffn
 
