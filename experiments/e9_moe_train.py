@@ -24,7 +24,9 @@ weights (the router learns) and both weights. Contenders:
   only).
 
 Each phase in moe_train.phases is its own row: "fwd+bwd" (the step; its output, dX, checked against a
-float64 dX) and "fwd" (the forward alone with autograd recording, checked against the float64 output);
+float64 dX, and the gradients of the gating weights and of both weights, expert by expert, against float64
+too, before anything is timed) and "fwd" (the forward alone with autograd recording, checked against the
+float64 output);
 the backward's time is their difference. Both clocks (GPU time through a CUDA graph where the contender
 captures, and launch-inclusive), and the peak memory of one step (``peak_mem_bytes``:
 torch.cuda.max_memory_allocated over the step; ``step_mem_bytes``: that less what was allocated before it).
@@ -96,14 +98,60 @@ def torch_pipeline_train(x, ids, wts, w_gu, w_dn, e: int) -> torch.Tensor:
     return torch.zeros_like(x).scatter_add(0, idx, ys)
 
 
+def check_weight_grads(got, x, ids, wts, w_gu, w_dn, dy, scale: float = 1.0) -> tuple[bool, float, str]:
+    """The step's other gradients against float64, expert by expert (each expert's weights in float64 one
+    at a time, as ref_step): ``got`` = (d wts [T, k], dW_gu [E, 2I, H], dW_dn [E, H, I]). Each expert's dW
+    within the harness's tolerance for its row count (an expert with no rows: exact zeros), the gating
+    weights' gradient for the reduction over H and I (``scale``: the harness check's); (ok, the largest
+    relative error, the reason)."""
+    dw_t, dgu, ddn = got
+    i = w_gu.shape[1] // 2
+    ref_t = torch.zeros(wts.shape, dtype=torch.float64, device=wts.device)
+    worst = 0.0
+    for e in range(w_gu.shape[0]):
+        tok, j = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            if (dgu[e] != 0).any() or (ddn[e] != 0).any():
+                return False, math.inf, f"expert {e} has no rows but a nonzero weight gradient"
+            continue
+        gu_w, dn_w = w_gu[e].double(), w_dn[e].double()
+        xe, dye = x[tok].double(), dy[tok].double()
+        h = xe @ gu_w.T
+        g, u = h[:, :i], h[:, i:]
+        sg = torch.sigmoid(g)
+        act = g * sg * u
+        s = wts[tok, j].double()[:, None]
+        ref_t[tok, j] = (dye * (act @ dn_w.T)).sum(1)
+        da = s * (dye @ dn_w)
+        dg = da * u * sg * (1 + g * (1 - sg))
+        du = da * g * sg
+        rows = int(tok.numel())
+        for name, out, ref in (
+            (f"dW_dn[{e}]", ddn[e], (s * dye).T @ act),
+            (f"dW_gu[{e}]", dgu[e], torch.cat([dg, du], 1).T @ xe),
+        ):
+            ok, rel, why = check(out, ref, rows, scale=scale)
+            worst = max(worst, rel)
+            if not ok:
+                return False, rel, f"{name}: {why}"
+    # the gating weights' gradient comes back in their dtype (fp32) from products in the layer's (x's): held
+    # to the tolerance of x's dtype
+    ok, rel, why = check(dw_t.to(x.dtype), ref_t, w_dn.shape[1] + i, scale=scale)
+    return ok, max(worst, rel), ("d topk_weights: " + why if why else "")
+
+
 class Step:
     """One contender's step over shared leaves: the forward ``fwd(x, wts, w_gu, w_dn)`` and, for
     "fwd+bwd", the backward of ``dy``; returns dX (or, for "fwd", the output). Every gradient is cleared
     before the step and the weights' and gating weights' after it, so that no contender holds another's
-    gradients (their memory is part of the step, each step allocating its own)."""
+    gradients (their memory is part of the step, each step allocating its own). ``weights``: the two tensors
+    whose gradients are dW_gu and dW_dn, which :meth:`other_grads` returns from one more step for the
+    check (nothing is kept past it)."""
 
-    def __init__(self, fwd, leaves, params, dy, phase: str):
+    def __init__(self, fwd, leaves, params, dy, phase: str, weights=()):
         self.fwd, self.leaves, self.params, self.dy, self.phase = fwd, leaves, params, dy, phase
+        self.weights = tuple(weights)
+        self._keep = None
 
     def __call__(self):
         x = self.leaves[0]
@@ -113,14 +161,27 @@ class Step:
         if self.phase == "fwd":
             return y
         y.backward(self.dy)
+        if self._keep is not None:
+            self._keep.append((self.leaves[1].grad, *(w.grad for w in self.weights)))
         for p in (*self.leaves[1:], *self.params):
             p.grad = None
         return x.grad
 
+    def other_grads(self):
+        """(d wts, dW_gu, dW_dn) of one step (fwd+bwd), or None where the step has no ``weights``."""
+        if len(self.weights) != 2:
+            return None
+        self._keep = []
+        try:
+            self()
+            return self._keep[0]
+        finally:
+            self._keep = None
+
 
 def memo_bind(make):
     """A contender's bind that makes its call once per input set (measure and the peak-memory step share
-    it; a compiled contender compiles once)."""
+    it; a compiled contender compiles once); ``bind.made``: the calls made, by input set."""
     made = {}
 
     def bind(inp):
@@ -129,24 +190,51 @@ def memo_bind(make):
             made[key] = make(inp)
         return made[key]
 
+    bind.made = made
     return bind
 
 
+def full_check(bind, ref_dx, k, x, ids, wts, dy, scale: float = 1.0):
+    """The fwd+bwd check: dX against float64 (the step's output), then every other gradient of one more step
+    (check_weight_grads), so that a contender that gets dX right and a weight gradient wrong is recorded as
+    wrong, not timed."""
+
+    def own(out):
+        ok, rel, why = check(out, ref_dx, k, scale=scale)
+        if not ok:
+            return ok, rel, "dX: " + why
+        got = next(iter(bind.made.values())).other_grads()
+        if got is None or any(t is None for t in got):
+            return False, math.nan, "the step kept no gradient of the gating weights or of a weight"
+        w_gu, w_dn = (w.detach() for w in next(iter(bind.made.values())).weights)
+        ok2, rel2, why2 = check_weight_grads(got, x.detach(), ids, wts.detach(), w_gu, w_dn, dy, scale)
+        return ok2, max(rel, rel2), why2
+
+    return own
+
+
 def contenders(
-    x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: bool, uk, tuned_by: str = ""
+    x, ids, wts, dy, e: int, phase: str, ref_y, k: int, compiled: bool, uk, tuned_by: str = "", ref_dx=None
 ) -> list[Contender]:
     """The contenders of one cell and phase (see the module's docstring). ``x`` and ``wts`` are the leaves
-    (requires_grad); an input set is (w_gate_up, w_down), leaves too."""
+    (requires_grad); an input set is (w_gate_up, w_down), leaves too. "fwd": the output checked against
+    ``ref_y``; "fwd+bwd": dX against ``ref_dx`` and every other gradient against float64 (full_check)."""
 
-    own = (lambda out: check(out, ref_y, k)) if phase == "fwd" else None
     fields = {"phase": phase}
+
+    def own_of(bind):
+        if phase == "fwd":
+            return lambda out: check(out, ref_y, k)
+        return full_check(bind, ref_dx, k, x, ids, wts, dy)
 
     def plain(name, fn, graph=True, extra=None, config=None):
         def make(inp):
-            return Step(lambda: fn(x, ids, wts, inp[0], inp[1]), (x, wts, inp[0], inp[1]), (), dy, phase)
+            leaves = (x, wts, inp[0], inp[1])
+            return Step(lambda: fn(x, ids, wts, inp[0], inp[1]), leaves, (), dy, phase, weights=inp)
 
+        bind = memo_bind(make)
         return Contender(
-            name, memo_bind(make), graph=graph, check=own, fields={**fields, **(extra or {})}, config=config
+            name, bind, graph=graph, check=own_of(bind), fields={**fields, **(extra or {})}, config=config
         )
 
     def ours_recompute(x, ids, wts, a, b):
@@ -162,14 +250,16 @@ def contenders(
             mod = hf_experts(inp[0], inp[1], impl)
             for p in mod.parameters():
                 p.requires_grad_(True)
-            fn = torch.compile(mod, fullgraph=True) if comp else mod
-            return Step(lambda: fn(x, ids, wts), (x, wts), tuple(mod.parameters()), dy, phase)
+            fn = torch.compile(mod, fullgraph=True, dynamic=False) if comp else mod  # per T: its best code
+            weights = (mod.gate_up_proj, mod.down_proj)  # [E, 2I, H], [E, H, I]
+            return Step(lambda: fn(x, ids, wts), (x, wts), tuple(mod.parameters()), dy, phase, weights)
 
+        bind = memo_bind(make)
         return Contender(
             name,
-            memo_bind(make),
+            bind,
             graph=graph,
-            check=own,
+            check=own_of(bind),
             fields={**fields, "config_source": impl + (", compiled" if comp else "")},
         )
 
@@ -186,7 +276,7 @@ def contenders(
     ]
     if compiled:
         cs += [
-            plain("torch._grouped_mm pipeline:compiled", torch.compile(pipeline)),
+            plain("torch._grouped_mm pipeline:compiled", torch.compile(pipeline, dynamic=False)),
             hf("hf:grouped_mm:compiled", "grouped_mm", True),
         ]
     if uk is not None:
@@ -336,7 +426,7 @@ def main():
                 continue
             peer = uk if unsloth_joins(run, model) else None
             cs = contenders(
-                x, ids, wts, dy, e, phase, ref_y, h + i, t in run["compiled_tokens"], peer, tuned_by
+                x, ids, wts, dy, e, phase, ref_y, h + i, t in run["compiled_tokens"], peer, tuned_by, ref_dx
             )
             sets = [(w_gu, w_dn)]
             out = measure(cs, sets, ref_dx, h + i, settings)

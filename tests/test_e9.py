@@ -58,7 +58,7 @@ def test_e9_contenders_compute_the_step(phase, device, small_tiles):
 
     e, h, i, ids, x, wts, dy, w_gu, w_dn = tiny_cell(device)
     ref_y, ref_dx = e9.ref_step(x, ids, wts, w_gu, w_dn, dy)
-    cs = e9.contenders(x, ids, wts, dy, e, phase, ref_y, h + i, compiled=False, uk=None)
+    cs = e9.contenders(x, ids, wts, dy, e, phase, ref_y, h + i, compiled=False, uk=None, ref_dx=ref_dx)
     assert [c.name for c in cs] == [
         "ours:moe_ffn",
         "ours:moe_ffn:recompute",
@@ -69,17 +69,60 @@ def test_e9_contenders_compute_the_step(phase, device, small_tiles):
         call = c.bind((w_gu, w_dn))
         assert c.bind((w_gu, w_dn)) is call  # one call per input set
         out = call()
-        ok, rel, why = c.check(out) if c.check is not None else check(out, ref_dx, h + i)
+        ok, rel, why = c.check(out)
         if not ok and INTERPRET and out.dtype == torch.bfloat16:
             # Triton's interpreter casts fp32 to bf16 by truncation (README): each of ours' bf16 stores
             # (the gate/up product, P, dGU) carries up to twice its GPU rounding error there, so the check's
             # budget doubles; on a GPU the harness's own check holds (E9 and -m gpu)
-            ok, rel, why = check(out, ref_dx, h + i, scale=2.0)
+            if phase == "fwd":
+                ok, rel, why = check(out, ref_y, h + i, scale=2.0)
+            else:
+                ok, rel, why = e9.full_check(c.bind, ref_dx, h + i, x, ids, wts, dy, scale=2.0)(out)
         assert ok, (c.name, why)
         assert c.fields["phase"] == phase
         if phase == "fwd+bwd":
             assert w_gu.grad is None and w_dn.grad is None and wts.grad is None
             assert torch.equal(call(), out)
+
+
+def test_e9_check_catches_a_wrong_weight_gradient(device, small_tiles):
+    """A step whose dX is right but one of whose other gradients is wrong (zero for w_gate_up, or missing for
+    the gating weights) fails E9's check, naming the gradient; the right step passes."""
+    import experiments.e9_moe_train as e9
+    from moegemm.grouped import moe_ffn
+
+    e, h, i, ids, x, wts, dy, w_gu, w_dn = tiny_cell(device)
+    _, ref_dx = e9.ref_step(x, ids, wts, w_gu, w_dn, dy)
+
+    class NoGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.zeros_like(g)
+
+    variants = {
+        "right": lambda a, b, w: moe_ffn(x, ids, w, a, b, validate=False),
+        "w_gate_up zeroed": lambda a, b, w: moe_ffn(x, ids, w, NoGrad.apply(a), b, validate=False),
+        "gating detached": lambda a, b, w: moe_ffn(x, ids, w.detach(), a, b, validate=False),
+    }
+    for name, fn in variants.items():
+
+        def make(inp, fn=fn):
+            return e9.Step(lambda: fn(inp[0], inp[1], wts), (x, wts, *inp), (), dy, "fwd+bwd", weights=inp)
+
+        bind = e9.memo_bind(make)
+        out = bind((w_gu, w_dn))()
+        scale = 2.0 if INTERPRET else 1.0  # (the interpreter's truncating bf16 casts, as above)
+        ok, rel, why = e9.full_check(bind, ref_dx, h + i, x, ids, wts, dy, scale=scale)(out)
+        assert ok == (name == "right"), (name, why)
+        if name == "w_gate_up zeroed":
+            assert "dW_gu" in why, why
+        if name == "gating detached":
+            assert "gating weights" in why, why
+    assert w_gu.grad is None and w_dn.grad is None and wts.grad is None
 
 
 def test_e9_step_columns_and_fit():
