@@ -475,22 +475,42 @@ def vllm_search(vk, g: dict, model: str, proj: str, t: int, w, settings) -> dict
     ws = weight_sets(w, int((plan.group_sizes > 0).sum()), t * top_k, k, n)
     naive = vllm_moe.naive_assignment(t, top_k, e)
     own = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, m["down"][0], m["up"][0], n, top_k, t)
-    tries = ([own] if own else []) + [(c, "search") for c in vllm_moe.candidates(t * top_k / e)]
+    try:
+        return fastest_config(
+            own,
+            vllm_moe.candidates(t * top_k / e),
+            lambda config: vllm_moe.launcher(vk, a, tk, plan, ids, n, config, naive),
+            [(wi,) for wi in ws],
+            ref,
+            k,
+            settings,
+        )
+    except RuntimeError as ex:
+        raise RuntimeError(f"vLLM's kernel: {ex} for {model} {proj} T={t}") from None
+
+
+def fastest_config(own, candidates, bind_of, sets, ref, k: int, settings, check_and_time_fn=None) -> dict:
+    """A peer's config search, as a tuner times a candidate: its own choice ``own`` ((config, source) or
+    None) and each of ``candidates`` (each tried once, SPLIT_K aside), bound by ``bind_of(config)`` to a
+    function of an input set, compiled side by side, then each checked against float64 (``ref``, reduction
+    length ``k``) and timed on the GPU clock over ``sets``. Returns the fastest right one: {config, source,
+    graph_us, tried, own (the own choice's source and time)}; a RuntimeError where none is right."""
+    timed = check_and_time_fn or check_and_time
+    tries = ([own] if own else []) + [(c, "search") for c in candidates]
     seen, todo = set(), []
     for config, source in tries:
         key = json.dumps({kk: v for kk, v in config.items() if kk != "SPLIT_K"}, sort_keys=True)
         if key not in seen:
             seen.add(key)
-            todo.append((config, source, vllm_moe.launcher(vk, a, tk, plan, ids, n, config, naive)))
-    prewarm([bind(ws[0]) for _, _, bind in todo])  # the compiles, from a thread pool
+            todo.append((config, source, bind_of(config)))
+    prewarm([bind(*sets[0]) for _, _, bind in todo])  # the compiles, from a thread pool
     rows = [
-        {"config": config, "source": source, **check_and_time([bind(wi) for wi in ws], ref, k, settings)}
+        {"config": config, "source": source, **timed([bind(*s) for s in sets], ref, k, settings)}
         for config, source, bind in todo
     ]
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
-        why = rows[0]["note"] if rows else "no config to try"
-        raise RuntimeError(f"vLLM's kernel: no config right for {model} {proj} T={t}: {why}")
+        raise RuntimeError(f"no config right ({rows[0]['note'] if rows else 'no config to try'})")
     best = min(ok, key=lambda r: r["graph_us"])
     own_row = rows[0] if own else None
     return {

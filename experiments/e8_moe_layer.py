@@ -15,9 +15,12 @@ host cost per call (moe_layer.host_calls, the cpu_us column):
   down, the gating weights and the combine as torch ops;
 - ``vllm:fused_experts``: vLLM's fused-MoE Triton kernel as vLLM's fused_experts runs it (the expert
   assignment, gate/up gathering the tokens' rows, silu_and_mul, down with the routing weights applied inside
-  the kernel, moe_sum), with vLLM's flags and its own config for the layer (its tuned table for this GPU,
-  else its default), where its source is at hand (MOEGEMM_VLLM_SOURCE, as E7); vLLM's CUDA glue ops are
-  stood in for by one-kernel Triton equivalents, named in the ``glue`` column (experiments/vllm_moe.py);
+  the kernel, moe_sum), with vLLM's flags and one config for the layer, as vLLM takes it: the faster of its
+  own (its tuned table for this GPU, else its default) and a light search of ours (vllm_moe.candidates),
+  each checked and timed on the cell's own inputs before the cell is measured (vllm_layer_search; as E7
+  searches per projection), where its source is at hand (MOEGEMM_VLLM_SOURCE, as E7); vLLM's CUDA glue
+  ops are stood in for by one-kernel Triton equivalents, named in the ``glue`` column
+  (experiments/vllm_moe.py);
 - ``tk:matmul_ogs``: OpenAI's triton_kernels as vLLM runs it for gpt-oss (its routing, matmul_ogs with the
   gather and the fused SwiGLU, then matmul_ogs with the scatter, the top-k sum and the routing weights
   fused), where its source is at hand (MOEGEMM_TRITON_KERNELS_SOURCE; experiments/triton_kernels_moe.py);
@@ -41,8 +44,15 @@ import time
 import torch
 
 from experiments import triton_kernels_moe, vllm_moe
-from experiments.common import Progress, check_models, selected, shard_cells
-from experiments.e7_grouped_skew import Vllm, failed_contender, floor_us, graph_rates, start
+from experiments.common import Progress, check_and_time, check_models, selected, shard_cells
+from experiments.e7_grouped_skew import (
+    Vllm,
+    failed_contender,
+    fastest_config,
+    floor_us,
+    graph_rates,
+    start,
+)
 from moegemm.bench.moe_loads import sample_topk
 from moegemm.bench.runner import Contender, measure
 from moegemm.bench.timing import input_sets_for
@@ -128,7 +138,7 @@ def hf_contender(name: str, impl: str, x, ids, wts, compiled: bool, graph: bool 
 
     def bind(inp):
         mod = hf_experts(inp[0], inp[1], impl)
-        fn = torch.compile(mod, fullgraph=True) if compiled else mod
+        fn = torch.compile(mod, fullgraph=True, dynamic=False) if compiled else mod  # per T: its best code
         return lambda: fn(x, ids, wts)
 
     return Contender(
@@ -136,26 +146,53 @@ def hf_contender(name: str, impl: str, x, ids, wts, compiled: bool, graph: bool 
     )
 
 
-def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int) -> Contender:
+def vllm_layer_search(vk, x, ids, wts, e: int, h: int, i: int, sets, ref, settings, gpu_name: str) -> dict:
+    """vLLM's whole layer (vllm_moe.layer, one config for both GEMMs, as vLLM takes it) at its own config
+    (own_choice) and at each of our light search's (vllm_moe.candidates for the cell's mean rows per expert),
+    each checked against the float64 reference and timed on the GPU clock over the cell's input sets, as a
+    tuner times a candidate (e7_grouped_skew.fastest_config, E7's search for its kernel). Returns the fastest
+    right one: {config, source, graph_us, tried, own}; a RuntimeError where none is right."""
+    t, top_k = ids.shape
+    return fastest_config(
+        vllm_moe.own_choice(vk, gpu_name, e, i, h, 2 * i, top_k, t),
+        vllm_moe.candidates(t * top_k / e),
+        lambda config: vllm_moe.layer(vk, x, ids, wts, e, config),
+        sets,
+        ref,
+        h + i,
+        settings,
+        check_and_time_fn=check_and_time,
+    )
+
+
+def vllm_contender(vk, x, ids, wts, e: int, h: int, i: int, t: int, choice=None) -> Contender:
     """vLLM's kernel as fused_experts runs it (vllm_moe.layer: the expert assignment in the call, gate/up
     gathering its rows, silu_and_mul, down with the routing weights inside, moe_sum; vLLM's CUDA glue ops
-    stood in for by one-kernel Triton equivalents, named in ``glue``), at vLLM's own config for the layer
-    (own_choice) and its own flags (vllm_flags)."""
+    stood in for by one-kernel Triton equivalents, named in ``glue``), at the config ``choice`` of
+    vllm_layer_search (a str: why the search failed, recorded as an error; None: vLLM's own choice, no
+    search, as the probes that reuse this contender take it) and its own flags (vllm_flags)."""
     top_k = ids.shape[1]
-    choice = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, i, h, 2 * i, top_k, t)
     if choice is None:
-        return failed_contender(
-            "vllm:fused_experts", "vLLM's source has neither a table nor a default config"
-        )
-    config, source = choice
+        own = vllm_moe.own_choice(vk, torch.cuda.get_device_name(0), e, i, h, 2 * i, top_k, t)
+        if own is None:
+            choice = "vLLM's source has neither a table nor a default config"
+        else:
+            choice = {"config": own[0], "source": own[1], "graph_us": math.nan, "tried": 1, "own": None}
+    if not isinstance(choice, dict):
+        return failed_contender("vllm:fused_experts", f"config search failed: {choice}")
+    config = choice["config"]
     bind = vllm_moe.layer(vk, x, ids, wts, e, config)
-    _, flags = vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, torch.cuda.get_device_capability())
+    _, flags = vllm_moe.vllm_flags(set(vk.kernel.arg_names), x.dtype, vllm_moe.capability_of(x))
+    own = choice["own"]
     return Contender(
         "vllm:fused_experts",
         lambda inp: bind(inp[0], inp[1]),
         config=config,
         fields={
-            "config_source": f"{source} ({vk.origin})",
+            "config_source": f"{choice['source']}; best of {choice['tried']} ({vk.origin})",
+            "vllm_own_config": own[0] if own else "",
+            "vllm_own_search_us": own[1] if own else math.nan,
+            "vllm_search_us": choice["graph_us"],
             "vllm_flags": flags,
             "glue": vllm_moe.GLUE,
             "naive_block_assignment": vllm_moe.naive_assignment(t, top_k, e),
@@ -178,7 +215,10 @@ def tk_contender(tk, x, ids, wts, e: int) -> Contender:
     )
 
 
-def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk, tk=None) -> list[Contender]:
+def contenders(
+    x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk, tk=None, vllm_choice=None
+) -> list[Contender]:
+    """The contenders of one cell; ``vllm_choice``: vllm_layer_search's result for it (where vk is given)."""
     cs = [
         Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
         Contender("ours:unfused-swiglu", lambda inp: lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)),
@@ -194,7 +234,7 @@ def contenders(x, ids, wts, e: int, h: int, i: int, t: int, compiled: bool, vk, 
             hf_contender("hf:grouped_mm:compiled", "grouped_mm", x, ids, wts, True),
         ]
     if vk is not None:
-        cs.append(vllm_contender(vk, x, ids, wts, e, h, i, t))
+        cs.append(vllm_contender(vk, x, ids, wts, e, h, i, t, vllm_choice))
     if tk is not None:
         cs.append(tk_contender(tk, x, ids, wts, e))
     cs.append(hf_contender("per-expert-loop", "eager", x, ids, wts, False, graph=False))
@@ -325,12 +365,20 @@ def main():
         t_cell = time.perf_counter()
         m, e, top_k, h, i, ids, x, wts, ref, active, sets = cell_inputs(g, model, t, load, weights)
         inputs_s = time.perf_counter() - t_cell  # weights (once per model), routing, reference
-        cs = contenders(x, ids, wts, e, h, i, t, compiled_here(run, model, t), vllm.kernel, tk)
+        choice = None
+        if vllm.kernel is not None:
+            try:
+                gpu = torch.cuda.get_device_name(0)
+                choice = vllm_layer_search(vllm.kernel, x, ids, wts, e, h, i, sets, ref, settings, gpu)
+            except Exception as ex:  # an optional contender: its row records why, not fatal
+                choice = f"{type(ex).__name__}: {str(ex)[:200]}"
+        search_s = time.perf_counter() - t_cell - inputs_s  # vLLM's config search, before the cell
+        cs = contenders(x, ids, wts, e, h, i, t, compiled_here(run, model, t), vllm.kernel, tk, choice)
         out = measure(cs, sets, ref, h + i, settings)
         annotate(out, "E8", m, model, t, load, h, i, active, len(sets), slug, prov)
         cell_s = time.perf_counter() - t_cell
-        for r in out:  # the cell's own cost: its inputs, and its whole wall time
-            r.update(inputs_s=inputs_s, cell_s=cell_s)
+        for r in out:  # the cell's own cost: its inputs, vLLM's config search, and its whole wall time
+            r.update(inputs_s=inputs_s, vllm_search_s=search_s, cell_s=cell_s)
         writer.add(out)
         print(f"E8 {model} T={t} {load}: {cell_s:.1f} s", file=sys.stderr, flush=True)
         del sets, cs

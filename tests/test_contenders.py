@@ -154,3 +154,44 @@ def test_e8_annotate_gives_ffn_rows_their_cell_columns():
         "input_sets": 3,
         "gpu": "g",
     }
+
+
+def test_e8_gives_vllm_the_faster_of_its_own_config_and_a_light_search(monkeypatch):
+    """E8's vLLM layer is timed at the fastest right config of its own choice and our light search (one
+    config for both GEMMs, as vLLM takes it), each candidate checked first; duplicates are tried once; the
+    row names the choice, vLLM's own config and both times; with no right config the search raises."""
+    import torch
+
+    import experiments.e8_moe_layer as e8
+
+    own_cfg = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    fast = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16}
+    wrong = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16}
+    times = {str(own_cfg): 120.0, str(fast): 100.0, str(wrong): 50.0}
+    monkeypatch.setattr(e8.vllm_moe, "own_choice", lambda *a: (dict(own_cfg), "vllm-default"))
+    monkeypatch.setattr(e8.vllm_moe, "candidates", lambda rows: [dict(own_cfg), dict(fast), dict(wrong)])
+    monkeypatch.setattr(e8.vllm_moe, "layer", lambda vk, x, ids, wts, e, config: lambda a, b: str(config))
+    import experiments.e7_grouped_skew as e7
+
+    monkeypatch.setattr(e7, "prewarm", lambda calls: len(calls))
+    tried = []
+
+    def fake_check_and_time(calls, ref, k, settings):
+        cfg = calls[0]
+        tried.append(cfg)
+        if cfg == str(wrong):
+            return {"status": "wrong", "note": "2 elements outside tolerance"}
+        return {"status": "ok", "graph_us": times[cfg]}
+
+    monkeypatch.setattr(e8, "check_and_time", fake_check_and_time)
+    ids = torch.zeros(8, 2, dtype=torch.int64)
+    got = e8.vllm_layer_search(None, None, ids, None, 4, 64, 32, [(1, 2)], None, None, "NVIDIA H200")
+    assert got["config"] == fast and got["source"] == "search" and got["graph_us"] == 100.0
+    assert got["tried"] == 3 and got["own"] == ("vllm-default", 120.0) and len(tried) == 3
+    times[str(fast)] = 130.0  # vLLM's own config the faster: it is kept
+    got = e8.vllm_layer_search(None, None, ids, None, 4, 64, 32, [(1, 2)], None, None, "NVIDIA H200")
+    assert got["config"] == own_cfg and got["source"] == "vllm-default"
+    monkeypatch.setattr(e8.vllm_moe, "candidates", lambda rows: [dict(wrong)])
+    monkeypatch.setattr(e8.vllm_moe, "own_choice", lambda *a: None)
+    with pytest.raises(RuntimeError, match="no config right"):
+        e8.vllm_layer_search(None, None, ids, None, 4, 64, 32, [(1, 2)], None, None, "NVIDIA H200")

@@ -223,6 +223,14 @@ def e8(n: Numbers, results: Path, gen: Path) -> None:
         return
     held = o[o.split == "heldout"]
     n.add("EEightFuseAbove", FUSE_ABOVE_ROWS_PER_EXPERT, "{}")
+    # how E8's vLLM layer took its config: searched as E7's kernel (rows with vllm_search_us), or vLLM's own
+    v = df[(df.contender == VLLM) & (df.status == "ok")]
+    searched = "vllm_search_us" in v and v.vllm_search_us.notna().any()
+    n.add(
+        "EEightVllmConfig",
+        "in E8 likewise, one config for both GEMMs" if searched else "in E8 at vLLM's own config, unsearched",
+        "{}",
+    )
     r = (held.set_index(KEYS).best_peer / held.set_index(KEYS)[OURS]).dropna()
     t = r.index.get_level_values("tokens")
     for phase, part in (("Decode", r[t <= 256]), ("Prefill", r[t >= PREFILL])):  # each phase apart
