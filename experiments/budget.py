@@ -6,7 +6,8 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
 - E1: each (shape, mode), a max-autotune mode 4x a plain one (its autotuning);
 - E2, E3: each shape; E4: each (shape, split);
 - E5: each (shape, suite), and the compiled contenders' (shape, suite) 8x (a max-autotune compile each);
-- tune (Decompose-K): each shape and dtype; tune_seed: each shape (the seed's own search);
+- tune (Decompose-K): each shape and dtype; tune_seed: each shape and dtype it searches (the seed's own
+  search);
 - E6: each (epilogue, T), and 4x more where the compiled contenders run (two compiles of tens of seconds);
 - tune_grouped: each (model, projection, T, load);
 - E7: each cell times its contenders (the per-contender check, compile and timing dominate: its committed run
@@ -52,6 +53,8 @@ BASELINE = {
     "tune_models": 3,
     "grouped_tune_tokens": [1, 8, 64, 256, 1024, 4096],
     "tune_loads": 2,
+    # tune_seed: the dtypes it searched on the grid (bf16 alone, before it searched fp32 as well)
+    "seed_grid_dtypes": 1,
     # E7 and E8: their work in contender-cells, under the committed run's code and config (grouped_skew_work
     # and moe_layer_work of that config, with the contender lists of that code), and its rounds
     "grouped_skew_work": 990.0,
@@ -240,7 +243,8 @@ def work(cfg: dict) -> dict[str, float]:
         "decompose_k_grid": grid * len(d["suites"])
         + 8 * compiled_mn * compiled_k * len(d.get("grid_compiled_suites", d["suites"])),
         "tune": 2 * grid + len(r.get("tune_tokens", r["tokens"])),
-        "tune_seed": grid + sum(t <= r["seed_max_tokens"] for t in r["tokens"]),
+        "tune_seed": len(d.get("seed_grid_dtypes", ["bfloat16"])) * grid
+        + sum(t <= r["seed_max_tokens"] for t in r["tokens"]),
         "router_gemm": _router_work(
             r["tokens"],
             set(r.get("compiled_tokens", r["tokens"])),
@@ -276,7 +280,8 @@ def _work_under(b: dict) -> dict[str, float]:
         "decompose_k_grid": grid * b["suites"]
         + 8 * b["grid_compiled_mn"] * b["grid_compiled_k"] * b["grid_compiled_suites"],
         "tune": 2 * grid + b["router_tune_tokens"],
-        "tune_seed": grid + sum(t <= b["seed_max_tokens"] for t in b["router_tokens"]),
+        "tune_seed": b["seed_grid_dtypes"] * grid
+        + sum(t <= b["seed_max_tokens"] for t in b["router_tokens"]),
         "router_gemm": _router_work(
             b["router_tokens"],
             set(b["router_compiled_tokens"]),

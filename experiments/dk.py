@@ -423,8 +423,9 @@ def seed_kernels(
     **fields,
 ) -> list[Contender]:
     """The seed's two Triton kernels ("seed: original", "seed: optimized") at the configs its own search
-    chose for this shape (tune_seed; fp16 and fp32 take bf16's), or at ``split`` with the chosen tile (E4; S
-    must divide K). None where the seed's source or search result is missing."""
+    chose for this shape and dtype (tune_seed; fp16 takes bf16's, and so does fp32 where a tune_seed of
+    before its fp32 search has none), or at ``split`` with the chosen tile (E4; S must divide K). None
+    where the seed's source or search result is missing."""
     import dataclasses
 
     from experiments import seed_dk

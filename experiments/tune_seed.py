@@ -2,9 +2,10 @@
 that E3-E6 time each at its best config. Every config tried is a row (checked against float64 first, then
 timed on the GPU clock); ``best`` marks each search's winner.
 
-Shapes: the M=N x K grid and the router at every decode token count E6 measures, in bf16. The winners also
-serve fp16 (the same element size and tensor-core rate), the ReLU suite (whose ReLU only changes the seed's
-reducer) and, to fit the GPU run's time, fp32, where the seed's kernels run at their bf16 configs. Without
+Shapes: the M=N x K grid in each of decompose_k.seed_grid_dtypes (bf16; float32 where listed, the seed's own
+benchmark's practice: then E5's fp32 suite runs its own winners) and the router at every decode token count
+E6 measures, in bf16. The bf16 winners also serve fp16 (the same element size and tensor-core rate), the
+ReLU suite (whose ReLU only changes the seed's reducer) and a dtype not searched. Without
 ``MOEGEMM_SEED_SOURCE`` the CSV holds one row that says so, and the experiments run without the seed's
 kernels.
 
@@ -28,11 +29,16 @@ from experiments.common import (
 )
 
 
+def grid_dtypes(cfg: dict) -> list[str]:
+    """The dtypes the grid is searched in (the router: bf16 alone, E6's dtype)."""
+    return list(cfg["decompose_k"].get("seed_grid_dtypes", ["bfloat16"]))
+
+
 def shapes(cfg: dict) -> list[tuple[tuple[int, int, int], str]]:
     grid = dk.grid_shapes(cfg)
     r = cfg["decompose_k"]["router"]
     router = [(t, r["n"], r["k"]) for t in r["tokens"] if t <= r["seed_max_tokens"]]
-    return [(s, "bfloat16") for s in grid + router]
+    return [(s, dt) for dt in grid_dtypes(cfg) for s in grid] + [(s, "bfloat16") for s in router]
 
 
 def main():

@@ -26,6 +26,7 @@ def baseline_config(cfg: dict, step: str) -> dict:
     d["fusion_grid_k"] = [8192] * b["fusion_grid_k"]
     d["fusion_grid_mn"] = [16] * b["fusion_grid_mn"]
     d["split_sweep"] = [2] * b["split_sweep"]
+    d["seed_grid_dtypes"] = ["bfloat16", "float32"][: b["seed_grid_dtypes"]]
     d["grid_compiled_k"] = [8192] * b["grid_compiled_k"]
     d["grid_compiled_mn"] = [16] * b["grid_compiled_mn"]
     r.update(

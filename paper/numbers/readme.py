@@ -92,14 +92,20 @@ def headline(results: Path) -> str:
             ),
         ]
     fp32 = ""
+    seed_fp32 = (
+        "at the configs of its own fp32 search"
+        if e5.seed_fp32_searched(results)
+        else "at the configs its search found for bf16"
+    )
     if "EFiveFpThirtyTwoGraphVsSeedOptMedian" in m:
         outliers = int(m["EFiveFpThirtyTwoSeedOutliers"])
         fp32 = (
-            " fp32 against the seed's optimized kernel, GPU time: median "
+            " fp32 against the seed's optimized kernel "
+            f"({seed_fp32}), GPU time: median "
             f"{m['EFiveFpThirtyTwoGraphVsSeedOptMedian']}x"
             + (
-                f"; {outliers} shapes where it runs its bf16 configs an order of magnitude slower in fp32 "
-                "lift the geomean (the write-up's appendix)."
+                f"; {outliers} shapes where it runs an order of magnitude slower lift the geomean (the "
+                "write-up's appendix)."
                 if outliers
                 else "."
             )
