@@ -175,21 +175,22 @@ def coverage_text(raw: pd.DataFrame) -> str:
     measured = len(done & set(planned))
     missing = sorted(set(models) - set(raw.model))
     if measured == len(planned):
-        parts = [f"all {len(planned)} of its cells were measured"]
+        parts = [f"{len(planned)} cells"]
     else:
-        parts = [f"{measured} of its {len(planned)} cells were measured"]
+        parts = [f"{measured} of {len(planned)} planned cells"]
         if missing:
             parts[0] += f" (no row of {', '.join(missing)})"
-    for p in PEERS:
-        ran = [m for m in models if (raw[raw.contender == p].model == m).any()]
-        if ran and len(ran) < len(models) - len(missing):
-            parts.append(f"{PEER_NAMES[p]} ran on {', '.join(ran)} alone")
     no_graph = int(step.graph_us.isna().sum())
     if no_graph:
         parts.append(f"ours has the launch clock only in {no_graph} cell{'s' if no_graph > 1 else ''}")
-    for p in PEERS:
-        if (steps.contender == p).any() and steps[steps.contender == p].graph_us.isna().all():
-            parts.append(f"for {PEER_NAMES[p]} the launch clock only (no CUDA graph captured its step)")
+    for p in PEERS:  # a peer that ran on some models only, or without GPU time: one clause each
+        ran = [m for m in models if (raw[raw.contender == p].model == m).any()]
+        some = bool(ran) and len(ran) < len(models) - len(missing)
+        clock = (steps.contender == p).any() and steps[steps.contender == p].graph_us.isna().all()
+        said = [f"ran on {', '.join(ran)} alone"] if some else []
+        said += ["launch clock only (no CUDA graph captured its step)"] if clock else []
+        if said:
+            parts.append(f"{PEER_NAMES[p]} {', '.join(said)}")
     return "; ".join(parts)
 
 
