@@ -501,11 +501,11 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
 
 
 def test_headline_names_the_triton_each_result_used(tmp_path):
-    """paper.numbers.readme.versions_text reads torch and Triton from the CSV rows (synthetic ones here): one
+    """paper.numbers.common.versions_text reads torch and Triton from the CSV rows (synthetic ones here): one
     pair for all, or each pair with the experiments measured with it."""
     import pandas as pd
 
-    from paper.numbers.readme import EXPERIMENT_CSVS, versions_text
+    from paper.numbers.common import EXPERIMENT_CSVS, versions_text
 
     for name in EXPERIMENT_CSVS[:6]:
         pd.DataFrame({"x": [1, 2], "torch": "2.11.0+cu130", "triton": "3.6.0"}).to_csv(

@@ -46,8 +46,6 @@ def provenance(n: Numbers, results: Path) -> None:
     n.add("SMs", int(r["sm_count"]), "{}")
     n.add("Driver", str(r["driver"]))
     n.add("CudaVersion", str(r["cuda"]))
-    from .readme import versions_text  # (readme imports this module)
-
     # torch and Triton of every experiment's CSV: one pair, or each pair with the experiments it measured
     text = re.sub(r"(E\d+)-(E\d+)", r"\1--\2", versions_text(results))  # ranges as en dashes in TeX
     n.add("Versions", text.replace("_", r"\_"))
@@ -245,3 +243,45 @@ def phase_headline(df: pd.DataFrame, keys: list[str], theirs: str, ours: str) ->
             row["host_theirs_us"] = float(ok[ok.contender == theirs].cpu_us.median())
         out.append(row)
     return out
+
+
+EXPERIMENT_CSVS = (
+    "compile_modes",
+    "inductor_codegen",
+    "epilogue_fusion",
+    "split_sweep",
+    "decompose_k_grid",
+    "router_gemm",
+    "grouped_skew",
+    "moe_layer",
+    "moe_train",
+)  # E1..E9
+
+
+def versions_text(results: Path) -> str:
+    """Which torch and Triton the results used, from their CSV rows (the provenance every row carries): one
+    pair, or each pair with the experiments (E1..E9) measured with it."""
+    used: dict[tuple[str, str], list[int]] = {}
+    for i, name in enumerate(EXPERIMENT_CSVS, 1):
+        f = results / f"{name}.csv"
+        if not f.exists():
+            continue
+        v = pd.read_csv(f, usecols=lambda c: c in ("torch", "triton"), dtype=str).dropna().drop_duplicates()
+        for torch_v, triton_v in v[["torch", "triton"]].itertuples(index=False):
+            used.setdefault((torch_v, triton_v), []).append(i)
+    if len(used) == 1:
+        (torch_v, triton_v), _ = next(iter(used.items()))
+        return f"torch {torch_v}, Triton {triton_v}"
+    return "; ".join(f"torch {a}, Triton {b} for {_experiments(e)}" for (a, b), e in sorted(used.items()))
+
+
+def _experiments(ids: list[int]) -> str:
+    runs, out = [], []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, b in runs:
+        out.append(f"E{a}" if a == b else f"E{a}, E{b}" if b == a + 1 else f"E{a}-E{b}")
+    return ", ".join(out)

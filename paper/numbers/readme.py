@@ -9,7 +9,7 @@ import pandas as pd
 from experiments._io import write_text
 
 from . import e3, e5, e6
-from .common import OURS, Numbers, ci_text, paired_rounds, ratio_ci_text
+from .common import OURS, Numbers, ci_text, paired_rounds, ratio_ci_text, versions_text
 from .e5 import E5_RIVALS, vs_ours
 from .runtime import RUNTIME_END, RUNTIME_START
 
@@ -270,48 +270,6 @@ def train_headline(results: Path) -> list[str]:
         "on both clocks, the backward alone (where both phases have GPU times) and the step's peak memory: "
         f"{per_peer}.",
     ]
-
-
-EXPERIMENT_CSVS = (
-    "compile_modes",
-    "inductor_codegen",
-    "epilogue_fusion",
-    "split_sweep",
-    "decompose_k_grid",
-    "router_gemm",
-    "grouped_skew",
-    "moe_layer",
-    "moe_train",
-)  # E1..E9
-
-
-def versions_text(results: Path) -> str:
-    """Which torch and Triton the results used, from their CSV rows (the provenance every row carries): one
-    pair, or each pair with the experiments (E1..E9) measured with it."""
-    used: dict[tuple[str, str], list[int]] = {}
-    for i, name in enumerate(EXPERIMENT_CSVS, 1):
-        f = results / f"{name}.csv"
-        if not f.exists():
-            continue
-        v = pd.read_csv(f, usecols=lambda c: c in ("torch", "triton"), dtype=str).dropna().drop_duplicates()
-        for torch_v, triton_v in v[["torch", "triton"]].itertuples(index=False):
-            used.setdefault((torch_v, triton_v), []).append(i)
-    if len(used) == 1:
-        (torch_v, triton_v), _ = next(iter(used.items()))
-        return f"torch {torch_v}, Triton {triton_v}"
-    return "; ".join(f"torch {a}, Triton {b} for {_experiments(e)}" for (a, b), e in sorted(used.items()))
-
-
-def _experiments(ids: list[int]) -> str:
-    runs, out = [], []
-    for i in sorted(set(ids)):
-        if runs and runs[-1][1] == i - 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    for a, b in runs:
-        out.append(f"E{a}" if a == b else f"E{a}, E{b}" if b == a + 1 else f"E{a}-E{b}")
-    return ", ".join(out)
 
 
 def update_readme(readme: Path, block: str, runtime_text: str | None = None) -> None:
