@@ -245,17 +245,15 @@ def phase_headline(df: pd.DataFrame, keys: list[str], theirs: str, ours: str) ->
     return out
 
 
-EXPERIMENT_CSVS = (
-    "compile_modes",
-    "inductor_codegen",
-    "epilogue_fusion",
-    "split_sweep",
-    "decompose_k_grid",
-    "router_gemm",
-    "grouped_skew",
-    "moe_layer",
-    "moe_train",
-)  # E1..E9
+def _experiment_csvs() -> tuple[str, ...]:
+    """E1..E9's CSVs: the pipeline's measurement steps, in order (experiments.pipeline.STEP_ORDER, less the
+    tests, the floors and the tuners)."""
+    from experiments.pipeline import STEP_ORDER
+
+    return tuple(s for s in STEP_ORDER if s not in ("verify", "floors") and not s.startswith("tune"))
+
+
+EXPERIMENT_CSVS = _experiment_csvs()  # E1..E9
 
 
 def versions_text(results: Path) -> str:
