@@ -709,26 +709,39 @@ def test_gradients_only_where_asked_and_under_torch_compile(device):
 
 
 def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch):
-    """allow_tf32 holds on the cuBLAS path whatever the process-wide setting: cuBLAS runs inside
-    fp32_matmul_precision, which sets PyTorch's TF32 flag to the call's choice and puts it back after."""
+    """allow_tf32 holds on the cuBLAS path whatever the process-wide setting (set through the new API, the
+    legacy flag or set_float32_matmul_precision): cuBLAS runs inside fp32_matmul_precision, which sets the
+    precision to the call's choice and puts the setting back exactly as it was; 16-bit calls leave it
+    alone."""
     from moegemm.decompose_k import api
 
-    flag = torch.backends.cuda.matmul
-    before = flag.allow_tf32
+    m = torch.backends.cuda.matmul
+    before = m.fp32_precision
     try:
-        for process_wide in (True, False):
-            flag.allow_tf32 = process_wide
-            for asked in (False, True):
-                with api.fp32_matmul_precision(asked):
-                    assert flag.allow_tf32 is asked
-                assert flag.allow_tf32 is process_wide
+        for setting in ("tf32", "ieee", "none"):
+            for via in ("api", "medium"):
+                if via == "medium":
+                    torch.set_float32_matmul_precision("medium" if setting == "tf32" else "highest")
+                else:
+                    m.fp32_precision = setting
+                was = m.fp32_precision
+                generic = torch.get_float32_matmul_precision() if via == "medium" else None
+                for asked in (False, True):
+                    with api.fp32_matmul_precision(asked):
+                        assert m.fp32_precision in (("tf32",) if asked else ("ieee", "none"))
+                        if m.fp32_precision == "none":
+                            assert torch.get_float32_matmul_precision() == "highest"
+                    assert m.fp32_precision == was
+                    if generic is not None:  # still readable as set: no mix of the two APIs left
+                        assert torch.get_float32_matmul_precision() == generic
         seen = []
         real = torch.mm
-        monkeypatch.setattr(torch, "mm", lambda *a, **k: seen.append(flag.allow_tf32) or real(*a, **k))
-        flag.allow_tf32 = True
+        monkeypatch.setattr(torch, "mm", lambda *a, **k: seen.append(m.fp32_precision) or real(*a, **k))
+        m.fp32_precision = "tf32"
         a, b = torch.randn(4, 64), torch.randn(64, 8)
         matmul(a, b, kernel="cublas")
         matmul(a, b, kernel="cublas", allow_tf32=True)
-        assert seen == [False, True] and flag.allow_tf32 is True
+        matmul(a.bfloat16(), b.bfloat16(), kernel="cublas")
+        assert seen == ["ieee", "tf32", "tf32"] and m.fp32_precision == "tf32"
     finally:
-        flag.allow_tf32 = before
+        m.fp32_precision = before

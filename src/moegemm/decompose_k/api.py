@@ -158,7 +158,12 @@ class Plan:
         if self.backend == "empty":
             return _empty_sum(out, bias, self.epilogue)
         if self.backend == "cublas":
-            with fp32_matmul_precision(self.allow_tf32 or self.dtype is not torch.float32):
+            precision = (
+                fp32_matmul_precision(self.allow_tf32)
+                if self.dtype is torch.float32
+                else contextlib.nullcontext()
+            )
+            with precision:
                 if bias is None:
                     torch.mm(a, b, out=out)
                 else:
@@ -202,21 +207,37 @@ class Plan:
 @contextlib.contextmanager
 def fp32_matmul_precision(allow_tf32: bool):
     """cuBLAS's fp32 products within: TF32 where ``allow_tf32``, else IEEE, whatever the process-wide setting
-    (``torch.backends.cuda.matmul.allow_tf32``, or ``torch.set_float32_matmul_precision``), which is put back
-    after. A no-op where the setting already agrees."""
+    (``torch.backends.cuda.matmul.fp32_precision``, which ``torch.set_float32_matmul_precision`` and the
+    legacy ``allow_tf32`` flag also set), put back after exactly as it was. A no-op where it already agrees.
+    Process-wide while it lasts, as that setting is."""
     matmul = torch.backends.cuda.matmul
-    try:
+    want = "tf32" if allow_tf32 else "ieee"
+    before = getattr(matmul, "fp32_precision", None)
+    if before is None:  # a torch before the per-backend precision API: its one flag
         before = matmul.allow_tf32
-    except RuntimeError:  # the process set the precision through the newer API, which the flag cannot read
-        before = None
-    if before is None or before == allow_tf32:
+        matmul.allow_tf32 = allow_tf32
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = before
+        return
+    agrees = before == want or (before == "none" and _legacy_tf32() == allow_tf32)
+    if agrees:
         yield
         return
-    matmul.allow_tf32 = allow_tf32
+    matmul.fp32_precision = want
     try:
         yield
     finally:
-        matmul.allow_tf32 = before
+        matmul.fp32_precision = before
+
+
+def _legacy_tf32() -> bool | None:
+    """The process-wide TF32 choice where no precision was set through the new API (None if unreadable)."""
+    try:
+        return torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:
+        return None
 
 
 def _empty_sum(out, bias, epi):
@@ -412,12 +433,10 @@ def _dk_backward(ctx, grad):
     else:
         dz = grad
     need_a, need_b, need_bias = ctx.needs_input_grad[:3]
-    precision = (
-        fp32_matmul_precision(ctx.allow_tf32)
-        if dz.dtype is torch.float32 and not torch.compiler.is_compiling()
-        else contextlib.nullcontext()
-    )
-    with precision:
+    if dz.dtype is torch.float32:  # cuBLAS through the op: its precision holds eagerly and compiled alike
+        da = dk_matmul(dz, b.t(), None, "cublas", None, "none", None, ctx.allow_tf32) if need_a else None
+        db = dk_matmul(a.t(), dz, None, "cublas", None, "none", None, ctx.allow_tf32) if need_b else None
+    else:
         da = dz @ b.t() if need_a else None
         db = a.t() @ dz if need_b else None
     dbias = dz.float().sum(0).to(dz.dtype) if ctx.has_bias and need_bias else None

@@ -68,6 +68,17 @@ from .routing import route
 SAVE_GATE_UP = True
 
 
+def _no_double_backward(name: str) -> None:
+    """A backward asked to build a graph of its own (create_graph=True: grad mode is on inside it) raises:
+    these backwards are not differentiable, and a gradient of theirs (a gradient penalty, say) would
+    otherwise lose its weight terms without a word."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{name}: a gradient of its gradient (create_graph=True) is not supported; its backward is "
+            "differentiable once"
+        )
+
+
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
@@ -76,8 +87,8 @@ class _GroupedMM(torch.autograd.Function):
         return mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # a double backward raises, not silently drops terms
     def backward(ctx, dy):
+        _no_double_backward("grouped_mm")
         x, w, offsets, row_scale = ctx.saved_tensors
         n = ctx.needs_input_grad
         dx, dw, ds = mm_backward(dy, x, w, offsets, row_scale, *ctx.meta, (n[0], n[1], n[3]))
@@ -211,8 +222,8 @@ class _MoEFFN(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # a double backward raises, not silently drops terms
     def backward(ctx, dy):
+        _no_double_backward("moe_ffn")
         saved = ctx.saved_tensors
         grads = ffn_backward(dy, *saved, *ctx.meta, ctx.needs_input_grad[:4])
         if saved[-1] is not None:  # the kept gate/up product now holds its gradient: a second backward

@@ -81,6 +81,8 @@ def grouped_dw(
     e, k, n, s_e, s_k, s_n = _w_dims(dw, w_layout)
     if e == 0 or k == 0 or n == 0:
         return dw
+    if a.shape[0] == 0:  # no rows at all (a rank that received no tokens): every expert's dW is zero
+        return dw.zero_()
     offsets = group_offsets.to(torch.int32).contiguous()
     if a_idx is None and b_idx is None and _dw_tma_ok(a, b, dw):
         if scale is not None:  # s B made first, rounded to B's dtype as the pointer kernel rounds it
