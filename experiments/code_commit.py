@@ -3,10 +3,11 @@ newest commit that changed anything but results, write-up, figures and docs. A t
 without its .git records it so, and a run spread over several checkouts of results-only commits records one
 commit:
 
-    MOEGEMM_COMMIT=$(python -m experiments.code_commit) MOEGEMM_DIRTY=0 \
-        bash experiments/device_pipeline.sh ...
+    c=$(python -m experiments.code_commit) || exit 1
+    MOEGEMM_COMMIT=$c MOEGEMM_DIRTY=0 bash experiments/device_pipeline.sh ...
 
-Exits 1 (printing nothing to stdout) where the measured code has uncommitted changes, 2 without git.
+Exits 1 (printing nothing to stdout) where the measured code has uncommitted changes (new files included), 2
+without git; a MOEGEMM_COMMIT left empty by a failed call is refused where it is read.
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@
 # writes and every checkout holds, so that it fits in the carry beside the Triton bundle and the peers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${MOEGEMM_COMMIT+set}" ] && [ -z "$MOEGEMM_COMMIT" ]; then
+  echo "MOEGEMM_COMMIT is set but empty (did python -m experiments.code_commit fail?)"; exit 2
+fi
 t_start=$SECONDS
 python3 -m snakemake --version > /dev/null 2>&1 \
   || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -44,7 +44,14 @@ import time
 import torch
 
 from experiments import triton_kernels_moe, vllm_moe
-from experiments.common import Progress, check_and_time, check_models, selected, shard_cells
+from experiments.common import (
+    Progress,
+    check_and_time,
+    check_models,
+    raise_recompile_limit,
+    selected,
+    shard_cells,
+)
 from experiments.e7_grouped_skew import (
     Vllm,
     failed_contender,
@@ -352,6 +359,8 @@ def main():
     cells = shard_cells(cells, args.shard)
     if e8.get("host_calls"):  # Python's cost of one call (the cpu_us column): this many calls, no sync
         settings = dataclasses.replace(settings, cpu_calls=e8["host_calls"])
+    # the compiled backends: a graph per T (dynamic=False), two backends sharing one forward's code object
+    raise_recompile_limit(64)
     vllm = Vllm()
     vllm.load()
     tk = triton_kernels_moe.load()

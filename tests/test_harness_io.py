@@ -155,6 +155,10 @@ def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
         monkeypatch.delenv("MOEGEMM_DIRTY")
         local = prov.code_commit()
         assert prov.provenance()["git_commit"] == (local[0] if local else "unknown")
+        prov._static.cache_clear()
+        monkeypatch.setenv("MOEGEMM_COMMIT", "")  # a failed $(python -m experiments.code_commit)
+        with pytest.raises(ValueError, match="MOEGEMM_COMMIT"):
+            prov.provenance()
     finally:
         prov._static.cache_clear()
 
@@ -194,6 +198,9 @@ def test_the_commit_recorded_is_that_of_the_code_measured(tmp_path):
     (tmp_path / "results/gpu/e.csv").write_text("c\n")  # uncommitted, not code
     assert prov.code_commit(str(tmp_path)) == (code, False)
     assert prov.code_commit(str(tmp_path / "src/pkg")) == (code, False)
+    (tmp_path / "src/pkg/new.py").write_text("y = 1\n")  # a new module, not yet committed
+    assert prov.code_commit(str(tmp_path)) == (code, True)
+    (tmp_path / "src/pkg/new.py").unlink()
     (tmp_path / "src/pkg/k.py").write_text("x = 2\n")
     assert prov.code_commit(str(tmp_path)) == (code, True)
     git("commit", "-qam", "code again")

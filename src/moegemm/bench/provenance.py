@@ -45,10 +45,13 @@ MEASURED_PATHSPEC = (":(top)", *(f":(top,exclude){p}" for p in NOT_MEASURED))
 
 def code_commit(repo: str | None = None) -> tuple[str, bool] | None:
     """(the newest commit up to HEAD that changed what a measurement runs, whether the tree has uncommitted
-    changes there) from git; None without git or a repository. A run recorded under this commit ran that
-    commit's code, whichever later commit (of results or write-up only) the checkout was at."""
+    changes there, new files included) from git; None without git or a repository. A run recorded under this
+    commit ran that commit's code, whichever later commit (of results or write-up only) the checkout was at.
+    Tuners' outputs under results/ are not code: a step that reads them reads them as its run made them, and
+    each carries its own provenance rows."""
     commit = _git("log", "-1", "--format=%H", "HEAD", "--", *MEASURED_PATHSPEC, cwd=repo)
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", *MEASURED_PATHSPEC, cwd=repo)
+    # untracked files count too (a new module a run would import), those git ignores not
+    status = _git("status", "--porcelain", "--untracked-files=normal", "--", *MEASURED_PATHSPEC, cwd=repo)
     if not commit or status is None:
         return None
     return commit, bool(status)
@@ -64,6 +67,8 @@ def _static(repo: str | None) -> dict:
     # session's first commit and reported it, dirty, for later code; see results/nvidia-h200/RUNS.md).
     # Without it, the commit is that of the code measured (code_commit), dirty for uncommitted changes there.
     shipped = os.environ.get("MOEGEMM_COMMIT")
+    if shipped is not None and not shipped.strip():  # e.g. $(python -m experiments.code_commit) that failed
+        raise ValueError("MOEGEMM_COMMIT: set but empty; give the commit of the code shipped, or unset it")
     recorded_dirty = "MOEGEMM_DIRTY" in os.environ
     local = None if shipped and recorded_dirty else code_commit(repo)
     commit = shipped or (local[0] if local else None) or "unknown"
