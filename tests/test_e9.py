@@ -369,7 +369,6 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
     # the best peer is Unsloth's (130 us) in every held-out cell, on both clocks; one round each
     assert n.items["ENineHeldVsPeerGpu"] == "1.30x [1.30, 1.30]"
     assert n.items["ENineHeldVsPeerLaunch"] == "1.30x [1.30, 1.30]"
-    assert n.items["ENineHeldCells"] == "8" and n.items["ENineHeldSlowerPeer"] == "0"
     assert n.items["ENineHeldVsPeerMin"] == "1.30"  # the lowest cell, with the headline's estimator
     assert n.items["ENineHeldBwdVsPeer"] == f"{(130 - 130 / 3) / 60:.2f}"
     assert n.items["ENineMemVsTorch"] == "1.50" and n.items["ENineRecomputeOverSave"] == "1.10"

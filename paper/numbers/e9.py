@@ -222,10 +222,8 @@ def e9(n: Numbers, results: Path, gen: Path) -> None:
         # per cell the intervals' point estimate (the cell's best peer), so that the lowest cell is never
         # above the geomean of any set of cells that holds it
         r = pd.Series(cell_ratios(*paired_rounds(steps, CELL, "best peer:graph", OURS, "graph")[:2]))
-        n.add("ENineHeldSlowerPeer", int((r < 1).sum()), "{}")
         if len(r):
             n.add("ENineHeldVsPeerMin", f"{r.min():.2f}")
-        n.add("ENineHeldCells", len(r), "{}")
     mem = ratios(held, TORCH, "peak_bytes")
     if len(mem):
         n.add("ENineMemVsTorch", gm(mem))
