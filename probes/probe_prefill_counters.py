@@ -12,10 +12,11 @@ contenders as probe_prefill_tiles where they split the gap:
 - ``dense:ours`` / ``dense:cublas``: the cell's FLOPs as one GEMM with one expert's weights (our tiles,
   cuBLAS): the tile loop without the expert structure;
 - ``torch._grouped_mm``: the CUTLASS grouped GEMM;
-- with ``--cases``, also ``mcast:async`` / ``mcast:ws``: the multicast grouped kernel on 2-CTA clusters
-  (probes/cluster_grouped.py) at its fastest config, its two forms (asynchronous wgmma in every warp; a
-  producer warp group and consumer warp groups), whose loss against the library's kernel the counters'
-  warp-stall breakdown places.
+- with ``--cases``, also ``mcast:async`` / ``mcast:ws`` (and their slot hand-over at CTA scope,
+  ``...-cta``, and ``mcast:async-cta-lag2``, CLUSTER_SETTINGS): the multicast grouped kernel on 2-CTA
+  clusters (probes/cluster_grouped.py) at its fastest tiles, its two forms (asynchronous wgmma in every
+  warp; a producer warp group and consumer warp groups), whose loss against the library's kernel the
+  counters' warp-stall breakdown places.
 
 Two phases, one command:
 
@@ -63,10 +64,19 @@ CELLS = [  # E7's prefill cells where our kernel trails the practical ceiling mo
     ("mixtral-8x7b", "down", 1024, "uniform"),
 ]
 CASES = ("tuned", "tails:separate", "tails:merged", "even", "dense:ours", "dense:cublas", "torch._grouped_mm")
-# the multicast grouped kernel on 2-CTA clusters (probes/cluster_grouped.py) at its fastest config of
-# probe_cluster_grouped.csv (E = 8, K = 4096, N = 14336), with asynchronous wgmma in every warp and
-# warp-specialized; asked for by --cases, where the GPU's Triton can run it
-CLUSTER_CASES = ("mcast:async", "mcast:ws")
+# the multicast grouped kernel on 2-CTA clusters (probes/cluster_grouped.py) at its fastest tiles of
+# probe_cluster_grouped.csv (E = 8, K = 4096, N = 14336; 128 x 256 a CTA, four slots), asked for by --cases
+# where the GPU's Triton can run it: asynchronous wgmma in every warp, the pair's slot hand-over at cluster
+# scope (async), at CTA scope (async-cta), at CTA scope with the lead's refill a step later
+# (async-cta-lag2); warp-specialized, at cluster and at CTA scope
+CLUSTER_CASES = ("mcast:async", "mcast:async-cta", "mcast:async-cta-lag2", "mcast:ws", "mcast:ws-cta")
+CLUSTER_SETTINGS = {
+    "mcast:async": {},
+    "mcast:async-cta": {"scope": "cta"},
+    "mcast:async-cta-lag2": {"scope": "cta", "lag": 2},
+    "mcast:ws": {"ws": True},
+    "mcast:ws-cta": {"ws": True, "scope": "cta"},
+}
 SECTIONS = (
     "SpeedOfLight",
     "MemoryWorkloadAnalysis",
@@ -207,7 +217,7 @@ def case_calls(name: str, xs, w, plan, e: int, n: int):
         if xs.dtype not in (torch.bfloat16, torch.float16) or not cg.cluster_supported(xs.device):
             return None  # the probe's grouped_mm would run the library's kernel in its place
         c = cg.ClusterGroupedConfig(
-            block_m=128, block_n=256, block_k=64, num_warps=8, stages=4, ws=name == "mcast:ws"
+            block_m=128, block_n=256, block_k=64, num_warps=8, stages=4, **CLUSTER_SETTINGS[name]
         )
         return (
             (

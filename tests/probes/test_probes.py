@@ -373,6 +373,12 @@ def test_prefill_counters_probe_takes_cells_and_cases_by_name(device):
         with pytest.raises(ValueError, match="--cells: expected MODEL:PROJ:T:LOAD"):
             probe.parse_cells(bad)
     assert probe.parse_cases("tuned,mcast:ws") == ("tuned", "mcast:ws")
+    assert probe.parse_cases("mcast:async-cta-lag2") == ("mcast:async-cta-lag2",)
+    from probes.cluster_grouped_kernel import ClusterGroupedConfig
+
+    assert set(probe.CLUSTER_SETTINGS) == set(probe.CLUSTER_CASES)
+    for settings in probe.CLUSTER_SETTINGS.values():  # each a valid config of the probe's tiles
+        ClusterGroupedConfig(block_m=128, block_n=256, num_warps=8, stages=4, **settings)
     with pytest.raises(ValueError, match=r"--cases: not cases of this probe: \['mcast:sync'\]"):
         probe.parse_cases("tuned,mcast:sync")
     plan, xs, w, _ = small_moe_cell(device, 12, 4, 64, 48, t=9)
