@@ -57,27 +57,37 @@ CELL_KEYS = ("model", "tokens", "load")
 PHASES = ("fwd+bwd", "fwd")
 
 
+def _expert_terms(e: int, x, ids, wts, w_gu, w_dn, dy) -> dict | None:
+    """Expert ``e``'s part of the layer and of dY's backward in float64 (its weights in float64 alone), or
+    None where it has no rows: its tokens and slots (tok, j), rows x_e, dY_e, gating weights s, SiLU(g) * u
+    (act), the gate and up products' gradients (dg, du) and its weights."""
+    tok, j = torch.nonzero(ids == e, as_tuple=True)
+    if tok.numel() == 0:
+        return None
+    i = w_gu.shape[1] // 2
+    gu_w, dn_w = w_gu[e].double(), w_dn[e].double()  # [2I, H], [H, I]
+    xe, dye = x[tok].double(), dy[tok].double()
+    h = xe @ gu_w.T
+    g, u = h[:, :i], h[:, i:]
+    sg = torch.sigmoid(g)
+    act = g * sg * u
+    s = wts[tok, j].double()[:, None]
+    da = s * (dye @ dn_w)
+    dg = da * u * sg * (1 + g * (1 - sg))
+    du = da * g * sg
+    return dict(tok=tok, j=j, xe=xe, dye=dye, s=s, act=act, dgu=torch.cat([dg, du], 1), gu_w=gu_w, dn_w=dn_w)
+
+
 @torch.no_grad()
 def ref_step(x, ids, wts, w_gu, w_dn, dy) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 (y [T, H], dX [T, H]) of the layer and of dY's backward, expert by expert (each expert's
     weights in float64 one at a time)."""
-    i = w_gu.shape[1] // 2
     y = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     dx = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     for e in torch.unique(ids).tolist():
-        tok, j = torch.nonzero(ids == e, as_tuple=True)
-        gu_w, dn_w = w_gu[e].double(), w_dn[e].double()  # [2I, H], [H, I]
-        xe = x[tok].double()
-        h = xe @ gu_w.T
-        g, u = h[:, :i], h[:, i:]
-        sg = torch.sigmoid(g)
-        act = g * sg * u
-        s = wts[tok, j].double()[:, None]
-        y.index_add_(0, tok, s * (act @ dn_w.T))
-        da = s * (dy[tok].double() @ dn_w)
-        dg = da * u * sg * (1 + g * (1 - sg))
-        du = da * g * sg
-        dx.index_add_(0, tok, torch.cat([dg, du], 1) @ gu_w)
+        t = _expert_terms(e, x, ids, wts, w_gu, w_dn, dy)
+        y.index_add_(0, t["tok"], t["s"] * (t["act"] @ t["dn_w"].T))
+        dx.index_add_(0, t["tok"], t["dgu"] @ t["gu_w"])
     return y, dx
 
 
@@ -105,30 +115,19 @@ def check_weight_grads(got, x, ids, wts, w_gu, w_dn, dy, scale: float = 1.0) -> 
     weights' gradient for the reduction over H and I (``scale``: the harness check's); (ok, the largest
     relative error, the reason)."""
     dw_t, dgu, ddn = got
-    i = w_gu.shape[1] // 2
     ref_t = torch.zeros(wts.shape, dtype=torch.float64, device=wts.device)
     worst = 0.0
     for e in range(w_gu.shape[0]):
-        tok, j = torch.nonzero(ids == e, as_tuple=True)
-        if tok.numel() == 0:
+        t = _expert_terms(e, x, ids, wts, w_gu, w_dn, dy)
+        if t is None:
             if (dgu[e] != 0).any() or (ddn[e] != 0).any():
                 return False, math.inf, f"expert {e} has no rows but a nonzero weight gradient"
             continue
-        gu_w, dn_w = w_gu[e].double(), w_dn[e].double()
-        xe, dye = x[tok].double(), dy[tok].double()
-        h = xe @ gu_w.T
-        g, u = h[:, :i], h[:, i:]
-        sg = torch.sigmoid(g)
-        act = g * sg * u
-        s = wts[tok, j].double()[:, None]
-        ref_t[tok, j] = (dye * (act @ dn_w.T)).sum(1)
-        da = s * (dye @ dn_w)
-        dg = da * u * sg * (1 + g * (1 - sg))
-        du = da * g * sg
-        rows = int(tok.numel())
+        ref_t[t["tok"], t["j"]] = (t["dye"] * (t["act"] @ t["dn_w"].T)).sum(1)
+        rows = int(t["tok"].numel())
         for name, out, ref in (
-            (f"dW_dn[{e}]", ddn[e], (s * dye).T @ act),
-            (f"dW_gu[{e}]", dgu[e], torch.cat([dg, du], 1).T @ xe),
+            (f"dW_dn[{e}]", ddn[e], (t["s"] * t["dye"]).T @ t["act"]),
+            (f"dW_gu[{e}]", dgu[e], t["dgu"].T @ t["xe"]),
         ):
             ok, rel, why = check(out, ref, rows, scale=scale)
             worst = max(worst, rel)
@@ -136,7 +135,7 @@ def check_weight_grads(got, x, ids, wts, w_gu, w_dn, dy, scale: float = 1.0) -> 
                 return False, rel, f"{name}: {why}"
     # the gating weights' gradient comes back in their dtype (fp32) from products in the layer's (x's): held
     # to the tolerance of x's dtype
-    ok, rel, why = check(dw_t.to(x.dtype), ref_t, w_dn.shape[1] + i, scale=scale)
+    ok, rel, why = check(dw_t.to(x.dtype), ref_t, w_dn.shape[1] + w_gu.shape[1] // 2, scale=scale)
     return ok, max(worst, rel), ("d topk_weights: " + why if why else "")
 
 
