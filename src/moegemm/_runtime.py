@@ -19,6 +19,12 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEFAULT_SM_COUNT = 132
 
 
+def records_grad(*tensors) -> bool:
+    """Whether autograd records a gradient through any of ``tensors``: grad mode on and one of them (a tensor)
+    requires grad."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
 def check_device(name: str, t: torch.Tensor) -> None:
     """Raise ``ValueError`` unless ``t`` lives where our kernels can run."""
     if t.device.type == "cuda":

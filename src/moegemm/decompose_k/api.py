@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from .._runtime import INTERPRET, check_device
+from .._runtime import INTERPRET, check_device, records_grad
 from .._triton_common import BoundKernel, check_dtype, raw_stream
 from ..epilogue import Epilogue
 from . import flat, single_launch, two_stage
@@ -378,9 +378,7 @@ def matmul(
     """
     if torch.compiler.is_compiling():
         return _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (a, b, bias)
-    ):  # a gradient is recorded: the custom op, whose autograd is registered
+    if records_grad(a, b, bias):  # a gradient is recorded: the custom op, whose autograd is registered
         if out is not None:
             raise ValueError("out: not supported where a gradient is recorded (a, b or bias requires grad)")
         return _traced_matmul(a, b, kernel, split_k, epilogue, bias, config, None, allow_tf32)

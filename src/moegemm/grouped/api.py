@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import torch
 
+from .._runtime import records_grad
 from ..epilogue import Epilogue
 from . import autograd
 from .config import GroupedConfig, config_arg
 from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .ffn import check_moe_ffn, moe_ffn_forward
-
-
-def _records_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
 def grouped_mm(
@@ -51,7 +48,7 @@ def grouped_mm(
     and no ``out`` (:mod:`moegemm.grouped.autograd`).
     """
     config = config_arg(config)
-    if _records_grad(x_sorted, w, row_scale):
+    if records_grad(x_sorted, w, row_scale):
         return autograd.grouped_mm_train(
             x_sorted,
             w,
@@ -103,7 +100,7 @@ def grouped_mm_swiglu(
     shortlist of its regime and, where the tuned table has the unfused shape, that entry's tiles. Gradients:
     for x_sorted, w_gate_up and row_scale, the SwiGLU backward fused into one grouped GEMM's epilogue."""
     config = config_arg(config)
-    if _records_grad(x_sorted, w_gate_up, row_scale):
+    if records_grad(x_sorted, w_gate_up, row_scale):
         return autograd.grouped_mm_train(
             x_sorted,
             w_gate_up,
@@ -166,7 +163,7 @@ def moe_ffn(
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
     if save_gate_up is not None and not isinstance(save_gate_up, bool):
         raise TypeError(f"save_gate_up: expected a bool or None, got {type(save_gate_up).__name__}")
-    if _records_grad(x, topk_weights, w_gate_up, w_down):
+    if records_grad(x, topk_weights, w_gate_up, w_down):
         return autograd.moe_ffn_train(
             x,
             topk_ids,

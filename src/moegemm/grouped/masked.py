@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._runtime import check_device
+from .._runtime import check_device, records_grad
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from . import config as _config
@@ -50,7 +50,7 @@ def grouped_mm_masked(
 
     No gradient: the masked layout serves decode (inference). Where autograd would record one (x or w
     requires grad, grad mode on), a RuntimeError says so; :func:`moegemm.grouped.grouped_mm` trains."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w)):
+    if records_grad(x, w):
         raise RuntimeError(
             "x, w: grouped_mm_masked has no gradient (the masked layout serves decode); train through "
             "grouped_mm (contiguous rows and group offsets), or call this under torch.no_grad()"

@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from .._runtime import INTERPRET
+from .._runtime import INTERPRET, records_grad
 from .pointwise import combine, combine_op
 from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays, plan_buffers
 
@@ -147,7 +147,7 @@ def route_and_permute(
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
-    if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1) or _records(
+    if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1) or records_grad(
         x, topk_weights
     ):  # (the one-launch kernel has no gradient: where one is recorded, the three in turn)
         plan = _plan(flat, t, k, num_experts, on_device_check)
@@ -233,11 +233,6 @@ def _route_torch(flat: torch.Tensor, num_experts: int, k: int):
     return (order // max(k, 1)).to(torch.int32), order.to(torch.int32), slot_rows, sizes, offsets
 
 
-def _records(*tensors) -> bool:
-    """Whether autograd records a gradient through any of ``tensors`` (grad mode on, one requires grad)."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-
-
 def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """x [T, K] -> x_sorted [T * top_k, K]: each token copied once per chosen expert, grouped by expert."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -246,7 +241,7 @@ def permute(x: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
         raise ValueError(f"x: has {x.shape[0]} rows but the plan routes {plan.num_tokens} tokens")
     if x.device != plan.sorted_token_ids.device:
         raise ValueError(f"x: on {x.device}, but the plan is on {plan.sorted_token_ids.device}")
-    if _records(x):
+    if records_grad(x):
         return permute_rows_op(x, plan.sorted_token_ids, plan.slot_rows, plan.top_k)
     return gather_rows(x, plan.sorted_token_ids)
 
@@ -338,7 +333,7 @@ def unpermute(y_sorted: torch.Tensor, plan: RoutingPlan, topk_weights: torch.Ten
     if y_sorted.device != plan.slot_rows.device:
         raise ValueError(f"y_sorted: on {y_sorted.device}, but the plan is on {plan.slot_rows.device}")
     if triton_here(y_sorted):  # one Triton kernel; under torch.compile the same, as a custom op
-        if torch.compiler.is_compiling() or _records(y_sorted, topk_weights):
+        if torch.compiler.is_compiling() or records_grad(y_sorted, topk_weights):
             return combine_op(y_sorted, plan.slot_rows, k, topk_weights)
         return combine(y_sorted, plan.slot_rows, k, topk_weights)
     return _combine_torch(y_sorted, plan.slot_rows, k, topk_weights)
@@ -364,7 +359,6 @@ def combine_any(y_sorted, slot_rows, k, topk_weights):
 def _combine_setup(ctx, inputs, output):
     y_sorted, slot_rows, top_k, topk_weights = inputs
     ctx.top_k = top_k
-    ctx.has_w = topk_weights is not None
     ctx.save_for_backward(y_sorted, slot_rows, topk_weights)
 
 
@@ -409,6 +403,6 @@ def sorted_weights(topk_weights: torch.Tensor, plan: RoutingPlan) -> torch.Tenso
         raise ValueError(
             f"topk_weights: expected shape ({plan.num_tokens}, {plan.top_k}), got {tuple(topk_weights.shape)}"
         )
-    if _records(topk_weights):
+    if records_grad(topk_weights):
         return gather_slots_op(topk_weights.reshape(-1), plan.sorted_slot)
     return gather_rows(topk_weights.reshape(-1), plan.sorted_slot)
