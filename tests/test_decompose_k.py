@@ -745,3 +745,66 @@ def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch):
         assert seen == ["ieee", "tf32", "tf32"] and m.fp32_precision == "tf32"
     finally:
         m.fp32_precision = before
+
+
+def _router_plan_configs():
+    """(T, config) of the router's single-launch plans at T = 1..256 under the packaged H200 table."""
+    from moegemm.decompose_k.configs import _choose
+    from moegemm.epilogue import Epilogue
+
+    out = []
+    for t in range(1, 257):
+        backend, cfg, _ = _choose("nvidia-h200", torch.bfloat16, t, 256, 7168, Epilogue.SIGMOID, "auto", 132)
+        if backend == "single_launch":
+            out.append((t, cfg))
+    return out
+
+
+@pytest.mark.parametrize("coop", [False, True], ids=["last-arriver", "cooperative"])
+def test_plans_share_their_workspace_within_the_safe_class(coop, monkeypatch):
+    """The router's plans at every T from 1 to 256 hold one workspace per class (any plan in the last-arriver
+    form; the same S and tile size in the cooperative one), grown by doubling, instead of one each: the
+    buffers alive at once sum to less than twice each class's largest. A plan keeps the buffer it was given
+    when a larger one replaces it, and plans that may not share never do."""
+    from moegemm.decompose_k import single_launch
+
+    monkeypatch.setattr(single_launch, "_PARTIALS", {})
+    monkeypatch.setattr(single_launch, "_COOP", {})
+    monkeypatch.setattr(single_launch, "_COUNTERS", {})
+    cpu = torch.device("cpu")
+    plans = _router_plan_configs()
+    assert len(plans) > 200
+    held, own_bytes = [], 0
+    for t, cfg in plans:
+        ws, cnt = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)
+        need = single_launch.workspace_numel(t, 256, cfg)
+        assert ws.numel() >= need and cnt.numel() >= single_launch.grid(t, 256, cfg)[0]
+        assert (ws.dtype, cnt.dtype) == ((torch.int64, torch.int64) if coop else (torch.float32, torch.int32))
+        own_bytes += need * ws.element_size()
+        held.append((cfg, ws, cnt))
+        again = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)  # the same plan's state again: no growth
+        assert again[0] is ws or again[0].numel() >= ws.numel()
+    # The distinct buffers the plans hold, against each class's largest.
+    distinct = {ws.data_ptr(): ws for _, ws, _ in held}
+    total = sum(ws.numel() * ws.element_size() for ws in distinct.values())
+    classes = {}
+    for cfg, ws, cnt in held:
+        key = (cfg.split_k, cfg.block_m * cfg.block_n) if coop else "any"
+        classes.setdefault(key, set()).add((ws.data_ptr(), ws.numel() * ws.element_size(), cnt.data_ptr()))
+    bound = sum(2 * max(b for _, b, _ in members) for members in classes.values())
+    assert total < bound, (total, bound)
+    assert total * 4 < own_bytes, (total, own_bytes)  # one buffer per plan held several times more
+    if coop:
+        # A workspace goes with its own counters, and classes never share either.
+        pairs = {(p, c) for members in classes.values() for p, _, c in members}
+        assert len({p for p, _ in pairs}) == len(pairs) == len({c for _, c in pairs})
+        assert len(classes) > 1
+        # A plan keeps its pair while a larger plan of its class grows the class's pair.
+        (t0, cfg0) = plans[0]
+        first = single_launch.plan_state(t0, 256, cfg0, cpu, 8, True)
+        bigger = single_launch.plan_state(t0 * 64, 256, cfg0, cpu, 8, True)
+        assert bigger[1].numel() >= 2 * first[1].numel() and first[0].data_ptr() != bigger[0].data_ptr()
+        assert single_launch.plan_state(t0, 256, cfg0, cpu, 8, True)[0] is bigger[0]
+    # Another stream gets buffers of its own.
+    t, cfg = plans[-1]
+    assert single_launch.plan_state(t, 256, cfg, cpu, 9, coop)[0].data_ptr() not in distinct

@@ -125,6 +125,56 @@ def test_single_launch_takes_the_cooperative_form_where_the_grid_fits():
     assert not big.coop  # 256 tiles x 64 splits: more programs than the GPU holds at once
 
 
+def test_plans_sharing_a_workspace_stay_right_interleaved_and_in_graphs():
+    """Plans of one class (cooperative form, the same S and tile) at several token counts share one workspace
+    and its counters on a stream. Run interleaved, eagerly and as CUDA graphs replayed between the eager
+    calls, each stays right and bitwise equal to an eager call on the same inputs; a larger plan made after
+    the captures grows the class's buffers, and the graphs, which keep the old ones, stay right."""
+    from moegemm.decompose_k import plan
+
+    k, n = 7168, 256
+    cfg = DecomposeKConfig(split_k=16, block_m=16, block_n=32, block_k=128)
+    w = (torch.randn(n, k, device="cuda") / 8).to(torch.bfloat16).t()
+    ts = [64, 33, 16, 5, 1]  # the largest first: every later plan fits the class's first buffer
+    xs = {t: torch.randn(t, k, device="cuda").to(torch.bfloat16) for t in ts + [80]}
+    outs = {t: torch.empty(t, n, device="cuda", dtype=torch.bfloat16) for t in ts}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graphs = {}
+    with torch.cuda.stream(s):
+        for t in ts:
+            matmul(xs[t], w, kernel="single_launch", config=cfg, epilogue="relu", out=outs[t])
+        plans = {
+            t: plan(xs[t], w, kernel="single_launch", config=cfg, epilogue="relu", out=outs[t]) for t in ts
+        }
+        assert all(p.coop for p in plans.values())
+        stream = s.cuda_stream
+        assert len({p._per_stream[stream][0].data_ptr() for p in plans.values()}) == 1
+        for t in (33, 1):
+            graphs[t] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[t], stream=s):
+                matmul(xs[t], w, kernel="single_launch", config=cfg, epilogue="relu", out=outs[t])
+        grown = matmul(xs[80], w, kernel="single_launch", config=cfg, epilogue="relu")  # 40 tiles: 32 fit
+        larger = plan(xs[80], w, kernel="single_launch", config=cfg, epilogue="relu")
+        assert larger.coop
+        assert larger._per_stream[stream][1].numel() >= 2 * plans[64]._per_stream[stream][1].numel()
+        for r in range(4):
+            for t in ts:
+                xs[t].copy_(torch.randn(t, k, device="cuda"))
+                outs[t].fill_(float("nan"))
+                if t in graphs:
+                    graphs[t].replay()
+                else:
+                    matmul(xs[t], w, kernel="single_launch", config=cfg, epilogue="relu", out=outs[t])
+                got = outs[t].clone()
+                eager = matmul(xs[t], w, kernel="single_launch", config=cfg, epilogue="relu")
+                s.synchronize()
+                assert_close_to_ref(got, _ref(xs[t], w, "relu"), k, f"T={t} round {r}")
+                assert torch.equal(got.view(torch.int16), eager.view(torch.int16)), f"T={t} round {r}"
+    torch.cuda.current_stream().wait_stream(s)
+    assert_close_to_ref(grown, _ref(xs[80], w, "relu"), k, "T=80")
+
+
 @pytest.mark.parametrize("mn,k", [(16, 8192), (64, 32768), (48, 20480)])
 def test_default_is_bitwise_deterministic_over_100_repeats(mn, k):
     a = torch.randn(mn, k, device="cuda").to(torch.bfloat16)

@@ -2,7 +2,8 @@
 
 A call is served by a :class:`Plan`, made once per (shapes, strides, dtypes, devices, pointer alignment,
 epilogue, bias/out presence, kernel, config) and cached: it holds the chosen backend and config, the
-compiled kernel's launch handle, the grid and, per stream, the workspace and counters. A repeat call
+compiled kernel's launch handle, the grid and, per stream, the workspace and counters (shared with the other
+plans on that stream where that is safe: ``single_launch.plan_state``). A repeat call
 computes its key, finds the plan and launches: no table look-up, no device-name query, no validation
 beyond what the key already pins. ``plan(...)`` hands the plan to callers who want no look-up at all.
 
@@ -144,13 +145,7 @@ class Plan:
     # -- the slower forms: kept out of the fast path above --------------------------------------------------
 
     def _stream_state(self, stream: int):
-        if self.coop:
-            state = single_launch.coop_state(self.m, self.n, self.config, self.device)
-        else:
-            state = (
-                single_launch.alloc_workspace(self.m, self.n, self.config, self.device),
-                single_launch.counters(self.device, self._grid[0], stream),
-            )
+        state = single_launch.plan_state(self.m, self.n, self.config, self.device, stream, self.coop)
         self._per_stream[stream] = state
         return state
 

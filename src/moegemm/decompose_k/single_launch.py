@@ -306,8 +306,59 @@ def alloc_workspace(m: int, n: int, cfg: DecomposeKConfig, device) -> torch.Tens
     return configs.alloc_partials(1, 1, numel, device).view(-1)  # poisoned by the tests like any partials
 
 
+# The buffers the plans of :mod:`moegemm.decompose_k.api` launch with, shared between plans (see
+# :func:`plan_state`): the last-arriver form's fp32 partials per (device, stream), and the cooperative form's
+# (workspace, counters) per (device, stream, S, tile size).
+_PARTIALS: dict[tuple, torch.Tensor] = {}
+_COOP: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def plan_state(
+    m: int, n: int, cfg: DecomposeKConfig, device: torch.device, stream: int, coop: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (workspace, counters) a plan launches with on one stream. Plans are cached per token count, so a
+    server that sees every T from 1 to 256 holds hundreds; each holding a workspace of its own would keep
+    megabytes per plan (a tile's S partials are padded to the whole tile). Plans on one stream run one after
+    another, so they share what they safely can:
+
+    - The last-arriver form writes every partial it reads within the same launch: one fp32 workspace per
+      (device, stream) serves every plan, beside the counters of :func:`counters`.
+    - In the cooperative form a word is current only if its flag matches its tile's launch counter, and tile
+      t's words lie at ``t * S * BLOCK_M * BLOCK_N``: plans share a (workspace, counters) pair where S and the
+      tile's size agree, so that every word of a tile is only ever written under that tile's counter, which
+      only grows (a new pair starts at zero, words and counters together).
+
+    A pair too small for a plan is replaced by one at least twice its size; the plans already holding the
+    old one keep it (a CUDA graph that captured them keeps its pointers), so the buffers of one kind alive
+    at once sum to less than twice the largest. Make a plan's state outside a capture first (the usual
+    warm-up), as for :func:`counters`."""
+    dev = device.index if device.type == "cuda" else -1
+    if not coop:
+        need = workspace_numel(m, n, cfg)
+        ws = _PARTIALS.get((dev, stream))
+        if ws is None or ws.numel() < need:
+            numel = need if ws is None else max(need, 2 * ws.numel())
+            ws = configs.alloc_partials(1, 1, numel, device).view(-1)
+            _PARTIALS[(dev, stream)] = ws
+        return ws, counters(device, grid(m, n, cfg)[0], stream)
+    tiles = grid(m, n, cfg)[0]
+    tile = cfg.block_m * cfg.block_n
+    key = (dev, stream, cfg.split_k, tile)
+    held = _COOP.get(key)
+    if held is None or held[1].numel() < tiles:
+        if held is not None:
+            tiles = max(tiles, 2 * held[1].numel())
+        held = (
+            torch.zeros(tiles * cfg.split_k * tile, dtype=torch.int64, device=device),
+            torch.zeros(tiles, dtype=torch.int64, device=device),
+        )
+        _COOP[key] = held
+    return held
+
+
 def coop_state(m: int, n: int, cfg: DecomposeKConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cooperative form's (workspace, counters), owned by one plan and stream: 64-bit (flag, value)
+    """A cooperative form's (workspace, counters) of its own (the probes' unshared form of
+    :func:`plan_state`): 64-bit (flag, value)
     words, zeroed once (no launch's flag is 0), and one int64 launch counter per tile, zeroed once and
     never reset (a flag is the launch's number, so the words of earlier launches never pass for new ones;
     it is the counter's low 32 bits, which repeat only after 2^32 launches, long after every word has been
