@@ -22,6 +22,11 @@
 # lock and reruns what a killed call left incomplete: one call at a time runs on the machine, and a call
 # stopped at its deadline otherwise leaves a lock and incomplete-file marks that the next call's dry run
 # trips over (it then finds no job for the target).
+# On a host with several GPUs, `--` between targets splits them into lanes, one per GPU (the first lane on
+# the first GPU of CUDA_VISIBLE_DEVICES, else of nvidia-smi, and so on): the lanes run at once, each its
+# targets in order under the same DEADLINE, each Snakemake seeing its one GPU. A lane's targets may need
+# only what is committed, made earlier in the same lane, or made by an earlier call (put a tuner and the
+# experiments that read its table in one lane). More lanes than GPUs is refused before anything runs.
 # Each call's checkout replaces the tracked files, the tuned tables and the results of earlier calls among
 # them, so every call saves what the run has produced in $STATE (outside the checkout; the machine keeps it
 # while warm) and the next call puts it back first. A machine idle for half a minute is handed back, and the
@@ -63,48 +68,73 @@ job() { python3 -m snakemake -n --cores 1 --force --nolock --rerun-incomplete --
   /^    output: / { o = substr($0, 13) }
   /^    benchmark: / { b = substr($0, 16) }
   /^    reason: / && o != "" && (r == t || index(", " o ", ", ", " t ", ")) { print r "|" b "|" o; exit }'; }
-for spec in "$@"; do
-  target=${spec%%:*}; est=0; [ "$target" = "$spec" ] || est=${spec##*:}
-  resume=0; case $spec in *+) resume=1; target=${target%+}; est=${est%+} ;; esac
-  left=$((DEADLINE - SECONDS))
-  packed=0
-  if [ "$est" -gt "$left" ]; then
-    if [ "$PACK_S" -gt 0 ] && [ "$left" -ge "$PACK_S" ]; then
-      packed=1
-    else
-      echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left"; break
+run_lane() {  # the targets of one lane, in order
+  for spec in "$@"; do
+    target=${spec%%:*}; est=0; [ "$target" = "$spec" ] || est=${spec##*:}
+    resume=0; case $spec in *+) resume=1; target=${target%+}; est=${est%+} ;; esac
+    left=$((DEADLINE - SECONDS))
+    packed=0
+    if [ "$est" -gt "$left" ]; then
+      if [ "$PACK_S" -gt 0 ] && [ "$left" -ge "$PACK_S" ]; then
+        packed=1
+      else
+        echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left"; break
+      fi
     fi
-  fi
-  IFS='|' read -r rule bench outputs <<< "$(job "$target")"
-  if [ -z "$rule" ] && [ "${target#*/}" = "$target" ]; then  # a measurement step by name: its CSV
-    IFS='|' read -r rule bench outputs <<< "$(job "$R/$target.csv")" && [ -n "$rule" ] && target=$R/$target.csv
-  fi
-  if [ -z "$rule" ]; then echo "=== $target: no Snakemake job makes it"; continue; fi
-  if [ $packed = 1 ]; then
-    case $rule in
-      measure|measure_shard|tune|tune_grouped|tune_seed|tune_unsloth)  # their finished rows are kept
-        echo "=== $target started with $((DEADLINE - SECONDS))s left (estimate ${est}s): it stops at the deadline, its rows kept" ;;
-      *) echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left (rule $rule keeps no rows)"; break ;;
-    esac
-  fi
-  if [ $((DEADLINE - SECONDS)) -lt 1 ]; then  # timeout 0 would not limit it
-    echo "=== $target and the targets after it not started: no time left"; break
-  fi
-  t0=$SECONDS
-  step=$(basename "${bench:-$rule}" .tsv)
-  for f in ${outputs//,/ }; do [ $resume = 1 ] || rm -f "$f.partial"; done
-  [ $resume = 1 ] || rm -f "$R/benchmarks/$step.calls"
-  MOEGEMM_KEEP_PARTIAL=1 timeout -s INT "$((DEADLINE - SECONDS))" python3 -m snakemake --cores 1 --force --nolock --rerun-incomplete --allowed-rules "$rule" \
-    -- "$target" > "/tmp/smk-$step.log" 2>&1
-  rc=$?
-  # the step is recorded done: its rows' log goes (kept until now, MOEGEMM_KEEP_PARTIAL, so that a step
-  # stopped after writing its CSV, which Snakemake then removes, resumes from its rows)
-  [ $rc = 0 ] && for f in ${outputs//,/ }; do rm -f "$f.partial"; done
-  grep -v "it/s]" "/tmp/smk-$step.log" | tail -3
-  echo "=== $target rc=$rc $((SECONDS - t0))s (estimate ${est}s)"
-  [ -f "$R/benchmarks/$step.calls" ] || printf 'seconds\trc\n' > "$R/benchmarks/$step.calls"
-  printf '%s\t%s\n' "$((SECONDS - t0))" "$rc" >> "$R/benchmarks/$step.calls"
+    IFS='|' read -r rule bench outputs <<< "$(job "$target")"
+    if [ -z "$rule" ] && [ "${target#*/}" = "$target" ]; then  # a measurement step by name: its CSV
+      IFS='|' read -r rule bench outputs <<< "$(job "$R/$target.csv")" && [ -n "$rule" ] && target=$R/$target.csv
+    fi
+    if [ -z "$rule" ]; then echo "=== $target: no Snakemake job makes it"; continue; fi
+    if [ $packed = 1 ]; then
+      case $rule in
+        measure|measure_shard|tune|tune_grouped|tune_seed|tune_unsloth)  # their finished rows are kept
+          echo "=== $target started with $((DEADLINE - SECONDS))s left (estimate ${est}s): it stops at the deadline, its rows kept" ;;
+        *) echo "=== $target and the targets after it not started: estimate ${est}s > ${left}s left (rule $rule keeps no rows)"; break ;;
+      esac
+    fi
+    if [ $((DEADLINE - SECONDS)) -lt 1 ]; then  # timeout 0 would not limit it
+      echo "=== $target and the targets after it not started: no time left"; break
+    fi
+    t0=$SECONDS
+    step=$(basename "${bench:-$rule}" .tsv)
+    for f in ${outputs//,/ }; do [ $resume = 1 ] || rm -f "$f.partial"; done
+    [ $resume = 1 ] || rm -f "$R/benchmarks/$step.calls"
+    MOEGEMM_KEEP_PARTIAL=1 timeout -s INT "$((DEADLINE - SECONDS))" python3 -m snakemake --cores 1 --force --nolock --rerun-incomplete --allowed-rules "$rule" \
+      -- "$target" > "/tmp/smk-$step.log" 2>&1
+    rc=$?
+    # the step is recorded done: its rows' log goes (kept until now, MOEGEMM_KEEP_PARTIAL, so that a step
+    # stopped after writing its CSV, which Snakemake then removes, resumes from its rows)
+    [ $rc = 0 ] && for f in ${outputs//,/ }; do rm -f "$f.partial"; done
+    grep -v "it/s]" "/tmp/smk-$step.log" | tail -3
+    echo "=== $target rc=$rc $((SECONDS - t0))s (estimate ${est}s)"
+    [ -f "$R/benchmarks/$step.calls" ] || printf 'seconds\trc\n' > "$R/benchmarks/$step.calls"
+    printf '%s\t%s\n' "$((SECONDS - t0))" "$rc" >> "$R/benchmarks/$step.calls"
+  done
+}
+# the lanes: the arguments split at each `--`, one newline-separated list per lane
+lanes=(); cur=""
+for a in "$@"; do
+  if [ "$a" = "--" ]; then lanes+=("$cur"); cur=""; else cur+="${cur:+$'\n'}$a"; fi
 done
+lanes+=("$cur")
+if [ ${#lanes[@]} = 1 ]; then
+  run_lane "$@"
+else
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=',' read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
+  else mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader | tr -d ' '); fi
+  if [ ${#lanes[@]} -gt ${#gpus[@]} ]; then
+    echo "${#lanes[@]} lanes but ${#gpus[@]} GPUs (${gpus[*]}): one lane per GPU"; exit 2
+  fi
+  for i in "${!lanes[@]}"; do
+    (
+      export CUDA_VISIBLE_DEVICES=${gpus[$i]}
+      specs=(); [ -z "${lanes[$i]}" ] || mapfile -t specs <<< "${lanes[$i]}"
+      run_lane "${specs[@]}"
+    ) 2>&1 | sed -u "s/^/[gpu${gpus[$i]}] /" &
+  done
+  wait
+fi
 rm -rf "$STATE" && mkdir -p "$STATE" && cp -a results "$STATE/results" \
   && cp -a src/moegemm/tuned "$STATE/tuned"
 tar czf "$OUT/results.tgz" --exclude='results/*/runs' --exclude='results/*/runs.tar.xz' results src/moegemm/tuned 2>/dev/null

@@ -990,3 +990,88 @@ def test_ffn_ceiling_numbers_on_a_synthetic_csv(tmp_path):
         "EEightCeilOursVsDenseLo": "1.10",
         "EEightCeilOursVsDenseHi": "1.50",
     }
+
+
+_FAKE_PYTHON = r"""#!/usr/bin/env bash
+# python3 as device_pipeline.sh calls it: Snakemake's version, dry run and run of one target; the GPU's slug
+if [ "$1" = "-c" ]; then echo test-gpu; exit 0; fi
+[ "$1 $2" = "-m snakemake" ] || exit 3
+target=${@: -1}
+case " $* " in
+  *" --version "*) echo 8.0 ;;
+  *" -n "*) printf 'rule %s:\n    output: results/test-gpu/%s.csv\n    reason: forced\n' "$target" "$target" ;;
+  *)
+    echo "start $target gpu=${CUDA_VISIBLE_DEVICES-unset} $(date +%s.%N)" >> "$RUN_LOG"
+    sleep 1
+    echo "$target" > "results/test-gpu/$target.csv"
+    echo "end $target $(date +%s.%N)" >> "$RUN_LOG" ;;
+esac
+"""
+_FAKE_SMI = """#!/usr/bin/env bash
+case "$*" in *index*) printf '0\\n1\\n' ;; *) echo "Test GPU, 1, 2, 3, 4, 5" ;; esac
+"""
+
+
+def _device_pipeline(tmp_path, *args, env=None):
+    """experiments/device_pipeline.sh in a copy of its folder, with python3 and nvidia-smi stood in for: the
+    run log's lines ({target: (gpu, start, end)}), its output and exit code."""
+    root = tmp_path / "tree"
+    (root / "experiments").mkdir(parents=True)
+    shutil.copy(ROOT / "experiments" / "device_pipeline.sh", root / "experiments")
+    (root / "src" / "moegemm" / "tuned").mkdir(parents=True)
+    (root / "results" / "test-gpu").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", _FAKE_PYTHON), ("nvidia-smi", _FAKE_SMI)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "run.log"
+    log.touch()
+    run_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    run_env.update(
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        RUN_LOG=str(log),
+        OUT=str(tmp_path / "out"),
+        STATE=str(tmp_path / "state"),
+        DEADLINE="60",
+        **(env or {}),
+    )
+    p = subprocess.run(
+        ["bash", str(root / "experiments" / "device_pipeline.sh"), *args],
+        cwd=root,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    runs: dict = {}
+    for line in log.read_text().splitlines():
+        word, target, *rest = line.split()
+        if word == "start":
+            runs[target] = [rest[0].removeprefix("gpu="), float(rest[1]), None]
+        else:
+            runs[target][2] = float(rest[0])
+    return runs, p.stdout + p.stderr, p.returncode
+
+
+def test_device_pipeline_runs_lanes_at_once_one_gpu_each(tmp_path):
+    """`--` splits the targets into lanes: each lane runs its targets in order on its own GPU, the lanes at
+    once; the call then saves every lane's results. Without `--`, one lane, the GPU left as it is; more
+    lanes than GPUs is refused before any target runs."""
+    runs, out, rc = _device_pipeline(tmp_path, "a:1", "b:1", "--", "c:1")
+    assert rc == 0, out
+    assert {t: r[0] for t, r in runs.items()} == {"a": "0", "b": "0", "c": "1"}, out
+    assert runs["a"][2] <= runs["b"][1]  # in order within a lane
+    assert runs["c"][1] < runs["a"][2] and runs["a"][1] < runs["c"][2]  # the lanes at once
+    assert "[gpu1] === c rc=0" in out and "[gpu0] === b rc=0" in out
+    saved = subprocess.run(["tar", "tzf", str(tmp_path / "out" / "results.tgz")], capture_output=True, text=True)
+    assert {f"results/test-gpu/{t}.csv" for t in "abc"} <= set(saved.stdout.split())
+    # CUDA_VISIBLE_DEVICES names the GPUs the lanes take, in order
+    runs, out, rc = _device_pipeline(tmp_path / "v", "a", "--", "c", env={"CUDA_VISIBLE_DEVICES": "5,3"})
+    assert rc == 0 and {t: r[0] for t, r in runs.items()} == {"a": "5", "c": "3"}, out
+    # one lane: as before, the GPU left to the caller
+    runs, out, rc = _device_pipeline(tmp_path / "one", "a", "b")
+    assert rc == 0 and {t: r[0] for t, r in runs.items()} == {"a": "unset", "b": "unset"}, out
+    # three lanes, two GPUs
+    runs, out, rc = _device_pipeline(tmp_path / "three", "a", "--", "b", "--", "c")
+    assert rc == 2 and runs == {} and "3 lanes but 2 GPUs" in out, out
