@@ -1,9 +1,11 @@
 """The clustered Decompose-K kernel on the GPU: its checks, then its times against the library's default,
 cuBLAS and (with ``MOEGEMM_SEED_SOURCE``) the seed's optimized kernel.
 
-    PYTHONPATH=src python probes/cluster_bench.py     # CSVs to $OUT if set; MOEGEMM_SEED_SOURCE for the seed
-    PYTHONPATH=src python -m probes.cluster_bench     # the same
-    python -m probes.cluster_bench --parts grouped      # only part 3 (--parts: any of checks, dk, grouped)
+    python -m probes.cluster_bench --out-dir results/<gpu>   # MOEGEMM_SEED_SOURCE for the seed's kernels
+    python -m probes.cluster_bench --parts grouped --out-dir DIR   # only part 3 (any of checks, dk, grouped)
+
+Each part's rows go to DIR (default: $OUT; neither, nothing is saved) as probe_cluster_checks.csv,
+probe_cluster_dk.csv and probe_cluster_grouped.csv, written atomically after every shape.
 
 1. Checks (quick): every dtype x epilogue (+ bias) against float64 on fresh random data, outputs poisoned
    with NaN first; K tails, a single row, b as w.t() (K-contiguous), a strided a, a transposed out; bitwise
@@ -457,7 +459,7 @@ def time_grouped(dev):
             except Exception as exc:  # noqa: BLE001
                 row["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             GROUPED.append(row)
-        write_csv("cluster_grouped.csv", GROUPED)
+        write_csv("probe_cluster_grouped.csv", GROUPED)
     time_swiglu(dev, e, k, n)
 
 
@@ -515,13 +517,17 @@ def time_swiglu(dev, e, k, i, rows=8192):
         except Exception as exc:  # noqa: BLE001
             row["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
         GROUPED.append(row)
-    write_csv("cluster_grouped.csv", GROUPED)
+    write_csv("probe_cluster_grouped.csv", GROUPED)
+
+
+# where write_csv saves (main's --out-dir, else $OUT)
+OUT_DIR: str | None = None
 
 
 def write_csv(name, rows):
-    """``rows`` as $OUT/name (nothing without $OUT), each with the run's provenance (GPU, driver, CUDA, torch,
-    Triton, commit, time)."""
-    out = os.environ.get("OUT")
+    """``rows`` as OUT_DIR/name (nothing without one), each with the run's provenance (GPU, driver, CUDA,
+    torch, Triton, commit, time)."""
+    out = OUT_DIR or os.environ.get("OUT")
     if not out or not rows:
         return
     from experiments.common import provenance_fields
@@ -554,7 +560,13 @@ def main(argv: list[str] | None = None) -> int:
         default=list(PARTS),
         help="what to run: the Decompose-K kernel's checks (1), its times (2), the grouped kernel (3)",
     )
-    parts = set(ap.parse_args(argv).parts)
+    ap.add_argument("--out-dir", help="the folder of the CSVs (default: $OUT; neither, nothing is saved)")
+    args = ap.parse_args(argv)
+    parts = set(args.parts)
+    global OUT_DIR
+    OUT_DIR = args.out_dir
+    if OUT_DIR:
+        Path(OUT_DIR).mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     import triton
 
@@ -567,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["status"] != "ok":
             print("CHECK", r)
     print(f"checks: {sum(r['status'] == 'ok' for r in CHECKS)} ok of {len(CHECKS)}")
-    write_csv("cluster_checks.csv", CHECKS)
+    write_csv("probe_cluster_checks.csv", CHECKS)
 
     seed_mod, seed_best = seed_configs() if "dk" in parts else (None, None)
     shapes = [("grid", s, s, k) for s in (16, 32, 48, 64) for k in range(8192, 32768 + 1, 4096)]
@@ -579,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
             time_shape(kind, m, n, k, seed_mod, seed_best, dev)
         except Exception as e:  # noqa: BLE001
             ROWS.append({"kind": kind, "m": m, "n": n, "k": k, "status": f"error: {e!r}"[:300]})
-        write_csv("cluster_bench.csv", ROWS)
+        write_csv("probe_cluster_dk.csv", ROWS)
     print(f"timing done at {elapsed():.0f}s")
     if "grouped" in parts:
         try:

@@ -44,7 +44,7 @@ EXPERIMENTS = [
     (r"Sec.~\ref{sec:kernels}", "tune_seed", "experiments.tune_seed"),
     (r"Sec.~\ref{sec:grouped}, Tab.~\ref{tab:probes}", "tune_grouped", "experiments.tune_grouped"),
     (r"Sec.~\ref{sec:grouped}", "distill_grouped", "experiments.distill_grouped"),
-    (r"Sec.~\ref{sec:grouped}", "probe_first_call", "probes.probe_first_call"),
+    (r"Sec.~\ref{sec:grouped}", "probe_first_call", "probes.probe_first_call --cells dbrx:4096"),
 ]
 # The probes of the probe table (Tab. probes), by their CSV; each is run as ``python -m probes.<name>``,
 # except those no longer in the tree, run at their commit from experiments/ (REMOVED).
@@ -72,17 +72,24 @@ PROBES = {  # CSV: the probe table's row it is drawn from
 REMOVED = {"probe_stream_k": "experiments.probe_stream_k"}
 # CSVs a CPU step computes from another CSV (no provenance columns of their own): that CSV's commit and Triton
 DERIVED = {"distill_grouped": "tune_grouped"}
-# probes whose CSV another module writes (the module, with the arguments that make that CSV)
-WRITTEN_BY = {
+# probes run with arguments of their own, or whose CSV another module writes: the module with the arguments
+# that made the committed CSV
+COMMANDS = {
+    "probe_dk_latency": "probes.probe_dk_latency --screen",
+    "probe_host_cost": "probes.probe_host_cost --tokens 1,16,64,256",
     "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu",
     "probe_dswiglu_flatten": "probes.probe_backward --pieces dswiglu --steps",
     "probe_swiglu_accuracy": "probes.probe_separate_accuracy",
     "probe_dswiglu_separate": (
         "probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto"
     ),
-    "probe_cluster_dk": "probes.cluster_bench",  # the clustered probes' bench writes both of their CSVs
-    "probe_cluster_grouped": "probes.cluster_bench",
-    "probe_prefill_timing": "probes.probe_prefill_counters",
+    "probe_cluster_dk": "probes.cluster_bench --parts checks dk --out-dir",  # (the CSV's folder)
+    "probe_cluster_grouped": "probes.cluster_bench --parts grouped --out-dir",
+    "probe_prefill_counters": (
+        "probes.probe_prefill_counters --counters-budget-s 400 --out probe_prefill_timing.csv --counters-out"
+    ),
+    "probe_prefill_timing": "probes.probe_prefill_counters --counters-budget-s 400 --counters-out "
+    "probe_prefill_counters.csv",
 }
 
 
@@ -125,7 +132,7 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
     command; rows whose CSV is not committed are left out."""
     rows = []
     for what, csv, module in EXPERIMENTS + [
-        (rf"Tab.~\ref{{tab:probes}}: {row}", p, REMOVED.get(p, WRITTEN_BY.get(p, f"probes.{p}")))
+        (rf"Tab.~\ref{{tab:probes}}: {row}", p, REMOVED.get(p, COMMANDS.get(p, f"probes.{p}")))
         for p, row in PROBES.items()
     ]:
         path = results / f"{csv}.csv"
@@ -149,9 +156,10 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
         table(
             pd.DataFrame(rows),
             "Each figure and table, its CSV (\\texttt{results/<gpu>/<CSV>.csv}), the commit and Triton its "
-            "rows record (``+'': uncommitted changes), and the module that measures it, \\texttt{python -m "
-            "<module> --out} the CSV ($^*$: no longer in the tree; $^\\dagger$: computed on a CPU from the "
-            "step before's CSV, whose commit it shows).",
+            "rows record (``+'': uncommitted changes), and the command that measures it: \\texttt{python -m} "
+            "and the module, the CSV after \\texttt{--out}, or after the option the command ends with "
+            "(\\texttt{--out-dir}: its folder) ($^*$: no longer in the tree; $^\\dagger$: computed on a CPU "
+            "from the step before's CSV, whose commit it shows).",
             "tab:repro",
             "lllll",
             raw=("shown in", "CSV", "commit", "module"),
