@@ -760,12 +760,13 @@ def _router_plan_configs():
     return out
 
 
+@pytest.mark.parametrize("order", ["rising", "falling"])
 @pytest.mark.parametrize("coop", [False, True], ids=["last-arriver", "cooperative"])
-def test_plans_share_their_workspace_within_the_safe_class(coop, monkeypatch):
+def test_plans_share_their_workspace_within_the_safe_class(coop, order, monkeypatch):
     """The router's plans at every T from 1 to 256 hold one workspace per class (any plan in the last-arriver
     form; the same S and tile size in the cooperative one), grown by doubling, instead of one each: the
     buffers alive at once sum to less than twice each class's largest. A plan keeps the buffer it was given
-    when a larger one replaces it, and plans that may not share never do."""
+    when a larger one replaces it, and plans that may not share never do, whichever plans come first."""
     from moegemm.decompose_k import single_launch
 
     monkeypatch.setattr(single_launch, "_PARTIALS", {})
@@ -774,6 +775,8 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, monkeypatch):
     cpu = torch.device("cpu")
     plans = _router_plan_configs()
     assert len(plans) > 200
+    if order == "falling":
+        plans.reverse()
     held, own_bytes = [], 0
     for t, cfg in plans:
         ws, cnt = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)
@@ -783,7 +786,7 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, monkeypatch):
         own_bytes += need * ws.element_size()
         held.append((cfg, ws, cnt))
         again = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)  # the same plan's state again: no growth
-        assert again[0] is ws or again[0].numel() >= ws.numel()
+        assert again[0] is ws and again[1] is cnt
     # The distinct buffers the plans hold, against each class's largest.
     distinct = {ws.data_ptr(): ws for _, ws, _ in held}
     total = sum(ws.numel() * ws.element_size() for ws in distinct.values())
@@ -795,9 +798,13 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, monkeypatch):
     assert total < bound, (total, bound)
     assert total * 4 < own_bytes, (total, own_bytes)  # one buffer per plan held several times more
     if coop:
-        # A workspace goes with its own counters, and classes never share either.
-        pairs = {(p, c) for members in classes.values() for p, _, c in members}
-        assert len({p for p, _ in pairs}) == len(pairs) == len({c for _, c in pairs})
+        # Classes never share a workspace or counters, and a workspace goes with one set of counters.
+        served: dict = {}
+        for cfg, ws, cnt in held:
+            served.setdefault(("ws", ws.data_ptr()), set()).add((cfg.split_k, cfg.block_m * cfg.block_n))
+            served.setdefault(("cnt", cnt.data_ptr()), set()).add((cfg.split_k, cfg.block_m * cfg.block_n))
+            served.setdefault(("pair", ws.data_ptr()), set()).add(cnt.data_ptr())
+        assert all(len(v) == 1 for v in served.values()), served
         assert len(classes) > 1
         # A plan keeps its pair while a larger plan of its class grows the class's pair.
         (t0, cfg0) = plans[0]
@@ -808,3 +815,28 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, monkeypatch):
     # Another stream gets buffers of its own.
     t, cfg = plans[-1]
     assert single_launch.plan_state(t, 256, cfg, cpu, 9, coop)[0].data_ptr() not in distinct
+
+
+@pytest.mark.parametrize("coop", [False, True], ids=["last-arriver", "cooperative"])
+def test_a_plan_first_run_inside_a_graph_capture_gets_buffers_of_its_own(coop, monkeypatch):
+    """What a capture allocates is filled only at replay: a plan whose state is made inside a capture shares
+    nothing, and leaves nothing for the plans after it."""
+    from moegemm.decompose_k import single_launch
+
+    monkeypatch.setattr(single_launch, "_PARTIALS", {})
+    monkeypatch.setattr(single_launch, "_COOP", {})
+    cpu = torch.device("cpu")
+    by_cfg: dict = {}
+    for t, cfg in _router_plan_configs():
+        by_cfg.setdefault(cfg, []).append(t)
+    cfg, ts = next((c, ts) for c, ts in by_cfg.items() if len(ts) > 1)  # two plans of one class
+    t, t2 = max(ts), min(ts)
+    shared = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)
+    monkeypatch.setattr(single_launch, "_capturing", lambda device: True)
+    own = single_launch.plan_state(t2, 256, cfg, cpu, 7, coop)
+    assert own[0].data_ptr() != shared[0].data_ptr()
+    assert own[0].numel() >= single_launch.workspace_numel(t2, 256, cfg)
+    if coop:
+        assert own[1].data_ptr() != shared[1].data_ptr() and int(own[1].abs().sum()) == 0
+    monkeypatch.setattr(single_launch, "_capturing", lambda device: False)
+    assert single_launch.plan_state(t2, 256, cfg, cpu, 7, coop)[0] is shared[0]

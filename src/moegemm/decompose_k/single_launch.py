@@ -330,9 +330,17 @@ def plan_state(
 
     A pair too small for a plan is replaced by one at least twice its size; the plans already holding the
     old one keep it (a CUDA graph that captured them keeps its pointers), so the buffers of one kind alive
-    at once sum to less than twice the largest. Make a plan's state outside a capture first (the usual
-    warm-up), as for :func:`counters`."""
+    at once sum to less than twice the largest.
+
+    A plan whose state is first made inside a CUDA-graph capture gets buffers of its own: what a capture
+    allocates is filled only when the graph replays, so it cannot serve other plans. Graphs that captured
+    plans warmed up on one stream share that stream's buffers, as graphs of one plan always did: replay
+    them one at a time (on one stream, as servers do), not at once on several."""
     dev = device.index if device.type == "cuda" else -1
+    if _capturing(device):
+        if coop:
+            return coop_state(m, n, cfg, device)
+        return alloc_workspace(m, n, cfg, device), counters(device, grid(m, n, cfg)[0], stream)
     if not coop:
         need = workspace_numel(m, n, cfg)
         ws = _PARTIALS.get((dev, stream))
@@ -354,6 +362,10 @@ def plan_state(
         )
         _COOP[key] = held
     return held
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def coop_state(m: int, n: int, cfg: DecomposeKConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
