@@ -26,7 +26,10 @@
 # the first GPU of CUDA_VISIBLE_DEVICES, else of nvidia-smi, and so on): the lanes run at once, each its
 # targets in order under the same DEADLINE, each Snakemake seeing its one GPU. A lane's targets may need
 # only what is committed, made earlier in the same lane, or made by an earlier call (put a tuner and the
-# experiments that read its table in one lane). More lanes than GPUs is refused before anything runs.
+# experiments that read its table in one lane); and no lane may remake what another lane's targets read
+# while they run (Snakemake deletes a forced job's outputs first: run verify, which every tuner and
+# experiment reads, in a call of its own or at the head of the one lane that needs it). A target in two
+# lanes, or more lanes than GPUs, is refused before any target runs; an empty lane is dropped.
 # Each call's checkout replaces the tracked files, the tuned tables and the results of earlier calls among
 # them, so every call saves what the run has produced in $STATE (outside the checkout; the machine keeps it
 # while warm) and the next call puts it back first. A machine idle for half a minute is handed back, and the
@@ -114,24 +117,27 @@ run_lane() {  # the targets of one lane, in order
 }
 # the lanes: the arguments split at each `--`, one newline-separated list per lane
 lanes=(); cur=""
-for a in "$@"; do
-  if [ "$a" = "--" ]; then lanes+=("$cur"); cur=""; else cur+="${cur:+$'\n'}$a"; fi
+for a in "$@" --; do
+  if [ "$a" = "--" ]; then [ -z "$cur" ] || lanes+=("$cur"); cur=""; else cur+="${cur:+$'\n'}$a"; fi
 done
-lanes+=("$cur")
-if [ ${#lanes[@]} = 1 ]; then
-  run_lane "$@"
+if [ ${#lanes[@]} -le 1 ]; then
+  specs=(); [ ${#lanes[@]} = 0 ] || mapfile -t specs <<< "${lanes[0]}"
+  run_lane ${specs[@]+"${specs[@]}"}
 else
+  twice=$(printf '%s\n' "${lanes[@]}" | sed 's/:.*//; s/+$//' | sort | uniq -d | head -1)
+  if [ -n "$twice" ]; then echo "target $twice is in two lanes"; exit 2; fi
+  gpus=()
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=',' read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"
   else mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader | tr -d ' '); fi
   if [ ${#lanes[@]} -gt ${#gpus[@]} ]; then
-    echo "${#lanes[@]} lanes but ${#gpus[@]} GPUs (${gpus[*]}): one lane per GPU"; exit 2
+    echo "${#lanes[@]} lanes but ${#gpus[@]} GPUs (${gpus[*]:-}): one lane per GPU"; exit 2
   fi
   for i in "${!lanes[@]}"; do
     (
       export CUDA_VISIBLE_DEVICES=${gpus[$i]}
-      specs=(); [ -z "${lanes[$i]}" ] || mapfile -t specs <<< "${lanes[$i]}"
+      mapfile -t specs <<< "${lanes[$i]}"
       run_lane "${specs[@]}"
-    ) 2>&1 | sed -u "s/^/[gpu${gpus[$i]}] /" &
+    ) 2>&1 | while IFS= read -r line; do printf '[gpu%s] %s\n' "${gpus[$i]}" "$line"; done &
   done
   wait
 fi

@@ -999,7 +999,9 @@ if [ "$1" = "-c" ]; then echo test-gpu; exit 0; fi
 target=${@: -1}
 case " $* " in
   *" --version "*) echo 8.0 ;;
-  *" -n "*) printf 'rule %s:\n    output: results/test-gpu/%s.csv\n    reason: forced\n' "$target" "$target" ;;
+  *" -n "*)
+    printf 'rule %s:\n    output: results/test-gpu/%s.csv\n' "$target" "$target"
+    echo "    reason: forced" ;;
   *)
     echo "start $target gpu=${CUDA_VISIBLE_DEVICES-unset} $(date +%s.%N)" >> "$RUN_LOG"
     sleep 1
@@ -1064,7 +1066,9 @@ def test_device_pipeline_runs_lanes_at_once_one_gpu_each(tmp_path):
     assert runs["a"][2] <= runs["b"][1]  # in order within a lane
     assert runs["c"][1] < runs["a"][2] and runs["a"][1] < runs["c"][2]  # the lanes at once
     assert "[gpu1] === c rc=0" in out and "[gpu0] === b rc=0" in out
-    saved = subprocess.run(["tar", "tzf", str(tmp_path / "out" / "results.tgz")], capture_output=True, text=True)
+    saved = subprocess.run(
+        ["tar", "tzf", str(tmp_path / "out" / "results.tgz")], capture_output=True, text=True
+    )
     assert {f"results/test-gpu/{t}.csv" for t in "abc"} <= set(saved.stdout.split())
     # CUDA_VISIBLE_DEVICES names the GPUs the lanes take, in order
     runs, out, rc = _device_pipeline(tmp_path / "v", "a", "--", "c", env={"CUDA_VISIBLE_DEVICES": "5,3"})
@@ -1072,6 +1076,10 @@ def test_device_pipeline_runs_lanes_at_once_one_gpu_each(tmp_path):
     # one lane: as before, the GPU left to the caller
     runs, out, rc = _device_pipeline(tmp_path / "one", "a", "b")
     assert rc == 0 and {t: r[0] for t, r in runs.items()} == {"a": "unset", "b": "unset"}, out
-    # three lanes, two GPUs
+    # three lanes, two GPUs; a target in two lanes; empty lanes are dropped
     runs, out, rc = _device_pipeline(tmp_path / "three", "a", "--", "b", "--", "c")
     assert rc == 2 and runs == {} and "3 lanes but 2 GPUs" in out, out
+    runs, out, rc = _device_pipeline(tmp_path / "twice", "a:1", "--", "b", "a+")
+    assert rc == 2 and runs == {} and "target a is in two lanes" in out, out
+    runs, out, rc = _device_pipeline(tmp_path / "empty", "--", "a", "--", "--", "c", "--")
+    assert rc == 0 and {t: r[0] for t, r in runs.items()} == {"a": "0", "c": "1"}, out
