@@ -4,6 +4,7 @@ measures it. The one place in the write-up that names commits."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -43,7 +44,12 @@ EXPERIMENTS = [
     (r"Sec.~\ref{sec:kernels}", "tune_decompose_k", "experiments.tune_decompose_k"),
     (r"Sec.~\ref{sec:kernels}", "tune_seed", "experiments.tune_seed"),
     (r"Sec.~\ref{sec:grouped}, Tab.~\ref{tab:probes}", "tune_grouped", "experiments.tune_grouped"),
-    (r"Sec.~\ref{sec:grouped}", "distill_grouped", "experiments.distill_grouped"),
+    (
+        r"Sec.~\ref{sec:grouped}",
+        "distill_grouped",
+        "experiments.distill_grouped --csv DIR/tune_grouped.csv --out src/moegemm/tuned/grouped_default/"
+        "<gpu>.json --loo CSV",
+    ),
     (r"Sec.~\ref{sec:grouped}", "probe_first_call", "probes.probe_first_call --cells dbrx:4096"),
 ]
 # The probes of the probe table (Tab. probes), by their CSV; each is run as ``python -m probes.<name>``,
@@ -75,22 +81,27 @@ DERIVED = {"distill_grouped": "tune_grouped"}
 # probes run with arguments of their own, or whose CSV another module writes: the module with the arguments
 # that made the committed CSV
 COMMANDS = {
-    "probe_dk_latency": "probes.probe_dk_latency --screen",
-    "probe_host_cost": "probes.probe_host_cost --tokens 1,16,64,256",
-    "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu",
-    "probe_dswiglu_flatten": "probes.probe_backward --pieces dswiglu --steps",
-    "probe_swiglu_accuracy": "probes.probe_separate_accuracy",
+    "probe_dk_latency": "probes.probe_dk_latency --screen --out CSV",
+    "probe_host_cost": "probes.probe_host_cost --tokens 1,16,64,256 --out CSV",
+    "probe_prefill_counters": "probes.probe_prefill_counters --counters-budget-s 400 --case-timeout-s 90 "
+    "--deadline-s 560 --out DIR/probe_prefill_timing.csv --counters-out CSV",
+    "probe_prefill_timing": "probes.probe_prefill_counters --counters-budget-s 400 --case-timeout-s 90 "
+    "--deadline-s 560 --out CSV --counters-out DIR/probe_prefill_counters.csv",
+    "probe_dswiglu_split": "probes.probe_backward --pieces dswiglu --out CSV",
+    "probe_dswiglu_flatten": "probes.probe_backward --pieces dswiglu --steps --out CSV",
+    "probe_swiglu_accuracy": "probes.probe_separate_accuracy --out CSV",
     "probe_dswiglu_separate": (
-        "probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto"
+        "probes.probe_backward --pieces dswiglu --steps --configs separate 128x256x64/w8s3e4 auto --out CSV"
     ),
-    "probe_cluster_dk": "probes.cluster_bench --parts checks dk --out-dir",  # (the CSV's folder)
-    "probe_cluster_grouped": "probes.cluster_bench --parts grouped --out-dir",
-    "probe_prefill_counters": (
-        "probes.probe_prefill_counters --counters-budget-s 400 --out probe_prefill_timing.csv --counters-out"
-    ),
-    "probe_prefill_timing": "probes.probe_prefill_counters --counters-budget-s 400 --counters-out "
-    "probe_prefill_counters.csv",
+    "probe_cluster_dk": "probes.cluster_bench --parts checks dk --out-dir DIR",
+    "probe_cluster_grouped": "probes.cluster_bench --parts grouped --out-dir DIR",
 }
+
+
+def command(module: str) -> str:
+    """A command as the table shows it: the module, its arguments and where it writes (``CSV``, ``DIR``),
+    ``--out CSV`` where the entry names neither."""
+    return module if re.search(r"(^|[ /])(CSV|DIR)([ /]|$)", module) else f"{module} --out CSV"
 
 
 def provenance_of(path: Path) -> tuple[str, str]:
@@ -148,7 +159,7 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
                 "CSV": f"\\texttt{{{tex_escape(csv)}}}",
                 "commit": commit,
                 "Triton": triton,
-                "module": command_cell(module) + ("$^*$" if module in REMOVED.values() else ""),
+                "command": command_cell(command(module)) + ("$^*$" if module in REMOVED.values() else ""),
             }
         )
     write_text(
@@ -156,13 +167,13 @@ def repro(n: Numbers, results: Path, gen: Path) -> None:
         table(
             pd.DataFrame(rows),
             "Each figure and table, its CSV (\\texttt{results/<gpu>/<CSV>.csv}), the commit and Triton its "
-            "rows record (``+'': uncommitted changes), and the command that measures it: \\texttt{python -m} "
-            "and the module, the CSV after \\texttt{--out}, or after the option the command ends with "
-            "(\\texttt{--out-dir}: its folder) ($^*$: no longer in the tree; $^\\dagger$: computed on a CPU "
-            "from the step before's CSV, whose commit it shows).",
+            "rows record (``+'': uncommitted changes), and the command that measures it, run as "
+            "\\texttt{python -m} and the command (\\texttt{CSV}: \\texttt{results/<gpu>/<CSV>.csv}; "
+            "\\texttt{DIR}: \\texttt{results/<gpu>}; $^*$: no longer in the tree; $^\\dagger$: computed on a "
+            "CPU from the step before's CSV, whose commit it shows).",
             "tab:repro",
             "lllll",
-            raw=("shown in", "CSV", "commit", "module"),
+            raw=("shown in", "CSV", "commit", "command"),
             colsep=2,
             long=True,
         ),
