@@ -126,14 +126,19 @@ def provenance_of(path: Path) -> tuple[str, str]:
 
 
 def command_cell(module: str, width: int = 38) -> str:
-    """The module and its arguments in typewriter type, over several lines (broken at spaces) where it is
-    longer than ``width`` characters, so that the table keeps to the text width."""
+    """The module and its arguments in typewriter type, over several lines (broken at spaces, and a path
+    longer than a line after a slash) where it is longer than ``width`` characters, so that the table keeps
+    to the text width."""
     lines: list[str] = []
     for word in module.split(" "):
         if lines and len(lines[-1]) + 1 + len(word) <= width:
             lines[-1] += " " + word
-        else:
-            lines.append(word)
+            continue
+        while len(word) > width and "/" in word[:width]:
+            cut = word[:width].rindex("/") + 1
+            lines.append(word[:cut])
+            word = word[cut:]
+        lines.append(word)
     cells = [f"\\texttt{{{tex_escape(line)}}}" for line in lines]
     return cells[0] if len(cells) == 1 else "\\shortstack[l]{" + "\\\\".join(cells) + "}"
 
