@@ -285,7 +285,7 @@ _COUNTERS: dict[tuple, torch.Tensor] = {}
 def counters(device: torch.device, n: int, stream: int | None = None) -> torch.Tensor:
     if stream is None:
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.index if device.type == "cuda" else -1, stream)
+    key = (_device_key(device), stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
@@ -302,8 +302,24 @@ def workspace_numel(m: int, n: int, cfg: DecomposeKConfig) -> int:
 
 def alloc_workspace(m: int, n: int, cfg: DecomposeKConfig, device) -> torch.Tensor:
     """The last-arriver form's fp32 partials (every element written before it is read)."""
-    numel = workspace_numel(m, n, cfg)
+    return _partials(workspace_numel(m, n, cfg), device)
+
+
+def _partials(numel: int, device) -> torch.Tensor:
     return configs.alloc_partials(1, 1, numel, device).view(-1)  # poisoned by the tests like any partials
+
+
+def _coop_buffers(numel: int, tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cooperative form's zeroed (flag, value) words and per-tile launch counters (:func:`coop_state`)."""
+    return (
+        torch.zeros(numel, dtype=torch.int64, device=device),
+        torch.zeros(tiles, dtype=torch.int64, device=device),
+    )
+
+
+def _grown(need: int, held: int | None) -> int:
+    """A shared buffer's new size: what is needed, and at least twice what is held."""
+    return need if held is None else max(need, 2 * held)
 
 
 # The buffers the plans of :mod:`moegemm.decompose_k.api` launch with, shared between plans (see
@@ -336,32 +352,37 @@ def plan_state(
     allocates is filled only when the graph replays, so it cannot serve other plans. Graphs that captured
     plans warmed up on one stream share that stream's buffers, as graphs of one plan always did: replay
     them one at a time (on one stream, as servers do), not at once on several."""
-    dev = device.index if device.type == "cuda" else -1
-    if _capturing(device):
-        if coop:
-            return coop_state(m, n, cfg, device)
-        return alloc_workspace(m, n, cfg, device), counters(device, grid(m, n, cfg)[0], stream)
-    if not coop:
-        need = workspace_numel(m, n, cfg)
-        ws = _PARTIALS.get((dev, stream))
-        if ws is None or ws.numel() < need:
-            numel = need if ws is None else max(need, 2 * ws.numel())
-            ws = configs.alloc_partials(1, 1, numel, device).view(-1)
-            _PARTIALS[(dev, stream)] = ws
-        return ws, counters(device, grid(m, n, cfg)[0], stream)
     tiles = grid(m, n, cfg)[0]
+    capturing = _capturing(device)
+    if coop:
+        return coop_state(m, n, cfg, device) if capturing else _shared_coop(tiles, cfg, device, stream)
+    need = workspace_numel(m, n, cfg)
+    ws = _partials(need, device) if capturing else _shared_partials(need, device, stream)
+    return ws, counters(device, tiles, stream)
+
+
+def _shared_partials(need: int, device: torch.device, stream: int) -> torch.Tensor:
+    key = (_device_key(device), stream)
+    ws = _PARTIALS.get(key)
+    if ws is None or ws.numel() < need:
+        ws = _partials(_grown(need, None if ws is None else ws.numel()), device)
+        _PARTIALS[key] = ws
+    return ws
+
+
+def _shared_coop(tiles: int, cfg: DecomposeKConfig, device: torch.device, stream: int):
     tile = cfg.block_m * cfg.block_n
-    key = (dev, stream, cfg.split_k, tile)
+    key = (_device_key(device), stream, cfg.split_k, tile)
     held = _COOP.get(key)
     if held is None or held[1].numel() < tiles:
-        if held is not None:
-            tiles = max(tiles, 2 * held[1].numel())
-        held = (
-            torch.zeros(tiles * cfg.split_k * tile, dtype=torch.int64, device=device),
-            torch.zeros(tiles, dtype=torch.int64, device=device),
-        )
+        tiles = _grown(tiles, None if held is None else held[1].numel())
+        held = _coop_buffers(tiles * cfg.split_k * tile, tiles, device)
         _COOP[key] = held
     return held
+
+
+def _device_key(device: torch.device) -> int:
+    return device.index if device.type == "cuda" else -1
 
 
 def _capturing(device: torch.device) -> bool:
@@ -370,14 +391,11 @@ def _capturing(device: torch.device) -> bool:
 
 def coop_state(m: int, n: int, cfg: DecomposeKConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A cooperative form's (workspace, counters) of its own (the probes' unshared form of
-    :func:`plan_state`): 64-bit (flag, value)
-    words, zeroed once (no launch's flag is 0), and one int64 launch counter per tile, zeroed once and
-    never reset (a flag is the launch's number, so the words of earlier launches never pass for new ones;
-    it is the counter's low 32 bits, which repeat only after 2^32 launches, long after every word has been
-    rewritten)."""
-    ws = torch.zeros(workspace_numel(m, n, cfg), dtype=torch.int64, device=device)
-    cnt = torch.zeros(grid(m, n, cfg)[0], dtype=torch.int64, device=device)
-    return ws, cnt
+    :func:`plan_state`): 64-bit (flag, value) words, zeroed once (no launch's flag is 0), and one int64
+    launch counter per tile, zeroed once and never reset (a flag is the launch's number, so the words of
+    earlier launches never pass for new ones; it is the counter's low 32 bits, which repeat only after 2^32
+    launches, long after every word has been rewritten)."""
+    return _coop_buffers(workspace_numel(m, n, cfg), grid(m, n, cfg)[0], device)
 
 
 def kernel_args(p: Prepared, cfg: DecomposeKConfig, workspace, counter_buf, coop: bool) -> dict:
