@@ -40,15 +40,18 @@ def seed_fp32_searched(results: Path) -> bool:
     return bool(((t.get("dtype") == "float32") & (t.get("best").astype(str) == "True")).any())
 
 
+def seed_fp32_configs_text(results: Path) -> str:
+    """Which configs the seed's kernels ran at in E5's fp32 suite, as the text says it."""
+    if seed_fp32_searched(results):
+        return "at the configs of its own fp32 search"
+    return "at the configs its search found for bf16"
+
+
 def e5(n: Numbers, results: Path, gen: Path) -> None:
     df = pd.read_csv(results / "decompose_k_grid.csv")
     df = df[df.status == "ok"]
     fp32_own = seed_fp32_searched(results)
-    n.add(
-        "EFiveSeedFpThirtyTwoConfigs",
-        "at the configs of its own fp32 search" if fp32_own else "at the configs its search found for bf16",
-        "{}",
-    )
+    n.add("EFiveSeedFpThirtyTwoConfigs", seed_fp32_configs_text(results), "{}")
     rows, seed_opt = [], {}
     for suite, g in df.groupby("suite", sort=False):
         for clock in ("graph_us", "launch_us"):

@@ -165,13 +165,11 @@ def fastest_numbers(n: Numbers, held: pd.DataFrame) -> None:
     """The peer most often the best peer (with_best_peer's choice per cell), per phase, on the GPU clock, as
     plain text (EEight<Phase>FastestGpu: "vLLM's fused_experts (5 of 7 cells)")."""
     d = with_best_peer(held)
-    for clock, ct in (("graph", "Gpu"),):
-        best = d[d.contender == f"{BEST}:{clock}"]
-        for phase, part in (("Decode", best[best.tokens <= 256]), ("Prefill", best[best.tokens >= PREFILL])):
-            counts = part.best_of.value_counts()
-            if counts.empty:
-                continue
-            n.add(f"EEight{phase}Fastest{ct}", most_often(counts, len(part)))
+    best = d[d.contender == f"{BEST}:graph"]
+    for phase, part in (("Decode", best[best.tokens <= 256]), ("Prefill", best[best.tokens >= PREFILL])):
+        counts = part.best_of.value_counts()
+        if not counts.empty:
+            n.add(f"EEight{phase}FastestGpu", most_often(counts, len(part)))
 
 
 def most_often(counts: pd.Series, cells: int) -> str:

@@ -92,11 +92,7 @@ def headline(results: Path) -> str:
             ),
         ]
     fp32 = ""
-    seed_fp32 = (
-        "at the configs of its own fp32 search"
-        if e5.seed_fp32_searched(results)
-        else "at the configs its search found for bf16"
-    )
+    seed_fp32 = e5.seed_fp32_configs_text(results)
     if "EFiveFpThirtyTwoGraphVsSeedOptMedian" in m:
         outliers = int(m["EFiveFpThirtyTwoSeedOutliers"])
         fp32 = (
