@@ -169,7 +169,20 @@ def write_table(family: str, slug: str, entries: list[dict]) -> Path:
         },
     )
     print(f"wrote {table} ({len(entries)} entries)")
+    record_hardware(slug)
     return table
+
+
+def record_hardware(slug: str) -> None:
+    """Put this GPU's traits (moegemm._runtime.device_traits) into the library's hardware.json under
+    ``slug``, beside the other cards' (the library finds the table that serves a card through them)."""
+    from moegemm._runtime import device_traits
+
+    path = ROOT / "src" / "moegemm" / "tuned" / "hardware.json"
+    doc = json.loads(path.read_text())
+    doc["gpus"][slug] = {"name": torch.cuda.get_device_name(0), **device_traits(0).as_dict()}
+    doc["gpus"] = dict(sorted(doc["gpus"].items()))
+    write_json(path, doc)
 
 
 PROVENANCE_KEYS = ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "git_commit", "git_dirty", "utc")

@@ -39,8 +39,9 @@ def child(model: str, t: int) -> dict:
 
     from experiments.common import load_config
     from experiments.e8_moe_layer import cell_inputs
+    from moegemm import autotune
     from moegemm._runtime import compile_threads, gpu_slug
-    from moegemm.grouped import autotune, moe_ffn
+    from moegemm.grouped import moe_ffn
 
     g = load_config()["grouped"]
     _, e, top_k, h, i, ids, x, wts, _, _, sets = cell_inputs(g, model, t, "uniform", {})

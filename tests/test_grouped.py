@@ -540,7 +540,7 @@ def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
     import json
 
     import moegemm.grouped.config as api
-    from moegemm.grouped import autotune
+    from moegemm import autotune
 
     short = [(GroupedConfig(16, 64, 16 << i), GroupedConfig(16, 32, 16 << i)) for i in range(4)]
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
@@ -554,8 +554,9 @@ def test_default_path_for_an_unseen_shape(monkeypatch, tmp_path):
         assert api.choose_config(x(rows), 8, 32, "nk") == (short[regime][0], "default"), rows
         assert api.shortlist(rows, 8, 32, "test-gpu") == short[regime]
     assert not autotune.can_time(x(8))
-    key = api.autotune_key(100 * 8, 64, torch.bfloat16, 8, 32, "nk")
-    assert key == ("bfloat16", 8, 64, 32, "nk", 128)
+    key = api.autotune_key(100 * 8, 64, torch.bfloat16, 8, 32, "nk", "test-gpu")
+    # the shape's key, and the table whose shortlist was timed (none serves "test-gpu": the generic one)
+    assert key == ("bfloat16", 8, 64, 32, "nk", 128, "generic")
     kept = GroupedConfig(128, 128, 64, num_warps=8, tma=True)
     autotune.remember("test-gpu", key, dataclasses.asdict(kept), {"0": 1.0})
     assert api.choose_config(x(100 * 8), 8, 32, "nk") == (kept, "autotuned")
@@ -629,8 +630,8 @@ def test_first_call_compiles_the_shortlist_side_by_side(monkeypatch):
     integer raises, naming the variable."""
     import threading
 
+    from moegemm import autotune
     from moegemm._runtime import compile_threads
-    from moegemm.grouped import autotune
 
     caller = threading.get_ident()
     entered = _fake_cuda(monkeypatch)
@@ -737,7 +738,7 @@ def test_distilled_shortlist_is_greedy_over_cells():
     assert slowdown(cells, times, ["a", "b", "c"]) == 1.0
 
 
-def test_config_lookup_exact_nearest_heuristic(monkeypatch):
+def test_config_lookup_exact_nearest_generic(monkeypatch):
     import moegemm.grouped.config as api
 
     a, b = GroupedConfig(16, 64, 256), GroupedConfig(128, 128, 64, num_warps=8)
@@ -757,8 +758,8 @@ def test_config_lookup_exact_nearest_heuristic(monkeypatch):
     table[("bfloat16", 256, 64, 32, "nk", 1 / 32)] = c
     assert api.choose_config(x(8), 256, 32, "nk") == (c, "tuned")
     assert api.choose_config(x(64), 256, 32, "nk") == (c, "tuned-nearest")  # 1/4: the only entry of E=256
-    cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N, no shortlist for this GPU
-    assert src == "heuristic" and cfg == api.heuristic_config(8, 8, 48)
+    cfg, src = api.choose_config(x(8), 8, 48, "nk")  # no entry for this N, no table serves this GPU
+    assert src == "generic" and cfg == api.heuristic_config(8, 8, 48)
     with pytest.raises(TypeError):
         GroupedConfig(group_m=8)  # a constant (config.GROUP_M), not a field
     # removed options: read from old tables and CSVs at their no-op values, refused otherwise
@@ -795,7 +796,7 @@ def test_untuned_configs_are_fitted_to_the_dtypes_shared_memory():
                 size = torch.empty((), dtype=dtype).element_size()
                 for slug in ("nvidia-h200", "no-such-gpu"):
                     cfg, src = api.choose(rows, 1000, dtype, slug, e, n, "nk", limit)
-                    assert src in ("default", "heuristic") and api.shared_bytes(cfg, size) <= limit, cfg
+                    assert src in ("default", "generic") and api.shared_bytes(cfg, size) <= limit, cfg
                     short = api.fitted_shortlist(rows, e, n, slug, dtype, limit)
                     assert cfg == short[0] and len(set(short)) == len(short)
                     assert all(api.shared_bytes(c, size) <= limit for c in short)

@@ -7,6 +7,7 @@ the kernels they launch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -144,9 +145,60 @@ def slugify(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuTraits:
+    """What decides a kernel's config on a GPU, whatever its name: the architecture (compute capability),
+    the multiprocessors, the shared memory one program may take, and the memory's size (between cards of
+    one architecture and SM count, the nearest stand-in for its bandwidth that the runtime reports)."""
+
+    capability: tuple[int, int]
+    sm_count: int
+    smem_per_block: int
+    memory_gib: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GpuTraits":
+        return cls(
+            capability=tuple(int(v) for v in d["capability"]),
+            sm_count=int(d["sm_count"]),
+            smem_per_block=int(d["smem_per_block"]),
+            memory_gib=float(d.get("memory_gib", 0.0)),
+        )
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "capability": list(self.capability)}
+
+
+# The traits of every GPU this process has met, by slug (moegemm.tuned finds a card's table through them)
+_TRAITS: dict[str, GpuTraits] = {}
+
+
+def traits_of(slug: str) -> GpuTraits | None:
+    """The traits of the GPU named ``slug``, if this process has met it (or registered it)."""
+    return _TRAITS.get(slug)
+
+
+def register_traits(slug: str, traits: GpuTraits) -> None:
+    """Make ``slug`` known as a GPU with ``traits`` (what meeting such a device does; tests simulate a card
+    with it)."""
+    _TRAITS[slug] = traits
+
+
+def device_traits(device_index: int) -> GpuTraits:
+    props = torch.cuda.get_device_properties(device_index)
+    return GpuTraits(
+        capability=(props.major, props.minor),
+        sm_count=props.multi_processor_count,
+        smem_per_block=smem_per_block(device_index),
+        memory_gib=round(props.total_memory / 2**30, 1),
+    )
+
+
 @functools.lru_cache(maxsize=None)
 def _gpu_slug(device_index: int) -> str:
-    return slugify(torch.cuda.get_device_name(device_index))
+    slug = slugify(torch.cuda.get_device_name(device_index))
+    _TRAITS.setdefault(slug, device_traits(device_index))
+    return slug
 
 
 def gpu_slug(t: torch.Tensor) -> str:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-# H100/H200 SXM datasheet peaks (the H200 datasheet: 4.8 TB/s HBM3e; dense bf16 989 TFLOP/s).
+# Datasheet peaks per card, by slug (NVIDIA's H100 and H200 datasheets: HBM bandwidth in TB/s, dense bf16
+# and plain fp32 in TFLOP/s; the SXM parts share the tensor rates, the PCIe and NVL parts run lower clocks).
 DATASHEET = {
-    "nvidia-h200": {"hbm_tb_s": 4.8, "bf16_tflops": 989.0, "fp32_tflops": 67.0},
     "nvidia-h100-80gb-hbm3": {"hbm_tb_s": 3.35, "bf16_tflops": 989.0, "fp32_tflops": 67.0},
+    "nvidia-h100-pcie": {"hbm_tb_s": 2.0, "bf16_tflops": 756.0, "fp32_tflops": 51.0},
+    "nvidia-h100-nvl": {"hbm_tb_s": 3.9, "bf16_tflops": 835.0, "fp32_tflops": 60.0},
+    "nvidia-h200": {"hbm_tb_s": 4.8, "bf16_tflops": 989.0, "fp32_tflops": 67.0},
+    "nvidia-h200-nvl": {"hbm_tb_s": 4.8, "bf16_tflops": 835.0, "fp32_tflops": 60.0},
 }
 
 # Dense bf16/fp16 tensor-core FLOPs per clock per multiprocessor on Hopper (NVIDIA H100 Tensor Core GPU
@@ -17,7 +23,29 @@ HOPPER_BF16_FLOP_PER_CLOCK_PER_SM = 4096
 
 
 def datasheet(slug: str) -> dict:
-    return DATASHEET.get(slug, DATASHEET["nvidia-h200"])
+    """The peaks the floors count for the GPU named ``slug``: its datasheet's (``source`` 'datasheet'), or,
+    for a card this table does not know, the ceilings measured now on GPU 0 (:func:`measure`: copy
+    bandwidth, bf16 matmul rate; fp32 at a sixteenth of bf16, Hopper's ratio; ``source`` 'measured'),
+    never another card's. Without a GPU, an unknown card is a ValueError naming it."""
+    if slug in DATASHEET:
+        return {**DATASHEET[slug], "source": "datasheet"}
+    return dict(_measured_peaks(slug))
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_peaks(slug: str) -> tuple:
+    if not torch.cuda.is_available():
+        raise ValueError(f"gpu: no datasheet peaks for {slug!r} and no GPU to measure them on")
+    m = measure()
+    tflops = m["bf16_matmul_tflops"]
+    return tuple(
+        {
+            "hbm_tb_s": m["copy_tb_s"],
+            "bf16_tflops": tflops,
+            "fp32_tflops": tflops / 16,
+            "source": "measured",
+        }.items()
+    )
 
 
 def gemm_bytes(m: int, n: int, k: int, elt: int) -> int:

@@ -25,10 +25,11 @@ import dataclasses
 
 import torch
 
+from .. import autotune
 from .._runtime import INTERPRET, check_device, records_grad
 from .._triton_common import BoundKernel, check_dtype, raw_stream
 from ..epilogue import Epilogue
-from . import flat, single_launch, two_stage
+from . import first_call, flat, single_launch, two_stage
 from .configs import BACKENDS, KERNELS, LEGACY, DecomposeKConfig, Prepared, choose
 
 _LAUNCHERS = {"two_stage": two_stage.launch, "flat": flat.launch, "single_launch": single_launch.launch}
@@ -87,7 +88,7 @@ class Plan:
 
     backend: str  # "single_launch" | "two_stage" | "flat" | "cublas" | "empty" (K=0) | "empty_out" (M or N 0)
     config: DecomposeKConfig | None
-    source: str  # "tuned" | "heuristic" | "explicit"
+    source: str  # "tuned" | "heuristic" | "generic" | "autotuned" | "autotuned on this call" | "explicit"
     epilogue: Epilogue
     m: int
     n: int
@@ -97,6 +98,7 @@ class Plan:
     allow_tf32: bool
     key: tuple
     coop: bool = False
+    final: bool = True  # False: an untimed choice a later call may replace (first_call), not cached
     _bound: BoundKernel | None = None  # the compiled single_launch kernel (on a GPU)
     _grid: tuple = (1, 1)
     _per_stream: dict = dataclasses.field(default_factory=dict)
@@ -308,7 +310,7 @@ def _cached_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32)
     p = _PLANS.get(key) if key is not None else None
     if p is None:
         p = _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, key)
-        if key is not None:
+        if key is not None and p.final:
             _PLANS[key] = p
     return p
 
@@ -328,6 +330,20 @@ def _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, k
     if k == 0:
         return Plan(backend="empty", config=None, source="explicit", **base)
     name, cfg, source = choose(a, n, epi, kernel)
+    final = True
+    if source == "generic" and kernel == "auto" and config is None and split_k is None:
+        got = first_call.choice(
+            a,
+            n,
+            epi,
+            bias is not None,
+            allow_tf32,
+            lambda nm, c: _candidate(a, b, nm, epi, bias, c, out, allow_tf32),
+        )
+        if got is None:  # not timed now (a capture, a trace, timing off): a later call may time it
+            final = not autotune.enabled()
+        else:
+            name, cfg, source = got
     if config is not None:
         cfg, source = config, "explicit"
         if name == "cublas":  # an explicit config asks for one of our kernels
@@ -336,10 +352,18 @@ def _make_plan(a, b, kernel, split_k, epilogue, bias, config, out, allow_tf32, k
         cfg, source = DecomposeKConfig(**{**cfg.as_dict(), "split_k": split_k}), "explicit"
     if cfg is not None and cfg.split_k > k:
         raise ValueError(f"config.split_k: expected 1 <= split_k <= K={k}, got {cfg.split_k}")
-    p = Plan(backend=name, config=cfg, source=source, **base)
+    p = Plan(backend=name, config=cfg, source=source, final=final, **base)
     probe_out = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     p._bind_fast(a, b, bias, probe_out)
     return p
+
+
+def _candidate(a, b, name, epi, bias, cfg, out, allow_tf32):
+    """A run of backend ``name`` at ``cfg`` on these operands (for first_call's timing), into ``out`` or a
+    scratch output."""
+    p = _make_plan(a, b, name, None, epi, bias, cfg, None, allow_tf32, None)
+    dest = out if out is not None else torch.empty((p.m, p.n), dtype=a.dtype, device=a.device)
+    return lambda: p.run(a, b, bias, dest)
 
 
 def matmul(

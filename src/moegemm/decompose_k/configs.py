@@ -1,8 +1,10 @@
 """Decompose-K configurations: the config type, validated-operand bundle, the heuristic and the tuned table.
 
 Config search lives in ``experiments/tune_decompose_k.py``; its results are data, one JSON file per GPU
-under ``moegemm/tuned/decompose_k/<gpu-slug>.json``, read here. A shape missing from the table (or a GPU
-with no table) falls back to :func:`heuristic_config`.
+under ``moegemm/tuned/decompose_k/<gpu-slug>.json``, read here; a GPU without a table of its own is served
+by the nearest card's of its architecture (moegemm.tuned.serving). A shape missing from that table falls
+back to :func:`heuristic_config`; on a GPU no table serves, the first call of a shape times a shortlist
+around it (moegemm.decompose_k.first_call).
 """
 
 from __future__ import annotations
@@ -253,17 +255,22 @@ def _charged_best(best: str, per_kernel: dict, times: dict, activation_us: float
 def choose(
     a: torch.Tensor, n: int, epilogue: Epilogue, kernel: str = "auto"
 ) -> tuple[str, DecomposeKConfig | None, str]:
-    """(backend, config, source) where source is 'tuned' or 'heuristic'; config is None for cuBLAS. An
-    explicit kernel gets its own tuned config when the table has one."""
+    """(backend, config, source) where source is 'tuned' (the table that serves this GPU: its own, or the
+    nearest card's of its architecture, moegemm.tuned.serving), 'heuristic' (a shape that table lacks) or
+    'generic' (a GPU no table serves: the heuristic's choice, which the plan's first call replaces by the
+    fastest of :func:`moegemm.decompose_k.first_call.shortlist` where it can time); config is None for
+    cuBLAS. An explicit kernel gets its own tuned config when the table has one."""
     m, k = a.shape
-    return _choose(gpu_slug(a), a.dtype, m, n, k, epilogue, kernel, device_sm_count(a))
+    table = tuned.serving("decompose_k", gpu_slug(a)) if a.device.type == "cuda" else "cpu-interpreter"
+    return _choose(table, a.dtype, m, n, k, epilogue, kernel, device_sm_count(a))
 
 
 @functools.lru_cache(maxsize=4096)
 def _choose(slug, dtype, m, n, k, epilogue, kernel, sms):
+    """:func:`choose` from the table named ``slug`` (None: no table serves the GPU)."""
     if kernel == "cublas":
         return "cublas", None, "explicit"
-    table = _tuned_table(slug)
+    table = _tuned_table(slug) if slug is not None else {}
     dt = str(dtype).replace("torch.", "")
     hit = table.get((dt, m, n, k, epilogue.name.lower()))
     if hit is None and epilogue is not Epilogue.NONE:
@@ -277,7 +284,8 @@ def _choose(slug, dtype, m, n, k, epilogue, kernel, sms):
             return "cublas", None, "tuned"
         if name in per_kernel:
             return name, per_kernel[name], "tuned"
+    source = "heuristic" if slug is not None else "generic"
     name = heuristic_choice(m, n, k) if kernel == "auto" else kernel
     if name == "cublas":
-        return "cublas", None, "heuristic"
-    return name, heuristic_config(m, n, k, dtype, sms), "heuristic"
+        return "cublas", None, source
+    return name, heuristic_config(m, n, k, dtype, sms), source

@@ -1,6 +1,7 @@
-"""The grouped GEMM's configs and their choice: :class:`GroupedConfig`, this GPU's tuned table (exact or
-nearest entry), the distilled shortlist of a regime of rows per expert, the heuristic for a GPU with
-neither, and the configs the masked and fused-SwiGLU kernels derive from the contiguous kernel's."""
+"""The grouped GEMM's configs and their choice: :class:`GroupedConfig`, the tuned table that serves this GPU
+(its own, or the nearest card's of its architecture: moegemm.tuned.serving; exact or nearest entry), the
+distilled shortlist of a regime of rows per expert, the generic shortlist for a GPU no table serves, and the
+configs the masked and fused-SwiGLU kernels derive from the contiguous kernel's."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import math
 import torch
 import triton
 
-from .. import tuned
+from .. import autotune, tuned
 from .._runtime import device_smem_per_block, gpu_slug
-from . import autotune
 
 # Row tiles of one expert walked together, column by column, so that they share the expert's weights in L2
 # (the kernels' GROUP_M, read from here at each launch). Every tuned config took 8, and the tuner searches
@@ -126,8 +126,9 @@ def rows_bucket(rows: int, num_experts: int) -> int | float:
 
 
 @functools.lru_cache(maxsize=None)
-def _tuned_table(slug: str) -> dict:
-    """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} written by experiments/tune_grouped.py."""
+def _tuned_table(slug: str | None) -> dict:
+    """{(dtype, E, K, N, w_layout, rows_bucket): GroupedConfig} of the table named ``slug`` (written by
+    experiments/tune_grouped.py); {} for None."""
     return {
         (e["dtype"], e["experts"], e["k"], e["n"], e["w_layout"], e["rows_bucket"]): GroupedConfig.from_dict(
             e["config"]
@@ -146,8 +147,9 @@ def regime_of(mean_rows: float) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _default_table(slug: str) -> tuple:
-    """Per regime, the distilled shortlist (experiments/distill_grouped.py) for this GPU; () if none."""
+def _default_table(slug: str | None) -> tuple:
+    """Per regime, the distilled shortlist (experiments/distill_grouped.py) of the table named ``slug``; ()
+    if none."""
     entries = tuned.entries("grouped_default", slug)
     if len(entries) != len(REGIMES):
         return ()
@@ -155,12 +157,13 @@ def _default_table(slug: str) -> tuple:
 
 
 def shortlist(rows: int, num_experts: int, n: int, slug: str) -> tuple[GroupedConfig, ...]:
-    """The configs the first call of a shape no tuned entry covers chooses from: the distilled shortlist
-    of its regime on this GPU, else :func:`heuristic_config` alone."""
-    table = _default_table(slug)
+    """The configs the first call of a shape no tuned entry covers chooses from, on the GPU named ``slug``:
+    the distilled shortlist of its regime from the table that serves that GPU, else the
+    :func:`generic_shortlist`."""
+    table = _default_table(tuned.serving("grouped_default", slug))
     if table:
         return table[regime_of(rows / max(num_experts, 1))]
-    return (heuristic_config(rows, num_experts, n),)
+    return generic_shortlist(rows, num_experts, n)
 
 
 def choose_config(
@@ -170,15 +173,24 @@ def choose_config(
     'tuned' for an exact entry of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K,
     N) whose rows bucket is nearest (log scale; the same w layout preferred), 'autotuned' for a choice an
     earlier call timed (moegemm.grouped.autotune), else 'default' (the first of the distilled shortlist)
-    or, on a GPU without one, 'heuristic' (those two fitted to the dtype's shared memory on this device,
-    see :func:`fitted`). :func:`moegemm.grouped.grouped_mm` with no config times the
-    shortlist where this says 'default' and it can (see moegemm.grouped.autotune)."""
+    or, on a GPU no table serves, 'generic' (the first of :func:`generic_shortlist`; those two fitted to
+    the dtype's shared memory on this device, see :func:`fitted`). The tables are those that serve this
+    GPU (moegemm.tuned.serving). :func:`moegemm.grouped.grouped_mm` with no config times the shortlist
+    where this says 'default' or 'generic' and it can (see moegemm.grouped.autotune)."""
     rows, k = x.shape
     return choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout, device_smem_per_block(x))
 
 
-def autotune_key(rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int, w_layout: str) -> tuple:
-    return (str(dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
+def autotune_key(
+    rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int, w_layout: str, slug: str | None = None
+) -> tuple:
+    """The key a timed choice is kept under: the shape's, and, given the GPU's ``slug``, the table whose
+    shortlist was timed (that GPU's own, the nearest card's, or 'generic'), so that a choice made from one
+    shortlist is not taken where another serves (MOEGEMM_HIDE_TABLES, a new table)."""
+    key = (str(dtype).replace("torch.", ""), num_experts, k, n, w_layout, rows_bucket(rows, num_experts))
+    if slug is None:
+        return key
+    return (*key, tuned.serving("grouped_default", slug) or "generic")
 
 
 def shared_bytes(cfg: GroupedConfig, itemsize: int) -> int:
@@ -228,7 +240,7 @@ def choose(
     CUDA tensor passes :func:`moegemm._runtime.device_smem_per_block`)."""
     dtype_s = str(dtype).replace("torch.", "")
     bucket = rows_bucket(rows, num_experts)
-    table = _tuned_table(slug)
+    table = _tuned_table(tuned.serving("grouped", slug))
     hit = table.get((dtype_s, num_experts, k, n, w_layout, bucket))
     if hit is not None:
         return hit, "tuned"
@@ -240,16 +252,20 @@ def choose(
     if near:
         _, _, b, lay = min(near)
         return table[(dtype_s, num_experts, k, n, lay, b)], "tuned-nearest"
-    timed = autotune.lookup(slug, autotune_key(rows, k, dtype, num_experts, n, w_layout))
+    timed = autotune.lookup(slug, autotune_key(rows, k, dtype, num_experts, n, w_layout, slug))
     if timed is not None:
         return GroupedConfig.from_dict(timed), "autotuned"
-    if _default_table(slug):
-        return fitted_shortlist(rows, num_experts, n, slug, dtype, smem)[0], "default"
-    return fitted(heuristic_config(rows, num_experts, n), dtype, smem), "heuristic"
+    first = fitted_shortlist(rows, num_experts, n, slug, dtype, smem)[0]
+    return first, "default" if _default_table(tuned.serving("grouped_default", slug)) else "generic"
+
+
+# Where choose's config is a shortlist's first, which a call that can time replaces by the fastest
+TIMED_SOURCES = ("default", "generic")
 
 
 def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
-    """Row tiles sized to the mean rows per expert, for a GPU with no distilled shortlist. Decode (<= 16
+    """Row tiles sized to the mean rows per expert, measured on no GPU (the first of the generic shortlist,
+    and the tests' plain tiles). Decode (<= 16
     rows per expert) streams the weights: 16-row tiles, narrow N tiles and deep K steps for many loads in
     flight. Otherwise 128-wide N tiles, with the row tiles of an expert walked together (GROUP_M) so that
     they share its weights in L2."""
@@ -259,6 +275,34 @@ def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
     bm = 32 if mean <= 32 else 64 if mean <= 64 else 128
     bn = 64 if n <= 64 else 128
     return GroupedConfig(block_m=bm, block_n=bn, block_k=64, num_warps=4 if bm * bn <= 64 * 128 else 8)
+
+
+def generic_shortlist(rows: int, num_experts: int, n: int) -> tuple[GroupedConfig, ...]:
+    """The configs a GPU that no tuned table serves (another architecture) times on the first call of each
+    shape: :func:`heuristic_config`, then tiles around it, all with pointer loads (TMA is Hopper's).
+    Decode: narrow and deep weight tiles; the middle and prefill: square tiles of 64 and 128 rows, wider
+    ones and deeper pipelines. No measurement chose them: the timing on the caller's inputs does."""
+    first = heuristic_config(rows, num_experts, n)
+    mean = rows / max(num_experts, 1)
+    if mean <= 16:
+        more = [
+            GroupedConfig(16, 128, 128, num_warps=4, num_stages=4),
+            GroupedConfig(16, 64, 256, num_warps=4, num_stages=3),
+            GroupedConfig(32, 64, 64, num_warps=4, num_stages=4),
+        ]
+    elif mean <= 64:
+        more = [
+            GroupedConfig(64, 128, 64, num_warps=4, num_stages=3),
+            GroupedConfig(64, 64, 64, num_warps=4, num_stages=4),
+            GroupedConfig(32, 128, 64, num_warps=4, num_stages=4),
+        ]
+    else:
+        more = [
+            GroupedConfig(128, 256, 64, num_warps=8, num_stages=3),
+            GroupedConfig(64, 128, 64, num_warps=4, num_stages=4),
+            GroupedConfig(128, 128, 32, num_warps=4, num_stages=4),
+        ]
+    return tuple(dict.fromkeys([first, *more]))
 
 
 def swiglu_config(cfg: GroupedConfig) -> GroupedConfig:

@@ -9,12 +9,13 @@ import dataclasses
 
 import torch
 
+from .. import autotune
 from .._runtime import INTERPRET, check_device, device_smem_per_block, gpu_slug
 from .._triton_common import check_dtype
 from ..epilogue import Epilogue
-from . import autotune
 from .checks import check_offsets, check_w
 from .config import (
+    TIMED_SOURCES,
     GroupedConfig,
     autotune_key,
     choose,
@@ -230,17 +231,18 @@ def _grouped(
         slug = gpu_slug(x_sorted)
         smem = device_smem_per_block(x_sorted)
         cfg, source = choose(m_total, k, x_sorted.dtype, slug, e, n_w, w_layout, smem)
-        if source == "default" or swiglu:
+        if source in TIMED_SOURCES or swiglu:
             # The fused kernel's timed choices are its own (the unfused kernel's, choose has looked up
             # already). The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that
             # entry's tiles against the regime's shortlist too.
-            key_t = autotune_key(m_total, k, x_sorted.dtype, e, n_w, w_layout + ("+swiglu" if swiglu else ""))
+            layout_t = w_layout + ("+swiglu" if swiglu else "")
+            key_t = autotune_key(m_total, k, x_sorted.dtype, e, n_w, layout_t, slug)
             timed = autotune.lookup(slug, key_t) if swiglu else None
             if timed is not None:
                 cfg = GroupedConfig.from_dict(timed)
             elif autotune.can_time(x_sorted):
                 candidates = fitted_shortlist(m_total, e, n_w, slug, x_sorted.dtype, smem)
-                if swiglu and source != "default":
+                if swiglu and source not in TIMED_SOURCES:
                     candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
                 cfg, times = autotune.fastest(run, candidates, parallel_compile=True, kernel_of=kernel_of)
                 autotune.remember(slug, key_t, dataclasses.asdict(cfg), times)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import autotune
 from .._runtime import check_device, gpu_slug
 from .._triton_common import check_dtype
-from . import autotune
 from .config import autotune_key
 from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .pointwise import silu_mul
@@ -65,7 +65,7 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
     two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
     slug = gpu_slug(xs)
     key = autotune_key(
-        xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i, w_layout + "+ffn-gate-up"
+        xs.shape[0], xs.shape[1], xs.dtype, w_gate_up.shape[0], two_i, w_layout + "+ffn-gate-up", slug
     )
     hit = autotune.lookup(slug, key)
     if hit is not None:

@@ -1,9 +1,11 @@
-"""The grouped GEMM's config for a shape its GPU's tuned table does not hold: a shortlist distilled from the
-tuner's measurements of other models (experiments/distill_grouped.py), timed on the first call of each
-unseen (dtype, E, K, N, w layout, rows bucket) on that call's own inputs. The fastest is kept in memory and
-on disk, so later calls, and later processes, take it with no timing and no host sync.
+"""First-call timing, for a shape no tuned table covers: the caller's shortlist of configs is timed on the
+call's own inputs, and the fastest kept in memory and on disk, so later calls, and later processes, take it
+with no timing and no host sync. The grouped GEMM times the distilled shortlist of a shape's regime
+(experiments/distill_grouped.py), or on a GPU no table serves a generic one (moegemm.grouped.config);
+Decompose-K, on a GPU no table serves, a few backends and splits around its heuristic
+(moegemm.decompose_k.first_call). Each keys its choices by its own tuple.
 
-The first call compiles the shortlist's kernels side by side, from a pool of threads
+The grouped GEMM's first call compiles its shortlist's kernels side by side, from a pool of threads
 (MOEGEMM_COMPILE_THREADS=1: one after another), then times them one at a time.
 
 Where a call cannot time (it is being captured into a CUDA graph, traced by torch.compile, run by Triton's
@@ -26,8 +28,8 @@ from pathlib import Path
 import torch
 import triton
 
-from .. import __version__
-from .._runtime import INTERPRET, compile_threads, launch_side_by_side
+from . import __version__
+from ._runtime import INTERPRET, compile_threads, launch_side_by_side
 
 REPS, ROUNDS = 5, 3  # calls per timing, interleaved rounds over the shortlist
 
@@ -55,7 +57,7 @@ def can_time(x: torch.Tensor) -> bool:
 
 def cache_file(slug: str) -> Path | None:
     d = os.environ.get("MOEGEMM_CACHE_DIR", str(Path.home() / ".cache" / "moegemm"))
-    return Path(d) / f"grouped-autotune-{slug}.json" if d else None
+    return Path(d) / f"autotune-{slug}.json" if d else None
 
 
 def _versions() -> dict:
