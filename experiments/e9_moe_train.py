@@ -75,7 +75,15 @@ def _expert_terms(e: int, x, ids, wts, w_gu, w_dn, dy) -> dict | None:
     da = s * (dye @ dn_w)
     dg = da * u * sg * (1 + g * (1 - sg))
     du = da * g * sg
-    return dict(tok=tok, j=j, xe=xe, dye=dye, s=s, act=act, dgu=torch.cat([dg, du], 1), gu_w=gu_w, dn_w=dn_w)
+    # magnitudes: what each term's rounding errors scale with (its sums of absolute products), for the
+    # error bound of the gradients built from them (check_weight_grads); |SiLU| <= |g|, |SiLU'| <= 1.1
+    hm = xe.abs() @ gu_w.abs().T
+    gm, um = hm[:, :i], hm[:, i:]
+    dam = s.abs() * (dye.abs() @ dn_w.abs())
+    mags = dict(act=2.1 * gm * um, dgu=torch.cat([1.1 * dam * um, dam * gm], 1))
+    return dict(
+        tok=tok, j=j, xe=xe, dye=dye, s=s, act=act, dgu=torch.cat([dg, du], 1), gu_w=gu_w, dn_w=dn_w, mag=mags
+    )
 
 
 @torch.no_grad()
@@ -111,11 +119,13 @@ def torch_pipeline_train(x, ids, wts, w_gu, w_dn, e: int) -> torch.Tensor:
 def check_weight_grads(got, x, ids, wts, w_gu, w_dn, dy, scale: float = 1.0) -> tuple[bool, float, str]:
     """The step's other gradients against float64, expert by expert (each expert's weights in float64 one
     at a time, as ref_step): ``got`` = (d wts [T, k], dW_gu [E, 2I, H], dW_dn [E, H, I]). Each expert's dW
-    within the harness's tolerance for its row count (an expert with no rows: exact zeros), the gating
-    weights' gradient for the reduction over H and I (``scale``: the harness check's); (ok, the largest
-    relative error, the reason)."""
+    within the error bound of a sum over its rows of rounded operands (correctness.check with the terms'
+    magnitudes; an expert with no rows: exact zeros), the gating weights' gradient likewise for the
+    reduction over H and I (``scale``: the harness check's); (ok, the largest relative error, the
+    reason)."""
     dw_t, dgu, ddn = got
     ref_t = torch.zeros(wts.shape, dtype=torch.float64, device=wts.device)
+    mag_t = torch.zeros_like(ref_t)
     worst = 0.0
     for e in range(w_gu.shape[0]):
         t = _expert_terms(e, x, ids, wts, w_gu, w_dn, dy)
@@ -124,18 +134,25 @@ def check_weight_grads(got, x, ids, wts, w_gu, w_dn, dy, scale: float = 1.0) -> 
                 return False, math.inf, f"expert {e} has no rows but a nonzero weight gradient"
             continue
         ref_t[t["tok"], t["j"]] = (t["dye"] * (t["act"] @ t["dn_w"].T)).sum(1)
+        mag_t[t["tok"], t["j"]] = (t["dye"].abs() * (t["mag"]["act"] @ t["dn_w"].abs().T)).sum(1)
         rows = int(t["tok"].numel())
-        for name, out, ref in (
-            (f"dW_dn[{e}]", ddn[e], (t["s"] * t["dye"]).T @ t["act"]),
-            (f"dW_gu[{e}]", dgu[e], t["dgu"].T @ t["xe"]),
+        sdy = t["s"] * t["dye"]
+        for name, out, ref, mag in (
+            (f"dW_dn[{e}]", ddn[e], sdy.T @ t["act"], sdy.abs().T @ t["mag"]["act"]),
+            (f"dW_gu[{e}]", dgu[e], t["dgu"].T @ t["xe"], t["mag"]["dgu"].T @ t["xe"].abs()),
         ):
-            ok, rel, why = check(out, ref, rows, scale=scale)
+            # each element a sum over the expert's rows of products of rounded intermediates, themselves
+            # sums over H or I: held to the error bound of such sums (correctness.check's magnitude), which
+            # no cancellation escapes
+            ok, rel, why = check(out, ref, rows, scale=scale, magnitude=mag)
             worst = max(worst, rel)
             if not ok:
                 return False, rel, f"{name}: {why}"
     # the gating weights' gradient comes back in their dtype (fp32) from products in the layer's (x's): held
     # to the tolerance of x's dtype
-    ok, rel, why = check(dw_t.to(x.dtype), ref_t, w_dn.shape[1] + w_gu.shape[1] // 2, scale=scale)
+    ok, rel, why = check(
+        dw_t.to(x.dtype), ref_t, w_dn.shape[1] + w_gu.shape[1] // 2, scale=scale, magnitude=mag_t
+    )
     return ok, max(worst, rel), ("d topk_weights: " + why if why else "")
 
 

@@ -708,7 +708,7 @@ def test_gradients_only_where_asked_and_under_torch_compile(device):
     assert not matmul(a, b, split_k=4).requires_grad
 
 
-def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch):
+def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch, device):
     """allow_tf32 holds on the cuBLAS path whatever the process-wide setting (set through the new API, the
     legacy flag or set_float32_matmul_precision): cuBLAS runs inside fp32_matmul_precision, which sets the
     precision to the call's choice and puts the setting back exactly as it was; 16-bit calls leave it
@@ -738,7 +738,7 @@ def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch):
         real = torch.mm
         monkeypatch.setattr(torch, "mm", lambda *a, **k: seen.append(m.fp32_precision) or real(*a, **k))
         m.fp32_precision = "tf32"
-        a, b = torch.randn(4, 64), torch.randn(64, 8)
+        a, b = torch.randn(4, 64, device=device), torch.randn(64, 8, device=device)
         matmul(a, b, kernel="cublas")
         matmul(a, b, kernel="cublas", allow_tf32=True)
         matmul(a.bfloat16(), b.bfloat16(), kernel="cublas")

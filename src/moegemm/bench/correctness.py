@@ -28,18 +28,43 @@ def atol_for(dtype: torch.dtype, k: int, tf32: bool = False) -> tuple[float, flo
     return rtol, atol_unit * math.sqrt(k) + ACC_EPS * k
 
 
+# Unit roundoff of each dtype (half the distance from 1 to the next number)
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# Roundings an operand of a gradient's product may carry before the product, each of at most one unit
+# roundoff of the layer's dtype relative to its magnitude: the forward's stored activations (the gate/up
+# product, SwiGLU's output), dY times the gating weight, the SwiGLU derivative's factors. A bound, not a
+# fit: one such rounding per factor at most, counted for both factors of each product.
+OPERAND_ROUNDINGS = 8
+
+
 def check(
-    out: torch.Tensor, ref64: torch.Tensor, k: int, tf32: bool = False, scale: float = 1.0
+    out: torch.Tensor,
+    ref64: torch.Tensor,
+    k: int,
+    tf32: bool = False,
+    scale: float = 1.0,
+    magnitude: torch.Tensor | None = None,
 ) -> tuple[bool, float, str]:
     """(ok, relative Frobenius error, reason). NaN anywhere is never ok. ``scale`` multiplies both
     tolerances, for an arithmetic whose roundings err more than round-to-nearest (Triton's interpreter,
-    which casts fp32 to bf16 by truncation)."""
+    which casts fp32 to bf16 by truncation).
+
+    ``magnitude``: for a product whose operands are themselves rounded intermediates (a gradient), the
+    float64 sum over its K terms of their absolute values (``|A| @ |B|``). The absolute tolerance is then
+    the error bound of such a dot product, ``(OPERAND_ROUNDINGS * u + K * u32) * magnitude`` with u the
+    output dtype's unit roundoff and u32 fp32's, which holds however the terms cancel; without it, the
+    bound of a product of unit-variance operands (:func:`atol_for`)."""
     rtol, atol = atol_for(out.dtype, k, tf32)
-    rtol, atol = scale * rtol, scale * atol
     got = out.detach().double()
     ref = ref64.to(got.device)
     if got.shape != ref.shape:
         return False, math.inf, f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if magnitude is not None:
+        unit = UNIT_ROUNDOFF[out.dtype] if not tf32 else 2.0**-11
+        atol = (OPERAND_ROUNDINGS * unit + max(k, 1) * UNIT_ROUNDOFF[torch.float32]) * magnitude.to(
+            got.device
+        )
+    rtol, atol = scale * rtol, scale * atol
     if torch.isnan(got).any():
         return False, math.nan, "NaN in output"
     err = (got - ref).abs()
@@ -47,7 +72,11 @@ def check(
     bad = err > atol + rtol * ref.abs()
     if bad.any():
         return False, rel, f"{int(bad.sum())} elements outside tolerance (max abs err {float(err.max()):.3g})"
-    if rel >= 4 * rtol:
+    # the Frobenius norm of the error: within 4 rtol of the reference's, plus the bound's own norm
+    budget = 4 * rtol * float(ref.norm()) + (
+        float(torch.as_tensor(atol).norm()) if magnitude is not None else 0.0
+    )
+    if ref.numel() and float((got - ref).norm()) >= max(budget, 1e-30):
         return False, rel, f"relative error {rel:.2e}"
     return True, rel, ""
 
