@@ -68,7 +68,7 @@ from moegemm.grouped import (
     unpermute,
 )
 from moegemm.grouped.baselines import dense_reference, padded_bmm, per_expert_loop, torch_grouped_mm
-from moegemm.grouped.config import fitted_shortlist, masked_config
+from moegemm.grouped.config import TIMED_SOURCES, GroupedConfig, fitted_shortlist, masked_config
 from moegemm.grouped.routing import gather_rows, row_positions
 
 
@@ -677,7 +677,7 @@ def heldout_contenders(
                 fields["first_call_s"] = time.perf_counter() - t0
                 kept, now = choose_config(inp[0], e, n, "nk")
                 fields["config_source"] = (
-                    "autotuned on this call" if (source, now) == ("default", "autotuned") else now
+                    "autotuned on this call" if source in TIMED_SOURCES and now == "autotuned" else now
                 )
                 auto.config = dataclasses.asdict(kept)
                 return y
@@ -688,6 +688,7 @@ def heldout_contenders(
     auto.bind = bind
     return [
         auto,
+        hidden_table_contender(off, e, n),
         Contender(
             "ours:default",
             ours(off, first),
@@ -699,6 +700,50 @@ def heldout_contenders(
         *([vllm] if vllm is not None else []),
         *peers,
     ]
+
+
+NEAREST = "ours:auto:own-table-hidden"
+
+
+def hidden_table_contender(off, e: int, n: int) -> Contender:
+    """ours:auto as a GPU without a table of its own gets it: this GPU's own tables hidden
+    (MOEGEMM_HIDE_TABLES), so that the nearest card's of its architecture serve it (moegemm.tuned.serving)
+    or, with none, the generic shortlist. Its first call times that shortlist (its choice kept under that
+    table's key, apart from ours:auto's); it then runs at the config kept. The row records the table that
+    served, the config and the first call's wall time."""
+    fields: dict = {}
+    c = Contender(NEAREST, None, fields=fields)
+
+    def bind(inp):
+        if "first_call_s" not in fields:
+            from moegemm import tuned
+            from moegemm.grouped import contiguous
+
+            slug = gpu_slug(inp[0])
+            before = os.environ.get("MOEGEMM_HIDE_TABLES")
+            os.environ["MOEGEMM_HIDE_TABLES"] = slug
+            contiguous._PLANS.clear()  # the plans made with the own tables: met again below, not reused
+            try:
+                served = tuned.serving("grouped_default", slug)
+                sync = torch.cuda.synchronize if inp[0].is_cuda else (lambda: None)
+                sync()
+                t0 = time.perf_counter()
+                grouped_mm(inp[0], inp[1], off, w_layout="nk", validate=False)
+                sync()
+                fields["first_call_s"] = time.perf_counter() - t0
+                kept, source = choose_config(inp[0], e, n, "nk")
+            finally:
+                if before is None:
+                    os.environ.pop("MOEGEMM_HIDE_TABLES", None)
+                else:
+                    os.environ["MOEGEMM_HIDE_TABLES"] = before
+                contiguous._PLANS.clear()
+            fields["config_source"] = f"{source}, {served or 'generic'} shortlist ({slug} tables hidden)"
+            c.config = dataclasses.asdict(kept)
+        return ours(off, GroupedConfig.from_dict(c.config))(inp)
+
+    c.bind = bind
+    return c
 
 
 def path_contenders(ids, wts, e) -> list[Contender]:

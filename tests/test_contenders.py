@@ -63,8 +63,9 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     tuned entry covers the shape."""
     import experiments.e7_grouped_skew as e7
     import moegemm.grouped.config as api
+    from moegemm import autotune
     from moegemm.bench.correctness import check
-    from moegemm.grouped import GroupedConfig, autotune
+    from moegemm.grouped import GroupedConfig
 
     first = GroupedConfig(16, 16, 32)
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
@@ -75,7 +76,7 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     e, k, n = 5, 64, 40
     plan, xs, w, ref = small_moe_cell(device, 23, e, k, n, t=7)
     cs = e7.heldout_contenders(xs, plan, e, n)
-    assert [c.name for c in cs] == ["ours:auto", "ours:default", "torch._grouped_mm"]
+    assert [c.name for c in cs] == ["ours:auto", e7.NEAREST, "ours:default", "torch._grouped_mm"]
     for c in cs:
         ok, rel, why = check(c.bind((xs, w))(), ref, k)
         assert ok, (c.name, why)
@@ -84,9 +85,14 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     assert auto.fields["first_call_s"] > 0
     assert auto.fields["config_source"] == ("autotuned on this call" if timed else "default")
     kept = [__import__("dataclasses").asdict(c) for c in (first, GroupedConfig(32, 32, 32))]
-    assert auto.config in (kept if timed else kept[:1]) and cs[1].config == kept[0]
+    assert auto.config in (kept if timed else kept[:1]) and cs[2].config == kept[0]
     ok, _, why = check(auto.bind((xs, w))(), ref, k)  # later calls: no first-call bookkeeping
     assert ok, why
+    # the same default path with this GPU's own tables hidden: the table that then served it, named
+    hidden = cs[1]
+    assert hidden.fields["first_call_s"] > 0 and "tables hidden" in hidden.fields["config_source"]
+    assert hidden.config in (kept if timed else kept[:1])
+    assert "MOEGEMM_HIDE_TABLES" not in __import__("os").environ
 
 
 def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
