@@ -352,21 +352,24 @@ def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, gm, device
     # Poison the rows past masked_m in x too: they must not be read.
     for ex, mm in enumerate(masked.tolist()):
         x[ex, mm:] = float("nan")
-    out = torch.full((e, m_max, n), SENTINEL, dtype=dtype)
-    got = grouped_mm_masked(
-        x.to(device),
-        w.to(device),
-        masked.to(device),
-        w_layout=layout,
-        epilogue="relu",
-        out=out.to(device),
-        config=cfg,
-    ).cpu()
     rtol, atol = TOL[dtype]
-    for ex, mm in enumerate(masked.tolist()):
-        ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
-        torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
-        assert (got[ex, mm:] == SENTINEL).all(), f"expert {ex}: rows past masked_m were written"
+    for unwritten in (False, True):  # rows past masked_m: zeros (the default), or left as they were
+        out = torch.full((e, m_max, n), SENTINEL, dtype=dtype)
+        got = grouped_mm_masked(
+            x.to(device),
+            w.to(device),
+            masked.to(device),
+            w_layout=layout,
+            epilogue="relu",
+            out=out.to(device),
+            config=cfg,
+            leave_tail_unwritten=unwritten,
+        ).cpu()
+        for ex, mm in enumerate(masked.tolist()):
+            ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
+            torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
+            tail = (got[ex, mm:] == SENTINEL) if unwritten else (got[ex, mm:] == 0)
+            assert tail.all(), f"expert {ex}: rows past masked_m {'written' if unwritten else 'not zeros'}"
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -380,11 +383,11 @@ def test_masked_m_values_are_clamped(persistent, device):
     out = torch.full((e, m_max, n), SENTINEL).to(device)
     masked = torch.tensor([-3, 25, 5], dtype=torch.int32).to(device)
     got = grouped_mm_masked(x, w, masked, w_layout="kn", out=out, config=cfg)
-    assert (got[0] == SENTINEL).all()
+    assert (got[0] == 0).all()  # no rows: every row past masked_m, zeros
     ref = x[1].double() @ w[1].double()
     torch.testing.assert_close(got[1].double(), ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(got[2, :5].double(), x[2, :5].double() @ w[2].double(), rtol=1e-5, atol=1e-4)
-    assert (got[2, 5:] == SENTINEL).all()
+    assert (got[2, 5:] == 0).all()
 
 
 def test_baselines(device):
@@ -837,23 +840,26 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
     masked = torch.tensor([0, 40, 7, 1, 33], dtype=torch.int32)
     for ex, mm in enumerate(masked.tolist()):
         x[ex, mm:] = float("nan")
-    out = torch.full((e, m_max, n), SENTINEL, dtype=torch.bfloat16)
     cfg = GroupedConfig(16, 16, 32, persistent=persistent, tma=True, tail_m=0)
-    got = grouped_mm_masked(
-        x.to(device),
-        w.to(device),
-        masked.to(device),
-        w_layout=layout,
-        epilogue="relu",
-        out=out.to(device),
-        config=cfg,
-    ).cpu()
-    assert len(launches) == 1, "expected the TMA kernel"
     rtol, atol = TOL[torch.bfloat16]
-    for ex, mm in enumerate(masked.tolist()):
-        ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
-        torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
-        assert (got[ex, mm:] == SENTINEL).all(), f"expert {ex}: rows past masked_m were written"
+    for unwritten in (True, False):  # rows past masked_m left as they were, or zeros (the default)
+        out = torch.full((e, m_max, n), SENTINEL, dtype=torch.bfloat16)
+        got = grouped_mm_masked(
+            x.to(device),
+            w.to(device),
+            masked.to(device),
+            w_layout=layout,
+            epilogue="relu",
+            out=out.to(device),
+            config=cfg,
+            leave_tail_unwritten=unwritten,
+        ).cpu()
+        for ex, mm in enumerate(masked.tolist()):
+            ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
+            torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
+            tail = (got[ex, mm:] == SENTINEL) if unwritten else (got[ex, mm:] == 0)
+            assert tail.all(), f"expert {ex}: rows past masked_m {'written' if unwritten else 'not zeros'}"
+    assert len(launches) == 2, "expected the TMA kernel"
     # fp32, or a K tail with "kn": the pointer kernel, same tiles
     launches.clear()
     grouped_mm_masked(
@@ -880,7 +886,7 @@ def test_masked_default_config_from_a_tuned_table_with_tail_tiles(monkeypatch, d
         torch.testing.assert_close(
             got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5, atol=1e-4
         )
-        assert (got[ex, mm:] == SENTINEL).all()
+        assert (got[ex, mm:] == 0).all()
 
 
 @pytest.mark.parametrize("layout,k,n", [("nk", 40, 24), ("nk", 64, 48), ("kn", 64, 40), ("kn", 96, 8)])
@@ -1276,7 +1282,7 @@ def test_torch_compile_traces_the_masked_layout(device):
             rtol=1e-3,
             atol=1e-3,
         )
-        assert (out[ex, mm:] == SENTINEL).all() and (got[ex, mm:] == SENTINEL).all()
+        assert (out[ex, mm:] == 0).all() and (got[ex, mm:] == 0).all()
 
 
 def test_grouped_custom_ops_fake_and_schema(device):
@@ -1594,7 +1600,7 @@ def test_masked_m_checked_on_request(persistent, device):
         torch.testing.assert_close(
             got[ex, :mm].double(), x[ex, :mm].double() @ w[ex].double().T, rtol=1e-5, atol=1e-4
         )
-        assert (got[ex, mm:] == SENTINEL).all()
+        assert (got[ex, mm:] == 0).all()
 
 
 def test_public_functions_default_to_the_nn_linear_layout(device, monkeypatch):

@@ -102,6 +102,7 @@ def grouped_dw(
         k,
         n,
         e,
+        _rows_of(a, a_idx, b, b_idx, scale),
         a.stride(0),
         a.stride(1),
         b.stride(0),
@@ -116,6 +117,13 @@ def grouped_dw(
         **meta,
     )
     return dw
+
+
+def _rows_of(a, a_idx, b, b_idx, scale) -> int:
+    """The rows the group offsets may name: as many as every array read per row holds (the kernels bound the
+    offsets into them)."""
+    n = min((a_idx if a_idx is not None else a).shape[0], (b_idx if b_idx is not None else b).shape[0])
+    return min(n, scale.shape[0]) if scale is not None else n
 
 
 def _dw_tma_ok(a, b, dw) -> bool:
@@ -142,6 +150,7 @@ def _dw_tma(a, b, dw, offsets, e, k, n, s_e, s_k, s_n, tiles=None) -> None:
         k,
         n,
         e,
+        min(a.shape[0], b.shape[0]),
         a.stride(0),
         b.stride(0),
         s_e,
@@ -290,6 +299,7 @@ def swiglu_backward(
         i,
         h,
         e,
+        rows,
         xt.stride(0),
         xt.stride(1),
         s_ge,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .._triton_common import mma
-from .tiles import _tile_coords, _tile_plan
+from .tiles import _bounded_rows, _tile_coords, _tile_plan
 
 
 @triton.jit
@@ -36,6 +36,7 @@ def _grouped_dw_kernel(
     K,
     N,
     E,
+    M,
     stride_am,
     stride_ak,
     stride_bm,
@@ -69,8 +70,7 @@ def _grouped_dw_kernel(
     band_rows = tl.minimum(k_tiles - band * GROUP_K, GROUP_K)
     tk = band * GROUP_K + in_band % band_rows
     tn = in_band // band_rows
-    lo = tl.load(offsets_ptr + e)
-    hi = tl.load(offsets_ptr + e + 1)
+    lo, hi = _bounded_rows(tl.load(offsets_ptr + e), tl.load(offsets_ptr + e + 1), M)
     offs_k = tk * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_n = tn * BLOCK_N + tl.arange(0, BLOCK_N)
     k_ok = offs_k < K
@@ -122,6 +122,7 @@ def _swiglu_bwd_kernel(
     N_I,
     H,
     E,
+    M,
     stride_xm,
     stride_xk,
     stride_gue,
@@ -164,7 +165,7 @@ def _swiglu_bwd_kernel(
     Dt_e the down projection's weight read transposed through its strides (dY's rows through dy_idx with
     DY_IDX), else P = dY[rows, cols] (dY: [rows, I]). Stores dGU [rows, 2I]; with STORE_ACT A [rows, I];
     with ROWDOT the partial sum over this tile's columns of P * A at part[row, column tile]."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, M, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
             tile, e_offs, lo, hi, cum, N_I, BLOCK_M, BLOCK_N, GROUP_M, 0
@@ -320,6 +321,7 @@ def _grouped_dw_tma_kernel(
     K,
     N,
     E,
+    M,
     stride_am,
     stride_bm,
     stride_de,
@@ -346,8 +348,7 @@ def _grouped_dw_tma_kernel(
     band_rows = tl.minimum(k_tiles - band * GROUP_K, GROUP_K)
     k0 = (band * GROUP_K + in_band % band_rows) * BLOCK_K
     n0 = (in_band // band_rows) * BLOCK_N
-    lo = tl.load(offsets_ptr + e)
-    hi = tl.load(offsets_ptr + e + 1)
+    lo, hi = _bounded_rows(tl.load(offsets_ptr + e), tl.load(offsets_ptr + e + 1), M)
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     whole = (hi - lo) // BLOCK_M
     for step in range(0, whole):

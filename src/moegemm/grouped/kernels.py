@@ -32,6 +32,7 @@ def _grouped_mm_kernel(
     N,
     K,
     E,
+    M,
     stride_am,
     stride_ak,
     stride_we,
@@ -57,7 +58,7 @@ def _grouped_mm_kernel(
     sync, no padding. SWIGLU: gate and up fused, w holding each expert's 2N columns (the gate's first); a
     tile of output columns computes both products from the same row tile and stores silu(gate) * up (N is
     the output's width; EPILOGUE unused), so the [M, 2N] product is never written."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, M, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
             tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M, 0
@@ -131,6 +132,7 @@ def _grouped_mm_tma_kernel(
     N,
     K,
     E,
+    M,
     stride_ym,
     stride_yn,
     BLOCK_M: tl.constexpr,
@@ -165,7 +167,7 @@ def _grouped_mm_tma_kernel(
     (_mixed_tile), not in expert order: under a skewed load the programs running together then mix
     tensor-bound and memory-bound tiles."""
     ABSORB: tl.constexpr = TAIL_M if MERGE_TAIL else 0
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, ABSORB)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, M, N, BLOCK_M, BLOCK_N, E_BLOCK, ABSORB)
     if MIX > 0:
         cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, ABSORB, MIX)
     for tile in tl.range(
@@ -263,6 +265,7 @@ def _grouped_mm_swiglu_tma_kernel(
     N,
     K,
     E,
+    M,
     stride_ym,
     stride_yn,
     BLOCK_M: tl.constexpr,
@@ -281,7 +284,7 @@ def _grouped_mm_swiglu_tma_kernel(
     two weight tiles, the gate's columns col0.. and the up projection's col0 + N.., into two accumulators.
     w is the 2-D descriptor of _grouped_mm_tma_kernel over each expert's 2N columns. Tile order as there
     (bands of GROUP_M row tiles; MIX > 0: the mixed order); no tail tiles."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, M, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     if MIX > 0:
         cum_heavy, cum_light, heavy_total = _mixed_plan(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, 0, MIX)
     for tile in tl.range(

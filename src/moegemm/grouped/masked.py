@@ -30,11 +30,15 @@ def grouped_mm_masked(
     out: torch.Tensor | None = None,
     allow_tf32: bool = False,
     check_masked_m: bool = False,
+    leave_tail_unwritten: bool = False,
 ) -> torch.Tensor:
-    """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e^T); rows at or past masked_m[e] are neither
-    read nor written (``out`` keeps whatever they held). Static shapes: capturable in a CUDA graph, and
-    correct on replay with new masked_m values. x: [E, m_max, K]; w: [E, N, K] (w_layout="nk", the default:
-    the nn.Linear convention) or [E, K, N] ("kn"); masked_m: int [E].
+    """Y[e, :masked_m[e]] = epilogue(X[e, :masked_m[e]] @ W_e^T), and Y[e, masked_m[e]:] = 0: every row of the
+    output is defined. Rows of x at or past masked_m[e] are never read. ``leave_tail_unwritten=True``
+    leaves the output's rows past masked_m[e] unwritten instead (a new output then holds whatever memory
+    held, ``out`` whatever it held), for a caller that never reads them and would rather not pay their
+    stores. Static shapes: capturable in a CUDA graph, and correct on replay with new masked_m values. x:
+    [E, m_max, K]; w: [E, N, K] (w_layout="nk", the default: the nn.Linear convention) or [E, K, N] ("kn");
+    masked_m: int [E].
 
     masked_m values outside [0, m_max] are clamped to it by the kernel, with no host sync. With
     ``check_masked_m=True`` they are checked first instead, and a value outside raises a ValueError naming
@@ -64,13 +68,26 @@ def grouped_mm_masked(
                 ((masked_m >= 0) & (masked_m <= x.shape[1])).all(), "masked_m: values must lie in [0, m_max]"
             )
         epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
-        grouped_mm_masked_op(x, w, masked_m, out, w_layout, epi, config_list(config), allow_tf32)
+        grouped_mm_masked_op(
+            x, w, masked_m, out, w_layout, epi, config_list(config), allow_tf32, leave_tail_unwritten
+        )
         return out
-    return _masked(x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m)
+    return _masked(
+        x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m, leave_tail_unwritten
+    )
 
 
 def _masked(
-    x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m=False
+    x,
+    w,
+    masked_m,
+    w_layout,
+    epilogue,
+    config,
+    out,
+    allow_tf32,
+    check_masked_m=False,
+    leave_tail_unwritten=False,
 ) -> torch.Tensor:
     """grouped_mm_masked's checks and launch."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
@@ -114,6 +131,7 @@ def _masked(
         E_BLOCK=max(16, triton.next_power_of_2(e)),
         GROUP_M=_config.GROUP_M,
         EPILOGUE=int(epi),
+        ZERO_TAIL=not leave_tail_unwritten,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -182,10 +200,13 @@ def grouped_mm_masked_op(
     epilogue: str,
     config: list[int] | None,
     allow_tf32: bool,
+    leave_tail_unwritten: bool = False,
 ) -> None:
-    _masked(x, w, masked_m, w_layout, epilogue, config_of(config), out, allow_tf32)
+    _masked(
+        x, w, masked_m, w_layout, epilogue, config_of(config), out, allow_tf32, False, leave_tail_unwritten
+    )
 
 
 @grouped_mm_masked_op.register_fake
-def _(x, w, masked_m, out, w_layout, epilogue, config, allow_tf32):
+def _(x, w, masked_m, out, w_layout, epilogue, config, allow_tf32, leave_tail_unwritten=False):
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import _masked_plan, _store_tile, _tile_coords, _tile_mm, _tma_k_loop
+from .tiles import _masked_plan, _store_tile, _tile_coords, _tile_mm, _tma_k_loop, _zero_tail
 
 
 @triton.jit
@@ -37,13 +37,15 @@ def _grouped_mm_masked_kernel(
     EPILOGUE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    ZERO_TAIL: tl.constexpr,
 ):
     """Masked layout, x: [E, m_max, K]. The tiles are those of rows below masked_m[e] only, numbered as in
     the contiguous layout (expert by expert, GROUP_M bands column by column) from masked_m read in-kernel,
     so a fixed grid -- a persistent one of a few programs per SM, or one covering E * ceil(m_max / BLOCK_M)
     row tiles -- serves any masked_m: capturable in a CUDA graph, right on replay with new values, and the
-    persistent grid launches no programs for the rows past masked_m. Those rows are neither read nor
-    written."""
+    persistent grid launches no programs for the rows past masked_m. Those rows are not read; ZERO_TAIL:
+    they are written with zeros, by the same programs after their GEMM tiles (_zero_tail), else left
+    unwritten."""
     e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
@@ -85,6 +87,8 @@ def _grouped_mm_masked_kernel(
             False,
             EPILOGUE,
         )
+    if ZERO_TAIL:
+        _zero_tail(y_ptr, e_offs, hi, E, M_MAX, N, stride_ye, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -110,11 +114,12 @@ def _grouped_mm_masked_tma_kernel(
     W_KN: tl.constexpr,
     EPILOGUE: tl.constexpr,
     UPCAST: tl.constexpr,
+    ZERO_TAIL: tl.constexpr,
 ):
     """The masked layout with TMA loads (16-bit). Same tiles and order as _grouped_mm_masked_kernel; each
     tile's rows come through a descriptor made in-kernel for its expert's first masked_m[e] rows only, so
-    the box reads zeros past them instead of memory: rows past masked_m are still neither read nor
-    written. w is the contiguous TMA kernel's 2-D descriptor."""
+    the box reads zeros past them instead of memory: rows past masked_m are still not read (ZERO_TAIL:
+    written with zeros, as there). w is the contiguous TMA kernel's 2-D descriptor."""
     e_offs, lo, hi, cum, total_tiles = _masked_plan(masked_m_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
@@ -145,3 +150,5 @@ def _grouped_mm_masked_tma_kernel(
             False,
             EPILOGUE,
         )
+    if ZERO_TAIL:
+        _zero_tail(y_ptr, e_offs, hi, E, M_MAX, N, stride_ye, stride_ym, stride_yn, BLOCK_M, BLOCK_N)

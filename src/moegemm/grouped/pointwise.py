@@ -22,19 +22,21 @@ def _combine_kernel(
     w_ptr,
     out_ptr,
     N,
+    M,
     stride_y,
     stride_o,
     TOP_K: tl.constexpr,
     HAS_W: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """out[t, n-block] = sum_j w[t, j] * y[rows[t * TOP_K + j], n-block] (j in order; fp32)."""
+    """out[t, n-block] = sum_j w[t, j] * y[rows[t * TOP_K + j], n-block] (j in order; fp32); a row index
+    outside y's M rows (a plan not made by route) reads row 0 or M - 1, never past y."""
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        r = tl.load(rows_ptr + t * TOP_K + j).to(tl.int64)
+        r = tl.minimum(tl.maximum(tl.load(rows_ptr + t * TOP_K + j).to(tl.int64), 0), M - 1)
         v = tl.load(y_ptr + r * stride_y + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             v = v * tl.load(w_ptr + t * TOP_K + j).to(tl.float32)
@@ -59,7 +61,7 @@ def combine(
     launch(
         _combine_kernel,
         (t, triton.cdiv(n, block_n)),
-        (y_sorted, slot_rows, w, out, n, y_sorted.stride(0), out.stride(0)),
+        (y_sorted, slot_rows, w, out, n, rows, y_sorted.stride(0), out.stride(0)),
         dict(
             TOP_K=top_k, HAS_W=topk_weights is not None, BLOCK_N=block_n, num_warps=4 if block_n >= 512 else 2
         ),

@@ -61,19 +61,32 @@ def _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def _bounded_rows(lo, hi, M):
+    """An expert's rows [lo, hi) from the group offsets, bounded into x's M rows: 0 <= lo <= hi <= M,
+    whatever the offsets hold (the device check that they are consistent is optional, ``validate=False``),
+    so that no kernel reads or writes a row outside its tensors; consistent offsets pass unchanged."""
+    lo = tl.minimum(tl.maximum(lo, 0), M)
+    hi = tl.minimum(tl.maximum(hi, lo), M)
+    return lo, hi
+
+
+@triton.jit
 def _tile_plan(
     offsets_ptr,
     E,
+    M,
     N,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     E_BLOCK: tl.constexpr,
     ABSORB: tl.constexpr,
 ):
-    """Per-expert row ranges from the group offsets and the inclusive prefix of tiles per expert."""
+    """Per-expert row ranges from the group offsets (bounded into x's M rows, _bounded_rows) and the
+    inclusive prefix of tiles per expert."""
     e_offs = tl.arange(0, E_BLOCK)
     lo = tl.load(offsets_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.load(offsets_ptr + e_offs + 1, mask=e_offs < E, other=0)
+    lo, hi = _bounded_rows(lo, hi, M)
     return _plan_of_ranges(e_offs, lo, hi, N, BLOCK_M, BLOCK_N, ABSORB)
 
 
@@ -288,3 +301,38 @@ def _masked_plan(
     hi = tl.load(masked_m_ptr + e_offs, mask=e_offs < E, other=0)
     hi = tl.minimum(tl.maximum(hi, 0), M_MAX).to(tl.int32)
     return _plan_of_ranges(e_offs, tl.zeros_like(hi), hi, N, BLOCK_M, BLOCK_N, 0)
+
+
+@triton.jit
+def _zero_tail(
+    y_ptr,
+    e_offs,
+    hi,
+    E,
+    M_MAX,
+    N,
+    stride_ye,
+    stride_ym,
+    stride_yn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The masked layout's rows past masked_m: zeros into y[e, hi[e]:M_MAX, :] for every expert, tiles of
+    those rows numbered as the GEMM's (_plan_of_ranges over [hi, M_MAX)) and walked by the same programs
+    after their GEMM tiles, so that no launch is added and every row of y holds a defined value."""
+    top = tl.where(e_offs < E, M_MAX, 0).to(hi.dtype)
+    z_offs, z_lo, z_hi, z_cum, z_total = _plan_of_ranges(e_offs, hi, top, N, BLOCK_M, BLOCK_N, 0)
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty)
+    for tile in range(tl.program_id(0), z_total, tl.num_programs(0)):
+        expert, row_start, row_end, row0, col0 = _tile_coords(
+            tile, z_offs, z_lo, z_hi, z_cum, N, BLOCK_M, BLOCK_N, 1, 0
+        )
+        rows = row0 + tl.arange(0, BLOCK_M)
+        cols = col0 + tl.arange(0, BLOCK_N)
+        ptrs = (
+            y_ptr
+            + expert.to(tl.int64) * stride_ye
+            + rows.to(tl.int64)[:, None] * stride_ym
+            + cols[None, :] * stride_yn
+        )
+        tl.store(ptrs, zeros, mask=(rows < row_end)[:, None] & (cols < N)[None, :])
