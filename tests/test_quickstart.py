@@ -43,3 +43,26 @@ def test_quickstart_runs_and_every_step_matches_float64():
         assert verdict == "ok" and err <= 2e-2, (step, err, out)
     assert lines["route + permute"][1] == 0.0  # a permutation copies rows exactly
     assert out.rstrip().endswith("quick start: every step matches its float64 reference"), out
+
+
+def test_python_m_moegemm_reports_the_setup_and_checks_each_kernel():
+    """`python -m moegemm` in a fresh interpreter: torch, Triton, where the kernels run (on a GPU: which
+    tuned table serves it for each family, and the cache folder), then each public kernel's check against
+    float64, every one ok, exit status 0."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "moegemm"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"^moegemm \S+: torch \S+, Triton \S+$", out, re.M), out
+    on_gpu = re.search(r"^GPU: ", out, re.M) is not None
+    assert on_gpu or "no CUDA GPU" in out
+    if on_gpu:
+        assert len(re.findall(r"^  tuned table, \w+: ", out, re.M)) == 3 and "first-call choices" in out
+    checks = re.findall(r"^  (\S+(?: \(\w+\))?)\s+(\S+)\s+(ok|FAILED.*)$", out, re.M)
+    names = [c[0] for c in checks]
+    assert names == ["decompose_k.matmul (sigmoid)", "grouped_mm", "grouped_mm_masked", "moe_ffn"], out
+    assert all(c[2] == "ok" for c in checks) and out.rstrip().splitlines()[-1].startswith("all right")
