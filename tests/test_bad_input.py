@@ -122,3 +122,22 @@ def test_every_public_op_stays_inside_its_tensors_with_checks_off(tmp_path):
     assert res.stdout.rstrip().endswith("done")
     if "ERROR SUMMARY" in out:
         assert "ERROR SUMMARY: 0 errors" in out, out[-4000:]
+
+
+def test_a_tensor_on_another_device_names_what_is_accepted():
+    """A meta tensor (or any device but CUDA and the CPU) is refused naming the argument, the device, and
+    what is accepted: CUDA tensors, and CPU tensors under the interpreter."""
+    import torch
+
+    from moegemm.decompose_k import matmul
+    from moegemm.grouped import grouped_mm
+
+    a, b = torch.empty(4, 64, device="meta"), torch.empty(64, 8, device="meta")
+    with pytest.raises(
+        ValueError, match=r"a: unsupported device meta; expected a CUDA tensor, or a CPU tensor"
+    ):
+        matmul(a, b)
+    x, w = torch.empty(6, 32, device="meta"), torch.empty(2, 16, 32, device="meta")
+    off = torch.tensor([0, 3, 6], dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"unsupported device meta; .*TRITON_INTERPRET=1"):
+        grouped_mm(x, w, off)

@@ -39,7 +39,10 @@ def check_device(name: str, t: torch.Tensor) -> None:
                 "(set TRITON_INTERPRET=1 before importing moegemm)"
             )
         return
-    raise ValueError(f"{name}: unsupported device {t.device}; expected a CUDA tensor")
+    raise ValueError(
+        f"{name}: unsupported device {t.device}; expected a CUDA tensor, or a CPU tensor under Triton's "
+        "interpreter (TRITON_INTERPRET=1)"
+    )
 
 
 @functools.lru_cache(maxsize=None)
