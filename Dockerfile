@@ -1,7 +1,11 @@
 # moegemm: the pinned PyTorch nightly CUDA image with TeX and the project, running the whole pipeline.
 #
 #   docker build --build-arg MOEGEMM_COMMIT=$(git rev-parse HEAD) -t moegemm .
-#   docker run --rm --gpus all -v $PWD/results:/work/results moegemm
+#   docker run --rm --gpus all -v $PWD/results:/work/results -v $PWD/figures:/work/figures -v $PWD/paper:/work/paper moegemm
+#
+# The three folders mounted from the checkout the image was built from: what the run measures (results/), and
+# the figures and the paper it rebuilds from them (figures/<gpu>/, paper/paper.pdf), kept after the container
+# exits.
 #
 # Base: the PyTorch nightly the seed study measured with (torch 2.12.0.dev20260408, CUDA 12.8; it ships
 # Triton as the `pytorch-triton` package). Which torch and Triton a result used is in its CSV rows (the
