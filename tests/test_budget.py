@@ -90,10 +90,10 @@ def test_work_follows_the_knobs():
 # measured again, so the pipeline's verify step, which runs before them, leaves it to CI)
 def test_steps_measured_under_this_config_are_predicted_as_measured():
     """The tuners and E1-E9 were last measured under the current config (the budget's step_baseline holds
-    their knobs), but for the Decompose-K grid's: their predictions are their committed times, unscaled. BASELINE's E7 and E8 work
-    is that of more held-out models, E7 with more decode T and E8 with the compiled contenders on every
-    model: with those knobs set back, the work is BASELINE's, and under the current config less. Every step
-    of the committed run has an estimate."""
+    their knobs), but for the Decompose-K grid's: their predictions are their committed times, unscaled.
+    BASELINE's E7 and E8 work is that of more held-out models, E7 with more decode T and E8 with the
+    compiled contenders on every model: with those knobs set back, the work is BASELINE's, and under the
+    current config less. Every step of the committed run has an estimate."""
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     times = run_times(ROOT / "results" / "nvidia-h200")
     measured = dict(zip(times.step, times.seconds))
@@ -101,9 +101,9 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
     assert set(step_s) == set(measured)
     from experiments.pipeline import STEP_ORDER
 
-    # every step with a work model (verify, floors and tune_unsloth have none): the steps the seed's whole grid
-    # (28 shapes, after the committed run's 16) now runs predicted longer, in proportion to their shapes, the
-    # others as measured
+    # every step with a work model (verify, floors and tune_unsloth have none): the steps that the seed's
+    # whole grid (28 shapes, after the committed run's 16) runs are predicted longer, in proportion to their
+    # shapes, the others as measured
     grid = ("tune", "tune_seed", "decompose_k_grid")
     for step in [s for s in STEP_ORDER if s not in ("verify", "floors", "tune_unsloth")]:
         if step in grid:

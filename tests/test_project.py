@@ -256,3 +256,28 @@ def test_readme_says_how_the_interpreter_casts_to_bf16():
     truncated = (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
     assert torch.equal(y, truncated) and not torch.equal(y, x.to(torch.bfloat16))
     assert "casts fp32 to bf16 by truncation" in (ROOT / "README.md").read_text()
+
+
+def test_dependencies_are_bounded_by_what_the_suite_has_passed_on():
+    """torch and triton are bounded from above (a pip install never resolves to a pair nobody tested), the
+    `cpu` extra's pins lie inside the ranges, and a recorded run of .ci/test-next-pair at or above a bound
+    that passed would have raised it."""
+    import json
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = {r.name: r for r in map(Requirement, project["dependencies"])}
+    for name in ("torch", "triton"):
+        uppers = [s for s in reqs[name].specifier if s.operator in ("<", "<=")]
+        assert uppers, f"{name}: no upper bound"
+    pins = {r.name: r for r in map(Requirement, project["optional-dependencies"]["cpu"])}
+    for name in ("torch", "triton"):
+        pinned = next(iter(pins[name].specifier)).version
+        assert Version(pinned) in reqs[name].specifier, (name, pinned)
+    for record in (ROOT / "results" / "cpu").glob("next-pair-*.json"):
+        run = json.loads(record.read_text())
+        inside = all(Version(run[name].split("+")[0]) in reqs[name].specifier for name in ("torch", "triton"))
+        if run["exit_status"] == 0:
+            assert inside, f"{record.name} passed: raise the bounds to admit it"
