@@ -16,7 +16,7 @@ from pathlib import Path
 from experiments._io import write_text
 from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, repro
 from paper.numbers.common import Numbers, provenance
-from paper.numbers.readme import headline, update_readme
+from paper.numbers.readme import headline, summary, update_readme
 from paper.numbers.runtime import runtime, runtime_block
 from probes import writeup as probes
 
@@ -25,7 +25,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--readme", help="also rewrite the headline block of this README")
+    ap.add_argument(
+        "--readme", help="also rewrite this README's summary table, and the headline block of docs/results.md"
+    )
     a = ap.parse_args()
     results, gen = Path(a.results), Path(a.out)
     t, p = e7_tuner, probes
@@ -59,7 +61,7 @@ def main():
     write_text(gen / "numbers.tex", n.tex())
     write_text(gen / "headline.md", headline(results) + "\n")
     if a.readme:
-        update_readme(Path(a.readme), headline(results), runtime_block(results))
+        update_readme(Path(a.readme), headline(results), runtime_block(results), summary(results))
     print(f"wrote {gen}/numbers.tex ({len(n.items)} numbers) and tables")
 
 

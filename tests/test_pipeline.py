@@ -430,20 +430,24 @@ def test_docker_image_prints_and_records_its_torch_and_triton(tmp_path):
 
 
 def test_readme_headline_is_generated_from_committed_results():
-    from paper.numbers.readme import README_END, README_START, headline
+    """The README's summary table and run times, and docs/results.md's headline block, are what
+    paper/make_numbers.py makes of the committed results now."""
+    from paper.numbers.readme import README_END, README_START, SUMMARY_END, SUMMARY_START, headline, summary
     from paper.numbers.runtime import RUNTIME_END, RUNTIME_START, runtime_block
 
-    text = (ROOT / "README.md").read_text()
+    res = ROOT / "results" / "nvidia-h200"
+    readme, full = (ROOT / "README.md").read_text(), (ROOT / "docs" / "results.md").read_text()
     fix = (
         "run python -m paper.make_numbers --results results/nvidia-h200 --out "
         "paper/build/nvidia-h200/generated --readme README.md"
     )
-    block = text.split(README_START, 1)[1].split(README_END, 1)[0].strip()
-    assert block == headline(ROOT / "results" / "nvidia-h200").strip(), (
-        f"README headline differs from results/: {fix}"
-    )
-    block = text.split(RUNTIME_START, 1)[1].split(RUNTIME_END, 1)[0].strip()
-    assert block == runtime_block(ROOT / "results" / "nvidia-h200").strip(), f"README run time differs: {fix}"
+    for text, (a, b), want in (
+        (readme, (SUMMARY_START, SUMMARY_END), summary(res)),
+        (readme, (RUNTIME_START, RUNTIME_END), runtime_block(res)),
+        (full, (README_START, README_END), headline(res)),
+    ):
+        block = text.split(a, 1)[1].split(b, 1)[0].strip()
+        assert block == want.strip(), f"{a} differs from results/: {fix}"
 
 
 def test_run_times_come_from_snakemake_benchmark_files(tmp_path):

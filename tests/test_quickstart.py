@@ -66,3 +66,17 @@ def test_python_m_moegemm_reports_the_setup_and_checks_each_kernel():
     names = [c[0] for c in checks]
     assert names == ["decompose_k.matmul (sigmoid)", "grouped_mm", "grouped_mm_masked", "moe_ffn"], out
     assert all(c[2] == "ok" for c in checks) and out.rstrip().splitlines()[-1].startswith("all right")
+
+
+def test_the_readmes_first_code_block_runs_as_written():
+    """The README's first Python block, as a user copies it into a fresh interpreter (no environment set up
+    for it: it picks the GPU or Triton's interpreter itself), runs and prints a [T, H] bf16 output."""
+    block = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.DOTALL)[0]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run(
+        [sys.executable, "-c", block], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.fullmatch(r"torch\.Size\(\[\d+, \d+\]\) torch\.bfloat16\n", done.stdout), done.stdout
