@@ -22,6 +22,7 @@ def _tile_map_kernel(
     counts_ptr,
     out_ptr,
     E,
+    M,
     M_MAX,
     N,
     BLOCK_M: tl.constexpr,
@@ -35,7 +36,7 @@ def _tile_map_kernel(
     if MASKED:
         e_offs, lo, hi, cum, total_tiles = _masked_plan(counts_ptr, E, M_MAX, N, BLOCK_M, BLOCK_N, E_BLOCK)
     else:
-        e_offs, lo, hi, cum, total_tiles = _tile_plan(counts_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+        e_offs, lo, hi, cum, total_tiles = _tile_plan(counts_ptr, E, M, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(
             tile, e_offs, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M, 0
@@ -68,6 +69,7 @@ def tile_map(
         counts.to(torch.int32).contiguous(),
         out,
         e,
+        0 if m_max else int(counts[-1]),  # the rows the offsets end at: the contiguous layout's M
         m_max,
         n,
         BLOCK_M=block_m,

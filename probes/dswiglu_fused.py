@@ -87,6 +87,7 @@ def fused_swiglu_grad(
         i,
         h,
         e,
+        rows,
         gu.stride(0),
         gu.stride(1),
         dgu.stride(0),
@@ -119,6 +120,7 @@ def _dswiglu_tma_kernel(
     N_I,
     H,
     E,
+    M,
     stride_gm,
     stride_gn,
     stride_om,
@@ -145,7 +147,7 @@ def _dswiglu_tma_kernel(
     the down weight in the layout of a forward [H, I] operand, W_KN as in _grouped_mm_tma_kernel), then
     _dswiglu_store with G, U loaded from gu [rows, 2I] (which dGU may overwrite: IN_PLACE). Tiles numbered
     as in the forward kernels (from the group offsets, in-kernel: no host sync)."""
-    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
+    e_offs, lo, hi, cum, total_tiles = _tile_plan(offsets_ptr, E, M, N_I, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     CHUNK: tl.constexpr = BLOCK_N // EPI_SPLIT
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
         expert, row_start, row_end, row0, col0 = _tile_coords(

@@ -22,13 +22,20 @@ DATASHEET = {
 HOPPER_BF16_FLOP_PER_CLOCK_PER_SM = 4096
 
 
+# What the Triton interpreter's runs (tests on the CPU) count as their GPU's peaks
+INTERPRETER_STAND_IN = "nvidia-h100-80gb-hbm3"
+
+
 def datasheet(slug: str) -> dict:
     """The peaks the floors count for the GPU named ``slug``: its datasheet's (``source`` 'datasheet'), or,
     for a card this table does not know, the ceilings measured now on GPU 0 (:func:`measure`: copy
     bandwidth, bf16 matmul rate; fp32 at a sixteenth of bf16, Hopper's ratio; ``source`` 'measured'),
-    never another card's. Without a GPU, an unknown card is a ValueError naming it."""
+    never another card's; under the interpreter (slug 'cpu-interpreter'), the H100's as a stand-in. Without a
+    GPU, an unknown card is a ValueError naming it."""
     if slug in DATASHEET:
         return {**DATASHEET[slug], "source": "datasheet"}
+    if slug == "cpu-interpreter":  # no GPU: the H100's, as the heuristics stand in for Hopper's 132 SMs
+        return {**DATASHEET[INTERPRETER_STAND_IN], "source": f"stand-in ({INTERPRETER_STAND_IN})"}
     return dict(_measured_peaks(slug))
 
 
