@@ -81,6 +81,26 @@ def selection(has_gpu: bool) -> str:
     return "not pipeline and not outputs and not probe" + (" and not compile_only" if has_gpu else "")
 
 
+# Without a GPU the step checks the kernels' correctness core under the interpreter: the kernels against
+# float64 (Decompose-K, the grouped GEMMs and their gradients), their behaviour on bad input, the choice of
+# their tables, and the sm_90 compile check. The rest of the suite (the harness, the experiments, the
+# write-up) is the README's test command's, which a CPU user runs besides; on a GPU the step runs the whole
+# suite's selection, the real-shape tests among it.
+CPU_CORE = (
+    "tests/test_decompose_k.py",
+    "tests/test_grouped.py",
+    "tests/test_grouped_backward.py",
+    "tests/test_bad_input.py",
+    "tests/test_tables.py",
+    "tests/test_compile_sm90.py",
+)
+
+
+def core_paths(has_gpu: bool) -> list[str]:
+    """The test files the step runs: every one on a GPU (pytest's testpaths), the correctness core without."""
+    return [] if has_gpu else list(CPU_CORE)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the JSON report to write")
@@ -102,6 +122,7 @@ def main(argv=None) -> int:
             selection(gpu),
             f"--junitxml={junit}",
             *(["-n", str(n), *xdist_dist()] if n > 1 else []),
+            *core_paths(gpu),
             *args.pytest_args,
         ]
         env = dict(os.environ)
