@@ -63,8 +63,8 @@ BASELINE = {
     # E9: its work (moe_train_work) under the config of its first committed run
     "moe_train_work": 18.0,
 }
-# Steps measured since under other knobs: {step: the knobs that differ from BASELINE} (the run at be024eb:
-# the tuners under the config of that tree; the run at 7c79113: verify, floors and E1-E9)
+# The committed steps' knobs where they differ from BASELINE: {step: those knobs} (the tuners' run and the
+# run of verify, floors and E1-E9 behind the committed step times, results/<gpu>/RUNS.md)
 STEP_BASELINE = {
     "compile_modes": {
         "compile_shapes": 1,

@@ -56,16 +56,16 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
       transposed tail_m-row tile (at about BLOCK_M rows per expert, half the experts end in a row tile of
       a few rows). Merged tails (computed by the program of the row tile before them, from its weight
       tiles): with 64-row tiles, and with 128 x 256 tiles and 32-row tails on the loop without warp
-      specialization. Those were slower wherever an expert holds several row tiles (the S6 runs: 0.75-1.03x
-      the tuned configs' rate), but where an expert holds about one row tile (DeepSeek-V3 at T=4096: 128
-      rows per expert) the hardware counters of probes/probe_prefill_counters.py (runs S11) show
+      specialization. Those run slower wherever an expert holds several row tiles (0.75-1.03x the tuned
+      configs' rate), but where an expert holds about one row tile (DeepSeek-V3 at T=4096: 128
+      rows per expert) the hardware counters of probes/probe_prefill_counters.py show
       the separate tail tiles streaming each expert's weights through L2 a second time (41 GB of L2
       traffic against 31 GB merged, L2 at 97% of its peak) and the merged ones 1.11x faster side by side.
     Options measured and then removed from the kernels, as they never won a cell (docs/grouped.md):
     K split inside each tile (pointer and TMA loads), the last waves of tiles dealt out by K steps
     (Stream-K), TMA stores, and row tiles with extra rows. The mixed tile order (``mix``) is tried on each
     cell's best few configs (see MIX_TRIES).
-    The set was pruned from the session-4 table (results/<gpu>/tune_grouped.csv, commit dabc679): in the
+    The set is what a wider search's table (results/<gpu>/tune_grouped.csv of an earlier run) kept: in the
     regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
     out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
     64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
@@ -145,7 +145,7 @@ def smem_bytes(
 PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also timed on the persistent grid
 # The screen takes 3 samples per config. Under a power cap that is not enough: timing DeepSeek-V3 at
 # T=4096, the H200 drew its 700 W cap and its SM clock swung between 855 and 1980 MHz from one 100 ms
-# sample to the next (probes/probe_prefill_counters.py, runs S11), so which of two configs within
+# sample to the next (probes/probe_prefill_counters.py), so which of two configs within
 # ~10% of each other wins the screen is partly the clock's doing. The FINALISTS fastest of a cell (by the
 # screen's geometric mean over the loads) are therefore timed again side by side, in FINAL_ROUNDS
 # interleaved rounds of FINAL_REPLAYS graph replays each (who goes first rotating), and the table keeps
@@ -153,17 +153,16 @@ PERSISTENT_TRIES = 3  # the best plain-grid tile configs of a cell that are also
 FINALISTS = 8
 # The screen itself times a cell's configs side by side, SCREEN_BATCH at a time (each holds a CUDA graph and
 # its outputs; fewer where the GPU's free memory would not hold that many, see screen_batch) over
-# SCREEN_ROUNDS rounds of one replay. Until the S12 runs it timed them one after another, and in run S12-3
-# that ranked the merged tails of DeepSeek-V3 gate/up at T=4096 (1.11x faster side by side in S11-1)
-# twelfth, out of a final of four. In the S12 runs it took batches of 8, and in run S12-4 the merged tails
-# again missed that cell's final of six: configs in different batches still met different clocks. Since
-# the S13 runs one batch holds every config of a load's screen (at most 22 of them, past decode).
+# SCREEN_ROUNDS rounds of one replay, one batch holding every config of a load's screen (at most 22 of
+# them, past decode): timed one after another, or in batches of 8, configs met different clocks, and the
+# merged tails of DeepSeek-V3 gate/up at T=4096 (1.11x faster side by side) ranked twelfth and missed
+# that cell's final.
 SCREEN_BATCH, SCREEN_ROUNDS = 40, 3
 SCREEN_MEMORY = 0.5  # the part of the GPU's free memory one screen batch's graphs may take
 # The best few configs of a cell past decode (by the screen's geometric mean over the loads, both grids)
 # are also timed with the tiles of the experts of at least MIX row tiles dealt out in proportion among the
 # others' (GroupedConfig.mix): under a skewed load, expert order runs a hot expert's tensor-bound tiles
-# together and then the cold experts' memory-bound ones. probes/probe_mixed_order.py (runs S12):
+# together and then the cold experts' memory-bound ones. probes/probe_mixed_order.py:
 # 1.07-1.10x faster on DeepSeek-V3 down at T=4096 under Zipf 1.2-1.5, within the clock's noise elsewhere.
 MIX_TRIES, MIX = 3, 2
 FINAL_ROUNDS, FINAL_REPLAYS = 4, 3
@@ -299,8 +298,8 @@ def config_key(row: dict) -> str:
 
 def robust_order(rows: list[dict], loads: tuple[str, ...]) -> list[tuple[float, str]]:
     """(geometric-mean time over ``loads``, config JSON) of every config right and timed under all of them,
-    fastest first: the tuner's ranking of one cell. A row without a load (resumed from a tuner log of
-    before the S7 runs, which tuned on the uniform load alone) counts as uniform."""
+    fastest first: the tuner's ranking of one cell. A row without a load (resumed from a tuner log written
+    when the tuner timed the uniform load alone) counts as uniform."""
     times: dict = {}
     for r in rows:
         if r["status"] == "ok":

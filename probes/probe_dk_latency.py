@@ -12,8 +12,9 @@ At the config ``auto`` runs for each shape, side by side in one process (GPU clo
   fastest config of the Decompose-K tuner's whole single-launch space for the shape;
 - the seed's two Triton kernels at their own search's configs (``tune_seed.csv``).
 
-An earlier version (commit 916818d, ``runs/S18-1/probe_dk_latency.csv``) also timed two other waits in the
-kernel (per-thread re-reads; relaxed GPU-scope loads) and M as a compile-time constant; none was faster.
+Two other waits in the kernel (per-thread re-reads; relaxed GPU-scope loads) and M as a compile-time
+constant were timed too, in an earlier form of this probe whose CSV results/<gpu>/runs.tar.xz keeps; none
+was faster.
 
     MOEGEMM_SEED_SOURCE=... python -m probes.probe_dk_latency --out probe_dk_latency.csv [--screen]
 """

@@ -1,10 +1,10 @@
 """Probe (not a pipeline step): how many programs per SM the persistent grid of the grouped kernels should
 launch, measured side by side in one process.
 
-The S5 runs' E7 ran the persistent grid sized by the compiled kernel (as many programs per SM as fit at
-once, at most two; one for DeepSeek-V3's prefill tiles of 192 KB of shared memory) where the S4 runs had
-launched two per SM; against the plain grid the persistent one took up to 1.43x (the S4 runs: 1.24x) the
-time in those cells, but the two runs were on different machines. Here the same tiles run on the plain
+Two runs of E7 on different machines disagreed on the persistent grid: sized by the compiled kernel (as
+many programs per SM as fit at once, at most two; one for DeepSeek-V3's prefill tiles of 192 KB of shared
+memory), it took up to 1.43x the plain grid's time in those cells, and launched two per SM, up to 1.24x.
+Here the same tiles run on the plain
 grid and on persistent grids of one, two and the sized number ("auto") of programs per SM, for the same
 inputs, interleaved (moegemm.bench.runner.measure, E7's timing settings), at E7's seeds and loads; decode
 cells also with the masked layout, which always walks a persistent grid.

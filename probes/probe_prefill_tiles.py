@@ -3,8 +3,8 @@ process, in E7's prefill cells that stay furthest below 70% of the floor.
 
 Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.measure, E7's timing settings):
 - ``tuned``: what the library picks (the tuned table's tiles and grid);
-- (until TMA stores were removed from the kernel, commit c1fdcdb and before: ``tuned:store0/1/2``, the
-  same tiles with the tiles whose rows all belong to their expert stored by TMA, whole or in two slices);
+- (while the kernel had TMA stores: ``tuned:store0/1/2``, the same tiles with the tiles whose rows all
+  belong to their expert stored by TMA, whole or in two slices; the committed CSV holds those rows);
 - ``dense:cublas``: one GEMM over all the cell's rows with one expert's weights (torch.mm, cuBLAS): what
   the same FLOPs cost without the expert structure;
 - ``dense:ours``: our kernel on that dense problem (E = 1, the tuned tiles): the Triton tile loop's own rate

@@ -1,7 +1,7 @@
 """Probe (not a pipeline step): does tuning on a skewed load as well as the uniform one pay on E7's own
 inputs? Measured side by side in one process.
 
-Since the S7 runs tune_grouped keeps per cell the config of the least geometric-mean time over the uniform
+tune_grouped keeps per cell the config of the least geometric-mean time over the uniform
 and a Zipf 1.2 load (its own routing seeds). Here, in every tuned cell (model, projection, T; T=1 and
 T=16384 left out) where that choice differs from the uniform load's fastest config, both run on E7's
 inputs (E7's seeds) under a uniform, a Zipf 1.2 and a hot-expert load, interleaved
@@ -35,7 +35,7 @@ def choices(tune_csv: Path) -> dict:
     both loads where the two differ, from the tuner's CSV."""
     df = pd.read_csv(tune_csv)
     if "load" not in df.columns:
-        raise ValueError(f"{tune_csv}: a tuner CSV with a load column (runs S7 on) is needed")
+        raise ValueError(f"{tune_csv}: a tuner CSV with a load column is needed")
     out = {}
     for (model, proj, t), g in df.groupby(["model", "proj", "tokens"]):
         rows = g.to_dict("records")

@@ -16,8 +16,8 @@ TOL = {
 # The same for tf32 products (torch.compile/cuBLAS may use them for fp32 when allowed).
 TOL_TF32 = (2e-3, 1e-3)
 # fp32 accumulation: a sum of K unit-variance products rounds each partial sum (of size ~sqrt(j)), so its
-# error grows like eps32 * K for a sequential chain (random-walk bound), not like sqrt(K); at K = 28672 an
-# fp32 IEEE kernel was seen 4.2e-4 off on an element that cancelled to 0.7 (H200, commit 3d2ffaa).
+# error grows like eps32 * K for a sequential chain (random-walk bound), not like sqrt(K): at K = 28672 an
+# fp32 IEEE kernel's element that cancels to 0.7 can be 4.2e-4 off, as one measured on the H200 was.
 ACC_EPS = 1.2e-7
 
 

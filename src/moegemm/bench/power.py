@@ -1,8 +1,8 @@
 """The GPU's SM clock, power draw and clock-limit reasons while a kernel runs, read from NVML (the driver's
 ``libnvidia-ml.so.1``, through ctypes: no Python package needed) by a thread sampling every few ms.
 
-Why: our H200 runs under a 700 W power cap, and under load its SM clock moves (855-1980 MHz within one run,
-the S11 runs). A kernel that keeps both the HBM and the tensor cores busy draws more power than one that
+Why: an H200 runs under a 700 W power cap, and under load its SM clock moves (855-1980 MHz within one
+run on ours). A kernel that keeps both the HBM and the tensor cores busy draws more power than one that
 keeps one of them busy, so it may run at a lower clock: the floor (datasheet peaks) and the practical
 ceiling (streaming alone, dense GEMM alone) do not see that. ``Sampler`` records what the GPU reports.
 

@@ -63,8 +63,8 @@ def _static(repo: str | None) -> dict:
 
     # Whoever ships a source tree elsewhere (the Docker build context, a tarball, a copy on a lent GPU
     # machine) records the commit it was built from in MOEGEMM_COMMIT (and MOEGEMM_DIRTY); that record
-    # wins over a .git found there, which can be stale (on 2026-11-30 the lent machine's copy carried the
-    # session's first commit and reported it, dirty, for later code; see results/nvidia-h200/RUNS.md).
+    # wins over a .git found there, which can be stale (a copy of a checkout carries the commit it was
+    # copied at, and reports it, dirty, for any code edited after).
     # Without it, the commit is that of the code measured (code_commit), dirty for uncommitted changes there.
     shipped = os.environ.get("MOEGEMM_COMMIT")
     if shipped is not None and not shipped.strip():  # e.g. $(python -m experiments.code_commit) that failed
