@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers import TOL
 
+from moegemm import tuned
 from moegemm.grouped import (
     GroupedConfig,
     grouped_mm,
@@ -592,7 +593,12 @@ def _fake_cuda(monkeypatch) -> list[tuple]:
 
     entered: list[tuple] = []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: "the caller's stream")
+
+    class Stream(str):  # a name that answers the query a pool thread makes to bind the device's context
+        def query(self):
+            return True
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream("the caller's stream"))
 
     @contextlib.contextmanager
     def device(d):
@@ -696,9 +702,10 @@ def test_default_path_computes_the_product_on_an_unseen_shape(device, monkeypatc
             _check_grouped(len(sizes), sizes, 64, 24, "nk", "relu", True, torch.bfloat16, None, device)
 
 
-def test_committed_default_table_is_the_distillation_of_the_committed_tuner_csv(tmp_path):
-    """The committed shortlists (src/moegemm/tuned/grouped_default/nvidia-h200.json) are what
-    experiments/distill_grouped.py makes of the committed tuner CSV, from the tune-set models alone: the
+@pytest.mark.parametrize("slug", tuned.packaged("grouped_default"))
+def test_committed_default_table_is_the_distillation_of_the_committed_tuner_csv(slug, tmp_path):
+    """Each card's committed shortlists (src/moegemm/tuned/grouped_default/<gpu>.json) are what
+    experiments/distill_grouped.py makes of its committed tuner CSV, from the tune-set models alone: the
     held-out models' names appear nowhere in its input; the leave-one-model-out CSV is committed too."""
     import json
 
@@ -708,10 +715,10 @@ def test_committed_default_table_is_the_distillation_of_the_committed_tuner_csv(
     from experiments.common import load_config
 
     ROOT = Path(__file__).resolve().parent.parent
-    res = ROOT / "results" / "nvidia-h200"
+    res = ROOT / "results" / slug
     out, loo = tmp_path / "t.json", tmp_path / "loo.csv"
     distill_grouped.main(["--csv", str(res / "tune_grouped.csv"), "--out", str(out), "--loo", str(loo)])
-    committed = json.loads((ROOT / "src/moegemm/tuned/grouped_default/nvidia-h200.json").read_text())
+    committed = json.loads((ROOT / f"src/moegemm/tuned/grouped_default/{slug}.json").read_text())
     assert json.loads(out.read_text())["entries"] == committed["entries"]
     g = load_config()["grouped"]
     held = {m for m, v in g["models"].items() if v["split"] == "heldout"}
