@@ -125,6 +125,10 @@ def launch_side_by_side(calls: list, workers: int | None = None) -> int:
 
     def on_caller_stream(call) -> None:
         with torch.cuda.device(device), torch.cuda.stream(stream):
+            # a runtime call binds the device's context to this thread (entering the caller's device, when
+            # the thread's default is that device already, binds none), so that what the launch asks of the
+            # driver directly (a TMA descriptor's encoding) finds one
+            stream.query()
             call()
 
     def one(job) -> None:
