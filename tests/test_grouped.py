@@ -353,9 +353,17 @@ def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, gm, device
     # Poison the rows past masked_m in x too: they must not be read.
     for ex, mm in enumerate(masked.tolist()):
         x[ex, mm:] = float("nan")
-    rtol, atol = TOL[dtype]
-    for unwritten in (False, True):  # rows past masked_m: zeros (the default), or left as they were
-        out = torch.full((e, m_max, n), SENTINEL, dtype=dtype)
+    _check_masked_relu(x, w, w_kn, masked, layout, cfg, device)
+
+
+def _check_masked_relu(x, w, w_kn, masked, layout, cfg, device) -> None:
+    """grouped_mm_masked with ReLU into an output poisoned with SENTINEL, twice: its rows below masked_m
+    against float64, and the rows past it zeros (the default) or, with leave_tail_unwritten, as they were."""
+    e, m_max, k = x.shape
+    n = w_kn.shape[2]
+    rtol, atol = TOL[x.dtype]
+    for unwritten in (False, True):
+        out = torch.full((e, m_max, n), SENTINEL, dtype=x.dtype)
         got = grouped_mm_masked(
             x.to(device),
             w.to(device),
@@ -848,24 +856,7 @@ def test_masked_tma_path(layout, persistent, group_m, monkeypatch, device):
     for ex, mm in enumerate(masked.tolist()):
         x[ex, mm:] = float("nan")
     cfg = GroupedConfig(16, 16, 32, persistent=persistent, tma=True, tail_m=0)
-    rtol, atol = TOL[torch.bfloat16]
-    for unwritten in (True, False):  # rows past masked_m left as they were, or zeros (the default)
-        out = torch.full((e, m_max, n), SENTINEL, dtype=torch.bfloat16)
-        got = grouped_mm_masked(
-            x.to(device),
-            w.to(device),
-            masked.to(device),
-            w_layout=layout,
-            epilogue="relu",
-            out=out.to(device),
-            config=cfg,
-            leave_tail_unwritten=unwritten,
-        ).cpu()
-        for ex, mm in enumerate(masked.tolist()):
-            ref = torch.relu(x[ex, :mm].double() @ w_kn[ex].double())
-            torch.testing.assert_close(got[ex, :mm].double(), ref, rtol=rtol, atol=atol * k**0.5 + rtol)
-            tail = (got[ex, mm:] == SENTINEL) if unwritten else (got[ex, mm:] == 0)
-            assert tail.all(), f"expert {ex}: rows past masked_m {'written' if unwritten else 'not zeros'}"
+    _check_masked_relu(x, w, w_kn, masked, layout, cfg, device)
     assert len(launches) == 2, "expected the TMA kernel"
     # fp32, or a K tail with "kn": the pointer kernel, same tiles
     launches.clear()
