@@ -83,12 +83,18 @@ def distance(a: GpuTraits, b: GpuTraits) -> tuple[float, float, float] | None:
 def serving(family: str, slug: str) -> str | None:
     """The slug of the packaged ``family`` table that serves the GPU named ``slug``: its own, else that of
     the nearest card of the same architecture (:func:`distance`; the slug breaks a tie), else None. A
-    hidden table (MOEGEMM_HIDE_TABLES) serves no GPU."""
+    hidden table (MOEGEMM_HIDE_TABLES) serves no GPU. Cached per (family, GPU, traits, hidden tables): a
+    call on a hot path costs a dictionary look-up."""
+    me = traits_of(slug) or hardware().get(slug)
+    return _serving(family, slug, me, os.environ.get("MOEGEMM_HIDE_TABLES", ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _serving(family: str, slug: str, me: GpuTraits | None, hide_env: str) -> str | None:
     hide = hidden()
     tables = [s for s in packaged(family) if hide is not None and s not in hide]
     if slug in tables:
         return slug
-    me = traits_of(slug) or hardware().get(slug)
     if me is None:
         return None
     known = hardware()
