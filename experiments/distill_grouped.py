@@ -2,7 +2,7 @@
 regime of mean rows per expert, a shortlist of tile configs, chosen from the tune-set models' cells of
 results/<slug>/tune_grouped.csv alone (config.yaml's grouped.models with split "tune"). On the first call of
 an unseen (dtype, E, K, N, layout, rows bucket) the library times the shortlist on that call's own inputs
-and keeps the fastest (moegemm.grouped.autotune); where it cannot time (inside a CUDA-graph capture, under
+and keeps the fastest (moegemm.autotune); where it cannot time (inside a CUDA-graph capture, under
 Triton's interpreter, MOEGEMM_AUTOTUNE=0) it takes the shortlist's first config.
 
 The shortlist of a regime is built greedily: first the config of the least geometric-mean slowdown against

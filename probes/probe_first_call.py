@@ -1,5 +1,5 @@
 """Probe (not a pipeline step): the wall time of ``moe_ffn``'s first call on a shape it has never seen, with
-the shortlists' compiles side by side (the library's default: moegemm.grouped.autotune.compile_side_by_side)
+the shortlists' compiles side by side (the library's default: moegemm.autotune.compile_side_by_side)
 and one after another (``MOEGEMM_COMPILE_THREADS=1``).
 
 Why: E8's ``setup_s`` (a contender's first call, checked) was 0.4-15 s for ``moe_ffn`` on the held-out

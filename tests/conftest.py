@@ -17,7 +17,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 if os.environ.get("PYTEST_XDIST_WORKER"):  # the worker processes already share the CPUs: no Inductor compile
-    # pool inside each, and the library's side-by-side compiles (moegemm.grouped.autotune) on each one's share
+    # pool inside each, and the library's side-by-side compiles (moegemm.autotune) on each one's share
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     from moegemm._runtime import usable_cpus  # (after TRITON_INTERPRET is decided, above)
 

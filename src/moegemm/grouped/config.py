@@ -172,11 +172,11 @@ def choose_config(
     """(config, source) for this GPU, shape and mean rows per expert, without timing anything. source is
     'tuned' for an exact entry of the tuned table, 'tuned-nearest' for the entry of the same (dtype, E, K,
     N) whose rows bucket is nearest (log scale; the same w layout preferred), 'autotuned' for a choice an
-    earlier call timed (moegemm.grouped.autotune), else 'default' (the first of the distilled shortlist)
+    earlier call timed (moegemm.autotune), else 'default' (the first of the distilled shortlist)
     or, on a GPU no table serves, 'generic' (the first of :func:`generic_shortlist`; those two fitted to
     the dtype's shared memory on this device, see :func:`fitted`). The tables are those that serve this
     GPU (moegemm.tuned.serving). :func:`moegemm.grouped.grouped_mm` with no config times the shortlist
-    where this says 'default' or 'generic' and it can (see moegemm.grouped.autotune)."""
+    where this says 'default' or 'generic' and it can (see moegemm.autotune)."""
     rows, k = x.shape
     return choose(rows, k, x.dtype, gpu_slug(x), num_experts, n, w_layout, device_smem_per_block(x))
 
@@ -265,10 +265,9 @@ TIMED_SOURCES = ("default", "generic")
 
 def heuristic_config(rows: int, num_experts: int, n: int) -> GroupedConfig:
     """Row tiles sized to the mean rows per expert, measured on no GPU (the first of the generic shortlist,
-    and the tests' plain tiles). Decode (<= 16
-    rows per expert) streams the weights: 16-row tiles, narrow N tiles and deep K steps for many loads in
-    flight. Otherwise 128-wide N tiles, with the row tiles of an expert walked together (GROUP_M) so that
-    they share its weights in L2."""
+    and the tests' plain tiles). Decode (<= 16 rows per expert) streams the weights: 16-row tiles, narrow N
+    tiles and deep K steps for many loads in flight. Otherwise 128-wide N tiles, with the row tiles of an
+    expert walked together (GROUP_M) so that they share its weights in L2."""
     mean = rows / max(num_experts, 1)
     if mean <= 16:
         return GroupedConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)

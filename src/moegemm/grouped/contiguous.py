@@ -277,7 +277,7 @@ _PLANS: dict = {}  # _plan_key -> GroupedPlan
 def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu) -> tuple | None:
     """What a call's checks, config and compiled kernel depend on: the operands' shapes, strides, dtypes,
     devices and alignment (Triton specializes pointers on 16-byte alignment, TMA needs it), the other
-    arguments, and with no config whether first calls may time (moegemm.grouped.autotune); None where no plan
+    arguments, and with no config whether first calls may time (moegemm.autotune); None where no plan
     applies (not CUDA tensors, the interpreter, an unhashable argument)."""
     tensor = torch.Tensor
     if (

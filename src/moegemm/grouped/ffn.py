@@ -28,7 +28,7 @@ def gate_up_act(
     At most FUSE_ABOVE_ROWS_PER_EXPERT rows per expert: the [rows, 2I] product, then SiLU * up as a separate
     kernel. Above it, whichever of that and the fused kernel (:func:`grouped_mm_swiglu`) the first call of
     the shape (dtype, E, H, 2I, layout, rows bucket) measured faster on its own inputs, kept like a grouped
-    config (:mod:`moegemm.grouped.autotune`: in memory and on disk; no timing inside a capture, a trace or
+    config (:mod:`moegemm.autotune`: in memory and on disk; no timing inside a capture, a trace or
     the interpreter, where a shape not yet timed takes the fused kernel)."""
     e = w_gate_up.shape[0]
     if xs.shape[0] > FUSE_ABOVE_ROWS_PER_EXPERT * e and _fused_faster(xs, w_gate_up, group_offsets, w_layout):
