@@ -21,9 +21,9 @@ scaling is gone.) An estimate, not a measurement: the run
 on the GPU confirms it (the benchmark files it writes become the next baseline).
 
 A step with no committed benchmark file yet may have a run's own record instead (``HARNESS_RECORDS``: the
-per-contender wall times that moegemm.bench.runner.measure writes, ``setup_s``, ``capture_s``, ``timed_s``);
-:func:`harness_estimates` prices the step from it, each model's first cell less a later one being what the
-model's compiles and autotuning cost once.
+per-contender wall times that experiments.harness.runner.measure writes, ``setup_s``, ``capture_s``,
+``timed_s``); :func:`harness_estimates` prices the step from it, each model's first cell less a later one
+being what the model's compiles and autotuning cost once.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""Print the commit of the code a measurement here would run (moegemm.bench.provenance.code_commit): the
+r"""Print the commit of the code a measurement here would run (harness.provenance.code_commit): the
 newest commit that changed anything but results, write-up, figures and docs. A tree shipped to a GPU machine
 without its .git records it so, and a run spread over several checkouts of results-only commits records one
 commit:
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from moegemm.bench.provenance import NOT_MEASURED, code_commit
+from experiments.harness.provenance import NOT_MEASURED, code_commit
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,7 +189,7 @@ PROVENANCE_KEYS = ("gpu", "sm_count", "driver", "cuda", "torch", "triton", "git_
 
 
 def provenance_fields() -> dict:
-    from moegemm.bench.provenance import provenance
+    from experiments.harness.provenance import provenance
 
     p = provenance()
     return {k: p[k] for k in PROVENANCE_KEYS}
@@ -203,7 +203,7 @@ def require_gpu() -> None:
 def timing_settings(cfg: dict, section: str | None = None):
     """The timing settings: config.yaml's ``timing``, or ``<section>.timing`` where that section has its
     own."""
-    from moegemm.bench.runner import Settings
+    from experiments.harness.runner import Settings
 
     t = dict(cfg.get(section, {}).get("timing") or cfg["timing"])
     return Settings(**t)
@@ -212,7 +212,7 @@ def timing_settings(cfg: dict, section: str | None = None):
 def weight_sets(w: torch.Tensor, active: int, rows: int, k: int, n: int) -> list[torch.Tensor]:
     """w and enough copies of it that one pass over the active experts' weights (plus the activations)
     exceeds twice the L2."""
-    from moegemm.bench.timing import input_sets_for
+    from experiments.harness.timing import input_sets_for
 
     sets = input_sets_for(2 * (active * k * n + rows * (k + n)))
     return [w] + [w.clone() for _ in range(sets - 1)]
@@ -221,7 +221,7 @@ def weight_sets(w: torch.Tensor, active: int, rows: int, k: int, n: int) -> list
 def check_call(calls: list, ref: torch.Tensor | None, k: int, check_fn=None) -> dict:
     """{status, rel_err, note} of a candidate's first call against the float64 reference (or ``check_fn``);
     an error (e.g. a tile that needs more shared memory than the GPU has) is recorded, not raised."""
-    from moegemm.bench.correctness import check, status_of
+    from experiments.harness.correctness import check, status_of
 
     try:
         out = calls[0]()
@@ -235,12 +235,12 @@ def check_and_time(calls: list, ref: torch.Tensor | None, k: int, settings, chec
     """A tuner's verdict on one candidate: its first call checked against the float64 reference (an error,
     e.g. a tile that needs more shared memory than the GPU has, is recorded), then, if right, the median of
     3 CUDA-graph samples of ``calls`` (one call per rotated input set), as many calls per graph as
-    ``settings`` (a moegemm.bench.runner.Settings) gives: calls_per_graph, fewer for a kernel of
+    ``settings`` (a experiments.harness.runner.Settings) gives: calls_per_graph, fewer for a kernel of
     milliseconds where it has min_graph_us. ``check_fn(out) -> (ok, rel_err, why)``: a check of its own, in
     place of the comparison with ``ref``."""
     import statistics
 
-    from moegemm.bench.runner import graph_timer
+    from experiments.harness.runner import graph_timer
 
     row = check_call(calls, ref, k, check_fn)
     if row["status"] == "ok":

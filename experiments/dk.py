@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.decompose_k import DecomposeKConfig, matmul
 from moegemm.decompose_k.configs import KERNELS, choose
 from moegemm.decompose_k.reference import decompose_k
@@ -242,7 +242,7 @@ __all__ = [
 
 def tiny_kernel_us() -> float:
     """One tiny kernel's GPU time inside a CUDA graph, measured now (the launch floor of any contender)."""
-    from moegemm.bench.timing import GraphTimer
+    from experiments.harness.timing import GraphTimer
 
     x = torch.ones(1, device="cuda")
     t = GraphTimer([lambda: x.add_(1)], calls_per_graph=200)
@@ -266,10 +266,10 @@ def run_shape(
 ) -> list[dict]:
     """Measure the contenders of one shape; rows carry shape, floor and provenance."""
     from experiments.common import ref64
+    from experiments.harness.floors import gemm_bytes, gemm_floor_us
+    from experiments.harness.runner import measure
+    from experiments.harness.timing import input_sets_for
     from moegemm._runtime import slugify
-    from moegemm.bench.floors import gemm_bytes, gemm_floor_us
-    from moegemm.bench.runner import measure
-    from moegemm.bench.timing import input_sets_for
 
     elt = torch.tensor([], dtype=dtype).element_size()
     sets = make_inputs(m, n, k, dtype, seed, n_sets=input_sets_for((m * k + k * n) * elt), bias=bias)
@@ -455,7 +455,7 @@ def shape_inputs(
 ) -> tuple[list[tuple], torch.Tensor]:
     """(input sets, float64 reference of the first) for one shape, as many sets as rotate past the L2."""
     from experiments.common import ref64
-    from moegemm.bench.timing import input_sets_for
+    from experiments.harness.timing import input_sets_for
 
     elt = torch.tensor([], dtype=dtype).element_size()
     sets = make_inputs(m, n, k, dtype, seed, n_sets=input_sets_for((m * k + k * n) * elt))

@@ -36,7 +36,7 @@ from experiments.common import (  # noqa: E402
     require_gpu,
     timing_settings,
 )
-from moegemm.bench.runner import Contender  # noqa: E402
+from experiments.harness.runner import Contender  # noqa: E402
 from moegemm.inductor.custom_op import decompose_k_relu_impl  # noqa: E402
 
 

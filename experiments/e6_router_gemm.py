@@ -31,7 +31,7 @@ from experiments.common import (
     require_gpu,
     timing_settings,
 )
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.epilogue import Epilogue
 from moegemm.inductor import custom_op
 

@@ -6,8 +6,8 @@ kernel (plain and persistent grid), our masked kernel (decode; where it takes TM
 on pointer loads), torch._grouped_mm, a per-expert loop of torch.mm, capacity padding + bmm at several
 capacity factors (dropped rows recorded: a correctness cost, so those rows are checked only where kept),
 a dense GEMM with one expert's weights as a yardstick (at the uniform load only: it depends on the row
-count, not on the load), a memory ceiling (``ceiling:stream``, moegemm.bench.stream: one kernel that only
-moves as many bytes as the floor counts, the best of a few launch shapes), and, where vLLM's source is at
+count, not on the load), a memory ceiling (``ceiling:stream``, experiments.harness.stream: one kernel that
+only moves as many bytes as the floor counts, the best of a few launch shapes), and, where vLLM's source is at
 hand (an installed vllm, or MOEGEMM_VLLM_SOURCE: see experiments/vllm_moe.py), vLLM's fused-MoE Triton
 kernel with the best of a light config search (vLLM's flags, ``vllm_flags``), OpenAI's triton_kernels'
 matmul_ogs where its source is at hand (MOEGEMM_TRITON_KERNELS_SOURCE: experiments/triton_kernels_moe.py),
@@ -50,14 +50,14 @@ from experiments.common import (
     timing_settings,
     weight_sets,
 )
+from experiments.harness.correctness import check
+from experiments.harness.floors import datasheet
+from experiments.harness.moe_loads import sample_topk, skew_stats
+from experiments.harness.runner import Contender, measure, prewarm
+from experiments.harness.stream import CANDIDATES as STREAM_CANDIDATES
+from experiments.harness.stream import check_stream, stream_bytes, stream_setup
+from experiments.harness.stream import fits as stream_fits
 from moegemm._runtime import device_smem_per_block, gpu_slug, slugify
-from moegemm.bench.correctness import check
-from moegemm.bench.floors import datasheet
-from moegemm.bench.moe_loads import sample_topk, skew_stats
-from moegemm.bench.runner import Contender, measure, prewarm
-from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES
-from moegemm.bench.stream import check_stream, stream_bytes, stream_setup
-from moegemm.bench.stream import fits as stream_fits
 from moegemm.grouped import (
     choose_config,
     grouped_mm,
@@ -177,7 +177,7 @@ def run_probe(
     settings; one row each with the cell's columns, the floor and provenance (resumable, written
     atomically); ``summary(rows)`` returns the line printed per cell. ``rounds``: more interleaved rounds
     than E7's timing settings take. ``measure_cell(contenders, input_sets, ref, k, settings,
-    turn)`` (turn: the cell's index), where given, measures a cell instead of moegemm.bench.runner.measure.
+    turn)`` (turn: the cell's index), where given, measures a cell instead of harness.runner.measure.
     ``with_sets``: contenders_of also gets the rotated weight sets, the timing settings, the tokens'
     activations and their top-k expert ids (``ws=``, ``settings=``, ``x=``, ``ids=``)."""
     args, cfg, g, settings, prov, slug, writer = start(doc)
@@ -611,7 +611,7 @@ class Vllm:
 
 
 def stream_search(ws, xs, plan, settings) -> dict:
-    """The memory ceiling's launch shape for a (model, projection, T): each of moegemm.bench.stream's
+    """The memory ceiling's launch shape for a (model, projection, T): each of experiments.harness.stream's
     candidates that fits the weights checked (check_stream: every byte read once, every output written) and
     timed on the GPU clock over the cell's rotated weight sets ``ws`` (weight_sets; ws[0] is w), on the first
     load's rows of that (model, projection, T). Returns {config, graph_us, tried}."""

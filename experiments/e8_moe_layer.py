@@ -60,9 +60,9 @@ from experiments.e7_grouped_skew import (
     graph_rates,
     start,
 )
-from moegemm.bench.moe_loads import sample_topk
-from moegemm.bench.runner import Contender, measure
-from moegemm.bench.timing import input_sets_for
+from experiments.harness.moe_loads import sample_topk
+from experiments.harness.runner import Contender, measure
+from experiments.harness.timing import input_sets_for
 from moegemm.grouped import moe_ffn, route_and_permute, unpermute
 from moegemm.grouped.baselines import torch_grouped_mm
 

@@ -48,9 +48,9 @@ from experiments import unsloth_moe
 from experiments.common import ROOT, Progress, check_models, raise_recompile_limit, selected, shard_cells
 from experiments.e7_grouped_skew import failed_contender, graph_rates, start
 from experiments.e8_moe_layer import annotate, ffn_weights, hf_experts, layer_sizes
-from moegemm.bench.correctness import check
-from moegemm.bench.moe_loads import sample_topk
-from moegemm.bench.runner import Contender, measure
+from experiments.harness.correctness import check
+from experiments.harness.moe_loads import sample_topk
+from experiments.harness.runner import Contender, measure
 from moegemm.grouped import moe_ffn, route
 
 CELL_KEYS = ("model", "tokens", "load")

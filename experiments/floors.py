@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from experiments.common import provenance_fields, require_gpu, write_json
+from experiments.harness.floors import datasheet, measure
 from moegemm._runtime import slugify
-from moegemm.bench.floors import datasheet, measure
 
 
 def main():

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.epilogue import Epilogue
 
 SEED_REPO = "shreyansh26/MLSys-Experiments"
@@ -115,7 +115,7 @@ def search(
     Each config is checked against the float64 reference before it is timed; ``log`` collects one row per
     config tried."""
     from experiments.common import check_and_time
-    from moegemm.bench.runner import prewarm
+    from experiments.harness.runner import prewarm
 
     m, n = sets[0][0].shape[0], sets[0][1].shape[1]
     split_list = splits(mod, variant, m, n, k)

@@ -30,8 +30,8 @@ from experiments.common import (
     timing_settings,
     write_table,
 )
+from experiments.harness.runner import prewarm
 from moegemm._runtime import slugify
-from moegemm.bench.runner import prewarm
 from moegemm.decompose_k import DecomposeKConfig, matmul
 
 # The kernels tuned; `auto` chooses between the fastest of them and cuBLAS.

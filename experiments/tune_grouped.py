@@ -32,8 +32,8 @@ from experiments.common import (
     write_table,
 )
 from experiments.e7_grouped_skew import expert_weights, ref_rows, tuner_tokens
+from experiments.harness.runner import Settings, prewarm
 from moegemm._runtime import slugify
-from moegemm.bench.runner import Settings, prewarm
 from moegemm.grouped import GroupedConfig, grouped_mm, permute, route
 from moegemm.grouped.config import rows_bucket
 
@@ -232,7 +232,7 @@ def side_by_side(
     set), then ``rounds`` rounds over them, who goes first rotating, ``replays`` replays each per round. The
     clock swings under the power cap (see FINALISTS); timed side by side, every candidate meets the same
     swings, which timing one after another would hand to whichever ran at the wrong moment."""
-    from moegemm.bench.runner import graph_timer
+    from experiments.harness.runner import graph_timer
 
     timers = []
     for calls in calls_of:

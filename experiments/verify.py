@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         wall = time.time() - t0
         report = _parse_junit(junit) if junit.exists() else {"counts": {}, "cases": []}
 
-    from moegemm.bench.provenance import provenance
+    from experiments.harness.provenance import provenance
 
     report.update(
         command=" ".join(cmd[2:]),

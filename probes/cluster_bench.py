@@ -251,7 +251,7 @@ def graph_check(dev, rnd, cfg):
 
 
 def graph_us(calls, per_graph=20, replays=15) -> float:
-    from moegemm.bench.timing import GraphTimer
+    from experiments.harness.timing import GraphTimer
 
     t = GraphTimer(calls, calls_per_graph=per_graph)
     return statistics.median(t.sample(replays=replays))
@@ -316,7 +316,7 @@ def sweep(kind, m, n, k):
 def time_shape(kind, m, n, k, seed_mod, seed_best, dev):
     g = torch.Generator(device=dev).manual_seed(m * 131 + k)
     nbytes = (m * k + k * n) * 2
-    from moegemm.bench.timing import input_sets_for
+    from experiments.harness.timing import input_sets_for
 
     nsets = input_sets_for(nbytes, max_sets=4)
     sets = []

@@ -17,8 +17,8 @@ from experiments._io import atomic_path
 from experiments.common import check_and_time, load_config, provenance_fields, require_gpu, timing_settings
 from experiments.e7_grouped_skew import start
 from experiments.e8_moe_layer import CELL_KEYS, cell_inputs
+from experiments.harness.runner import measure, prewarm
 from experiments.tune_grouped import SMEM, smem_bytes
-from moegemm.bench.runner import measure, prewarm
 from moegemm.decompose_k import DecomposeKConfig
 from moegemm.decompose_k import matmul as dk_matmul
 

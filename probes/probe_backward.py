@@ -39,7 +39,7 @@ import torch
 from experiments._io import atomic_path
 from experiments.common import load_config, provenance_fields, require_gpu
 from experiments.e9_moe_train import Step, cell_inputs, step_memory, torch_pipeline_train
-from moegemm.bench.timing import GraphTimer
+from experiments.harness.timing import GraphTimer
 from moegemm.grouped import backward as bw
 from moegemm.grouped import moe_ffn, route
 from moegemm.grouped.contiguous import grouped_mm_forward

@@ -13,7 +13,7 @@ T=4096 and 16384, uniform load, with E8's inputs (same seeds), timed interleaved
 from __future__ import annotations
 
 from experiments.e8_moe_layer import hf_contender
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.grouped import moe_ffn
 from probes.common import run_cells
 

@@ -24,7 +24,7 @@ import sys
 from experiments import e8_moe_layer as e8
 from experiments.common import ResultWriter, provenance_fields
 from experiments.e7_grouped_skew import Vllm
-from moegemm.bench import runner
+from experiments.harness import runner
 from probes.common import one_model_setup
 
 EAGER, COMPILED = "ours:hf-backend", "ours:hf-backend:compiled"

@@ -23,8 +23,8 @@ import time
 from experiments import e8_moe_layer as e8
 from experiments.common import provenance_fields
 from experiments.e7_grouped_skew import Vllm
-from moegemm.bench import runner, timing
-from moegemm.bench.power import Nvml
+from experiments.harness import runner, timing
+from experiments.harness.power import Nvml
 from probes.common import one_model_setup
 
 

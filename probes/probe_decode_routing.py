@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from experiments.common import load_config
+from experiments.harness.runner import Contender
 from moegemm._triton_common import launch
-from moegemm.bench.runner import Contender
 from moegemm.grouped import RoutingPlan, grouped_mm, moe_ffn, permute, route, sorted_weights, unpermute
 from moegemm.grouped import routing_kernels as rk
 from moegemm.grouped.ffn import gate_up_act

@@ -15,7 +15,7 @@ import torch
 
 from experiments import dk
 from experiments.common import ResultWriter
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.decompose_k import single_launch
 from moegemm.decompose_k.configs import Prepared
 from moegemm.epilogue import Epilogue

@@ -30,8 +30,8 @@ import triton.language as tl
 
 from experiments import dk
 from experiments.common import ResultWriter
+from experiments.harness.runner import Contender
 from moegemm._triton_common import mma
-from moegemm.bench.runner import Contender
 from moegemm.decompose_k import single_launch
 from moegemm.decompose_k.configs import Prepared, choose
 from moegemm.epilogue import Epilogue
@@ -170,7 +170,7 @@ def fastest_ceiling(sets, cands, settings):
     timed on the GPU clock, the fastest config."""
     import statistics
 
-    from moegemm.bench.runner import graph_timer, prewarm
+    from experiments.harness.runner import graph_timer, prewarm
 
     binds = [ceiling(c, True, False).bind for c in cands]
     prewarm([bd(sets[0]) for bd in binds])

@@ -23,8 +23,8 @@ import torch
 from experiments import e8_moe_layer as e8
 from experiments.common import Progress
 from experiments.e7_grouped_skew import start
-from moegemm.bench.correctness import check
-from moegemm.bench.runner import Contender, measure
+from experiments.harness.correctness import check
+from experiments.harness.runner import Contender, measure
 from moegemm.grouped import permute, route
 
 TOKENS = (4096, 16384)

@@ -13,7 +13,7 @@ uniform load, E8's inputs (same seeds); ``ours:moe_ffn`` (fused above 16 rows pe
 from __future__ import annotations
 
 from experiments.e8_moe_layer import unfused_ours
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.grouped import moe_ffn
 from probes.common import run_cells
 

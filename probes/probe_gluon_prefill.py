@@ -18,8 +18,8 @@ import torch
 
 from experiments.common import load_config
 from experiments.e7_grouped_skew import ref_rows, run_probe, torch_contender, tuned_contenders
-from moegemm.bench.correctness import check
-from moegemm.bench.runner import Contender
+from experiments.harness.correctness import check
+from experiments.harness.runner import Contender
 from probes.gluon_grouped import VARIANTS, ws_grouped_mm
 
 # (rows per expert, N, K) of the small ragged shapes checked first

@@ -32,8 +32,8 @@ from experiments import dk
 from experiments.common import timing_settings
 from experiments.e7_grouped_skew import Vllm, start
 from experiments.e8_moe_layer import cell_inputs, contenders
-from moegemm.bench.runner import check_contenders, fewest_calls, graph_timer, round_order
-from moegemm.bench.timing import GraphTimer
+from experiments.harness.runner import check_contenders, fewest_calls, graph_timer, round_order
+from experiments.harness.timing import GraphTimer
 
 MODELS = ("olmoe-1b-7b", "qwen3-235b-a22b", "deepseek-v2-lite", "qwen3-30b-a3b")
 TOKENS = (1, 16, 256)

@@ -3,7 +3,7 @@
 Why: in E8 the launch-inclusive time of ``moe_ffn`` at decode (T <= 64) is several times its GPU time and
 above vLLM's, so a user calling the layer eagerly waits on Python, not on the GPU. This times, per model
 and token count (E8's inputs and seeds, uniform load), the host's wall time per call with no sync
-(``cpu_us``, moegemm.bench.runner.cpu_cost_us; the GPU's queue absorbs the launches) of:
+(``cpu_us``, experiments.harness.runner.cpu_cost_us; the GPU's queue absorbs the launches) of:
 - ``moe_ffn`` whole, and each of its steps on the same inputs (route, permute, gate/up with SwiGLU,
   the gating weights in row order, down, un-permute);
 - vLLM's ``fused_experts`` as E8 calls it, and the ``torch._grouped_mm`` pipeline;
@@ -35,8 +35,8 @@ import triton.language as tl
 from experiments.common import ResultWriter, load_config, provenance_fields, require_gpu
 from experiments.e7_grouped_skew import Vllm
 from experiments.e8_moe_layer import cell_inputs, torch_pipeline, vllm_contender
-from moegemm.bench.runner import cpu_cost_us
-from moegemm.bench.timing import GraphTimer, launch_samples
+from experiments.harness.runner import cpu_cost_us
+from experiments.harness.timing import GraphTimer, launch_samples
 from moegemm.grouped import grouped_mm, moe_ffn, permute, route, sorted_weights, unpermute
 from moegemm.grouped.ffn import gate_up_act
 

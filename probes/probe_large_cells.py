@@ -14,7 +14,7 @@ compiles as in E8: T dynamic at the second), each checked against float64 first.
 from __future__ import annotations
 
 from experiments.e8_moe_layer import hf_contender, unfused_ours
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.grouped import moe_ffn
 from probes.common import run_cells
 

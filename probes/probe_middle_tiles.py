@@ -21,7 +21,7 @@ import dataclasses
 import math
 
 from experiments.e7_grouped_skew import ours, run_probe
-from moegemm.bench.runner import Contender
+from experiments.harness.runner import Contender
 from moegemm.grouped import GroupedConfig
 from moegemm.grouped.config import choose_config
 

@@ -10,7 +10,7 @@ larger of its bytes at the datasheet's HBM bandwidth and its FLOPs at the datash
 (moegemm.grouped.schedule.wave_model_us), which shows that effect alone; the timing says whether it is
 what costs the time.
 
-Per cell, interleaved (moegemm.bench.runner.measure, E7's timing settings):
+Per cell, interleaved (experiments.harness.runner.measure, E7's timing settings):
 - ``tuned``: what the library picks (the tuned table's config, which may already mix);
 - ``order:expert``: the tuned config in expert order (mix=0);
 - ``order:mix2`` / ``order:mix4``: experts of at least 2 / 4 row tiles dealt out among the others';
@@ -27,10 +27,10 @@ import dataclasses
 import math
 
 from experiments.e7_grouped_skew import ours, ref_rows, run_probe
+from experiments.harness.correctness import check
+from experiments.harness.floors import datasheet
+from experiments.harness.runner import Contender
 from moegemm._runtime import device_sm_count, gpu_slug
-from moegemm.bench.correctness import check
-from moegemm.bench.floors import datasheet
-from moegemm.bench.runner import Contender
 from moegemm.grouped import choose_config
 from moegemm.grouped.schedule import tile_order, wave_model_us
 from probes.common import even_offsets

@@ -6,8 +6,8 @@ many programs per SM as fit at once, at most two; one for DeepSeek-V3's prefill 
 memory), it took up to 1.43x the plain grid's time in those cells, and launched two per SM, up to 1.24x.
 Here the same tiles run on the plain
 grid and on persistent grids of one, two and the sized number ("auto") of programs per SM, for the same
-inputs, interleaved (moegemm.bench.runner.measure, E7's timing settings), at E7's seeds and loads; decode
-cells also with the masked layout, which always walks a persistent grid.
+inputs, interleaved (experiments.harness.runner.measure, E7's timing settings), at E7's seeds and loads;
+decode cells also with the masked layout, which always walks a persistent grid.
 
     python -m probes.probe_persistent_grid --out results/<slug>/probe_persistent_grid.csv
 """
@@ -18,8 +18,8 @@ import dataclasses
 import math
 
 from experiments.e7_grouped_skew import masked_inputs, ours, run_probe
-from moegemm.bench.correctness import check
-from moegemm.bench.runner import Contender
+from experiments.harness.correctness import check
+from experiments.harness.runner import Contender
 from moegemm.grouped import choose_config, contiguous, grouped_mm_masked, launch
 from moegemm.grouped.config import masked_config
 

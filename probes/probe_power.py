@@ -5,7 +5,7 @@ easier problems (streaming the cell's bytes alone, its FLOPs as one dense GEMM a
 700 W power cap. A grouped GEMM whose tiles keep both the HBM and the tensor cores busy (the cells where
 bytes and FLOPs take about as long) may draw more power than either easier problem, and so run at a lower
 SM clock than they do. This probe measures it: each contender's CUDA graph replayed back to back for
-HOLD_S seconds, ROUNDS times in rotating order (the row keeps the medians), while moegemm.bench.power's
+HOLD_S seconds, ROUNDS times in rotating order (the row keeps the medians), while experiments.harness.power's
 sampler reads the SM clock, power and clock-limit reasons from NVML every 5 ms; the clock summarised over the
 samples after SETTLE_S, the power after POWER_SINCE_S (NVML averages power over up to a second). The time per
 call is the hold's own (CUDA events around it).
@@ -13,9 +13,9 @@ call is the hold's own (CUDA events around it).
 Contenders per cell, in an order rotating from cell to cell: ours (the tuned config, as the library picks
 it), torch._grouped_mm, vLLM's fused-MoE kernel where its source is at hand (as in E7: MOEGEMM_VLLM_SOURCE
 or an installed vllm; E7's light config search), the dense yardstick (one expert's weights per call, the
-FLOPs alone) and the memory ceiling (moegemm.bench.stream with E7's launch-shape search, the bytes alone).
-Each is checked first: ours, torch._grouped_mm and vLLM's kernel against float64, the stream against its
-own check; the yardstick computes another product, by design.
+FLOPs alone) and the memory ceiling (experiments.harness.stream with E7's launch-shape search, the bytes
+alone). Each is checked first: ours, torch._grouped_mm and vLLM's kernel against float64, the stream
+against its own check; the yardstick computes another product, by design.
 
 E7 times each contender in short bursts (a CUDA graph of a few ms, replayed a few times per round, the
 launch clock's calls between), after which the GPU may idle for a moment; the hold here is what a
@@ -42,9 +42,9 @@ from experiments.e7_grouped_skew import (
     stream_search,
     torch_contender,
 )
-from moegemm.bench.power import Nvml, Sampler, summary
-from moegemm.bench.runner import Contender, check_contenders, graph_timer
-from moegemm.bench.timing import GraphTimer
+from experiments.harness.power import Nvml, Sampler, summary
+from experiments.harness.runner import Contender, check_contenders, graph_timer
+from experiments.harness.timing import GraphTimer
 from moegemm.grouped import choose_config
 
 HOLD_S, SETTLE_S, POWER_SINCE_S = 1.2, 0.3, 0.7

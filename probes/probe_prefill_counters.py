@@ -20,7 +20,7 @@ contenders as probe_prefill_tiles where they split the gap:
 
 Two phases, one command:
 
-1. Timing, side by side (moegemm.bench.runner.measure, interleaved rounds, more samples than E7 takes)
+1. Timing, side by side (experiments.harness.runner.measure, interleaved rounds, more samples than E7 takes)
    while ``nvidia-smi`` samples the SM clock, power and clock-event reasons every 100 ms: each row says
    what the clock did while its cell was timed. Each contender is first checked against float64 on 512
    random rows (all of them finite) -- E7 and the verify step check these kernels in full on these shapes.
@@ -256,7 +256,7 @@ def parse_cases(spec: str) -> tuple[str, ...]:
 def sampled_check(xs, w, offsets, k: int, seed: int = 0):
     """out -> (ok, rel_err, why): every element finite, and SAMPLE_ROWS random rows against float64 (each
     row against its expert's weights under ``offsets``; offsets None: expert 0's)."""
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
 
     m = xs.shape[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -354,8 +354,8 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
     """Phase 1: measure each cell's contenders side by side; returns the (cell, case) pairs that passed."""
     from experiments.common import ResultWriter, timing_settings, weight_sets
     from experiments.e7_grouped_skew import floor_us, graph_rates
-    from moegemm.bench.moe_loads import skew_stats
-    from moegemm.bench.runner import Contender, measure
+    from experiments.harness.moe_loads import skew_stats
+    from experiments.harness.runner import Contender, measure
 
     settings = timing_settings(cfg, "grouped")
     if not args.quick:

@@ -1,7 +1,7 @@
 """Probe (not a pipeline step): where the grouped kernel's prefill time goes, measured side by side in one
 process, in E7's prefill cells that stay furthest below 70% of the floor.
 
-Per cell, for the same rows (E7's seeds), interleaved (moegemm.bench.runner.measure, E7's timing settings):
+Per cell, for the same rows (E7's seeds), interleaved (harness.runner.measure, E7's timing settings):
 - ``tuned``: what the library picks (the tuned table's tiles and grid);
 - (while the kernel had TMA stores: ``tuned:store0/1/2``, the same tiles with the tiles whose rows all
   belong to their expert stored by TMA, whole or in two slices; the committed CSV holds those rows);
@@ -33,8 +33,8 @@ import math
 import torch
 
 from experiments.e7_grouped_skew import ours, ref_rows, run_probe
-from moegemm.bench.correctness import check
-from moegemm.bench.runner import Contender
+from experiments.harness.correctness import check
+from experiments.harness.runner import Contender
 from moegemm.grouped import choose_config, grouped_mm
 from probes.common import even_offsets, variant
 

@@ -5,7 +5,7 @@ tune_grouped keeps per cell the config of the least geometric-mean time over the
 and a Zipf 1.2 load (its own routing seeds). Here, in every tuned cell (model, projection, T; T=1 and
 T=16384 left out) where that choice differs from the uniform load's fastest config, both run on E7's
 inputs (E7's seeds) under a uniform, a Zipf 1.2 and a hot-expert load, interleaved
-(moegemm.bench.runner.measure, E7's timing settings):
+(experiments.harness.runner.measure, E7's timing settings):
 - ``tuned:both-loads``: the config the tuner keeps (the table's entry);
 - ``tuned:uniform-only``: the uniform load's fastest, what a tuner on the uniform load alone would keep.
 Both come from the committed tuner CSV (results/<slug>/tune_grouped.csv).
@@ -23,8 +23,8 @@ import pandas as pd
 
 from experiments.common import ROOT, require_gpu
 from experiments.e7_grouped_skew import ours, run_probe
+from experiments.harness.runner import Contender
 from experiments.tune_grouped import robust_order
-from moegemm.bench.runner import Contender
 from moegemm.grouped import GroupedConfig
 
 LOADS = ("uniform", "zipf1.2", "hot0.5")

@@ -2,7 +2,7 @@
 cells (E9's inputs, uniform load), the step's dX from moe_ffn (the gate/up product kept) with the fused
 kernel (dswiglu_fused.fused_swiglu_grad) and with the separate form (the library's backward.swiglu_grad:
 P through the forward's GEMM, rounded to the operands' dtype, then the pointwise pass), each against E9's
-float64 reference with E9's check (moegemm.bench.correctness.check, K = H + I), and the largest relative
+float64 reference with E9's check (experiments.harness.correctness.check, K = H + I), and the largest relative
 error of every other gradient (topk_weights, w_gate_up, w_down) between the two forms.
 
     python -m probes.probe_separate_accuracy --out results/<slug>/probe_swiglu_accuracy.csv
@@ -17,7 +17,7 @@ import torch
 
 from experiments.common import load_config, provenance_fields, require_gpu
 from experiments.e9_moe_train import cell_inputs, ref_step
-from moegemm.bench.correctness import check
+from experiments.harness.correctness import check
 from moegemm.grouped import backward as bw
 from moegemm.grouped import moe_ffn
 from probes.dswiglu_fused import fused_swiglu_grad

@@ -1,5 +1,5 @@
 """Probe (not a pipeline step): how fast can one kernel stream a slab of expert weights on this GPU? The
-launch shapes of E7's memory ceiling (moegemm.bench.stream) over a wider grid than E7 searches, beside
+launch shapes of E7's memory ceiling (experiments.harness.stream) over a wider grid than E7 searches, beside
 torch's own sum, on three slab sizes of E7's cells: Qwen3's down projection at T=1 (8 experts, 25 MB),
 Mixtral's gate/up (8 experts, 940 MB) and DeepSeek-V3's gate/up at T=64 (221 experts, 13 GB). Each
 checked (every element read once) and timed on the CUDA-graph clock over rotated copies (one pass over
@@ -16,10 +16,10 @@ import statistics
 import torch
 
 from experiments.common import ResultWriter, cli, provenance_fields, require_gpu
+from experiments.harness.floors import datasheet
+from experiments.harness.stream import StreamConfig, check_stream, fits, stream_bytes, stream_setup
+from experiments.harness.timing import GraphTimer, input_sets_for
 from moegemm._runtime import slugify
-from moegemm.bench.floors import datasheet
-from moegemm.bench.stream import StreamConfig, check_stream, fits, stream_bytes, stream_setup
-from moegemm.bench.timing import GraphTimer, input_sets_for
 
 SLABS = {  # name: (experts, N, K, active experts)
     "qwen3-down-T1": (8, 2048, 768, 8),

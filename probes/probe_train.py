@@ -23,7 +23,7 @@ import time
 import torch
 
 from experiments.e9_moe_train import torch_pipeline_train
-from moegemm.bench.moe_loads import sample_topk
+from experiments.harness.moe_loads import sample_topk
 from moegemm.grouped import autograd as ag
 from moegemm.grouped import moe_ffn
 

@@ -19,8 +19,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from moegemm.bench.stream import CANDIDATES as STREAM_CANDIDATES  # noqa: E402
-from moegemm.bench.stream import COLS, _stream_flat_kernel, _stream_tma_kernel  # noqa: E402
+from experiments.harness.stream import CANDIDATES as STREAM_CANDIDATES  # noqa: E402
+from experiments.harness.stream import COLS, _stream_flat_kernel, _stream_tma_kernel  # noqa: E402
 from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402

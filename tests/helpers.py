@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from moegemm.bench.correctness import TOL, atol_for  # noqa: F401 (TOL re-exported to tests)
+from experiments.harness.correctness import TOL, atol_for  # noqa: F401 (TOL re-exported to tests)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LAYOUTS = ("contiguous", "transposed", "sliced")

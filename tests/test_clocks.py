@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moegemm.bench.timing import Clock
+from experiments.harness.timing import Clock
 
 
 def test_clock_quantiles():
@@ -18,7 +18,7 @@ def test_calls_per_graph_shrink_only_for_long_kernels():
     """Settings.min_graph_us: a kernel of milliseconds gets as few calls per graph as give min_graph_us per
     replay, but never fewer than two or than the input sets it rotates through; short kernels keep
     calls_per_graph; without the setting nothing changes."""
-    from moegemm.bench.runner import Settings, fewest_calls
+    from experiments.harness.runner import Settings, fewest_calls
 
     s = Settings(calls_per_graph=10, min_graph_us=3000)
     assert fewest_calls(2600.0, 1, s) == 2
@@ -35,8 +35,8 @@ def test_calls_per_graph_come_from_the_gpu_time_of_a_first_graph(monkeypatch):
     host's time of a call, sets the number; that graph kept where the number is its own."""
     import time
 
-    from moegemm.bench import timing
-    from moegemm.bench.runner import Settings, graph_timer
+    from experiments.harness import timing
+    from experiments.harness.runner import Settings, graph_timer
 
     made = []
 
@@ -67,7 +67,7 @@ def test_round_orders_rotate_or_balance_the_contenders():
     """ "rotate" starts each round one place further down the list (the harness's order before "balanced");
     "balanced" takes each rotation forwards and then backwards, so that over every pair of rounds each
     contender's mean place is the same and it follows both its neighbours; an unknown order is refused."""
-    from moegemm.bench.runner import Settings, round_order
+    from experiments.harness.runner import Settings, round_order
 
     items = list("ABCDE")
     assert [round_order(items, r) for r in range(2)] == [list("ABCDE"), list("BCDEA")]
@@ -92,7 +92,7 @@ def test_measure_times_the_contenders_in_the_settings_order(monkeypatch):
     so no GPU is needed) come in rotated rounds by default and in balanced pairs with order="balanced"."""
     import torch
 
-    from moegemm.bench import runner
+    from experiments.harness import runner
 
     seen: list = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -128,7 +128,7 @@ def test_one_graph_holds_one_contender_graph_at_a_time(monkeypatch, one_graph):
     one graph per contender lives over all rounds. Both give every contender a graph sample per round."""
     import torch
 
-    from moegemm.bench import runner, timing
+    from experiments.harness import runner, timing
 
     alive, most = set(), [0]
 

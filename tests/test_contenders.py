@@ -15,8 +15,8 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
     import dataclasses
 
     import experiments.e7_grouped_skew as e7
-    from moegemm.bench import stream
-    from moegemm.bench.runner import Settings
+    from experiments.harness import stream
+    from experiments.harness.runner import Settings
 
     times = iter([30.0, 10.0, 20.0, 40.0, 50.0, 60.0])  # one per launch shape
 
@@ -29,7 +29,7 @@ def test_e7_memory_ceiling_search_and_contender(device, monkeypatch):
         def sample(self, n):
             return [next(times)] * n
 
-    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    monkeypatch.setattr("experiments.harness.timing.GraphTimer", FakeTimer)
     plan, xs, w, _ = small_moe_cell(device, 5, 6, 64, 16, 9)  # 1024 weights per expert: every kind fits
     settings = Settings(calls_per_graph=2)
     choice = e7.stream_search([w, w.clone()], xs, plan, settings)
@@ -63,8 +63,8 @@ def test_e7_heldout_contenders_compute_their_products(device, monkeypatch, tmp_p
     tuned entry covers the shape."""
     import experiments.e7_grouped_skew as e7
     import moegemm.grouped.config as api
+    from experiments.harness.correctness import check
     from moegemm import autotune
-    from moegemm.bench.correctness import check
     from moegemm.grouped import GroupedConfig
 
     first = GroupedConfig(16, 16, 32)
@@ -104,7 +104,7 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
     pytest.importorskip("transformers.integrations.moe")
     import experiments.e8_moe_layer as e8
     import moegemm.grouped.config as api
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig
 
     monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))

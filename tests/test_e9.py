@@ -54,7 +54,7 @@ def test_e9_contenders_compute_the_step(phase, device, small_tiles):
     no weight gradient behind, and two steps give the same dX."""
     pytest.importorskip("transformers.integrations.moe")
     import experiments.e9_moe_train as e9
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
 
     e, h, i, ids, x, wts, dy, w_gu, w_dn = tiny_cell(device)
     ref_y, ref_dx = e9.ref_step(x, ids, wts, w_gu, w_dn, dy)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import assert_close_to_ref
 
-from moegemm.bench.moe_loads import sample_topk
+from experiments.harness.moe_loads import sample_topk
 from moegemm.grouped import (
     GroupedConfig,
     grouped_mm,
@@ -698,7 +698,7 @@ def test_graph_timer_counts_the_gpu_time_of_a_call_not_the_hosts():
     not the host."""
     import time
 
-    from moegemm.bench.runner import Settings, graph_timer
+    from experiments.harness.runner import Settings, graph_timer
 
     x = torch.zeros(1024, device="cuda")
 

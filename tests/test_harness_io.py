@@ -139,7 +139,7 @@ def test_config_validates():
 
 def test_provenance_prefers_the_shipped_commit_record(monkeypatch):
     """A commit recorded by whoever shipped the tree wins over a (possibly stale) .git found there."""
-    from moegemm.bench import provenance as prov
+    from experiments.harness import provenance as prov
 
     prov._static.cache_clear()
     monkeypatch.setenv("MOEGEMM_COMMIT", "abc1234")
@@ -169,7 +169,7 @@ def test_the_commit_recorded_is_that_of_the_code_measured(tmp_path):
     subfolder reads the same."""
     import subprocess
 
-    from moegemm.bench import provenance as prov
+    from experiments.harness import provenance as prov
 
     def git(*args):
         return subprocess.run(

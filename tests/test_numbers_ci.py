@@ -248,7 +248,7 @@ def test_runner_records_each_rounds_median_for_the_intervals(monkeypatch):
     round r's samples are r + 1 and r + 3, so its median is r + 2); round_times reads them back."""
     import torch
 
-    from moegemm.bench import runner
+    from experiments.harness import runner
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     calls = iter(range(1000))

@@ -1,4 +1,4 @@
-"""moegemm.bench.power (the NVML sampler behind probes/probe_power.py), on the CPU: NVML and the GPU clock
+"""harness.power (the NVML sampler behind probes/probe_power.py), on the CPU: NVML and the GPU clock
 are faked here; on a GPU machine the probe itself reads the real ones. The probe's cell loop is tested in
 tests/probes/test_probes.py."""
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from moegemm.bench import power
-from moegemm.bench.power import Sample, Sampler, summary
+from experiments.harness import power
+from experiments.harness.power import Sample, Sampler, summary
 
 
 def test_summary_takes_medians_after_the_settling_time_and_counts_the_limit_reasons():

@@ -1,4 +1,4 @@
-"""moegemm.bench.stream: the per-cell memory ceiling kernel reads every active expert's weights and x once,
+"""harness.stream: the per-cell memory ceiling kernel reads every active expert's weights and x once,
 writes every output element, and its check catches a pass that does less."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from moegemm.bench.stream import CANDIDATES, StreamConfig, check_stream, stream_bytes, stream_setup
+from experiments.harness.stream import CANDIDATES, StreamConfig, check_stream, stream_bytes, stream_setup
 
 
 def _cell(e, n, k, sizes, seed=0, dtype=torch.bfloat16):

@@ -165,7 +165,7 @@ def test_floors_take_each_cards_own_peaks():
     """The floors count the card's own datasheet (the H100's 3.35 TB/s, not the H200's 4.8); a card the
     datasheet table does not know is measured, never given another card's peaks (without a GPU: an error
     naming it)."""
-    from moegemm.bench.floors import datasheet, gemm_floor_us
+    from experiments.harness.floors import datasheet, gemm_floor_us
 
     h100, h200 = datasheet("nvidia-h100-80gb-hbm3"), datasheet("nvidia-h200")
     assert (h100["hbm_tb_s"], h200["hbm_tb_s"]) == (3.35, 4.8) and h100["source"] == "datasheet"
@@ -182,7 +182,7 @@ def test_floors_take_each_cards_own_peaks():
 def test_the_bound_of_a_cancelling_sum():
     """correctness.check with the terms' magnitudes: an error within the bound of a sum of rounded terms
     passes however the sum cancels; twice the bound, a NaN, or a wrong element fails."""
-    from moegemm.bench.correctness import OPERAND_ROUNDINGS, UNIT_ROUNDOFF, check
+    from experiments.harness.correctness import OPERAND_ROUNDINGS, UNIT_ROUNDOFF, check
 
     g = torch.Generator().manual_seed(0)
     a, b = (

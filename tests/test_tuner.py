@@ -37,7 +37,7 @@ def _fake_graph_timers(monkeypatch, sample_us):
             order.append(self.id)
             return [sample_us(self.id, len(order))] * n
 
-    monkeypatch.setattr("moegemm.bench.timing.GraphTimer", FakeTimer)
+    monkeypatch.setattr("experiments.harness.timing.GraphTimer", FakeTimer)
     return made, order
 
 
@@ -230,8 +230,8 @@ def test_tuner_verdict_tells_an_error_from_wrong_values(device):
     import torch
 
     from experiments.common import check_and_time
-    from moegemm.bench.correctness import status_of
-    from moegemm.bench.runner import Settings
+    from experiments.harness.correctness import status_of
+    from experiments.harness.runner import Settings
 
     ref = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 

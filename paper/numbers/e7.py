@@ -24,9 +24,7 @@ E7_KEYS = ["model", "proj", "tokens", "load"]
 VLLM = "vllm:fused_moe"  # vLLM's fused-MoE Triton kernel (experiments/vllm_moe.py), an optional contender
 
 
-STREAM = (
-    "ceiling:stream"  # E7's memory ceiling: a kernel that only moves the floor's bytes (moegemm.bench.stream)
-)
+STREAM = "ceiling:stream"  # E7's memory ceiling: a kernel moving only the floor's bytes (harness.stream)
 
 
 def e7_frame(results: Path) -> pd.DataFrame | None:

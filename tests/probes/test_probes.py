@@ -18,7 +18,7 @@ def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device
     programs per SM) each compute the grouped product (checked against float64 on fresh data), record the
     programs per SM they launched with, and leave the library's own sizing in place afterwards."""
 
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import contiguous, launch
     from probes import probe_persistent_grid as probe
 
@@ -54,7 +54,7 @@ def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypat
     its own grouped product, each checked against float64 on fresh data; a variant gives up a stage where
     its shared memory would not fit, and a pointer-load config has none."""
 
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig
     from probes import probe_prefill_tiles as probe
 
@@ -93,7 +93,7 @@ def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch
     tiles (only the orders the tuned config is not), compute the grouped product, and the even deal of the
     rows its own, each with its wave-model time; a tuned config that cannot mix (pointer loads) gets only
     the tuned and even contenders."""
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig
     from probes import probe_mixed_order as probe
 
@@ -117,7 +117,7 @@ def test_middle_tiles_probe_contenders_compute_their_products(device, monkeypatc
     """The middle-regime tile probe: the tuned config first, then every new tile config on both grids (the
     names say which), each computing the grouped product (checked against float64 on fresh data, 40 rows
     of 3 experts at a K of 512 so that K steps of 256 loop); a cell with no tuned-table entry is refused."""
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig
     from probes import probe_middle_tiles as probe
 
@@ -165,7 +165,7 @@ def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
     import torch
 
     import probes.probe_graph_clock as probe
-    from moegemm.bench.runner import Contender, Settings
+    from experiments.harness.runner import Contender, Settings
 
     class FakeTimer:
         def __init__(self, calls, n):
@@ -256,7 +256,7 @@ def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, dev
 
     import pandas as pd
 
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig
     from probes import probe_robust_tuning as probe
 
@@ -480,7 +480,7 @@ def test_prefill_counters_probe_summarises_the_clock_log():
 def test_compiled_order_probe_arranges_its_variants():
     """probe_compiled_order: the compiled backend moved to right after the eager one, every other contender
     kept in place; the variants' orders and rounds as its docstring lists them."""
-    from moegemm.bench.runner import Contender, Settings
+    from experiments.harness.runner import Contender, Settings
     from probes.probe_compiled_order import COMPILED, EAGER, after_eager, variants
 
     names = [
@@ -612,7 +612,7 @@ def test_gluon_probe_contenders_compute_their_products(device, monkeypatch):
     import torch
 
     from experiments import e7_grouped_skew as e7
-    from moegemm.bench.correctness import check
+    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig
     from probes import probe_gluon_prefill as probe
     from probes.gluon_grouped import VARIANTS
@@ -656,7 +656,7 @@ def test_power_probe_checks_each_contender_then_holds_the_right_ones_in_rotated_
 
     import torch
 
-    from moegemm.bench.runner import Contender
+    from experiments.harness.runner import Contender
     from probes import probe_power as probe
 
     torch.manual_seed(0)

@@ -112,7 +112,7 @@ def prewarm(calls: list[Callable[[], object]], workers: int | None = None) -> in
     Errors are swallowed here: the caller's own first call, made afterwards one at a time, meets them again
     and records them. MOEGEMM_COMPILE_THREADS=1 turns this off. Returns the number of threads used (0: not
     used)."""
-    from .._runtime import launch_side_by_side
+    from moegemm._runtime import launch_side_by_side
 
     if not torch.cuda.is_available():
         return 0

@@ -10,7 +10,7 @@ import subprocess
 
 import torch
 
-from .._runtime import INTERPRET, slugify
+from moegemm._runtime import INTERPRET, slugify
 
 
 def _git(*args: str, cwd: str | None = None) -> str | None:
