@@ -14,11 +14,9 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
   spent about 80% of its time outside the timed loops), times the rounds' share;
 - E8: the same, per cell;
 - E9: each cell, and each model's compiles (moe_train_work).
-verify and floors have no knob here and keep their committed times. (verify's estimate was once scaled by
-the share of worker time in the tests its selection still runs, the probes' tests left out since; the run
-at 1b00448 took longer without them, 367 s inside pytest against 336 s with them at be024eb, and the
-scaling is gone.) An estimate, not a measurement: the run
-on the GPU confirms it (the benchmark files it writes become the next baseline).
+verify and floors have no knob here and keep their committed times: a test selection's wall time does not
+scale with its share of the tests (the workers' start-up and the heaviest tests dominate). An estimate, not a
+measurement: the run on the GPU confirms it (the benchmark files it writes become the next baseline).
 
 A step with no committed benchmark file yet may have a run's own record instead (``HARNESS_RECORDS``: the
 per-contender wall times that experiments.harness.runner.measure writes, ``setup_s``, ``capture_s``,
