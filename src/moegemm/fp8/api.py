@@ -1,0 +1,253 @@
+"""The block-scaled FP8 grouped GEMMs' public entry points: the contiguous layout (prefill, the training
+forward), the masked layout (decode, CUDA-graph capturable), and the gate/up projection with SwiGLU and the
+down projection's e4m3 quantisation fused in its epilogue. Operands are e4m3 with fp32 block scales as
+:mod:`moegemm.fp8.quant` makes them (DeepSeek-V3's format); the output is bf16 (or fp16, fp32)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from .._runtime import check_device, device_sm_count
+from ..grouped.checks import check_masked_m_values, check_offsets
+from .kernels import _fp8_grouped_kernel
+from .quant import AMAX_FLOOR, BLOCK, E4M3_MAX, FP8, blocks
+
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Config:
+    """Tiles and launch of the FP8 kernel. BLOCK_K is the scale block, 128; block_n divides 128 or is a
+    multiple of it (the SwiGLU variant needs 128: one output scale block per tile)."""
+
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"config.{name}: expected a power of two >= 16, got {v!r}")
+
+
+def default_config(rows_per_expert: float, swiglu: bool) -> Fp8Config:
+    """An untimed start: row tiles near the rows an expert holds (decode: 16-32 rows; prefill: 64-128)."""
+    bm = (
+        16
+        if rows_per_expert <= 16
+        else 32
+        if rows_per_expert <= 32
+        else 64
+        if rows_per_expert <= 128
+        else 128
+    )
+    return Fp8Config(block_m=bm, block_n=128, num_warps=4 if bm <= 64 else 8, num_stages=3)
+
+
+def _check_fp8(name: str, t, dims: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != FP8:
+        raise TypeError(
+            f"{name}: expected float8_e4m3fn (quantise with moegemm.fp8.quantize_*), got {t.dtype}"
+        )
+    if t.dim() != dims:
+        raise ValueError(f"{name}: expected a {dims}-D tensor, got shape {tuple(t.shape)}")
+    check_device(name, t)
+
+
+def _check_scale(name: str, s, shape: tuple, like: torch.Tensor) -> None:
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name}: expected float32 scales, got {s.dtype}")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape} (one scale per 128-block), got {tuple(s.shape)}")
+    if s.device != like.device:
+        raise ValueError(f"{name}: on {s.device}, but the operands are on {like.device}")
+
+
+def _check_weights(w_q, w_scale, k: int, x: torch.Tensor, swiglu: bool) -> tuple[int, int]:
+    """(E, N) of the weights [E, N, K] (N: the output's width; with SwiGLU w holds 2N rows)."""
+    _check_fp8("w_q", w_q, 3)
+    e, nw, kw = w_q.shape
+    if kw != k:
+        raise ValueError(f"w_q: K={kw} differs from x_q's K={k}")
+    if w_q.device != x.device:
+        raise ValueError(f"w_q: on {w_q.device}, but x_q is on {x.device}")
+    _check_scale("w_scale", w_scale, (e, blocks(nw), blocks(k)), x)
+    if swiglu and nw % 2:
+        raise ValueError(f"w_q: the gate/up weights stack 2N rows, got an odd {nw}")
+    return e, nw // 2 if swiglu else nw
+
+
+def _grid(tiles: int, x: torch.Tensor) -> tuple[int]:
+    return (max(1, min(tiles, 2 * device_sm_count(x) if x.is_cuda else 4)),)
+
+
+def _launch(x_q, x_scale, w_q, w_scale, y, sy, counts, row_scale, e, m, n, k, masked, zero_tail, swiglu, cfg):
+    if cfg.block_n < BLOCK and BLOCK % cfg.block_n or cfg.block_n > BLOCK and cfg.block_n % BLOCK:
+        raise ValueError(f"config.block_n: must divide 128 or be a multiple of it, got {cfg.block_n}")
+    if swiglu and cfg.block_n != BLOCK:
+        raise ValueError(
+            f"config.block_n: the SwiGLU variant quantises 128 columns per tile, got {cfg.block_n}"
+        )
+    tiles = (
+        (e if masked else 1)
+        * (triton.cdiv(m, cfg.block_m) + (0 if masked else e))
+        * triton.cdiv(n, cfg.block_n)
+    )
+    if tiles >= 2**31:
+        raise ValueError(
+            f"x_q: {m} rows x N={n} need {tiles} tiles, more than the kernel's int32 tile index holds"
+        )
+    three = (
+        (lambda t: (t.stride(0), t.stride(1), t.stride(2)))
+        if masked
+        else (lambda t: (0, t.stride(0), t.stride(1)))
+    )
+    _fp8_grouped_kernel[_grid(tiles, x_q)](
+        x_q, x_scale, w_q, w_scale, y, sy if sy is not None else y, counts,
+        row_scale if row_scale is not None else x_scale,
+        e, m, n, k,
+        *three(x_q), *three(x_scale), *w_q.stride(), *w_scale.stride(), *three(y),
+        *(three(sy)[:2] if sy is not None else (0, 0)),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK=BLOCK, E_BLOCK=max(16, triton.next_power_of_2(e)),
+        GROUP_M=8, MASKED=masked, ZERO_TAIL=zero_tail, HAS_SCALE=row_scale is not None, SWIGLU=swiglu,
+        AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, config, validate, swiglu):
+    _check_fp8("x_q", x_q, 2)
+    m, k = x_q.shape
+    _check_scale("x_scale", x_scale, (m, blocks(k)), x_q)
+    e, n = _check_weights(w_q, w_scale, k, x_q, swiglu)
+    if not isinstance(group_offsets, torch.Tensor) or tuple(group_offsets.shape) != (e + 1,):
+        raise ValueError(f"group_offsets: expected an int tensor of shape ({e + 1},), got "
+                         f"{getattr(group_offsets, 'shape', type(group_offsets).__name__)}")  # fmt: skip
+    if group_offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"group_offsets: expected int32 or int64, got {group_offsets.dtype}")
+    if group_offsets.device != x_q.device:
+        raise ValueError(f"group_offsets: on {group_offsets.device}, but x_q is on {x_q.device}")
+    if row_scale is not None:
+        if swiglu:
+            raise ValueError(
+                "row_scale: the SwiGLU variant takes none (the gating weight scales the down projection)"
+            )
+        if not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != (m,):
+            raise ValueError(f"row_scale: expected a tensor of shape ({m},)")
+        if row_scale.device != x_q.device:
+            raise ValueError(f"row_scale: on {row_scale.device}, but x_q is on {x_q.device}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+    if validate and e:
+        check_offsets(group_offsets, m)
+    cfg = config or default_config(m / max(e, 1), swiglu)
+    y = torch.empty(m, n, dtype=FP8 if swiglu else out_dtype, device=x_q.device)
+    sy = torch.empty(m, blocks(n), dtype=torch.float32, device=x_q.device) if swiglu else None
+    if m and n and e:
+        if k == 0:
+            y.zero_()
+            if sy is not None:
+                sy.fill_(AMAX_FLOOR / E4M3_MAX)
+        else:
+            offsets = group_offsets.contiguous()
+            _launch(
+                x_q, x_scale, w_q, w_scale, y, sy, offsets, row_scale, e, m, n, k, False, False, swiglu, cfg
+            )
+    return (y, sy) if swiglu else y
+
+
+def grouped_mm_fp8(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    row_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: Fp8Config | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Y[rows of e] = (X_q * x_scale)[rows of e] @ (W_q[e] * w_scale[e])^T * row_scale[rows], every expert
+    in ONE launch, fp32 accumulation, ``out_dtype`` out.
+
+    x_q: e4m3 [M, K], rows grouped by expert; x_scale: fp32 [M, ceil(K/128)] (one per row and 128
+    channels); w_q: e4m3 [E, N, K]; w_scale: fp32 [E, ceil(N/128), ceil(K/128)] (one per 128 x 128 block);
+    group_offsets: int [E + 1], from 0 to M, non-decreasing; row_scale: optional [M] (the gating weights).
+    K need not be a multiple of 128. ``validate`` checks the offsets' values (on a GPU on the device, no
+    sync); the kernel bounds every row it derives from them into x_q's rows either way."""
+    return _contiguous(
+        x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, config, validate, False
+    )
+
+
+def grouped_mm_fp8_swiglu(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    group_offsets: torch.Tensor,
+    *,
+    config: Fp8Config | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_q, h_scale): silu(gate) * up of the gate/up projection, quantised to e4m3 in the kernel's epilogue
+    with one scale per row and 128 columns (the down projection's operand format). w_q: e4m3 [E, 2N, K],
+    each expert's gate rows then its up rows; h_q: e4m3 [M, N]; h_scale: fp32 [M, ceil(N/128)]."""
+    return _contiguous(
+        x_q, x_scale, w_q, w_scale, group_offsets, None, torch.bfloat16, config, validate, True
+    )
+
+
+def grouped_mm_fp8_masked(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    masked_m: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: Fp8Config | None = None,
+    check_masked_m: bool = False,
+    leave_tail_unwritten: bool = False,
+) -> torch.Tensor:
+    """Y[e, :masked_m[e]] = (X_q[e] * x_scale[e])[:masked_m[e]] @ (W_q[e] * w_scale[e])^T: the masked layout
+    (x_q: e4m3 [E, m_max, K], x_scale: fp32 [E, m_max, ceil(K/128)], masked_m: int [E] on the device; a
+    fixed grid serves any masked_m, so a call can be captured in a CUDA graph). Rows past masked_m[e] are
+    zeros, written by the same launch; ``leave_tail_unwritten=True`` leaves them as they were (uninitialised
+    memory). masked_m values are clamped into [0, m_max] in-kernel; ``check_masked_m`` raises on values
+    outside (a host sync)."""
+    _check_fp8("x_q", x_q, 3)
+    ex, m_max, k = x_q.shape
+    _check_scale("x_scale", x_scale, (ex, m_max, blocks(k)), x_q)
+    e, n = _check_weights(w_q, w_scale, k, x_q, False)
+    if e != ex:
+        raise ValueError(f"w_q: has {e} experts but x_q has {ex}")
+    if not isinstance(masked_m, torch.Tensor) or tuple(masked_m.shape) != (e,):
+        raise ValueError(
+            f"masked_m: expected an int tensor of shape ({e},), got {getattr(masked_m, 'shape', None)}"
+        )
+    if masked_m.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"masked_m: expected int32 or int64, got {masked_m.dtype}")
+    if masked_m.device != x_q.device:
+        raise ValueError(f"masked_m: on {masked_m.device}, but x_q is on {x_q.device}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+    if check_masked_m and e:
+        check_masked_m_values(masked_m, m_max)
+    y = torch.empty(e, m_max, n, dtype=out_dtype, device=x_q.device)
+    if e and m_max and n:
+        if k == 0:
+            return y.zero_()
+        cfg = config or default_config(float(m_max), False)
+        _launch(x_q, x_scale, w_q, w_scale, y, None, masked_m.contiguous(), None, e, m_max, n, k, True,
+                not leave_tail_unwritten, False, cfg)  # fmt: skip
+    return y

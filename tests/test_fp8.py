@@ -1,0 +1,228 @@
+"""The block-scaled FP8 grouped GEMMs (moegemm.fp8) against float64 computed on the dequantised operands,
+on fresh random data with realistic ranges, outliers and all-zero blocks; K and N not multiples of 128; both
+layouts; the SwiGLU variant's fused e4m3 quantisation; and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_CUDA
+
+from moegemm.fp8 import (
+    Fp8Config,
+    dequantize_fp8_rows,
+    dequantize_fp8_weights,
+    grouped_mm_fp8,
+    grouped_mm_fp8_masked,
+    grouped_mm_fp8_swiglu,
+    quantize_fp8_rows,
+    quantize_fp8_weights,
+)
+from moegemm.fp8.quant import BLOCK, E4M3_MAX
+
+U_E4M3 = 2.0**-4  # e4m3's unit roundoff (3 mantissa bits)
+SUB_E4M3 = 2.0**-10  # half of e4m3's smallest subnormal, 2**-9, as a fraction of the block's scale
+U32 = 2.0**-24
+# the output's rounding: half an ulp, but a whole one for bf16 under Triton's CPU interpreter, which converts
+# fp32 to bf16 by truncation
+U_OUT = {torch.bfloat16: 2.0 ** (-8 if HAS_CUDA else -7), torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
+
+def _operands(gen, e, n, k, m, outliers=True, zero_blocks=True):
+    """Activations of unit scale with a few large outliers and a zero row; weights of an FFN's scale with an
+    all-zero 128 x 128 block."""
+    x = torch.randn(m, k, generator=gen) * 2
+    w = torch.randn(e, n, k, generator=gen) * 0.05
+    if outliers and m:
+        x[m // 2, k // 3] = 300.0  # its 128-channel group quantises the others coarsely
+        w[0, 0, 0] = 9.0
+    if zero_blocks:
+        if m > 1:
+            x[1] = 0.0
+        w[-1, :BLOCK, :BLOCK] = 0.0
+    return x.to(DEVICE), w.to(DEVICE)
+
+
+def _expected(xd, wd, offsets):
+    """float64 X_e @ W_e^T per expert, and |X_e| @ |W_e|^T (the accumulation's error scale)."""
+    ref, mag = [], []
+    for i in range(wd.shape[0]):
+        a = xd[offsets[i] : offsets[i + 1]]
+        ref.append(a @ wd[i].T)
+        mag.append(a.abs() @ wd[i].abs().T)
+    return torch.cat(ref), torch.cat(mag)
+
+
+def _assert_within(got, ref, bound, what):
+    got = got.double().cpu()
+    ref, bound = ref.cpu(), bound.cpu()
+    assert not torch.isnan(got).any(), f"{what}: NaN"
+    err = (got - ref).abs()
+    bad = err > bound
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} elements outside the bound, worst excess {(err - bound).max():.3e}"
+    )
+
+
+def test_weight_quantisation_is_one_e4m3_rounding_per_element():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(2, 200, 300, generator=gen) * 0.05
+    w[0, 3, 5] = 40.0
+    w[1, 128:, 128:256] = 0.0
+    w_q, s = quantize_fp8_weights(w.to(DEVICE))
+    assert w_q.dtype == torch.float8_e4m3fn and tuple(s.shape) == (2, 2, 3)
+    wd = dequantize_fp8_weights(w_q, s).cpu()
+    scale = s.double().cpu().repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :200, :300]
+    _assert_within(wd, w.double(), U_E4M3 * w.double().abs() + SUB_E4M3 * scale, "dequantised w")
+    assert (wd[1, 128:, 128:256] == 0).all()  # an all-zero block stays zeros
+    assert w_q.float().abs().max() <= E4M3_MAX  # no block saturates
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_row_quantisation_and_its_gather(gather):
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(11, 300, generator=gen) * 3).to(torch.bfloat16)
+    x[4, 10] = 1000.0
+    x[7] = 0.0
+    rows = torch.tensor([3, 3, 0, 10, 7, 4], dtype=torch.int32) if gather else None
+    q, s = quantize_fp8_rows(x.to(DEVICE), None if rows is None else rows.to(DEVICE))
+    src = x if rows is None else x[rows.long()]
+    assert tuple(q.shape) == tuple(src.shape) and tuple(s.shape) == (src.shape[0], 3)
+    xd = dequantize_fp8_rows(q, s).cpu()
+    scale = s.double().cpu().repeat_interleave(BLOCK, -1)[:, :300]
+    _assert_within(xd, src.double(), U_E4M3 * src.double().abs() + SUB_E4M3 * scale, "dequantised x")
+    if gather:
+        assert (xd[4] == 0).all()  # x's row 7, all zeros
+
+
+def _gemm_bound(ref, mag, k, out_dtype, row_scale=None):
+    """Output rounding of the result, plus fp32 accumulation over K (each 128-block's product, its scaling and
+    the running sum: a few fp32 roundings per term, bounded by (K/128 + 128 + 2) u32 of |x| @ |w|)."""
+    acc = (k // BLOCK + BLOCK + 4) * U32 * mag
+    if row_scale is not None:
+        acc = acc * row_scale.abs()[:, None]
+        ref = ref * row_scale[:, None]
+    tiny = {torch.bfloat16: 1e-30, torch.float16: 6e-8, torch.float32: 1e-44}[out_dtype]
+    return ref, U_OUT[out_dtype] * ref.abs() * (1 + 1e-6) + acc * (1 + U_OUT[out_dtype]) + tiny
+
+
+@pytest.mark.parametrize(
+    "counts,n,k",
+    [([5, 0, 9], 96, 200), ([40, 17, 1, 0], 256, 128), ([0, 0, 3], 130, 384), ([33], 64, 7)],
+)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_contiguous_against_float64_on_the_dequantised_operands(counts, n, k, out_dtype):
+    gen = torch.Generator().manual_seed(sum(counts) * 7 + n + k)
+    e, m = len(counts), sum(counts)
+    x, w = _operands(gen, e, n, k, m)
+    x_q, x_s = quantize_fp8_rows(x)
+    w_q, w_s = quantize_fp8_weights(w)
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    rs = torch.rand(m, generator=gen, dtype=torch.float64) + 0.1
+    off = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+    y = grouped_mm_fp8(x_q, x_s, w_q, w_s, off, row_scale=rs.float().to(DEVICE), out_dtype=out_dtype)
+    assert y.dtype == out_dtype and tuple(y.shape) == (m, n)
+    ref, mag = _expected(dequantize_fp8_rows(x_q, x_s).cpu(), dequantize_fp8_weights(w_q, w_s).cpu(), offsets)
+    ref, bound = _gemm_bound(ref, mag, k, out_dtype, rs.float().double())
+    _assert_within(y, ref, bound, f"grouped_mm_fp8 {counts} N={n} K={k} {out_dtype}")
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 128), (64, 256)])
+def test_contiguous_tiles_agree(block_m, block_n):
+    gen = torch.Generator().manual_seed(5)
+    counts = [3, 50, 0, 21]
+    x, w = _operands(gen, 4, 200, 260, sum(counts))
+    x_q, x_s = quantize_fp8_rows(x)
+    w_q, w_s = quantize_fp8_weights(w)
+    offsets = [0, 3, 53, 53, 74]
+    off = torch.tensor(offsets, device=DEVICE)
+    cfg = Fp8Config(block_m=block_m, block_n=block_n, num_warps=4, num_stages=2)
+    y = grouped_mm_fp8(x_q, x_s, w_q, w_s, off, config=cfg, out_dtype=torch.float32)
+    ref, mag = _expected(dequantize_fp8_rows(x_q, x_s).cpu(), dequantize_fp8_weights(w_q, w_s).cpu(), offsets)
+    ref, bound = _gemm_bound(ref, mag, 260, torch.float32)
+    _assert_within(y, ref, bound, f"tiles {block_m}x{block_n}")
+
+
+def test_swiglu_quantises_its_output_within_one_e4m3_rounding():
+    gen = torch.Generator().manual_seed(6)
+    counts, n, k = [7, 0, 30], 192, 256  # N = 192: the last 128-column scale block half full
+    x, w = _operands(gen, 3, 2 * n, k, sum(counts))
+    x_q, x_s = quantize_fp8_rows(x)
+    w_q, w_s = quantize_fp8_weights(w)
+    offsets = [0, 7, 7, 37]
+    h_q, h_s = grouped_mm_fp8_swiglu(x_q, x_s, w_q, w_s, torch.tensor(offsets, device=DEVICE))
+    assert h_q.dtype == torch.float8_e4m3fn and tuple(h_q.shape) == (37, n) and tuple(h_s.shape) == (37, 2)
+    gu, mag = _expected(dequantize_fp8_rows(x_q, x_s).cpu(), dequantize_fp8_weights(w_q, w_s).cpu(), offsets)
+    gate, up = gu[:, :n], gu[:, n:]
+    h64 = gate * torch.sigmoid(gate) * up
+    # the fp32 product's error (accumulation, propagated through silu(g) * u by its magnitude), then one
+    # e4m3 rounding of the result at the block's scale
+    acc = (k // BLOCK + BLOCK + 8) * U32 * (mag[:, :n] * up.abs() * 1.1 + mag[:, n:] * gate.abs())
+    scale = h_s.double().cpu().repeat_interleave(BLOCK, -1)[:, :n]
+    bound = U_E4M3 * (h64.abs() + acc) * 1.001 + SUB_E4M3 * scale + acc
+    _assert_within(dequantize_fp8_rows(h_q, h_s), h64, bound, "swiglu h")
+    assert h_q.float().abs().max() <= E4M3_MAX
+
+
+@pytest.mark.parametrize("leave_tail_unwritten", [False, True])
+def test_masked_layout_and_its_tail(leave_tail_unwritten):
+    gen = torch.Generator().manual_seed(8)
+    e, m_max, n, k = 3, 24, 160, 200
+    x = (torch.randn(e, m_max, k, generator=gen) * 2).to(DEVICE)
+    w = (torch.randn(e, n, k, generator=gen) * 0.05).to(DEVICE)
+    x_q, x_s = quantize_fp8_rows(x.reshape(e * m_max, k))
+    x_q, x_s = x_q.view(e, m_max, k), x_s.view(e, m_max, -1)
+    w_q, w_s = quantize_fp8_weights(w)
+    masked_m = torch.tensor([5, 0, 99], dtype=torch.int32, device=DEVICE)  # 99 > m_max: clamped to 24
+    y = grouped_mm_fp8_masked(
+        x_q, x_s, w_q, w_s, masked_m, out_dtype=torch.float32, leave_tail_unwritten=leave_tail_unwritten
+    )
+    xd = dequantize_fp8_rows(x_q, x_s).cpu()
+    wd = dequantize_fp8_weights(w_q, w_s).cpu()
+    for i, mm in enumerate([5, 0, 24]):
+        ref, bound = _gemm_bound(xd[i, :mm] @ wd[i].T, xd[i, :mm].abs() @ wd[i].abs().T, k, torch.float32)
+        _assert_within(y[i, :mm], ref, bound, f"masked expert {i}")
+        if not leave_tail_unwritten:
+            assert (y[i, mm:] == 0).all(), f"expert {i}: rows past masked_m not zeros"
+
+
+def test_empty_and_k_zero():
+    x_q = torch.zeros(0, 64, dtype=torch.float8_e4m3fn, device=DEVICE)
+    w_q, w_s = quantize_fp8_weights(torch.randn(2, 32, 64).to(DEVICE))
+    y = grouped_mm_fp8(
+        x_q, torch.zeros(0, 1, device=DEVICE), w_q, w_s, torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    )
+    assert tuple(y.shape) == (0, 32)
+
+
+def test_bad_input_names_the_argument():
+    w_q, w_s = quantize_fp8_weights(torch.randn(2, 32, 64).to(DEVICE))
+    x_q, x_s = quantize_fp8_rows(torch.randn(6, 64).to(DEVICE))
+    off = torch.tensor([0, 2, 6], device=DEVICE)
+    with pytest.raises(TypeError, match="x_q: expected float8_e4m3fn"):
+        grouped_mm_fp8(x_q.float(), x_s, w_q, w_s, off)
+    with pytest.raises(ValueError, match=r"x_scale: expected shape \(6, 1\)"):
+        grouped_mm_fp8(x_q, x_s[:, :0], w_q, w_s, off)
+    with pytest.raises(TypeError, match="w_scale: expected float32"):
+        grouped_mm_fp8(x_q, x_s, w_q, w_s.double(), off)
+    with pytest.raises(ValueError, match="w_q: K=64 differs"):
+        grouped_mm_fp8(x_q[:, :32], x_s, w_q, w_s, off)
+    with pytest.raises(ValueError, match="group_offsets: expected an int tensor of shape"):
+        grouped_mm_fp8(x_q, x_s, w_q, w_s, off[:2])
+    with pytest.raises(ValueError, match="config.block_n"):
+        grouped_mm_fp8_swiglu(x_q, x_s, w_q, w_s, off, config=Fp8Config(block_n=64))
+    with pytest.raises(ValueError, match="rows: indices must lie"):
+        quantize_fp8_rows(torch.randn(4, 8), torch.tensor([0, 4]))
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="group_offsets"):
+            grouped_mm_fp8(x_q, x_s, w_q, w_s, torch.tensor([0, 5, 4]))
+
+
+def test_inconsistent_offsets_unchecked_stay_inside_the_tensors():
+    """validate=False with offsets past x's rows: the kernel bounds every row it derives into x_q's rows."""
+    w_q, w_s = quantize_fp8_weights(torch.randn(3, 32, 64).to(DEVICE))
+    x_q, x_s = quantize_fp8_rows(torch.randn(10, 64).to(DEVICE))
+    y = grouped_mm_fp8(x_q, x_s, w_q, w_s, torch.tensor([0, 3, 3, 700], device=DEVICE), validate=False)
+    assert tuple(y.shape) == (10, 32) and not torch.isnan(y.float()[:3]).any()
