@@ -15,6 +15,7 @@ from moegemm.fp8 import (
     grouped_mm_fp8,
     grouped_mm_fp8_masked,
     grouped_mm_fp8_swiglu,
+    moe_ffn_fp8,
     quantize_fp8_rows,
     quantize_fp8_weights,
 )
@@ -226,3 +227,38 @@ def test_inconsistent_offsets_unchecked_stay_inside_the_tensors():
     x_q, x_s = quantize_fp8_rows(torch.randn(10, 64).to(DEVICE))
     y = grouped_mm_fp8(x_q, x_s, w_q, w_s, torch.tensor([0, 3, 3, 700], device=DEVICE), validate=False)
     assert tuple(y.shape) == (10, 32) and not torch.isnan(y.float()[:3]).any()
+
+
+@pytest.mark.parametrize("t,top_k", [(1, 2), (13, 3)])
+def test_moe_ffn_fp8_against_float64(t, top_k):
+    """The layer: x quantised as it is gathered (one e4m3 rounding), the SwiGLU output quantised in the
+    gate/up epilogue (a second), each against float64 on the dequantised weights."""
+    gen = torch.Generator().manual_seed(10 + t)
+    e, h, i = 4, 160, 192
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(t)])
+    gw = torch.rand(t, top_k, generator=gen)
+    wgu_q, wgu_s = quantize_fp8_weights(torch.randn(e, 2 * i, h, generator=gen) * 0.1)
+    wd_q, wd_s = quantize_fp8_weights(torch.randn(e, h, i, generator=gen) * 0.1)
+    y = moe_ffn_fp8(*(v.to(DEVICE) for v in (x, ids, gw, wgu_q, wgu_s, wd_q, wd_s)))
+    assert y.dtype == torch.bfloat16 and tuple(y.shape) == (t, h)
+    xq, xs = quantize_fp8_rows(x.to(DEVICE))
+    xd = dequantize_fp8_rows(xq, xs).cpu()
+    gud, dd = dequantize_fp8_weights(wgu_q, wgu_s), dequantize_fp8_weights(wd_q, wd_s)
+    ref = torch.zeros(t, h, dtype=torch.float64)
+    bound = torch.zeros(t, h, dtype=torch.float64)
+    for tok in range(t):
+        for j in range(top_k):
+            ex = int(ids[tok, j])
+            gu = gud[ex] @ xd[tok]
+            g, u = gu[:i], gu[i:]
+            h64 = g * torch.sigmoid(g) * u
+            mag = gud[ex].abs() @ xd[tok].abs()
+            acc = (h // BLOCK + BLOCK + 8) * U32 * (mag[:i] * u.abs() * 1.1 + mag[i:] * g.abs())
+            dh = U_E4M3 * (h64.abs() + acc) * 1.001 + SUB_E4M3 * (h64.abs().max() / E4M3_MAX) * 2 + acc
+            out = dd[ex] @ h64
+            err = dd[ex].abs() @ dh + (i // BLOCK + BLOCK + 4) * U32 * (dd[ex].abs() @ (h64.abs() + dh))
+            ref[tok] += float(gw[tok, j]) * out
+            bound[tok] += float(gw[tok, j]) * (err + U_OUT[torch.bfloat16] * out.abs() * 1.01)
+    bound = bound * (1 + 1e-3) + U_OUT[torch.bfloat16] * ref.abs() * 1.01 + 1e-30
+    _assert_within(y, ref, bound, f"moe_ffn_fp8 T={t} top_k={top_k}")

@@ -3,6 +3,7 @@ one per 128 x 128 block for weights): the contiguous and masked layouts, the gat
 and the down projection's quantisation fused, and the quantisation helpers."""
 
 from .api import Fp8Config, grouped_mm_fp8, grouped_mm_fp8_masked, grouped_mm_fp8_swiglu
+from .ffn import moe_ffn_fp8
 from .quant import (
     dequantize_fp8_rows,
     dequantize_fp8_weights,
@@ -17,6 +18,7 @@ __all__ = [
     "grouped_mm_fp8",
     "grouped_mm_fp8_masked",
     "grouped_mm_fp8_swiglu",
+    "moe_ffn_fp8",
     "quantize_fp8_rows",
     "quantize_fp8_weights",
 ]
