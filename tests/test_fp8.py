@@ -262,3 +262,18 @@ def test_moe_ffn_fp8_against_float64(t, top_k):
             bound[tok] += float(gw[tok, j]) * (err + U_OUT[torch.bfloat16] * out.abs() * 1.01)
     bound = bound * (1 + 1e-3) + U_OUT[torch.bfloat16] * ref.abs() * 1.01 + 1e-30
     _assert_within(y, ref, bound, f"moe_ffn_fp8 T={t} top_k={top_k}")
+
+
+def test_moe_ffn_fp8_traces_whole_under_torch_compile():
+    """fullgraph: routing, quantisation and both GEMMs trace as custom ops, and run the same kernels."""
+    gen = torch.Generator().manual_seed(12)
+    t, e, h, i, top_k = 6, 4, 128, 128, 2
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(t)]).to(DEVICE)
+    gw = torch.rand(t, top_k, generator=gen).to(DEVICE)
+    wgu = quantize_fp8_weights((torch.randn(e, 2 * i, h, generator=gen) * 0.1).to(DEVICE))
+    wd = quantize_fp8_weights((torch.randn(e, h, i, generator=gen) * 0.1).to(DEVICE))
+    eager = moe_ffn_fp8(x, ids, gw, *wgu, *wd)
+    torch._dynamo.reset()
+    compiled = torch.compile(moe_ffn_fp8, fullgraph=True, backend="aot_eager")(x, ids, gw, *wgu, *wd)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)

@@ -8,12 +8,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
-from .._runtime import check_device, device_sm_count
+from .._runtime import check_device
 from ..grouped.checks import check_masked_m_values, check_offsets
-from .kernels import _fp8_grouped_kernel
-from .quant import AMAX_FLOOR, BLOCK, E4M3_MAX, FP8, blocks
+from .launch import run
+from .quant import BLOCK, FP8, blocks
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -86,41 +85,13 @@ def _check_weights(w_q, w_scale, k: int, x: torch.Tensor, swiglu: bool) -> tuple
     return e, nw // 2 if swiglu else nw
 
 
-def _grid(tiles: int, x: torch.Tensor) -> tuple[int]:
-    return (max(1, min(tiles, 2 * device_sm_count(x) if x.is_cuda else 4)),)
-
-
-def _launch(x_q, x_scale, w_q, w_scale, y, sy, counts, row_scale, e, m, n, k, masked, zero_tail, swiglu, cfg):
+def _check_config(cfg: Fp8Config, swiglu: bool) -> None:
     if cfg.block_n < BLOCK and BLOCK % cfg.block_n or cfg.block_n > BLOCK and cfg.block_n % BLOCK:
         raise ValueError(f"config.block_n: must divide 128 or be a multiple of it, got {cfg.block_n}")
     if swiglu and cfg.block_n != BLOCK:
         raise ValueError(
             f"config.block_n: the SwiGLU variant quantises 128 columns per tile, got {cfg.block_n}"
         )
-    tiles = (
-        (e if masked else 1)
-        * (triton.cdiv(m, cfg.block_m) + (0 if masked else e))
-        * triton.cdiv(n, cfg.block_n)
-    )
-    if tiles >= 2**31:
-        raise ValueError(
-            f"x_q: {m} rows x N={n} need {tiles} tiles, more than the kernel's int32 tile index holds"
-        )
-    three = (
-        (lambda t: (t.stride(0), t.stride(1), t.stride(2)))
-        if masked
-        else (lambda t: (0, t.stride(0), t.stride(1)))
-    )
-    _fp8_grouped_kernel[_grid(tiles, x_q)](
-        x_q, x_scale, w_q, w_scale, y, sy if sy is not None else y, counts,
-        row_scale if row_scale is not None else x_scale,
-        e, m, n, k,
-        *three(x_q), *three(x_scale), *w_q.stride(), *w_scale.stride(), *three(y),
-        *(three(sy)[:2] if sy is not None else (0, 0)),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK=BLOCK, E_BLOCK=max(16, triton.next_power_of_2(e)),
-        GROUP_M=8, MASKED=masked, ZERO_TAIL=zero_tail, HAS_SCALE=row_scale is not None, SWIGLU=swiglu,
-        AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
 
 
 def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, config, validate, swiglu):
@@ -149,18 +120,10 @@ def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype,
     if validate and e:
         check_offsets(group_offsets, m)
     cfg = config or default_config(m / max(e, 1), swiglu)
-    y = torch.empty(m, n, dtype=FP8 if swiglu else out_dtype, device=x_q.device)
-    sy = torch.empty(m, blocks(n), dtype=torch.float32, device=x_q.device) if swiglu else None
-    if m and n and e:
-        if k == 0:
-            y.zero_()
-            if sy is not None:
-                sy.fill_(AMAX_FLOOR / E4M3_MAX)
-        else:
-            offsets = group_offsets.contiguous()
-            _launch(
-                x_q, x_scale, w_q, w_scale, y, sy, offsets, row_scale, e, m, n, k, False, False, swiglu, cfg
-            )
+    _check_config(cfg, swiglu)
+    y, sy = run(
+        x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, cfg, False, False, swiglu, e, n
+    )
     return (y, sy) if swiglu else y
 
 
@@ -243,11 +206,7 @@ def grouped_mm_fp8_masked(
         raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
     if check_masked_m and e:
         check_masked_m_values(masked_m, m_max)
-    y = torch.empty(e, m_max, n, dtype=out_dtype, device=x_q.device)
-    if e and m_max and n:
-        if k == 0:
-            return y.zero_()
-        cfg = config or default_config(float(m_max), False)
-        _launch(x_q, x_scale, w_q, w_scale, y, None, masked_m.contiguous(), None, e, m_max, n, k, True,
-                not leave_tail_unwritten, False, cfg)  # fmt: skip
-    return y
+    cfg = config or default_config(float(m_max), False)
+    _check_config(cfg, False)
+    zero_tail = not leave_tail_unwritten
+    return run(x_q, x_scale, w_q, w_scale, masked_m, None, out_dtype, cfg, True, zero_tail, False, e, n)[0]

@@ -145,11 +145,19 @@ def quantize_fp8_rows(x: torch.Tensor, rows: torch.Tensor | None = None) -> tupl
             raise TypeError("rows: expected a 1-D int32 or int64 tensor of row indices into x")
         if rows.device != x.device:
             raise ValueError(f"rows: on {rows.device}, but x is on {x.device}")
-        if rows.device.type == "cpu" and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= m):
+        host_check = rows.device.type == "cpu" and not torch.compiler.is_compiling()
+        if host_check and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= m):
             raise ValueError(
                 f"rows: indices must lie in [0, {m}), got [{int(rows.min())}, {int(rows.max())}]"
             )
         rows = rows.contiguous()
+    if torch.compiler.is_compiling():
+        return quantize_rows_op(x, rows)
+    return _quantize_rows(x, rows)
+
+
+def _quantize_rows(x: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
     r = m if rows is None else rows.numel()
     q = torch.empty(r, k, dtype=FP8, device=x.device)
     s = torch.empty(r, blocks(k), dtype=torch.float32, device=x.device)
@@ -174,3 +182,15 @@ def quantize_fp8_rows(x: torch.Tensor, rows: torch.Tensor | None = None) -> tupl
             E4M3_MAX=E4M3_MAX,
         )
     return q, s
+
+
+@torch.library.custom_op("moegemm::fp8_quantize_rows", mutates_args=())
+def quantize_rows_op(x: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_fp8_rows` as the custom op it traces as under ``torch.compile``."""
+    return _quantize_rows(x, rows)
+
+
+@quantize_rows_op.register_fake
+def _(x, rows):
+    r = x.shape[0] if rows is None else rows.shape[0]
+    return x.new_empty((r, x.shape[1]), dtype=FP8), x.new_empty((r, blocks(x.shape[1])), dtype=torch.float32)
