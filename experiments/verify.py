@@ -82,17 +82,17 @@ def selection(has_gpu: bool) -> str:
 
 
 # Without a GPU the step checks the kernels' correctness core under the interpreter: the kernels against
-# float64 (Decompose-K, the grouped GEMMs and their gradients), their behaviour on bad input, the choice of
-# their tables, and the sm_90 compile check. The rest of the suite (the harness, the experiments, the
-# write-up) is the README's test command's, which a CPU user runs besides; on a GPU the step runs the whole
-# suite's selection, the real-shape tests among it.
+# float64 (Decompose-K, the grouped GEMMs and their gradients, the FP8 grouped GEMMs), their behaviour on
+# bad input, and the choice of their tables. The rest of the suite (the sm_90 compile check, the harness, the
+# experiments, the write-up) is the README's test command's, which a CPU user runs besides; on a GPU the step
+# runs the whole suite's selection, the real-shape tests among it.
 CPU_CORE = (
     "tests/test_decompose_k.py",
     "tests/test_grouped.py",
     "tests/test_grouped_backward.py",
+    "tests/test_fp8.py",
     "tests/test_bad_input.py",
     "tests/test_tables.py",
-    "tests/test_compile_sm90.py",
 )
 
 
