@@ -130,30 +130,35 @@ def test_contiguous_against_float64_on_the_dequantised_operands(counts, n, k, ou
     _assert_within(y, ref, bound, f"grouped_mm_fp8 {counts} N={n} K={k} {out_dtype}")
 
 
+@pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 128), (64, 256)])
-def test_contiguous_tiles_agree(block_m, block_n):
+def test_contiguous_tiles_agree(block_m, block_n, tma):
+    """Tiles of every shape, through TMA boxes (K = 272: rows 16-byte aligned, a partial last K block) and
+    pointer loads."""
     gen = torch.Generator().manual_seed(5)
     counts = [3, 50, 0, 21]
-    x, w = _operands(gen, 4, 200, 260, sum(counts))
+    x, w = _operands(gen, 4, 200, 272, sum(counts))
     x_q, x_s = quantize_fp8_rows(x)
     w_q, w_s = quantize_fp8_weights(w)
     offsets = [0, 3, 53, 53, 74]
     off = torch.tensor(offsets, device=DEVICE)
-    cfg = Fp8Config(block_m=block_m, block_n=block_n, num_warps=4, num_stages=2)
+    cfg = Fp8Config(block_m=block_m, block_n=block_n, num_warps=4, num_stages=2, tma=tma)
     y = grouped_mm_fp8(x_q, x_s, w_q, w_s, off, config=cfg, out_dtype=torch.float32)
     ref, mag = _expected(dequantize_fp8_rows(x_q, x_s).cpu(), dequantize_fp8_weights(w_q, w_s).cpu(), offsets)
-    ref, bound = _gemm_bound(ref, mag, 260, torch.float32)
+    ref, bound = _gemm_bound(ref, mag, 272, torch.float32)
     _assert_within(y, ref, bound, f"tiles {block_m}x{block_n}")
 
 
-def test_swiglu_quantises_its_output_within_one_e4m3_rounding():
+@pytest.mark.parametrize("tma", [True, False])
+def test_swiglu_quantises_its_output_within_one_e4m3_rounding(tma):
     gen = torch.Generator().manual_seed(6)
     counts, n, k = [7, 0, 30], 192, 256  # N = 192: the last 128-column scale block half full
     x, w = _operands(gen, 3, 2 * n, k, sum(counts))
     x_q, x_s = quantize_fp8_rows(x)
     w_q, w_s = quantize_fp8_weights(w)
     offsets = [0, 7, 7, 37]
-    h_q, h_s = grouped_mm_fp8_swiglu(x_q, x_s, w_q, w_s, torch.tensor(offsets, device=DEVICE))
+    cfg = Fp8Config(block_m=32, block_n=128, tma=tma)
+    h_q, h_s = grouped_mm_fp8_swiglu(x_q, x_s, w_q, w_s, torch.tensor(offsets, device=DEVICE), config=cfg)
     assert h_q.dtype == torch.float8_e4m3fn and tuple(h_q.shape) == (37, n) and tuple(h_s.shape) == (37, 2)
     gu, mag = _expected(dequantize_fp8_rows(x_q, x_s).cpu(), dequantize_fp8_weights(w_q, w_s).cpu(), offsets)
     gate, up = gu[:, :n], gu[:, n:]
@@ -167,10 +172,11 @@ def test_swiglu_quantises_its_output_within_one_e4m3_rounding():
     assert h_q.float().abs().max() <= E4M3_MAX
 
 
+@pytest.mark.parametrize("k", [200, 256])  # pointer loads; TMA boxes
 @pytest.mark.parametrize("leave_tail_unwritten", [False, True])
-def test_masked_layout_and_its_tail(leave_tail_unwritten):
+def test_masked_layout_and_its_tail(leave_tail_unwritten, k):
     gen = torch.Generator().manual_seed(8)
-    e, m_max, n, k = 3, 24, 160, 200
+    e, m_max, n = 3, 24, 160
     x = (torch.randn(e, m_max, k, generator=gen) * 2).to(DEVICE)
     w = (torch.randn(e, n, k, generator=gen) * 0.05).to(DEVICE)
     x_q, x_s = quantize_fp8_rows(x.reshape(e * m_max, k))

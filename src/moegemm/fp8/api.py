@@ -20,12 +20,15 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 @dataclasses.dataclass(frozen=True)
 class Fp8Config:
     """Tiles and launch of the FP8 kernel. BLOCK_K is the scale block, 128; block_n divides 128 or is a
-    multiple of it (the SwiGLU variant needs 128: one output scale block per tile)."""
+    multiple of it (the SwiGLU variant needs 128: one output scale block per tile). ``tma``: operand tiles
+    through the tensor-memory accelerator where both operands allow it (rows 16-byte aligned, experts stacked
+    densely), else pointer loads with the same tiles."""
 
     block_m: int = 64
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    tma: bool = True  # operand tiles through the tensor-memory accelerator where the operands allow it
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):

@@ -53,11 +53,47 @@ def _scaled_k_loop(
 
 
 @triton.jit
+def _scaled_k_loop_tma(
+    a_desc,
+    w_desc,
+    sa_ptr,
+    sw_ptr,
+    a_row0,
+    w_row0,
+    rows,
+    cols,
+    K,
+    stride_sam,
+    stride_sak,
+    stride_swn,
+    stride_swk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """_scaled_k_loop with the operand tiles brought in by the tensor-memory accelerator: [BLOCK_M, 128] boxes
+    of A from row a_row0 and [BLOCK_N, 128] boxes of W from row w_row0 of their 2-D descriptors (boxes past
+    K read zeros; rows past the tile's own belong to the next expert, computed and not stored)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    col_blocks = (cols // BLOCK).to(tl.int64)
+    for kb in range(0, tl.cdiv(K, BLOCK)):
+        a = a_desc.load([a_row0, kb * BLOCK])
+        w = w_desc.load([w_row0, kb * BLOCK])
+        part = tl.dot(a, w.T, out_dtype=tl.float32)
+        sa = tl.load(sa_ptr + rows * stride_sam + kb * stride_sak)
+        sw = tl.load(sw_ptr + col_blocks * stride_swn + kb * stride_swk)
+        acc += part * sa[:, None] * sw[None, :]
+    return acc
+
+
+@triton.jit
 def _fp8_grouped_kernel(
     a_ptr,
     sa_ptr,
     w_ptr,
     sw_ptr,
+    a_desc,
+    w_desc,
     y_ptr,
     sy_ptr,
     counts_ptr,
@@ -92,6 +128,7 @@ def _fp8_grouped_kernel(
     ZERO_TAIL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SWIGLU: tl.constexpr,
+    TMA: tl.constexpr,
     AMAX_FLOOR: tl.constexpr,
     E4M3_MAX: tl.constexpr,
 ):
@@ -101,7 +138,9 @@ def _fp8_grouped_kernel(
     (the gate's first); the tile computes gate and up from the same row tile and writes silu(gate) * up
     quantised to e4m3 with one scale per row and 128 columns into sy (BLOCK_N = 128: a tile is one scale
     block), the down projection's operand, so the [M, 2N] product and the bf16 activation are never
-    written. ZERO_TAIL (MASKED): rows past masked_m get zeros (scales 1 with SWIGLU), by the same programs."""
+    written. ZERO_TAIL (MASKED): rows past masked_m get zeros (scales too with SWIGLU), by the same programs.
+    TMA: the operand tiles come through a_desc ([E * m_max or M, K]) and w_desc ([E * rows of w, K]), the
+    scales through pointers."""
     if MASKED:
         e_offs, lo, hi, cum, total_tiles = _masked_plan(counts_ptr, E, M, N, BLOCK_M, BLOCK_N, E_BLOCK)
     else:
@@ -118,16 +157,32 @@ def _fp8_grouped_kernel(
         sa_e = sa_ptr + e64 * stride_sae
         w_e = w_ptr + e64 * stride_we
         sw_e = sw_ptr + e64 * stride_swe
-        acc = _scaled_k_loop(
-            a_e, sa_e, w_e, sw_e, rows_c, cols, K, stride_am, stride_ak, stride_sam, stride_sak,
-            stride_wn, stride_wk, stride_swn, stride_swk, BLOCK_M, BLOCK_N, BLOCK,
-        )  # fmt: skip
-        y_e = y_ptr + e64 * stride_ye
-        if SWIGLU:
-            up = _scaled_k_loop(
-                a_e, sa_e, w_e, sw_e, rows_c, cols + N, K, stride_am, stride_ak, stride_sam, stride_sak,
+        if TMA:
+            a_row0 = row0.to(tl.int32)  # (descriptor coordinates are 32-bit)
+            if MASKED:
+                a_row0 += expert * M
+            w_row0 = (expert * (2 * N if SWIGLU else N) + col0).to(tl.int32)
+            acc = _scaled_k_loop_tma(
+                a_desc, w_desc, sa_e, sw_e, a_row0, w_row0, rows_c, cols, K, stride_sam, stride_sak,
+                stride_swn, stride_swk, BLOCK_M, BLOCK_N, BLOCK,
+            )  # fmt: skip
+        else:
+            acc = _scaled_k_loop(
+                a_e, sa_e, w_e, sw_e, rows_c, cols, K, stride_am, stride_ak, stride_sam, stride_sak,
                 stride_wn, stride_wk, stride_swn, stride_swk, BLOCK_M, BLOCK_N, BLOCK,
             )  # fmt: skip
+        y_e = y_ptr + e64 * stride_ye
+        if SWIGLU:
+            if TMA:
+                up = _scaled_k_loop_tma(
+                    a_desc, w_desc, sa_e, sw_e, a_row0, w_row0 + N, rows_c, cols + N, K, stride_sam,
+                    stride_sak, stride_swn, stride_swk, BLOCK_M, BLOCK_N, BLOCK,
+                )  # fmt: skip
+            else:
+                up = _scaled_k_loop(
+                    a_e, sa_e, w_e, sw_e, rows_c, cols + N, K, stride_am, stride_ak, stride_sam, stride_sak,
+                    stride_wn, stride_wk, stride_swn, stride_swk, BLOCK_M, BLOCK_N, BLOCK,
+                )  # fmt: skip
             h = _swiglu(acc, up)
             col_ok = (col0 + tl.arange(0, BLOCK_N)) < N
             h = tl.where(col_ok[None, :], h, 0.0)
