@@ -8,7 +8,7 @@ GEMM, then the pointwise pass of :func:`moegemm.grouped.backward.swiglu_backward
 ``torch._grouped_mm``'s speed on the plain GEMM, slower in every cell of the tune split, the training step
 1.00-1.04x slower. On Triton for sm_90 the tile's long epilogue runs after its main loop, not beside it.
 The probe keeps it so that the comparison can be run again (``probe_backward --pieces dswiglu``,
-``probe_separate_accuracy``, ``probe_registers``).
+``probe_separate_accuracy``).
 
 :data:`FUSED_TILES` is the config of least geometric-mean time of its sweep over the tune split's cells
 (probe_backward.DSWIGLU_CONFIGS; results/nvidia-h200/probe_backward.csv and probe_dswiglu_split.csv, the
