@@ -90,16 +90,7 @@ def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 @gluon.jit
 def _producer(
-    a_desc,
-    w_desc,
-    offsets_ptr,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    E,
-    N,
-    K,
+    args,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -109,7 +100,10 @@ def _producer(
 ):
     """One warp: per K step of every tile of this program, wait for the slot to be empty (the first pass
     over the ring finds every slot empty: a fresh barrier passes a wait on parity 1), then copy the x box and
-    the weight box into it, the slot's ready barrier counting the bytes."""
+    the weight box into it, the slot's ready barrier counting the bytes. ``args``: the descriptors of x and
+    w, the group offsets, the ring (ws_grouped_kernel's), E, N and K."""
+    a_desc, w_desc, offsets_ptr, ring, E, N, K = args
+    a_bufs, b_bufs, ready, empty, _ = ring
     e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 1)
     it = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
@@ -125,17 +119,7 @@ def _producer(
 
 @gluon.jit
 def _consumer(
-    y_ptr,
-    offsets_ptr,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    done,
-    E,
-    N,
-    K,
-    stride_ym,
+    args,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -154,7 +138,10 @@ def _consumer(
     consumers one stores its tile while the other already multiplies the next (ping-pong). Two consumers
     take turns: each starts a tile's products only once the other has passed the last slot of the tile
     before (``done``, one barrier per consumer, a phase per tile). Else one could wait on a slot two of its
-    uses ahead of the copies, and an mbarrier's parity cannot tell those two phases apart."""
+    uses ahead of the copies, and an mbarrier's parity cannot tell those two phases apart. ``args``: y, the
+    group offsets, the ring (ws_grouped_kernel's), E, N, K and y's row stride."""
+    y_ptr, offsets_ptr, ring, E, N, K, stride_ym = args
+    a_bufs, b_bufs, ready, empty, done = ring
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -222,80 +209,15 @@ def ws_grouped_kernel(
     for i in gl.static_range(2):
         mbarrier.init(done.index(i), count=1)
     fence_async_shared()
+    ring = (a_bufs, b_bufs, ready, empty, done)  # the slots and their barriers
+    cons = (y_ptr, offsets_ptr, ring, E, N, K, stride_ym)
+    prod = (a_desc, w_desc, offsets_ptr, ring, E, N, K)
     if PINGPONG:
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        y_ptr,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        done,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        num_warps,
-                        0,
-                        2,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        y_ptr,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        done,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        num_warps,
-                        1,
-                        2,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        a_desc,
-                        w_desc,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        E,
-                        N,
-                        K,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                    ),
-                ),
+                (_consumer, (cons, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 2)),
+                (_consumer, (cons, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 1, 2)),
+                (_producer, (prod, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
             ],
             [num_warps, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -303,52 +225,8 @@ def ws_grouped_kernel(
     else:
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        y_ptr,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        done,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        num_warps,
-                        0,
-                        1,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        a_desc,
-                        w_desc,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        E,
-                        N,
-                        K,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                    ),
-                ),
+                (_consumer, (cons, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 1)),
+                (_producer, (prod, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
             ],
             [1],
             [PRODUCER_REGS],
