@@ -512,3 +512,33 @@ class _named:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_dk_latency_ceiling_kernel_stores_a_split_partial_or_nothing(device):
+    """probe_dk_latency's ceiling kernel (the library's partial_tile per program): with LOAD each split's fp32
+    partial of its K slice lands in C (one split: the whole product, against float64; two: the one stored
+    last, either slice's); without LOAD it writes nothing."""
+    import torch
+    import triton
+
+    from probes.probe_dk_latency import _ceiling_kernel
+
+    g = torch.Generator().manual_seed(3)
+    m, k, n, bm, bn, bk = 5, 96, 24, 16, 16, 32
+    a = torch.randn(m, k, generator=g).to(device)
+    b = torch.randn(k, n, generator=g).to(device)
+    ref = a.double() @ b.double()
+    halves = [a[:, :48].double() @ b[:48].double(), a[:, 48:].double() @ b[48:].double()]
+    for s, load in ((1, True), (2, True), (1, False)):
+        out = torch.zeros(m, n, device=device)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), s)
+        args = (a, b, out, m, *a.stride(), *b.stride(), *out.stride())
+        meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LOAD=load, PRECISION="ieee", UPCAST=False)
+        _ceiling_kernel[grid](*args, N=n, K=k, S=s, **meta)
+        got = out.double()
+        if not load:
+            assert not got.any()
+        elif s == 1:
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+        else:
+            assert any(torch.allclose(got, h, atol=1e-4, rtol=1e-4) for h in halves)
