@@ -56,6 +56,8 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 - the host's
 
+    from probes.gluon_grouped import tile_coords, tile_plan
+
     _tma_copy = tma.async_copy_global_to_shared
 except Exception:  # noqa: BLE001 - unsupported_reason says why; the library's kernels serve
     gluon = None
@@ -139,10 +141,6 @@ if gluon is not None:
     @constexpr_function
     def _with_op(template, op):
         return getattr(template, "value", template).replace("OP", getattr(op, "value", op))
-
-    @gluon.jit
-    def _add(a, b):
-        return a + b
 
     # The pair's "empty" barriers live past Triton's shared memory (8 bytes per slot at the end of the dynamic
     # shared memory): Gluon 3.7.1 lowers an arrive on a barrier shared by two CTAs as a local arrive, so the
@@ -255,37 +253,11 @@ if gluon is not None:
         E_BLOCK: gl.constexpr,
         WARPS: gl.constexpr,
     ):
-        """(expert ids, first rows, end rows, inclusive prefix of pair tiles per expert, all pair tiles), in
-        a layout over the WARPS warps of the caller: experts in order, each its row pairs by the column
-        tiles."""
+        """(expert ids, first rows, end rows, inclusive prefix of pair tiles per expert, all pair tiles): the
+        Gluon probe's tile_plan over tiles of PAIR rows, in a layout over the WARPS warps of the caller (each
+        CTA of the pair holding all of it): experts in order, each its row pairs by the column tiles."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0], cga_layout=_bases(1, False))
-        e = gl.arange(0, E_BLOCK, layout=layout)
-        lo = gl.load(offsets_ptr + e, mask=e < E, other=0)
-        hi = gl.load(offsets_ptr + e + 1, mask=e < E, other=0)
-        pairs = (hi - lo + PAIR - 1) // PAIR
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        cum = gl.associative_scan(pairs, 0, _add) * n_tiles
-        return e, lo, hi, cum, gl.sum(pairs, axis=0) * n_tiles
-
-    @gluon.jit
-    def _pair_coords(
-        tile, e, lo, hi, cum, N, PAIR: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
-    ):
-        """(expert, first row of the pair, the expert's end row, first column) of pair tile ``tile`` of the
-        plan: bands of GROUP_M row pairs walked column by column."""
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        expert = gl.sum((cum <= tile).to(gl.int32), axis=0)
-        sel = e == expert
-        row_start = gl.sum(gl.where(sel, lo, 0), axis=0)
-        row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
-        mt = (row_end - row_start + PAIR - 1) // PAIR
-        local = tile - (gl.sum(gl.where(sel, cum, 0), axis=0) - mt * n_tiles)
-        band = local // (GROUP_M * n_tiles)
-        in_band = local % (GROUP_M * n_tiles)
-        band_rows = gl.maximum(gl.minimum(mt - band * GROUP_M, GROUP_M), 1)
-        tm = band * GROUP_M + in_band % band_rows
-        tn = in_band // band_rows
-        return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N
+        return tile_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, layout)
 
     @gluon.jit
     def _coords(
@@ -302,7 +274,7 @@ if gluon is not None:
         """(expert, first row of the pair, the expert's end row, first column, all pair tiles) of pair tile
         ``tile``."""
         e, lo, hi, cum, total = _pair_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, WARPS)
-        expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+        expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
         return expert, row0, row_end, col0, total
 
     @gluon.jit
@@ -581,7 +553,7 @@ if gluon is not None:
         cluster.arrive()  # both CTAs' barriers exist (their init fenced) before either signals the other's
         cluster.wait()
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+            expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
             for kk in range(steps):
                 s = it % STAGES
                 _slot_wait(lanes, 8 * s - XB, ((it // STAGES) & 1) ^ 1, SCOPE_CTA)
@@ -647,7 +619,7 @@ if gluon is not None:
         cluster.arrive()  # as in the producer: every warp of both CTAs takes part in a cluster barrier
         cluster.wait()
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+            expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
             acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
             acc_up = acc
             for kk in range(steps):

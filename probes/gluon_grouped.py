@@ -48,18 +48,17 @@ def _add(a, b):
 
 
 @gluon.jit
-def _plan(
+def tile_plan(
     offsets_ptr,
     E,
     N,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     E_BLOCK: gl.constexpr,
-    WARPS: gl.constexpr,
+    layout: gl.constexpr,
 ):
     """(expert ids, first rows, end rows, inclusive prefix of tiles per expert, total tiles), as the library's
-    _tile_plan, in a layout over the WARPS warps of the partition that computes it."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    _tile_plan, in ``layout`` (1-D, over the warps of the partition that computes it)."""
     e = gl.arange(0, E_BLOCK, layout=layout)
     lo = gl.load(offsets_ptr + e, mask=e < E, other=0)
     hi = gl.load(offsets_ptr + e + 1, mask=e < E, other=0)
@@ -70,9 +69,9 @@ def _plan(
 
 
 @gluon.jit
-def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(expert, first row of the tile, the expert's end row, first column) of tile number ``tile``: the
-    library's _tile_coords."""
+def tile_coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(expert, first row of the tile, the expert's end row, first column) of tile number ``tile`` of
+    tile_plan's plan: the library's _tile_coords."""
     n_tiles = gl.cdiv(N, BLOCK_N)
     expert = gl.sum((cum <= tile).to(gl.int32), axis=0)
     sel = e == expert
@@ -82,7 +81,7 @@ def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
     local = tile - (gl.sum(gl.where(sel, cum, 0), axis=0) - mt * n_tiles)
     band = local // (GROUP_M * n_tiles)
     in_band = local % (GROUP_M * n_tiles)
-    band_rows = gl.minimum(mt - band * GROUP_M, GROUP_M)
+    band_rows = gl.maximum(gl.minimum(mt - band * GROUP_M, GROUP_M), 1)  # 1 past the plan's tiles: no / 0
     tm = band * GROUP_M + in_band % band_rows
     tn = in_band // band_rows
     return expert, row_start + tm * BLOCK_M, row_end, tn * BLOCK_N
@@ -104,10 +103,11 @@ def _producer(
     w, the group offsets, the ring (ws_grouped_kernel's), E, N and K."""
     a_desc, w_desc, offsets_ptr, ring, E, N, K = args
     a_bufs, b_bufs, ready, empty, _ = ring
-    e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 1)
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    e, lo, hi, cum, total = tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, plan_layout)
     it = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-        expert, row0, row_end, col0 = _coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
+        expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
         for k in range(0, K, BLOCK_K):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -145,11 +145,12 @@ def _consumer(
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16]
     )
-    e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, WARPS)
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    e, lo, hi, cum, total = tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, plan_layout)
     steps = gl.cdiv(K, BLOCK_K)
     j = WHICH
     for tile in range(gl.program_id(0) + WHICH * gl.num_programs(0), total, CONSUMERS * gl.num_programs(0)):
-        expert, row0, row_end, col0 = _coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
+        expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         if CONSUMERS > 1:  # the other consumer's turn on tile j - 1 first (its (j - 1) // 2-th phase)
             mbarrier.wait(done.index(1 - WHICH), ((j - 1) // 2) & 1, pred=j > 0)
