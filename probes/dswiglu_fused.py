@@ -2,9 +2,9 @@
 (a probe, not part of the library): one launch computes P = dY D_e^T per tile and applies the backward to it
 in registers, so P is never stored.
 
-The library ran this kernel for 16-bit operands until the backward's probe (probes/probe_backward.py, pieces
-``dswiglu``) measured it against the two-launch form the library now runs (P through the forward's grouped
-GEMM, then the pointwise pass of :func:`moegemm.grouped.backward.swiglu_backward`): 0.68x against 0.80x of
+The library runs the two-launch form instead (P through the forward's grouped GEMM, then the pointwise pass
+of :func:`moegemm.grouped.backward.swiglu_backward`): measured by the backward's probe
+(probes/probe_backward.py, pieces ``dswiglu``), this kernel ran at 0.68x against its 0.80x of
 ``torch._grouped_mm``'s speed on the plain GEMM, slower in every cell of the tune split, the training step
 1.00-1.04x slower. On Triton for sm_90 the tile's long epilogue runs after its main loop, not beside it.
 The probe keeps it so that the comparison can be run again (``probe_backward --pieces dswiglu``,

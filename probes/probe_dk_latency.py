@@ -13,8 +13,8 @@ At the config ``auto`` runs for each shape, side by side in one process (GPU clo
 - the seed's two Triton kernels at their own search's configs (``tune_seed.csv``).
 
 Two other waits in the kernel (per-thread re-reads; relaxed GPU-scope loads) and M as a compile-time
-constant were timed too, in an earlier form of this probe whose CSV results/<gpu>/runs.tar.xz keeps; none
-was faster.
+constant are not offered: timed (their rows are among the superseded runs in results/<gpu>/runs.tar.xz),
+none was faster.
 
     MOEGEMM_SEED_SOURCE=... python -m probes.probe_dk_latency --out probe_dk_latency.csv [--screen]
 """
