@@ -67,8 +67,6 @@ def _ceiling_kernel(
     if LOAD:
         num_pid_n = tl.cdiv(N, BLOCK_N)
         KPS: tl.constexpr = (K + S - 1) // S
-        pid_m = tl.program_id(0) // num_pid_n
-        pid_n = tl.program_id(0) % num_pid_n
         acc, offs_m, offs_n = partial_tile(
             a_ptr,
             b_ptr,
@@ -81,8 +79,8 @@ def _ceiling_kernel(
             stride_ak,
             stride_bk,
             stride_bn,
-            pid_m,
-            pid_n,
+            tl.program_id(0) // num_pid_n,  # the tile's row and column (no swizzle)
+            tl.program_id(0) % num_pid_n,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
