@@ -31,10 +31,10 @@ kernel below the unclustered one?): ``scope="cta"`` frees and waits for slots wi
 the lead refill, during step i, the slot of step i - 2, which the other CTA freed a step earlier, so that
 its wait for the other CTA's arrival is off the path of its next wgmma (one slot fewer ahead).
 
-``ClusterGroupedConfig(ws=True)`` runs the warp-specialized form (``_grouped_cluster_ws_kernel``): the same
-pair tiles on a persistent grid of clusters, a producer warp group per CTA issuing every copy into the
-ring while the consumer warp groups only wait, multiply, free slots and store, so a tile's epilogue overlaps
-the next tile's copies (the split CUTLASS's Hopper kernels make). Its slot hand-over is symmetric: each CTA's
+``ClusterGroupedConfig(ws=True)`` runs the warp-specialized form (the kernel's ``WS``): the same pair tiles
+on a persistent grid of clusters, a producer warp group per CTA issuing every copy into the ring while the
+consumer warp groups only wait, multiply, free slots and store, so a tile's epilogue overlaps the next
+tile's copies (the split CUTLASS's Hopper kernels make). Its slot hand-over is symmetric: each CTA's
 "empty" barrier of a slot counts every consumer warp group of both CTAs.
 """
 
@@ -76,7 +76,7 @@ class ClusterGroupedConfig:
     num_warps: int = 4
     stages: int = 4
     group_m: int = 8
-    ws: bool = False  # warp-specialized on a persistent grid (_grouped_cluster_ws_kernel)
+    ws: bool = False  # warp-specialized on a persistent grid (the kernel's WS form)
     # the memory order of the barriers the pair frees slots on: "cluster" (release/acquire at cluster scope)
     # or "cta" (the PTX defaults, CTA scope, as CUTLASS's cluster barriers use them)
     scope: str = "cluster"
@@ -359,120 +359,6 @@ if gluon is not None:
         fence_async_shared()
         return a_bufs, w_bufs, u_bufs, ready, lanes
 
-    @gluon.jit
-    def _grouped_cluster_kernel(
-        a_desc,
-        w_desc,
-        y_ptr,
-        offsets_ptr,
-        scale_ptr,
-        E,
-        N,
-        K,
-        stride_ym,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        BLOCK_K: gl.constexpr,
-        E_BLOCK: gl.constexpr,
-        GROUP_M: gl.constexpr,
-        STAGES: gl.constexpr,
-        W_KN: gl.constexpr,
-        HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr,
-        SWIGLU: gl.constexpr,
-        SCOPE_CTA: gl.constexpr,
-        LAG: gl.constexpr,
-    ):
-        """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
-        silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows)."""
-        NW: gl.constexpr = gl.num_warps()
-        PAIR: gl.constexpr = 2 * BLOCK_M
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16], cga_layout=_bases(2, True)
-        )
-        # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both;
-        # the empty barriers are waited on on the lead CTA, both CTAs arriving
-        a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2)
-        XB: gl.constexpr = 8 * STAGES
-        mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
-
-        tile = gl.program_id(0)
-        expert, row0, row_end, col0, total = _coords(
-            tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M, NW
-        )
-        if tile < total:
-            steps = gl.cdiv(K, BLOCK_K)
-            W_BOXES: gl.constexpr = 2 if SWIGLU else 1
-            nbytes: gl.constexpr = a_desc.nbytes_per_cta + W_BOXES * w_desc.nbytes_per_cta
-            for j in gl.static_range(STAGES):
-                if j < steps:
-                    mbarrier.expect(ready.index(j), nbytes)
-                    _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
-                    _w_copies(
-                        w_desc,
-                        w_bufs.index(j),
-                        u_bufs.index(j),
-                        ready.index(j),
-                        expert,
-                        j * BLOCK_K,
-                        col0,
-                        N,
-                        K,
-                        W_KN,
-                        SWIGLU,
-                        True,
-                    )
-            acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
-            if SWIGLU:
-                acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
-            # step i's wgmma runs while step i - 1's slot is handed back and refilled (one group in flight)
-            for i in range(steps):
-                s = i % STAGES
-                ph = (i // STAGES) & 1
-                mbarrier.wait(ready.index(s), ph)
-                acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
-                if SWIGLU:
-                    acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
-                    acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
-                else:
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                if i > 0:  # step i - 1's wgmma is done in this warp group
-                    gl.barrier()  # ... and in every warp group of this CTA ...
-                    _empty_arrive(lanes, 8 * ((i - 1) % STAGES) - XB, SCOPE_CTA)  # ... which thread 0 tells
-                if i >= LAG:  # the lead (LAG 1: this step's arrivals; 2: the step before's)
-                    p = (i - LAG) % STAGES
-                    pph = ((i - LAG) // STAGES) & 1
-                    nxt = i - LAG + STAGES
-                    refill = nxt < steps
-                    _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32), SCOPE_CTA)  # both CTAs have
-                    mbarrier.expect(ready.index(p), nbytes, pred=refill)
-                    _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
-                    _w_copies(
-                        w_desc,
-                        w_bufs.index(p),
-                        u_bufs.index(p),
-                        ready.index(p),
-                        expert,
-                        nxt * BLOCK_K,
-                        col0,
-                        N,
-                        K,
-                        W_KN,
-                        SWIGLU,
-                        refill,
-                    )
-            if SWIGLU:
-                acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            if not SWIGLU:
-                acc_up = acc
-            _store_pair(
-                acc, acc_up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
-            )
-        cluster.arrive()  # neither CTA exits while the other may still signal its barriers
-        cluster.wait()
-
     # The warp-specialized form: the same pair tiles and copies, on a persistent grid of clusters, the warps
     # split as in CUTLASS's Hopper kernels. A producer warp group per CTA only issues the TMA copies into the
     # ring (its x rows; on the lead, the multicast weight boxes), the consumer warp groups only multiply and
@@ -647,7 +533,7 @@ if gluon is not None:
         cluster.wait()
 
     @gluon.jit
-    def _grouped_cluster_ws_kernel(
+    def _grouped_cluster_kernel(
         a_desc,
         w_desc,
         y_ptr,
@@ -668,71 +554,182 @@ if gluon is not None:
         EPILOGUE: gl.constexpr,
         SWIGLU: gl.constexpr,
         SCOPE_CTA: gl.constexpr,
+        LAG: gl.constexpr,
+        WS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
-        """:func:`_grouped_cluster_kernel`'s result, warp-specialized on a persistent grid of clusters (one
-        per pair of SMs that fits): the grid walks every pair tile, cluster c taking tiles c, c + grid, ..."""
-        NW: gl.constexpr = gl.num_warps()
-        # each warp group of both CTAs frees a slot
-        a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2 * (NW // 4))
-        # No cluster barrier here: the worker warps do not run this region (they wait for their partition
-        # from the kernel's start), and a cluster barrier waits for every thread of both CTAs; each partition
-        # takes part in the start and end barriers itself.
-        gl.warp_specialize(
-            [
-                (
-                    _ws_consumer,
+        """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
+        silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows).
+        WS: warp-specialized on a persistent grid of clusters (one per pair of SMs that fits), the grid
+        walking every pair tile, cluster c taking tiles c, c + grid, ... (its producer warp group keeps
+        PRODUCER_REGS registers); else one cluster per pair tile, the lead refilling a slot LAG steps on."""
+        if WS:
+            NW: gl.constexpr = gl.num_warps()
+            # each warp group of both CTAs frees a slot
+            a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2 * (NW // 4))
+            # No cluster barrier here: the worker warps do not run this region (they wait for their
+            # partition from the kernel's start), and a cluster barrier waits for every thread of both CTAs;
+            # each partition takes part in the start and end barriers itself.
+            gl.warp_specialize(
+                [
                     (
-                        y_ptr,
-                        offsets_ptr,
-                        scale_ptr,
-                        a_bufs,
-                        w_bufs,
-                        u_bufs,
-                        ready,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        W_KN,
-                        HAS_SCALE,
-                        EPILOGUE,
-                        SWIGLU,
-                        NW,
-                        SCOPE_CTA,
+                        _ws_consumer,
+                        (
+                            y_ptr,
+                            offsets_ptr,
+                            scale_ptr,
+                            a_bufs,
+                            w_bufs,
+                            u_bufs,
+                            ready,
+                            E,
+                            N,
+                            K,
+                            stride_ym,
+                            BLOCK_M,
+                            BLOCK_N,
+                            BLOCK_K,
+                            E_BLOCK,
+                            GROUP_M,
+                            STAGES,
+                            W_KN,
+                            HAS_SCALE,
+                            EPILOGUE,
+                            SWIGLU,
+                            NW,
+                            SCOPE_CTA,
+                        ),
                     ),
-                ),
-                (
-                    _ws_producer,
                     (
-                        a_desc,
-                        w_desc,
-                        offsets_ptr,
-                        a_bufs,
-                        w_bufs,
-                        u_bufs,
-                        ready,
-                        E,
-                        N,
-                        K,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        W_KN,
-                        SWIGLU,
-                        SCOPE_CTA,
+                        _ws_producer,
+                        (
+                            a_desc,
+                            w_desc,
+                            offsets_ptr,
+                            a_bufs,
+                            w_bufs,
+                            u_bufs,
+                            ready,
+                            E,
+                            N,
+                            K,
+                            BLOCK_M,
+                            BLOCK_N,
+                            BLOCK_K,
+                            E_BLOCK,
+                            GROUP_M,
+                            STAGES,
+                            W_KN,
+                            SWIGLU,
+                            SCOPE_CTA,
+                        ),
                     ),
-                ),
-            ],
-            [4],  # a whole warp group (setmaxnreg's unit); its first warp issues the copies
-            [PRODUCER_REGS],
-        )
+                ],
+                [4],  # a whole warp group (setmaxnreg's unit); its first warp issues the copies
+                [PRODUCER_REGS],
+            )
+        else:
+            NW: gl.constexpr = gl.num_warps()
+            PAIR: gl.constexpr = 2 * BLOCK_M
+            acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0],
+                warps_per_cta=[NW, 1],
+                instr_shape=[16, BLOCK_N, 16],
+                cga_layout=_bases(2, True),
+            )
+            # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to
+            # both; the empty barriers are waited on on the lead CTA, both CTAs arriving
+            a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2)
+            XB: gl.constexpr = 8 * STAGES
+            mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
+
+            tile = gl.program_id(0)
+            expert, row0, row_end, col0, total = _coords(
+                tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M, NW
+            )
+            if tile < total:
+                steps = gl.cdiv(K, BLOCK_K)
+                W_BOXES: gl.constexpr = 2 if SWIGLU else 1
+                nbytes: gl.constexpr = a_desc.nbytes_per_cta + W_BOXES * w_desc.nbytes_per_cta
+                for j in gl.static_range(STAGES):
+                    if j < steps:
+                        mbarrier.expect(ready.index(j), nbytes)
+                        _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
+                        _w_copies(
+                            w_desc,
+                            w_bufs.index(j),
+                            u_bufs.index(j),
+                            ready.index(j),
+                            expert,
+                            j * BLOCK_K,
+                            col0,
+                            N,
+                            K,
+                            W_KN,
+                            SWIGLU,
+                            True,
+                        )
+                acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+                if SWIGLU:
+                    acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+                # step i's wgmma runs while step i - 1's slot is handed back and refilled (one group in
+                # flight)
+                for i in range(steps):
+                    s = i % STAGES
+                    ph = (i // STAGES) & 1
+                    mbarrier.wait(ready.index(s), ph)
+                    acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
+                    if SWIGLU:
+                        acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
+                        acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
+                    else:
+                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    if i > 0:  # step i - 1's wgmma is done in this warp group
+                        gl.barrier()  # ... and in every warp group of this CTA ...
+                        _empty_arrive(
+                            lanes, 8 * ((i - 1) % STAGES) - XB, SCOPE_CTA
+                        )  # ... which thread 0 tells
+                    if i >= LAG:  # the lead (LAG 1: this step's arrivals; 2: the step before's)
+                        p = (i - LAG) % STAGES
+                        pph = ((i - LAG) // STAGES) & 1
+                        nxt = i - LAG + STAGES
+                        refill = nxt < steps
+                        _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32), SCOPE_CTA)  # both CTAs have
+                        mbarrier.expect(ready.index(p), nbytes, pred=refill)
+                        _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
+                        _w_copies(
+                            w_desc,
+                            w_bufs.index(p),
+                            u_bufs.index(p),
+                            ready.index(p),
+                            expert,
+                            nxt * BLOCK_K,
+                            col0,
+                            N,
+                            K,
+                            W_KN,
+                            SWIGLU,
+                            refill,
+                        )
+                if SWIGLU:
+                    acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                if not SWIGLU:
+                    acc_up = acc
+                _store_pair(
+                    acc,
+                    acc_up,
+                    y_ptr,
+                    scale_ptr,
+                    row0,
+                    row_end,
+                    col0,
+                    N,
+                    stride_ym,
+                    HAS_SCALE,
+                    EPILOGUE,
+                    SWIGLU,
+                )
+            cluster.arrive()  # neither CTA exits while the other may still signal its barriers
+            cluster.wait()
