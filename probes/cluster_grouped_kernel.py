@@ -139,8 +139,22 @@ if gluon is not None:
         )
 
     @constexpr_function
-    def _with_op(template, op):
-        return getattr(template, "value", template).replace("OP", getattr(op, "value", op))
+    def _ptx(template, op=""):
+        """An inline PTX template with OP replaced by ``op`` and ADDR by the address of the barrier at the
+        offset in $2 past the end of the dynamic shared memory (into %xa; %xd its scratch register)."""
+        addr = (
+            "mov.u32 %xa, global_smem;\n"
+            "            mov.u32 %xd, %dynamic_smem_size;\n"
+            "            add.u32 %xa, %xa, %xd;\n"
+            "            add.u32 %xa, %xa, $2;"
+        )
+        text = getattr(template, "value", template).replace("ADDR", addr)
+        return text.replace("OP", getattr(op, "value", op))
+
+    @gluon.jit
+    def _barrier_asm(asm: gl.constexpr, constraints: gl.constexpr, args):
+        """``asm`` run once per thread on ``args`` (lanes first), for its side effects."""
+        return gl.inline_asm_elementwise(asm, constraints, args, dtype=gl.int32, is_pure=False, pack=1)
 
     # The pair's "empty" barriers live past Triton's shared memory (8 bytes per slot at the end of the dynamic
     # shared memory): Gluon 3.7.1 lowers an arrive on a barrier shared by two CTAs as a local arrive, so the
@@ -154,25 +168,21 @@ if gluon is not None:
 
     @gluon.jit
     def _empty_init(lanes, off, count):
-        return gl.inline_asm_elementwise(
-            """{
+        return _barrier_asm(
+            _ptx(
+                """{
             .reg .pred %xp;
             .reg .u32 %xa, %xd, %xt;
             mov.u32 %xt, %tid.x;
             setp.eq.u32 %xp, %xt, 0;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             @%xp mbarrier.init.shared::cta.b64 [%xa], $3;
             @%xp fence.mbarrier_init.release.cluster;
             mov.u32 $0, 0;
-            }""",
+            }"""
+            ),
             "=r,r,r,r",
-            [lanes, lanes + off, lanes + count],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + count),
         )
 
     @gluon.jit
@@ -180,18 +190,15 @@ if gluon is not None:
         """The threads whose id has no bit of ``mask`` set (mask -1: thread 0; 127: the first of each warp
         group) arrive (release, at cluster scope unless SCOPE_CTA) on the barrier at ``off`` of CTA ``rank``
         of the cluster."""
-        return gl.inline_asm_elementwise(
-            _with_op(
+        return _barrier_asm(
+            _ptx(
                 """{
             .reg .pred %xp;
             .reg .u32 %xa, %xd, %xt;
             mov.u32 %xt, %tid.x;
             and.b32 %xt, %xt, $4;
             setp.eq.u32 %xp, %xt, 0;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             mapa.shared::cluster.u32 %xa, %xa, $3;
             @%xp OP _, [%xa];
             mov.u32 $0, 0;
@@ -199,10 +206,7 @@ if gluon is not None:
                 _arrive_op(SCOPE_CTA),
             ),
             "=r,r,r,r,r",
-            [lanes, lanes + off, lanes + rank, lanes + mask],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + rank, lanes + mask),
         )
 
     @gluon.jit
@@ -214,8 +218,8 @@ if gluon is not None:
     def _empty_wait(lanes, off, phase, pred, SCOPE_CTA: gl.constexpr):
         """The lead CTA (every thread) waits (acquire, at cluster scope unless SCOPE_CTA) until the barrier at
         ``off`` completes the phase of parity ``phase``; the other CTA and a false ``pred`` pass at once."""
-        return gl.inline_asm_elementwise(
-            _with_op(
+        return _barrier_asm(
+            _ptx(
                 """{
             .reg .pred %xp, %xq;
             .reg .u32 %xa, %xd, %xr;
@@ -224,10 +228,7 @@ if gluon is not None:
             setp.ne.u32 %xq, $4, 0;
             and.pred %xp, %xp, %xq;
             @!%xp bra.uni XDONE;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             XWAIT:
             OP %xq, [%xa], $3;
             @!%xq bra.uni XWAIT;
@@ -237,10 +238,7 @@ if gluon is not None:
                 _wait_op(SCOPE_CTA),
             ),
             "=r,r,r,r,r",
-            [lanes, lanes + off, lanes + phase, lanes + pred],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + phase, lanes + pred),
         )
 
     @gluon.jit
@@ -380,15 +378,12 @@ if gluon is not None:
         """Every thread of the caller waits (acquire, at cluster scope unless SCOPE_CTA) until this CTA's
         barrier at ``off`` completes the phase of parity ``phase`` (a fresh barrier passes parity 1 at
         once)."""
-        return gl.inline_asm_elementwise(
-            _with_op(
+        return _barrier_asm(
+            _ptx(
                 """{
             .reg .pred %xq;
             .reg .u32 %xa, %xd;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             XWAIT:
             OP %xq, [%xa], $3;
             @!%xq bra.uni XWAIT;
@@ -397,10 +392,7 @@ if gluon is not None:
                 _wait_op(SCOPE_CTA),
             ),
             "=r,r,r,r",
-            [lanes, lanes + off, lanes + phase],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + phase),
         )
 
     @gluon.jit
