@@ -663,7 +663,7 @@ if gluon is not None:
                         )
                 acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
                 if SWIGLU:
-                    acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+                    up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
                 # step i's wgmma runs while step i - 1's slot is handed back and refilled (one group in
                 # flight)
                 for i in range(steps):
@@ -672,8 +672,8 @@ if gluon is not None:
                     mbarrier.wait(ready.index(s), ph)
                     acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
                     if SWIGLU:
-                        acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
-                        acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
+                        up = _wgmma(a_bufs.index(s), u_bufs.index(s), up, W_KN)
+                        acc, up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, up))
                     else:
                         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                     if i > 0:  # step i - 1's wgmma is done in this warp group
@@ -704,24 +704,13 @@ if gluon is not None:
                             refill,
                         )
                 if SWIGLU:
-                    acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
+                    acc, up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, up))
                 else:
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 if not SWIGLU:
-                    acc_up = acc
+                    up = acc
                 _store_pair(
-                    acc,
-                    acc_up,
-                    y_ptr,
-                    scale_ptr,
-                    row0,
-                    row_end,
-                    col0,
-                    N,
-                    stride_ym,
-                    HAS_SCALE,
-                    EPILOGUE,
-                    SWIGLU,
+                    acc, up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
                 )
             cluster.arrive()  # neither CTA exits while the other may still signal its barriers
             cluster.wait()
