@@ -80,6 +80,15 @@ TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 
 
 def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False, clustered=True):
+    row = {
+        "check": name,
+        "dtype": str(a.dtype)[6:],
+        "m": a.shape[0],
+        "n": b.shape[1],
+        "k": a.shape[1],
+        "epilogue": epi.name.lower(),
+        "bias": bias is not None,
+    }
     try:
         if out is not None:
             out.fill_(float("nan"))
@@ -91,13 +100,7 @@ def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False, c
         ok = not math.isnan(err) and err <= tol and (p is not None) == clustered
         CHECKS.append(
             {
-                "check": name,
-                "dtype": str(a.dtype)[6:],
-                "m": a.shape[0],
-                "n": b.shape[1],
-                "k": a.shape[1],
-                "epilogue": epi.name.lower(),
-                "bias": bias is not None,
+                **row,
                 "clustered": p is not None,
                 "config": p.config.as_dict() if p is not None else "fallback",
                 "rel_err": err,
@@ -108,18 +111,7 @@ def check(name, a, b, epi, bias=None, out=None, config=None, allow_tf32=False, c
             }
         )
     except Exception as e:  # noqa: BLE001
-        CHECKS.append(
-            {
-                "check": name,
-                "dtype": str(a.dtype)[6:],
-                "m": a.shape[0],
-                "n": b.shape[1],
-                "k": a.shape[1],
-                "epilogue": epi.name.lower(),
-                "bias": bias is not None,
-                "status": f"error: {e!r}"[:300],
-            }
-        )
+        CHECKS.append({**row, "status": f"error: {e!r}"[:300]})
         traceback.print_exc()
 
 

@@ -73,16 +73,16 @@ class ClusterConfig:
 
     @classmethod
     def coerce(cls, config) -> ClusterConfig:
+        """``config`` itself, or the config a dict of its fields makes (split_k required, no other keys)."""
         if isinstance(config, cls):
             return config
-        if isinstance(config, dict):
-            unknown = set(config) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise ValueError(f"config: unknown keys {sorted(unknown)}")
-            if "split_k" not in config:
-                raise ValueError("config: missing key 'split_k'")
-            return cls(**config)
-        raise TypeError(f"config: expected ClusterConfig or dict, got {type(config).__name__}")
+        if not isinstance(config, dict):
+            raise TypeError(f"config: expected ClusterConfig or dict, got {type(config).__name__}")
+        unknown = set(config) - {f.name for f in dataclasses.fields(cls)}
+        if unknown or "split_k" not in config:
+            why = f"unknown keys {sorted(unknown)}" if unknown else "missing key 'split_k'"
+            raise ValueError(f"config: {why}")
+        return cls(**config)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

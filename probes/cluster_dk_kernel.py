@@ -192,6 +192,33 @@ if gluon is not None:
         return acc
 
     @gluon.jit
+    def _chain_step(
+        a_bufs,
+        b_bufs,
+        slot,
+        u: gl.constexpr,
+        accs,
+        B_KN: gl.constexpr,
+        FMA: gl.constexpr,
+        KW: gl.constexpr,
+        PRECISION: gl.constexpr,
+    ):
+        """The K step in ring slot ``slot`` added into chain u's accumulator of ``accs`` (the four chains);
+        the four returned, the others as they were."""
+        acc0, acc1, acc2, acc3 = accs
+        a_smem = a_bufs.index(slot)
+        b_smem = b_bufs.index(slot)
+        if u == 0:
+            acc0 = _mma_step(a_smem, b_smem, acc0, B_KN, FMA, KW, PRECISION)
+        elif u == 1:
+            acc1 = _mma_step(a_smem, b_smem, acc1, B_KN, FMA, KW, PRECISION)
+        elif u == 2:
+            acc2 = _mma_step(a_smem, b_smem, acc2, B_KN, FMA, KW, PRECISION)
+        else:
+            acc3 = _mma_step(a_smem, b_smem, acc3, B_KN, FMA, KW, PRECISION)
+        return acc0, acc1, acc2, acc3
+
+    @gluon.jit
     def _cluster_dk_kernel(
         a_desc,
         b_desc,
@@ -275,6 +302,7 @@ if gluon is not None:
         acc1 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc2 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         acc3 = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        accs = (acc0, acc1, acc2, acc3)
         if STEPS <= STAGES:  # every step has a slot of its own: no refills
             for g in gl.static_range(0, STEPS, CHAINS):
                 for u in gl.static_range(CHAINS):
@@ -282,22 +310,7 @@ if gluon is not None:
                         mbarrier.wait(ready.index(g + u), 0)
                 for u in gl.static_range(CHAINS):
                     if g + u < STEPS:
-                        if u == 0:
-                            acc0 = _mma_step(
-                                a_bufs.index(g + u), b_bufs.index(g + u), acc0, B_KN, FMA, KW, PRECISION
-                            )
-                        elif u == 1:
-                            acc1 = _mma_step(
-                                a_bufs.index(g + u), b_bufs.index(g + u), acc1, B_KN, FMA, KW, PRECISION
-                            )
-                        elif u == 2:
-                            acc2 = _mma_step(
-                                a_bufs.index(g + u), b_bufs.index(g + u), acc2, B_KN, FMA, KW, PRECISION
-                            )
-                        else:
-                            acc3 = _mma_step(
-                                a_bufs.index(g + u), b_bufs.index(g + u), acc3, B_KN, FMA, KW, PRECISION
-                            )
+                        accs = _chain_step(a_bufs, b_bufs, g + u, u, accs, B_KN, FMA, KW, PRECISION)
         else:  # a ring of STAGES slots (a multiple of CHAINS): one group of CHAINS slots per iteration
             GROUPS: gl.constexpr = STEPS // CHAINS
             for j in range(GROUPS):
@@ -306,22 +319,7 @@ if gluon is not None:
                 for u in gl.static_range(CHAINS):
                     mbarrier.wait(ready.index(base + u), phase)
                 for u in gl.static_range(CHAINS):
-                    if u == 0:
-                        acc0 = _mma_step(
-                            a_bufs.index(base + u), b_bufs.index(base + u), acc0, B_KN, FMA, KW, PRECISION
-                        )
-                    elif u == 1:
-                        acc1 = _mma_step(
-                            a_bufs.index(base + u), b_bufs.index(base + u), acc1, B_KN, FMA, KW, PRECISION
-                        )
-                    elif u == 2:
-                        acc2 = _mma_step(
-                            a_bufs.index(base + u), b_bufs.index(base + u), acc2, B_KN, FMA, KW, PRECISION
-                        )
-                    else:
-                        acc3 = _mma_step(
-                            a_bufs.index(base + u), b_bufs.index(base + u), acc3, B_KN, FMA, KW, PRECISION
-                        )
+                    accs = _chain_step(a_bufs, b_bufs, base + u, u, accs, B_KN, FMA, KW, PRECISION)
                 gl.barrier()  # every warp has read the group's slots before the copies into them are issued
                 for u in gl.static_range(CHAINS):
                     nxt = j * CHAINS + u + STAGES
@@ -354,18 +352,8 @@ if gluon is not None:
             for t in gl.static_range(GROUPS * CHAINS, STEPS):
                 mbarrier.wait(ready.index(t % STAGES), (t // STAGES) & 1)
             for t in gl.static_range(GROUPS * CHAINS, STEPS):
-                if t % CHAINS == 0:
-                    acc0 = _mma_step(
-                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc0, B_KN, FMA, KW, PRECISION
-                    )
-                elif t % CHAINS == 1:
-                    acc1 = _mma_step(
-                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc1, B_KN, FMA, KW, PRECISION
-                    )
-                else:
-                    acc2 = _mma_step(
-                        a_bufs.index(t % STAGES), b_bufs.index(t % STAGES), acc2, B_KN, FMA, KW, PRECISION
-                    )
+                accs = _chain_step(a_bufs, b_bufs, t % STAGES, t % CHAINS, accs, B_KN, FMA, KW, PRECISION)
+        acc0, acc1, acc2, acc3 = accs
         acc = acc0
         if CHAINS > 1:
             acc = acc0 + acc1

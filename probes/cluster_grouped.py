@@ -62,17 +62,15 @@ def constexprs(
         "EPILOGUE": int(epilogue),
         "SWIGLU": swiglu,
         "SCOPE_CTA": cfg.scope == "cta",
-    } | ({"PRODUCER_REGS": PRODUCER_REGS} if cfg.ws else {"LAG": cfg.lag})
+        "LAG": cfg.lag,
+        "WS": cfg.ws,
+        "PRODUCER_REGS": PRODUCER_REGS,
+    }
 
 
 # the warp-specialized form's producer warp group: its registers (setmaxnreg); the warps that multiply get
 # the rest
 PRODUCER_REGS = 40
-
-
-def kernel_of(cfg: ClusterGroupedConfig):
-    """The Gluon kernel a config runs."""
-    return K._grouped_cluster_ws_kernel if cfg.ws else K._grouped_cluster_kernel
 
 
 def compile_sm90(
@@ -106,7 +104,7 @@ def compile_sm90(
     c = constexprs(num_experts, cfg, w_kn, epilogue, has_scale, swiglu)
     sig.update({name: "constexpr" for name in c})
     return triton.compile(
-        GluonASTSource(fn=kernel_of(cfg), signature=sig, constexprs=c),
+        GluonASTSource(fn=K._grouped_cluster_kernel, signature=sig, constexprs=c),
         target=GPUTarget("cuda", 90, 32),
         options={"num_warps": cfg.num_warps, "num_ctas": 2},
     )
@@ -197,16 +195,9 @@ def compile_for(x, w, w_layout, offsets, scale, out, e, n, k, epi, has_scale, cf
     w2 = w.view(geom[0])
     da = K.TensorDescriptor(x, list(x.shape), [x.stride(0), 1], box_a, la)
     dw = K.TensorDescriptor(w2, list(w2.shape), [w2.stride(0), 1], box_w, lw)
-    compiled = kernel_of(cfg).warmup(
-        da,
-        dw,
-        out,
-        offsets,
-        scale,
-        e,
-        n,
-        k,
-        out.stride(0),
+    args = (da, dw, out, offsets, scale, e, n, k, out.stride(0))  # the kernel's, as the plan launches them
+    compiled = K._grouped_cluster_kernel.warmup(
+        *args,
         grid=(grid,),
         num_warps=cfg.num_warps,
         num_ctas=2,
@@ -232,7 +223,7 @@ def _finish_plan(compiled, c, grid, geom, la, lw, box_a, box_w, m, n, k, cfg, sm
     if cfg.ws:  # persistent: as many clusters as run at once, each walking every grid-th pair tile; at most
         # one per pair of SMs (Triton's occupancy query for clusters assumes 128 threads a CTA)
         grid = min(grid, clusters, sms // 2)
-    names = list(kernel_of(cfg).arg_names)
+    names = list(K._grouped_cluster_kernel.arg_names)
     tail = tuple(c[nm] for nm in names[names.index("stride_ym") + 1 :])
     return _Plan(
         grid=grid,

@@ -31,10 +31,10 @@ kernel below the unclustered one?): ``scope="cta"`` frees and waits for slots wi
 the lead refill, during step i, the slot of step i - 2, which the other CTA freed a step earlier, so that
 its wait for the other CTA's arrival is off the path of its next wgmma (one slot fewer ahead).
 
-``ClusterGroupedConfig(ws=True)`` runs the warp-specialized form (``_grouped_cluster_ws_kernel``): the same
-pair tiles on a persistent grid of clusters, a producer warp group per CTA issuing every copy into the
-ring while the consumer warp groups only wait, multiply, free slots and store, so a tile's epilogue overlaps
-the next tile's copies (the split CUTLASS's Hopper kernels make). Its slot hand-over is symmetric: each CTA's
+``ClusterGroupedConfig(ws=True)`` runs the warp-specialized form (the kernel's ``WS``): the same pair tiles
+on a persistent grid of clusters, a producer warp group per CTA issuing every copy into the ring while the
+consumer warp groups only wait, multiply, free slots and store, so a tile's epilogue overlaps the next
+tile's copies (the split CUTLASS's Hopper kernels make). Its slot hand-over is symmetric: each CTA's
 "empty" barrier of a slot counts every consumer warp group of both CTAs.
 """
 
@@ -56,6 +56,8 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401 - the host's
 
+    from probes.gluon_grouped import tile_coords, tile_plan
+
     _tma_copy = tma.async_copy_global_to_shared
 except Exception:  # noqa: BLE001 - unsupported_reason says why; the library's kernels serve
     gluon = None
@@ -74,7 +76,7 @@ class ClusterGroupedConfig:
     num_warps: int = 4
     stages: int = 4
     group_m: int = 8
-    ws: bool = False  # warp-specialized on a persistent grid (_grouped_cluster_ws_kernel)
+    ws: bool = False  # warp-specialized on a persistent grid (the kernel's WS form)
     # the memory order of the barriers the pair frees slots on: "cluster" (release/acquire at cluster scope)
     # or "cta" (the PTX defaults, CTA scope, as CUTLASS's cluster barriers use them)
     scope: str = "cluster"
@@ -137,12 +139,22 @@ if gluon is not None:
         )
 
     @constexpr_function
-    def _with_op(template, op):
-        return getattr(template, "value", template).replace("OP", getattr(op, "value", op))
+    def _ptx(template, op=""):
+        """An inline PTX template with OP replaced by ``op`` and ADDR by the address of the barrier at the
+        offset in $2 past the end of the dynamic shared memory (into %xa; %xd its scratch register)."""
+        addr = (
+            "mov.u32 %xa, global_smem;\n"
+            "            mov.u32 %xd, %dynamic_smem_size;\n"
+            "            add.u32 %xa, %xa, %xd;\n"
+            "            add.u32 %xa, %xa, $2;"
+        )
+        text = getattr(template, "value", template).replace("ADDR", addr)
+        return text.replace("OP", getattr(op, "value", op))
 
     @gluon.jit
-    def _add(a, b):
-        return a + b
+    def _barrier_asm(asm: gl.constexpr, constraints: gl.constexpr, args):
+        """``asm`` run once per thread on ``args`` (lanes first), for its side effects."""
+        return gl.inline_asm_elementwise(asm, constraints, args, dtype=gl.int32, is_pure=False, pack=1)
 
     # The pair's "empty" barriers live past Triton's shared memory (8 bytes per slot at the end of the dynamic
     # shared memory): Gluon 3.7.1 lowers an arrive on a barrier shared by two CTAs as a local arrive, so the
@@ -156,25 +168,21 @@ if gluon is not None:
 
     @gluon.jit
     def _empty_init(lanes, off, count):
-        return gl.inline_asm_elementwise(
-            """{
+        return _barrier_asm(
+            _ptx(
+                """{
             .reg .pred %xp;
             .reg .u32 %xa, %xd, %xt;
             mov.u32 %xt, %tid.x;
             setp.eq.u32 %xp, %xt, 0;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             @%xp mbarrier.init.shared::cta.b64 [%xa], $3;
             @%xp fence.mbarrier_init.release.cluster;
             mov.u32 $0, 0;
-            }""",
+            }"""
+            ),
             "=r,r,r,r",
-            [lanes, lanes + off, lanes + count],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + count),
         )
 
     @gluon.jit
@@ -182,18 +190,15 @@ if gluon is not None:
         """The threads whose id has no bit of ``mask`` set (mask -1: thread 0; 127: the first of each warp
         group) arrive (release, at cluster scope unless SCOPE_CTA) on the barrier at ``off`` of CTA ``rank``
         of the cluster."""
-        return gl.inline_asm_elementwise(
-            _with_op(
+        return _barrier_asm(
+            _ptx(
                 """{
             .reg .pred %xp;
             .reg .u32 %xa, %xd, %xt;
             mov.u32 %xt, %tid.x;
             and.b32 %xt, %xt, $4;
             setp.eq.u32 %xp, %xt, 0;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             mapa.shared::cluster.u32 %xa, %xa, $3;
             @%xp OP _, [%xa];
             mov.u32 $0, 0;
@@ -201,10 +206,7 @@ if gluon is not None:
                 _arrive_op(SCOPE_CTA),
             ),
             "=r,r,r,r,r",
-            [lanes, lanes + off, lanes + rank, lanes + mask],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + rank, lanes + mask),
         )
 
     @gluon.jit
@@ -216,8 +218,8 @@ if gluon is not None:
     def _empty_wait(lanes, off, phase, pred, SCOPE_CTA: gl.constexpr):
         """The lead CTA (every thread) waits (acquire, at cluster scope unless SCOPE_CTA) until the barrier at
         ``off`` completes the phase of parity ``phase``; the other CTA and a false ``pred`` pass at once."""
-        return gl.inline_asm_elementwise(
-            _with_op(
+        return _barrier_asm(
+            _ptx(
                 """{
             .reg .pred %xp, %xq;
             .reg .u32 %xa, %xd, %xr;
@@ -226,10 +228,7 @@ if gluon is not None:
             setp.ne.u32 %xq, $4, 0;
             and.pred %xp, %xp, %xq;
             @!%xp bra.uni XDONE;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             XWAIT:
             OP %xq, [%xa], $3;
             @!%xq bra.uni XWAIT;
@@ -239,10 +238,7 @@ if gluon is not None:
                 _wait_op(SCOPE_CTA),
             ),
             "=r,r,r,r,r",
-            [lanes, lanes + off, lanes + phase, lanes + pred],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + phase, lanes + pred),
         )
 
     @gluon.jit
@@ -255,37 +251,11 @@ if gluon is not None:
         E_BLOCK: gl.constexpr,
         WARPS: gl.constexpr,
     ):
-        """(expert ids, first rows, end rows, inclusive prefix of pair tiles per expert, all pair tiles), in
-        a layout over the WARPS warps of the caller: experts in order, each its row pairs by the column
-        tiles."""
+        """(expert ids, first rows, end rows, inclusive prefix of pair tiles per expert, all pair tiles): the
+        Gluon probe's tile_plan over tiles of PAIR rows, in a layout over the WARPS warps of the caller (each
+        CTA of the pair holding all of it): experts in order, each its row pairs by the column tiles."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0], cga_layout=_bases(1, False))
-        e = gl.arange(0, E_BLOCK, layout=layout)
-        lo = gl.load(offsets_ptr + e, mask=e < E, other=0)
-        hi = gl.load(offsets_ptr + e + 1, mask=e < E, other=0)
-        pairs = (hi - lo + PAIR - 1) // PAIR
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        cum = gl.associative_scan(pairs, 0, _add) * n_tiles
-        return e, lo, hi, cum, gl.sum(pairs, axis=0) * n_tiles
-
-    @gluon.jit
-    def _pair_coords(
-        tile, e, lo, hi, cum, N, PAIR: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
-    ):
-        """(expert, first row of the pair, the expert's end row, first column) of pair tile ``tile`` of the
-        plan: bands of GROUP_M row pairs walked column by column."""
-        n_tiles = gl.cdiv(N, BLOCK_N)
-        expert = gl.sum((cum <= tile).to(gl.int32), axis=0)
-        sel = e == expert
-        row_start = gl.sum(gl.where(sel, lo, 0), axis=0)
-        row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
-        mt = (row_end - row_start + PAIR - 1) // PAIR
-        local = tile - (gl.sum(gl.where(sel, cum, 0), axis=0) - mt * n_tiles)
-        band = local // (GROUP_M * n_tiles)
-        in_band = local % (GROUP_M * n_tiles)
-        band_rows = gl.maximum(gl.minimum(mt - band * GROUP_M, GROUP_M), 1)
-        tm = band * GROUP_M + in_band % band_rows
-        tn = in_band // band_rows
-        return expert, row_start + tm * PAIR, row_end, tn * BLOCK_N
+        return tile_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, layout)
 
     @gluon.jit
     def _coords(
@@ -302,7 +272,7 @@ if gluon is not None:
         """(expert, first row of the pair, the expert's end row, first column, all pair tiles) of pair tile
         ``tile``."""
         e, lo, hi, cum, total = _pair_plan(offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, WARPS)
-        expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+        expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
         return expert, row0, row_end, col0, total
 
     @gluon.jit
@@ -387,120 +357,6 @@ if gluon is not None:
         fence_async_shared()
         return a_bufs, w_bufs, u_bufs, ready, lanes
 
-    @gluon.jit
-    def _grouped_cluster_kernel(
-        a_desc,
-        w_desc,
-        y_ptr,
-        offsets_ptr,
-        scale_ptr,
-        E,
-        N,
-        K,
-        stride_ym,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        BLOCK_K: gl.constexpr,
-        E_BLOCK: gl.constexpr,
-        GROUP_M: gl.constexpr,
-        STAGES: gl.constexpr,
-        W_KN: gl.constexpr,
-        HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr,
-        SWIGLU: gl.constexpr,
-        SCOPE_CTA: gl.constexpr,
-        LAG: gl.constexpr,
-    ):
-        """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
-        silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows)."""
-        NW: gl.constexpr = gl.num_warps()
-        PAIR: gl.constexpr = 2 * BLOCK_M
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16], cga_layout=_bases(2, True)
-        )
-        # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to both;
-        # the empty barriers are waited on on the lead CTA, both CTAs arriving
-        a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2)
-        XB: gl.constexpr = 8 * STAGES
-        mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
-
-        tile = gl.program_id(0)
-        expert, row0, row_end, col0, total = _coords(
-            tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M, NW
-        )
-        if tile < total:
-            steps = gl.cdiv(K, BLOCK_K)
-            W_BOXES: gl.constexpr = 2 if SWIGLU else 1
-            nbytes: gl.constexpr = a_desc.nbytes_per_cta + W_BOXES * w_desc.nbytes_per_cta
-            for j in gl.static_range(STAGES):
-                if j < steps:
-                    mbarrier.expect(ready.index(j), nbytes)
-                    _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
-                    _w_copies(
-                        w_desc,
-                        w_bufs.index(j),
-                        u_bufs.index(j),
-                        ready.index(j),
-                        expert,
-                        j * BLOCK_K,
-                        col0,
-                        N,
-                        K,
-                        W_KN,
-                        SWIGLU,
-                        True,
-                    )
-            acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
-            if SWIGLU:
-                acc_up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
-            # step i's wgmma runs while step i - 1's slot is handed back and refilled (one group in flight)
-            for i in range(steps):
-                s = i % STAGES
-                ph = (i // STAGES) & 1
-                mbarrier.wait(ready.index(s), ph)
-                acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
-                if SWIGLU:
-                    acc_up = _wgmma(a_bufs.index(s), u_bufs.index(s), acc_up, W_KN)
-                    acc, acc_up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_up))
-                else:
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                if i > 0:  # step i - 1's wgmma is done in this warp group
-                    gl.barrier()  # ... and in every warp group of this CTA ...
-                    _empty_arrive(lanes, 8 * ((i - 1) % STAGES) - XB, SCOPE_CTA)  # ... which thread 0 tells
-                if i >= LAG:  # the lead (LAG 1: this step's arrivals; 2: the step before's)
-                    p = (i - LAG) % STAGES
-                    pph = ((i - LAG) // STAGES) & 1
-                    nxt = i - LAG + STAGES
-                    refill = nxt < steps
-                    _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32), SCOPE_CTA)  # both CTAs have
-                    mbarrier.expect(ready.index(p), nbytes, pred=refill)
-                    _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
-                    _w_copies(
-                        w_desc,
-                        w_bufs.index(p),
-                        u_bufs.index(p),
-                        ready.index(p),
-                        expert,
-                        nxt * BLOCK_K,
-                        col0,
-                        N,
-                        K,
-                        W_KN,
-                        SWIGLU,
-                        refill,
-                    )
-            if SWIGLU:
-                acc, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_up))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            if not SWIGLU:
-                acc_up = acc
-            _store_pair(
-                acc, acc_up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
-            )
-        cluster.arrive()  # neither CTA exits while the other may still signal its barriers
-        cluster.wait()
-
     # The warp-specialized form: the same pair tiles and copies, on a persistent grid of clusters, the warps
     # split as in CUTLASS's Hopper kernels. A producer warp group per CTA only issues the TMA copies into the
     # ring (its x rows; on the lead, the multicast weight boxes), the consumer warp groups only multiply and
@@ -522,15 +378,12 @@ if gluon is not None:
         """Every thread of the caller waits (acquire, at cluster scope unless SCOPE_CTA) until this CTA's
         barrier at ``off`` completes the phase of parity ``phase`` (a fresh barrier passes parity 1 at
         once)."""
-        return gl.inline_asm_elementwise(
-            _with_op(
+        return _barrier_asm(
+            _ptx(
                 """{
             .reg .pred %xq;
             .reg .u32 %xa, %xd;
-            mov.u32 %xa, global_smem;
-            mov.u32 %xd, %dynamic_smem_size;
-            add.u32 %xa, %xa, %xd;
-            add.u32 %xa, %xa, $2;
+            ADDR
             XWAIT:
             OP %xq, [%xa], $3;
             @!%xq bra.uni XWAIT;
@@ -539,10 +392,7 @@ if gluon is not None:
                 _wait_op(SCOPE_CTA),
             ),
             "=r,r,r,r",
-            [lanes, lanes + off, lanes + phase],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
+            (lanes, lanes + off, lanes + phase),
         )
 
     @gluon.jit
@@ -581,7 +431,7 @@ if gluon is not None:
         cluster.arrive()  # both CTAs' barriers exist (their init fenced) before either signals the other's
         cluster.wait()
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+            expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
             for kk in range(steps):
                 s = it % STAGES
                 _slot_wait(lanes, 8 * s - XB, ((it // STAGES) & 1) ^ 1, SCOPE_CTA)
@@ -647,7 +497,7 @@ if gluon is not None:
         cluster.arrive()  # as in the producer: every warp of both CTAs takes part in a cluster barrier
         cluster.wait()
         for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-            expert, row0, row_end, col0 = _pair_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
+            expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, PAIR, BLOCK_N, GROUP_M)
             acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
             acc_up = acc
             for kk in range(steps):
@@ -675,7 +525,7 @@ if gluon is not None:
         cluster.wait()
 
     @gluon.jit
-    def _grouped_cluster_ws_kernel(
+    def _grouped_cluster_kernel(
         a_desc,
         w_desc,
         y_ptr,
@@ -696,71 +546,171 @@ if gluon is not None:
         EPILOGUE: gl.constexpr,
         SWIGLU: gl.constexpr,
         SCOPE_CTA: gl.constexpr,
+        LAG: gl.constexpr,
+        WS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
-        """:func:`_grouped_cluster_kernel`'s result, warp-specialized on a persistent grid of clusters (one
-        per pair of SMs that fits): the grid walks every pair tile, cluster c taking tiles c, c + grid, ..."""
-        NW: gl.constexpr = gl.num_warps()
-        # each warp group of both CTAs frees a slot
-        a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2 * (NW // 4))
-        # No cluster barrier here: the worker warps do not run this region (they wait for their partition
-        # from the kernel's start), and a cluster barrier waits for every thread of both CTAs; each partition
-        # takes part in the start and end barriers itself.
-        gl.warp_specialize(
-            [
-                (
-                    _ws_consumer,
+        """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
+        silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows).
+        WS: warp-specialized on a persistent grid of clusters (one per pair of SMs that fits), the grid
+        walking every pair tile, cluster c taking tiles c, c + grid, ... (its producer warp group keeps
+        PRODUCER_REGS registers); else one cluster per pair tile, the lead refilling a slot LAG steps on."""
+        if WS:
+            NW: gl.constexpr = gl.num_warps()
+            # each warp group of both CTAs frees a slot
+            a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2 * (NW // 4))
+            # No cluster barrier here: the worker warps do not run this region (they wait for their
+            # partition from the kernel's start), and a cluster barrier waits for every thread of both CTAs;
+            # each partition takes part in the start and end barriers itself.
+            gl.warp_specialize(
+                [
                     (
-                        y_ptr,
-                        offsets_ptr,
-                        scale_ptr,
-                        a_bufs,
-                        w_bufs,
-                        u_bufs,
-                        ready,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        W_KN,
-                        HAS_SCALE,
-                        EPILOGUE,
-                        SWIGLU,
-                        NW,
-                        SCOPE_CTA,
+                        _ws_consumer,
+                        (
+                            y_ptr,
+                            offsets_ptr,
+                            scale_ptr,
+                            a_bufs,
+                            w_bufs,
+                            u_bufs,
+                            ready,
+                            E,
+                            N,
+                            K,
+                            stride_ym,
+                            BLOCK_M,
+                            BLOCK_N,
+                            BLOCK_K,
+                            E_BLOCK,
+                            GROUP_M,
+                            STAGES,
+                            W_KN,
+                            HAS_SCALE,
+                            EPILOGUE,
+                            SWIGLU,
+                            NW,
+                            SCOPE_CTA,
+                        ),
                     ),
-                ),
-                (
-                    _ws_producer,
                     (
-                        a_desc,
-                        w_desc,
-                        offsets_ptr,
-                        a_bufs,
-                        w_bufs,
-                        u_bufs,
-                        ready,
-                        E,
-                        N,
-                        K,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        W_KN,
-                        SWIGLU,
-                        SCOPE_CTA,
+                        _ws_producer,
+                        (
+                            a_desc,
+                            w_desc,
+                            offsets_ptr,
+                            a_bufs,
+                            w_bufs,
+                            u_bufs,
+                            ready,
+                            E,
+                            N,
+                            K,
+                            BLOCK_M,
+                            BLOCK_N,
+                            BLOCK_K,
+                            E_BLOCK,
+                            GROUP_M,
+                            STAGES,
+                            W_KN,
+                            SWIGLU,
+                            SCOPE_CTA,
+                        ),
                     ),
-                ),
-            ],
-            [4],  # a whole warp group (setmaxnreg's unit); its first warp issues the copies
-            [PRODUCER_REGS],
-        )
+                ],
+                [4],  # a whole warp group (setmaxnreg's unit); its first warp issues the copies
+                [PRODUCER_REGS],
+            )
+        else:
+            NW: gl.constexpr = gl.num_warps()
+            PAIR: gl.constexpr = 2 * BLOCK_M
+            acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0],
+                warps_per_cta=[NW, 1],
+                instr_shape=[16, BLOCK_N, 16],
+                cga_layout=_bases(2, True),
+            )
+            # x: [PAIR, BLOCK_K] boxes, each CTA holding (and copying) its half; w: one box, multicast to
+            # both; the empty barriers are waited on on the lead CTA, both CTAs arriving
+            a_bufs, w_bufs, u_bufs, ready, lanes = _ring(a_desc, w_desc, STAGES, SWIGLU, NW, 2)
+            XB: gl.constexpr = 8 * STAGES
+            mbarrier.sync_cluster_init()  # both CTAs' barriers exist before either signals the other's
+
+            tile = gl.program_id(0)
+            expert, row0, row_end, col0, total = _coords(
+                tile, offsets_ptr, E, N, PAIR, BLOCK_N, E_BLOCK, GROUP_M, NW
+            )
+            if tile < total:
+                steps = gl.cdiv(K, BLOCK_K)
+                W_BOXES: gl.constexpr = 2 if SWIGLU else 1
+                nbytes: gl.constexpr = a_desc.nbytes_per_cta + W_BOXES * w_desc.nbytes_per_cta
+                for j in gl.static_range(STAGES):
+                    if j < steps:
+                        mbarrier.expect(ready.index(j), nbytes)
+                        _tma_copy(a_desc, [row0, j * BLOCK_K], ready.index(j), a_bufs.index(j))
+                        _w_copies(
+                            w_desc,
+                            w_bufs.index(j),
+                            u_bufs.index(j),
+                            ready.index(j),
+                            expert,
+                            j * BLOCK_K,
+                            col0,
+                            N,
+                            K,
+                            W_KN,
+                            SWIGLU,
+                            True,
+                        )
+                acc = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+                if SWIGLU:
+                    up = gl.zeros([PAIR, BLOCK_N], gl.float32, acc_layout)
+                # step i's wgmma runs while step i - 1's slot is handed back and refilled (one group in
+                # flight)
+                for i in range(steps):
+                    s = i % STAGES
+                    ph = (i // STAGES) & 1
+                    mbarrier.wait(ready.index(s), ph)
+                    acc = _wgmma(a_bufs.index(s), w_bufs.index(s), acc, W_KN)
+                    if SWIGLU:
+                        up = _wgmma(a_bufs.index(s), u_bufs.index(s), up, W_KN)
+                        acc, up = warpgroup_mma_wait(num_outstanding=2, deps=(acc, up))
+                    else:
+                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    if i > 0:  # step i - 1's wgmma is done in this warp group
+                        gl.barrier()  # ... and in every warp group of this CTA ...
+                        _empty_arrive(
+                            lanes, 8 * ((i - 1) % STAGES) - XB, SCOPE_CTA
+                        )  # ... which thread 0 tells
+                    if i >= LAG:  # the lead (LAG 1: this step's arrivals; 2: the step before's)
+                        p = (i - LAG) % STAGES
+                        pph = ((i - LAG) // STAGES) & 1
+                        nxt = i - LAG + STAGES
+                        refill = nxt < steps
+                        _empty_wait(lanes, 8 * p - XB, pph, refill.to(gl.int32), SCOPE_CTA)  # both CTAs have
+                        mbarrier.expect(ready.index(p), nbytes, pred=refill)
+                        _tma_copy(a_desc, [row0, nxt * BLOCK_K], ready.index(p), a_bufs.index(p), pred=refill)
+                        _w_copies(
+                            w_desc,
+                            w_bufs.index(p),
+                            u_bufs.index(p),
+                            ready.index(p),
+                            expert,
+                            nxt * BLOCK_K,
+                            col0,
+                            N,
+                            K,
+                            W_KN,
+                            SWIGLU,
+                            refill,
+                        )
+                if SWIGLU:
+                    acc, up = warpgroup_mma_wait(num_outstanding=0, deps=(acc, up))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                if not SWIGLU:
+                    up = acc
+                _store_pair(
+                    acc, up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym, HAS_SCALE, EPILOGUE, SWIGLU
+                )
+            cluster.arrive()  # neither CTA exits while the other may still signal its barriers
+            cluster.wait()

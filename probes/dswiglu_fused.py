@@ -2,13 +2,13 @@
 (a probe, not part of the library): one launch computes P = dY D_e^T per tile and applies the backward to it
 in registers, so P is never stored.
 
-The library ran this kernel for 16-bit operands until the backward's probe (probes/probe_backward.py, pieces
-``dswiglu``) measured it against the two-launch form the library now runs (P through the forward's grouped
-GEMM, then the pointwise pass of :func:`moegemm.grouped.backward.swiglu_backward`): 0.68x against 0.80x of
+The library runs the two-launch form instead (P through the forward's grouped GEMM, then the pointwise pass
+of :func:`moegemm.grouped.backward.swiglu_backward`): measured by the backward's probe
+(probes/probe_backward.py, pieces ``dswiglu``), this kernel ran at 0.68x against its 0.80x of
 ``torch._grouped_mm``'s speed on the plain GEMM, slower in every cell of the tune split, the training step
 1.00-1.04x slower. On Triton for sm_90 the tile's long epilogue runs after its main loop, not beside it.
 The probe keeps it so that the comparison can be run again (``probe_backward --pieces dswiglu``,
-``probe_separate_accuracy``, ``probe_registers``).
+``probe_separate_accuracy``).
 
 :data:`FUSED_TILES` is the config of least geometric-mean time of its sweep over the tune split's cells
 (probe_backward.DSWIGLU_CONFIGS; results/nvidia-h200/probe_backward.csv and probe_dswiglu_split.csv, the
@@ -168,19 +168,23 @@ def _dswiglu_tma_kernel(
                 chunk = _halves(p, BLOCK_M, BLOCK_N)[j]
             else:
                 chunk = _halves(_halves(p, BLOCK_M, BLOCK_N)[j // 2], BLOCK_M, BLOCK_N // 2)[j % 2]
-            _dswiglu_chunk(
+            cols = col0 + j * CHUNK + tl.arange(0, CHUNK)
+            n_c = cols % N_I
+            g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
+            _dswiglu_store(
                 chunk,
-                col0 + j * CHUNK,
-                gu_ptr,
+                tl.load(g_ptrs).to(tl.float32),
+                tl.load(g_ptrs + N_I * stride_gn).to(tl.float32),
                 scale_ptr,
                 dgu_ptr,
                 act_ptr,
                 part_ptr,
                 rows_c,
                 row_ok,
+                cols,
+                cols < N_I,
+                col0 + j * CHUNK,
                 N_I,
-                stride_gm,
-                stride_gn,
                 stride_om,
                 stride_on,
                 stride_am,
@@ -198,63 +202,3 @@ def _dswiglu_tma_kernel(
 def _halves(p, ROWS: tl.constexpr, COLS: tl.constexpr):
     """The first and the second COLS // 2 columns of p [ROWS, COLS]."""
     return tl.split(tl.permute(tl.reshape(p, (ROWS, 2, COLS // 2)), (0, 2, 1)))
-
-
-@triton.jit
-def _dswiglu_chunk(
-    p,
-    col0,
-    gu_ptr,
-    scale_ptr,
-    dgu_ptr,
-    act_ptr,
-    part_ptr,
-    rows_c,
-    row_ok,
-    N_I,
-    stride_gm,
-    stride_gn,
-    stride_om,
-    stride_on,
-    stride_am,
-    stride_an,
-    stride_pm,
-    CHUNK: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    ROWDOT: tl.constexpr,
-    STORE_ACT: tl.constexpr,
-    IN_PLACE: tl.constexpr,
-):
-    """The epilogue of CHUNK columns from col0 of a tile: G, U loaded from gu, then _dswiglu_store (its row
-    scale partial in the part column col0 // CHUNK)."""
-    cols = col0 + tl.arange(0, CHUNK)
-    col_ok = cols < N_I
-    n_c = cols % N_I
-    g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
-    gate = tl.load(g_ptrs).to(tl.float32)
-    up = tl.load(g_ptrs + N_I * stride_gn).to(tl.float32)
-    _dswiglu_store(
-        p,
-        gate,
-        up,
-        scale_ptr,
-        dgu_ptr,
-        act_ptr,
-        part_ptr,
-        rows_c,
-        row_ok,
-        cols,
-        col_ok,
-        col0,
-        N_I,
-        stride_om,
-        stride_on,
-        stride_am,
-        stride_an,
-        stride_pm,
-        CHUNK,
-        HAS_SCALE,
-        ROWDOT,
-        STORE_ACT,
-        IN_PLACE,
-    )

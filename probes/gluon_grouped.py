@@ -48,18 +48,17 @@ def _add(a, b):
 
 
 @gluon.jit
-def _plan(
+def tile_plan(
     offsets_ptr,
     E,
     N,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     E_BLOCK: gl.constexpr,
-    WARPS: gl.constexpr,
+    layout: gl.constexpr,
 ):
     """(expert ids, first rows, end rows, inclusive prefix of tiles per expert, total tiles), as the library's
-    _tile_plan, in a layout over the WARPS warps of the partition that computes it."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    _tile_plan, in ``layout`` (1-D, over the warps of the partition that computes it)."""
     e = gl.arange(0, E_BLOCK, layout=layout)
     lo = gl.load(offsets_ptr + e, mask=e < E, other=0)
     hi = gl.load(offsets_ptr + e + 1, mask=e < E, other=0)
@@ -70,9 +69,9 @@ def _plan(
 
 
 @gluon.jit
-def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(expert, first row of the tile, the expert's end row, first column) of tile number ``tile``: the
-    library's _tile_coords."""
+def tile_coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(expert, first row of the tile, the expert's end row, first column) of tile number ``tile`` of
+    tile_plan's plan: the library's _tile_coords."""
     n_tiles = gl.cdiv(N, BLOCK_N)
     expert = gl.sum((cum <= tile).to(gl.int32), axis=0)
     sel = e == expert
@@ -82,7 +81,7 @@ def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
     local = tile - (gl.sum(gl.where(sel, cum, 0), axis=0) - mt * n_tiles)
     band = local // (GROUP_M * n_tiles)
     in_band = local % (GROUP_M * n_tiles)
-    band_rows = gl.minimum(mt - band * GROUP_M, GROUP_M)
+    band_rows = gl.maximum(gl.minimum(mt - band * GROUP_M, GROUP_M), 1)  # 1 past the plan's tiles: no / 0
     tm = band * GROUP_M + in_band % band_rows
     tn = in_band // band_rows
     return expert, row_start + tm * BLOCK_M, row_end, tn * BLOCK_N
@@ -90,16 +89,7 @@ def _coords(tile, e, lo, hi, cum, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 @gluon.jit
 def _producer(
-    a_desc,
-    w_desc,
-    offsets_ptr,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    E,
-    N,
-    K,
+    args,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -109,11 +99,15 @@ def _producer(
 ):
     """One warp: per K step of every tile of this program, wait for the slot to be empty (the first pass
     over the ring finds every slot empty: a fresh barrier passes a wait on parity 1), then copy the x box and
-    the weight box into it, the slot's ready barrier counting the bytes."""
-    e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, 1)
+    the weight box into it, the slot's ready barrier counting the bytes. ``args``: the descriptors of x and
+    w, the group offsets, the ring (ws_grouped_kernel's), E, N and K."""
+    a_desc, w_desc, offsets_ptr, ring, E, N, K = args
+    a_bufs, b_bufs, ready, empty, _ = ring
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    e, lo, hi, cum, total = tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, plan_layout)
     it = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-        expert, row0, row_end, col0 = _coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
+        expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
         for k in range(0, K, BLOCK_K):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -125,17 +119,7 @@ def _producer(
 
 @gluon.jit
 def _consumer(
-    y_ptr,
-    offsets_ptr,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    done,
-    E,
-    N,
-    K,
-    stride_ym,
+    args,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr,
@@ -154,15 +138,19 @@ def _consumer(
     consumers one stores its tile while the other already multiplies the next (ping-pong). Two consumers
     take turns: each starts a tile's products only once the other has passed the last slot of the tile
     before (``done``, one barrier per consumer, a phase per tile). Else one could wait on a slot two of its
-    uses ahead of the copies, and an mbarrier's parity cannot tell those two phases apart."""
+    uses ahead of the copies, and an mbarrier's parity cannot tell those two phases apart. ``args``: y, the
+    group offsets, the ring (ws_grouped_kernel's), E, N, K and y's row stride."""
+    y_ptr, offsets_ptr, ring, E, N, K, stride_ym = args
+    a_bufs, b_bufs, ready, empty, done = ring
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BLOCK_N, 16]
     )
-    e, lo, hi, cum, total = _plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, WARPS)
+    plan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    e, lo, hi, cum, total = tile_plan(offsets_ptr, E, N, BLOCK_M, BLOCK_N, E_BLOCK, plan_layout)
     steps = gl.cdiv(K, BLOCK_K)
     j = WHICH
     for tile in range(gl.program_id(0) + WHICH * gl.num_programs(0), total, CONSUMERS * gl.num_programs(0)):
-        expert, row0, row_end, col0 = _coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
+        expert, row0, row_end, col0 = tile_coords(tile, e, lo, hi, cum, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         if CONSUMERS > 1:  # the other consumer's turn on tile j - 1 first (its (j - 1) // 2-th phase)
             mbarrier.wait(done.index(1 - WHICH), ((j - 1) // 2) & 1, pred=j > 0)
@@ -222,80 +210,15 @@ def ws_grouped_kernel(
     for i in gl.static_range(2):
         mbarrier.init(done.index(i), count=1)
     fence_async_shared()
+    ring = (a_bufs, b_bufs, ready, empty, done)  # the slots and their barriers
+    cons = (y_ptr, offsets_ptr, ring, E, N, K, stride_ym)
+    prod = (a_desc, w_desc, offsets_ptr, ring, E, N, K)
     if PINGPONG:
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        y_ptr,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        done,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        num_warps,
-                        0,
-                        2,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        y_ptr,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        done,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        num_warps,
-                        1,
-                        2,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        a_desc,
-                        w_desc,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        E,
-                        N,
-                        K,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                    ),
-                ),
+                (_consumer, (cons, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 2)),
+                (_consumer, (cons, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 1, 2)),
+                (_producer, (prod, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
             ],
             [num_warps, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -303,52 +226,8 @@ def ws_grouped_kernel(
     else:
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        y_ptr,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        done,
-                        E,
-                        N,
-                        K,
-                        stride_ym,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                        num_warps,
-                        0,
-                        1,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        a_desc,
-                        w_desc,
-                        offsets_ptr,
-                        a_bufs,
-                        b_bufs,
-                        ready,
-                        empty,
-                        E,
-                        N,
-                        K,
-                        BLOCK_M,
-                        BLOCK_N,
-                        BLOCK_K,
-                        E_BLOCK,
-                        GROUP_M,
-                        STAGES,
-                    ),
-                ),
+                (_consumer, (cons, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES, num_warps, 0, 1)),
+                (_producer, (prod, BLOCK_M, BLOCK_N, BLOCK_K, E_BLOCK, GROUP_M, STAGES)),
             ],
             [1],
             [PRODUCER_REGS],

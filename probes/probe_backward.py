@@ -97,9 +97,9 @@ DSWIGLU_CONFIGS = [
     _ds(128, 64, 64, 8, 4, 2),
     _ds(128, 256, 64, 8, 3, 4),
 ]
-# (Two more knobs of the kernel were measured at its fastest tiles and removed, neither having won a cell:
-# its persistent loop flattened with the K loop, one program per SM, and G, U brought in by TMA boxes;
-# results/nvidia-h200/probe_dswiglu_flatten.csv.)
+# Two more knobs of the kernel are not offered, as neither won a cell at its fastest tiles: its persistent
+# loop flattened with the K loop (one program per SM), and G, U brought in by TMA boxes
+# (results/nvidia-h200/probe_dswiglu_flatten.csv).
 
 
 def gpu_us(fn, replays: int = 5) -> float:
@@ -272,8 +272,8 @@ def label(cfg: dict) -> str:
 
 def steps(x, ids, wts, w_gu, w_dn, dy, e, variants: bool = False):
     """{name: (forward, what stands in for backward.swiglu_grad in the step or None)} of the steps timed
-    whole: moe_ffn recomputing the gate/up product ("ours:moe_ffn", the row's name from the probe's first
-    run, when recompute was the default) and keeping it ("ours:moe_ffn:save-gate-up", now the default), the
+    whole: moe_ffn recomputing the gate/up product ("ours:moe_ffn", the name its rows carry) and keeping it
+    ("ours:moe_ffn:save-gate-up", the default), the
     torch._grouped_mm pipeline, and with ``variants`` the default step with the fused kernel for the SwiGLU
     backward (dswiglu_fused.fused_swiglu_grad at its tiles, "ours:moe_ffn:save-gate-up:fused")."""
 

@@ -13,8 +13,8 @@ At the config ``auto`` runs for each shape, side by side in one process (GPU clo
 - the seed's two Triton kernels at their own search's configs (``tune_seed.csv``).
 
 Two other waits in the kernel (per-thread re-reads; relaxed GPU-scope loads) and M as a compile-time
-constant were timed too, in an earlier form of this probe whose CSV results/<gpu>/runs.tar.xz keeps; none
-was faster.
+constant are not offered: timed (their rows are among the superseded runs in results/<gpu>/runs.tar.xz),
+none was faster.
 
     MOEGEMM_SEED_SOURCE=... python -m probes.probe_dk_latency --out probe_dk_latency.csv [--screen]
 """
@@ -31,8 +31,8 @@ import triton.language as tl
 from experiments import dk
 from experiments.common import ResultWriter
 from experiments.harness.runner import Contender
-from moegemm._triton_common import mma
 from moegemm.decompose_k import single_launch
+from moegemm.decompose_k._partial import partial_tile
 from moegemm.decompose_k.configs import Prepared, choose
 from moegemm.epilogue import Epilogue
 from probes.common import probe_cli
@@ -62,30 +62,32 @@ def _ceiling_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """LOAD: each program's K slice of A and B into its fp32 tile, stored into C as it is (every split
-    writes the same tile: timing only); else nothing at all."""
+    """LOAD: each program's K slice of A and B into its fp32 tile (the library's partial_tile), stored into C
+    as it is (every split writes the same tile: timing only); else nothing at all."""
     if LOAD:
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        pid_m = tl.program_id(0) // num_pid_n
-        pid_n = tl.program_id(0) % num_pid_n
         KPS: tl.constexpr = (K + S - 1) // S
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.program_id(1) * KPS + tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
-        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(0, KPS, BLOCK_K):
-            k_ok = offs_k + kk < K
-            acc = mma(
-                tl.load(a_ptrs, mask=k_ok[None, :], other=0.0),
-                tl.load(b_ptrs, mask=k_ok[:, None], other=0.0),
-                acc,
-                PRECISION,
-                UPCAST,
-            )
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+        acc, offs_m, offs_n = partial_tile(
+            a_ptr,
+            b_ptr,
+            M,
+            N,
+            K,
+            KPS,
+            tl.program_id(1),
+            stride_am,
+            stride_ak,
+            stride_bk,
+            stride_bn,
+            tl.program_id(0) // num_pid_n,  # the tile's row and column (no swizzle)
+            tl.program_id(0) % num_pid_n,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            False,
+            PRECISION,
+            UPCAST,
+        )
         ok = (offs_m < M)[:, None] & (offs_n < N)[None, :]
         tl.store(
             c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,

@@ -139,6 +139,11 @@ KEPT = frozenset(
 STALLS = "smsp__average_warps_issue_stalled_"
 
 
+def cell_fields(model: str, proj: str, t: int, load: str) -> dict:
+    """The columns that name a row's cell, in the timing CSV and in the counters'."""
+    return dict(experiment="probe_prefill_counters", model=model, proj=proj, tokens=t, load=load)
+
+
 def kept(metric: str) -> bool:
     return metric in KEPT or (metric.startswith(STALLS) and metric.endswith("_per_issue_active.ratio"))
 
@@ -398,11 +403,7 @@ def timing_phase(args, cfg, g, prov, slug, cells) -> list[tuple]:
             clock = clocks.summary(t0, time.time())
             for r in out:
                 r.update(
-                    experiment="probe_prefill_counters",
-                    model=model,
-                    proj=proj,
-                    tokens=t,
-                    load=load,
+                    **cell_fields(model, proj, t, load),
                     experts=e,
                     k=k,
                     n=n,
@@ -611,15 +612,7 @@ def counters_phase(args, prov, passed: list[tuple]) -> None:
                 print(f"counters {spec}: {ex}", flush=True)
                 continue
             for r in got:
-                r.update(
-                    experiment="probe_prefill_counters",
-                    model=model,
-                    proj=proj,
-                    tokens=t,
-                    load=load,
-                    contender=case,
-                    **prov,
-                )
+                r.update(**cell_fields(model, proj, t, load), contender=case, **prov)
             writer.add(got)
             kernels = sorted({r["kernel"][:40] for r in got})
             print(

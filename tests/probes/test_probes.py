@@ -3,47 +3,13 @@ small random cells (against float64), and its cells, clocks and parsers do what 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
-from tests.moe_cells import small_ffn_cell, small_moe_cell
+from tests.moe_cells import small_moe_cell
 
 pytestmark = pytest.mark.probe  # the probes' own tests (the pipeline runs no probe)
-
-
-def test_persistent_grid_probe_forces_the_grid_and_checks_every_contender(device):
-    """The probe's contenders (plain grid, persistent and masked grids of 1, 2 and the library's number of
-    programs per SM) each compute the grouped product (checked against float64 on fresh data), record the
-    programs per SM they launched with, and leave the library's own sizing in place afterwards."""
-
-    from experiments.harness.correctness import check
-    from moegemm.grouped import contiguous, launch
-    from probes import probe_persistent_grid as probe
-
-    e, k, n = 4, 64, 48
-    plan, xs, w, ref = small_moe_cell(device, 5, e, k, n, t=7)
-    cs = probe.contenders(xs, plan, ref, k, True, e, n)
-    assert [c.name for c in cs] == [
-        "plain",
-        "persistent:1",
-        "persistent:2",
-        "persistent:auto",
-        "masked:1",
-        "masked:2",
-        "masked:auto",
-    ]
-    for c in cs:
-        out = c.bind((xs, w))()
-        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
-        assert ok, (c.name, why)
-        forced = c.name.rsplit(":", 1)[-1]
-        if forced in ("1", "2"):
-            assert c.fields["per_sm"] == int(forced)
-        elif forced == "auto":
-            assert c.fields["per_sm"] in (1, 2)
-        assert launch.per_sm is probe.SHIPPED and contiguous._plan_key is probe.SHIPPED_PLAN_KEY
 
 
 def test_prefill_tiles_probe_contenders_compute_their_products(device, monkeypatch):
@@ -111,193 +77,6 @@ def test_mixed_order_probe_contenders_compute_their_products(device, monkeypatch
         assert ok, (c.name, why)
     monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(), "test"))
     assert [c.name for c in probe.contenders(xs, plan, w, e, n, k)] == ["tuned", "even:ours"]
-
-
-def test_middle_tiles_probe_contenders_compute_their_products(device, monkeypatch):
-    """The middle-regime tile probe: the tuned config first, then every new tile config on both grids (the
-    names say which), each computing the grouped product (checked against float64 on fresh data, 40 rows
-    of 3 experts at a K of 512 so that K steps of 256 loop); a cell with no tuned-table entry is refused."""
-    from experiments.harness.correctness import check
-    from moegemm.grouped import GroupedConfig
-    from probes import probe_middle_tiles as probe
-
-    e, k, n = 3, 512, 80
-    plan, xs, w, ref = small_moe_cell(device, 17, e, k, n, t=20)
-    tuned = GroupedConfig(16, 16, 32, num_stages=3, tma=True)
-    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "tuned"))
-    cs = probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
-    assert cs[0].name == "tuned" and cs[0].config == dataclasses.asdict(tuned)
-    assert len(cs) == 1 + 2 * len(probe.NEW)
-    assert sum(c.config["persistent"] for c in cs) == len(probe.NEW)
-    for c in cs:
-        out = c.bind((xs, w))()
-        ok, rel, why = check(out, ref, k)
-        assert ok, (c.name, why)
-    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "default"))
-    with pytest.raises(RuntimeError, match="tuned-table entry"):
-        probe.contenders(xs, plan, ref, w, 20, e, k, n, {}, ("m", "up", 20, "uniform"))
-
-
-def test_decode_routing_probe_contenders_compute_the_layer(device, monkeypatch):
-    """The decode-routing probe: the library's layer and both three-launch compositions (the plan at the
-    step's blocks and at 128 slots) give moe_ffn's result on fresh data (a float64 reference, 9 tokens of
-    top-2 over 5 experts); its cells are the zoo's token counts whose slots fit one chunk."""
-    import torch
-
-    import probes.probe_decode_routing as probe
-
-    e, x, ids, wts, w_gu, w_dn, ref = small_ffn_cell(device, monkeypatch, 21)
-    cs = probe.contenders(x, ids, wts, e)
-    assert [c.name for c in cs] == ["ours:moe_ffn", "three-launch", "three-launch, 128-slot plan"]
-    for c in cs:
-        got = c.bind((w_gu, w_dn))()
-        torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
-    cells = probe._cells()
-    assert ("deepseek-v3", 1) in cells and ("deepseek-v3", 16) in cells
-    assert ("deepseek-v3", 64) not in cells and ("llama-4-scout", 64) in cells
-
-
-def test_graph_clock_probe_takes_three_clocks_per_contender(monkeypatch):
-    """probe_graph_clock.three_clocks (timers faked on the CPU): each graph-timed contender that passes its
-    float64 check gets the host-timed count's graph and graph_timer's, all three clocks in every round, and
-    a row with both counts and the three medians; a wrong one is recorded, not timed; one not graph-timed
-    is left out."""
-    import torch
-
-    import probes.probe_graph_clock as probe
-    from experiments.harness.runner import Contender, Settings
-
-    class FakeTimer:
-        def __init__(self, calls, n):
-            self.calls, self.n = calls, n
-
-        def sample(self, replays, hold_cycles=1):
-            if not hold_cycles:  # unheld, as the harness timed before
-                log.append(self.n)
-                return [1.0 * self.n] * replays
-            return [100.0 * self.n] * replays
-
-    log = []
-    monkeypatch.setattr(probe, "GraphTimer", FakeTimer)
-    monkeypatch.setattr(probe, "host_timed_calls", lambda calls, settings: 2)
-    monkeypatch.setattr(probe, "graph_timer", lambda calls, settings: FakeTimer(calls, 10))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    ref = torch.randn(6, 4, dtype=torch.float64)
-    right = ref.to(torch.float32)
-    cs = [
-        Contender("a", lambda inp: lambda: right),
-        Contender("wrong", lambda inp: lambda: right + 1.0),
-        Contender("b", lambda inp: lambda: right.clone()),
-        Contender("loop", lambda inp: lambda: right, graph=False),
-    ]
-    rows = probe.three_clocks(cs, [(None,)], ref, 16, Settings(graph_replays=3))
-    by = {r["contender"]: r for r in rows}
-    assert (
-        set(by) == {"a", "wrong", "b"} and by["wrong"]["status"] != "ok" and "graph_us_now" not in by["wrong"]
-    )
-    for name in ("a", "b"):
-        assert by[name]["status"] == "ok"
-        assert (by[name]["calls_before"], by[name]["calls_now"], by[name]["rounds"]) == (2, 10, probe.ROUNDS)
-        assert (by[name]["graph_us_before"], by[name]["graph_us_count"], by[name]["graph_us_now"]) == (
-            2.0,
-            10.0,
-            1000.0,
-        )
-    assert log == [2, 10] * (2 * probe.ROUNDS)
-
-
-def test_large_cells_probe_contenders_compute_the_layer(device, monkeypatch):
-    """The large-cells probe: its four contenders, in order; moe_ffn and the unfused composition give the
-    layer's result on fresh data (a float64 reference, 9 tokens of top-2 over 5 experts; the transformers
-    backend's two are E8's own, tested with it); its cells are two models at T=4096, then 16384."""
-    import torch
-
-    import probes.probe_large_cells as probe
-
-    e, x, ids, wts, w_gu, w_dn, ref = small_ffn_cell(device, monkeypatch, 23)
-    cs = probe.contenders(x, ids, wts, e)
-    assert [c.name for c in cs] == [
-        "ours:moe_ffn",
-        "ours:unfused-swiglu",
-        "ours:hf-backend",
-        "ours:hf-backend:compiled",
-    ]
-    for c in cs[:2]:
-        got = c.bind((w_gu, w_dn))()
-        torch.testing.assert_close(got.double().cpu(), ref, rtol=4e-2, atol=4e-2)
-    assert probe.CELLS == [(m, t) for m in probe.MODELS for t in (4096, 16384)]
-
-
-def test_replay_log_probe_times_the_host_in_each_replay():
-    """probe_compiled_samples' graph wrapper: replay() runs the graph's own replay once per call and keeps the
-    host's time in it (a fake graph that sleeps 20 ms here), so GraphTimer.sample times it unchanged."""
-    import time
-
-    from probes.probe_compiled_samples import _TimedReplay
-
-    class Graph:
-        replays = 0
-
-        def replay(self):
-            Graph.replays += 1
-            time.sleep(0.02)
-
-    timed = _TimedReplay(Graph())
-    assert timed.host_ms == 0.0
-    timed.replay()
-    assert Graph.replays == 1 and 19 <= timed.host_ms < 1000
-
-
-def test_robust_tuning_probe_picks_the_two_choices_and_checks_them(tmp_path, device):
-    """The robust-tuning probe: from a tuner CSV (synthetic rows made here) it takes the cells tuned on
-    both loads where the config kept differs from the uniform load's fastest (not the others, nor T=1),
-    three E7 loads per cell, and its two contenders compute the grouped product (checked against float64)."""
-    import dataclasses
-
-    import pandas as pd
-
-    from experiments.harness.correctness import check
-    from moegemm.grouped import GroupedConfig
-    from probes import probe_robust_tuning as probe
-
-    a, b = GroupedConfig(16, 16, 32), GroupedConfig(32, 16, 16, persistent=True)
-    rows = []
-    for t, times in ((64, {a: (100, 300), b: (110, 120)}), (256, {a: (100, 100), b: (120, 90)})):
-        for cfg, (uni, zipf) in times.items():
-            for load, us in (("uniform", uni), ("zipf1.2", zipf)):
-                rows.append(
-                    {
-                        "model": "m",
-                        "proj": "up",
-                        "tokens": t,
-                        "load": load,
-                        "status": "ok",
-                        "config": repr(dataclasses.asdict(cfg)),
-                        "graph_us": float(us),
-                    }
-                )
-    rows.append(
-        {
-            "model": "m",
-            "proj": "up",
-            "tokens": 1,
-            "load": "uniform",
-            "status": "ok",
-            "config": repr(dataclasses.asdict(a)),
-            "graph_us": 5.0,
-        }
-    )
-    pd.DataFrame(rows).to_csv(tmp_path / "t.csv", index=False)
-    picks = probe.choices(tmp_path / "t.csv")
-    assert picks == {("m", "up", 64): (dataclasses.asdict(b), dataclasses.asdict(a))}
-    assert probe.cells_of(picks) == [("m", "up", 64, ld) for ld in probe.LOADS]
-    e, k, n = 4, 64, 48
-    plan, xs, w, ref = small_moe_cell(device, 13, e, k, n, t=9)
-    cs = probe.contenders(xs, plan, 64, "m", "up", picks)
-    assert [c.name for c in cs] == ["tuned:both-loads", "tuned:uniform-only"]
-    for c in cs:
-        ok, rel, why = check(c.bind((xs, w))(), ref, k)
-        assert ok, (c.name, why)
 
 
 def test_prefill_counters_probe_cases_compute_their_products(device, monkeypatch):
@@ -475,40 +254,6 @@ def test_prefill_counters_probe_summarises_the_clock_log():
         "clock_event_reasons": "0x5",
     }
     assert log.summary(4.0, 5.0) == {"clock_samples": 0}
-
-
-def test_compiled_order_probe_arranges_its_variants():
-    """probe_compiled_order: the compiled backend moved to right after the eager one, every other contender
-    kept in place; the variants' orders and rounds as its docstring lists them."""
-    from experiments.harness.runner import Contender, Settings
-    from probes.probe_compiled_order import COMPILED, EAGER, after_eager, variants
-
-    names = [
-        "ours:moe_ffn",
-        EAGER,
-        "hf:grouped_mm",
-        "torch._grouped_mm pipeline",
-        COMPILED,
-        "per-expert-loop",
-    ]
-    cs = [Contender(n, None) for n in names]
-    assert [c.name for c in after_eager(cs)] == [
-        "ours:moe_ffn",
-        EAGER,
-        COMPILED,
-        "hf:grouped_mm",
-        "torch._grouped_mm pipeline",
-        "per-expert-loop",
-    ]
-    assert [c.name for c in after_eager(cs[:1])] == ["ours:moe_ffn"]
-    got = [(n, s.order, s.rounds) for n, s, _ in variants(Settings(rounds=2))]
-    assert got == [
-        ("rotate", "rotate", 2),
-        ("balanced", "balanced", 2),
-        ("after-eager", "rotate", 2),
-        ("balanced-4", "balanced", 4),
-        ("rotate-again", "rotate", 2),
-    ]
 
 
 def test_ceiling_probes_take_held_out_cells_and_compute_their_products(device):
@@ -767,3 +512,33 @@ class _named:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_dk_latency_ceiling_kernel_stores_a_split_partial_or_nothing(device):
+    """probe_dk_latency's ceiling kernel (the library's partial_tile per program): with LOAD each split's fp32
+    partial of its K slice lands in C (one split: the whole product, against float64; two: the one stored
+    last, either slice's); without LOAD it writes nothing."""
+    import torch
+    import triton
+
+    from probes.probe_dk_latency import _ceiling_kernel
+
+    g = torch.Generator().manual_seed(3)
+    m, k, n, bm, bn, bk = 5, 96, 24, 16, 16, 32
+    a = torch.randn(m, k, generator=g).to(device)
+    b = torch.randn(k, n, generator=g).to(device)
+    ref = a.double() @ b.double()
+    halves = [a[:, :48].double() @ b[:48].double(), a[:, 48:].double() @ b[48:].double()]
+    for s, load in ((1, True), (2, True), (1, False)):
+        out = torch.zeros(m, n, device=device)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), s)
+        args = (a, b, out, m, *a.stride(), *b.stride(), *out.stride())
+        meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, LOAD=load, PRECISION="ieee", UPCAST=False)
+        _ceiling_kernel[grid](*args, N=n, K=k, S=s, **meta)
+        got = out.double()
+        if not load:
+            assert not got.any()
+        elif s == 1:
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+        else:
+            assert any(torch.allclose(got, h, atol=1e-4, rtol=1e-4) for h in halves)
