@@ -42,7 +42,7 @@ TEX = shutil.which("latexmk") is not None
 # outputs are reused: the re-measurement the budget times), with it off (the default) it does
 TUNER_VERIFY = (ancient if config.get("keep_tuned") else str)(f"results/{HERE}/verify.json")
 SLOT = f"{PY} -m experiments.gpu_slot --"  # pins each GPU job to a free GPU of this host
-NUMBERS_CODE = sorted(set(["paper/make_numbers.py", "probes/writeup.py", "experiments/report.py"]
+NUMBERS_CODE = sorted(set(["paper/make_numbers.py"]
                            + [str(p) for p in Path("paper/numbers").glob("*.py")]
                            + code_closure("paper.make_numbers")))
 
