@@ -349,7 +349,7 @@ rule figure:
         data=lambda w: figure_data(w.res, w.fig),
         # its code, as its imports reach (paper/numbers/ where it shares an analysis with the numbers, the
         # library for the grouped diagram), and whatever else its last build was seen to read
-        code=lambda w: code_closure(f"figures.{w.fig}"),
+        code=lambda w: code_closure(f"paper.figures.{w.fig}"),
         seen=lambda w: [p for p in recorded_inputs(f"figures/{w.res}/MANIFEST.json", w.fig)
                         if p not in figure_data(w.res, w.fig)],
     output:
@@ -365,7 +365,7 @@ rule figure:
     params:
         trace=TRACE,
     shell:
-        "{params.trace} --record {output.record} -- figures.{wildcards.fig} --results results/{wildcards.res} "
+        "{params.trace} --record {output.record} -- paper.figures.{wildcards.fig} --results results/{wildcards.res} "
         "--out figures/{wildcards.res}/{wildcards.fig} > {log} 2>&1"
 
 

@@ -309,11 +309,11 @@ def test_unquoted_macros_and_page_counts_read_what_they_should():
 
 
 def test_figures_refuse_small_print_and_many_panels(tmp_path):
-    """figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with more
-    than 4 panels, is refused (naming it); one within both is saved."""
+    """paper.figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with
+    more than 4 panels, is refused (naming it); one within both is saved."""
     import matplotlib.pyplot as plt
 
-    from figures import common
+    from paper.figures import common
 
     common.setup()
     fig, ax = plt.subplots(figsize=(7.0, 2.0))
@@ -652,7 +652,7 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
         [
             sys.executable,
             "-m",
-            "figures.e7_grouped_skew",
+            "paper.figures.e7_grouped_skew",
             "--results",
             str(res),
             "--out",
@@ -779,7 +779,7 @@ def test_figure_index_lists_every_figure_with_its_csvs():
     for name, inputs in entries.items():
         for csv in set(re.findall(r'"(\w+)"', inputs)) - {"WRITEUP"}:
             assert f"`{csv}.csv`" in rows[name], (name, csv)
-        assert (ROOT / "figures" / f"{name}.py").exists()
+        assert (ROOT / "paper" / "figures" / f"{name}.py").exists()
 
 
 def test_related_work_cites_the_sources_it_builds_on():
@@ -831,8 +831,8 @@ def test_abstract_is_at_most_200_words():
 
 
 def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
-    """paper.numbers.e8 and figures/e8_moe_layer on a moe_layer CSV (synthetic test data made here, not a
-    measurement): ours against the best peer per phase, the torch._grouped_mm pipeline at decode and vLLM at
+    """paper.numbers.e8 and paper/figures/e8_moe_layer on a moe_layer CSV (synthetic test data made here, not
+    a measurement): ours against the best peer per phase, the torch._grouped_mm pipeline at decode and vLLM at
     prefill, the fusion's gain; the table; a figure that passes the print check; no CSV, no numbers."""
     import subprocess
     import sys
@@ -898,7 +898,7 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
         [
             sys.executable,
             "-m",
-            "figures.e8_moe_layer",
+            "paper.figures.e8_moe_layer",
             "--results",
             str(tmp_path),
             "--out",
