@@ -25,15 +25,10 @@ REBUILD = "rebuild with `snakemake --cores 1` and commit what it writes"
 
 
 def snakefile_figures() -> set[str]:
-    """The figures the Snakefile draws from the committed results (FIGURE_INPUTS, those whose CSVs exist)."""
-    smk = (ROOT / "Snakefile").read_text()
-    block = smk.split("FIGURE_INPUTS = {", 1)[1].split("\n}", 1)[0]
-    drawn = set()
-    for name, inputs in re.findall(r'"(\w+)": (\[[^\]]*\])', block):
-        needs = re.findall(r'"(\w+)"', inputs)
-        if all((ROOT / "results" / GPU / f"{n}.csv").exists() for n in needs):
-            drawn.add(name)
-    return drawn
+    """The figures the pipeline draws from the committed results (workflow.plan: those whose CSVs exist)."""
+    from workflow.plan import plan
+
+    return set(plan([], GPU, ROOT).figures())
 
 
 # -- the committed outputs -----------------------------------------------------------------------------------

@@ -348,8 +348,8 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
     docker = (ROOT / "Dockerfile").read_text()
     base = re.search(r"^FROM\s+(\S+)", docker, flags=re.M).group(1)
     assert ":" in base and not base.endswith(":latest") and re.search(r"\d{8}", base), base
-    smk = (ROOT / "Snakefile").read_text()
-    assert base in smk, "the Snakefile's container directive must name the same image"
+    smk = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert f'container: "docker://{base}"' in smk, "the pipeline's container must be the same image"
     cmd = re.search(r"^CMD\s+\[(.*)\]", docker, flags=re.M).group(1)
     assert [c.strip().strip('"') for c in cmd.split(",")] == ["snakemake", "--cores", "1"]
     readme = (ROOT / "README.md").read_text()
@@ -769,15 +769,16 @@ def test_paper_and_readme_name_no_internal_work_items():
 
 
 def test_figure_index_lists_every_figure_with_its_csvs():
-    """figures/README.md has one row per figure the Snakefile draws, naming every CSV it reads."""
-    smk = (ROOT / "Snakefile").read_text()
-    block = smk.split("FIGURE_INPUTS = {", 1)[1].split("\n}", 1)[0]
-    entries = dict(re.findall(r'"(\w+)": (\[[^\n]*?\](?: \+ \([^\n]*?\))?)(?:,|$)', block, flags=re.M))
+    """figures/README.md has one row per figure the pipeline draws (workflow.plan), naming every CSV it reads
+    (with a GPU's full set of results)."""
+    from workflow.plan import plan
+
+    entries = plan(["a GPU"], "nvidia-h200", ROOT).figure_inputs()
     index = (ROOT / "figures" / "README.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|[^|]*\|(.*)\|$", index, flags=re.M)}
     assert entries and set(rows) == set(entries), (sorted(rows), sorted(entries))
     for name, inputs in entries.items():
-        for csv in set(re.findall(r'"(\w+)"', inputs)) - {"WRITEUP"}:
+        for csv in inputs:
             assert f"`{csv}.csv`" in rows[name], (name, csv)
         assert (ROOT / "paper" / "figures" / f"{name}.py").exists()
 
