@@ -4,6 +4,7 @@ the figures drawn and what each reads; what Snakemake says at start. Checked on 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from workflow import plan as wp
@@ -68,3 +69,17 @@ def test_verify_tests_the_library_and_the_tests(tmp_path):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("")
     assert wp.source_files(tmp_path) == ["src/pkg/a.py", "src/pkg/b.py", "tests/test_x.py"]
+
+
+def test_every_rule_has_a_log():
+    """Every rule of workflow/rules/ but the target `all` writes a log (logs/...), where its output goes."""
+    seen = []
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        text = smk.read_text()
+        starts = [(m.start(), m.group(1)) for m in re.finditer(r"^\s*rule (\w+):", text, flags=re.M)]
+        for (at, name), (end, _) in zip(starts, [*starts[1:], (len(text), "")]):
+            body = text[at:end]
+            assert re.search(r"^\s+log:\n\s+f?\"logs/", body, flags=re.M), f"{smk.name}: {name}: no log"
+            seen.append(name)
+    assert {"verify", "measure", "merge_shards", "figure", "publish_paper"} <= set(seen), seen
+    assert "rule all:" in (ROOT / "Snakefile").read_text()
