@@ -188,7 +188,7 @@ def superseded_times(results: Path, run: str) -> dict[str, float]:
     """{step: seconds} of the steps that the superseded run ``run`` (results/<gpu>/runs/<run>/benchmarks,
     unpacked from runs.tar.xz) timed, as experiments.pipeline.run_times reads them."""
     from experiments.pipeline import run_times
-    from experiments.report import runs_dir
+    from experiments.runs_archive import runs_dir
 
     folder = runs_dir(results) / run
     times = run_times(folder) if (folder / "benchmarks").is_dir() else None

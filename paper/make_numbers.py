@@ -5,7 +5,8 @@
 Writes numbers.tex (one \\newcommand per number the paper or the README quotes, and no other) and table_*.tex.
 Each experiment's numbers live in its own module under paper/numbers/ (e1..e9, e7_heldout for E7's held-out
 models, e7_tuner for E7's tuner, repro for the reproducibility table, readme for the README's block; common
-for the helpers), the probes' in probes/writeup.py; this command runs them all.
+for the helpers, latex for the macros and tables), the probes' in paper/numbers/probes.py; this command runs
+them all.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, repro
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, probes, repro
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, summary, update_readme
 from paper.numbers.runtime import runtime, runtime_block
-from probes import writeup as probes
 
 
 def main():

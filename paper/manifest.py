@@ -4,7 +4,7 @@ A reader gets ``paper/paper.pdf`` and ``figures/<gpu>/*.pdf|png`` without runnin
 by sha256, which CSV/JSON inputs and which code each was built from, so that a test
 (tests/test_build_record.py) fails when a committed output is older than what it is drawn from.
 
-    python -m paper.manifest trace --record R.json -- figures.e5_decompose_k_grid --results ... --out ...
+    python -m paper.manifest trace --record R.json -- paper.figures.e5_decompose_k_grid --results .. --out ..
         runs the module as ``python -m`` would and records every file of the checkout it read (its inputs),
         the checkout's modules it imported (its code) and the files it wrote (its outputs), with their sha256
     python -m paper.manifest figures --out figures/<gpu>/MANIFEST.json R1.json R2.json ...

@@ -25,15 +25,10 @@ REBUILD = "rebuild with `snakemake --cores 1` and commit what it writes"
 
 
 def snakefile_figures() -> set[str]:
-    """The figures the Snakefile draws from the committed results (FIGURE_INPUTS, those whose CSVs exist)."""
-    smk = (ROOT / "Snakefile").read_text()
-    block = smk.split("FIGURE_INPUTS = {", 1)[1].split("\n}", 1)[0]
-    drawn = set()
-    for name, inputs in re.findall(r'"(\w+)": (\[[^\]]*\])', block):
-        needs = re.findall(r'"(\w+)"', inputs)
-        if all((ROOT / "results" / GPU / f"{n}.csv").exists() for n in needs):
-            drawn.add(name)
-    return drawn
+    """The figures the pipeline draws from the committed results (workflow.plan: those whose CSVs exist)."""
+    from workflow.plan import plan
+
+    return set(plan([], GPU, ROOT).figures())
 
 
 # -- the committed outputs -----------------------------------------------------------------------------------
@@ -50,7 +45,7 @@ def test_committed_figures_are_built_from_the_committed_inputs():
     assert snakefile_figures() <= set(recorded), sorted(snakefile_figures() - set(recorded))
     for name, rec in recorded.items():
         assert {f"{FIGURES}/{name}.pdf", f"{FIGURES}/{name}.png"} <= set(rec["outputs"]), name
-        assert f"figures/{name}.py" in rec["code"], name
+        assert f"paper/figures/{name}.py" in rec["code"], name
     hero = ROOT / "figures" / "hero.png"
     assert mf.sha256(hero) == mf.sha256(ROOT / FIGURES / "hero.png"), (
         f"figures/hero.png is not {FIGURES}/hero.png"
@@ -306,5 +301,5 @@ def test_static_closure_covers_what_each_figure_imports(monkeypatch):
         pytest.skip(f"{FIGURES}/MANIFEST.json is not built here")
     monkeypatch.chdir(ROOT)
     for name, rec in json.loads(path.read_text())["figures"].items():
-        closure = set(mf.code_closure(f"figures.{name}"))
+        closure = set(mf.code_closure(f"paper.figures.{name}"))
         assert set(rec["code"]) <= closure, (name, sorted(set(rec["code"]) - closure))

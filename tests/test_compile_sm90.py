@@ -17,6 +17,9 @@ SHARDS = 6  # compiled in parallel processes where pytest-xdist spreads the test
 def test_all_kernels_compile_for_sm90(shard):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("compile_check.py")
+    # the script imports the experiments' stream kernels too: the checkout's root on its path, as pytest's own
+    root = str(script.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     res = subprocess.run(
         [sys.executable, str(script), "--shard", f"{shard}/{SHARDS}"],
         capture_output=True,

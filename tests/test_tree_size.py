@@ -1,6 +1,7 @@
 """The project's tracked files stay under TREE_LIMIT_BYTES, so that a checkout fits beside a Triton bundle and
 the peers' sources in one 64 MiB device call; superseded runs are committed compressed
-(results/<gpu>/runs.tar.xz) and read through experiments.report.runs_dir, checked here on runs made here."""
+(results/<gpu>/runs.tar.xz) and read through experiments.runs_archive.runs_dir, checked here on runs made
+here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.report import RUNS_ARCHIVE, pack_runs, runs_dir
+from experiments.runs_archive import RUNS_ARCHIVE, pack_runs, runs_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 TREE_LIMIT_BYTES = 16 * 10**6

@@ -1,5 +1,5 @@
 """Shared helpers of the generated numbers: provenance, our default path and the seed's names; the Numbers
-collection, geometric means and LaTeX tables (experiments.report, re-exported)."""
+collection, geometric means and LaTeX tables (latex, re-exported)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.report import Numbers, gm, table, tex_escape  # noqa: F401  (re-exported)
+from .latex import Numbers, gm, table, tex_escape  # noqa: F401  (re-exported)
 
 # Our default path (kernel="auto": the tuned table, else the heuristic; our kernel or cuBLAS): every headline
 # ratio is against it, not against the per-shape best of our kernels picked afterwards.

@@ -1,5 +1,5 @@
 """E5 Decompose-K grid: the numbers and tables, and the heuristic against the tuned table (the kernel-design
-probes' numbers are in probes/writeup.py)."""
+probes' numbers are in paper/numbers/probes.py)."""
 
 from __future__ import annotations
 

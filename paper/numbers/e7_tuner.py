@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.report import runs_dir
+from experiments.runs_archive import runs_dir
 
 from .common import Numbers
 

@@ -1,5 +1,5 @@
-"""probes/writeup.py on synthetic probe CSVs made here (no measured data): each probe's numbers, and none
-before its CSV exists."""
+"""paper/numbers/probes.py on synthetic probe CSVs made here (no measured data): each probe's numbers, and
+none before its CSV exists."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple)
     exists."""
     import pandas as pd
 
-    from experiments.report import Numbers
+    from paper.numbers.latex import Numbers
 
     rows = [
         {
@@ -48,10 +48,10 @@ def _probe_numbers(tmp_path, numbers, csv_name: str, times: dict, failed: tuple)
 
 
 def test_gluon_probe_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.writeup.gluon_probe on a probe CSV (synthetic test data made here): per cell the faster of our
-    grids against the fastest Gluon config (a failed Gluon row left out): geomean, lowest and highest of the
-    Gluon kernel's speed over ours; no CSV, no numbers."""
-    from probes.writeup import gluon_probe
+    """paper.numbers.probes.gluon_probe on a probe CSV (synthetic test data made here): per cell the faster of
+    our grids against the fastest Gluon config (a failed Gluon row left out): geomean, lowest and highest of
+    the Gluon kernel's speed over ours; no CSV, no numbers."""
+    from paper.numbers.probes import gluon_probe
 
     times = {
         ("m", "up", 1024, "uniform"): {
@@ -80,10 +80,10 @@ def test_gluon_probe_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.writeup.stream_k_probe on a probe CSV (synthetic test data made here): whole against dealt
+    """paper.numbers.probes.stream_k_probe on a probe CSV (synthetic test data made here): whole against dealt
     for each tile shape and cell (a failed row left out): the pairs, how many dealing won, the geomean; no
     CSV, no numbers."""
-    from probes.writeup import stream_k_probe
+    from paper.numbers.probes import stream_k_probe
 
     times = {
         ("m", "up", 1024, "uniform"): {
@@ -113,14 +113,14 @@ def test_stream_k_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_power_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.writeup.power_probe on a probe CSV (synthetic test data made here): the cap and the hold, at
-    prefill ours' and torch._grouped_mm's median clock, the held ratio against ours, and E7's burst ratio
+    """paper.numbers.probes.power_probe on a probe CSV (synthetic test data made here): the cap and the hold,
+    at prefill ours' and torch._grouped_mm's median clock, the held ratio against ours, and E7's burst ratio
     from grouped_skew.csv in the same cells; a failed row left out; no CSV, no numbers."""
     import pandas as pd
 
-    from experiments.report import Numbers
     from paper.numbers.e7 import e7_frame
-    from probes.writeup import power_probe
+    from paper.numbers.latex import Numbers
+    from paper.numbers.probes import power_probe
 
     base = {
         "status": "ok",
@@ -213,14 +213,14 @@ def test_power_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
-    """probes.writeup.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
+    """paper.numbers.probes.prefill_counters on the counters probe's two CSVs (synthetic test data made here):
     the longest kernel of each call is read (a setup kernel left out), executed tensor math is divided by
     the cell's FLOPs, DeepSeek-V3's L2 throughput and the merged tails' gain in the timing come out; without
     the CSVs, nothing."""
     import pandas as pd
 
-    from experiments.report import Numbers
-    from probes.writeup import prefill_counters
+    from paper.numbers.latex import Numbers
+    from paper.numbers.probes import prefill_counters
 
     n = Numbers()
     prefill_counters(n, tmp_path)
@@ -298,9 +298,9 @@ def test_prefill_counter_numbers_on_synthetic_csvs(tmp_path):
 
 
 def test_heldout_ceilings_numbers_on_a_synthetic_csv(tmp_path):
-    """probes.writeup.heldout_ceilings_probe (synthetic test data made here): at the smaller T ours and
+    """paper.numbers.probes.heldout_ceilings_probe (synthetic test data made here): at the smaller T ours and
     torch._grouped_mm as % of the memory ceiling's speed (geomeans); a wrong row left out."""
-    from probes.writeup import heldout_ceilings_probe
+    from paper.numbers.probes import heldout_ceilings_probe
 
     times = {
         ("a", "up", 256, "uniform"): {
@@ -344,25 +344,21 @@ def test_heldout_ceilings_numbers_on_a_synthetic_csv(tmp_path):
 
 
 def test_backward_probe_numbers_on_a_synthetic_csv(tmp_path, monkeypatch):
-    """probes.writeup.backward_probe on a probe CSV (synthetic test data made here): the library's backward
-    tiles (set here) against torch._grouped_mm per piece (another config's rows and a failed row left out,
-    a cell without torch's row dropped), geomean; the step kept and recomputed against the torch pipeline,
-    lowest and highest over the cells; no CSV, no numbers."""
+    """paper.numbers.probes.backward_probe on a probe CSV (synthetic test data made here): the library's
+    backward tiles (set here) against torch._grouped_mm per piece (another config's rows and a failed row left
+    out, a cell without torch's row dropped), geomean; the step kept and recomputed against the torch
+    pipeline, lowest and highest over the cells; no CSV, no numbers."""
     import pandas as pd
 
-    from experiments.report import Numbers
     from moegemm.grouped import backward as bw
-    from probes import dswiglu_fused
-    from probes.writeup import backward_probe
+    from paper.numbers import probes as numbers
+    from paper.numbers.latex import Numbers
+    from paper.numbers.probes import backward_probe
 
     monkeypatch.setattr(
         bw, "DW_TMA_TILES", dict(BLOCK_M=32, BLOCK_K=128, BLOCK_N=128, GROUP_K=8, num_warps=4, num_stages=5)
     )
-    monkeypatch.setattr(
-        dswiglu_fused,
-        "FUSED_TILES",
-        dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
-    )
+    monkeypatch.setattr(numbers, "DSWIGLU_FUSED", "64x64x64/w4s4")
     dw, ds, torch_ = "32x128x128/w4s5", "64x64x64/w4s4", "torch._grouped_mm"
     times = {  # (model, T) -> {(piece, config): us}
         ("a", 4096): {
@@ -419,8 +415,8 @@ def test_separate_probe_numbers_on_synthetic_csvs(tmp_path):
     default step's time with the fused kernel over its time with the separate one; none before the CSVs."""
     import pandas as pd
 
-    from experiments.report import Numbers
-    from probes.writeup import separate_probe
+    from paper.numbers.latex import Numbers
+    from paper.numbers.probes import separate_probe
 
     fused = "128x256x64/w8s3e4"
     n = Numbers()
@@ -480,3 +476,19 @@ def test_separate_probe_numbers_on_synthetic_csvs(tmp_path):
     assert got["BwdSepGemmOnly"] == pytest.approx(2**0.5, abs=0.01)
     assert got["BwdSepStep"] == pytest.approx((1.1 * 0.9) ** 0.5, abs=0.01)
     assert (got["BwdSepStepLo"], got["BwdSepStepHi"], got["BwdSepCells"]) == (0.9, 1.1, 2)
+
+
+def test_the_write_up_names_the_probes_configs_as_their_rows_do():
+    """paper.numbers.probes reads the probes' CSVs, not their code: its config labels are the probe's own
+    (probe_backward.label), its fused SwiGLU tiles dswiglu_fused.FUSED_TILES, and its whole-epilogue test
+    picks out exactly the sweep's configs without an epilogue split."""
+    from paper.numbers import probes as numbers
+    from probes.dswiglu_fused import FUSED_TILES
+    from probes.probe_backward import DSWIGLU_CONFIGS, DW_CONFIGS, label
+
+    assert numbers.DSWIGLU_FUSED == label(FUSED_TILES)
+    for cfg in [*DSWIGLU_CONFIGS, *DW_CONFIGS, FUSED_TILES]:
+        assert numbers.config_label(cfg) == label(cfg)
+    whole = {label(c) for c in DSWIGLU_CONFIGS if "EPI_SPLIT" not in c}
+    assert {label(c) for c in DSWIGLU_CONFIGS if numbers.WHOLE_EPILOGUE.search(label(c))} == whole
+    assert not any(numbers.WHOLE_EPILOGUE.search(c) for c in ("pointer", "torch._grouped_mm", "auto"))

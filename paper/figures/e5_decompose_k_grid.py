@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from figures.common import DK_NAMES, OURS, PALETTE, args, finish, gpu_name, load, save, setup
+from paper.figures.common import DK_NAMES, OURS, PALETTE, args, finish, gpu_name, load, save, setup
 
 SEED_FILES = {
     "bf16-relu": "epilogue_relu_bf16.csv",

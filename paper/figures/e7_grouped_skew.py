@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from figures.common import args, finish, geomean, load, save, setup
+from paper.figures.common import args, finish, geomean, load, save, setup
 from paper.numbers.e7 import practical_ceiling, tune_split
 from paper.numbers.e7_heldout import heldout_frame, vllm_work
 

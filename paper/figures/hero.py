@@ -9,7 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from figures.common import OURS, args, finish, geomean, load, save, setup
+from paper.figures.common import OURS, args, finish, geomean, load, save, setup
 
 
 def main():

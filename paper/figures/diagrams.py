@@ -1,16 +1,16 @@
 """Drawing helpers for the two diagrams (diagram_reduction, diagram_grouped): one axes whose units are inches
 of the printed figure, so that boxes, text and gaps are laid out at the size they print at (the paper prints
-every figure at its text width, figures.common.TEXT_WIDTH_IN)."""
+every figure at its text width, paper.figures.common.TEXT_WIDTH_IN)."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from figures.common import setup
+from paper.figures.common import setup
 
 MONO = "DejaVu Sans Mono"  # code names (the library's own identifiers) in a typewriter face
-FS = 7.5  # body text in pt (figures.common.MIN_PT: 7 at the least)
+FS = 7.5  # body text in pt (paper.figures.common.MIN_PT: 7 at the least)
 SMALL = 7.0
 # One colour per expert (light fills, so that black text reads on them)
 EXPERT_COLORS = ["#9ecae1", "#fdae6b", "#a1d99b", "#dadaeb", "#fcbba1", "#c7e9c0", "#fdd0a2", "#bcbddc"]

@@ -5,7 +5,7 @@ layout (decode, CUDA-graph capturable) on the same tokens.
 
 Nothing here is drawn by hand: the plan is ``moegemm.grouped.route`` on a fixed ``topk_ids`` (5 experts, one
 of them empty, one hot), and the tile table is the kernels' own device code (``_tile_plan`` /
-``_masked_plan`` and ``_tile_coords``, figures/_tile_map.py) run on the CPU under Triton's interpreter,
+``_masked_plan`` and ``_tile_coords``, paper/figures/_tile_map.py) run on the CPU under Triton's interpreter,
 with the grid the launcher sizes (``_max_tiles``). No measured data is read (``--results`` is accepted for
 a uniform command line)."""
 
@@ -15,8 +15,8 @@ import os
 import textwrap
 import types
 
-from figures import diagrams as d
-from figures.common import args, save
+from paper.figures import diagrams as d
+from paper.figures.common import args, save
 
 # topk_ids [T = 8, top_k = 2] over E = 5 experts: expert 0 hot (7 of the 16 copies), expert 3 empty
 TOPK_IDS = [[0, 1], [0, 2], [4, 0], [1, 0], [2, 0], [0, 1], [1, 4], [0, 2]]
@@ -31,11 +31,11 @@ def example() -> dict:
     import torch
     import triton
 
-    from figures._tile_map import tile_map
     from moegemm._runtime import INTERPRET
     from moegemm.grouped import route
     from moegemm.grouped.config import GROUP_M
     from moegemm.grouped.launch import _max_tiles
+    from paper.figures._tile_map import tile_map
 
     device = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
     ids = torch.tensor(TOPK_IDS, dtype=torch.int32, device=device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.common import args, finish, geomean, load, save, setup
+from paper.figures.common import args, finish, geomean, load, save, setup
 from paper.numbers.e8 import HF_COMPILED, OURS, PREFILL, TK, TORCH, UNFUSED, VLLM, e8_frame
 
 PEERS = {

@@ -13,8 +13,8 @@ import textwrap
 
 from matplotlib.patches import Rectangle
 
-from figures import diagrams as d
-from figures.common import args, save
+from paper.figures import diagrams as d
+from paper.figures.common import args, save
 
 S = 4  # splits drawn
 # The code's names the drawing uses, each found in src/moegemm/decompose_k/single_launch.py

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import DK_NAMES, OURS, PALETTE, args, finish, load, save, setup
+from paper.figures.common import DK_NAMES, OURS, PALETTE, args, finish, load, save, setup
 
 
 def main():

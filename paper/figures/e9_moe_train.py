@@ -7,7 +7,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from figures.common import args, finish, geomean, load, save, setup
+from paper.figures.common import args, finish, geomean, load, save, setup
 from paper.numbers.e9 import HF_COMPILED, OURS_RECOMPUTE, TORCH, TORCH_COMPILED, UNSLOTH, e9_frame, ratios
 
 PEERS = {

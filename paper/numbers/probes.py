@@ -1,15 +1,17 @@
 """The probes' numbers (probes/probe_*.py, from their CSVs in results/<gpu>/, each where committed), those the
 write-up's probe table quotes: the grouped kernel's prefill tiles, counters, power, mixed expert order,
 Stream-K, the held-out ceilings and the Gluon kernel; the Decompose-K kernel's design and latency.
-paper/make_numbers.py runs them with the experiments' numbers."""
+paper/make_numbers.py runs them with the experiments' numbers. They read the probes' CSVs only, never the
+probes' code: a config is named as the probes' rows name it (config_label)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.report import Numbers, gm
+from .latex import Numbers, gm
 
 
 def probe_rows_any(results: Path, probe: str) -> pd.DataFrame | None:
@@ -244,6 +246,20 @@ def dk_design_probe(n: Numbers, results: Path) -> None:
     n.add("DkScreened", int(df.contender.str.startswith("screen:").sum()), "{}")
 
 
+def config_label(cfg: dict) -> str:
+    """A kernel config as probes/probe_backward.py's rows name it, e.g. 128x256x64/w8s3e4: tiles, warps,
+    stages, epilogue split (tests/probes/test_probe_numbers.py checks that it is the probe's own label)."""
+    split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
+    tiles = "x".join(str(cfg[k]) for k in cfg if k.startswith("BLOCK"))
+    return f"{tiles}/w{cfg['num_warps']}s{cfg['num_stages']}{split}"
+
+
+# The fused SwiGLU backward's tiles (probes/dswiglu_fused.py's FUSED_TILES), as its rows name them
+DSWIGLU_FUSED = "128x256x64/w8s3e4"
+# A config of the SwiGLU backward's sweep whose epilogue is whole (no EPI_SPLIT: no e<N> after its stages)
+WHOLE_EPILOGUE = re.compile(r"^\d+x\d+x\d+/w\d+s\d+$")
+
+
 def backward_probe(n: Numbers, results: Path) -> None:
     """probes/probe_backward.py (when its CSV is committed), the tune split's cells: the backward GEMMs that
     (the configs of backward.DW_TMA_TILES and dswiglu_fused.FUSED_TILES, the fastest of its sweep) against
@@ -254,10 +270,8 @@ def backward_probe(n: Numbers, results: Path) -> None:
     knobs against it (probe_dswiglu_flatten), and the separate form (the library's) against it and against
     the plain GEMM, piece and step (probe_dswiglu_separate)."""
     from moegemm.grouped import backward as bw
-    from probes.dswiglu_fused import FUSED_TILES
-    from probes.probe_backward import DSWIGLU_CONFIGS, label  # the config labels its rows carry
 
-    separate_probe(n, results, label(FUSED_TILES))
+    separate_probe(n, results, DSWIGLU_FUSED)
 
     df = probe_rows(results, "probe_backward")
     if df is None:
@@ -268,18 +282,18 @@ def backward_probe(n: Numbers, results: Path) -> None:
     if split is not None:
         s = split.pivot_table(index=cell, columns="config", values="graph_us")
         ratio = {c: gm(s["torch._grouped_mm"] / s[c]) for c in s if c != "torch._grouped_mm"}
-        whole = [label(c) for c in DSWIGLU_CONFIGS if "EPI_SPLIT" not in c and label(c) in ratio]
-        if label(FUSED_TILES) in ratio:
-            n.add("BwdDswiglu", ratio[label(FUSED_TILES)])
+        whole = [c for c in ratio if WHOLE_EPILOGUE.search(c)]
+        if DSWIGLU_FUSED in ratio:
+            n.add("BwdDswiglu", ratio[DSWIGLU_FUSED])
         if whole:
             n.add("BwdSplitWhole", max(ratio[c] for c in whole))  # the best tile with a whole epilogue
     t = df.pivot_table(index=cell, columns=["piece", "config"], values="graph_us")
     for name, piece, cfg in (
-        ("BwdDswiglu", "dswiglu", FUSED_TILES),
-        ("BwdDwDown", "dw_down", bw.DW_TMA_TILES),
-        ("BwdDwGateUp", "dw_gate_up", bw.DW_TMA_TILES),
+        ("BwdDswiglu", "dswiglu", DSWIGLU_FUSED),
+        ("BwdDwDown", "dw_down", config_label(bw.DW_TMA_TILES)),
+        ("BwdDwGateUp", "dw_gate_up", config_label(bw.DW_TMA_TILES)),
     ):
-        key, torch_key = (piece, label(cfg)), (piece, "torch._grouped_mm")
+        key, torch_key = (piece, cfg), (piece, "torch._grouped_mm")
         if key in t and torch_key in t and name not in n.items:
             both = t[[key, torch_key]].dropna()
             if len(both):

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from figures.common import args, finish, geomean, gpu_name, load, save, setup
+from paper.figures.common import args, finish, geomean, gpu_name, load, save, setup
 
 VARIANTS = ["two_stage", "flat", "single_launch", "pytorch:decompose_k"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from figures.common import args, finish, load, save, setup
+from paper.figures.common import args, finish, load, save, setup
 
 MODE_ORDER = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 

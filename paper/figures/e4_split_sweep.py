@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import seaborn as sns
 
-from figures.common import args, finish, load, save, setup
+from paper.figures.common import args, finish, load, save, setup
 
 VARIANTS = ["two_stage", "flat", "single_launch", "pytorch:decompose_k"]
 

@@ -1,1 +1,0 @@
-"""Figures: one script per experiment, reading results/<gpu>/ and writing PDF (paper) + PNG (README)."""
