@@ -25,6 +25,8 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
+from moegemm.fp8.kernels import _fp8_grouped_kernel  # noqa: E402
+from moegemm.fp8.quant import AMAX_FLOOR, E4M3_MAX, _quantize_rows_kernel  # noqa: E402
 from moegemm.grouped import backward as bw  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
 from moegemm.grouped.backward_kernels import (  # noqa: E402
@@ -501,6 +503,36 @@ def variants():
                 )
 
 
+def fp8_variants():
+    """The FP8 grouped kernel in both layouts, pointer and TMA loads, plain and with SwiGLU; the row
+    quantisation, plain and gathering."""
+    fp8 = dict(BLOCK=128, E_BLOCK=256, GROUP_M=8, AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX)
+    for (bm, bn), masked, swiglu, tma in itertools.product(
+        ((64, 128), (128, 256), (16, 64)), (False, True), (False, True), (False, True)
+    ):
+        if (swiglu and (masked or bn != 128)) or (masked and bm == 128):
+            continue
+        io = {
+            "a_ptr": "*fp8e4nv",
+            "sa_ptr": "*fp32",
+            "w_ptr": "*fp8e4nv",
+            "sw_ptr": "*fp32",
+            "a_desc": f"tensordesc<fp8e4nv[{bm},128]>" if tma else "*fp8e4nv",
+            "w_desc": f"tensordesc<fp8e4nv[{bn},128]>" if tma else "*fp8e4nv",
+            "y_ptr": "*fp8e4nv" if swiglu else "*bf16",
+            "sy_ptr": "*fp32",
+            "counts_ptr": "*i32",
+            "scale_ptr": "*fp32",
+        }
+        consts = dict(fp8, BLOCK_M=bm, BLOCK_N=bn, MASKED=masked, ZERO_TAIL=masked, HAS_SCALE=not masked)
+        yield (("fp8_grouped", bm, bn, masked, swiglu, tma), _fp8_grouped_kernel, io,
+               dict(consts, SWIGLU=swiglu, TMA=tma), {"num_warps": 8 if bm == 128 else 4})  # fmt: skip
+    for gather in (False, True):
+        io = {"x_ptr": "*bf16", "rows_ptr": "*i32", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
+        consts = dict(GATHER=gather, ROWS=16, BLOCK=128, AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX)
+        yield ("fp8_quantize_rows", gather), _quantize_rows_kernel, io, consts
+
+
 def main(argv=None) -> int:
     """``--shard I/N``: compile only the variants whose index is I modulo N (the test runs N shards in
     parallel processes)."""
@@ -508,7 +540,7 @@ def main(argv=None) -> int:
     i, n = (int(v) for v in args[1].split("/")) if args[:1] == ["--shard"] else (0, 1)
     target = GPUTarget("cuda", 90, 32)
     failed = done = 0
-    every = list(variants())
+    every = list(variants()) + list(fp8_variants())
     for name, kernel, io, consts, *opts in every[i::n]:
         done += 1
         s, c = sig(kernel, io, consts)
