@@ -16,6 +16,12 @@ import torch
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
+def triton_here(t: torch.Tensor) -> bool:
+    """Whether a Triton kernel can take ``t``: on a GPU, or anywhere under Triton's interpreter."""
+    return t.device.type == "cuda" or INTERPRET
+
+
 # The SM count used by heuristics when no GPU is present (the H100/H200 have 132).
 DEFAULT_SM_COUNT = 132
 

@@ -1,18 +1,20 @@
 """Grouped GEMM for MoE expert layers: routing (permute / unpermute), one-launch grouped kernels in the
 contiguous and masked layouts, the expert FFN in one call, and the baselines they are measured against.
 
-Modules, top to bottom: ``config`` (configs and their choice; moegemm.autotune times a shortlist on a
-shape's first call), ``tiles`` (the kernels' shared device code), ``kernels`` and ``masked_kernels`` (the
-Triton kernels of each layout), ``checks`` (argument checks), ``tma`` (TMA descriptors), ``launch`` (one
-launch's arguments, the grid, plans), ``contiguous`` and ``masked`` (the GEMMs' forward and their custom
-ops), ``routing`` with ``routing_kernels`` and ``pointwise``, ``ffn`` (the expert FFN's forward),
-``backward_kernels`` and ``backward`` (the gradients' GEMMs), ``autograd`` (autograd functions and the
-training ops), ``api`` (``grouped_mm``, ``grouped_mm_swiglu``, ``moe_ffn``: training or forward alone)."""
+Modules, top to bottom: ``config`` (configs and their choice; moegemm.autotune times a shortlist on a shape's
+first call), ``tiles`` (the kernels' shared device code), ``kernels`` and ``masked_kernels`` (the Triton
+kernels of each layout), ``checks`` (argument checks), ``tma`` (TMA descriptors), ``launch`` (one launch's
+arguments, the grid, plans), ``contiguous`` and ``masked`` (the GEMMs' forward and their custom ops),
+``routing`` with ``routing_kernels``, ``token_order`` (the un-permute) and ``pointwise``, ``ffn`` (the expert
+FFN's forward), ``backward_kernels`` and ``backward`` (the gradients' GEMMs), ``autograd`` (autograd functions
+and the training ops), ``api`` (``grouped_mm``, ``grouped_mm_swiglu``, ``moe_ffn``: training or forward
+alone)."""
 
 from .api import grouped_mm, grouped_mm_swiglu, moe_ffn
 from .config import GroupedConfig, choose_config, heuristic_config
 from .masked import grouped_mm_masked
-from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights, unpermute
+from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights
+from .token_order import unpermute
 
 __all__ = [
     "route",

@@ -6,12 +6,13 @@ from __future__ import annotations
 import torch
 
 from .. import autotune
-from .._runtime import check_device, gpu_slug
+from .._runtime import check_device, gpu_slug, triton_here
 from .._triton_common import check_dtype
 from .config import autotune_key
 from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .pointwise import silu_mul
-from .routing import route_and_permute, triton_here, unpermute
+from .routing import route_and_permute
+from .token_order import unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
 # SiLU(gate) * up a separate op: there, on the tune-split models' layers, the fused kernel (half-width N
