@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .._runtime import INTERPRET  # noqa: F401
-from .config import config_of
-from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
+from . import contiguous
+from .call import UNCHECKED
 from .ffn import gate_up_act
 from .pointwise import combine, silu_mul
 from .swiglu_bwd import _INTERPRET_SWIGLU, SWIGLU_TILES, swiglu_backward, swiglu_grad, swiglu_pass  # noqa: F401
@@ -24,29 +24,21 @@ from .weight_grad import w_dims as _w_dims  # noqa: F401
 # ---- grouped_mm / grouped_mm_swiglu ----
 
 
-def mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
-    fn = grouped_mm_swiglu_forward if swiglu else grouped_mm_forward
+def mm_forward(call, x, w, group_offsets, row_scale):
+    """grouped_mm (``call.swiglu``: grouped_mm_swiglu) recording nothing: the autograd function's forward."""
     with torch.no_grad():
-        return fn(
-            x,
-            w,
-            group_offsets,
-            w_layout=w_layout,
-            row_scale=row_scale,
-            config=config_of(config),
-            allow_tf32=allow_tf32,
-            validate=validate,
-        )
+        return contiguous.run(call, x, w, group_offsets, None, row_scale)
 
 
-def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
-    """(dx, dw, d_row_scale), each None where ``needs`` (three bools) says it is not wanted."""
+def mm_backward(call, dy, x, w, group_offsets, row_scale, needs):
+    """(dx, dw, d_row_scale) of ``call``, each None where ``needs`` (three bools) says it is not wanted."""
+    w_layout = call.w_layout
     need_x, need_w, need_s = needs
     need_s = need_s and row_scale is not None
     dx = dw = ds = None
     dy = dy.contiguous()
     with torch.no_grad():
-        if swiglu:
+        if call.swiglu:
             dgu, _, ds = swiglu_backward(
                 group_offsets,
                 x.shape[0],
@@ -58,21 +50,18 @@ def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
                 rowdot=need_s,
             )
             if need_x:
-                dx = grouped_mm_forward(
-                    dgu, w, group_offsets, w_layout=other_layout(w_layout), validate=False
-                )
+                dx = contiguous.run(UNCHECKED[other_layout(w_layout), False], dgu, w, group_offsets)
             if need_w:
                 dw = grouped_dw(x, dgu, group_offsets, w, w_layout)
         else:
             if need_s:  # the unscaled dX rows serve both dx and rowdot(dY, X W) = rowdot(dY W^T, X)
-                p = grouped_mm_forward(dy, w, group_offsets, w_layout=other_layout(w_layout), validate=False)
+                p = contiguous.run(UNCHECKED[other_layout(w_layout), False], dy, w, group_offsets)
                 ds = (p.float() * x.float()).sum(1)
                 if need_x:
                     dx = (p.float() * row_scale.float()[:, None]).to(x.dtype)
             elif need_x:
-                dx = grouped_mm_forward(
-                    dy, w, group_offsets, w_layout=other_layout(w_layout), row_scale=row_scale, validate=False
-                )
+                call = UNCHECKED[other_layout(w_layout), False]
+                dx = contiguous.run(call, dy, w, group_offsets, row_scale=row_scale)
             if need_w:
                 dw = grouped_dw(x, dy, group_offsets, w, w_layout, scale=row_scale)
     if ds is not None:
@@ -83,26 +72,25 @@ def mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
 # ---- moe_ffn ----
 
 
-def ffn_forward(
-    x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
-):
-    """(y [T, H], the gate/up pre-activations [rows, 2I] where ``save``, else None)."""
+def ffn_forward(call, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets):
+    """(y [T, H], the gate/up pre-activations [rows, 2I] where ``call.save``, else None)."""
+    w_layout = call.w_layout
     with torch.no_grad():
         xs = x.index_select(0, tok)
         ws = topk_weights.reshape(-1).index_select(0, sorted_slot)
-        if save:
-            gu = grouped_mm_forward(xs, w_gate_up, offsets, w_layout=w_layout, validate=False)
+        if call.save:
+            gu = contiguous.run(UNCHECKED[w_layout, False], xs, w_gate_up, offsets)
             act = silu_mul(gu)
         else:
             gu = None
             act = gate_up_act(xs, w_gate_up, offsets, w_layout)
         del xs
-        ys = grouped_mm_forward(act, w_down, offsets, w_layout=w_layout, row_scale=ws, validate=False)
-        return combine(ys, slot_rows, top_k, None), gu
+        ys = contiguous.run(UNCHECKED[w_layout, False], act, w_down, offsets, row_scale=ws)
+        return combine(ys, slot_rows, call.top_k, None), gu
 
 
 def ffn_backward(
-    dy, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu, w_layout, top_k, needs
+    call, dy, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu, needs
 ):
     """(dx, d topk_weights, d w_gate_up, d w_down), each None where ``needs`` says it is not wanted.
 
@@ -113,13 +101,14 @@ def ffn_backward(
     through the gate/up weights, summed over each token's top-k rows. Each transient buffer is freed once
     its last reader has run."""
     need_x, need_tw, need_gu, need_d = needs
+    w_layout = call.w_layout
     dx = dtw = dwgu = dwd = None
     dy = dy.contiguous()
     with torch.no_grad():
         ws = topk_weights.reshape(-1).index_select(0, sorted_slot)
         xs = x.index_select(0, tok) if gu is None or need_gu else None
         if gu is None:
-            gu = grouped_mm_forward(xs, w_gate_up, offsets, w_layout=w_layout, validate=False)
+            gu = contiguous.run(UNCHECKED[w_layout, False], xs, w_gate_up, offsets)
         if not need_gu:
             xs = None
         dys = dy.index_select(0, tok)
@@ -141,9 +130,9 @@ def ffn_backward(
             dwgu = grouped_dw(xs, dgu, offsets, w_gate_up, w_layout)
         del xs
         if need_x:
-            dxs = grouped_mm_forward(dgu, w_gate_up, offsets, w_layout=other_layout(w_layout), validate=False)
+            dxs = contiguous.run(UNCHECKED[other_layout(w_layout), False], dgu, w_gate_up, offsets)
             del dgu
-            dx = combine(dxs, slot_rows, top_k, None)
+            dx = combine(dxs, slot_rows, call.top_k, None)
         if need_tw:
             dtw = ds.index_select(0, slot_rows).view(topk_weights.shape).to(topk_weights.dtype)
     return dx, dtw, dwgu, dwd

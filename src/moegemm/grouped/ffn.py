@@ -8,8 +8,9 @@ import torch
 from .. import autotune
 from .._runtime import check_device, gpu_slug, triton_here
 from .._triton_common import check_dtype
+from . import contiguous
+from .call import UNCHECKED
 from .config import autotune_key
-from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .pointwise import silu_mul
 from .routing import route_and_permute
 from .token_order import unpermute
@@ -33,7 +34,7 @@ def gate_up_act(
     the interpreter, where a shape not yet timed takes the fused kernel)."""
     e = w_gate_up.shape[0]
     if xs.shape[0] > FUSE_ABOVE_ROWS_PER_EXPERT * e and _fused_faster(xs, w_gate_up, group_offsets, w_layout):
-        return grouped_mm_swiglu_forward(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+        return contiguous.run(UNCHECKED[w_layout, True], xs, w_gate_up, group_offsets)
     return _unfused(xs, w_gate_up, group_offsets, w_layout)
 
 
@@ -53,7 +54,7 @@ def _(xs, w_gate_up, group_offsets, w_layout):
 
 
 def _unfused(xs, w_gate_up, group_offsets, w_layout):
-    gu = grouped_mm_forward(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+    gu = contiguous.run(UNCHECKED[w_layout, False], xs, w_gate_up, group_offsets)
     if not triton_here(gu):
         i = gu.shape[1] // 2
         return (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
@@ -74,9 +75,7 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
     if not autotune.can_time(xs):
         return True
     runs = {
-        "fused": lambda: grouped_mm_swiglu_forward(
-            xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False
-        ),
+        "fused": lambda: contiguous.run(UNCHECKED[w_layout, True], xs, w_gate_up, group_offsets),
         "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout),
     }
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
@@ -165,5 +164,5 @@ def moe_ffn_forward(
         act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
     else:
         act = gate_up_act(xs, w_gate_up, plan.group_offsets, w_layout)
-    ys = grouped_mm_forward(act, w_down, plan.group_offsets, w_layout=w_layout, row_scale=ws, validate=False)
+    ys = contiguous.run(UNCHECKED[w_layout, False], act, w_down, plan.group_offsets, row_scale=ws)
     return unpermute(ys, plan, None)

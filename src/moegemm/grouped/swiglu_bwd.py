@@ -10,8 +10,9 @@ import triton
 
 from .._runtime import INTERPRET
 from .._triton_common import dot_meta
+from . import contiguous
 from .backward_kernels import _swiglu_bwd_kernel
-from .contiguous import grouped_mm_forward
+from .call import UNCHECKED
 from .weight_grad import other_layout, w_dims
 
 # Tiles of the SwiGLU backward kernel on a GPU, per operand dtype (module-level so that they can be
@@ -52,7 +53,7 @@ def swiglu_grad(
     _, i, h, *_ = w_dims(w_down, w_layout)
     dgu = gu if in_place else torch.empty_like(gu)
     if dys.shape[0] and i and h and _separate_ok(dys, gu, w_down):
-        p = grouped_mm_forward(dys, w_down, group_offsets, w_layout=other_layout(w_layout), validate=False)
+        p = contiguous.run(UNCHECKED[other_layout(w_layout), False], dys, w_down, group_offsets)
         return swiglu_pass(
             group_offsets, p, gu, None, w_layout, scale, rowdot, store_act, dgu, p if store_act else None
         )
