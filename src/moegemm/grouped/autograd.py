@@ -22,7 +22,7 @@ The backward GEMMs:
   over them, s A over P (the down projection's input as its weight gradient reads it) and the gating
   weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order; in fp32, the same backward
   in the epilogue of a pointer kernel's dX GEMM. The two-launch form is the faster: the same backward in
-  the 16-bit dX GEMM's epilogue ran at 0.68x torch._grouped_mm's speed on the plain GEMM, the two
+  the 16-bit dX GEMM's epilogue runs at 0.68x torch._grouped_mm's speed on the plain GEMM, the two
   launches at 0.80x (docs/training.md). For grouped_mm_swiglu (:func:`swiglu_backward`), the gate/up
   product recomputed in a K loop whose epilogue applies the same backward to the upstream gradient.
 

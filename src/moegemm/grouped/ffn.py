@@ -17,8 +17,8 @@ from .token_order import unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
 # SiLU(gate) * up a separate op: there, on the tune-split models' layers, the fused kernel (half-width N
-# tiles, no tail tiles) was slower; above it, it was faster in most cells but not all, so there the first
-# call of a shape times both.
+# tiles, no tail tiles) is the slower; above it, it is the faster in most cells but not all, so there the
+# first call of a shape times both.
 FUSE_ABOVE_ROWS_PER_EXPERT = 16
 
 
