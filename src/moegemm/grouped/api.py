@@ -10,7 +10,7 @@ import torch
 from .._runtime import records_grad
 from ..epilogue import Epilogue
 from . import autograd, contiguous
-from .call import GroupedCall
+from .call import FFNCall, GroupedCall
 from .config import GroupedConfig
 from .ffn import check_moe_ffn, moe_ffn_forward
 
@@ -119,15 +119,7 @@ def moe_ffn(
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
     if save_gate_up is not None and not isinstance(save_gate_up, bool):
         raise TypeError(f"save_gate_up: expected a bool or None, got {type(save_gate_up).__name__}")
+    call = FFNCall.of(w_layout, validate, save_gate_up)
     if records_grad(x, topk_weights, w_gate_up, w_down):
-        return autograd.moe_ffn_train(
-            x,
-            topk_ids,
-            topk_weights,
-            w_gate_up,
-            w_down,
-            w_layout=w_layout,
-            validate=validate,
-            save_gate_up=save_gate_up,
-        )
-    return moe_ffn_forward(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate)
+        return autograd.moe_ffn_train(call, x, topk_ids, topk_weights, w_gate_up, w_down)
+    return moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down)

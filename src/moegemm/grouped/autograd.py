@@ -261,29 +261,19 @@ def _ffn_grad(ctx, dy, _dgu):
 torch.library.register_autograd("moegemm::moe_ffn_train", _ffn_grad, setup_context=_ffn_setup)
 
 
-def moe_ffn_train(
-    x,
-    topk_ids,
-    topk_weights,
-    w_gate_up,
-    w_down,
-    *,
-    w_layout: str,
-    validate: bool,
-    save_gate_up: bool | None = None,
-) -> torch.Tensor:
+def moe_ffn_train(call, x, topk_ids, topk_weights, w_gate_up, w_down) -> torch.Tensor:
     """moe_ffn recording gradients for x, topk_weights, w_gate_up and w_down (arguments checked by moe_ffn).
-    ``save_gate_up``: keep the gate/up pre-activations for the backward (None: :data:`SAVE_GATE_UP`)."""
-    save = SAVE_GATE_UP if save_gate_up is None else bool(save_gate_up)
+    ``call.save_gate_up``: keep the gate/up pre-activations for the backward (None: :data:`SAVE_GATE_UP`)."""
+    save = SAVE_GATE_UP if call.save_gate_up is None else call.save_gate_up
     if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
         raise TypeError(
             f"w_gate_up, w_down: dtypes {w_gate_up.dtype}, {w_down.dtype} differ from x's {x.dtype}"
         )
     if not topk_weights.is_floating_point():
         raise TypeError(f"topk_weights: expected a float tensor, got {topk_weights.dtype}")
-    plan = route(topk_ids, w_gate_up.shape[0], validate=validate)
-    call = FFNTrain(w_layout, plan.top_k, save)
+    plan = route(topk_ids, w_gate_up.shape[0], validate=call.validate)
+    train = FFNTrain(call.w_layout, plan.top_k, save)
     routing = (plan.sorted_token_ids, plan.sorted_slot, plan.slot_rows, plan.group_offsets)
     if torch.compiler.is_compiling():
-        return moe_ffn_train_op(x, topk_weights, w_gate_up, w_down, *routing, *call.op_args())[0]
-    return _MoEFFN.apply(call, x, topk_weights, w_gate_up, w_down, *routing)
+        return moe_ffn_train_op(x, topk_weights, w_gate_up, w_down, *routing, *train.op_args())[0]
+    return _MoEFFN.apply(train, x, topk_weights, w_gate_up, w_down, *routing)

@@ -139,6 +139,15 @@ class MaskedCall(CallSpec):
 
 
 @dataclasses.dataclass(frozen=True)
+class FFNCall(CallSpec):
+    """A call of :func:`moegemm.grouped.moe_ffn` (``save_gate_up``: None, the library's default)."""
+
+    w_layout: str = "nk"
+    validate: bool = True
+    save_gate_up: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class FFNTrain(CallSpec):
     """A training call of :func:`moegemm.grouped.moe_ffn`, past its routing: ``save`` keeps the gate/up
     product for the backward."""
@@ -151,9 +160,9 @@ class FFNTrain(CallSpec):
 # Each spec class's (field, annotation) pairs, read once here: Dynamo does not trace dataclasses.fields.
 _FIELDS = {
     cls: tuple((f.name, f.type) for f in dataclasses.fields(cls))
-    for cls in (GroupedCall, MaskedCall, FFNTrain)
+    for cls in (GroupedCall, MaskedCall, FFNCall, FFNTrain)
 }
-_KEPT: dict = {GroupedCall: {}, MaskedCall: {}}  # CallSpec.of's specs, per class and arguments
+_KEPT: dict = {GroupedCall: {}, MaskedCall: {}, FFNCall: {}}  # CallSpec.of's specs, per class and arguments
 
 # The specs of the library's own grouped GEMM calls inside a layer, per (w_layout, swiglu): their group
 # offsets come from the layer's routing, so they are not checked again.

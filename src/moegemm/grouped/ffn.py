@@ -145,21 +145,12 @@ def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -
     return e
 
 
-def moe_ffn_forward(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    *,
-    w_layout: str = "nk",
-    validate: bool = True,
-) -> torch.Tensor:
+def moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down) -> torch.Tensor:
     """:func:`moegemm.grouped.moe_ffn` recording no gradient (arguments checked by :func:`check_moe_ffn`):
     routing and the permutation, gate/up with SwiGLU, down with the gating weights fused into its store,
     the un-permute."""
-    e = w_gate_up.shape[0]
-    plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=validate)
+    e, w_layout = w_gate_up.shape[0], call.w_layout
+    plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=call.validate)
     if torch.compiler.is_compiling() and triton_here(xs):  # the same choice and kernels, as a custom op
         act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
     else:
