@@ -472,7 +472,7 @@ def compile_for(a, b, geo, epilogue, bias, out, cfg: ClusterConfig, allow_tf32: 
 
 def plan(a, b, *, epilogue="none", bias=None, out=None, config=None, allow_tf32=False) -> ClusterPlan | None:
     """The cached clustered plan for these operands, or None where :func:`matmul` would fall back."""
-    from moegemm.decompose_k.api import _validate
+    from moegemm.decompose_k.checks import check_operands as _validate
 
     epi = Epilogue.parse(epilogue)
     _validate(a, b, bias, out, None)

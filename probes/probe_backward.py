@@ -41,8 +41,8 @@ from experiments.common import load_config, provenance_fields, require_gpu
 from experiments.e9_moe_train import Step, cell_inputs, step_memory, torch_pipeline_train
 from experiments.harness.timing import GraphTimer
 from moegemm.grouped import backward as bw
+from moegemm.grouped import grouped_mm as grouped_mm_forward  # (detached operands: the forward alone)
 from moegemm.grouped import moe_ffn, route
-from moegemm.grouped.contiguous import grouped_mm_forward
 from moegemm.grouped.pointwise import silu_mul
 from probes.dswiglu_fused import fused_swiglu_grad
 

@@ -126,13 +126,13 @@ def test_deterministic_across_runs(kernel, device):
 
 def test_single_launch_resets_counters(device):
     """After a launch every counter is back at zero, so the next launch (or a graph replay) is right."""
-    from moegemm.decompose_k import single_launch
+    from moegemm.decompose_k import workspace
 
     a, b, _ = _case(48, 48, 512, torch.float32, device, seed=9)
     for s in (1, 3, 8):
         got = matmul(a, b, kernel="single_launch", split_k=s, config=DecomposeKConfig(split_k=s))
         assert_close_to_ref(got, reference_mm(a, b), 512, f"S={s}")
-    for buf in single_launch._COUNTERS.values():
+    for buf in workspace._COUNTERS.values():
         assert int(buf.abs().sum()) == 0
 
 
@@ -403,16 +403,16 @@ def test_packaged_decompose_k_table_rebuilds_from_its_csv(tmp_path, monkeypatch)
 
 
 def test_plan_is_cached_per_shape_stride_and_alignment(device):
-    from moegemm.decompose_k import api
+    from moegemm.decompose_k import plans
 
     a, b, _ = _case(20, 24, 300, torch.float32, device, seed=21)
-    p1 = api.plan(a, b, epilogue="relu")
-    assert api.plan(a.clone(), b.clone(), epilogue="relu") is p1  # same shapes, strides, alignment
-    assert api.plan(a, b, epilogue="none") is not p1
-    assert api.plan(a.t().contiguous().t(), b, epilogue="relu") is not p1  # other strides
+    p1 = plans.plan(a, b, epilogue="relu")
+    assert plans.plan(a.clone(), b.clone(), epilogue="relu") is p1  # same shapes, strides, alignment
+    assert plans.plan(a, b, epilogue="none") is not p1
+    assert plans.plan(a.t().contiguous().t(), b, epilogue="relu") is not p1  # other strides
     base = torch.randn(20 * 300 + 1).to(device)
     shifted = base[1:].view(20, 300)  # 4 bytes past a 16-byte boundary
-    assert api.plan(shifted, b, epilogue="relu") is not p1
+    assert plans.plan(shifted, b, epilogue="relu") is not p1
     assert p1.matches(a, b) and not p1.matches(shifted, b)
     for x in (a, shifted):
         got = matmul(x, b, epilogue="relu", out=poisoned((20, 24), torch.float32, device))
@@ -500,7 +500,7 @@ def test_custom_op_fake_and_schema(device):
 def test_fast_launch_arguments_follow_the_kernel_signature(device):
     """The plan's direct launch (a BoundKernel) passes the kernel's arguments by position: kernel_args must
     name every argument of the kernel, and the six it passes anew on every call (the pointers) lead."""
-    from moegemm.decompose_k import api, single_launch
+    from moegemm.decompose_k import plans, single_launch
     from moegemm.decompose_k.configs import Prepared
     from moegemm.epilogue import Epilogue
 
@@ -513,7 +513,7 @@ def test_fast_launch_arguments_follow_the_kernel_signature(device):
         names = single_launch._single_launch_kernel.arg_names
         assert list(args) == list(names) or sorted(args) == sorted(names)
         assert names[:7] == ["a_ptr", "b_ptr", "p_ptr", "c_ptr", "bias_ptr", "counter_ptr", "M"]
-        assert api._DYNAMIC == 6
+        assert plans._DYNAMIC == 6
         assert args["COOP"] is coop and args["SLICE"] * cfg.split_k >= cfg.block_m * cfg.block_n
 
 
@@ -713,7 +713,7 @@ def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch, device):
     legacy flag or set_float32_matmul_precision): cuBLAS runs inside fp32_matmul_precision, which sets the
     precision to the call's choice and puts the setting back exactly as it was; 16-bit calls leave it
     alone."""
-    from moegemm.decompose_k import api
+    from moegemm.decompose_k import precision
 
     m = torch.backends.cuda.matmul
     before = m.fp32_precision
@@ -727,7 +727,7 @@ def test_cublas_path_keeps_fp32_products_ieee_unless_asked(monkeypatch, device):
                 was = m.fp32_precision
                 generic = torch.get_float32_matmul_precision() if via == "medium" else None
                 for asked in (False, True):
-                    with api.fp32_matmul_precision(asked):
+                    with precision.fp32_matmul_precision(asked):
                         assert m.fp32_precision in (("tf32",) if asked else ("ieee", "none"))
                         if m.fp32_precision == "none":
                             assert torch.get_float32_matmul_precision() == "highest"
@@ -767,11 +767,11 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, order, monkeypa
     form; the same S and tile size in the cooperative one), grown by doubling, instead of one each: the
     buffers alive at once sum to less than twice each class's largest. A plan keeps the buffer it was given
     when a larger one replaces it, and plans that may not share never do, whichever plans come first."""
-    from moegemm.decompose_k import single_launch
+    from moegemm.decompose_k import workspace
 
-    monkeypatch.setattr(single_launch, "_PARTIALS", {})
-    monkeypatch.setattr(single_launch, "_COOP", {})
-    monkeypatch.setattr(single_launch, "_COUNTERS", {})
+    monkeypatch.setattr(workspace, "_PARTIALS", {})
+    monkeypatch.setattr(workspace, "_COOP", {})
+    monkeypatch.setattr(workspace, "_COUNTERS", {})
     cpu = torch.device("cpu")
     plans = _router_plan_configs()
     assert len(plans) > 200
@@ -779,13 +779,13 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, order, monkeypa
         plans.reverse()
     held, own_bytes = [], 0
     for t, cfg in plans:
-        ws, cnt = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)
-        need = single_launch.workspace_numel(t, 256, cfg)
-        assert ws.numel() >= need and cnt.numel() >= single_launch.grid(t, 256, cfg)[0]
+        ws, cnt = workspace.plan_state(t, 256, cfg, cpu, 7, coop)
+        need = workspace.workspace_numel(t, 256, cfg)
+        assert ws.numel() >= need and cnt.numel() >= workspace.grid(t, 256, cfg)[0]
         assert (ws.dtype, cnt.dtype) == ((torch.int64, torch.int64) if coop else (torch.float32, torch.int32))
         own_bytes += need * ws.element_size()
         held.append((cfg, ws, cnt))
-        again = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)  # the same plan's state again: no growth
+        again = workspace.plan_state(t, 256, cfg, cpu, 7, coop)  # the same plan's state again: no growth
         assert again[0] is ws and again[1] is cnt
     # The distinct buffers the plans hold, against each class's largest.
     distinct = {ws.data_ptr(): ws for _, ws, _ in held}
@@ -808,35 +808,35 @@ def test_plans_share_their_workspace_within_the_safe_class(coop, order, monkeypa
         assert len(classes) > 1
         # A plan keeps its pair while a larger plan of its class grows the class's pair.
         (t0, cfg0) = plans[0]
-        first = single_launch.plan_state(t0, 256, cfg0, cpu, 8, True)
-        bigger = single_launch.plan_state(t0 * 64, 256, cfg0, cpu, 8, True)
+        first = workspace.plan_state(t0, 256, cfg0, cpu, 8, True)
+        bigger = workspace.plan_state(t0 * 64, 256, cfg0, cpu, 8, True)
         assert bigger[1].numel() >= 2 * first[1].numel() and first[0].data_ptr() != bigger[0].data_ptr()
-        assert single_launch.plan_state(t0, 256, cfg0, cpu, 8, True)[0] is bigger[0]
+        assert workspace.plan_state(t0, 256, cfg0, cpu, 8, True)[0] is bigger[0]
     # Another stream gets buffers of its own.
     t, cfg = plans[-1]
-    assert single_launch.plan_state(t, 256, cfg, cpu, 9, coop)[0].data_ptr() not in distinct
+    assert workspace.plan_state(t, 256, cfg, cpu, 9, coop)[0].data_ptr() not in distinct
 
 
 @pytest.mark.parametrize("coop", [False, True], ids=["last-arriver", "cooperative"])
 def test_a_plan_first_run_inside_a_graph_capture_gets_buffers_of_its_own(coop, monkeypatch):
     """What a capture allocates is filled only at replay: a plan whose state is made inside a capture shares
     nothing, and leaves nothing for the plans after it."""
-    from moegemm.decompose_k import single_launch
+    from moegemm.decompose_k import workspace
 
-    monkeypatch.setattr(single_launch, "_PARTIALS", {})
-    monkeypatch.setattr(single_launch, "_COOP", {})
+    monkeypatch.setattr(workspace, "_PARTIALS", {})
+    monkeypatch.setattr(workspace, "_COOP", {})
     cpu = torch.device("cpu")
     by_cfg: dict = {}
     for t, cfg in _router_plan_configs():
         by_cfg.setdefault(cfg, []).append(t)
     cfg, ts = next((c, ts) for c, ts in by_cfg.items() if len(ts) > 1)  # two plans of one class
     t, t2 = max(ts), min(ts)
-    shared = single_launch.plan_state(t, 256, cfg, cpu, 7, coop)
-    monkeypatch.setattr(single_launch, "_capturing", lambda device: True)
-    own = single_launch.plan_state(t2, 256, cfg, cpu, 7, coop)
+    shared = workspace.plan_state(t, 256, cfg, cpu, 7, coop)
+    monkeypatch.setattr(workspace, "_capturing", lambda device: True)
+    own = workspace.plan_state(t2, 256, cfg, cpu, 7, coop)
     assert own[0].data_ptr() != shared[0].data_ptr()
-    assert own[0].numel() >= single_launch.workspace_numel(t2, 256, cfg)
+    assert own[0].numel() >= workspace.workspace_numel(t2, 256, cfg)
     if coop:
         assert own[1].data_ptr() != shared[1].data_ptr() and int(own[1].abs().sum()) == 0
-    monkeypatch.setattr(single_launch, "_capturing", lambda device: False)
-    assert single_launch.plan_state(t2, 256, cfg, cpu, 7, coop)[0] is shared[0]
+    monkeypatch.setattr(workspace, "_capturing", lambda device: False)
+    assert workspace.plan_state(t2, 256, cfg, cpu, 7, coop)[0] is shared[0]

@@ -1287,6 +1287,7 @@ def test_grouped_custom_ops_fake_and_schema(device):
     """torch's opcheck of the GEMMs' custom ops and the one-launch routing's (schema, fake implementation),
     and a config's round trip through the ops' int list."""
     from moegemm.grouped import contiguous, masked, routing
+    from moegemm.grouped.call import GroupedCall, MaskedCall
     from moegemm.grouped.config import config_list, config_of
 
     cfg = GroupedConfig(32, 16, 32, persistent=True, tma=True, tail_m=16, merge_tail=True, mix=2)
@@ -1296,9 +1297,11 @@ def test_grouped_custom_ops_fake_and_schema(device):
     w = torch.randn(3, 32, 16, generator=g).to(device)
     off = torch.tensor([0, 4, 4, 10], dtype=torch.int32).to(device)
     out = torch.empty(10, 16).to(device)
+    call = GroupedCall("kn", "relu", config=GroupedConfig(16, 16, 16))
+    assert GroupedCall.from_op(call.op_args()) == call
     torch.library.opcheck(
         contiguous.grouped_mm_op,
-        (xs, w, off, out, "kn", "relu", None, config_list(GroupedConfig(16, 16, 16)), False, True),
+        (xs, w, off, out, None, *call.op_args()),
         test_utils=("test_schema", "test_faketensor"),
     )
     xm = torch.randn(3, 4, 32, generator=g).to(device)
@@ -1309,10 +1312,7 @@ def test_grouped_custom_ops_fake_and_schema(device):
             w,
             torch.tensor([1, 0, 4]).to(device),
             torch.empty(3, 4, 16).to(device),
-            "kn",
-            "none",
-            config_list(GroupedConfig(16, 16, 16)),
-            False,
+            *MaskedCall("kn", config=GroupedConfig(16, 16, 16)).op_args(),
         ),
         test_utils=("test_schema", "test_faketensor"),
     )
@@ -1346,7 +1346,7 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
     against a float64 token-by-token reference on fresh random data, both weight layouts; experts left
     empty by the routing included; bad shapes refused by name."""
     import moegemm.grouped.config as api
-    from moegemm.grouped import ffn, grouped_mm_swiglu, moe_ffn
+    from moegemm.grouped import contiguous, ffn, moe_ffn
 
     monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
     monkeypatch.setattr(api, "_default_table", lambda slug: ((GroupedConfig(16, 16, 32),),) * 4)
@@ -1354,8 +1354,9 @@ def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
     e, top_k, h, i = 7, 2, 64, 24
     ids = torch.stack([torch.randperm(e - 2, generator=g)[:top_k] for _ in range(t)])  # experts 5, 6 empty
     fused = []
+    real_run = contiguous.run
     monkeypatch.setattr(
-        ffn, "grouped_mm_swiglu_forward", lambda *a, **k: fused.append(1) or grouped_mm_swiglu(*a, **k)
+        contiguous, "run", lambda call, *a, **k: (call.swiglu and fused.append(1)) or real_run(call, *a, **k)
     )
     wts = torch.rand(t, top_k, generator=g)
     x = torch.randn(t, h, generator=g).to(dtype)
@@ -1469,8 +1470,9 @@ def test_grouped_mm_swiglu_edges_and_errors(device):
     unfused product maps to the fused kernel's (half the columns, no tails); under torch.compile it traces
     as the custom op; opcheck of the op."""
     from moegemm.grouped import grouped_mm_swiglu
-    from moegemm.grouped.config import config_list, swiglu_config
-    from moegemm.grouped.contiguous import grouped_mm_swiglu_op
+    from moegemm.grouped.call import GroupedCall
+    from moegemm.grouped.config import swiglu_config
+    from moegemm.grouped.contiguous import grouped_mm_op
 
     d = lambda v: v.to(device)  # noqa: E731
     off = d(torch.tensor([0, 2, 3], dtype=torch.int32))
@@ -1503,17 +1505,14 @@ def test_grouped_mm_swiglu_edges_and_errors(device):
         ref[r] = torch.nn.functional.silu(p[:4]) * p[4:]
     torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=1e-4)
     torch.library.opcheck(
-        grouped_mm_swiglu_op,
+        grouped_mm_op,
         (
             d(xs),
             d(w),
             off,
             d(torch.empty(3, 4)),
-            "kn",
             None,
-            config_list(GroupedConfig(16, 16, 16)),
-            False,
-            True,
+            *GroupedCall("kn", swiglu=True, config=GroupedConfig(16, 16, 16)).op_args(),
         ),
         test_utils=("test_schema", "test_faketensor"),
     )
@@ -1564,6 +1563,7 @@ def test_cached_launch_keys_are_at_least_as_fine_as_tritons_specialization():
     divisible by 16 and their width, bools apart from ints; a CPU call (or the interpreter) has no plan."""
     from moegemm._triton_common import _specialization
     from moegemm.grouped import contiguous as api
+    from moegemm.grouped.call import GroupedCall
 
     base = torch.empty(64, dtype=torch.float32)
     assert _specialization(base) != _specialization(base[1:])  # 4 bytes in: off 16-byte alignment
@@ -1574,7 +1574,7 @@ def test_cached_launch_keys_are_at_least_as_fine_as_tritons_specialization():
     assert keys[5] != keys[4] and keys[6] != keys[1] and len({keys[7], keys[8], keys[9], keys[0]}) == 4
     x, w = torch.randn(8, 16), torch.randn(2, 16, 8)
     offsets = torch.tensor([0, 3, 8], dtype=torch.int32)
-    assert api._plan_key(x, w, offsets, None, None, "kn", "none", None, False, False) is None
+    assert api._plan_key(GroupedCall("kn"), x, w, offsets, None, None) is None
 
 
 @pytest.mark.parametrize("persistent", [False, True])

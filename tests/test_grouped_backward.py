@@ -251,10 +251,16 @@ class LaunchSpy:
 @pytest.fixture
 def tma_spies(monkeypatch):
     """The backward's TMA kernels wrapped so that a test can see that they ran."""
+    from moegemm.grouped import swiglu_bwd, weight_grad
+
     spies = {}
-    for name in ("_grouped_dw_tma_kernel", "_grouped_dw_kernel", "_swiglu_bwd_kernel"):
-        spies[name] = LaunchSpy(getattr(bw, name))
-        monkeypatch.setattr(bw, name, spies[name])
+    for module, name in (
+        (weight_grad, "_grouped_dw_tma_kernel"),
+        (weight_grad, "_grouped_dw_kernel"),
+        (swiglu_bwd, "_swiglu_bwd_kernel"),
+    ):
+        spies[name] = LaunchSpy(getattr(module, name))
+        monkeypatch.setattr(module, name, spies[name])
     return spies
 
 

@@ -425,9 +425,9 @@ def test_a_gpu_no_table_names(capability, tmp_path, monkeypatch):
     import moegemm.grouped.config as api
     from moegemm import autotune, tuned
     from moegemm._runtime import device_traits, register_traits
-    from moegemm.decompose_k import api as dk_api
     from moegemm.decompose_k import configs as dk_configs
     from moegemm.decompose_k import first_call, matmul
+    from moegemm.decompose_k import plans as dk_plans
     from moegemm.grouped import contiguous
 
     slug = f"test-unnamed-sm{capability[0]}{capability[1]}"
@@ -441,7 +441,7 @@ def test_a_gpu_no_table_names(capability, tmp_path, monkeypatch):
     monkeypatch.setattr(autotune, "_MEMORY", {})
     monkeypatch.setattr(autotune, "_LOADED", set())
     monkeypatch.setattr(contiguous, "_PLANS", {})
-    monkeypatch.setattr(dk_api, "_PLANS", {})
+    monkeypatch.setattr(dk_plans, "_PLANS", {})
     other = capability != (9, 0)
     assert (tuned.serving("grouped", slug) is None) == other
     e, top_k, t, hidden, n = 24, 4, 1024, 2112, 1040
@@ -464,12 +464,12 @@ def test_a_gpu_no_table_names(capability, tmp_path, monkeypatch):
     ref = torch.sigmoid(a.double() @ b.double())
     got = matmul(a, b, epilogue="sigmoid")
     assert_close_to_ref(got, ref, 7168, f"Decompose-K first call on {slug}")
-    p = dk_api.plan(a, b, epilogue="sigmoid")
+    p = dk_plans.plan(a, b, epilogue="sigmoid")
     if other:
         assert p.source == "autotuned on this call" or p.source == "autotuned", p.source
         kept = (p.backend, p.config)
-        monkeypatch.setattr(dk_api, "_PLANS", {})
-        again = dk_api.plan(a, b, epilogue="sigmoid")
+        monkeypatch.setattr(dk_plans, "_PLANS", {})
+        again = dk_plans.plan(a, b, epilogue="sigmoid")
         assert again.source == "autotuned" and (again.backend, again.config) == kept
     else:
         assert p.source in ("tuned", "heuristic")

@@ -16,6 +16,12 @@ import torch
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
+def triton_here(t: torch.Tensor) -> bool:
+    """Whether a Triton kernel can take ``t``: on a GPU, or anywhere under Triton's interpreter."""
+    return t.device.type == "cuda" or INTERPRET
+
+
 # The SM count used by heuristics when no GPU is present (the H100/H200 have 132).
 DEFAULT_SM_COUNT = 132
 
@@ -23,7 +29,12 @@ DEFAULT_SM_COUNT = 132
 def records_grad(*tensors) -> bool:
     """Whether autograd records a gradient through any of ``tensors``: grad mode on and one of them (a tensor)
     requires grad."""
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # (a loop, not any() over a generator: this runs on every call of every op)
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
 
 
 def check_device(name: str, t: torch.Tensor) -> None:

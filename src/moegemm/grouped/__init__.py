@@ -3,16 +3,21 @@ contiguous and masked layouts, the expert FFN in one call, and the baselines the
 
 Modules, top to bottom: ``config`` (configs and their choice; moegemm.autotune times a shortlist on a
 shape's first call), ``tiles`` (the kernels' shared device code), ``kernels`` and ``masked_kernels`` (the
-Triton kernels of each layout), ``checks`` (argument checks), ``tma`` (TMA descriptors), ``launch`` (one
-launch's arguments, the grid, plans), ``contiguous`` and ``masked`` (the GEMMs' forward and their custom
-ops), ``routing`` with ``routing_kernels`` and ``pointwise``, ``ffn`` (the expert FFN's forward),
-``backward_kernels`` and ``backward`` (the gradients' GEMMs), ``autograd`` (autograd functions and the
-training ops), ``api`` (``grouped_mm``, ``grouped_mm_swiglu``, ``moe_ffn``: training or forward alone)."""
+Triton kernels of each layout), ``checks`` (argument checks), ``tma`` (TMA descriptors), ``call`` (the call
+spec of a grouped GEMM, and the custom ops' schemas generated from it), ``launch`` (one launch's arguments,
+the grid, plans), ``contiguous`` (the contiguous layout's launcher: plan cache, first calls, its custom
+op), ``masked`` (the masked layout's call, launch and custom op), ``routing`` with ``routing_kernels``,
+``token_order`` (the un-permute) and ``pointwise``, ``ffn`` (the expert FFN's forward),
+``backward_kernels``, ``weight_grad`` (dW) and ``swiglu_bwd`` (the SwiGLU backward), ``backward`` (the
+training steps), ``autograd`` (autograd functions and the training ops), ``api`` (``grouped_mm``,
+``grouped_mm_swiglu``, ``moe_ffn``: each builds its call spec and hands it to the launcher or to
+autograd)."""
 
 from .api import grouped_mm, grouped_mm_swiglu, moe_ffn
 from .config import GroupedConfig, choose_config, heuristic_config
 from .masked import grouped_mm_masked
-from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights, unpermute
+from .routing import RoutingPlan, permute, route, route_and_permute, sorted_weights
+from .token_order import unpermute
 
 __all__ = [
     "route",

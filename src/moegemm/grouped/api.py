@@ -1,6 +1,7 @@
 """The grouped GEMMs' and the MoE layer's public entry points: a call whose operands require grad (with grad
 mode on) records gradients (:mod:`moegemm.grouped.autograd`); any other call runs the forward alone
-(:mod:`moegemm.grouped.contiguous`, :mod:`moegemm.grouped.ffn`)."""
+(:mod:`moegemm.grouped.contiguous`, :mod:`moegemm.grouped.ffn`). Each builds its call spec
+(:mod:`moegemm.grouped.call`) once and hands it on."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import torch
 
 from .._runtime import records_grad
 from ..epilogue import Epilogue
-from . import autograd
-from .config import GroupedConfig, config_arg
-from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
+from . import autograd, contiguous
+from .call import FFNCall, GroupedCall
+from .config import GroupedConfig
 from .ffn import check_moe_ffn, moe_ffn_forward
 
 
@@ -47,33 +48,10 @@ def grouped_mm(
     Gradients (an operand requiring grad, grad mode on): for x_sorted, w and row_scale, with epilogue "none"
     and no ``out`` (:mod:`moegemm.grouped.autograd`).
     """
-    config = config_arg(config)
+    call = GroupedCall.of(w_layout, epilogue, False, config, allow_tf32, validate)
     if records_grad(x_sorted, w, row_scale):
-        return autograd.grouped_mm_train(
-            x_sorted,
-            w,
-            group_offsets,
-            w_layout=w_layout,
-            epilogue=epilogue,
-            row_scale=row_scale,
-            config=config,
-            out=out,
-            allow_tf32=allow_tf32,
-            validate=validate,
-            swiglu=False,
-        )
-    return grouped_mm_forward(
-        x_sorted,
-        w,
-        group_offsets,
-        w_layout=w_layout,
-        epilogue=epilogue,
-        row_scale=row_scale,
-        config=config,
-        out=out,
-        allow_tf32=allow_tf32,
-        validate=validate,
-    )
+        return autograd.grouped_mm_train(call, x_sorted, w, group_offsets, out, row_scale)
+    return contiguous.run(call, x_sorted, w, group_offsets, out, row_scale)
 
 
 def grouped_mm_swiglu(
@@ -99,32 +77,10 @@ def grouped_mm_swiglu(
     :func:`grouped_mm` times an untuned one, and kept apart from its choices) among the distilled
     shortlist of its regime and, where the tuned table has the unfused shape, that entry's tiles. Gradients:
     for x_sorted, w_gate_up and row_scale, the SwiGLU backward fused into one grouped GEMM's epilogue."""
-    config = config_arg(config)
+    call = GroupedCall.of(w_layout, "none", True, config, allow_tf32, validate)
     if records_grad(x_sorted, w_gate_up, row_scale):
-        return autograd.grouped_mm_train(
-            x_sorted,
-            w_gate_up,
-            group_offsets,
-            w_layout=w_layout,
-            epilogue="none",
-            row_scale=row_scale,
-            config=config,
-            out=out,
-            allow_tf32=allow_tf32,
-            validate=validate,
-            swiglu=True,
-        )
-    return grouped_mm_swiglu_forward(
-        x_sorted,
-        w_gate_up,
-        group_offsets,
-        w_layout=w_layout,
-        row_scale=row_scale,
-        config=config,
-        out=out,
-        allow_tf32=allow_tf32,
-        validate=validate,
-    )
+        return autograd.grouped_mm_train(call, x_sorted, w_gate_up, group_offsets, out, row_scale)
+    return contiguous.run(call, x_sorted, w_gate_up, group_offsets, out, row_scale)
 
 
 def moe_ffn(
@@ -163,15 +119,7 @@ def moe_ffn(
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
     if save_gate_up is not None and not isinstance(save_gate_up, bool):
         raise TypeError(f"save_gate_up: expected a bool or None, got {type(save_gate_up).__name__}")
+    call = FFNCall.of(w_layout, validate, save_gate_up)
     if records_grad(x, topk_weights, w_gate_up, w_down):
-        return autograd.moe_ffn_train(
-            x,
-            topk_ids,
-            topk_weights,
-            w_gate_up,
-            w_down,
-            w_layout=w_layout,
-            validate=validate,
-            save_gate_up=save_gate_up,
-        )
-    return moe_ffn_forward(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout=w_layout, validate=validate)
+        return autograd.moe_ffn_train(call, x, topk_ids, topk_weights, w_gate_up, w_down)
+    return moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down)

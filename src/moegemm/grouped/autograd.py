@@ -22,7 +22,7 @@ The backward GEMMs:
   over them, s A over P (the down projection's input as its weight gradient reads it) and the gating
   weights' gradient rowdot(P, A) as per-tile partials summed in a fixed order; in fp32, the same backward
   in the epilogue of a pointer kernel's dX GEMM. The two-launch form is the faster: the same backward in
-  the 16-bit dX GEMM's epilogue ran at 0.68x torch._grouped_mm's speed on the plain GEMM, the two
+  the 16-bit dX GEMM's epilogue runs at 0.68x torch._grouped_mm's speed on the plain GEMM, the two
   launches at 0.80x (docs/training.md). For grouped_mm_swiglu (:func:`swiglu_backward`), the gate/up
   product recomputed in a K loop whose epilogue applies the same backward to the upstream gradient.
 
@@ -59,7 +59,7 @@ import torch
 
 from ..epilogue import Epilogue
 from .backward import ffn_backward, ffn_forward, mm_backward, mm_forward
-from .config import config_list
+from .call import FFNTrain, GroupedCall, register_op, split_op_args
 from .routing import route
 
 # moe_ffn's choice of what the backward reads: True keeps the gate/up product from the forward (the
@@ -81,63 +81,55 @@ def _no_double_backward(name: str) -> None:
 
 class _GroupedMM(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
+    def forward(ctx, x, w, group_offsets, row_scale, call):
         ctx.save_for_backward(x, w, group_offsets, row_scale)
-        ctx.meta = (w_layout, swiglu)
-        return mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate)
+        ctx.call = call
+        return mm_forward(call, x, w, group_offsets, row_scale)
 
     @staticmethod
     def backward(ctx, dy):
         _no_double_backward("grouped_mm")
         x, w, offsets, row_scale = ctx.saved_tensors
         n = ctx.needs_input_grad
-        dx, dw, ds = mm_backward(dy, x, w, offsets, row_scale, *ctx.meta, (n[0], n[1], n[3]))
-        return dx, dw, None, ds, None, None, None, None, None
+        dx, dw, ds = mm_backward(ctx.call, dy, x, w, offsets, row_scale, (n[0], n[1], n[3]))
+        return dx, dw, None, ds, None
 
 
-@torch.library.custom_op("moegemm::grouped_mm_train", mutates_args=())
-def grouped_mm_train_op(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    group_offsets: torch.Tensor,
-    row_scale: torch.Tensor | None,
-    w_layout: str,
-    swiglu: bool,
-    config: list[int] | None,
-    allow_tf32: bool,
-    validate: bool,
-) -> torch.Tensor:
-    return mm_forward(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate)
+# The functional ops' tensors (forward, backward); the call spec's fields follow them in their schemas.
+_MM_TENSORS = "Tensor x, Tensor w, Tensor group_offsets, Tensor? row_scale"
+_MM_BACKWARD = "Tensor dy, " + _MM_TENSORS
 
 
-@grouped_mm_train_op.register_fake
-def _(x, w, group_offsets, row_scale, w_layout, swiglu, config, allow_tf32, validate):
-    n = w.shape[2] if w_layout == "kn" else w.shape[1]
-    return x.new_empty((x.shape[0], n // 2 if swiglu else n))
+def _mm_fake(call, tensors):
+    x, w = tensors[:2]
+    n = w.shape[2] if call.w_layout == "kn" else w.shape[1]
+    return x.new_empty((x.shape[0], n // 2 if call.swiglu else n))
 
 
-@torch.library.custom_op("moegemm::grouped_mm_train_backward", mutates_args=())
-def grouped_mm_train_backward_op(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    group_offsets: torch.Tensor,
-    row_scale: torch.Tensor | None,
-    w_layout: str,
-    swiglu: bool,
-    needs: list[bool],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, ds = mm_backward(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs)
-    empty = x.new_empty(0)
-    return (
-        dx if dx is not None else empty,
-        dw if dw is not None else empty.clone(),
-        ds if ds is not None else empty.clone(),
-    )
+grouped_mm_train_op = register_op(
+    "moegemm::grouped_mm_train", GroupedCall, _MM_TENSORS, lambda call, *t: mm_forward(call, *t), (), "Tensor"
+)
+grouped_mm_train_op.register_fake(lambda *args: _mm_fake(*split_op_args(GroupedCall, _MM_TENSORS, args)[:2]))
 
 
-@grouped_mm_train_backward_op.register_fake
-def _(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
+grouped_mm_train_backward_op = register_op(
+    "moegemm::grouped_mm_train_backward",
+    GroupedCall,
+    _MM_BACKWARD,
+    lambda call, *args: _present(mm_backward(call, *args), args[1]),
+    (),
+    "(Tensor, Tensor, Tensor)",
+    "bool[] needs",
+)
+
+
+def _present(grads, like: torch.Tensor) -> tuple:
+    """A backward op's gradients, an empty tensor for each not computed (an op returns tensors only)."""
+    return tuple(g if g is not None else like.new_empty(0) for g in grads)
+
+
+def _mm_backward_fake(*args):
+    _, (_, x, w, _, row_scale), (needs,) = split_op_args(GroupedCall, _MM_BACKWARD, args)
     return (
         x.new_empty(x.shape) if needs[0] else x.new_empty(0),
         w.new_empty(w.shape) if needs[1] else x.new_empty(0),
@@ -145,54 +137,35 @@ def _(dy, x, w, group_offsets, row_scale, w_layout, swiglu, needs):
     )
 
 
+grouped_mm_train_backward_op.register_fake(_mm_backward_fake)
+
+
 def _mm_setup(ctx, inputs, output):
-    x, w, group_offsets, row_scale, w_layout, swiglu, *_ = inputs
-    ctx.save_for_backward(x, w, group_offsets, row_scale)
-    ctx.meta = (w_layout, swiglu)
+    ctx.call, tensors, _ = split_op_args(GroupedCall, _MM_TENSORS, inputs)
+    ctx.save_for_backward(*tensors)
+    ctx.n_inputs = len(inputs)
 
 
 def _mm_grad(ctx, dy):
     x, w, offsets, row_scale = ctx.saved_tensors
     n = ctx.needs_input_grad
     needs = [bool(n[0]), bool(n[1]), bool(n[3]) and row_scale is not None]
-    dx, dw, ds = grouped_mm_train_backward_op(dy, x, w, offsets, row_scale, *ctx.meta, needs)
-    return (
-        dx if needs[0] else None,
-        dw if needs[1] else None,
-        None,
-        ds if needs[2] else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+    dx, dw, ds = grouped_mm_train_backward_op(dy, x, w, offsets, row_scale, *ctx.call.op_args(), needs)
+    grads = (dx if needs[0] else None, dw if needs[1] else None, None, ds if needs[2] else None)
+    return grads + (None,) * (ctx.n_inputs - len(grads))
 
 
 torch.library.register_autograd("moegemm::grouped_mm_train", _mm_grad, setup_context=_mm_setup)
 
 
-def grouped_mm_train(
-    x_sorted,
-    w,
-    group_offsets,
-    *,
-    w_layout,
-    epilogue,
-    row_scale,
-    config,
-    out,
-    allow_tf32,
-    validate,
-    swiglu: bool,
-) -> torch.Tensor:
-    """grouped_mm (``swiglu``: grouped_mm_swiglu) recording gradients for x_sorted, w and row_scale."""
-    if Epilogue.parse(epilogue) != Epilogue.NONE:
-        raise ValueError(f"epilogue: gradients are computed for epilogue='none' only, got {epilogue!r}")
+def grouped_mm_train(call: GroupedCall, x_sorted, w, group_offsets, out, row_scale) -> torch.Tensor:
+    """grouped_mm (``call.swiglu``: grouped_mm_swiglu) recording gradients for x_sorted, w and row_scale."""
+    if Epilogue.parse(call.epilogue) != Epilogue.NONE:
+        raise ValueError(f"epilogue: gradients are computed for epilogue='none' only, got {call.epilogue!r}")
     if out is not None:
         raise ValueError("out: not supported when gradients are recorded (the output is a new tensor)")
-    if w_layout not in ("kn", "nk"):
-        raise ValueError(f"w_layout: expected 'kn' ([E, K, N]) or 'nk' ([E, N, K]), got {w_layout!r}")
+    if call.w_layout not in ("kn", "nk"):
+        raise ValueError(f"w_layout: expected 'kn' ([E, K, N]) or 'nk' ([E, N, K]), got {call.w_layout!r}")
     for name, t in (("x_sorted", x_sorted), ("w", w), ("group_offsets", group_offsets)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -201,159 +174,106 @@ def grouped_mm_train(
     if getattr(group_offsets, "requires_grad", False):
         raise TypeError("group_offsets: an int tensor, cannot require grad")
     if torch.compiler.is_compiling():
-        return grouped_mm_train_op(
-            x_sorted, w, group_offsets, row_scale, w_layout, swiglu, config_list(config), allow_tf32, validate
-        )
-    return _GroupedMM.apply(
-        x_sorted, w, group_offsets, row_scale, w_layout, swiglu, config_list(config), allow_tf32, validate
-    )
+        return grouped_mm_train_op(x_sorted, w, group_offsets, row_scale, *call.op_args())
+    return _GroupedMM.apply(x_sorted, w, group_offsets, row_scale, call)
+
+
+# The training op's tensors: the layer's (x, topk_weights, w_gate_up, w_down) then its routing's (from
+# moegemm.grouped.route: sorted_token_ids, sorted_slot, slot_rows, group_offsets).
+_FFN_TENSORS = (
+    "Tensor x, Tensor topk_weights, Tensor w_gate_up, Tensor w_down, Tensor tok, Tensor sorted_slot, "
+    "Tensor slot_rows, Tensor offsets"
+)
+_FFN_BACKWARD = "Tensor dy, " + _FFN_TENSORS + ", Tensor(a!)? gu"
 
 
 class _MoEFFN(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
-    ):
-        y, gu = ffn_forward(
-            x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
-        )
-        ctx.save_for_backward(x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu)
-        ctx.meta = (w_layout, top_k)
+    def forward(ctx, call, *tensors):
+        y, gu = ffn_forward(call, *tensors)
+        ctx.save_for_backward(*tensors, gu)
+        ctx.call = call
         return y
 
     @staticmethod
     def backward(ctx, dy):
         _no_double_backward("moe_ffn")
         saved = ctx.saved_tensors
-        grads = ffn_backward(dy, *saved, *ctx.meta, ctx.needs_input_grad[:4])
+        grads = ffn_backward(ctx.call, dy, *saved, ctx.needs_input_grad[1:5])
         if saved[-1] is not None:  # the kept gate/up product now holds its gradient: a second backward
             torch.autograd.graph.increment_version(saved[-1])  # through this graph raises, not misreads
-        return (*grads, None, None, None, None, None, None, None)
+        return (None, *grads) + (None,) * (len(saved) - 1 - len(grads))
 
 
-@torch.library.custom_op("moegemm::moe_ffn_train", mutates_args=())
-def moe_ffn_train_op(
-    x: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    tok: torch.Tensor,
-    sorted_slot: torch.Tensor,
-    slot_rows: torch.Tensor,
-    offsets: torch.Tensor,
-    w_layout: str,
-    top_k: int,
-    save: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    y, gu = ffn_forward(
-        x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save
-    )
-    return y, (gu if gu is not None else x.new_empty(0))
+def _ffn_forward_op(call, *tensors):
+    y, gu = ffn_forward(call, *tensors)
+    return y, (gu if gu is not None else tensors[0].new_empty(0))
 
 
-@moe_ffn_train_op.register_fake
-def _(x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save):
-    two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
-    return x.new_empty(x.shape), (x.new_empty((tok.shape[0], two_i)) if save else x.new_empty(0))
+def _ffn_fake(*args):
+    call, (x, _, w_gate_up, *_), _ = split_op_args(FFNTrain, _FFN_TENSORS, args)
+    two_i = w_gate_up.shape[1] if call.w_layout == "nk" else w_gate_up.shape[2]
+    rows = args[4].shape[0]  # tok: one per permuted row
+    return x.new_empty(x.shape), (x.new_empty((rows, two_i)) if call.save else x.new_empty(0))
 
 
-@torch.library.custom_op("moegemm::moe_ffn_train_backward", mutates_args=("gu",))
-def moe_ffn_train_backward_op(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    tok: torch.Tensor,
-    sorted_slot: torch.Tensor,
-    slot_rows: torch.Tensor,
-    offsets: torch.Tensor,
-    gu: torch.Tensor | None,
-    w_layout: str,
-    top_k: int,
-    needs: list[bool],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = ffn_backward(
-        dy,
-        x,
-        topk_weights,
-        w_gate_up,
-        w_down,
-        tok,
-        sorted_slot,
-        slot_rows,
-        offsets,
-        gu,
-        w_layout,
-        top_k,
-        needs,
-    )
-    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+moe_ffn_train_op = register_op(
+    "moegemm::moe_ffn_train", FFNTrain, _FFN_TENSORS, _ffn_forward_op, (), "(Tensor, Tensor)"
+)
+moe_ffn_train_op.register_fake(_ffn_fake)
+
+moe_ffn_train_backward_op = register_op(
+    "moegemm::moe_ffn_train_backward",
+    FFNTrain,
+    _FFN_BACKWARD,
+    lambda call, *args: _present(ffn_backward(call, *args), args[1]),
+    ("gu",),
+    "(Tensor, Tensor, Tensor, Tensor)",
+    "bool[] needs",
+)
 
 
-@moe_ffn_train_backward_op.register_fake
-def _(
-    dy, x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, gu, w_layout, top_k, needs
-):
+def _ffn_backward_fake(*args):
+    _, (dy, x, topk_weights, w_gate_up, w_down, *_), (needs,) = split_op_args(FFNTrain, _FFN_BACKWARD, args)
     like = (x, topk_weights, w_gate_up, w_down)
     return tuple(t.new_empty(t.shape) if need else x.new_empty(0) for t, need in zip(like, needs))
 
 
+moe_ffn_train_backward_op.register_fake(_ffn_backward_fake)
+
+
 def _ffn_setup(ctx, inputs, output):
-    x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, w_layout, top_k, save = inputs
-    ctx.save_for_backward(
-        x, topk_weights, w_gate_up, w_down, tok, sorted_slot, slot_rows, offsets, output[1] if save else None
-    )
-    ctx.meta = (w_layout, top_k)
+    ctx.call, tensors, _ = split_op_args(FFNTrain, _FFN_TENSORS, inputs)
+    ctx.save_for_backward(*tensors, output[1] if ctx.call.save else None)
+    ctx.n_inputs = len(inputs)
     ctx.set_materialize_grads(False)
 
 
 def _ffn_grad(ctx, dy, _dgu):
     saved = ctx.saved_tensors
     if dy is None:  # the output took no part in the loss
-        return (None,) * 11
+        return (None,) * ctx.n_inputs
     needs = [bool(v) for v in ctx.needs_input_grad[:4]]
-    grads = moe_ffn_train_backward_op(dy, *saved, *ctx.meta, needs)
-    return (*(g if need else None for g, need in zip(grads, needs)), None, None, None, None, None, None, None)
+    grads = moe_ffn_train_backward_op(dy, *saved, *ctx.call.op_args(), needs)
+    return tuple(g if need else None for g, need in zip(grads, needs)) + (None,) * (ctx.n_inputs - 4)
 
 
 torch.library.register_autograd("moegemm::moe_ffn_train", _ffn_grad, setup_context=_ffn_setup)
 
 
-def moe_ffn_train(
-    x,
-    topk_ids,
-    topk_weights,
-    w_gate_up,
-    w_down,
-    *,
-    w_layout: str,
-    validate: bool,
-    save_gate_up: bool | None = None,
-) -> torch.Tensor:
+def moe_ffn_train(call, x, topk_ids, topk_weights, w_gate_up, w_down) -> torch.Tensor:
     """moe_ffn recording gradients for x, topk_weights, w_gate_up and w_down (arguments checked by moe_ffn).
-    ``save_gate_up``: keep the gate/up pre-activations for the backward (None: :data:`SAVE_GATE_UP`)."""
-    save = SAVE_GATE_UP if save_gate_up is None else bool(save_gate_up)
+    ``call.save_gate_up``: keep the gate/up pre-activations for the backward (None: :data:`SAVE_GATE_UP`)."""
+    save = SAVE_GATE_UP if call.save_gate_up is None else call.save_gate_up
     if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
         raise TypeError(
             f"w_gate_up, w_down: dtypes {w_gate_up.dtype}, {w_down.dtype} differ from x's {x.dtype}"
         )
     if not topk_weights.is_floating_point():
         raise TypeError(f"topk_weights: expected a float tensor, got {topk_weights.dtype}")
-    plan = route(topk_ids, w_gate_up.shape[0], validate=validate)
-    args = (
-        x,
-        topk_weights,
-        w_gate_up,
-        w_down,
-        plan.sorted_token_ids,
-        plan.sorted_slot,
-        plan.slot_rows,
-        plan.group_offsets,
-        w_layout,
-        plan.top_k,
-        save,
-    )
+    plan = route(topk_ids, w_gate_up.shape[0], validate=call.validate)
+    train = FFNTrain(call.w_layout, plan.top_k, save)
+    routing = (plan.sorted_token_ids, plan.sorted_slot, plan.slot_rows, plan.group_offsets)
     if torch.compiler.is_compiling():
-        return moe_ffn_train_op(*args)[0]
-    return _MoEFFN.apply(*args)
+        return moe_ffn_train_op(x, topk_weights, w_gate_up, w_down, *routing, *train.op_args())[0]
+    return _MoEFFN.apply(train, x, topk_weights, w_gate_up, w_down, *routing)

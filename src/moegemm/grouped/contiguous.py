@@ -1,7 +1,9 @@
-"""The forward of ``grouped_mm`` and ``grouped_mm_swiglu``, the contiguous layout (rows grouped by expert, one
-launch for all experts): argument checks, the config (given, tuned, or timed on a shape's first call), the
-launch, and the plan a repeat call of the same shape takes. Each is also a torch custom op (registered here,
-beside the implementation it runs), which is what ``torch.compile`` traces."""
+"""The launcher of the contiguous layout (rows grouped by expert, one launch for all experts): a call spec
+(:mod:`moegemm.grouped.call`) and its tensors in, the output out. A call like an earlier one in everything
+its checks, config and compiled kernel depend on takes that call's plan (one dict lookup, then the compiled
+kernel's launch); a first call is checked, configured (given, tuned, or timed on a shape's first call) and
+launched. The custom op ``moegemm::grouped_mm`` that ``torch.compile`` traces runs the same launcher
+(registered here, its schema generated from the spec)."""
 
 from __future__ import annotations
 
@@ -13,114 +15,39 @@ from .. import autotune
 from .._runtime import INTERPRET, check_device, device_smem_per_block, gpu_slug
 from .._triton_common import check_dtype
 from ..epilogue import Epilogue
+from .call import GroupedCall, register_op
 from .checks import check_offsets, check_w
-from .config import (
-    TIMED_SOURCES,
-    GroupedConfig,
-    autotune_key,
-    choose,
-    config_list,
-    config_of,
-    fitted_shortlist,
-    swiglu_config,
-)
-from .launch import GroupedPlan, launch, spec_contiguous, spec_swiglu
+from .config import TIMED_SOURCES, GroupedConfig, autotune_key, choose, fitted_shortlist, swiglu_config
+from .launch import GroupedPlan, launch, launch_spec
 
 
-def grouped_mm_forward(
+def run(
+    call: GroupedCall,
     x_sorted: torch.Tensor,
     w: torch.Tensor,
     group_offsets: torch.Tensor,
-    *,
-    w_layout: str = "nk",
-    epilogue: str | Epilogue = "none",
-    row_scale: torch.Tensor | None = None,
-    config: GroupedConfig | None = None,
     out: torch.Tensor | None = None,
-    allow_tf32: bool = False,
-    validate: bool = True,
-) -> torch.Tensor:
-    """:func:`moegemm.grouped.grouped_mm` recording no gradient: the custom op under ``torch.compile``,
-    else the launch."""
-    if torch.compiler.is_compiling():
-        n = w.shape[2] if w_layout == "kn" else w.shape[1]
-        out = x_sorted.new_empty((x_sorted.shape[0], n)) if out is None else out
-        epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
-        grouped_mm_op(
-            x_sorted,
-            w,
-            group_offsets,
-            out,
-            w_layout,
-            epi,
-            row_scale,
-            config_list(config),
-            allow_tf32,
-            validate,
-        )
-        return out
-    return _grouped(
-        x_sorted,
-        w,
-        group_offsets,
-        w_layout,
-        epilogue,
-        row_scale,
-        config,
-        out,
-        allow_tf32,
-        validate,
-        swiglu=False,
-    )
-
-
-def grouped_mm_swiglu_forward(
-    x_sorted: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    group_offsets: torch.Tensor,
-    *,
-    w_layout: str = "nk",
     row_scale: torch.Tensor | None = None,
-    config: GroupedConfig | None = None,
-    out: torch.Tensor | None = None,
-    allow_tf32: bool = False,
-    validate: bool = True,
 ) -> torch.Tensor:
-    """:func:`moegemm.grouped.grouped_mm_swiglu` recording no gradient: the custom op under
-    ``torch.compile``, else the launch."""
+    """The grouped GEMM ``call`` describes, recording no gradient: the custom op under ``torch.compile``,
+    else the plan of an earlier call like it, else a first call's checks, config and launch."""
     if torch.compiler.is_compiling():
-        n2 = w_gate_up.shape[2] if w_layout == "kn" else w_gate_up.shape[1]
-        out = x_sorted.new_empty((x_sorted.shape[0], n2 // 2)) if out is None else out
-        grouped_mm_swiglu_op(
-            x_sorted,
-            w_gate_up,
-            group_offsets,
-            out,
-            w_layout,
-            row_scale,
-            config_list(config),
-            allow_tf32,
-            validate,
-        )
+        if out is None:
+            n = w.shape[2] if call.w_layout == "kn" else w.shape[1]
+            out = x_sorted.new_empty((x_sorted.shape[0], n // 2 if call.swiglu else n))
+        grouped_mm_op(x_sorted, w, group_offsets, out, row_scale, *call.op_args())
         return out
-    return _grouped(
-        x_sorted,
-        w_gate_up,
-        group_offsets,
-        w_layout,
-        "none",
-        row_scale,
-        config,
-        out,
-        allow_tf32,
-        validate,
-        swiglu=True,
-    )
+    key = _plan_key(call, x_sorted, w, group_offsets, out, row_scale)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan.run(x_sorted, w, group_offsets, out, row_scale, call.validate)
+    return _first_call(call, key, x_sorted, w, group_offsets, out, row_scale)
 
 
-def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, validate, swiglu) -> tuple:
+def _check(call: GroupedCall, x_sorted, w, group_offsets, out, row_scale) -> tuple:
     """The arguments' checks: (M_total, K, E, the weights' columns per expert, the output's, w's strides,
     the epilogue, row_scale made contiguous, out or a new output)."""
+    swiglu = call.swiglu
     w_name = "w_gate_up" if swiglu else "w"
     if not isinstance(x_sorted, torch.Tensor):
         raise TypeError(f"x_sorted: expected a torch.Tensor, got {type(x_sorted).__name__}")
@@ -129,8 +56,8 @@ def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, valid
     check_dtype("x_sorted", x_sorted)
     check_device("x_sorted", x_sorted)
     m_total, k = x_sorted.shape
-    e, n_w, *w_strides = check_w(w, x_sorted, w_layout, k, "x_sorted", w_name)
-    epi = Epilogue.parse(epilogue)
+    e, n_w, *w_strides = check_w(w, x_sorted, call.w_layout, k, "x_sorted", w_name)
+    epi = Epilogue.parse(call.epilogue)
     if swiglu and n_w % 2:
         raise ValueError(f"w_gate_up: expected an even gate/up width 2I, got {n_w}")
     n = n_w // 2 if swiglu else n_w  # the output's columns
@@ -142,7 +69,7 @@ def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, valid
         raise TypeError(f"group_offsets: expected int32 or int64, got {group_offsets.dtype}")
     if group_offsets.device != x_sorted.device:
         raise ValueError(f"group_offsets: on {group_offsets.device}, but x_sorted is on {x_sorted.device}")
-    if validate:
+    if call.validate:
         check_offsets(group_offsets, m_total)
     if row_scale is not None:
         if not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != (m_total,):
@@ -160,52 +87,32 @@ def _check(x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, valid
     return m_total, k, e, n_w, n, w_strides, epi, row_scale, out
 
 
-def _grouped(
-    x_sorted, w, group_offsets, w_layout, epilogue, row_scale, config, out, allow_tf32, validate, swiglu: bool
-) -> torch.Tensor:
-    """grouped_mm, or with ``swiglu`` grouped_mm_swiglu: checks, the config (tuned, autotuned on a shape's
-    first call, or given), the launch. A call like an earlier one in everything the checks, the config and
-    the compiled kernel depend on (see _plan_key) goes straight to that call's launch (GroupedPlan)."""
-    key = _plan_key(
-        x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu
-    )
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is not None:
-        return plan.run(x_sorted, w, group_offsets, row_scale, out, validate)
+def _first_call(call: GroupedCall, key, x_sorted, w, group_offsets, out, row_scale) -> torch.Tensor:
+    """A call with no plan yet: checks, the config (tuned, autotuned on a shape's first call, or given), the
+    launch; the plan that later calls of ``key`` take (see GroupedPlan), where one applies."""
     m_total, k, e, n_w, n, w_strides, epi, row_scale, out = _check(
-        x_sorted, w, group_offsets, row_scale, out, w_layout, epilogue, validate, swiglu
+        call, x_sorted, w, group_offsets, out, row_scale
     )
     if m_total == 0 or n == 0:
         return out
     if k == 0:  # every product is 0; silu(0) * 0 = 0
         acc = epi.torch_apply(torch.zeros((m_total, n), dtype=torch.float32, device=x_sorted.device))
         return out.copy_(acc * row_scale.float()[:, None] if row_scale is not None else acc)
+    swiglu = call.swiglu
     offsets = group_offsets.to(torch.int32).contiguous()
     scale = row_scale if row_scale is not None else out
 
+    def kernel_cfg(cfg: GroupedConfig) -> GroupedConfig:  # the tiles the launched kernel takes
+        return swiglu_config(cfg) if swiglu else cfg
+
     def spec(cfg: GroupedConfig) -> tuple:
-        if swiglu:
-            return spec_swiglu(
-                swiglu_config(cfg),
-                x_sorted,
-                w,
-                w_strides,
-                w_layout,
-                offsets,
-                scale,
-                row_scale is not None,
-                out,
-                e,
-                n,
-                k,
-                allow_tf32,
-            )
-        return spec_contiguous(
-            cfg,
+        return launch_spec(
+            call,
+            kernel_cfg(cfg),
+            epi,
             x_sorted,
             w,
             w_strides,
-            w_layout,
             offsets,
             scale,
             row_scale is not None,
@@ -213,20 +120,19 @@ def _grouped(
             e,
             n,
             k,
-            epi,
-            allow_tf32,
         )
 
     def kernel_of(cfg: GroupedConfig) -> GroupedConfig:  # the grid is the launch's, not the kernel's
-        return dataclasses.replace(swiglu_config(cfg) if swiglu else cfg, persistent=False)
+        return dataclasses.replace(kernel_cfg(cfg), persistent=False)
 
-    def run(cfg: GroupedConfig) -> None:
+    def run_cfg(cfg: GroupedConfig) -> None:
         kernel, work_items, args, kwargs, _ = spec(cfg)
-        launch(kernel, work_items, swiglu_config(cfg) if swiglu else cfg, x_sorted, args, kwargs)
+        launch(kernel, work_items, kernel_cfg(cfg), x_sorted, args, kwargs)
 
     final = True  # the config is the one every later call of this shape takes (see GroupedPlan)
-    if config is not None:
-        cfg = config
+    w_layout = call.w_layout
+    if call.config is not None:
+        cfg = call.config
     else:
         slug = gpu_slug(x_sorted)
         smem = device_smem_per_block(x_sorted)
@@ -244,7 +150,7 @@ def _grouped(
                 candidates = fitted_shortlist(m_total, e, n_w, slug, x_sorted.dtype, smem)
                 if swiglu and source not in TIMED_SOURCES:
                     candidates = [cfg] + [c for c in candidates if swiglu_config(c) != swiglu_config(cfg)]
-                cfg, times = autotune.fastest(run, candidates, parallel_compile=True, kernel_of=kernel_of)
+                cfg, times = autotune.fastest(run_cfg, candidates, parallel_compile=True, kernel_of=kernel_of)
                 autotune.remember(slug, key_t, dataclasses.asdict(cfg), times)
             else:  # not timed now (a capture, autotuning off): a later call may time it, unless timing is
                 #     off (the key holds whether it is, see _plan_key)
@@ -252,33 +158,23 @@ def _grouped(
     if key is not None and final and not torch.cuda.is_current_stream_capturing():
         offsets_ready = group_offsets.dtype == torch.int32 and group_offsets.is_contiguous()
         plan = GroupedPlan.make(
-            spec(cfg),
-            swiglu_config(cfg) if swiglu else cfg,
-            x_sorted,
-            w_layout,
-            e,
-            n_w,
-            n,
-            k,
-            swiglu,
-            row_scale is not None,
-            offsets_ready,
+            spec(cfg), kernel_cfg(cfg), call, x_sorted, e, n_w, n, k, row_scale is not None, offsets_ready
         )
         if plan is not None:
             _PLANS[key] = plan
-            return plan.run(x_sorted, w, group_offsets, row_scale, out, False)
-    run(cfg)
+            return plan.run(x_sorted, w, group_offsets, out, row_scale, False)
+    run_cfg(cfg)
     return out
 
 
 _PLANS: dict = {}  # _plan_key -> GroupedPlan
 
 
-def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_tf32, swiglu) -> tuple | None:
-    """What a call's checks, config and compiled kernel depend on: the operands' shapes, strides, dtypes,
-    devices and alignment (Triton specializes pointers on 16-byte alignment, TMA needs it), the other
-    arguments, and with no config whether first calls may time (moegemm.autotune); None where no plan
-    applies (not CUDA tensors, the interpreter, an unhashable argument)."""
+def _plan_key(call: GroupedCall, x, w, offsets, out, row_scale) -> tuple | None:
+    """What a call's checks, config and compiled kernel depend on: the call spec, the operands' shapes,
+    strides, dtypes, devices and alignment (Triton specializes pointers on 16-byte alignment, TMA needs it),
+    and with no config whether first calls may time (moegemm.autotune); None where no plan applies (not CUDA
+    tensors, the interpreter, an unhashable argument)."""
     tensor = torch.Tensor
     if (
         INTERPRET
@@ -289,17 +185,13 @@ def _plan_key(x, w, offsets, row_scale, out, w_layout, epilogue, config, allow_t
     ):
         return None
     key = (
+        call.key,
         _operand_key(x),
         _operand_key(w),
         _operand_key(offsets),
         _operand_key(row_scale),
         _operand_key(out),
-        w_layout,
-        epilogue,
-        config,
-        allow_tf32,
-        swiglu,
-        config is None and autotune.enabled(),
+        call.config is None and autotune.enabled(),
     )
     try:
         hash(key)
@@ -316,70 +208,11 @@ def _operand_key(t) -> tuple | None:
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
 
 
-# The custom ops write into an output they are given (mutates_args=("out",)), as the eager functions can;
-# their fake implementations check nothing and write nothing, the output's shape being the caller's.
-
-
-@torch.library.custom_op("moegemm::grouped_mm", mutates_args=("out",))
-def grouped_mm_op(
-    x_sorted: torch.Tensor,
-    w: torch.Tensor,
-    group_offsets: torch.Tensor,
-    out: torch.Tensor,
-    w_layout: str,
-    epilogue: str,
-    row_scale: torch.Tensor | None,
-    config: list[int] | None,
-    allow_tf32: bool,
-    validate: bool,
-) -> None:
-    _grouped(
-        x_sorted,
-        w,
-        group_offsets,
-        w_layout,
-        epilogue,
-        row_scale,
-        config_of(config),
-        out,
-        allow_tf32,
-        validate,
-        swiglu=False,
-    )
-
-
-@grouped_mm_op.register_fake
-def _(x_sorted, w, group_offsets, out, w_layout, epilogue, row_scale, config, allow_tf32, validate):
-    return None
-
-
-@torch.library.custom_op("moegemm::grouped_mm_swiglu", mutates_args=("out",))
-def grouped_mm_swiglu_op(
-    x_sorted: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    group_offsets: torch.Tensor,
-    out: torch.Tensor,
-    w_layout: str,
-    row_scale: torch.Tensor | None,
-    config: list[int] | None,
-    allow_tf32: bool,
-    validate: bool,
-) -> None:
-    _grouped(
-        x_sorted,
-        w_gate_up,
-        group_offsets,
-        w_layout,
-        "none",
-        row_scale,
-        config_of(config),
-        out,
-        allow_tf32,
-        validate,
-        swiglu=True,
-    )
-
-
-@grouped_mm_swiglu_op.register_fake
-def _(x_sorted, w_gate_up, group_offsets, out, w_layout, row_scale, config, allow_tf32, validate):
-    return None
+# The custom op writes into an output it is given (mutates_args=("out",)), as the eager call can; its fake
+# implementation checks nothing and writes nothing, the output's shape being the caller's.
+grouped_mm_op = register_op(
+    "moegemm::grouped_mm",
+    GroupedCall,
+    "Tensor x_sorted, Tensor w, Tensor group_offsets, Tensor(a!) out, Tensor? row_scale",
+    run,  # (at run time, outside the trace: the eager launcher)
+)

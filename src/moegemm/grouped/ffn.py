@@ -6,17 +6,19 @@ from __future__ import annotations
 import torch
 
 from .. import autotune
-from .._runtime import check_device, gpu_slug
+from .._runtime import check_device, gpu_slug, triton_here
 from .._triton_common import check_dtype
+from . import contiguous
+from .call import UNCHECKED
 from .config import autotune_key
-from .contiguous import grouped_mm_forward, grouped_mm_swiglu_forward
 from .pointwise import silu_mul
-from .routing import route_and_permute, triton_here, unpermute
+from .routing import route_and_permute
+from .token_order import unpermute
 
 # At most this many rows per expert on average (decode), gate/up is one grouped GEMM into [rows, 2I] and
 # SiLU(gate) * up a separate op: there, on the tune-split models' layers, the fused kernel (half-width N
-# tiles, no tail tiles) was slower; above it, it was faster in most cells but not all, so there the first
-# call of a shape times both.
+# tiles, no tail tiles) is the slower; above it, it is the faster in most cells but not all, so there the
+# first call of a shape times both.
 FUSE_ABOVE_ROWS_PER_EXPERT = 16
 
 
@@ -32,7 +34,7 @@ def gate_up_act(
     the interpreter, where a shape not yet timed takes the fused kernel)."""
     e = w_gate_up.shape[0]
     if xs.shape[0] > FUSE_ABOVE_ROWS_PER_EXPERT * e and _fused_faster(xs, w_gate_up, group_offsets, w_layout):
-        return grouped_mm_swiglu_forward(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+        return contiguous.run(UNCHECKED[w_layout, True], xs, w_gate_up, group_offsets)
     return _unfused(xs, w_gate_up, group_offsets, w_layout)
 
 
@@ -52,7 +54,7 @@ def _(xs, w_gate_up, group_offsets, w_layout):
 
 
 def _unfused(xs, w_gate_up, group_offsets, w_layout):
-    gu = grouped_mm_forward(xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False)
+    gu = contiguous.run(UNCHECKED[w_layout, False], xs, w_gate_up, group_offsets)
     if not triton_here(gu):
         i = gu.shape[1] // 2
         return (torch.nn.functional.silu(gu[:, :i].float()) * gu[:, i:].float()).to(gu.dtype)
@@ -73,9 +75,7 @@ def _fused_faster(xs, w_gate_up, group_offsets, w_layout) -> bool:
     if not autotune.can_time(xs):
         return True
     runs = {
-        "fused": lambda: grouped_mm_swiglu_forward(
-            xs, w_gate_up, group_offsets, w_layout=w_layout, validate=False
-        ),
+        "fused": lambda: contiguous.run(UNCHECKED[w_layout, True], xs, w_gate_up, group_offsets),
         "unfused": lambda: _unfused(xs, w_gate_up, group_offsets, w_layout),
     }
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
@@ -145,24 +145,15 @@ def check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout: str) -
     return e
 
 
-def moe_ffn_forward(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w_gate_up: torch.Tensor,
-    w_down: torch.Tensor,
-    *,
-    w_layout: str = "nk",
-    validate: bool = True,
-) -> torch.Tensor:
+def moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down) -> torch.Tensor:
     """:func:`moegemm.grouped.moe_ffn` recording no gradient (arguments checked by :func:`check_moe_ffn`):
     routing and the permutation, gate/up with SwiGLU, down with the gating weights fused into its store,
     the un-permute."""
-    e = w_gate_up.shape[0]
-    plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=validate)
+    e, w_layout = w_gate_up.shape[0], call.w_layout
+    plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=call.validate)
     if torch.compiler.is_compiling() and triton_here(xs):  # the same choice and kernels, as a custom op
         act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout)
     else:
         act = gate_up_act(xs, w_gate_up, plan.group_offsets, w_layout)
-    ys = grouped_mm_forward(act, w_down, plan.group_offsets, w_layout=w_layout, row_scale=ws, validate=False)
+    ys = contiguous.run(UNCHECKED[w_layout, False], act, w_down, plan.group_offsets, row_scale=ws)
     return unpermute(ys, plan, None)

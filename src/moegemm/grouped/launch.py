@@ -36,113 +36,15 @@ def _max_tiles(m_total: int, e: int, n: int, cfg: GroupedConfig, what: str) -> i
     return max_tiles
 
 
-def spec_contiguous(
-    cfg: GroupedConfig,
-    x_sorted: torch.Tensor,
-    w: torch.Tensor,
-    w_strides,
-    w_layout: str,
-    offsets: torch.Tensor,
-    scale: torch.Tensor,
-    has_scale: bool,
-    out: torch.Tensor,
-    e: int,
-    n: int,
-    k: int,
-    epi: Epilogue,
-    allow_tf32: bool,
-) -> tuple:
-    """(kernel, work items, args, kwargs, slots) of one launch of the contiguous layout's kernel for ``cfg``
-    (TMA where the inputs allow it); w_strides: (expert, K, N) strides of w; slots: how many leading
-    arguments change from call to call."""
-    s_e, s_k, s_n = w_strides
-    max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "N")
-    common = dict(
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        E_BLOCK=max(16, triton.next_power_of_2(e)),
-        GROUP_M=config.GROUP_M,
-        HAS_SCALE=has_scale,
-        EPILOGUE=int(epi),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    descs = tma_descriptors(x_sorted, w, w_layout, e, n, k, cfg) if cfg.tma else None
-    if descs is not None:
-        return (
-            _grouped_mm_tma_kernel,
-            max_tiles,
-            (
-                *descs,
-                out,
-                offsets,
-                scale,
-                n,
-                k,
-                e,
-                x_sorted.shape[0],
-                out.stride(0),
-                out.stride(1),
-            ),
-            dict(
-                TAIL_M=cfg.tail_m,
-                W_KN=w_layout == "kn",
-                WARP_SPECIALIZE=cfg.flatten,
-                FLATTEN=cfg.flatten,
-                MERGE_TAIL=cfg.merge_tail,
-                MIX=cfg.mix,
-                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
-                **common,
-            ),
-            _TMA_SLOTS,
-        )
-    return (
-        _grouped_mm_kernel,
-        max_tiles,
-        (
-            x_sorted,
-            w,
-            out,
-            offsets,
-            scale,
-            n,
-            k,
-            e,
-            x_sorted.shape[0],
-            x_sorted.stride(0),
-            x_sorted.stride(1),
-            s_e,
-            s_k,
-            s_n,
-            out.stride(0),
-            out.stride(1),
-        ),
-        dict(EVEN_K=k % cfg.block_k == 0, SWIGLU=False, **common, **dot_meta(x_sorted.dtype, allow_tf32)),
-        _PTR_SLOTS,
-    )
-
-
-def spec_swiglu(
-    cfg: GroupedConfig,
-    x_sorted: torch.Tensor,
-    w: torch.Tensor,
-    w_strides,
-    w_layout: str,
-    offsets: torch.Tensor,
-    scale: torch.Tensor,
-    has_scale: bool,
-    out: torch.Tensor,
-    e: int,
-    n: int,
-    k: int,
-    allow_tf32: bool,
-) -> tuple:
-    """(kernel, work items, args, kwargs, slots) of one launch of the fused SwiGLU kernel (``cfg`` already
-    swiglu_config's; n: the output's columns, the weights have 2n per expert), TMA where the inputs allow
-    it."""
-    s_e, s_k, s_n = w_strides
-    max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "I")
+def launch_spec(
+    call, cfg: GroupedConfig, epi: Epilogue, x_sorted, w, w_strides, offsets, scale, has_scale, out, e, n, k
+):
+    """(kernel, work items, args, kwargs, slots) of one launch of ``call``'s kernel for ``cfg`` (with
+    ``call.swiglu`` already swiglu_config's), TMA where the inputs allow it. w_strides: (expert, K, N)
+    strides of w; n: the output's columns (the fused SwiGLU kernel's weights have 2n per expert); slots: how
+    many leading arguments change from call to call."""
+    swiglu = call.swiglu
+    max_tiles = _max_tiles(x_sorted.shape[0], e, n, cfg, "I" if swiglu else "N")
     common = dict(
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -153,62 +55,49 @@ def spec_swiglu(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    descs = tma_descriptors(x_sorted, w, w_layout, e, 2 * n, k, cfg) if cfg.tma else None
+    dot = dot_meta(x_sorted.dtype, call.allow_tf32)
+    descs = (
+        tma_descriptors(x_sorted, w, call.w_layout, e, 2 * n if swiglu else n, k, cfg) if cfg.tma else None
+    )
     if descs is not None:
-        return (
-            _grouped_mm_swiglu_tma_kernel,
-            max_tiles,
-            (
-                descs[0],
-                descs[1],
-                out,
-                offsets,
-                scale,
-                n,
-                k,
-                e,
-                x_sorted.shape[0],
-                out.stride(0),
-                out.stride(1),
-            ),
-            dict(
-                W_KN=w_layout == "kn",
-                WARP_SPECIALIZE=cfg.flatten,
-                FLATTEN=cfg.flatten,
-                MIX=cfg.mix,
-                UPCAST=dot_meta(x_sorted.dtype, allow_tf32)["UPCAST"],
-                **common,
-            ),
-            _SWIGLU_TMA_SLOTS,
-        )
-    return (
-        _grouped_mm_kernel,
-        max_tiles,
-        (
-            x_sorted,
-            w,
-            out,
-            offsets,
-            scale,
-            n,
-            k,
-            e,
-            x_sorted.shape[0],
-            x_sorted.stride(0),
-            x_sorted.stride(1),
-            s_e,
-            s_k,
-            s_n,
-            out.stride(0),
-            out.stride(1),
-        ),
-        dict(
-            EVEN_K=k % cfg.block_k == 0,
-            EPILOGUE=0,
-            SWIGLU=True,
+        meta = dict(
+            W_KN=call.w_layout == "kn",
+            WARP_SPECIALIZE=cfg.flatten,
+            FLATTEN=cfg.flatten,
+            MIX=cfg.mix,
+            UPCAST=dot["UPCAST"],
             **common,
-            **dot_meta(x_sorted.dtype, allow_tf32),
+        )
+        if swiglu:  # the fused kernel reads x and w alone, with no tail tiles and no other epilogue
+            kernel, descs, slots = _grouped_mm_swiglu_tma_kernel, descs[:2], _SWIGLU_TMA_SLOTS
+        else:
+            kernel, slots = _grouped_mm_tma_kernel, _TMA_SLOTS
+            meta.update(TAIL_M=cfg.tail_m, MERGE_TAIL=cfg.merge_tail, EPILOGUE=int(epi))
+        tail = (out, offsets, scale, n, k, e, x_sorted.shape[0], out.stride(0), out.stride(1))
+        return kernel, max_tiles, (*descs, *tail), meta, slots
+    s_e, s_k, s_n = w_strides
+    return (
+        _grouped_mm_kernel,
+        max_tiles,
+        (
+            x_sorted,
+            w,
+            out,
+            offsets,
+            scale,
+            n,
+            k,
+            e,
+            x_sorted.shape[0],
+            x_sorted.stride(0),
+            x_sorted.stride(1),
+            s_e,
+            s_k,
+            s_n,
+            out.stride(0),
+            out.stride(1),
         ),
+        dict(EVEN_K=k % cfg.block_k == 0, EPILOGUE=int(epi), SWIGLU=swiglu, **common, **dot),
         _PTR_SLOTS,
     )
 
@@ -272,27 +161,25 @@ def fit_per_sm(shared_bytes: int, regs_per_thread: int, num_warps: int, smem_per
 
 @dataclasses.dataclass(eq=False)
 class GroupedPlan:
-    """One (shapes, strides, dtypes, alignment, arguments) of grouped_mm or grouped_mm_swiglu, checked and
+    """One (shapes, strides, dtypes, alignment, call spec) of grouped_mm or grouped_mm_swiglu, checked and
     configured once: a later call builds its TMA descriptors (where the kernel takes them) and launches the
     compiled kernel directly (moegemm._triton_common.BoundKernel). Holds no tensor."""
 
     kernel: object  # the Triton kernel it launches
     bound: BoundKernel
     cfg: GroupedConfig
+    call: object  # the call spec (moegemm.grouped.call.GroupedCall)
     tma: bool
-    w_layout: str
     e: int
     n_w: int
     n: int
     k: int
-    swiglu: bool
     has_scale: bool
     offsets_ready: bool  # group_offsets is already int32 and contiguous
 
     @classmethod
-    def make(
-        cls, spec: tuple, cfg: GroupedConfig, x, w_layout, e, n_w, n, k, swiglu, has_scale, offsets_ready
-    ) -> "GroupedPlan | None":
+    def make(cls, spec: tuple, cfg: GroupedConfig, call, x, e, n_w, n, k, has_scale, offsets_ready):
+        """The plan of one launch (``spec``: launch_spec's), or None where this Triton cannot bind one."""
         kernel, work_items, args, kwargs, slots = spec
         if not hasattr(kernel, "warmup"):
             return None
@@ -301,22 +188,10 @@ class GroupedPlan:
             bound = BoundKernel(kernel, (grid_size(work_items, cfg, x, n_sm),), args, kwargs, slots)
         except Exception:  # noqa: BLE001 - a Triton without these APIs: every call goes through Triton's launch
             return None
-        return cls(
-            kernel=kernel,
-            bound=bound,
-            cfg=cfg,
-            tma=kernel is not _grouped_mm_kernel,
-            w_layout=w_layout,
-            e=e,
-            n_w=n_w,
-            n=n,
-            k=k,
-            swiglu=swiglu,
-            has_scale=has_scale,
-            offsets_ready=offsets_ready,
-        )
+        tma = kernel is not _grouped_mm_kernel
+        return cls(kernel, bound, cfg, call, tma, e, n_w, n, k, has_scale, offsets_ready)
 
-    def run(self, x, w, group_offsets, row_scale, out, validate: bool) -> torch.Tensor:
+    def run(self, x, w, group_offsets, out, row_scale, validate: bool) -> torch.Tensor:
         m_total = x.shape[0]
         if validate:
             check_offsets(group_offsets, m_total)
@@ -326,8 +201,8 @@ class GroupedPlan:
         scale = row_scale.contiguous() if self.has_scale else out
         stream = raw_stream(x.device.index)
         if self.tma:
-            descs = tma_descriptors(x, w, self.w_layout, self.e, self.n_w, self.k, self.cfg)
-            if self.swiglu:
+            descs = tma_descriptors(x, w, self.call.w_layout, self.e, self.n_w, self.k, self.cfg)
+            if self.call.swiglu:
                 descs = descs[:2]
             self.bound(stream, *descs, out, offsets, scale)
         else:

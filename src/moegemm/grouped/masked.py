@@ -12,8 +12,9 @@ from .._runtime import check_device, records_grad
 from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from . import config as _config
+from .call import MaskedCall, register_op
 from .checks import check_masked_m_values, check_w
-from .config import GroupedConfig, config_arg, config_list, config_of, masked_config
+from .config import GroupedConfig, masked_config
 from .launch import launch
 from .masked_kernels import _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel
 from .tma import ensure_allocator, tma_rows_ok, w_descriptor
@@ -59,36 +60,22 @@ def grouped_mm_masked(
             "x, w: grouped_mm_masked has no gradient (the masked layout serves decode); train through "
             "grouped_mm (contiguous rows and group offsets), or call this under torch.no_grad()"
         )
-    config = config_arg(config)
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()  # a traced call checks masked_m on the device, not in the op
+    check = check_masked_m and not compiling
+    call = MaskedCall.of(w_layout, epilogue, config, allow_tf32, check, leave_tail_unwritten)
+    if compiling:
         n = w.shape[2] if w_layout == "kn" else w.shape[1]
         out = x.new_empty((x.shape[0], x.shape[1], n)) if out is None else out
         if check_masked_m:
             torch._assert_async(
                 ((masked_m >= 0) & (masked_m <= x.shape[1])).all(), "masked_m: values must lie in [0, m_max]"
             )
-        epi = epilogue if isinstance(epilogue, str) else epilogue.name.lower()
-        grouped_mm_masked_op(
-            x, w, masked_m, out, w_layout, epi, config_list(config), allow_tf32, leave_tail_unwritten
-        )
+        grouped_mm_masked_op(x, w, masked_m, out, *call.op_args())
         return out
-    return _masked(
-        x, w, masked_m, w_layout, epilogue, config, out, allow_tf32, check_masked_m, leave_tail_unwritten
-    )
+    return _masked(call, x, w, masked_m, out)
 
 
-def _masked(
-    x,
-    w,
-    masked_m,
-    w_layout,
-    epilogue,
-    config,
-    out,
-    allow_tf32,
-    check_masked_m=False,
-    leave_tail_unwritten=False,
-) -> torch.Tensor:
+def _masked(call: MaskedCall, x, w, masked_m, out) -> torch.Tensor:
     """grouped_mm_masked's checks and launch."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         got = getattr(x, "shape", type(x).__name__)
@@ -96,6 +83,7 @@ def _masked(
     check_dtype("x", x)
     check_device("x", x)
     ex, m_max, k = x.shape
+    w_layout = call.w_layout
     e, n, s_e, s_k, s_n = check_w(w, x, w_layout, k)
     if e != ex:
         raise ValueError(f"w: has {e} experts but x has {ex}")
@@ -106,9 +94,9 @@ def _masked(
         raise TypeError(f"masked_m: expected int32 or int64, got {masked_m.dtype}")
     if masked_m.device != x.device:
         raise ValueError(f"masked_m: on {masked_m.device}, but x is on {x.device}")
-    if check_masked_m and e:
+    if call.check_masked_m and e:
         check_masked_m_values(masked_m, m_max)
-    epi = Epilogue.parse(epilogue)
+    epi = Epilogue.parse(call.epilogue)
     if out is None:
         out = torch.empty((e, m_max, n), dtype=x.dtype, device=x.device)
     elif tuple(out.shape) != (e, m_max, n) or out.dtype != x.dtype or out.device != x.device:
@@ -117,7 +105,7 @@ def _masked(
         if k == 0 and e and m_max and n:
             raise ValueError("x: K = 0 is not supported by the masked layout")
         return out
-    cfg = masked_config(x, n, w_layout, config)
+    cfg = masked_config(x, n, w_layout, call.config)
     max_tiles = e * triton.cdiv(m_max, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if max_tiles >= 2**31:
         raise ValueError(
@@ -131,7 +119,7 @@ def _masked(
         E_BLOCK=max(16, triton.next_power_of_2(e)),
         GROUP_M=_config.GROUP_M,
         EPILOGUE=int(epi),
-        ZERO_TAIL=not leave_tail_unwritten,
+        ZERO_TAIL=not call.leave_tail_unwritten,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -158,7 +146,7 @@ def _masked(
                 out.stride(1),
                 out.stride(2),
             ),
-            dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, allow_tf32)["UPCAST"], **common),
+            dict(W_KN=w_layout == "kn", UPCAST=dot_meta(x.dtype, call.allow_tf32)["UPCAST"], **common),
         )
         return out
     launch(
@@ -185,28 +173,16 @@ def _masked(
             out.stride(1),
             out.stride(2),
         ),
-        dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, allow_tf32)),
+        dict(EVEN_K=k % cfg.block_k == 0, **common, **dot_meta(x.dtype, call.allow_tf32)),
     )
     return out
 
 
-@torch.library.custom_op("moegemm::grouped_mm_masked", mutates_args=("out",))
-def grouped_mm_masked_op(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    masked_m: torch.Tensor,
-    out: torch.Tensor,
-    w_layout: str,
-    epilogue: str,
-    config: list[int] | None,
-    allow_tf32: bool,
-    leave_tail_unwritten: bool = False,
-) -> None:
-    _masked(
-        x, w, masked_m, w_layout, epilogue, config_of(config), out, allow_tf32, False, leave_tail_unwritten
-    )
-
-
-@grouped_mm_masked_op.register_fake
-def _(x, w, masked_m, out, w_layout, epilogue, config, allow_tf32, leave_tail_unwritten=False):
-    return None
+# The custom op writes into an output it is given, as the eager call can; it never reads masked_m to the host
+# (a traced call checks it on the device first, see grouped_mm_masked).
+grouped_mm_masked_op = register_op(
+    "moegemm::grouped_mm_masked",
+    MaskedCall,
+    "Tensor x, Tensor w, Tensor masked_m, Tensor(a!) out",
+    _masked,
+)
