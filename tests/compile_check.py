@@ -25,8 +25,6 @@ from moegemm.decompose_k._partial import _partial_mm_kernel  # noqa: E402
 from moegemm.decompose_k.flat import _reduce_flat_kernel  # noqa: E402
 from moegemm.decompose_k.single_launch import _single_launch_kernel  # noqa: E402
 from moegemm.decompose_k.two_stage import _reduce_tile_kernel  # noqa: E402
-from moegemm.fp8.kernels import _fp8_grouped_kernel  # noqa: E402
-from moegemm.fp8.quant import AMAX_FLOOR, E4M3_MAX, _quantize_rows_kernel  # noqa: E402
 from moegemm.grouped import backward as bw  # noqa: E402
 from moegemm.grouped import routing_kernels as rk  # noqa: E402
 from moegemm.grouped.backward_kernels import (  # noqa: E402
@@ -36,6 +34,8 @@ from moegemm.grouped.backward_kernels import (  # noqa: E402
 )
 from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
+from moegemm.grouped.fp8.kernels import _fp8_grouped_kernel  # noqa: E402
+from moegemm.grouped.fp8.quant import AMAX_FLOOR, E4M3_MAX, _quantize_rows_kernel  # noqa: E402
 from moegemm.grouped.kernels import (  # noqa: E402
     _grouped_mm_kernel,
     _grouped_mm_swiglu_tma_kernel,

@@ -1,6 +1,6 @@
-"""The block-scaled FP8 grouped GEMMs (moegemm.fp8) against float64 computed on the dequantised operands,
-on fresh random data with realistic ranges, outliers and all-zero blocks; K and N not multiples of 128; both
-layouts; the SwiGLU variant's fused e4m3 quantisation; and bad input."""
+"""The block-scaled FP8 grouped GEMMs (moegemm.grouped.fp8) against float64 computed on the dequantised
+operands, on fresh random data with realistic ranges, outliers and all-zero blocks; K and N not multiples of
+128; both layouts; the SwiGLU variant's fused e4m3 quantisation; and bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import DEVICE, HAS_CUDA
 
-from moegemm.fp8 import (
+from moegemm.grouped.fp8 import (
     Fp8Config,
     dequantize_fp8_rows,
     dequantize_fp8_weights,
@@ -19,7 +19,7 @@ from moegemm.fp8 import (
     quantize_fp8_rows,
     quantize_fp8_weights,
 )
-from moegemm.fp8.quant import BLOCK, E4M3_MAX
+from moegemm.grouped.fp8.quant import BLOCK, E4M3_MAX
 
 U_E4M3 = 2.0**-4  # e4m3's unit roundoff (3 mantissa bits)
 SUB_E4M3 = 2.0**-10  # half of e4m3's smallest subnormal, 2**-9, as a fraction of the block's scale
@@ -283,3 +283,25 @@ def test_moe_ffn_fp8_traces_whole_under_torch_compile():
     torch._dynamo.reset()
     compiled = torch.compile(moe_ffn_fp8, fullgraph=True, backend="aot_eager")(x, ids, gw, *wgu, *wd)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+def test_moe_ffn_takes_fp8_experts_with_their_scales():
+    """The public layer dispatches e4m3 weights with their scales to the FP8 layer (the same result), and
+    names what is missing or mixed."""
+    from moegemm.grouped import moe_ffn
+
+    gen = torch.Generator().manual_seed(13)
+    t, e, h, i, top_k = 5, 4, 128, 128, 2
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16).to(DEVICE)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(t)]).to(DEVICE)
+    gw = torch.rand(t, top_k, generator=gen).to(DEVICE)
+    wgu, sgu = quantize_fp8_weights((torch.randn(e, 2 * i, h, generator=gen) * 0.1).to(DEVICE))
+    wd, sd = quantize_fp8_weights((torch.randn(e, h, i, generator=gen) * 0.1).to(DEVICE))
+    y = moe_ffn(x, ids, gw, wgu, wd, w_gate_up_scale=sgu, w_down_scale=sd)
+    torch.testing.assert_close(y, moe_ffn_fp8(x, ids, gw, wgu, sgu, wd, sd), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="w_down_scale: FP8 experts need"):
+        moe_ffn(x, ids, gw, wgu, wd, w_gate_up_scale=sgu)
+    with pytest.raises(TypeError, match="w_down: FP8 experts take float8_e4m3fn"):
+        moe_ffn(x, ids, gw, wgu, wd.to(torch.bfloat16), w_gate_up_scale=sgu, w_down_scale=sd)
+    with pytest.raises(ValueError, match="w_layout: FP8 experts"):
+        moe_ffn(x, ids, gw, wgu, wd, w_gate_up_scale=sgu, w_down_scale=sd, w_layout="kn")

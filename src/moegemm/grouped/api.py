@@ -13,6 +13,8 @@ from . import autograd, contiguous
 from .call import FFNCall, GroupedCall
 from .config import GroupedConfig
 from .ffn import check_moe_ffn, moe_ffn_forward
+from .fp8.ffn import moe_ffn_fp8
+from .fp8.quant import FP8
 
 
 def grouped_mm(
@@ -93,6 +95,8 @@ def moe_ffn(
     w_layout: str = "nk",
     validate: bool = True,
     save_gate_up: bool | None = None,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y[t] = sum_j topk_weights[t, j] * FFN_e(x[t]), e = topk_ids[t, j],
     FFN_e(v) = (silu(v G_e) * (v U_e)) D_e.
@@ -115,7 +119,14 @@ def moe_ffn(
     gradient over it (True, the faster: then the graph backs one backward; a second, with retain_graph,
     raises), or recompute it there (False: 2 * I * top_k bytes per token fewer kept, any number of
     backwards); None: :data:`moegemm.grouped.autograd.SAVE_GATE_UP` (True).
+    FP8 experts: w_gate_up and w_down in float8_e4m3fn ("nk") with their 128 x 128 block scales
+    ``w_gate_up_scale`` and ``w_down_scale`` (:func:`moegemm.grouped.fp8.quantize_fp8_weights` makes both):
+    the layer of :func:`moegemm.grouped.fp8.moe_ffn_fp8` (the activations quantised per token and 128
+    channels inside it; inference only).
     """
+    if w_gate_up_scale is not None or w_down_scale is not None or getattr(w_gate_up, "dtype", None) == FP8:
+        scales = (w_gate_up_scale, w_down_scale)
+        return _fp8_layer(x, topk_ids, topk_weights, w_gate_up, w_down, *scales, w_layout, validate)
     check_moe_ffn(x, topk_ids, topk_weights, w_gate_up, w_down, w_layout)
     if save_gate_up is not None and not isinstance(save_gate_up, bool):
         raise TypeError(f"save_gate_up: expected a bool or None, got {type(save_gate_up).__name__}")
@@ -123,3 +134,23 @@ def moe_ffn(
     if records_grad(x, topk_weights, w_gate_up, w_down):
         return autograd.moe_ffn_train(call, x, topk_ids, topk_weights, w_gate_up, w_down)
     return moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down)
+
+
+def _fp8_layer(
+    x, topk_ids, topk_weights, w_gate_up, w_down, w_gate_up_scale, w_down_scale, w_layout, validate
+):
+    """moe_ffn with FP8 experts: both weights e4m3 with both scales, in the "nk" layout."""
+    for name, w, scale in (("w_gate_up", w_gate_up, w_gate_up_scale), ("w_down", w_down, w_down_scale)):
+        if getattr(w, "dtype", None) != FP8:
+            raise TypeError(
+                f"{name}: FP8 experts take float8_e4m3fn weights with their scales, got {w.dtype}"
+            )
+        if scale is None:
+            raise ValueError(
+                f"{name}_scale: FP8 experts need the weights' block scales (quantize_fp8_weights)"
+            )
+    if w_layout != "nk":
+        raise ValueError(f"w_layout: FP8 experts are [E, N, K] ('nk'), got {w_layout!r}")
+    return moe_ffn_fp8(
+        x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, validate=validate
+    )

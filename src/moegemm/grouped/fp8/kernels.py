@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..grouped.tiles import _masked_plan, _store_tile, _swiglu, _tile_coords, _tile_plan, _zero_tail
+from ..tiles import _masked_plan, _store_tile, _swiglu, _tile_coords, _tile_plan, _zero_tail
 from .quant import _quantize_group
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import records_grad
-from ..grouped.routing import route, sorted_weights, unpermute
+from ..._runtime import records_grad
+from ..routing import route, sorted_weights
+from ..token_order import unpermute
 from .api import grouped_mm_fp8, grouped_mm_fp8_swiglu
 from .quant import FP8, quantize_fp8_rows
 
@@ -29,10 +30,10 @@ def moe_ffn_fp8(
 
     x: [T, H] (bf16, fp16 or fp32; the output's dtype). topk_ids, topk_weights: [T, top_k]. w_gate_up_q:
     e4m3 [E, 2I, H], gate rows first, with w_gate_up_scale fp32 [E, ceil(2I/128), ceil(H/128)]; w_down_q:
-    e4m3 [E, H, I] with w_down_scale [E, ceil(H/128), ceil(I/128)] (:func:`moegemm.fp8.quantize_fp8_weights`
-    makes both). Activations are quantised with one scale per token and 128 channels, x as it is gathered
-    into expert order and the SwiGLU output in the gate/up kernel. ``validate`` checks the expert ids (on a
-    GPU on the device, no sync)."""
+    e4m3 [E, H, I] with w_down_scale [E, ceil(H/128), ceil(I/128)]
+    (:func:`moegemm.grouped.fp8.quantize_fp8_weights` makes both). Activations are quantised with one scale
+    per token and 128 channels, x as it is gathered into expert order and the SwiGLU output in the gate/up
+    kernel. ``validate`` checks the expert ids (on a GPU on the device, no sync)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [T, H] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -41,7 +42,9 @@ def moe_ffn_fp8(
         raise ValueError("x: the FP8 expert FFN records no gradient (call it under torch.no_grad())")
     for name, w in (("w_gate_up_q", w_gate_up_q), ("w_down_q", w_down_q)):
         if not isinstance(w, torch.Tensor) or w.dtype != FP8 or w.dim() != 3:
-            raise TypeError(f"{name}: expected a 3-D float8_e4m3fn tensor (moegemm.fp8.quantize_fp8_weights)")
+            raise TypeError(
+                f"{name}: expected a 3-D float8_e4m3fn tensor (moegemm.grouped.fp8.quantize_fp8_weights)"
+            )
     e, two_i, h = w_gate_up_q.shape
     if h != x.shape[1]:
         raise ValueError(f"w_gate_up_q: H={h} differs from x's {x.shape[1]}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._runtime import device_sm_count
-from ..grouped.tma import TensorDescriptor
+from ..._runtime import device_sm_count
+from ..tma import TensorDescriptor
 from .kernels import _fp8_grouped_kernel
 from .quant import AMAX_FLOOR, BLOCK, E4M3_MAX, FP8, blocks
 

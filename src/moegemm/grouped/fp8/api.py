@@ -1,7 +1,7 @@
 """The block-scaled FP8 grouped GEMMs' public entry points: the contiguous layout (prefill, the training
 forward), the masked layout (decode, CUDA-graph capturable), and the gate/up projection with SwiGLU and the
 down projection's e4m3 quantisation fused in its epilogue. Operands are e4m3 with fp32 block scales as
-:mod:`moegemm.fp8.quant` makes them (DeepSeek-V3's format); the output is bf16 (or fp16, fp32)."""
+:mod:`moegemm.grouped.fp8.quant` makes them (DeepSeek-V3's format); the output is bf16 (or fp16, fp32)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import dataclasses
 
 import torch
 
-from .._runtime import check_device
-from ..grouped.checks import check_masked_m_values, check_offsets
+from ..._runtime import check_device
+from ..checks import check_masked_m_values, check_offsets
 from .launch import run
 from .quant import BLOCK, FP8, blocks
 
@@ -56,7 +56,7 @@ def _check_fp8(name: str, t, dims: int) -> None:
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != FP8:
         raise TypeError(
-            f"{name}: expected float8_e4m3fn (quantise with moegemm.fp8.quantize_*), got {t.dtype}"
+            f"{name}: expected float8_e4m3fn (quantise with moegemm.grouped.fp8.quantize_*), got {t.dtype}"
         )
     if t.dim() != dims:
         raise ValueError(f"{name}: expected a {dims}-D tensor, got shape {tuple(t.shape)}")
