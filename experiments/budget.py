@@ -93,7 +93,7 @@ def step_baseline(step: str) -> dict:
     return {**BASELINE, **STEP_BASELINE.get(step, {})}
 
 
-# E7's and E8's share of time in the timed rounds (an earlier run's: about 83 of 433 s and 100 of 778 s)
+# E7's and E8's share of time in the timed rounds (measured: about 83 of 433 s and 100 of 778 s)
 TIMED_SHARE = 0.2
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 

@@ -65,10 +65,10 @@ def candidates(mean_rows: float) -> list[GroupedConfig]:
     K split inside each tile (pointer and TMA loads), the last waves of tiles dealt out by K steps
     (Stream-K), TMA stores, and row tiles with extra rows. The mixed tile order (``mix``) is tried on each
     cell's best few configs (see MIX_TRIES).
-    The set is what a wider search's table (results/<gpu>/tune_grouped.csv of an earlier run) kept: in the
-    regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
-    out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles,
-    64 x 128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
+    The set is what a wider search's table (a tune_grouped.csv over more configs, in the runs archive) kept:
+    in the regime where they were tried, these came within 3% of a cell's best somewhere, and the configs left
+    out never did (the 16 x 32 pointer-load tiles, split-K in four, 32-row and pointer-load middle tiles, 64 x
+    128 and 3-stage 128 x 128 prefill tiles); that keeps tune_grouped inside the run's 20 minutes.
     Configs whose stages need more than 200 KB of shared memory are left out, and those that need more
     than the 227 KB an H100/H200 block may have (smem_bytes)."""
     raw = []  # (block_m, block_n, block_k, warps, stages, tma, warp_specialize[, tail_m, merge])
