@@ -74,6 +74,23 @@ def _check_scale(name: str, s, shape: tuple, like: torch.Tensor) -> None:
         raise ValueError(f"{name}: on {s.device}, but the operands are on {like.device}")
 
 
+def _check_counts(name: str, t, shape: tuple, x: torch.Tensor) -> None:
+    """The per-expert row counts or offsets: an int32 or int64 tensor of ``shape`` on x's device."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+        raise ValueError(
+            f"{name}: expected an int tensor of shape {shape}, got {getattr(t, 'shape', type(t).__name__)}"
+        )
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
+    if t.device != x.device:
+        raise ValueError(f"{name}: on {t.device}, but x_q is on {x.device}")
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+
+
 def _check_weights(w_q, w_scale, k: int, x: torch.Tensor, swiglu: bool) -> tuple[int, int]:
     """(E, N) of the weights [E, N, K] (N: the output's width; with SwiGLU w holds 2N rows)."""
     _check_fp8("w_q", w_q, 3)
@@ -102,13 +119,7 @@ def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype,
     m, k = x_q.shape
     _check_scale("x_scale", x_scale, (m, blocks(k)), x_q)
     e, n = _check_weights(w_q, w_scale, k, x_q, swiglu)
-    if not isinstance(group_offsets, torch.Tensor) or tuple(group_offsets.shape) != (e + 1,):
-        raise ValueError(f"group_offsets: expected an int tensor of shape ({e + 1},), got "
-                         f"{getattr(group_offsets, 'shape', type(group_offsets).__name__)}")  # fmt: skip
-    if group_offsets.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"group_offsets: expected int32 or int64, got {group_offsets.dtype}")
-    if group_offsets.device != x_q.device:
-        raise ValueError(f"group_offsets: on {group_offsets.device}, but x_q is on {x_q.device}")
+    _check_counts("group_offsets", group_offsets, (e + 1,), x_q)
     if row_scale is not None:
         if swiglu:
             raise ValueError(
@@ -118,8 +129,7 @@ def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype,
             raise ValueError(f"row_scale: expected a tensor of shape ({m},)")
         if row_scale.device != x_q.device:
             raise ValueError(f"row_scale: on {row_scale.device}, but x_q is on {x_q.device}")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+    _check_out_dtype(out_dtype)
     if validate and e:
         check_offsets(group_offsets, m)
     cfg = config or default_config(m / max(e, 1), swiglu)
@@ -197,16 +207,8 @@ def grouped_mm_fp8_masked(
     e, n = _check_weights(w_q, w_scale, k, x_q, False)
     if e != ex:
         raise ValueError(f"w_q: has {e} experts but x_q has {ex}")
-    if not isinstance(masked_m, torch.Tensor) or tuple(masked_m.shape) != (e,):
-        raise ValueError(
-            f"masked_m: expected an int tensor of shape ({e},), got {getattr(masked_m, 'shape', None)}"
-        )
-    if masked_m.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"masked_m: expected int32 or int64, got {masked_m.dtype}")
-    if masked_m.device != x_q.device:
-        raise ValueError(f"masked_m: on {masked_m.device}, but x_q is on {x_q.device}")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+    _check_counts("masked_m", masked_m, (e,), x_q)
+    _check_out_dtype(out_dtype)
     if check_masked_m and e:
         check_masked_m_values(masked_m, m_max)
     cfg = config or default_config(float(m_max), False)

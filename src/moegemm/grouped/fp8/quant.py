@@ -27,16 +27,21 @@ def blocks(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
 
 
+def _check_float(name: str, t, dims: int, shape: str) -> None:
+    """``t`` is a ``dims``-D float tensor to quantise (not already e4m3), or an error naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: expected a {dims}-D {shape} tensor, got shape {tuple(t.shape)}")
+    if not t.dtype.is_floating_point or t.dtype == FP8:
+        raise TypeError(f"{name}: expected a float tensor to quantise, got {t.dtype}")
+
+
 def quantize_fp8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(w_q, w_scale) for expert weights w: [E, N, K] (nn.Linear's layout, as the FP8 grouped GEMMs take
     them): w_q e4m3 of w's shape, w_scale fp32 [E, ceil(N/128), ceil(K/128)], so that w ~ w_q * w_scale
     per 128 x 128 block. Any float dtype and device; N and K need not be multiples of 128."""
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"w: expected a torch.Tensor, got {type(w).__name__}")
-    if w.dim() != 3:
-        raise ValueError(f"w: expected a 3-D [E, N, K] tensor, got shape {tuple(w.shape)}")
-    if not w.dtype.is_floating_point or w.dtype == FP8:
-        raise TypeError(f"w: expected a float tensor to quantise, got {w.dtype}")
+    _check_float("w", w, 3, "[E, N, K]")
     e, n, k = w.shape
     nb, kb = blocks(n), blocks(k)
     wf = torch.zeros(e, nb * BLOCK, kb * BLOCK, dtype=torch.float32, device=w.device)
@@ -129,12 +134,7 @@ def quantize_fp8_rows(x: torch.Tensor, rows: torch.Tensor | None = None) -> tupl
     [R, ceil(K/128)], one scale per row and 128 channels. ``rows`` (int [R], optional) gathers: output row r
     quantises x[rows[r]] (the routing's permutation, fused: no permuted copy of x is written); every index
     must lie in [0, M) (checked on the CPU; on a GPU an index outside reads zeros, never outside x)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"x: expected a 2-D [M, K] tensor, got shape {tuple(x.shape)}")
-    if not x.dtype.is_floating_point or x.dtype == FP8:
-        raise TypeError(f"x: expected a float tensor to quantise, got {x.dtype}")
+    _check_float("x", x, 2, "[M, K]")
     m, k = x.shape
     if rows is not None:
         if (
