@@ -15,7 +15,7 @@ from tests.helpers import assert_compiled_grads_match
 from tests.moe_cells import one_small_config
 
 # The GPU tests at real shapes hold tens of GiB each (float64 references included): one at a time across
-# pytest-xdist's workers, whatever its --dist mode (tests/conftest.py), or several at once run the GPU out of
+# pytest-xdist's workers, whatever its --dist mode (conftest.py), or several at once run the GPU out of
 # memory.
 BIG = pytest.mark.gpu_memory
 

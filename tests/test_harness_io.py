@@ -237,7 +237,7 @@ def test_long_tests_head_the_chunks_xdist_deals_out():
     their order; no test is lost or doubled; without workers nothing moves."""
     from types import SimpleNamespace
 
-    from tests.conftest import spread_long_tests
+    from conftest import spread_long_tests
 
     items = [
         SimpleNamespace(name=f"t{i}", keywords={"long"} if i in (0, 1, 2, 40, 97) else set())
@@ -261,7 +261,7 @@ def test_the_tests_that_run_one_at_a_time_head_the_first_chunk_in_series():
     is lost or doubled."""
     from types import SimpleNamespace
 
-    from tests.conftest import spread_long_tests
+    from conftest import spread_long_tests
 
     def item(i):
         big = i in (60, 61, 62, 90)

@@ -1,6 +1,6 @@
 """harness.power (the NVML sampler behind probes/probe_power.py), on the CPU: NVML and the GPU clock
 are faked here; on a GPU machine the probe itself reads the real ones. The probe's cell loop is tested in
-tests/probes/test_probes.py."""
+probes/tests/test_probes.py."""
 
 from __future__ import annotations
 

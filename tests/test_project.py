@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+
 from conftest import SNAKEMAKE_GROUP, checkout_state, dry_run_jobs, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +157,6 @@ def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
     """conftest's `-n auto`: a worker per usable CPU without a GPU; with one, at most 8, one per two CPUs;
     MOEGEMM_TEST_WORKERS wins."""
     import conftest
-
     from moegemm import _runtime
 
     monkeypatch.delenv("MOEGEMM_TEST_WORKERS", raising=False)
@@ -182,7 +182,7 @@ def test_verify_leaves_the_compile_check_to_ci_on_a_gpu_only():
     assert selection(True) == "not pipeline and not outputs and not probe and not compile_only"
     src = (ROOT / "tests" / "test_compile_sm90.py").read_text()
     assert "@pytest.mark.compile_only" in src
-    for f in (ROOT / "tests" / "probes").glob("test_*.py"):
+    for f in (ROOT / "probes" / "tests").glob("test_*.py"):
         assert "pytestmark = pytest.mark.probe" in f.read_text(), f.name
 
 

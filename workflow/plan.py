@@ -125,10 +125,12 @@ def plan(gpus: list[str], committed: str, root: str | Path = ".") -> Plan:
 
 
 def source_files(root: str | Path = ".") -> list[str]:
-    """What the verify step tests: the library's and the tests' Python files, named relative to ``root``."""
+    """What the verify step tests: the library's and the tests' Python files and the tests' shared
+    conftest.py, named relative to ``root``."""
     root = Path(root)
-    return [
+    tops = [
         name
         for top in ("src", "tests")
         for name in sorted(str(p.relative_to(root)) for p in (root / top).rglob("*.py"))
     ]
+    return tops + (["conftest.py"] if (root / "conftest.py").is_file() else [])

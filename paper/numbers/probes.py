@@ -248,7 +248,7 @@ def dk_design_probe(n: Numbers, results: Path) -> None:
 
 def config_label(cfg: dict) -> str:
     """A kernel config as probes/probe_backward.py's rows name it, e.g. 128x256x64/w8s3e4: tiles, warps,
-    stages, epilogue split (tests/probes/test_probe_numbers.py checks that it is the probe's own label)."""
+    stages, epilogue split (probes/tests/test_probe_numbers.py checks that it is the probe's own label)."""
     split = f"e{cfg['EPI_SPLIT']}" if cfg.get("EPI_SPLIT", 1) > 1 else ""
     tiles = "x".join(str(cfg[k]) for k in cfg if k.startswith("BLOCK"))
     return f"{tiles}/w{cfg['num_warps']}s{cfg['num_stages']}{split}"

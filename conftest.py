@@ -24,7 +24,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # the worker processes already share 
     _share = usable_cpus() // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ.setdefault("MOEGEMM_COMPILE_THREADS", str(max(1, _share)))
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent
 # Tests that run Snakemake: under pytest-xdist (`--dist loadgroup`) all of them go to one worker, in order,
 # so that the last one can check what the others left behind in the checkout.
 SNAKEMAKE_GROUP = "snakemake"
