@@ -172,12 +172,14 @@ def test_auto_workers_use_the_cpus_and_spare_the_gpu(monkeypatch):
 
 
 def test_verify_leaves_the_compile_check_to_ci_on_a_gpu_only():
-    """The pipeline's verify step: never the pipeline's, the outputs' or the probes' tests; on a GPU, where
-    the native tests compile and run the kernels, not the sm_90 compile check, which each CPU run keeps."""
+    """The pipeline's verify step: never the pipeline's, the outputs' or the probes' tests, nor the sm_90
+    compile check (on a GPU the native tests compile and run the kernels; on a CPU the step runs the kernels'
+    correctness core); the test command keeps it."""
     from experiments.verify import CPU_CORE, core_paths, selection
 
     assert core_paths(True) == [] and core_paths(False) == list(CPU_CORE)
     assert all((ROOT / f).is_file() for f in CPU_CORE)  # without a GPU: the kernels' correctness core
+    assert "tests/test_compile_sm90.py" not in CPU_CORE
     assert selection(False) == "not pipeline and not outputs and not probe"
     assert selection(True) == "not pipeline and not outputs and not probe and not compile_only"
     src = (ROOT / "tests" / "test_compile_sm90.py").read_text()

@@ -177,8 +177,8 @@ def cpu_paragraph(cpu: Path) -> str:
         detail = []
         if verify is not None:
             detail.append(
-                f"the verify step {_took(verify)} of it (the kernel tests under the interpreter "
-                "and an sm_90 compile check)"
+                f"the verify step {_took(verify)} of it (the kernels' correctness tests under the "
+                "interpreter; the sm_90 compile check is the test command's)"
             )
         if rest:
             detail.append(f"figures and numbers {_took(rest)}")
