@@ -81,6 +81,19 @@ def check_w(
     return e, n, s_e, s_k, s_n
 
 
+def check_counts(name: str, t, shape: tuple, x: torch.Tensor, x_name: str) -> None:
+    """Per-expert row counts or offsets: an int32 or int64 tensor of ``shape`` on ``x``'s device, or an error
+    naming ``name``."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+        raise ValueError(
+            f"{name}: expected an int tensor of shape {shape}, got {getattr(t, 'shape', type(t).__name__)}"
+        )
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
+    if t.device != x.device:
+        raise ValueError(f"{name}: on {t.device}, but {x_name} is on {x.device}")
+
+
 def check_masked_m_values(masked_m: torch.Tensor, m_max: int) -> None:
     """Every masked_m value lies in [0, m_max], or a ValueError naming masked_m. Reads the values to the host
     (a sync on a GPU), so it is opt-in (grouped_mm_masked's ``check_masked_m``)."""

@@ -13,7 +13,7 @@ from .._triton_common import check_dtype, dot_meta
 from ..epilogue import Epilogue
 from . import config as _config
 from .call import MaskedCall, register_op
-from .checks import check_masked_m_values, check_w
+from .checks import check_counts, check_masked_m_values, check_w
 from .config import GroupedConfig, masked_config
 from .launch import launch
 from .masked_kernels import _grouped_mm_masked_kernel, _grouped_mm_masked_tma_kernel
@@ -87,13 +87,7 @@ def _masked(call: MaskedCall, x, w, masked_m, out) -> torch.Tensor:
     e, n, s_e, s_k, s_n = check_w(w, x, w_layout, k)
     if e != ex:
         raise ValueError(f"w: has {e} experts but x has {ex}")
-    if not isinstance(masked_m, torch.Tensor) or tuple(masked_m.shape) != (e,):
-        got = getattr(masked_m, "shape", None)
-        raise ValueError(f"masked_m: expected an int tensor of shape ({e},), got {got}")
-    if masked_m.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"masked_m: expected int32 or int64, got {masked_m.dtype}")
-    if masked_m.device != x.device:
-        raise ValueError(f"masked_m: on {masked_m.device}, but x is on {x.device}")
+    check_counts("masked_m", masked_m, (e,), x, "x")
     if call.check_masked_m and e:
         check_masked_m_values(masked_m, m_max)
     epi = Epilogue.parse(call.epilogue)

@@ -10,19 +10,17 @@ import dataclasses
 import torch
 
 from ..._runtime import check_device
-from ..checks import check_masked_m_values, check_offsets
-from .launch import run
+from ..checks import check_counts, check_masked_m_values, check_offsets
+from .launch import OUT_DTYPES, run
 from .quant import BLOCK, FP8, blocks
-
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Config:
-    """Tiles and launch of the FP8 kernel. BLOCK_K is the scale block, 128; block_n divides 128 or is a
-    multiple of it (the SwiGLU variant needs 128: one output scale block per tile). ``tma``: operand tiles
-    through the tensor-memory accelerator where both operands allow it (rows 16-byte aligned, experts stacked
-    densely), else pointer loads with the same tiles."""
+    """Tiles and launch of the FP8 kernel. BLOCK_K is the scale block, 128; block_n, a power of two, divides
+    128 or is a multiple of it (the SwiGLU variant needs 128: one output scale block per tile). ``tma``:
+    operand tiles through the tensor-memory accelerator where both operands allow it (rows 16-byte aligned,
+    experts stacked densely), else pointer loads with the same tiles."""
 
     block_m: int = 64
     block_n: int = 128
@@ -39,15 +37,7 @@ class Fp8Config:
 
 def default_config(rows_per_expert: float, swiglu: bool) -> Fp8Config:
     """An untimed start: row tiles near the rows an expert holds (decode: 16-32 rows; prefill: 64-128)."""
-    bm = (
-        16
-        if rows_per_expert <= 16
-        else 32
-        if rows_per_expert <= 32
-        else 64
-        if rows_per_expert <= 128
-        else 128
-    )
+    bm = next((b for b, most in ((16, 16), (32, 32), (64, 128)) if rows_per_expert <= most), 128)
     return Fp8Config(block_m=bm, block_n=128, num_warps=4 if bm <= 64 else 8, num_stages=3)
 
 
@@ -74,18 +64,6 @@ def _check_scale(name: str, s, shape: tuple, like: torch.Tensor) -> None:
         raise ValueError(f"{name}: on {s.device}, but the operands are on {like.device}")
 
 
-def _check_counts(name: str, t, shape: tuple, x: torch.Tensor) -> None:
-    """The per-expert row counts or offsets: an int32 or int64 tensor of ``shape`` on x's device."""
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-        raise ValueError(
-            f"{name}: expected an int tensor of shape {shape}, got {getattr(t, 'shape', type(t).__name__)}"
-        )
-    if t.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name}: expected int32 or int64, got {t.dtype}")
-    if t.device != x.device:
-        raise ValueError(f"{name}: on {t.device}, but x_q is on {x.device}")
-
-
 def _check_out_dtype(out_dtype) -> None:
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
@@ -106,8 +84,6 @@ def _check_weights(w_q, w_scale, k: int, x: torch.Tensor, swiglu: bool) -> tuple
 
 
 def _check_config(cfg: Fp8Config, swiglu: bool) -> None:
-    if cfg.block_n < BLOCK and BLOCK % cfg.block_n or cfg.block_n > BLOCK and cfg.block_n % BLOCK:
-        raise ValueError(f"config.block_n: must divide 128 or be a multiple of it, got {cfg.block_n}")
     if swiglu and cfg.block_n != BLOCK:
         raise ValueError(
             f"config.block_n: the SwiGLU variant quantises 128 columns per tile, got {cfg.block_n}"
@@ -119,7 +95,7 @@ def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype,
     m, k = x_q.shape
     _check_scale("x_scale", x_scale, (m, blocks(k)), x_q)
     e, n = _check_weights(w_q, w_scale, k, x_q, swiglu)
-    _check_counts("group_offsets", group_offsets, (e + 1,), x_q)
+    check_counts("group_offsets", group_offsets, (e + 1,), x_q, "x_q")
     if row_scale is not None:
         if swiglu:
             raise ValueError(
@@ -207,7 +183,7 @@ def grouped_mm_fp8_masked(
     e, n = _check_weights(w_q, w_scale, k, x_q, False)
     if e != ex:
         raise ValueError(f"w_q: has {e} experts but x_q has {ex}")
-    _check_counts("masked_m", masked_m, (e,), x_q)
+    check_counts("masked_m", masked_m, (e,), x_q, "x_q")
     _check_out_dtype(out_dtype)
     if check_masked_m and e:
         check_masked_m_values(masked_m, m_max)

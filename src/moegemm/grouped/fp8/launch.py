@@ -11,7 +11,7 @@ from ..tma import TensorDescriptor
 from .kernels import _fp8_grouped_kernel
 from .quant import AMAX_FLOOR, BLOCK, E4M3_MAX, FP8, blocks
 
-DTYPE_CODES = (torch.bfloat16, torch.float16, torch.float32)  # the op's out_dtype argument: an index
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the op's out_dtype argument: an index
 
 
 def _grid(tiles: int, x: torch.Tensor) -> tuple[int]:
@@ -41,7 +41,7 @@ def _descriptors(x_q, w_q, block_m: int, block_n: int):
     )
 
 
-def _shapes(x_q, counts, masked: bool, swiglu: bool, out_dtype, e: int, n: int):
+def _shapes(x_q, swiglu: bool, out_dtype, n: int):
     """(y's shape and dtype, sy's shape or None, rows M or m_max, K)."""
     lead = tuple(x_q.shape[:-1])
     k = x_q.shape[-1]
@@ -51,7 +51,7 @@ def _shapes(x_q, counts, masked: bool, swiglu: bool, out_dtype, e: int, n: int):
 def compute(x_q, x_scale, w_q, w_scale, counts, row_scale, out_dtype, cfg, masked, zero_tail, swiglu, e, n):
     """(y, sy): the product (e4m3 with SwiGLU, else out_dtype) and, with SwiGLU, its scales (else an empty
     tensor). cfg: (block_m, block_n, num_warps, num_stages, tma)."""
-    (y_shape, y_dtype), sy_shape, m, k = _shapes(x_q, counts, masked, swiglu, out_dtype, e, n)
+    (y_shape, y_dtype), sy_shape, m, k = _shapes(x_q, swiglu, out_dtype, n)
     y = torch.empty(y_shape, dtype=y_dtype, device=x_q.device)
     sy = torch.empty(sy_shape if swiglu else (0,), dtype=torch.float32, device=x_q.device)
     if not (e and m and n):
@@ -103,16 +103,16 @@ def fp8_grouped_mm_op(
     e: int,
     n: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`compute` as a custom op (out_dtype: an index into DTYPE_CODES)."""
+    """:func:`compute` as a custom op (out_dtype: an index into OUT_DTYPES)."""
     return compute(
-        x_q, x_scale, w_q, w_scale, counts, row_scale, DTYPE_CODES[out_dtype], tuple(cfg), masked, zero_tail,
+        x_q, x_scale, w_q, w_scale, counts, row_scale, OUT_DTYPES[out_dtype], tuple(cfg), masked, zero_tail,
         swiglu, e, n,
     )  # fmt: skip
 
 
 @fp8_grouped_mm_op.register_fake
 def _(x_q, x_scale, w_q, w_scale, counts, row_scale, out_dtype, cfg, masked, zero_tail, swiglu, e, n):
-    (y_shape, y_dtype), sy_shape, _, _ = _shapes(x_q, counts, masked, swiglu, DTYPE_CODES[out_dtype], e, n)
+    (y_shape, y_dtype), sy_shape, _, _ = _shapes(x_q, swiglu, OUT_DTYPES[out_dtype], n)
     return x_q.new_empty(y_shape, dtype=y_dtype), x_q.new_empty(sy_shape or (0,), dtype=torch.float32)
 
 
@@ -122,7 +122,7 @@ def run(x_q, x_scale, w_q, w_scale, counts, row_scale, out_dtype, cfg, masked, z
     tiles = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, int(cfg.tma))
     if torch.compiler.is_compiling():
         return fp8_grouped_mm_op(
-            x_q, x_scale, w_q, w_scale, counts, row_scale, DTYPE_CODES.index(out_dtype), list(tiles), masked,
+            x_q, x_scale, w_q, w_scale, counts, row_scale, OUT_DTYPES.index(out_dtype), list(tiles), masked,
             zero_tail, swiglu, e, n,
         )  # fmt: skip
     return compute(
