@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from conftest import HAS_CUDA, ROOT
 
 CHILD = textwrap.dedent(

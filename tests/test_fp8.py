@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, HAS_CUDA
 
+from conftest import DEVICE, HAS_CUDA
 from moegemm.grouped.fp8 import (
     Fp8Config,
     dequantize_fp8_rows,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+
 from conftest import SNAKEMAKE_GROUP, job_counts, snakemake_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE
 
+from conftest import DEVICE
 from experiments.harness.stream import CANDIDATES, StreamConfig, check_stream, stream_bytes, stream_setup
 
 

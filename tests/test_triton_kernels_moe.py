@@ -18,8 +18,8 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import DEVICE, HAS_CUDA
 
+from conftest import DEVICE, HAS_CUDA
 from experiments import triton_kernels_moe as tkm
 
 SOURCE = os.environ.get(tkm.ENV)

@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 import torch
-from conftest import DEVICE
 
+from conftest import DEVICE
 from experiments import vllm_moe as vm
 from moegemm.grouped import permute, route
 
