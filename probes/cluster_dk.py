@@ -306,11 +306,11 @@ class ClusterPlan:
 
     config: ClusterConfig
     epilogue: Epilogue
+    dtype: torch.dtype
+    device: torch.device
     m: int
     n: int
     k: int
-    dtype: torch.dtype
-    device: torch.device
     b_kn: bool
     a_geom: list
     b_geom: list
@@ -331,13 +331,8 @@ class ClusterPlan:
             K.TensorDescriptor(bt, self.b_geom[0], self.b_geom[1], list(self.boxes[1]), self.layouts[1]),
         )
 
-    def run(
-        self,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def run(self, a: torch.Tensor, b: torch.Tensor, bias=None, out=None) -> torch.Tensor:
+        """The plan's launch; bias and out (optional tensors) as in the library's plans."""
         if out is None:
             out = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
         from moegemm._triton_common import raw_stream

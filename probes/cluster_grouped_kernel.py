@@ -302,19 +302,9 @@ if gluon is not None:
 
     @gluon.jit
     def _store_pair(
-        acc,
-        acc_up,
-        y_ptr,
-        scale_ptr,
-        row0,
-        row_end,
-        col0,
-        N,
-        stride_ym,
-        HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr,
-        SWIGLU: gl.constexpr,
-    ):
+        acc, acc_up, y_ptr, scale_ptr, row0, row_end, col0, N, stride_ym,
+        HAS_SCALE: gl.constexpr, EPILOGUE: gl.constexpr, SWIGLU: gl.constexpr,
+    ):  # fmt: skip
         """The pair tile's epilogue (SwiGLU of the two products, or the epilogue; then row_scale) and its
         store from registers, each CTA its rows, those of the expert (< row_end) and columns < N."""
         rows = row0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
@@ -526,30 +516,12 @@ if gluon is not None:
 
     @gluon.jit
     def _grouped_cluster_kernel(
-        a_desc,
-        w_desc,
-        y_ptr,
-        offsets_ptr,
-        scale_ptr,
-        E,
-        N,
-        K,
-        stride_ym,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        BLOCK_K: gl.constexpr,
-        E_BLOCK: gl.constexpr,
-        GROUP_M: gl.constexpr,
-        STAGES: gl.constexpr,
-        W_KN: gl.constexpr,
-        HAS_SCALE: gl.constexpr,
-        EPILOGUE: gl.constexpr,
-        SWIGLU: gl.constexpr,
-        SCOPE_CTA: gl.constexpr,
-        LAG: gl.constexpr,
-        WS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr,
-    ):
+        a_desc, w_desc, y_ptr, offsets_ptr, scale_ptr, E, N, K, stride_ym,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, E_BLOCK: gl.constexpr,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr, W_KN: gl.constexpr, HAS_SCALE: gl.constexpr,
+        EPILOGUE: gl.constexpr, SWIGLU: gl.constexpr, SCOPE_CTA: gl.constexpr, LAG: gl.constexpr,
+        WS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):  # fmt: skip
         """y[rows of e, cols] = epilogue(x[rows] @ W_e[:, cols]) * row_scale[rows]; with SWIGLU
         silu(x @ G_e) * (x @ U_e) * row_scale, w holding each expert's 2N gate-then-up columns (or rows).
         WS: warp-specialized on a persistent grid of clusters (one per pair of SMs that fits), the grid

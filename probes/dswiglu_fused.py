@@ -34,17 +34,7 @@ _KEYS = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", 
 
 
 def fused_swiglu_grad(
-    group_offsets: torch.Tensor,
-    dys: torch.Tensor,
-    gu: torch.Tensor,
-    w_down: torch.Tensor,
-    w_layout: str,
-    *,
-    scale: torch.Tensor | None,
-    rowdot: bool,
-    store_act: bool,
-    in_place: bool,
-    tiles: dict | None = None,
+    group_offsets, dys, gu, w_down, w_layout, *, scale, rowdot, store_act, in_place, tiles=None
 ):
     """:func:`moegemm.grouped.backward.swiglu_grad`'s result in one launch of :func:`_dswiglu_tma_kernel`
     (``tiles``, default :data:`FUSED_TILES`; the interpreter's are 16 wide), where TMA can read the
@@ -76,71 +66,29 @@ def fused_swiglu_grad(
     grid = (triton.cdiv(rows, meta["BLOCK_M"]) + min(e, rows)) * n_tiles
     dy_desc = TensorDescriptor(dys, [rows, h], [dys.stride(0), 1], [meta["BLOCK_M"], meta["BLOCK_K"]])
     _dswiglu_tma_kernel[(grid,)](
-        dy_desc,
-        wd_desc,
-        gu,
-        scale.contiguous() if scale is not None else offsets,
-        offsets,
-        dgu,
-        act if act is not None else dgu,
-        part if part is not None else offsets,
-        i,
-        h,
-        e,
-        rows,
-        gu.stride(0),
-        gu.stride(1),
-        dgu.stride(0),
-        dgu.stride(1),
-        act.stride(0) if act is not None else 0,
-        act.stride(1) if act is not None else 0,
+        dy_desc, wd_desc, gu, scale.contiguous() if scale is not None else offsets, offsets, dgu,
+        act if act is not None else dgu, part if part is not None else offsets,
+        i, h, e, rows, gu.stride(0), gu.stride(1), dgu.stride(0), dgu.stride(1),
+        act.stride(0) if act is not None else 0, act.stride(1) if act is not None else 0,
         part.stride(0) if part is not None else 0,
-        E_BLOCK=max(16, triton.next_power_of_2(e)),
-        W_KN=bw.other_layout(w_layout) == "kn",
-        HAS_SCALE=scale is not None,
-        ROWDOT=rowdot,
-        STORE_ACT=store_act,
-        IN_PLACE=dgu.data_ptr() == gu.data_ptr(),
-        UPCAST=dot_meta(gu.dtype, False)["UPCAST"],
+        E_BLOCK=max(16, triton.next_power_of_2(e)), W_KN=bw.other_layout(w_layout) == "kn",
+        HAS_SCALE=scale is not None, ROWDOT=rowdot, STORE_ACT=store_act,
+        IN_PLACE=dgu.data_ptr() == gu.data_ptr(), UPCAST=dot_meta(gu.dtype, False)["UPCAST"],
         **meta,
-    )
+    )  # fmt: skip
     return dgu, act, (part.sum(1) if rowdot else None)
 
 
 @triton.jit
 def _dswiglu_tma_kernel(
-    dy_desc,
-    wd_desc,
-    gu_ptr,
-    scale_ptr,
-    offsets_ptr,
-    dgu_ptr,
-    act_ptr,
-    part_ptr,
-    N_I,
-    H,
-    E,
-    M,
-    stride_gm,
-    stride_gn,
-    stride_om,
-    stride_on,
-    stride_am,
-    stride_an,
-    stride_pm,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    W_KN: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    ROWDOT: tl.constexpr,
-    STORE_ACT: tl.constexpr,
-    IN_PLACE: tl.constexpr,
-    UPCAST: tl.constexpr,
-    EPI_SPLIT: tl.constexpr = 1,
-):
+    dy_desc, wd_desc, gu_ptr, scale_ptr, offsets_ptr, dgu_ptr, act_ptr, part_ptr,
+    N_I, H, E, M,
+    stride_gm, stride_gn, stride_om, stride_on, stride_am, stride_an, stride_pm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    E_BLOCK: tl.constexpr, GROUP_M: tl.constexpr,
+    W_KN: tl.constexpr, HAS_SCALE: tl.constexpr, ROWDOT: tl.constexpr, STORE_ACT: tl.constexpr,
+    IN_PLACE: tl.constexpr, UPCAST: tl.constexpr, EPI_SPLIT: tl.constexpr = 1,
+):  # fmt: skip
     """The SwiGLU backward in the epilogue of the down projection's dX GEMM, its tiles brought in by TMA: per
     tile of rows of one expert and BLOCK_N of the I activation columns, P = dY[rows] @ D_e^T[:, cols] (dY:
     the permuted rows of the layer's output gradient [rows, H]; D_e^T read through the 2-D descriptor of
@@ -172,30 +120,12 @@ def _dswiglu_tma_kernel(
             n_c = cols % N_I
             g_ptrs = gu_ptr + rows_c[:, None] * stride_gm + n_c[None, :] * stride_gn
             _dswiglu_store(
-                chunk,
-                tl.load(g_ptrs).to(tl.float32),
-                tl.load(g_ptrs + N_I * stride_gn).to(tl.float32),
-                scale_ptr,
-                dgu_ptr,
-                act_ptr,
-                part_ptr,
-                rows_c,
-                row_ok,
-                cols,
-                cols < N_I,
-                col0 + j * CHUNK,
-                N_I,
-                stride_om,
-                stride_on,
-                stride_am,
-                stride_an,
-                stride_pm,
-                CHUNK,
-                HAS_SCALE,
-                ROWDOT,
-                STORE_ACT,
-                IN_PLACE,
-            )
+                chunk, tl.load(g_ptrs).to(tl.float32), tl.load(g_ptrs + N_I * stride_gn).to(tl.float32),
+                scale_ptr, dgu_ptr, act_ptr, part_ptr,
+                rows_c, row_ok, cols, cols < N_I, col0 + j * CHUNK, N_I,
+                stride_om, stride_on, stride_am, stride_an, stride_pm,
+                CHUNK, HAS_SCALE, ROWDOT, STORE_ACT, IN_PLACE,
+            )  # fmt: skip
 
 
 @triton.jit

@@ -42,26 +42,12 @@ DEFAULT = "16x8192x16,16x32768x16,32x16384x32,48x24576x48,64x8192x64,64x32768x64
 
 @triton.jit
 def _ceiling_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    N: tl.constexpr,
-    K: tl.constexpr,
-    S: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    LOAD: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
+    a_ptr, b_ptr, c_ptr, M,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LOAD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
     """LOAD: each program's K slice of A and B into its fp32 tile (the library's partial_tile), stored into C
     as it is (every split writes the same tile: timing only); else nothing at all."""
     if LOAD:
