@@ -64,185 +64,228 @@ def sig(kernel, ptrs: dict, consts: dict) -> tuple[dict, dict]:
     return s, consts
 
 
-def variants():
-    for dt, epi, bias in itertools.product(("bf16", "fp16", "fp32"), (0, 1, 2), (False, True)):
-        prec = "ieee" if dt == "fp32" else "tf32"
-        io = {
-            "a_ptr": TY[dt],
-            "b_ptr": TY[dt],
-            "c_ptr": TY[dt],
-            "bias_ptr": TY[dt],
-            "p_ptr": "*fp32",
-            "counter_ptr": "*i32",
-        }
-        for even in (True, False):
-            tile = dict(
-                BLOCK_M=16,
-                BLOCK_N=64,
-                BLOCK_K=128 if dt != "fp32" else 64,
-                GROUP_M=8,
-                EVEN_K=even,
-                PRECISION=prec,
-                UPCAST=False,
-            )
-            if epi == 0 and not bias:
-                yield ("partial", dt, even), _partial_mm_kernel, io, tile
-        for coop, (n, k, s) in itertools.product((True, False), ((64, 8192, 32), (256, 7168, 7))):
-            sl = dict(
-                BLOCK_M=16,
-                BLOCK_N=64,
-                BLOCK_K=128 if dt != "fp32" else 64,
-                GROUP_M=8,
-                PRECISION=prec,
-                UPCAST=False,
-                N=n,
-                K=k,
-                S=s,
-                SP=triton.next_power_of_2(s),
-                SLICE=triton.next_power_of_2(-(-16 * 64 // s)),
-                CHUNK=4096 // triton.next_power_of_2(s),
-                COOP=coop,
-                HAS_BIAS=bias,
-                EPILOGUE=epi,
-            )
-            opts = {"launch_cooperative_grid": coop}
-            sio = dict(io, p_ptr="*i64", counter_ptr="*i64") if coop else io
-            yield ("single_launch", dt, epi, bias, coop, n, k, s), _single_launch_kernel, sio, sl, opts
-        yield (
-            ("reduce_tile", dt, epi, bias),
-            _reduce_tile_kernel,
-            io,
-            dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=bias, EPILOGUE=epi),
+def pairwise(**dims) -> list[dict]:
+    """Combinations of the values of ``dims`` (name -> values), as dicts, in which every pair of values of
+    two dims stands together at least once: a pairwise covering array, built greedily (each next
+    combination the one of the full product that covers the most pairs not yet covered, ties to the
+    earliest). A kernel's compile paths part at a flag's value and where two flags meet; three meeting in a
+    way no two of them do is rare, and the GPU's tests compile and run every path the library launches."""
+    names = list(dims)
+    product = [dict(zip(names, combo)) for combo in itertools.product(*dims.values())]
+    if len(names) < 2:
+        return product
+
+    def pairs(c: dict) -> set:
+        return {(a, c[a], b, c[b]) for a, b in itertools.combinations(names, 2)}
+
+    todo = set().union(*(pairs(c) for c in product))
+    chosen = []
+    while todo:
+        best = max(product, key=lambda c: len(pairs(c) & todo))
+        chosen.append(best)
+        todo -= pairs(best)
+    return chosen
+
+
+def _dk_io(dt: str) -> dict:
+    return {
+        "a_ptr": TY[dt],
+        "b_ptr": TY[dt],
+        "c_ptr": TY[dt],
+        "bias_ptr": TY[dt],
+        "p_ptr": "*fp32",
+        "counter_ptr": "*i32",
+    }
+
+
+def _prec(dt: str) -> str:
+    return "ieee" if dt == "fp32" else "tf32"
+
+
+def _grouped_io(dt: str) -> dict:
+    return {
+        "a_ptr": TY[dt],
+        "w_ptr": TY[dt],
+        "y_ptr": TY[dt],
+        "offsets_ptr": "*i32",
+        "scale_ptr": TY[dt],
+        "masked_m_ptr": "*i32",
+    }
+
+
+DTYPES = ("bf16", "fp16", "fp32")
+EPILOGUES = (0, 1, 2)
+
+
+def dk_variants():
+    """Decompose-K's kernels: the partial GEMM, the single launch (cooperative or not, two shapes), the
+    tile and flat reducers; every dtype, epilogue and bias among them."""
+    for dt, even in itertools.product(DTYPES, (True, False)):
+        tile = dict(
+            BLOCK_M=16,
+            BLOCK_N=64,
+            BLOCK_K=128 if dt != "fp32" else 64,
+            GROUP_M=8,
+            EVEN_K=even,
+            PRECISION=_prec(dt),
+            UPCAST=False,
         )
-        for contig in (True, False):
-            yield (
-                ("reduce_flat", dt, epi, bias, contig),
-                _reduce_flat_kernel,
-                io,
-                dict(XBLOCK=64, RBLOCK=16, C_CONTIGUOUS=contig, HAS_BIAS=bias, EPILOGUE=epi),
-            )
-        gio = {
+        yield ("partial", dt, even), _partial_mm_kernel, _dk_io(dt), tile
+    for v in pairwise(
+        dt=DTYPES,
+        epi=EPILOGUES,
+        bias=(False, True),
+        coop=(True, False),
+        shape=((64, 8192, 32), (256, 7168, 7)),
+    ):
+        dt, (n, k, s), coop = v["dt"], v["shape"], v["coop"]
+        sl = dict(
+            BLOCK_M=16,
+            BLOCK_N=64,
+            BLOCK_K=128 if dt != "fp32" else 64,
+            GROUP_M=8,
+            PRECISION=_prec(dt),
+            UPCAST=False,
+            N=n,
+            K=k,
+            S=s,
+            SP=triton.next_power_of_2(s),
+            SLICE=triton.next_power_of_2(-(-16 * 64 // s)),
+            CHUNK=4096 // triton.next_power_of_2(s),
+            COOP=coop,
+            HAS_BIAS=v["bias"],
+            EPILOGUE=v["epi"],
+        )
+        sio = dict(_dk_io(dt), p_ptr="*i64", counter_ptr="*i64") if coop else _dk_io(dt)
+        name = ("single_launch", dt, v["epi"], v["bias"], coop, n, k, s)
+        yield name, _single_launch_kernel, sio, sl, {"launch_cooperative_grid": coop}
+    for v in pairwise(dt=DTYPES, epi=EPILOGUES, bias=(False, True)):
+        consts = dict(BLOCK_M=32, BLOCK_N=32, GROUP_M=8, HAS_BIAS=v["bias"], EPILOGUE=v["epi"])
+        yield ("reduce_tile", *v.values()), _reduce_tile_kernel, _dk_io(v["dt"]), consts
+    for v in pairwise(dt=DTYPES, epi=EPILOGUES, bias=(False, True), contig=(True, False)):
+        consts = dict(XBLOCK=64, RBLOCK=16, C_CONTIGUOUS=v["contig"], HAS_BIAS=v["bias"], EPILOGUE=v["epi"])
+        yield ("reduce_flat", *v.values()), _reduce_flat_kernel, _dk_io(v["dt"]), consts
+
+
+def grouped_variants():
+    """The grouped GEMM's forward kernels at the library's tiles: pointer loads (plain, fused SwiGLU,
+    masked) in every dtype, and the TMA kernels (16-bit) over warp specialisation, the weight layout, tail
+    tiles (their own or merged into the tile before) and the mixed tile order."""
+    for v in pairwise(dt=DTYPES, epi=EPILOGUES, scale=(False, True)):
+        dt = v["dt"]
+        tiles = dict(
+            BLOCK_M=64,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            EVEN_K=v["scale"],
+            PRECISION=_prec(dt),
+            UPCAST=False,
+            EPILOGUE=v["epi"],
+            E_BLOCK=256,
+            GROUP_M=8,
+        )
+        yield (
+            ("grouped", *v.values()),
+            _grouped_mm_kernel,
+            _grouped_io(dt),
+            dict(tiles, HAS_SCALE=v["scale"], SWIGLU=False),
+        )
+    for v in pairwise(dt=DTYPES, epi=EPILOGUES, even=(False, True), zero_tail=(True, False)):
+        dt = v["dt"]
+        consts = dict(
+            BLOCK_M=64,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            E_BLOCK=256,
+            GROUP_M=8,
+            EVEN_K=v["even"],
+            EPILOGUE=v["epi"],
+            PRECISION=_prec(dt),
+            UPCAST=False,
+            ZERO_TAIL=v["zero_tail"],
+        )
+        yield ("grouped_masked", *v.values()), _grouped_mm_masked_kernel, _grouped_io(dt), consts
+    for dt, scale in itertools.product(DTYPES, (False, True)):  # the fused gate/up with SwiGLU
+        consts = dict(
+            BLOCK_M=64,
+            BLOCK_N=64,
+            BLOCK_K=64,
+            EVEN_K=scale,
+            PRECISION=_prec(dt),
+            UPCAST=False,
+            E_BLOCK=256,
+            HAS_SCALE=scale,
+            GROUP_M=8,
+            EPILOGUE=0,
+            SWIGLU=True,
+        )
+        yield ("grouped_swiglu", dt, scale), _grouped_mm_kernel, _grouped_io(dt), consts
+    for v in pairwise(dt=("bf16", "fp16"), epi=EPILOGUES, kn=(False, True)):
+        dt, kn = v["dt"], v["kn"]
+        mio = {
             "a_ptr": TY[dt],
-            "w_ptr": TY[dt],
+            "w_desc": f"tensordesc<{dt}{'[64,128]' if kn else '[128,64]'}>",
+            "y_ptr": TY[dt],
+            "masked_m_ptr": "*i32",
+        }
+        consts = dict(
+            BLOCK_M=64,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            E_BLOCK=256,
+            GROUP_M=8,
+            W_KN=kn,
+            EPILOGUE=v["epi"],
+            UPCAST=False,
+        )
+        yield ("grouped_masked_tma", *v.values()), _grouped_mm_masked_tma_kernel, mio, consts
+    # tails (TAIL_M rows) as tiles of their own or merged into the row tile before them; MIX: the heavy
+    # experts' tiles dealt out among the light ones'
+    for v in pairwise(
+        dt=("bf16", "fp16"),
+        epi=EPILOGUES,
+        scale=(False, True),
+        ws=(False, True),
+        kn=(False, True),
+        tail=((0, False), (32, False), (32, True)),
+        mix=(0, 2),
+    ):
+        dt, kn, (tail, merge) = v["dt"], v["kn"], v["tail"]
+        tio = {
+            "a_desc": f"tensordesc<{dt}[64,64]>",
+            "w_desc": f"tensordesc<{dt}{'[64,128]' if kn else '[128,64]'}>",
+            "at_desc": f"tensordesc<{dt}[{tail or 64},64]>",
             "y_ptr": TY[dt],
             "offsets_ptr": "*i32",
             "scale_ptr": TY[dt],
-            "masked_m_ptr": "*i32",
         }
-        tiles = dict(
-            BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, EVEN_K=bias, PRECISION=prec, UPCAST=False, EPILOGUE=epi
+        consts = dict(
+            BLOCK_M=64,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            E_BLOCK=256,
+            GROUP_M=8,
+            TAIL_M=tail,
+            W_KN=kn,
+            WARP_SPECIALIZE=v["ws"],
+            FLATTEN=v["ws"],
+            MERGE_TAIL=merge,
+            HAS_SCALE=v["scale"],
+            EPILOGUE=v["epi"],
+            UPCAST=False,
+            MIX=v["mix"],
         )
         yield (
-            ("grouped", dt, epi, bias),
-            _grouped_mm_kernel,
-            gio,
-            dict(tiles, E_BLOCK=256, HAS_SCALE=bias, GROUP_M=8, SWIGLU=False),
+            ("grouped_tma", dt, v["epi"], v["scale"], v["ws"], kn, tail, merge, v["mix"]),
+            _grouped_mm_tma_kernel,
+            tio,
+            consts,
         )
-        yield (
-            ("grouped_masked", dt, epi, bias),
-            _grouped_mm_masked_kernel,
-            gio,
-            dict(tiles, E_BLOCK=256, GROUP_M=8),
-        )
-        if epi == 0:  # the fused gate/up with SwiGLU (its own epilogue), pointer loads
-            yield (
-                ("grouped_swiglu", dt, bias),
-                _grouped_mm_kernel,
-                gio,
-                dict(
-                    BLOCK_M=64,
-                    BLOCK_N=64,
-                    BLOCK_K=64,
-                    EVEN_K=bias,
-                    PRECISION=prec,
-                    UPCAST=False,
-                    E_BLOCK=256,
-                    HAS_SCALE=bias,
-                    GROUP_M=8,
-                    EPILOGUE=0,
-                    SWIGLU=True,
-                ),
-            )
-        if dt != "fp32":
-            for ws, kn, tail in itertools.product((False, True), (False, True), (0, 32)):
-                box = "[128,64]" if not kn else "[64,128]"
-                tio = {
-                    "a_desc": f"tensordesc<{dt}[64,64]>",
-                    "w_desc": f"tensordesc<{dt}{box}>",
-                    "at_desc": f"tensordesc<{dt}[{tail or 64},64]>",
-                    "y_ptr": TY[dt],
-                    "offsets_ptr": "*i32",
-                    "scale_ptr": TY[dt],
-                }
-                if not ws and not tail:
-                    mio = {
-                        "a_ptr": TY[dt],
-                        "w_desc": f"tensordesc<{dt}{box}>",
-                        "y_ptr": TY[dt],
-                        "masked_m_ptr": "*i32",
-                    }
-                    yield (
-                        ("grouped_masked_tma", dt, epi, bias, kn),
-                        _grouped_mm_masked_tma_kernel,
-                        mio,
-                        dict(
-                            BLOCK_M=64,
-                            BLOCK_N=128,
-                            BLOCK_K=64,
-                            E_BLOCK=256,
-                            GROUP_M=8,
-                            W_KN=kn,
-                            EPILOGUE=epi,
-                            UPCAST=False,
-                        ),
-                    )
-                # tails as tiles of their own, and merged into the row tile before them
-                for merge in (False, True):
-                    if merge and not tail:
-                        continue
-                    yield (
-                        ("grouped_tma", dt, epi, bias, ws, kn, tail, merge),
-                        _grouped_mm_tma_kernel,
-                        tio,
-                        dict(
-                            BLOCK_M=64,
-                            BLOCK_N=128,
-                            BLOCK_K=64,
-                            E_BLOCK=256,
-                            GROUP_M=8,
-                            TAIL_M=tail,
-                            W_KN=kn,
-                            WARP_SPECIALIZE=ws,
-                            FLATTEN=ws,
-                            MERGE_TAIL=merge,
-                            HAS_SCALE=bias,
-                            EPILOGUE=epi,
-                            UPCAST=False,
-                            MIX=0,
-                        ),
-                    )
-                # the mixed tile order (heavy experts' tiles dealt out among the light ones')
-                yield (
-                    ("grouped_tma_mix", dt, epi, bias, ws, kn, tail),
-                    _grouped_mm_tma_kernel,
-                    tio,
-                    dict(
-                        BLOCK_M=64,
-                        BLOCK_N=128,
-                        BLOCK_K=64,
-                        E_BLOCK=256,
-                        GROUP_M=8,
-                        TAIL_M=tail,
-                        W_KN=kn,
-                        WARP_SPECIALIZE=ws,
-                        FLATTEN=ws,
-                        MERGE_TAIL=bool(tail),
-                        HAS_SCALE=bias,
-                        EPILOGUE=epi,
-                        UPCAST=False,
-                        MIX=2,
-                    ),
-                )
+
+
+def variants():
+    yield from dk_variants()
+    yield from grouped_variants()
     # the device-side check of the group offsets
     for ty in ("*i32", "*i64"):
         yield ("check_offsets", ty), _offsets_ok_kernel, {"off_ptr": ty, "ok_ptr": "*i1"}, dict(BLOCK=1024)
@@ -263,22 +306,18 @@ def variants():
         yield ("route_small", ty), rk._small_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
         chunk, eb = rk.small_blocks(4, 60)  # a decode step's few slots
         yield ("route_small_few", ty), rk._small_kernel, ids, dict(CHUNK=chunk, EB=eb), {"num_warps": 1}
-        for dt, wt in (
-            ("bf16", "fp32"),
-            ("fp16", "bf16"),
-            ("fp32", "fp32"),
-        ):  # the one-launch plan and gathers
-            for n in (4, rk.GATHER_SLOTS):
-                chunk, eb = rk.small_blocks(n, 60)
-                gio = dict(ids, x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
-                yield (
-                    ("route_gather", ty, dt, wt, chunk),
-                    rk._small_gather_kernel,
-                    gio,
-                    dict(CHUNK=chunk, EB=eb, BLOCK_H=max(64, 8192 // chunk)),
-                )
         yield ("route_count", ty), rk._count_kernel, ids, dict(CHUNK=rk.CHUNK, EB=rk.EB)
         yield ("route_place", ty), rk._place_kernel, ids, dict(CHUNK=rk.CHUNK)
+    # the one-launch plan and its gathers: every id dtype, (x, weight) dtypes and slot count among them
+    for v in pairwise(
+        ty=("*i64", "*i32", "*i16", "*u8"),
+        dts=(("bf16", "fp32"), ("fp16", "bf16"), ("fp32", "fp32")),
+        n=(4, rk.GATHER_SLOTS),
+    ):
+        (dt, wt), chunk_eb = v["dts"], rk.small_blocks(v["n"], 60)
+        gio = dict(out, ids_ptr=v["ty"], x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
+        consts = dict(CHUNK=chunk_eb[0], EB=chunk_eb[1], BLOCK_H=max(64, 8192 // chunk_eb[0]))
+        yield ("route_gather", v["ty"], dt, wt, chunk_eb[0]), rk._small_gather_kernel, gio, consts
     yield ("route_scan",), rk._scan_kernel, out, dict(PB=rk.PB, EB=rk.EB), {"num_warps": 8}
     # the un-permute's gather and sum
     for dt in ("bf16", "fp16", "fp32"):
