@@ -55,6 +55,8 @@ def _rebuilt(jit_fn, overrides: dict):
     glob.update(overrides)
     clone = types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, fn.__closure__)
     clone.__module__, clone.__qualname__, clone.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+    clone.__annotations__ = dict(fn.__annotations__)  # where Triton reads which parameters are constexpr
+    clone.__kwdefaults__ = fn.__kwdefaults__
     return triton.jit(clone)
 
 

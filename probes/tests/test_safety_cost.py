@@ -29,3 +29,17 @@ def test_the_unbounded_kernel_replays_the_librarys_launch(device):
     y_out.fill_(float("nan"))
     alt.run(*args, **kw)
     torch.testing.assert_close(y_out, expect, rtol=0, atol=0)
+
+
+def test_the_rebuilt_kernels_keep_their_constexpr_parameters():
+    """Triton reads which parameters are compile-time constants from the annotations (the interpreter does
+    not need them; a GPU compile does): each rebuilt function keeps its original's."""
+    from moegemm.grouped import kernels, tiles
+    from probes import probe_safety_cost as probe
+
+    for name, alt in probe.unbounded_kernels().items():
+        assert alt.fn.__annotations__ == getattr(kernels, name).fn.__annotations__, name
+        plan = alt.fn.__globals__["_tile_plan"]
+        assert plan is not tiles._tile_plan
+        assert plan.fn.__annotations__ == tiles._tile_plan.fn.__annotations__
+        assert any("constexpr" in str(a) for a in plan.fn.__annotations__.values())
