@@ -86,3 +86,38 @@ def status_of(ok: bool, why: str) -> str:
     that needs more shared memory than the GPU has; ``why`` starts with "error:"); "wrong" where it ran and
     its values failed the check against float64 (NaN included)."""
     return "ok" if ok else "error" if why.startswith("error:") else "wrong"
+
+
+# FP8 e4m3 (3 mantissa bits): the unit roundoff of a normal value, and half the subnormal step (2**-9) in
+# units of its scale block's scale (a block's scale maps its amax to 448)
+U_E4M3 = 2.0**-4
+SUB_E4M3 = 2.0**-10
+# fp8 products on Hopper's tensor cores keep about 14 bits of the sum while they accumulate inside a scale
+# block (DeepSeek-V3's report), and each block's sum is then added in fp32: 2**-11 of the products'
+# magnitudes (sum over K of |a| |b|) bounds both, with room
+FP8_ACC = 2.0**-11
+
+
+def check_bounded(
+    out: torch.Tensor, ref64: torch.Tensor, bound: torch.Tensor, rel_budget: float
+) -> tuple[bool, float, str]:
+    """(ok, relative Frobenius error, reason) of an output whose error has a bound of its own: every element
+    within ``bound`` (float64, elementwise, the worst case its roundings allow) of the float64 reference,
+    and the relative Frobenius error at most ``rel_budget`` (what its roundings give on average, with room:
+    the worst case of a long sum is loose, so this part tells a wrong result from a rounded one). NaN
+    anywhere is never ok."""
+    got = out.detach().double()
+    ref = ref64.to(got.device)
+    if got.shape != ref.shape:
+        return False, math.inf, f"shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    if torch.isnan(got).any():
+        return False, math.nan, "NaN in output"
+    err = (got - ref).abs()
+    rel = float((got - ref).norm() / ref.norm().clamp_min(1e-30)) if ref.numel() else 0.0
+    bad = err > bound.to(got.device)
+    if bad.any():
+        worst = float((err - bound.to(got.device)).max())
+        return False, rel, f"{int(bad.sum())} elements outside their bound (worst excess {worst:.3g})"
+    if ref.numel() and rel > rel_budget:
+        return False, rel, f"relative error {rel:.2e} over its budget {rel_budget:.2e}"
+    return True, rel, ""
