@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The peers' sources E7 and E8 load at run time, into a git-ignored folder to carry to the GPU machine
+# The peers' sources E7, E8 and E10 load at run time, into a git-ignored folder to carry to the GPU machine
 # (nothing of them is committed):
-#   <dest>/vllm/...           vLLM's fused_moe.py, its tuned configs and _version.py (MOEGEMM_VLLM_SOURCE)
+#   <dest>/vllm/...           vLLM's fused_moe.py, its tuned configs and _version.py (MOEGEMM_VLLM_SOURCE), and
+#                             quantization/utils/fp8_utils.py beside them (E10's block-FP8 activation quant)
 #   <dest>/tk/triton_kernels  OpenAI's triton_kernels as vLLM ships it (vllm/third_party), and a REVISION file
 #                             (MOEGEMM_TRITON_KERNELS_SOURCE)
-# Both come from one vLLM wheel from the package index (or a wheel given as the second argument).
+# Both come from one vLLM wheel from the package index (or a wheel given as the second argument). E10's DeepGEMM
+# is a checkout of its own (MOEGEMM_DEEPGEMM_SOURCE: git clone --recursive https://github.com/deepseek-ai/DeepGEMM),
+# built on the GPU machine (experiments/deepgemm_peer.py).
 #
 #   bash experiments/fetch_peers.sh [dest, default .peers at the repository root] [vllm wheel]
 #   export MOEGEMM_VLLM_SOURCE=$PWD/.peers/vllm/model_executor/layers/fused_moe/fused_moe.py
@@ -23,7 +26,8 @@ fi
 rm -rf "$dest/vllm" "$dest/tk"
 mkdir -p "$dest/tk"
 unzip -q "$wheel" -d "$dest" 'vllm/_version.py' 'vllm/model_executor/layers/fused_moe/fused_moe.py' \
-  'vllm/model_executor/layers/fused_moe/configs/*' 'vllm/third_party/triton_kernels/*'
+  'vllm/model_executor/layers/fused_moe/configs/*' 'vllm/third_party/triton_kernels/*' \
+  'vllm/model_executor/layers/quantization/utils/fp8_utils.py'
 mv "$dest/vllm/third_party/triton_kernels" "$dest/tk/triton_kernels"
 rm -rf "$dest/vllm/third_party"
 version=$(sed -n "s/^__version__ = version = '\(.*\)'/\1/p" "$dest/vllm/_version.py")

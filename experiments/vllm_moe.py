@@ -28,7 +28,10 @@ of our own (``candidates``), timed on the tuner's inputs (not E7's); the fastest
 Flags as vLLM 0.33's ``invoke_fused_moe_triton_kernel`` sets them (``vllm_flags``): ``SWAP_AB`` only for
 fp8 w8a8 weights (``enable_swap_ab``: sm_90, BLOCK_SIZE_M < 64, BLOCK_SIZE_N >= 64), so off for bf16;
 ``USE_TD`` (tensor-descriptor gather) off unless ``VLLM_TRITON_USE_TD`` is set, and by default on XPU only
-(``resolve_moe_use_td``); its ``tile::gather4`` needs sm_100, so it cannot run on Hopper at all.
+(``resolve_moe_use_td``), and off for quantized weights; its ``tile::gather4`` needs sm_100, so it cannot run
+on Hopper at all. Block-FP8 weights (E10; experiments/vllm_fp8.py): ``use_fp8_w8a8`` on, the scales'
+``group_n`` and ``group_k`` 128, BLOCK_SIZE_K at most 128, and vLLM's ``fp8_utils.py`` read from the same
+source (``VllmKernel.fp8_utils``) for its activation quantisation.
 
 The whole layer as vLLM's ``fused_experts`` runs it (``layer``): the expert assignment
 (``moe_align_block_size``, a CUDA op of vLLM's, here ``AlignTriton``: two Triton kernels of ours doing the
@@ -61,6 +64,7 @@ from moegemm.grouped.routing import row_positions
 KERNEL = "fused_moe_kernel"
 HELPERS = ("write_zeros_to_output",)  # @triton.jit functions the kernel calls
 MODULE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+FP8_UTILS = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"  # its block-FP8 activation quant
 CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"
 # the kernel arguments this contender passes (by name); a vLLM whose kernel lacks one is refused clearly
 ARGS = (
@@ -108,6 +112,7 @@ class VllmKernel:
     origin: str
     configs: dict  # json file name -> {tokens: config}
     default_config: object | None  # vLLM's get_default_config, or None where it could not be read
+    fp8_utils: str | None = None  # the text of vLLM's fp8_utils.py from the same source, where it has one
 
 
 def _segments(source: str, names: tuple[str, ...]) -> dict[str, str]:
@@ -126,25 +131,28 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("MOEGEMM_CACHE", Path.home() / ".cache" / "moegemm"))
 
 
-def kernel_module(source: str, origin: str):
-    """A module holding vLLM's kernel and its helpers read out of ``source`` (the text of fused_moe.py),
-    written under the cache dir (Triton reads a kernel's source from its file)."""
-    seg = _segments(source, (KERNEL, *HELPERS))
-    missing = [n for n in (KERNEL, *HELPERS) if n not in seg]
+def kernel_module(
+    source: str, origin: str, names: tuple[str, ...] = (*HELPERS, KERNEL), stem="vllm_fused_moe"
+):
+    """A module holding the top-level functions ``names`` of vLLM's source text ``source`` (by default
+    fused_moe.py's kernel and its helpers), written under the cache dir as ``<stem>_<hash>.py`` (Triton reads
+    a kernel's source from its file)."""
+    seg = _segments(source, names)
+    missing = [n for n in names if n not in seg]
     if missing:
         raise ValueError(f"MOEGEMM_VLLM_SOURCE: {origin} has no top-level {', '.join(missing)}")
     text = (
         f"# Read at run time from {origin} (vLLM, Apache-2.0); not part of moegemm.\n"
-        "import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(seg[n] for n in (*HELPERS, KERNEL))
+        "import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(seg[n] for n in names)
     )
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = _cache_dir() / f"vllm_fused_moe_{digest}.py"
+    path = _cache_dir() / f"{stem}_{digest}.py"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
-    name = f"moegemm_vllm_fused_moe_{digest}"
+    name = f"moegemm_{stem}_{digest}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
@@ -226,6 +234,7 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
                 f"vllm {vllm.__version__} (installed)",
                 _tables(Path(fm.__file__).parent / "configs"),
                 default_config_fn(text),
+                _read(Path(fm.__file__).parents[1] / "quantization" / "utils" / "fp8_utils.py"),
             )
             _check_args(vk.kernel, vk.origin)
             return vk
@@ -242,6 +251,7 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
                 text = z.read(MODULE).decode()
             except KeyError:
                 raise ValueError(f"MOEGEMM_VLLM_SOURCE: {path.name} holds no {MODULE}") from None
+            fp8 = z.read(FP8_UTILS).decode() if FP8_UTILS in z.namelist() else None
             for name in z.namelist():
                 if name.startswith(CONFIGS) and name.endswith(".json"):
                     configs[name[len(CONFIGS) :]] = json.loads(z.read(name))
@@ -249,14 +259,19 @@ def load(source: str | os.PathLike | None = None) -> VllmKernel | None:
     else:  # a fused_moe.py (its tuned tables beside it, in configs/), named by its content's hash
         text = path.read_text()
         configs = _tables(path.parent / "configs")
+        fp8 = _read(path.parent.parent / "quantization" / "utils" / "fp8_utils.py")
         version = tree_version(path)
         origin = (
             f"vllm {version} " if version else ""
         ) + f"{path.name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     mod = kernel_module(text, origin)
-    vk = VllmKernel(getattr(mod, KERNEL), origin, configs, default_config_fn(text))
+    vk = VllmKernel(getattr(mod, KERNEL), origin, configs, default_config_fn(text), fp8)
     _check_args(vk.kernel, vk.origin)
     return vk
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
 
 
 def device_file_name(gpu_name: str) -> str:
@@ -266,25 +281,40 @@ def device_file_name(gpu_name: str) -> str:
 
 
 def own_choice(
-    vk: VllmKernel, gpu_name: str, e: int, inter: int, hidden: int, n: int, top_k: int, tokens: int
+    vk: VllmKernel,
+    gpu_name: str,
+    e: int,
+    inter: int,
+    hidden: int,
+    n: int,
+    top_k: int,
+    tokens: int,
+    dtype: str | None = None,
+    block_shape: list[int] | None = None,
 ) -> tuple[dict, str] | None:
-    """(config, source) vLLM itself would take for a bf16 layer of ``e`` experts, intermediate size ``inter``
-    and hidden size ``hidden`` at ``tokens`` tokens (one config for both projections, as vLLM takes it): its
-    tuned table's entry nearest ``tokens``, else its default config."""
-    table = vk.configs.get(f"E={e},N={inter},device_name={device_file_name(gpu_name)}.json")
+    """(config, source) vLLM itself would take for a layer of ``e`` experts, intermediate size ``inter`` and
+    hidden size ``hidden`` at ``tokens`` tokens (one config for both projections, as vLLM takes it), with
+    bf16 weights, or with ``dtype="fp8_w8a8"`` and ``block_shape=[128, 128]`` block-FP8 ones: its tuned
+    table's entry nearest ``tokens``, else its default config."""
+    suffix = (f",dtype={dtype}" if dtype else "") + (
+        f",block_shape={list(block_shape)}".replace(" ", "") if block_shape else ""
+    )
+    table = vk.configs.get(f"E={e},N={inter},device_name={device_file_name(gpu_name)}{suffix}.json")
     if table:
         entries = {int(key): val for key, val in table.items() if key.isdigit()}
         if entries:
             near = min(entries, key=lambda m: abs(m - tokens))
-            return dict(entries[near]), f"vllm-table(E={e},N={inter},M={near})"
+            return dict(entries[near]), f"vllm-table(E={e},N={inter}{suffix},M={near})"
     if vk.default_config is not None:
-        return dict(vk.default_config(tokens, e, inter, hidden, top_k, None)), "vllm-default"
+        return dict(vk.default_config(tokens, e, inter, hidden, top_k, dtype, block_shape)), "vllm-default"
     return None
 
 
-def candidates(mean_rows: float) -> list[dict]:
+def candidates(mean_rows: float, block_k: int | None = None) -> list[dict]:
     """Our light search over vLLM's kernel (added to its own choice): by regime of the mean rows per expert,
-    the tile shapes one would try first on Hopper; stages that fit the shared memory."""
+    the tile shapes one would try first on Hopper; stages that fit the shared memory. ``block_k``:
+    BLOCK_SIZE_K capped at it (block-FP8 weights: 128, as vLLM caps it at the scale block), repeats
+    dropped."""
     if mean_rows <= 16:
         raw = [(16, bn, bk, 4, st, 1) for bn in (64, 128) for bk in (128, 256) for st in (3, 4)]
     elif mean_rows <= 64:
@@ -304,6 +334,8 @@ def candidates(mean_rows: float) -> list[dict]:
             (128, 256, 64, 8, 3, 16),
             (128, 256, 64, 8, 4, 16),
         ]
+    if block_k:
+        raw = list(dict.fromkeys((bm, bn, min(bk, block_k), w, st, gm) for bm, bn, bk, w, st, gm in raw))
     return [
         {
             "BLOCK_SIZE_M": bm,
@@ -346,13 +378,30 @@ def align(plan, block_m: int):
     return ids, expert_ids, torch.sum(padded).to(torch.int32).reshape(1)
 
 
-def vllm_flags(names, dtype: torch.dtype, capability: tuple[int, int]) -> tuple[dict, str]:
+def vllm_flags(
+    names, dtype: torch.dtype, capability: tuple[int, int], fp8_tile: tuple[int, int] | None = None
+) -> tuple[dict, str]:
     """(the kernel's flag arguments, why) as vLLM 0.33's invoke_fused_moe_triton_kernel sets them for
-    unquantized ``dtype`` weights on a GPU of ``capability``: every quantization flag and HAS_BIAS off;
-    SWAP_AB only for fp8 w8a8 (enable_swap_ab); USE_TD off (resolve_moe_use_td: opt-in, by default XPU only;
-    its gather needs sm_100). Flags the kernel at hand lacks are left out."""
+    unquantized weights with ``dtype`` activations on a GPU of ``capability``: every quantization flag and
+    HAS_BIAS off; SWAP_AB only for fp8 w8a8 (enable_swap_ab); USE_TD off (resolve_moe_use_td: opt-in, by
+    default XPU only; its gather needs sm_100). ``fp8_tile`` (BLOCK_SIZE_M, BLOCK_SIZE_N): block-FP8 weights
+    (``dtype`` is then the output's): use_fp8_w8a8 on, SWAP_AB as enable_swap_ab sets it (sm_90,
+    BLOCK_SIZE_M < 64, BLOCK_SIZE_N >= 64), USE_TD off (vLLM keeps it off for quantized weights). Flags the
+    kernel at hand lacks are left out."""
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"dtype: vLLM's unquantized path takes bf16, fp16 or fp32, got {dtype}")
+    if fp8_tile is not None:
+        swap = capability == (9, 0) and fp8_tile[0] < 64 and fp8_tile[1] >= 64
+        flags = {
+            f: False for f in ("use_int8_w8a8", "use_int8_w8a16", "per_channel_quant", "HAS_BIAS", "USE_TD")
+        }
+        flags.update(use_fp8_w8a8=True, SWAP_AB=swap)
+        why = (
+            f"use_fp8_w8a8=1 (block [128, 128]); SWAP_AB={int(swap)} (enable_swap_ab: sm_90, "
+            f"BLOCK_SIZE_M < 64, BLOCK_SIZE_N >= 64; this GPU is sm_{capability[0]}{capability[1]}); "
+            "USE_TD=0 (off for quantized weights)"
+        )
+        return {f: v for f, v in flags.items() if f in names}, why
     flags = {
         f: False
         for f in (
@@ -523,11 +572,13 @@ def kernel_call(
     config: dict,
     naive: bool,
     capability: tuple[int, int] = (9, 0),
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """One launch of vLLM's kernel as invoke_fused_moe_triton_kernel makes it: y [slots, N] (row s: slot s)
     from a [rows, K] (read at row id // top_k) and w [E, N, K]; ``assign`` = (row ids or None on the naive
     path, expert per row tile, rows after padding); ``topk_weights`` [slots] fp32 or None: applied inside
-    (MUL_ROUTED_WEIGHT)."""
+    (MUL_ROUTED_WEIGHT). ``scales`` (a_scale [rows, K/128], w_scale [E, N/128, K/128], fp32): a and w are
+    e4m3 with block [128, 128] scales (its block-FP8 path; y's dtype is the compute type)."""
     bm, bn, bk, gm, warps, stages = _split_config(config)
     ids, expert_ids, post = assign
     if naive:
@@ -536,9 +587,9 @@ def kernel_call(
         em = ids.numel()
         if a.shape[0] < bm:  # vLLM's bound on the row tiles launched for a small batch
             em = min(em, a.shape[0] * top_k * bm)
-    compute = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[a.dtype]
+    compute = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[y.dtype]
     names = set(vk.kernel.arg_names)
-    flags, _ = vllm_flags(names, a.dtype, capability)
+    flags, _ = vllm_flags(names, y.dtype, capability, (bm, bn) if scales is not None else None)
     zeros = {
         s: 0
         for s in (
@@ -556,14 +607,27 @@ def kernel_call(
     }
     if "SPLIT_K" in names:
         zeros["SPLIT_K"] = 1
+    a_scale = w_scale = None
+    if scales is not None:
+        a_scale, w_scale = scales
+        bk = min(bk, 128)  # as vLLM caps it at the scale block
+        zeros.update(
+            stride_asm=a_scale.stride(0),
+            stride_ask=a_scale.stride(1),
+            stride_bse=w_scale.stride(0),
+            stride_bsk=w_scale.stride(2),
+            stride_bsn=w_scale.stride(1),
+            group_n=128,
+            group_k=128,
+        )
     grid = (triton.cdiv(em, bm) * triton.cdiv(n, bn),)
     vk.kernel[grid](
         a,
         w,
         y,
         None,
-        None,
-        None,
+        a_scale,
+        w_scale,
         topk_weights,
         ids,
         expert_ids,
