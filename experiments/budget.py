@@ -13,7 +13,9 @@ config over its work under ``BASELINE``; a step's work is its cells, each weight
 - E7: each cell times its contenders (the per-contender check, compile and timing dominate: its committed run
   spent about 80% of its time outside the timed loops), times the rounds' share;
 - E8: the same, per cell;
-- E9: each cell, and each model's compiles (moe_train_work).
+- E9: each cell, and each model's compiles (moe_train_work);
+- E10: each cell times its contenders, and vLLM's config search adds its candidates once per (model,
+  projection, T) (fp8_grouped_work).
 verify and floors have no knob here and keep their committed times: a test selection's wall time does not
 scale with its share of the tests (the workers' start-up and the heaviest tests dominate). An estimate, not a
 measurement: the run on the GPU confirms it (the benchmark files it writes become the next baseline).
@@ -60,6 +62,9 @@ BASELINE = {
     "grouped_rounds": 3,
     # E9: its work (moe_train_work) under the config of its first committed run
     "moe_train_work": 18.0,
+    # E10: none yet (no committed run has timed it): its estimate stays unscaled until one has, and this
+    # holds the fp8_grouped_work of that run's config
+    "fp8_grouped_work": None,
 }
 # The committed steps' knobs where they differ from BASELINE: {step: those knobs} (the tuners' run and the
 # run of verify, floors and E1-E9 behind the committed step times, results/<gpu>/RUNS.md)
@@ -164,6 +169,19 @@ def moe_layer_work(cfg: dict) -> float:
     )
 
 
+def fp8_grouped_work(cfg: dict) -> float:
+    """E10's contender-cells under ``cfg`` with this code's contender lists: a projection's cell runs ours
+    (FP8, bf16), vLLM's kernel, torch._scaled_grouped_mm, triton_kernels and DeepGEMM's contiguous GEMM, and
+    at decode both masked GEMMs; an FFN cell three layers; vLLM's config search (fp8.vllm_search) tries its
+    own config and a light search's, about five candidates, once per (model, projection, T)."""
+    from experiments.e10_fp8 import fp8_cells, phase
+
+    f = cfg["fp8"]
+    cells = fp8_cells(cfg)
+    work = sum(3 if p == "ffn" else 6 + 2 * (phase(t) == "decode") for _, p, t, _ in cells)
+    return work + 5.0 * f.get("vllm_search", True) * len({(m, p, t) for m, p, t, _ in cells})
+
+
 def moe_train_work(cfg: dict, total_bytes: int = 141 << 30) -> float:
     """E9's work under ``cfg``: each cell times its contenders in both phases, and each model's compiled
     contenders compile anew (about four cells' time: two backends, two phases)."""
@@ -258,6 +276,7 @@ def work(cfg: dict) -> dict[str, float]:
         "grouped_skew": grouped_skew_work(cfg) * round_factor,
         "moe_layer": moe_layer_work(cfg) * round_factor,
         "moe_train": moe_train_work(cfg),
+        "fp8_grouped": fp8_grouped_work(cfg) * round_factor if "fp8" in cfg else 0.0,
     }
 
 
@@ -291,6 +310,7 @@ def _work_under(b: dict) -> dict[str, float]:
         "grouped_skew": b["grouped_skew_work"],
         "moe_layer": b["moe_layer_work"],
         "moe_train": b["moe_train_work"],
+        "fp8_grouped": b["fp8_grouped_work"],
     }
 
 

@@ -67,6 +67,7 @@ STEP_ORDER = [
     "grouped_skew",
     "moe_layer",
     "moe_train",
+    "fp8_grouped",
 ]
 
 

@@ -105,7 +105,9 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
     # whole grid (28 shapes, after the committed run's 16) runs are predicted longer, in proportion to their
     # shapes, the others as measured
     grid = ("tune", "tune_seed", "decompose_k_grid")
-    for step in [s for s in STEP_ORDER if s not in ("verify", "floors", "tune_unsloth")]:
+    # E10 awaits its first GPU run: no benchmark file, no estimate yet
+    assert [s for s in STEP_ORDER if s not in measured] == ["fp8_grouped"]
+    for step in [s for s in STEP_ORDER if s in measured and s not in ("verify", "floors", "tune_unsloth")]:
         if step in grid:
             assert step_s[step] > measured[step] * 1.5, step
         else:
@@ -174,7 +176,7 @@ def test_the_call_plan_keeps_pipeline_order_and_each_call_within_its_deadline():
     assert [s for call in plan for s, _ in call] == ["a", "b", "c", "d", "e", "f"]
     order = call_order()
     assert order.index("tune_grouped") < order.index("distill_grouped") < order.index("grouped_skew")
-    assert order[0] == "verify" and order[-1] == "moe_train"
+    assert order[0] == "verify" and order[-1] == "fp8_grouped"
     again = call_order(remeasure=True)
     assert again == [s for s in order if s not in budget.TUNERS + ("distill_grouped",)]
     # with a per-step overhead a call ends sooner: a + b + 2 x 30 > 550

@@ -66,9 +66,9 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     counts = _job_counts(out)
-    # E7, E8 and E9 as one shard per GPU, merged on the CPU; the other six experiments one job each
+    # E7-E10 as one shard per GPU, merged on the CPU; the other six experiments one job each
     assert (
-        counts.get("measure") == 6 and counts.get("measure_shard") == 6 and counts.get("merge_shards") == 3
+        counts.get("measure") == 6 and counts.get("measure_shard") == 8 and counts.get("merge_shards") == 4
     ), counts
     assert counts.get("tune") == 1 and counts.get("tune_grouped") == 1 and counts.get("floors") == 1, counts
     assert "results/nvidia-h100-80gb-hbm3/router_gemm.csv" in out
@@ -87,7 +87,7 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
         env_extra={"MOEGEMM_FAKE_GPUS": "NVIDIA H100 80GB HBM3"},
     )
     counts = _job_counts(one.stdout + one.stderr)
-    assert counts.get("measure") == 9 and "measure_shard" not in counts and "merge_shards" not in counts, (
+    assert counts.get("measure") == 10 and "measure_shard" not in counts and "merge_shards" not in counts, (
         counts
     )
 
@@ -95,14 +95,14 @@ def test_gpu_dag_splits_experiments_into_gpu_jobs(tree_copy):
 @in_snakemake_group
 def test_the_budgeted_remeasurement_keeps_the_tuners_outputs(tree_copy):
     """The README's re-measurement on the committed GPU (`--forcerun measure verify floors --config
-    keep_tuned=1`) runs verify, floors and E1-E9 and no tuner; without keep_tuned a verify run again runs
+    keep_tuned=1`) runs verify, floors and E1-E10 and no tuner; without keep_tuned a verify run again runs
     every tuner again; on a GPU without tuner outputs keep_tuned still runs them."""
     remeasure = ("-n", "--cores", "1", "--forcerun", "measure", "verify", "floors")
     h200 = {"MOEGEMM_FAKE_GPUS": "NVIDIA H200"}
     tuners = ("tune", "tune_grouped", "tune_seed", "tune_unsloth")
     res = _snake(tree_copy, *remeasure, "--config", "keep_tuned=1", env_extra=h200)
     counts = _job_counts(res.stdout + res.stderr)
-    assert res.returncode == 0 and counts.get("measure") == 9 and counts.get("verify") == 1, counts
+    assert res.returncode == 0 and counts.get("measure") == 10 and counts.get("verify") == 1, counts
     assert not any(t in counts for t in tuners), counts
     counts = _job_counts(_snake(tree_copy, *remeasure, env_extra=h200).stdout)
     assert all(counts.get(t) == 1 for t in tuners), counts
@@ -461,7 +461,7 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     assert abs(df.seconds.sum() - 301.5) < 1e-9
     (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
     text = runtime_block(tmp_path)
-    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 15" in text and "router_gemm" in text
+    assert "5.0 minutes" in text and "Test GPU" in text and "3 of 16" in text and "router_gemm" in text
     assert "within the pipeline's budget of 20 minutes" in text
     (tmp_path / "benchmarks" / "tune.tsv").write_text("s\th:m:s\tmax_rss\n1000.0\t0:00:00\t1.0\n")
     text = runtime_block(tmp_path)  # 21 minutes in all; the aim is a re-measurement's, the tuners reused
@@ -521,7 +521,7 @@ def test_headline_names_the_triton_each_result_used(tmp_path):
         tmp_path / "inductor_codegen.csv"
     )
     assert versions_text(tmp_path) == (
-        "torch 2.11.0+cu130, Triton 3.6.0 for E1-E6; torch 2.11.0+cu130, Triton 3.7.1 for E2, E7-E9"
+        "torch 2.11.0+cu130, Triton 3.6.0 for E1-E6; torch 2.11.0+cu130, Triton 3.7.1 for E2, E7-E10"
     )
 
 

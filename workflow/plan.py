@@ -1,4 +1,4 @@
-"""What the pipeline runs on this machine: the experiments (E1..E9) and which of them run as shards, the
+"""What the pipeline runs on this machine: the experiments (E1..E10) and which of them run as shards, the
 results the write-up is built from, the figures it draws and what each reads, and what Snakemake says at
 start. workflow/rules/common.smk builds one Plan; kept out of the rules so that it can be tested without
 Snakemake or a GPU (tests/test_plan.py).
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from experiments.pipeline import machine_slug, results_slug
 
-EXPERIMENTS = {  # output CSV -> experiment module (E1..E9)
+EXPERIMENTS = {  # output CSV -> experiment module (E1..E10)
     "compile_modes": "e1_compile_modes",
     "inductor_codegen": "e2_inductor_codegen",
     "epilogue_fusion": "e3_epilogue_fusion",
@@ -21,12 +21,13 @@ EXPERIMENTS = {  # output CSV -> experiment module (E1..E9)
     "grouped_skew": "e7_grouped_skew",
     "moe_layer": "e8_moe_layer",
     "moe_train": "e9_moe_train",
+    "fp8_grouped": "e10_fp8",
 }
 # The experiments with the seed's Triton kernels among their contenders (at the configs of tune_seed)
 SEED_EXPERIMENTS = ("epilogue_fusion", "split_sweep", "decompose_k_grid", "router_gemm")
 # The grouped experiments: they read the grouped tables (the others the Decompose-K table), and with several
 # GPUs they are the long ones that run as one shard per GPU
-GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer", "moe_train")
+GROUPED_EXPERIMENTS = ("grouped_skew", "moe_layer", "moe_train", "fp8_grouped")
 # figure script (paper/figures/<name>.py) -> the results it draws; the two diagrams draw what the code does,
 # on no measured data. The hero figure also draws grouped_skew where the write-up has it (Plan.figure_inputs).
 FIGURE_INPUTS = {

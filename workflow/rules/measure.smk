@@ -1,4 +1,4 @@
-# Measure (with a GPU): this GPU's floors, then each experiment E1-E9 into results/<gpu>/<experiment>.csv;
+# Measure (with a GPU): this GPU's floors, then each experiment E1-E10 into results/<gpu>/<experiment>.csv;
 # with several GPUs the grouped experiments run as one shard per GPU, merged on the CPU.
 
 
@@ -24,7 +24,7 @@ if GPUS:
 
 
     # What each experiment reads: the Decompose-K experiments (E1-E6) the Decompose-K table (E3-E6 also the
-    # seed's search), the grouped ones (E7, E8) the grouped tables. No experiment reads the floors (the
+    # seed's search), the grouped ones (E7-E10) the grouped tables. No experiment reads the floors (the
     # write-up does), so with several GPUs E7 and E8 start once the grouped tuner is done, beside the
     # Decompose-K and seed tuners.
     MEASURE_INPUT = dict(
@@ -37,7 +37,7 @@ if GPUS:
     )
 
     rule measure:
-        """One experiment E1..E8 on one GPU (independent jobs: they spread over GPUs)."""
+        """One experiment E1..E10 on one GPU (independent jobs: they spread over GPUs)."""
         input:
             **MEASURE_INPUT,
         output:
@@ -60,7 +60,7 @@ if GPUS:
     if SHARDED:
 
         rule measure_shard:
-            """With several GPUs, one shard of a long experiment (E7, E8) per GPU: whole models each, about as many
+            """With several GPUs, one shard of a long experiment (E7-E10) per GPU: whole models each, about as many
             cells each (experiments.common.shard_cells)."""
             input:
                 **MEASURE_INPUT,
