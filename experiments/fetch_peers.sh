@@ -5,15 +5,21 @@
 #                             quantization/utils/fp8_utils.py beside them (E10's block-FP8 activation quant)
 #   <dest>/tk/triton_kernels  OpenAI's triton_kernels as vLLM ships it (vllm/third_party), and a REVISION file
 #                             (MOEGEMM_TRITON_KERNELS_SOURCE)
-# Both come from one vLLM wheel from the package index (or a wheel given as the second argument). E10's DeepGEMM
-# is a checkout of its own (MOEGEMM_DEEPGEMM_SOURCE: git clone --recursive https://github.com/deepseek-ai/DeepGEMM),
-# built on the GPU machine (experiments/deepgemm_peer.py).
+#   <dest>/deepgemm           DeepSeek's DeepGEMM at DEEPGEMM_REVISION, with the headers of its submodules
+#                             (CUTLASS, fmt) at the commits it pins, and a REVISION file (MOEGEMM_DEEPGEMM_SOURCE;
+#                             about 30 MB: the submodules' include/ trees only); its extension is built on the GPU
+#                             machine (experiments/deepgemm_peer.py). DEEPGEMM=0 skips it.
+# vLLM's and triton_kernels come from one vLLM wheel from the package index (or a wheel given as the second
+# argument); DeepGEMM from its git repository (DEEPGEMM_URL; the submodules' from its .gitmodules).
 #
 #   bash experiments/fetch_peers.sh [dest, default .peers at the repository root] [vllm wheel]
 #   export MOEGEMM_VLLM_SOURCE=$PWD/.peers/vllm/model_executor/layers/fused_moe/fused_moe.py
 #   export MOEGEMM_TRITON_KERNELS_SOURCE=$PWD/.peers/tk
+#   export MOEGEMM_DEEPGEMM_SOURCE=$PWD/.peers/deepgemm
 set -euo pipefail
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+DEEPGEMM_REVISION=${DEEPGEMM_REVISION:-54e22612409371d6364144b69086735beb54e98b}
+DEEPGEMM_URL=${DEEPGEMM_URL:-https://github.com/deepseek-ai/DeepGEMM}
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:-$root/.peers}
 wheel=${2:-}
@@ -35,3 +41,22 @@ commit=$(sed -n "s/^__commit_id__ = commit_id = '\(.*\)'/\1/p" "$dest/vllm/_vers
 echo "as shipped in vllm $version ($commit), vllm/third_party/triton_kernels" > "$dest/tk/REVISION"
 echo "peers in $dest ($(du -sh "$dest" | cut -f1)): vllm $version ($commit)"
 echo "triton_kernels: $(cat "$dest/tk/REVISION")"
+if [[ ${DEEPGEMM:-1} == 1 ]]; then
+  checkout() {  # checkout <url> <commit> <dir> [path]: <commit> (of it only <path>) in <dir>, no other blob fetched
+    git clone -q --filter=blob:none --no-checkout "$1" "$3"
+    if [[ -n ${4:-} ]]; then git -C "$3" sparse-checkout set --no-cone "/$4/"; fi
+    git -C "$3" -c advice.detachedHead=false checkout -q "$2"
+  }
+  rm -rf "$dest/deepgemm"
+  checkout "$DEEPGEMM_URL" "$DEEPGEMM_REVISION" "$tmp/dg"
+  mkdir -p "$dest/deepgemm"
+  git -C "$tmp/dg" archive "$DEEPGEMM_REVISION" | tar -x -C "$dest/deepgemm"
+  for sub in cutlass fmt; do  # the submodules' headers, at the commits DeepGEMM pins
+    url=$(git config -f "$dest/deepgemm/.gitmodules" "submodule.third-party/$sub.url")
+    pin=$(git -C "$tmp/dg" ls-tree "$DEEPGEMM_REVISION" "third-party/$sub" | awk '{print $3}')
+    checkout "$url" "$pin" "$tmp/$sub" include
+    cp -r "$tmp/$sub/include" "$dest/deepgemm/third-party/$sub/"
+  done
+  echo "$DEEPGEMM_REVISION" > "$dest/deepgemm/REVISION"
+  echo "DeepGEMM: $DEEPGEMM_REVISION in $dest/deepgemm ($(du -sh "$dest/deepgemm" | cut -f1))"
+fi
