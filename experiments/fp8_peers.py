@@ -141,6 +141,7 @@ def vllm_contender(cell: GemmCell, w: Weights, peers: Peers, choice) -> Contende
             "config_source": f"{choice['source']}; best of {choice['tried']}",
             "vllm_own_config": own[0] if own else "",
             "vllm_own_search_us": own[1] if own else math.nan,
+            "vllm_search_us": choice.get("graph_us", math.nan),
             "vllm_flags": flags[1],
             "glue": "per_token_group_quant_fp8 as its Triton kernel, before the call",
             "naive_block_assignment": naive,
