@@ -5,17 +5,19 @@
 #                             quantization/utils/fp8_utils.py beside them (E10's block-FP8 activation quant)
 #   <dest>/tk/triton_kernels  OpenAI's triton_kernels as vLLM ships it (vllm/third_party), and a REVISION file
 #                             (MOEGEMM_TRITON_KERNELS_SOURCE)
-#   <dest>/deepgemm           DeepSeek's DeepGEMM at DEEPGEMM_REVISION, with the headers of its submodules
-#                             (CUTLASS, fmt) at the commits it pins, and a REVISION file (MOEGEMM_DEEPGEMM_SOURCE;
-#                             about 30 MB: the submodules' include/ trees only); its extension is built on the GPU
-#                             machine (experiments/deepgemm_peer.py). DEEPGEMM=0 skips it.
+#   <dest>/deepgemm.tar.xz    DeepSeek's DeepGEMM at DEEPGEMM_REVISION, with the headers of its submodules
+#                             (CUTLASS, fmt) at the commits it pins, and a REVISION file: the folder deepgemm/
+#                             (about 30 MB, the submodules' include/ trees only) packed; unpacked, its path is
+#                             MOEGEMM_DEEPGEMM_SOURCE (DEEPGEMM_KEEP_TREE=1 keeps it unpacked in <dest> too);
+#                             its extension is built on the GPU machine (experiments/deepgemm_peer.py).
+#                             DEEPGEMM=0 skips it.
 # vLLM's and triton_kernels come from one vLLM wheel from the package index (or a wheel given as the second
 # argument); DeepGEMM from its git repository (DEEPGEMM_URL; the submodules' from its .gitmodules).
 #
 #   bash experiments/fetch_peers.sh [dest, default .peers at the repository root] [vllm wheel]
 #   export MOEGEMM_VLLM_SOURCE=$PWD/.peers/vllm/model_executor/layers/fused_moe/fused_moe.py
 #   export MOEGEMM_TRITON_KERNELS_SOURCE=$PWD/.peers/tk
-#   export MOEGEMM_DEEPGEMM_SOURCE=$PWD/.peers/deepgemm
+#   tar -xJf .peers/deepgemm.tar.xz -C /tmp && export MOEGEMM_DEEPGEMM_SOURCE=/tmp/deepgemm
 set -euo pipefail
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
 DEEPGEMM_REVISION=${DEEPGEMM_REVISION:-54e22612409371d6364144b69086735beb54e98b}
@@ -58,5 +60,10 @@ if [[ ${DEEPGEMM:-1} == 1 ]]; then
     cp -r "$tmp/$sub/include" "$dest/deepgemm/third-party/$sub/"
   done
   echo "$DEEPGEMM_REVISION" > "$dest/deepgemm/REVISION"
-  echo "DeepGEMM: $DEEPGEMM_REVISION in $dest/deepgemm ($(du -sh "$dest/deepgemm" | cut -f1))"
+  # packed: the headers shrink about tenfold, so that the peers fit in a GPU call's carry beside the Triton
+  # bundle; unpacked on the GPU machine (tar -xJf <dest>/deepgemm.tar.xz -C <dir>)
+  rm -f "$dest/deepgemm.tar.xz"
+  tar -cJf "$dest/deepgemm.tar.xz" -C "$dest" deepgemm
+  [[ ${DEEPGEMM_KEEP_TREE:-0} == 1 ]] || rm -rf "$dest/deepgemm"
+  echo "DeepGEMM: $DEEPGEMM_REVISION in $dest/deepgemm.tar.xz ($(du -sh "$dest/deepgemm.tar.xz" | cut -f1))"
 fi
