@@ -16,6 +16,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run without TRITON_INTER
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from helpers import cover, pairwise  # noqa: E402 (tests/, this script's folder)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -62,29 +63,6 @@ def sig(kernel, ptrs: dict, consts: dict) -> tuple[dict, dict]:
         else:
             s[n] = "i32"
     return s, consts
-
-
-def pairwise(**dims) -> list[dict]:
-    """Combinations of the values of ``dims`` (name -> values), as dicts, in which every pair of values of
-    two dims stands together at least once: a pairwise covering array, built greedily (each next
-    combination the one of the full product that covers the most pairs not yet covered, ties to the
-    earliest). A kernel's compile paths part at a flag's value and where two flags meet; three meeting in a
-    way no two of them do is rare, and the GPU's tests compile and run every path the library launches."""
-    names = list(dims)
-    product = [dict(zip(names, combo)) for combo in itertools.product(*dims.values())]
-    if len(names) < 2:
-        return product
-
-    def pairs(c: dict) -> set:
-        return {(a, c[a], b, c[b]) for a, b in itertools.combinations(names, 2)}
-
-    todo = set().union(*(pairs(c) for c in product))
-    chosen = []
-    while todo:
-        best = max(product, key=lambda c: len(pairs(c) & todo))
-        chosen.append(best)
-        todo -= pairs(best)
-    return chosen
 
 
 def _dk_io(dt: str) -> dict:
@@ -421,125 +399,132 @@ def variants():
         consts = dict({k: v for k, v in t.items() if k.isupper()}, UPCAST=False)
         opts = {"num_warps": t["num_warps"], "num_stages": t["num_stages"]}
         yield ("grouped_dw_tma", dt), _grouped_dw_tma_kernel, tio, consts, opts
-    # Every tile shape the grouped tuner tries (bf16, with its warps and stages): they must all build.
+    yield from tuner_variants()
+
+
+def _tile(c) -> tuple:
+    return (c.block_m, c.block_n, c.block_k, c.num_warps, c.tma, c.flatten)
+
+
+def _grouped_facets(c) -> set:
+    """What a tuner config asks of the grouped kernel's compile: its tile, its stage count in its loop form,
+    its tail tile (TAIL_M rows in the tile's columns and K step, its own or merged into the row tile
+    before), its tile order."""
+    facets = {("tile", *_tile(c)), ("stages", c.tma, c.flatten, c.num_stages), ("mix", c.mix)}
+    if c.tail_m:
+        facets.add(("tail", c.tail_m, c.merge_tail, c.block_n, c.block_k, c.num_warps, c.flatten))
+    return facets
+
+
+def _swiglu_facets(c) -> set:
+    """The fused SwiGLU kernel's tile for a tuner config (swiglu_config) and its stage count."""
+    sw = swiglu_config(c)
+    return {("tile", *_tile(sw), sw.mix), ("stages", sw.flatten, c.num_stages)}
+
+
+def _masked_facets(c) -> set:
+    """The masked layout's TMA kernel's tile for a tuner config and its stage count."""
+    return {("tile", *_tile(c)), ("stages", c.num_stages)}
+
+
+def tuner_variants():
+    """Every tile the grouped tuner tries (bf16, with its warps and stages) builds in each kernel it is tried
+    in: the grouped kernel (pointer or TMA loads, the flattened warp-specialized loop, tail tiles of their
+    own or merged), the masked layout's TMA kernel (tiles without tails or flattened loop) and the fused
+    SwiGLU kernel on the tiles it derives (TMA configs). Each kernel builds each distinct tile it gets,
+    every stage count of each of its loop forms and every tail tile once: the fewest of the tuner's
+    configs that hold them all (helpers.cover), not every config."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from experiments.tune_grouped import candidates
 
-    gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
-    seen = set()
+    configs = {}
     for mean_rows in (1, 64, 512):
         for c in candidates(mean_rows):
-            key = (
-                c.block_m,
-                c.block_n,
-                c.block_k,
-                c.num_warps,
-                c.num_stages,
-                GROUP_M,
-                c.tma,
-                c.flatten,
-                c.tail_m,
-                c.merge_tail,
-                c.mix,
+            configs.setdefault((*_tile(c), c.num_stages, c.tail_m, c.merge_tail, c.mix), c)
+    configs = list(configs.values())
+
+    def name(form: str, c) -> tuple:
+        return (form, c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, GROUP_M, c.tma, c.flatten,
+                c.tail_m, c.merge_tail, c.mix)  # fmt: skip
+
+    def opts(c) -> dict:
+        return {"num_warps": c.num_warps, "num_stages": c.num_stages}
+
+    gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
+    for c in cover(configs, _grouped_facets):
+        tiles = dict(
+            BLOCK_M=c.block_m,
+            BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k,
+            E_BLOCK=256,
+            GROUP_M=GROUP_M,
+            HAS_SCALE=False,
+            EPILOGUE=0,
+            UPCAST=False,
+        )
+        if c.tma:
+            tio = {
+                "a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
+                "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
+                "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
+                "y_ptr": "*bf16",
+                "offsets_ptr": "*i32",
+                "scale_ptr": "*bf16",
+            }
+            consts = dict(
+                tiles,
+                TAIL_M=c.tail_m,
+                W_KN=False,
+                WARP_SPECIALIZE=c.flatten,
+                FLATTEN=c.flatten,
+                MERGE_TAIL=c.merge_tail,
+                MIX=c.mix,
             )
-            if key in seen:
-                continue
-            seen.add(key)
-            opts = {"num_warps": c.num_warps, "num_stages": c.num_stages}
-            tiles = dict(
-                BLOCK_M=c.block_m,
-                BLOCK_N=c.block_n,
-                BLOCK_K=c.block_k,
-                E_BLOCK=256,
-                GROUP_M=GROUP_M,
-                HAS_SCALE=False,
-                EPILOGUE=0,
-                UPCAST=False,
-            )
-            # the masked layout's TMA kernel, same tiles
-            if c.tma and not (c.flatten or c.tail_m):
-                mio = {
-                    "a_ptr": "*bf16",
-                    "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
-                    "y_ptr": "*bf16",
-                    "masked_m_ptr": "*i32",
-                }
-                yield (
-                    ("grouped_masked_tune", *key),
-                    _grouped_mm_masked_tma_kernel,
-                    mio,
-                    dict(
-                        BLOCK_M=c.block_m,
-                        BLOCK_N=c.block_n,
-                        BLOCK_K=c.block_k,
-                        E_BLOCK=256,
-                        GROUP_M=GROUP_M,
-                        W_KN=False,
-                        EPILOGUE=0,
-                        UPCAST=False,
-                    ),
-                    opts,
-                )
-            if c.tma:  # the fused SwiGLU kernel on the tiles it derives from this candidate
-                sw = swiglu_config(c)
-                sio = {
-                    "a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
-                    "w_desc": f"tensordesc<bf16[{sw.block_n},{sw.block_k}]>",
-                    "y_ptr": "*bf16",
-                    "offsets_ptr": "*i32",
-                    "scale_ptr": "*bf16",
-                }
-                yield (
-                    ("grouped_swiglu_tune", *key),
-                    _grouped_mm_swiglu_tma_kernel,
-                    sio,
-                    dict(
-                        BLOCK_M=sw.block_m,
-                        BLOCK_N=sw.block_n,
-                        BLOCK_K=sw.block_k,
-                        E_BLOCK=256,
-                        GROUP_M=GROUP_M,
-                        W_KN=False,
-                        WARP_SPECIALIZE=sw.flatten,
-                        FLATTEN=sw.flatten,
-                        HAS_SCALE=False,
-                        UPCAST=False,
-                        MIX=sw.mix,
-                    ),
-                    opts,
-                )
-            if c.tma:
-                tio = {
-                    "a_desc": f"tensordesc<bf16[{c.block_m},{c.block_k}]>",
-                    "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
-                    "at_desc": f"tensordesc<bf16[{c.tail_m or c.block_m},{c.block_k}]>",
-                    "y_ptr": "*bf16",
-                    "offsets_ptr": "*i32",
-                    "scale_ptr": "*bf16",
-                }
-                yield (
-                    ("grouped_tune", *key),
-                    _grouped_mm_tma_kernel,
-                    tio,
-                    dict(
-                        tiles,
-                        TAIL_M=c.tail_m,
-                        W_KN=False,
-                        WARP_SPECIALIZE=c.flatten,
-                        FLATTEN=c.flatten,
-                        MERGE_TAIL=c.merge_tail,
-                        MIX=c.mix,
-                    ),
-                    opts,
-                )
-            else:
-                yield (
-                    ("grouped_tune", *key),
-                    _grouped_mm_kernel,
-                    gio,
-                    dict(tiles, EVEN_K=True, PRECISION="tf32", SWIGLU=False),
-                    opts,
-                )
+            yield name("grouped_tune", c), _grouped_mm_tma_kernel, tio, consts, opts(c)
+        else:
+            consts = dict(tiles, EVEN_K=True, PRECISION="tf32", SWIGLU=False)
+            yield name("grouped_tune", c), _grouped_mm_kernel, gio, consts, opts(c)
+    for c in cover([c for c in configs if c.tma and not (c.flatten or c.tail_m)], _masked_facets):
+        mio = {
+            "a_ptr": "*bf16",
+            "w_desc": f"tensordesc<bf16[{c.block_n},{c.block_k}]>",
+            "y_ptr": "*bf16",
+            "masked_m_ptr": "*i32",
+        }
+        consts = dict(
+            BLOCK_M=c.block_m,
+            BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k,
+            E_BLOCK=256,
+            GROUP_M=GROUP_M,
+            W_KN=False,
+            EPILOGUE=0,
+            UPCAST=False,
+        )
+        yield name("grouped_masked_tune", c), _grouped_mm_masked_tma_kernel, mio, consts, opts(c)
+    for c in cover([c for c in configs if c.tma], _swiglu_facets):
+        sw = swiglu_config(c)
+        sio = {
+            "a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
+            "w_desc": f"tensordesc<bf16[{sw.block_n},{sw.block_k}]>",
+            "y_ptr": "*bf16",
+            "offsets_ptr": "*i32",
+            "scale_ptr": "*bf16",
+        }
+        consts = dict(
+            BLOCK_M=sw.block_m,
+            BLOCK_N=sw.block_n,
+            BLOCK_K=sw.block_k,
+            E_BLOCK=256,
+            GROUP_M=GROUP_M,
+            W_KN=False,
+            WARP_SPECIALIZE=sw.flatten,
+            FLATTEN=sw.flatten,
+            HAS_SCALE=False,
+            UPCAST=False,
+            MIX=sw.mix,
+        )
+        yield name("grouped_swiglu_tune", c), _grouped_mm_swiglu_tma_kernel, sio, consts, opts(c)
 
 
 def fp8_variants():

@@ -1,6 +1,9 @@
-"""Shared test helpers: random operands in every layout, poisoned outputs, float64 comparisons."""
+"""Shared test helpers: random operands in every layout, poisoned outputs, float64 comparisons, pairwise
+covering arrays."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -8,6 +11,33 @@ from experiments.harness.correctness import TOL, atol_for  # noqa: F401 (TOL re-
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LAYOUTS = ("contiguous", "transposed", "sliced")
+
+
+def cover(items: list, facets) -> list:
+    """The items, in their order of choice, that together have every facet any of ``items`` has
+    (``facets(item)``: a set of hashables): greedily, each next the item with the most facets not yet
+    covered, ties to the earliest, so the same items give the same list on every run."""
+    have = [facets(it) for it in items]
+    todo = set().union(*have)
+    chosen = []
+    while todo:
+        best = max(range(len(items)), key=lambda i: len(have[i] & todo))
+        chosen.append(items[best])
+        todo -= have[best]
+    return chosen
+
+
+def pairwise(**dims) -> list[dict]:
+    """Combinations of the values of ``dims`` (name -> values), as dicts, in which every pair of values of
+    two dims stands together at least once: a pairwise covering array, the full product's combinations
+    chosen by ``cover``. One dim alone: each of its values. A code path that parts at one value or where two
+    values meet is exercised; one that needs three values together that no two of them select is not."""
+    names, values = list(dims), [list(v) for v in dims.values()]
+    # by index, so that values need not be hashable and equal values of one dim (0, False) stay apart
+    product = list(itertools.product(*(range(len(v)) for v in values)))
+    columns = list(itertools.combinations(range(len(names)), 2))
+    chosen = cover(product, lambda c: {(a, c[a], b, c[b]) for a, b in columns}) if columns else product
+    return [{n: v[i] for n, v, i in zip(names, values, c)} for c in chosen]
 
 
 def make(
