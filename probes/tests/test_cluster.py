@@ -1,9 +1,10 @@
 """The clustered probes: the Decompose-K kernel (probes.cluster_dk) and the multicast grouped GEMM
 (probes.cluster_grouped).
 
-CPU: every variant (dtype x epilogue x bias x b's layout x cluster size) compiles for sm_90a, and its PTX
-holds the cluster launch and the exchange (``.reqnctapercluster``, ``mapa``, ``st.shared::cluster``, the two
-cluster barriers, one TMA barrier per CTA); the fallback where the Gluon features are missing; bad input.
+CPU: the variants (every pair of dtype, epilogue, bias, b's layout, cluster size and tile) compile for
+sm_90a, and each one's PTX holds the cluster launch and the exchange (``.reqnctapercluster``, ``mapa``,
+``st.shared::cluster``, the two cluster barriers, one TMA barrier per CTA); the fallback where the Gluon
+features are missing; bad input.
 Gluon has no interpreter, so the compile runs in a subprocess without TRITON_INTERPRET (this file as a
 script). GPU (``-m gpu``): results against float64 with poisoned outputs, every dtype, epilogue, K tail,
 stride class; bitwise identity over 100 repeats; 20 CUDA-graph replays with new inputs.
@@ -32,7 +33,7 @@ from moegemm.decompose_k.reference import reference_mm  # noqa: E402 - after the
 from moegemm.epilogue import Epilogue  # noqa: E402 - after the path set-up
 from probes import cluster_dk as C  # noqa: E402 - after the path set-up
 from probes import cluster_dk_kernel as K  # noqa: E402 - after the path set-up
-from tests.helpers import DTYPES, assert_close_to_ref, make, poisoned  # noqa: E402 - after the path set-up
+from tests.helpers import DTYPES, assert_close_to_ref, make, pairwise, poisoned  # noqa: E402 - after the path set-up
 
 # ----------------------------------------------------------------------------------------------------
 # sm_90a compile checks (a subprocess runs this file as a script)
@@ -42,16 +43,21 @@ DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf3
 
 
 def compile_variants():
-    """(name, dtype key, n, k, config, b_kn, epilogue, bias): every dtype x epilogue x bias x b layout, the
-    cluster size and the ring (stages below the K steps) cycling through them; small K keeps compiles
-    quick."""
-    sizes = itertools.cycle((1, 2, 4, 8, 16))
+    """(name, dtype key, n, k, config, b_kn, epilogue, bias): every pair of dtype, epilogue, bias, b layout,
+    cluster size (S CTAs) and output tile stands in one variant at least (helpers.pairwise), the ring (stages
+    below the K steps) and the accumulator chains cycling through them; small K keeps compiles quick."""
     ring = itertools.cycle((0, 2, 0, 4))
     chains = itertools.cycle((1, 2, 4))
-    for dt, epi, bias, kn in itertools.product(DT, Epilogue, (False, True), (True, False)):
-        s = next(sizes)
+    for v in pairwise(
+        dt=list(DT),
+        epi=list(Epilogue),
+        bias=(False, True),
+        kn=(True, False),
+        s=(1, 2, 4, 8, 16),
+        tile=((16, 32), (32, 16), (64, 64), (16, 8)),
+    ):
+        dt, epi, bias, kn, s, (bm, bn) = v.values()
         bk = 32 if dt in ("fp32", "tf32") else 64
-        bm, bn = ((16, 32), (32, 16), (64, 64), (16, 8))[(s + int(epi) + int(bias)) % 4]
         cfg = C.ClusterConfig(
             split_k=s,
             block_m=bm,
@@ -61,7 +67,7 @@ def compile_variants():
             stages=next(ring),
             chains=next(chains),
         )
-        name = f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}"
+        name = f"{dt}-{epi.name.lower()}-{'bias' if bias else 'nobias'}-{'kn' if kn else 'nk'}-S{s}-{bm}x{bn}"
         yield name, dt, 48, 1000 + 7 * s, cfg, kn, epi, bias
 
 
@@ -95,15 +101,17 @@ def grouped_variants():
     """(name, dtype, config, w_kn, epilogue, row scale, swiglu) of the multicast grouped kernel."""
     from probes.cluster_grouped import ClusterGroupedConfig
 
-    tiles = itertools.cycle(
-        [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 4, 3), (64, 64, 32, 4, 6)]
-    )
-    for dt, kn, epi, scale in itertools.product(("bf16", "fp16"), (True, False), Epilogue, (False, True)):
-        bm, bn, bk, nw, st = next(tiles)
+    tiles = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 4, 3), (64, 64, 32, 4, 6)]
+    # every pair of dtype, layout, epilogue, row scale and tile
+    for v in pairwise(
+        dt=("bf16", "fp16"), kn=(True, False), epi=list(Epilogue), scale=(False, True), tile=tiles
+    ):
+        dt, kn, epi, scale, (bm, bn, bk, nw, st) = v.values()
         cfg = ClusterGroupedConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=nw, stages=st)
         name = f"grouped-{dt}-{'kn' if kn else 'nk'}-{epi.name.lower()}-{'scale' if scale else 'noscale'}"
         yield f"{name}-{bm}x{bn}", dt, cfg, kn, epi, scale, False
-    for dt, kn, scale in itertools.product(("bf16", "fp16"), (True, False), (False, True)):  # fused SwiGLU
+    for v in pairwise(dt=("bf16", "fp16"), kn=(True, False), scale=(False, True)):  # fused SwiGLU
+        dt, kn, scale = v.values()
         cfg = ClusterGroupedConfig(block_m=64, block_n=128 if scale else 64, num_warps=4, stages=3)
         yield f"grouped-swiglu-{dt}-{'kn' if kn else 'nk'}-{scale}", dt, cfg, kn, Epilogue.NONE, scale, True
     epilogues = itertools.cycle(Epilogue)
