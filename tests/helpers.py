@@ -40,6 +40,15 @@ def pairwise(**dims) -> list[dict]:
     return [{n: v[i] for n, v, i in zip(names, values, c)} for c in chosen]
 
 
+def cases(native: bool, **dims) -> list[dict]:
+    """Combinations of the values of ``dims`` for a test: their full product where the kernels run natively
+    (``native``: on a GPU, each case takes milliseconds), every pair of values (``pairwise``) under Triton's
+    interpreter."""
+    if not native:
+        return pairwise(**dims)
+    return [dict(zip(dims, combo)) for combo in itertools.product(*dims.values())]
+
+
 def make(
     shape: tuple[int, int], dtype: torch.dtype, layout: str, gen: torch.Generator, device
 ) -> torch.Tensor:

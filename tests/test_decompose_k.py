@@ -7,8 +7,9 @@ import zlib
 
 import pytest
 import torch
-from helpers import DTYPES, LAYOUTS, assert_close_to_ref, assert_compiled_grads_match, make, poisoned
+from helpers import DTYPES, LAYOUTS, assert_close_to_ref, assert_compiled_grads_match, cases, make, poisoned
 
+from conftest import HAS_CUDA
 from moegemm.decompose_k import KERNELS, DecomposeKConfig, decompose_k, heuristic_config, matmul
 from moegemm.decompose_k.reference import decompose_k_relu, reference_mm
 
@@ -23,10 +24,16 @@ def _case(m, n, k, dtype, device, seed, la="contiguous", lb="contiguous", bias=F
     return a, b, bias_t
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("epilogue", EPILOGUES)
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def _kernel_cases():
+    """Every kernel, dtype, epilogue and bias: on a GPU all of their combinations, under the interpreter every
+    pair of them (helpers.cases)."""
+    dims = dict(kernel=KERNELS, dtype=DTYPES, epilogue=EPILOGUES, bias=(False, True))
+    for c in cases(HAS_CUDA, **dims):
+        bias_id = "bias" if c["bias"] else "nobias"
+        yield pytest.param(*c.values(), id=f"{bias_id}-{c['epilogue']}-{c['dtype']}-{c['kernel']}")
+
+
+@pytest.mark.parametrize("kernel,dtype,epilogue,bias", list(_kernel_cases()))
 def test_every_kernel_epilogue_dtype(kernel, dtype, epilogue, bias, device, poison_partials):
     m, n, k, s = 33, 47, 1031, 6  # ragged tiles, prime K, S not dividing K
     a, b, bias_t = _case(
