@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from experiments.harness.correctness import TOL, atol_for  # noqa: F401 (TOL re-exported to tests)
@@ -30,14 +31,21 @@ def cover(items: list, facets) -> list:
 def pairwise(**dims) -> list[dict]:
     """Combinations of the values of ``dims`` (name -> values), as dicts, in which every pair of values of
     two dims stands together at least once: a pairwise covering array, the full product's combinations
-    chosen by ``cover``. One dim alone: each of its values. A code path that parts at one value or where two
-    values meet is exercised; one that needs three values together that no two of them select is not."""
-    names, values = list(dims), [list(v) for v in dims.values()]
+    chosen by ``cover`` with the dims in the order given and with the dims of most values first, whichever
+    gives fewer (a greedy choice comes close to the fewest, not always as close in both orders). One dim
+    alone: each of its values. A code path that parts at one value or where two values meet is exercised;
+    one that needs three values together that no two of them select is not."""
+    orders = (list(dims), sorted(dims, key=lambda n: -len(dims[n])))  # (a stable sort)
+    return min((_pairwise(dims, names) for names in orders), key=len)
+
+
+def _pairwise(dims: dict, names: list) -> list[dict]:
+    values = [list(dims[n]) for n in names]
     # by index, so that values need not be hashable and equal values of one dim (0, False) stay apart
     product = list(itertools.product(*(range(len(v)) for v in values)))
     columns = list(itertools.combinations(range(len(names)), 2))
     chosen = cover(product, lambda c: {(a, c[a], b, c[b]) for a, b in columns}) if columns else product
-    return [{n: v[i] for n, v, i in zip(names, values, c)} for c in chosen]
+    return [{n: values[names.index(n)][c[names.index(n)]] for n in dims} for c in chosen]
 
 
 def cases(native: bool, **dims) -> list[dict]:
@@ -47,6 +55,24 @@ def cases(native: bool, **dims) -> list[dict]:
     if not native:
         return pairwise(**dims)
     return [dict(zip(dims, combo)) for combo in itertools.product(*dims.values())]
+
+
+def case_params(native: bool, **dims) -> list:
+    """``cases(native, **dims)`` as pytest.param objects for ``parametrize`` with the dims' names in their
+    order. A dim is a sequence of values or a dict of id -> value; the id of a case joins its values' ids
+    with "-" in the dims' order, as pytest does for stacked parametrize decorators listed nearest the
+    function first: a str, number, bool or None by its str, another value by its dim's name and index."""
+    plain = (str, int, float, bool, type(None))
+    named = {
+        name: list(values.items())
+        if isinstance(values, dict)
+        else [(str(v) if isinstance(v, plain) else f"{name}{i}", v) for i, v in enumerate(values)]
+        for name, values in dims.items()
+    }
+    return [
+        pytest.param(*(v for _, v in c.values()), id="-".join(i for i, _ in c.values()))
+        for c in cases(native, **named)
+    ]
 
 
 def make(

@@ -7,7 +7,15 @@ import zlib
 
 import pytest
 import torch
-from helpers import DTYPES, LAYOUTS, assert_close_to_ref, assert_compiled_grads_match, cases, make, poisoned
+from helpers import (
+    DTYPES,
+    LAYOUTS,
+    assert_close_to_ref,
+    assert_compiled_grads_match,
+    case_params,
+    make,
+    poisoned,
+)
 
 from conftest import HAS_CUDA
 from moegemm.decompose_k import KERNELS, DecomposeKConfig, decompose_k, heuristic_config, matmul
@@ -24,17 +32,17 @@ def _case(m, n, k, dtype, device, seed, la="contiguous", lb="contiguous", bias=F
     return a, b, bias_t
 
 
-def _kernel_cases():
-    """Every kernel, dtype, epilogue and bias: on a GPU all of their combinations, under the interpreter every
-    pair of them (helpers.cases)."""
-    dims = dict(kernel=KERNELS, dtype=DTYPES, epilogue=EPILOGUES, bias=(False, True))
-    for c in cases(HAS_CUDA, **dims):
-        bias_id = "bias" if c["bias"] else "nobias"
-        yield pytest.param(*c.values(), id=f"{bias_id}-{c['epilogue']}-{c['dtype']}-{c['kernel']}")
-
-
-@pytest.mark.parametrize("kernel,dtype,epilogue,bias", list(_kernel_cases()))
-def test_every_kernel_epilogue_dtype(kernel, dtype, epilogue, bias, device, poison_partials):
+@pytest.mark.parametrize(
+    "bias,epilogue,dtype,kernel",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        bias={"nobias": False, "bias": True},
+        epilogue=EPILOGUES,
+        dtype={str(d): d for d in DTYPES},
+        kernel=KERNELS,
+    ),
+)
+def test_every_kernel_epilogue_dtype(bias, epilogue, dtype, kernel, device, poison_partials):
     m, n, k, s = 33, 47, 1031, 6  # ragged tiles, prime K, S not dividing K
     a, b, bias_t = _case(
         m, n, k, dtype, device, seed=zlib.crc32(f"{kernel}{dtype}{epilogue}{bias}".encode()), bias=bias
