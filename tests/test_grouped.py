@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import TOL
+from helpers import TOL, case_params
 
+from conftest import HAS_CUDA
 from moegemm import tuned
 from moegemm.grouped import (
     GroupedConfig,
@@ -326,23 +327,26 @@ def test_moe_expert_path_end_to_end(device):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize(
-    "cfg,gm",
-    [
-        (GroupedConfig(16, 16, 16), 8),
-        (GroupedConfig(16, 16, 16, persistent=True), 2),
-        (GroupedConfig(16, 16, 16), 1),
-        (None, 8),
-        (GroupedConfig(64, 16, 16, tma=True, flatten=True, tail_m=32), 8),
-    ],
-    ids=["grid", "persistent", "rowwise", "default", "prefill-tiles"],
+    "tiles,layout,dtype",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        tiles={
+            "grid": (GroupedConfig(16, 16, 16), 8),
+            "persistent": (GroupedConfig(16, 16, 16, persistent=True), 2),
+            "rowwise": (GroupedConfig(16, 16, 16), 1),
+            "default": (None, 8),
+            "prefill-tiles": (GroupedConfig(64, 16, 16, tma=True, flatten=True, tail_m=32), 8),
+        },
+        layout=["kn", "nk"],
+        dtype={str(d): d for d in (torch.bfloat16, torch.float32)},
+    ),
 )
-def test_masked_layout_ignores_rows_past_masked_m(dtype, layout, cfg, gm, device, monkeypatch):
-    """prefill-tiles: a tuned prefill config (TMA, tail tiles) given to the masked layout, whose row tiles
-    shrink to m_max (20 rows: 32) below the config's tail_m; its TMA settings are not used. gm: the row
-    tiles walked together (rowwise: one)."""
+def test_masked_layout_ignores_rows_past_masked_m(tiles, layout, dtype, device, monkeypatch):
+    """tiles: (config, gm). prefill-tiles: a tuned prefill config (TMA, tail tiles) given to the masked
+    layout, whose row tiles shrink to m_max (20 rows: 32) below the config's tail_m; its TMA settings are not
+    used. gm: the row tiles walked together (rowwise: one)."""
+    cfg, gm = tiles
     monkeypatch.setattr(gconfig, "GROUP_M", gm)
     torch.manual_seed(3)
     e, m_max, k, n = 5, 20, 40, 24
@@ -1337,11 +1341,17 @@ def _ffn_ref(x, ids, wts, w_gu_nk, w_down_nk):
     return out
 
 
-@pytest.mark.parametrize("t", [11, 61, 97])  # 3, 17, 28 rows per expert: unfused, fused gate/up, routing
-# in one launch (up to 64 slots) and in three
-@pytest.mark.parametrize("layout", ["nk", "kn"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_moe_ffn_matches_float64(layout, dtype, t, device, monkeypatch):
+@pytest.mark.parametrize(
+    "dtype,layout,t",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        dtype=[torch.bfloat16, torch.float32],
+        layout=["nk", "kn"],
+        t=[11, 61, 97],  # 3, 17, 28 rows per expert: unfused, fused gate/up, routing in one launch (up to
+        # 64 slots) and in three
+    ),
+)
+def test_moe_ffn_matches_float64(dtype, layout, t, device, monkeypatch):
     """moe_ffn: routing, fused gate/up (gate first), SiLU(gate) * up, down with the gating weights, combine;
     against a float64 token-by-token reference on fresh random data, both weight layouts; experts left
     empty by the routing included; bad shapes refused by name."""
@@ -1418,20 +1428,25 @@ def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
         assert "moegemm.route.default" not in code and "moegemm.gather_rows" not in code
 
 
-@pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize(
-    "cfg",
-    [
-        GroupedConfig(16, 32, 32),
-        GroupedConfig(32, 32, 32, persistent=True),
-        GroupedConfig(32, 32, 32, tma=True),
-        GroupedConfig(32, 64, 32, tma=True, persistent=True, flatten=True),
-        GroupedConfig(32, 32, 32, tma=True, mix=2, tail_m=16, merge_tail=True),
-    ],
-    ids=str,
+    "dtype,cfg,layout",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        dtype=[torch.bfloat16, torch.float32],
+        cfg={
+            str(c): c
+            for c in (
+                GroupedConfig(16, 32, 32),
+                GroupedConfig(32, 32, 32, persistent=True),
+                GroupedConfig(32, 32, 32, tma=True),
+                GroupedConfig(32, 64, 32, tma=True, persistent=True, flatten=True),
+                GroupedConfig(32, 32, 32, tma=True, mix=2, tail_m=16, merge_tail=True),
+            )
+        },
+        layout=["nk", "kn"],
+    ),
 )
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_grouped_mm_swiglu_matches_float64(layout, cfg, dtype, device, launched, monkeypatch):
+def test_grouped_mm_swiglu_matches_float64(dtype, cfg, layout, device, launched, monkeypatch):
     """The fused gate/up with SwiGLU: silu(x G_e) * (x U_e) * row_scale on experts of 0, 1, 5, 40 and 70 rows
     (several row tiles), I = 24 (a column tail in every tile shape), NaN-poisoned output; pointer and TMA
     kernels (16-bit takes TMA where asked), both grids, the flattened loop, the mixed order (tails of the

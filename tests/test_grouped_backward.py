@@ -8,10 +8,11 @@ import zlib
 import pytest
 import torch
 
+from conftest import HAS_CUDA
 from moegemm.grouped import autograd as ag
 from moegemm.grouped import backward as bw
 from moegemm.grouped import grouped_mm, grouped_mm_swiglu, moe_ffn
-from tests.helpers import assert_compiled_grads_match
+from tests.helpers import assert_compiled_grads_match, case_params
 from tests.moe_cells import one_small_config
 
 # The GPU tests at real shapes hold tens of GiB each (float64 references included): one at a time across
@@ -91,11 +92,17 @@ CASES = {  # rows per expert
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("w_layout", ["kn", "nk"])
-@pytest.mark.parametrize("swiglu", [False, True], ids=["mm", "swiglu"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_grouped_mm_grads_match_float64(dtype, w_layout, swiglu, case, device, poison):
+@pytest.mark.parametrize(
+    "case,swiglu,w_layout,dtype",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        case=list(CASES),
+        swiglu={"mm": False, "swiglu": True},
+        w_layout=["kn", "nk"],
+        dtype=[torch.float32, torch.bfloat16, torch.float16],
+    ),
+)
+def test_grouped_mm_grads_match_float64(case, swiglu, w_layout, dtype, device, poison):
     """Gradients for x, w and row_scale against float64 autograd on fresh random data: ragged experts with
     an empty one and one expert taking every row; K and N not multiples of the tiles; x a strided view.
     An expert with no rows gets a weight gradient of exact zeros."""
@@ -166,10 +173,16 @@ def ffn_inputs(dtype, w_layout, device, seed, t=9, h=24, i=20, e=5, k=2, empty=(
     return x, ids.to(device), tw, wgu, wd
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("w_layout", ["kn", "nk"])
-@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
-def test_moe_ffn_grads_match_float64(dtype, w_layout, save, device, monkeypatch, poison):
+@pytest.mark.parametrize(
+    "save,w_layout,dtype",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        save={"recompute": False, "save": True},
+        w_layout=["kn", "nk"],
+        dtype=[torch.float32, torch.bfloat16, torch.float16],
+    ),
+)
+def test_moe_ffn_grads_match_float64(save, w_layout, dtype, device, monkeypatch, poison):
     """moe_ffn's gradients for x, topk_weights, w_gate_up and w_down against float64 autograd, with the
     gate/up product recomputed in the backward or saved from the forward (SAVE_GATE_UP); an expert no
     token chose gets exact zero weight gradients."""
@@ -312,10 +325,16 @@ def assert_ffn_grads(x, ids, tw, wgu, wd, dy, w_layout, tol):
         assert rel_err(got, want) < tol, name
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("w_layout", ["kn", "nk"])
-@pytest.mark.parametrize("save", [False, True], ids=["recompute", "save"])
-def test_moe_ffn_grads_through_the_tma_kernels(dtype, w_layout, save, device, monkeypatch, poison, tma_spies):
+@pytest.mark.parametrize(
+    "save,w_layout,dtype",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        save={"recompute": False, "save": True},
+        w_layout=["kn", "nk"],
+        dtype=[torch.bfloat16, torch.float16],
+    ),
+)
+def test_moe_ffn_grads_through_the_tma_kernels(save, w_layout, dtype, device, monkeypatch, poison, tma_spies):
     """moe_ffn's gradients where every operand is TMA-readable (H and I multiples of the tiles, 16-bit): the
     down projection's dX GEMM through the forward's grouped GEMM, then the SwiGLU backward's pointwise pass
     over it (dGU over the gate/up buffer, s A over P), and both weight gradients through the TMA kernels,
