@@ -786,10 +786,16 @@ def _pipeline_grads(x, ids, tw, w, dy, fused_scale):
     return x.grad, tw.grad, w.grad
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("slots", [(5, 2, 4), (40, 3, 6)], ids=["decode-one-launch", "three-kernels"])
-@pytest.mark.parametrize("fused_scale", [False, True], ids=["weights-in-unpermute", "weights-as-row-scale"])
-def test_step_by_step_pipeline_trains(dtype, slots, fused_scale, device, poison):
+@pytest.mark.parametrize(
+    "fused_scale,slots,dtype",
+    case_params(  # on a GPU every combination, under the interpreter every pair
+        HAS_CUDA,
+        fused_scale={"weights-in-unpermute": False, "weights-as-row-scale": True},
+        slots={"decode-one-launch": (5, 2, 4), "three-kernels": (40, 3, 6)},
+        dtype={str(d): d for d in (torch.float32, torch.bfloat16)},
+    ),
+)
+def test_step_by_step_pipeline_trains(fused_scale, slots, dtype, device, poison):
     """The README's pipeline gets gradients for x, the gating weights and the weights, against float64, at
     decode (at most 64 slots: the routing's one-launch kernel, which has no gradient, gives way) and above;
     two backwards give bitwise the same gradients (no atomics)."""
