@@ -139,11 +139,7 @@ def layer(vk, qk, x: torch.Tensor, topk_ids, topk_weights, e: int, config: dict)
         out = torch.full((t, h), float("nan"), dtype=x.dtype, device=x.device)
 
         def call():
-            if naive:
-                post = torch.full((1,), slots * bm, dtype=torch.int32, device=x.device)
-                assign = (None, ids32.view(-1), post)
-            else:
-                assign = aligner(ids32)
+            assign = vllm_moe.layer_assignment(naive, aligner, ids32, slots, bm)
             xq, xs = group_quant(qk, x)
             vllm_moe.kernel_call(
                 vk, xq, w_gu_q, y1, None, assign, two_i, slots, top_k, config, naive, cap, (xs, w_gu_s)

@@ -701,6 +701,16 @@ def launcher(
     return bind
 
 
+def layer_assignment(naive: bool, aligner, ids32: torch.Tensor, slots: int, bm: int) -> tuple:
+    """The layer's (row ids, expert ids, rows after padding) for one call, made inside the timed call as
+    vLLM's fused_experts makes them: on the naive path slot s is row tile s (of expert ids32.flat[s]),
+    else ``aligner``'s grouping of the slots by expert (moe_align_block_size's stand-in)."""
+    if naive:
+        post = torch.full((1,), slots * bm, dtype=torch.int32, device=ids32.device)
+        return None, ids32.view(-1), post
+    return aligner(ids32)
+
+
 def layer(
     vk: VllmKernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, e: int, config: dict
 ):
@@ -724,11 +734,7 @@ def layer(
         y2 = torch.empty(t, top_k, h, dtype=x.dtype, device=x.device)
 
         def call():
-            if naive:
-                post = torch.full((1,), slots * bm, dtype=torch.int32, device=x.device)
-                assign = (None, ids32.view(-1), post)
-            else:
-                assign = aligner(ids32)
+            assign = layer_assignment(naive, aligner, ids32, slots, bm)
             kernel_call(vk, x, w_gu, y1, None, assign, two_i, slots, top_k, config, naive, cap)
             act = silu_mul(y1)
             kernel_call(vk, act, w_dn, y2.view(slots, h), w_flat, assign, h, slots, 1, config, naive, cap)
