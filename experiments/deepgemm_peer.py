@@ -14,9 +14,10 @@ runnable, with the reason in its rows.
 The calls, as vLLM's and SGLang's DeepGEMM paths make them on Hopper: ``m_grouped_fp8_gemm_nt_contiguous((a,
 sfa), (w, sfw), d, layout)`` with each expert's rows padded to ``get_mk_alignment_for_contiguous_layout()``
 (the padding rows' layout entries -1), and ``m_grouped_fp8_gemm_nt_masked((a, sfa), (w, sfw), d, masked_m,
-expected_m)`` on [E, m_max, K]; activations e4m3 with one fp32 scale per token and 128 channels, laid out
-MN-major and TMA-aligned by its own ``get_mn_major_tma_aligned_tensor`` before the call; weights [E, N, K]
-e4m3 with [E, N/128, K/128] fp32 scales (DeepSeek-V3's checkpoint format); bf16 out.
+expected_m)`` on [E, m_max, K] with m_max a multiple of ``MASKED_M_ALIGN``; activations e4m3 with one fp32
+scale per token and 128 channels, laid out MN-major and TMA-aligned by its own
+``get_mn_major_tma_aligned_tensor`` before the call; weights [E, N, K] e4m3 with [E, N/128, K/128] fp32
+scales (DeepSeek-V3's checkpoint format); bf16 out.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ NAMES = (
     "get_mn_major_tma_aligned_tensor",
 )
 BUILD_TIMEOUT_S = 1800
+# m_max of the masked layout is a multiple of this: on sm_90 the masked kernel's row tile is 64 or 128, and it
+# stores whole tiles through one 2-D view [E * m_max, N] of d, so a tile that ran past m_max would write over
+# the next expert's first rows
+MASKED_M_ALIGN = 128
 # what a checkout must hold: its sources, and the submodules' headers
 NEEDED = (
     "setup.py",

@@ -277,7 +277,7 @@ def deepgemm(cell: GemmCell, w: Weights, peers: Peers, xq, xscale, masked: bool)
         return Unrunnable(name, f"not runnable: {peers.dg_why}")
     mod = dg.module
     if masked:
-        m_max = max(1, max(cell.sizes))
+        m_max = -(-max(1, max(cell.sizes)) // deepgemm_peer.MASKED_M_ALIGN) * deepgemm_peer.MASKED_M_ALIGN
         a, s, masked_m, expert, pos = masked_rows(cell, xq, xscale, m_max)
         expected_m = max(1, -(-xq.shape[0] // len(cell.sizes)))
         config = {"m_max": m_max, "expected_m": expected_m}

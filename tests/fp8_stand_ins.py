@@ -1,6 +1,6 @@
 """Stand-ins the FP8 experiment's tests share (tests/test_e10.py): a vLLM-like source tree of our own (its
 fused_moe_kernel and _per_token_group_quant_fp8 with vLLM's signatures, written here, computing what their
-arguments say), and small random projection and FFN cells."""
+arguments say), a stand-in of DeepGEMM's grouped FP8 functions, and small random projection and FFN cells."""
 
 from __future__ import annotations
 
@@ -161,3 +161,55 @@ def vllm_checks(vk, qk):
     y = vllm_fp8.layer(vk, qk, x, ids, wts, e, SMALL)(*q)()
     ok, rel, why = check_bounded(y, ref, bound, fp8_refs.rel_budget(2))
     assert ok, why
+
+
+class DeepGemmStandIn:
+    """DeepGEMM's grouped FP8 functions with the arguments and layouts its sm_90 path takes (the float32
+    scales' default recipe: activations one per row and 128 channels, MN-major and TMA-aligned; weights one
+    per 128 x 128 block, contiguous), each asserting them and computing the product in float64 (bf16 out):
+    the contender's plumbing without a GPU. Its masked function also asserts m_max a multiple of 128, the
+    largest row tile the masked kernel stores whole on sm_90."""
+
+    def get_mk_alignment_for_contiguous_layout(self) -> int:
+        return 128
+
+    @staticmethod
+    def get_mn_major_tma_aligned_tensor(s: torch.Tensor) -> torch.Tensor:
+        mn, kb = s.shape[-2:]
+        buf = torch.empty(*s.shape[:-2], kb, -(-mn // 4) * 4, dtype=s.dtype, device=s.device)
+        out = buf[..., :mn].transpose(-1, -2)
+        out.copy_(s)
+        return out
+
+    @staticmethod
+    def _operands(a, sfa, w, ws, d, m):
+        e, n, k = w.shape
+        kb = -(-k // 128)
+        assert a.dtype == w.dtype == fp8_refs.FP8 and a.is_contiguous() and w.is_contiguous()
+        assert sfa.dtype == ws.dtype == torch.float32 and sfa.shape[-2:] == (m, kb)
+        assert sfa.stride(-2) == 1 and sfa.stride(-1) == -(-m // 4) * 4, "sfa: MN-major, TMA-aligned"
+        assert tuple(ws.shape) == (e, -(-n // 128), kb) and ws.is_contiguous()
+        assert d.dtype == torch.bfloat16 and d.is_contiguous() and d.shape[-1] == n
+        return e, lambda ex: fp8_refs.weights64("block", w, ws, ex)
+
+    def m_grouped_fp8_gemm_nt_contiguous(self, a_pair, b_pair, d, layout):
+        (a, sfa), (w, ws) = a_pair, b_pair
+        m = a.shape[0]
+        e, w64 = self._operands(a, sfa, w, ws, d, m)
+        assert layout.dtype == torch.int32 and layout.is_contiguous() and tuple(layout.shape) == (m,)
+        assert m % self.get_mk_alignment_for_contiguous_layout() == 0
+        x64 = fp8_refs.rows64("block", a, sfa.contiguous())
+        for ex in range(e):
+            rows = layout == ex
+            if rows.any():
+                d[rows] = (x64[rows] @ w64(ex).T).to(d.dtype)
+
+    def m_grouped_fp8_gemm_nt_masked(self, a_pair, b_pair, d, masked_m, expected_m):
+        (a, sfa), (w, ws) = a_pair, b_pair
+        ex_, m_max, _ = a.shape
+        e, w64 = self._operands(a, sfa, w, ws, d, m_max)
+        assert ex_ == e and tuple(d.shape[:2]) == (e, m_max) and m_max % 128 == 0
+        assert masked_m.dtype == torch.int32 and tuple(masked_m.shape) == (e,) and expected_m > 0
+        for ex, rows in enumerate(masked_m.tolist()):
+            x64 = fp8_refs.rows64("block", a[ex, :rows], sfa[ex, :rows].contiguous())
+            d[ex, :rows] = (x64 @ w64(ex).T).to(d.dtype)

@@ -385,3 +385,24 @@ def test_e10_runs_on_a_tiny_zoo(tmp_path):
     assert (ours.graph_us > 0).all() and (ours.launch_us > 0).all()
     assert set(df.status) <= {"ok", "not runnable", "error", "wrong"}
     assert df[df.status != "ok"].note.notna().all()
+
+
+@pytest.mark.parametrize("proj", ["up", "down"])
+def test_deepgemm_contenders_pass_its_layouts_and_are_checked(proj):
+    """DeepGEMM's contiguous and masked contenders against a stand-in of its API (tests/fp8_stand_ins.py):
+    the padded layout with -1 on its padding rows, the masked layout with m_max a multiple of 128, the
+    activation scales made MN-major and TMA-aligned before the call, each result through its check."""
+    from tests.fp8_stand_ins import DeepGemmStandIn
+
+    cell, w, _ = small_cell(proj)
+    xq, xscale = block_rows(cell)
+    peers = fp8_peers.Peers(dg=deepgemm_peer.DeepGemm(DeepGemmStandIn(), "DeepGEMM stand-in"))
+    for masked in (False, True):
+        c = fp8_peers.deepgemm(cell, w, peers, xq, xscale, masked)
+        ok, rel, why = c.check(c.bind((0,))())
+        assert ok, (c.name, why)
+        if masked:
+            m_max = c.config["m_max"]
+            assert m_max % deepgemm_peer.MASKED_M_ALIGN == 0 and m_max >= max(cell.sizes)
+        else:
+            assert c.config["m_pad"] % 128 == 0
