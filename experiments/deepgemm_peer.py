@@ -63,19 +63,24 @@ class DeepGemm:
 
 
 def revision(src: Path) -> str:
-    """The checkout's commit (git), else the first line of a REVISION file, else a hash of its csrc/ and
-    deep_gemm/ Python and C++ files."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    """The first line of the checkout's REVISION file (experiments/fetch_peers.sh writes it), else its commit
+    where ``src`` is the top of its own git work tree (not a folder inside another repository's), else a hash
+    of its csrc/ and deep_gemm/ Python and C++ files."""
     rev = src / "REVISION"
     if rev.is_file() and rev.read_text().strip():
         return rev.read_text().strip().splitlines()[0]
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        lines = out.stdout.split()
+        if out.returncode == 0 and len(lines) == 2 and Path(lines[0]).resolve() == src.resolve():
+            return lines[1]
+    except (OSError, subprocess.SubprocessError):
+        pass
     h = hashlib.sha256()
     for f in sorted([*src.glob("csrc/**/*"), *src.glob("deep_gemm/**/*.py")]):
         if f.is_file():

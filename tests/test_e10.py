@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -319,6 +320,12 @@ def test_deepgemm_layouts_and_why_it_cannot_load(tmp_path, monkeypatch):
     dg, why = deepgemm_peer.load(src)
     if not HAS_CUDA:
         assert dg is None and "needs a CUDA GPU" in why
+    inner = tmp_path / "repo" / "deepgemm"  # a folder inside another repository: not its commit
+    shutil.copytree(src, inner)
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "outer"], check=True)
+    assert deepgemm_peer.revision(inner).startswith("sha256:")
     (src / "REVISION").write_text("abc123\n")
     assert deepgemm_peer.revision(src) == "abc123"
 
