@@ -168,16 +168,7 @@ def test_grouped_multicast_kernel_compiles_for_sm90():
     box)."""
     if C._gluon_api_ok() is not None:
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
-    res = subprocess.run(
-        [sys.executable, __file__, "--grouped"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=1800,
-        check=False,
-    )
-    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    recs = _script_records("--grouped")
     assert len(recs) == len(list(grouped_variants())) > 0
     assert any(r["ws"] for r in recs) and not all(r["ws"] for r in recs)
     for r in recs:
@@ -196,10 +187,16 @@ def test_grouped_multicast_kernel_compiles_for_sm90():
         assert r["wait"] == syncs and r["arrive"] == syncs, r
 
 
-def _env() -> dict:
+def _script_records(*args: str) -> list:
+    """This file run as a script with ``args`` (compiled for sm_90a, not interpreted): the records it
+    prints as JSON on its last line; the run must exit 0."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+    res = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=1800, check=False
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def _compile_main(shard: int, shards: int) -> int:
@@ -327,18 +324,7 @@ def test_launch_path_binds_and_compiles_without_a_gpu():
     in both weight layouts (a fake driver: compile, no launch)."""
     if C._gluon_api_ok() is not None:
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    res = subprocess.run(
-        [sys.executable, __file__, "--jit"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-        check=False,
-    )
-    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    recs = _script_records("--jit")
     assert len(recs) == 13
     for r in recs:
         assert r["ok"], r
@@ -354,18 +340,7 @@ SHARDS = 2
 def test_every_variant_compiles_for_sm90_with_the_cluster_exchange(shard):
     if C._gluon_api_ok() is not None:
         pytest.skip(f"this Triton lacks the Gluon features: {C._gluon_api_ok()}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    res = subprocess.run(
-        [sys.executable, __file__, "--compile", f"{shard}/{SHARDS}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-        check=False,
-    )
-    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    recs = _script_records("--compile", f"{shard}/{SHARDS}")
     assert len(recs) == len(list(compile_variants())[shard::SHARDS]) > 0
     for r in recs:
         assert r["ok"], r
