@@ -91,6 +91,11 @@ def _grouped_io(dt: str) -> dict:
     }
 
 
+def _grouped_tiles(block_m: int, block_n: int, block_k: int) -> dict:
+    """The grouped kernels' tile constexprs, their tile plan sized for up to 256 experts (E_BLOCK)."""
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, E_BLOCK=256, GROUP_M=GROUP_M)
+
+
 DTYPES = ("bf16", "fp16", "fp32")
 EPILOGUES = (0, 1, 2)
 
@@ -152,15 +157,11 @@ def grouped_variants():
     for v in pairwise(dt=DTYPES, epi=EPILOGUES, scale=(False, True)):
         dt = v["dt"]
         tiles = dict(
-            BLOCK_M=64,
-            BLOCK_N=128,
-            BLOCK_K=64,
+            **_grouped_tiles(64, 128, 64),
             EVEN_K=v["scale"],
             PRECISION=_prec(dt),
             UPCAST=False,
             EPILOGUE=v["epi"],
-            E_BLOCK=256,
-            GROUP_M=8,
         )
         yield (
             ("grouped", *v.values()),
@@ -171,11 +172,7 @@ def grouped_variants():
     for v in pairwise(dt=DTYPES, epi=EPILOGUES, even=(False, True), zero_tail=(True, False)):
         dt = v["dt"]
         consts = dict(
-            BLOCK_M=64,
-            BLOCK_N=128,
-            BLOCK_K=64,
-            E_BLOCK=256,
-            GROUP_M=8,
+            **_grouped_tiles(64, 128, 64),
             EVEN_K=v["even"],
             EPILOGUE=v["epi"],
             PRECISION=_prec(dt),
@@ -185,15 +182,11 @@ def grouped_variants():
         yield ("grouped_masked", *v.values()), _grouped_mm_masked_kernel, _grouped_io(dt), consts
     for dt, scale in itertools.product(DTYPES, (False, True)):  # the fused gate/up with SwiGLU
         consts = dict(
-            BLOCK_M=64,
-            BLOCK_N=64,
-            BLOCK_K=64,
+            **_grouped_tiles(64, 64, 64),
             EVEN_K=scale,
             PRECISION=_prec(dt),
             UPCAST=False,
-            E_BLOCK=256,
             HAS_SCALE=scale,
-            GROUP_M=8,
             EPILOGUE=0,
             SWIGLU=True,
         )
@@ -207,11 +200,7 @@ def grouped_variants():
             "masked_m_ptr": "*i32",
         }
         consts = dict(
-            BLOCK_M=64,
-            BLOCK_N=128,
-            BLOCK_K=64,
-            E_BLOCK=256,
-            GROUP_M=8,
+            **_grouped_tiles(64, 128, 64),
             W_KN=kn,
             EPILOGUE=v["epi"],
             UPCAST=False,
@@ -238,11 +227,7 @@ def grouped_variants():
             "scale_ptr": TY[dt],
         }
         consts = dict(
-            BLOCK_M=64,
-            BLOCK_N=128,
-            BLOCK_K=64,
-            E_BLOCK=256,
-            GROUP_M=8,
+            **_grouped_tiles(64, 128, 64),
             TAIL_M=tail,
             W_KN=kn,
             WARP_SPECIALIZE=v["ws"],
@@ -453,11 +438,7 @@ def tuner_variants():
     gio = {"a_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*bf16"}
     for c in cover(configs, _grouped_facets):
         tiles = dict(
-            BLOCK_M=c.block_m,
-            BLOCK_N=c.block_n,
-            BLOCK_K=c.block_k,
-            E_BLOCK=256,
-            GROUP_M=GROUP_M,
+            **_grouped_tiles(c.block_m, c.block_n, c.block_k),
             HAS_SCALE=False,
             EPILOGUE=0,
             UPCAST=False,
@@ -492,11 +473,7 @@ def tuner_variants():
             "masked_m_ptr": "*i32",
         }
         consts = dict(
-            BLOCK_M=c.block_m,
-            BLOCK_N=c.block_n,
-            BLOCK_K=c.block_k,
-            E_BLOCK=256,
-            GROUP_M=GROUP_M,
+            **_grouped_tiles(c.block_m, c.block_n, c.block_k),
             W_KN=False,
             EPILOGUE=0,
             UPCAST=False,
@@ -512,11 +489,7 @@ def tuner_variants():
             "scale_ptr": "*bf16",
         }
         consts = dict(
-            BLOCK_M=sw.block_m,
-            BLOCK_N=sw.block_n,
-            BLOCK_K=sw.block_k,
-            E_BLOCK=256,
-            GROUP_M=GROUP_M,
+            **_grouped_tiles(sw.block_m, sw.block_n, sw.block_k),
             W_KN=False,
             WARP_SPECIALIZE=sw.flatten,
             FLATTEN=sw.flatten,
