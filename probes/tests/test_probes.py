@@ -542,3 +542,38 @@ def test_dk_latency_ceiling_kernel_stores_a_split_partial_or_nothing(device):
             torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
         else:
             assert any(torch.allclose(got, h, atol=1e-4, rtol=1e-4) for h in halves)
+
+
+def test_gather_gate_up_probe_contenders_compute_their_products(device, monkeypatch):
+    """The gather probe's contenders: gate/up from the permuted copy and from x by token id (rows gathered
+    by pointer loads, weights by TMA, K not a multiple of BLOCK_K), unfused against the float64 product and
+    fused against SiLU(gate) * up of it, on fresh random data; a config without TMA leaves the gathering
+    kernel out."""
+    import torch
+
+    from experiments.e7_grouped_skew import ref_rows
+    from experiments.harness.correctness import check
+    from moegemm.grouped import GroupedConfig, permute, route
+    from probes import probe_gather_gate_up as probe
+
+    e, k, n, t, top_k = 4, 80, 48, 21, 2
+    g = torch.Generator().manual_seed(17)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(device)
+    x = torch.randn(t, k, generator=g).to(torch.bfloat16).to(device)
+    w = (torch.randn(e, n, k, generator=g) / 8).to(torch.bfloat16).to(device)
+    plan = route(ids, e)
+    xs = permute(x, plan)
+    ref = ref_rows(xs, w, plan.group_offsets)
+    tuned = GroupedConfig(16, 32, 32, num_stages=3, tma=True)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
+    cs = probe.contenders_of(xs, plan, ref, w, t, e, k, n, {}, None, ws=[w], settings=None, x=x, ids=ids)
+    names = ["rows:unfused", "permute+unfused", "permute+fused", "gather:unfused", "gather:fused"]
+    assert [c.name for c in cs] == names
+    for c in cs:
+        out = c.bind((xs, w))()
+        assert out.shape == (xs.shape[0], n // 2 if "fused" in c.name and "unfused" not in c.name else n)
+        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
+        assert ok, (c.name, why)
+    monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(16, 32, 32), "test"))
+    cs = probe.contenders_of(xs, plan, ref, w, t, e, k, n, {}, None, ws=[w], settings=None, x=x, ids=ids)
+    assert [c.name for c in cs] == names[:3]
