@@ -23,7 +23,7 @@ from experiments.harness.correctness import check, check_bounded
 from experiments.harness.runner import Contender
 from moegemm.grouped import choose_config, grouped_mm
 from moegemm.grouped.fp8 import grouped_mm_fp8, grouped_mm_fp8_masked, quantize_fp8_rows
-from moegemm.grouped.fp8.api import default_config
+from moegemm.grouped.fp8.config import choice_key, chosen
 
 BLOCK_NOTE = "e4m3; x: fp32 scale per token and 128 channels; w: fp32 scale per 128x128 block"
 
@@ -110,8 +110,26 @@ def block_rows(cell: GemmCell):
     return quantize_fp8_rows(cell.xs)
 
 
+def first_call_config(first_call, x_q, key, rows_per_expert: float) -> tuple[dict, str]:
+    """(config, its source) of our FP8 GEMM on this cell: its first call made here (which times its regime's
+    shortlist where the call can, moegemm.grouped.fp8.config), then the choice it keeps."""
+    first_call()
+    cfg, source = chosen(x_q, key, rows_per_expert, False)
+    return dataclasses.asdict(cfg), {"autotuned": "timed on its first call", "default": "untimed start"}[
+        source
+    ]
+
+
 def ours_fp8(cell: GemmCell, w: Weights, xq, xscale) -> Contender:
     off = cell.plan.group_offsets
+    e, k = len(cell.sizes), xq.shape[1]
+    wq0, ws0 = w.q("block", 0)
+    config, source = first_call_config(
+        lambda: grouped_mm_fp8(xq, xscale, wq0, ws0, off, validate=False),
+        xq,
+        choice_key(False, False, torch.bfloat16, e, k, cell.n, xq.shape[0]),
+        xq.shape[0] / e,
+    )
 
     def bind(inp):
         wq, ws = w.q("block", inp[0])
@@ -121,8 +139,8 @@ def ours_fp8(cell: GemmCell, w: Weights, xq, xscale) -> Contender:
     return Contender(
         "ours:fp8",
         bind,
-        config=dataclasses.asdict(default_config(xq.shape[0] / len(cell.sizes), False)),
-        fields={"quant": BLOCK_NOTE, "config_source": "untimed default (no FP8 table yet)"},
+        config=config,
+        fields={"quant": BLOCK_NOTE, "config_source": source},
         parallel_compile=True,
         check=cell.checker("block", "block", xq, xscale, w),
     )
@@ -142,6 +160,14 @@ def masked_rows(cell: GemmCell, q, s, m_max: int):
 def ours_fp8_masked(cell: GemmCell, w: Weights, xq, xscale) -> Contender:
     m_max = max(1, max(cell.sizes))
     qm, sm, masked_m, expert, pos = masked_rows(cell, xq, xscale, m_max)
+    e, k = len(cell.sizes), xq.shape[1]
+    wq0, ws0 = w.q("block", 0)
+    config, source = first_call_config(
+        lambda: grouped_mm_fp8_masked(qm, sm, wq0, ws0, masked_m),
+        qm,
+        choice_key(True, False, torch.bfloat16, e, k, cell.n, e * m_max),
+        float(m_max),
+    )
 
     def bind(inp):
         wq, ws = w.q("block", inp[0])
@@ -151,8 +177,8 @@ def ours_fp8_masked(cell: GemmCell, w: Weights, xq, xscale) -> Contender:
     return Contender(
         "ours:fp8-masked",
         bind,
-        config={"m_max": m_max, **dataclasses.asdict(default_config(float(m_max), False))},
-        fields={"quant": BLOCK_NOTE, "config_source": "untimed default (no FP8 table yet)"},
+        config={"m_max": m_max, **config},
+        fields={"quant": BLOCK_NOTE, "config_source": source},
         parallel_compile=True,
         check=cell.checker("block", "block", xq, xscale, w, lambda out: out[expert, pos]),
     )

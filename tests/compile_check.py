@@ -35,6 +35,7 @@ from moegemm.grouped.backward_kernels import (  # noqa: E402
 )
 from moegemm.grouped.checks import _offsets_ok_kernel  # noqa: E402
 from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
+from moegemm.grouped.fp8 import config as fp8_config  # noqa: E402
 from moegemm.grouped.fp8.kernels import _fp8_grouped_kernel  # noqa: E402
 from moegemm.grouped.fp8.quant import AMAX_FLOOR, E4M3_MAX, _quantize_rows_kernel  # noqa: E402
 from moegemm.grouped.kernels import (  # noqa: E402
@@ -501,13 +502,14 @@ def tuner_variants():
 
 
 def fp8_variants():
-    """The FP8 grouped kernel in both layouts, pointer and TMA loads, plain and with SwiGLU; the row
-    quantisation, plain and gathering."""
+    """The FP8 grouped kernel in both layouts, pointer and TMA loads, plain and with SwiGLU, and through TMA
+    every other tile of the first call's shortlists (moegemm.grouped.fp8.config); the row quantisation,
+    plain and gathering."""
     fp8 = dict(BLOCK=128, E_BLOCK=256, GROUP_M=8, AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX)
-    for (bm, bn), masked, swiglu, tma in itertools.product(
-        ((64, 128), (128, 256), (16, 64)), (False, True), (False, True), (False, True)
-    ):
-        if (swiglu and (masked or bn != 128)) or (masked and bm == 128):
+    both = ((64, 128), (128, 256), (16, 64))
+    short = sorted({t[:2] for _, tiles in fp8_config.SHORTLISTS for t in tiles} - set(both))
+    for (bm, bn), masked, swiglu, tma in itertools.product(both + tuple(short), *((False, True),) * 3):
+        if (swiglu and (masked or bn != 128)) or (masked and bm == 128) or (not tma and (bm, bn) in short):
             continue
         io = {
             "a_ptr": "*fp8e4nv",

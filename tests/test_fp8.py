@@ -310,3 +310,55 @@ def test_moe_ffn_takes_fp8_experts_with_their_scales():
         moe_ffn(x, ids, gw, wgu, wd.to(torch.bfloat16), w_gate_up_scale=sgu, w_down_scale=sd)
     with pytest.raises(ValueError, match="w_layout: FP8 experts"):
         moe_ffn(x, ids, gw, wgu, wd, w_gate_up_scale=sgu, w_down_scale=sd, w_layout="kn")
+
+
+def test_first_call_times_its_regimes_shortlist_once(monkeypatch, tmp_path):
+    """With no config, a call that can time runs its regime's shortlist (SwiGLU: 128-column tiles only) on
+    its own inputs, keeps the fastest in memory and on disk, and computes with it; a later call, in this
+    process or the next, takes it untimed; where a call cannot time, it takes the untimed start and keeps
+    nothing. Each layout, variant and output dtype is its own key."""
+    from moegemm import autotune
+    from moegemm.grouped.fp8 import config as fp8_config
+
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    monkeypatch.setattr(fp8_config, "gpu_slug", lambda t: "test-fp8-gpu")
+    gen = torch.Generator().manual_seed(8)
+    counts, n, k = [5, 0, 19], 128, 256
+    x, w = _operands(gen, 3, 2 * n, k, sum(counts))
+    x_q, x_s = quantize_fp8_rows(x)
+    w_q, w_s = quantize_fp8_weights(w)
+    off = torch.tensor([0, 5, 5, 24], dtype=torch.int32, device=DEVICE)
+    short = fp8_config.shortlist(24 / 3, False)
+    assert short[0] == fp8_config.default_config(24 / 3, False) and len(short) > 2
+    assert all(c.block_n == BLOCK for c in fp8_config.shortlist(24 / 3, True))
+    timed: list = []
+
+    def fastest(launch, cands, **kw):
+        for c in cands:
+            timed.append(c)
+            launch(c)
+        return cands[2], {str(i): 1.0 for i in range(len(cands))}
+
+    monkeypatch.setattr(autotune, "fastest", fastest)
+    monkeypatch.setattr(autotune, "can_time", lambda t: False)
+    grouped_mm_fp8(x_q, x_s, w_q, w_s, off)
+    assert timed == [] and autotune._MEMORY == {}
+    monkeypatch.setattr(autotune, "can_time", lambda t: True)
+    y = grouped_mm_fp8(x_q, x_s, w_q, w_s, off)
+    assert timed == short
+    key = fp8_config.choice_key(False, False, torch.bfloat16, 3, k, 2 * n, 24)
+    assert fp8_config.chosen(x_q, key, 24 / 3, False) == (short[2], "autotuned")
+    ref = grouped_mm_fp8(x_q, x_s, w_q, w_s, off, config=short[2])
+    assert torch.equal(y, ref)
+    timed.clear()
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
+    grouped_mm_fp8(x_q, x_s, w_q, w_s, off)  # the next process: from the disk cache
+    assert timed == []
+    grouped_mm_fp8(x_q, x_s, w_q, w_s, off, out_dtype=torch.float32)
+    h_q, h_s = grouped_mm_fp8_swiglu(x_q, x_s, w_q, w_s, off)
+    assert timed == short + fp8_config.shortlist(24 / 3, True) and h_q.shape == (24, n)
+    other = fp8_config.choice_key(True, False, torch.bfloat16, 3, k, 2 * n, 24)
+    assert fp8_config.chosen(x_q, other, 8.0, False) == (short[0], "default")

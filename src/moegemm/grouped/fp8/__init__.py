@@ -2,7 +2,8 @@
 one per 128 x 128 block for weights): the contiguous and masked layouts, the gate/up projection with SwiGLU
 and the down projection's quantisation fused, and the quantisation helpers."""
 
-from .api import Fp8Config, grouped_mm_fp8, grouped_mm_fp8_masked, grouped_mm_fp8_swiglu
+from .api import grouped_mm_fp8, grouped_mm_fp8_masked, grouped_mm_fp8_swiglu
+from .config import Fp8Config
 from .ffn import moe_ffn_fp8
 from .quant import (
     dequantize_fp8_rows,

@@ -5,40 +5,13 @@ down projection's e4m3 quantisation fused in its epilogue. Operands are e4m3 wit
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from ..._runtime import check_device
 from ..checks import check_counts, check_masked_m_values, check_offsets
+from .config import Fp8Config, choice_key, choose, default_config
 from .launch import OUT_DTYPES, run
 from .quant import BLOCK, FP8, blocks
-
-
-@dataclasses.dataclass(frozen=True)
-class Fp8Config:
-    """Tiles and launch of the FP8 kernel. BLOCK_K is the scale block, 128; block_n, a power of two, divides
-    128 or is a multiple of it (the SwiGLU variant needs 128: one output scale block per tile). ``tma``:
-    operand tiles through the tensor-memory accelerator where both operands allow it (rows 16-byte aligned,
-    experts stacked densely), else pointer loads with the same tiles."""
-
-    block_m: int = 64
-    block_n: int = 128
-    num_warps: int = 4
-    num_stages: int = 3
-    tma: bool = True  # operand tiles through the tensor-memory accelerator where the operands allow it
-
-    def __post_init__(self):
-        for name in ("block_m", "block_n"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"config.{name}: expected a power of two >= 16, got {v!r}")
-
-
-def default_config(rows_per_expert: float, swiglu: bool) -> Fp8Config:
-    """An untimed start: row tiles near the rows an expert holds (decode: 16-32 rows; prefill: 64-128)."""
-    bm = next((b for b, most in ((16, 16), (32, 32), (64, 128)) if rows_per_expert <= most), 128)
-    return Fp8Config(block_m=bm, block_n=128, num_warps=4 if bm <= 64 else 8, num_stages=3)
 
 
 def _check_fp8(name: str, t, dims: int) -> None:
@@ -108,11 +81,19 @@ def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype,
     _check_out_dtype(out_dtype)
     if validate and e:
         check_offsets(group_offsets, m)
-    cfg = config or default_config(m / max(e, 1), swiglu)
-    _check_config(cfg, swiglu)
-    y, sy = run(
-        x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, cfg, False, False, swiglu, e, n
-    )
+
+    def launch(cfg):
+        return run(
+            x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, cfg, False, False, swiglu, e, n
+        )
+
+    if config is None:  # (a call with nothing to compute has nothing to time)
+        config = default_config(m / max(e, 1), swiglu)
+        if e and m and n and k:
+            key = choice_key(False, swiglu, out_dtype, e, k, n, m)
+            config = choose(x_q, key, m / max(e, 1), swiglu, launch)
+    _check_config(config, swiglu)
+    y, sy = launch(config)
     return (y, sy) if swiglu else y
 
 
@@ -135,7 +116,9 @@ def grouped_mm_fp8(
     channels); w_q: e4m3 [E, N, K]; w_scale: fp32 [E, ceil(N/128), ceil(K/128)] (one per 128 x 128 block);
     group_offsets: int [E + 1], from 0 to M, non-decreasing; row_scale: optional [M] (the gating weights).
     K need not be a multiple of 128. ``validate`` checks the offsets' values (on a GPU on the device, no
-    sync); the kernel bounds every row it derives from them into x_q's rows either way."""
+    sync); the kernel bounds every row it derives from them into x_q's rows either way. With no ``config``,
+    the first call of a shape times its regime's shortlist where it can (:mod:`moegemm.grouped.fp8.config`;
+    the three FP8 GEMMs alike)."""
     return _contiguous(
         x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, config, validate, False
     )
@@ -187,7 +170,14 @@ def grouped_mm_fp8_masked(
     _check_out_dtype(out_dtype)
     if check_masked_m and e:
         check_masked_m_values(masked_m, m_max)
-    cfg = config or default_config(float(m_max), False)
-    _check_config(cfg, False)
     zero_tail = not leave_tail_unwritten
-    return run(x_q, x_scale, w_q, w_scale, masked_m, None, out_dtype, cfg, True, zero_tail, False, e, n)[0]
+
+    def launch(cfg):
+        return run(x_q, x_scale, w_q, w_scale, masked_m, None, out_dtype, cfg, True, zero_tail, False, e, n)
+
+    if config is None:
+        config = default_config(float(m_max), False)
+        if e and m_max and n and k:
+            config = choose(x_q, choice_key(True, False, out_dtype, e, k, n, e * m_max), m_max, False, launch)
+    _check_config(config, False)
+    return launch(config)[0]
