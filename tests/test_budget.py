@@ -90,10 +90,10 @@ def test_work_follows_the_knobs():
 # measured again, so the pipeline's verify step, which runs before them, leaves it to CI)
 def test_steps_measured_under_this_config_are_predicted_as_measured():
     """The tuners and E1-E9 were last measured under the current config (the budget's step_baseline holds
-    their knobs), but for the Decompose-K grid's: their predictions are their committed times, unscaled.
-    BASELINE's E7 and E8 work is that of more held-out models, E7 with more decode T and E8 with the
-    compiled contenders on every model: with those knobs set back, the work is BASELINE's, and under the
-    current config less. Every step of the committed run has an estimate."""
+    their knobs), but for the Decompose-K grid's and the breadth E7-E9 now fix in advance (every held-out
+    model in E7 and E8, E7 at four decode T under both loads, E9 on four models at two T): their
+    predictions are longer than their committed times, in proportion to their work; the rest are their
+    committed times, unscaled. Every step of the committed run has an estimate."""
     cfg = load_config(ROOT / "experiments" / "config.yaml")
     times = run_times(ROOT / "results" / "nvidia-h200")
     measured = dict(zip(times.step, times.seconds))
@@ -103,23 +103,23 @@ def test_steps_measured_under_this_config_are_predicted_as_measured():
 
     # every step with a work model (verify, floors and tune_unsloth have none): the steps that the seed's
     # whole grid (28 shapes, after the committed run's 16) runs are predicted longer, in proportion to their
-    # shapes, the others as measured
+    # shapes, and so are E7-E9, in proportion to their cells; the others as measured
     grid = ("tune", "tune_seed", "decompose_k_grid")
+    breadth = ("grouped_skew", "moe_layer", "moe_train")
     # E10 awaits its first GPU run: no benchmark file, no estimate yet
     assert [s for s in STEP_ORDER if s not in measured] == ["fp8_grouped"]
     for step in [s for s in STEP_ORDER if s in measured and s not in ("verify", "floors", "tune_unsloth")]:
-        if step in grid:
+        if step in grid + breadth:
             assert step_s[step] > measured[step] * 1.5, step
         else:
             assert step_s[step] == pytest.approx(measured[step]), step
-    everything = copy.deepcopy(cfg)
-    del everything["grouped"]["heldout_models"], everything["moe_layer"]["run"]["models"]
-    del everything["moe_layer"]["run"]["compiled_models"]
-    everything["grouped"]["decode_tokens"] = [1, 64, 256]
-    assert budget.work(everything)["grouped_skew"] == pytest.approx(budget.BASELINE["grouped_skew_work"])
-    assert budget.work(everything)["moe_layer"] == pytest.approx(budget.BASELINE["moe_layer_work"])
-    for step in ("grouped_skew", "moe_layer"):
-        assert budget.work(cfg)[step] < budget.BASELINE[f"{step}_work"], step
+    work = budget.work(cfg)
+    for step in breadth:
+        ran = budget.step_baseline(step)[f"{step}_work"]
+        assert step_s[step] == pytest.approx(measured[step] * work[step] / ran), step
+    # every held-out model of the zoo, in E7 and in E8
+    heldout = {m for m, v in cfg["grouped"]["models"].items() if v["split"] == "heldout"}
+    assert set(cfg["grouped"]["heldout_models"]) == heldout == set(cfg["moe_layer"]["run"]["models"])
 
 
 def test_the_runs_refuse_models_outside_their_selection_by_name():

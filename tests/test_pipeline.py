@@ -462,16 +462,10 @@ def test_run_times_come_from_snakemake_benchmark_files(tmp_path):
     (tmp_path / "verify.json").write_text('{"provenance": {"gpu": "Test GPU"}}')
     text = runtime_block(tmp_path)
     assert "5.0 minutes" in text and "Test GPU" in text and "3 of 16" in text and "router_gemm" in text
-    assert "within the pipeline's budget of 20 minutes" in text
+    assert "budget" not in text  # the breadth is fixed in the config; a long run is split, never cut
     (tmp_path / "benchmarks" / "tune.tsv").write_text("s\th:m:s\tmax_rss\n1000.0\t0:00:00\t1.0\n")
-    text = runtime_block(tmp_path)  # 21 minutes in all; the aim is a re-measurement's, the tuners reused
-    assert (
-        "21.0 minutes" in text
-        and "(tune)" in text
-        and "**4.4 minutes**, within the pipeline's budget of 20 minutes" in text
-    )
-    (tmp_path / "benchmarks" / "verify.tsv").write_text("s\th:m:s\tmax_rss\n1300.0\t0:00:00\t1.0\n")
-    assert "**25.0 minutes**, over the pipeline's budget of 20 minutes" in runtime_block(tmp_path)
+    text = runtime_block(tmp_path)  # 21 minutes in all; a re-measurement's, the tuners reused: 4.4
+    assert "21.0 minutes" in text and "(tune)" in text and "**4.4 minutes**;" in text
     # a step resumed over device calls counts each call's time (device_pipeline.sh's .calls file), not only
     # the benchmark file of the call that finished it; a sharded step, its shards' GPU time summed
     (tmp_path / "benchmarks" / "grouped_skew.calls").write_text("seconds\trc\n300\t124\n250\t0\n")
