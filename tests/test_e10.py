@@ -57,7 +57,8 @@ def test_cells_are_deepseek_v3_and_the_heldout_models_in_both_phases_and_loads()
     f, zoo = cfg["fp8"], cfg["grouped"]["models"]
     cells = fp8_cells(cfg)
     models = list(dict.fromkeys(c[0] for c in cells))
-    assert models == ["deepseek-v3", *cfg["grouped"]["heldout_models"]]
+    assert models == ["deepseek-v3", *f["heldout_models"]]
+    assert set(f["heldout_models"]) <= set(cfg["grouped"]["heldout_models"])
     ds = zoo["deepseek-v3"]  # DeepSeek-V3's experts: gate/up [7168 -> 2 x 2048], down [2048 -> 7168]
     assert (ds["experts"], ds["top_k"], ds["up"], ds["down"]) == (256, 8, [7168, 4096], [2048, 7168])
     assert {zoo[m]["split"] for m in models} == {"tune", "heldout"} and zoo["deepseek-v3"]["split"] == "tune"
