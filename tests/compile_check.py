@@ -282,6 +282,14 @@ def variants():
         gio = dict(out, ids_ptr=v["ty"], x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
         consts = dict(CHUNK=chunk_eb[0], EB=chunk_eb[1], BLOCK_H=max(64, 8192 // chunk_eb[0]))
         yield ("route_gather", v["ty"], dt, wt, chunk_eb[0]), rk._small_gather_kernel, gio, consts
+    # the placement with its gathers, past the one-launch plan: every id dtype and (x, weight) dtypes
+    for v in pairwise(
+        ty=("*i64", "*i32", "*i16", "*u8"), dts=(("bf16", "fp32"), ("fp16", "bf16"), ("fp32", "fp32"))
+    ):
+        (dt, wt) = v["dts"]
+        gio = dict(out, ids_ptr=v["ty"], x_ptr=TY[dt], xs_ptr=TY[dt], w_ptr=TY[wt], ws_ptr=TY[wt])
+        consts = dict(CHUNK=rk.CHUNK, BLOCK_H=rk.PLACE_BLOCK_H)
+        yield ("route_place_gather", v["ty"], dt, wt), rk._place_gather_kernel, gio, consts
     yield ("route_scan",), rk._scan_kernel, out, dict(PB=rk.PB, EB=rk.EB), {"num_warps": 8}
     # the un-permute's gather and sum
     for dt in ("bf16", "fp16", "fp32"):

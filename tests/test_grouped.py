@@ -200,15 +200,16 @@ def test_routing_kernels_give_the_stable_sort_plan(t, k, e, load, device):
 
 
 @pytest.mark.parametrize(
-    "t,k,e", [(1, 1, 1), (1, 8, 256), (5, 4, 60), (16, 4, 60), (16, 8, 128), (17, 8, 128)]
+    "t,k,e", [(1, 1, 1), (1, 8, 256), (5, 4, 60), (16, 4, 60), (16, 8, 128), (17, 8, 128), (70, 6, 40)]
 )
 @pytest.mark.parametrize("h", [1, 100, 700])
 def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypatch):
-    """route_and_permute against route, permute and sorted_weights, element for element: the one-launch plan
-    up to 64 slots (its column blocks short of H, one or several programs), the three steps past it; x in
-    every float dtype, with rows further apart than H (a slice) and with a column stride (a transposed view,
-    which takes the three steps); gating weights in fp32 and bf16. Each path's launches counted; bad
-    arguments refused by name."""
+    """route_and_permute against route, permute and sorted_weights, element for element: the gathering plan
+    (up to 64 slots one launch, its column blocks short of H, one or several programs; past them the count,
+    the scan and the placement with its gathers, over several chunks and column blocks); x in every float
+    dtype, with rows further apart than H (a slice) and with a column stride (a transposed view, which takes
+    the three steps); gating weights in fp32 and bf16. Each path's launches counted; bad arguments refused
+    by name."""
     from moegemm.grouped import route_and_permute
     from moegemm.grouped import routing_kernels as rk
 
@@ -221,7 +222,6 @@ def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypat
         )
     g = torch.Generator().manual_seed(t * 13 + e + h)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(device)
-    one_launch = t * k <= rk.GATHER_SLOTS
     for dtype, wdtype in (
         (torch.bfloat16, torch.float32),
         (torch.float16, torch.bfloat16),
@@ -234,7 +234,7 @@ def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypat
             wide[:, :h].contiguous(),
             torch.randn(h, t, generator=g).to(dtype).to(device).T,
         ):
-            fused = one_launch and x.stride(1) == 1
+            fused = x.stride(1) == 1
             calls.clear()
             plan, xs, ws = route_and_permute(x, ids, wts, e)
             assert calls == (["plan_and_gather"] if fused else ["plan_arrays"] if t * k > 0 else [])
@@ -1420,12 +1420,9 @@ def test_moe_ffn_traces_under_torch_compile(t, device, monkeypatch):
     # SiLU * up (fused or not, chosen at run time as in eager), down and the un-permute as custom ops, not as
     # torch ops for Inductor to re-derive
     code = str(explained.graphs[0].graph)
-    steps = ("moegemm.route_gather",) if t * top_k <= 64 else ("moegemm.route.default", "moegemm.gather_rows")
-    ops = (*steps, "moegemm.gate_up_act", "moegemm.grouped_mm", "moegemm.combine")
-    for op in ops:
+    for op in ("moegemm.route_gather", "moegemm.gate_up_act", "moegemm.grouped_mm", "moegemm.combine"):
         assert op in code, op
-    if t * top_k <= 64:
-        assert "moegemm.route.default" not in code and "moegemm.gather_rows" not in code
+    assert "moegemm.route.default" not in code and "moegemm.gather_rows" not in code
 
 
 @pytest.mark.parametrize(

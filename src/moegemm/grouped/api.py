@@ -106,15 +106,16 @@ def moe_ffn(
     Hugging Face and vLLM store) or [E, H, 2I] ("kn"); w_down: [E, H, I] ("nk") or [E, I, H] ("kn").
     Returns [T, H] in x's dtype. Errors name these arguments (each is checked here, before any step).
 
-    Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode), then
-    two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the epilogue
-    (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a separate
-    SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused into its
-    store; the un-permute last. No host sync with the default arguments (``validate`` checks the expert ids,
-    on a GPU on the device, see :func:`moegemm.grouped.route`; the group offsets come from that routing, so
-    the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under torch.compile it
-    traces with no graph break and runs the same kernels (custom ops). Gradients: for x, topk_weights (so the
-    router learns), w_gate_up and w_down; deterministic, no host sync (:mod:`moegemm.grouped.autograd`).
+    Routing and the permutation first (:func:`moegemm.grouped.route_and_permute`: one launch at decode, three
+    past 64 slots), then two grouped GEMM launches: gate and up for every expert at once with SwiGLU in the
+    epilogue (:func:`grouped_mm_swiglu`: the [rows, 2I] product is never written), or the product and a
+    separate SiLU * up where that is faster (see :func:`gate_up_act`), then down with the gating weights fused
+    into its store; the un-permute last. No host sync with the default arguments (``validate`` checks the
+    expert ids, on a GPU on the device, see :func:`moegemm.grouped.route`; the group offsets come from that
+    routing, so the GEMMs do not check them again), so the layer can be captured in a CUDA graph; under
+    torch.compile it traces with no graph break and runs the same kernels (custom ops). Gradients: for x,
+    topk_weights (so the router learns), w_gate_up and w_down; deterministic, no host sync
+    (:mod:`moegemm.grouped.autograd`).
     ``save_gate_up`` (training only): keep the [rows, 2I] gate/up product for the backward, which writes its
     gradient over it (True, the faster: then the graph backs one backward; a second, with retain_graph,
     raises), or recompute it there (False: 2 * I * top_k bytes per token fewer kept, any number of

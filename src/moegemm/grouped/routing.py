@@ -21,7 +21,7 @@ import dataclasses
 import torch
 
 from .._runtime import records_grad, triton_here
-from .routing_kernels import GATHER_SLOTS, plan_and_gather, plan_arrays, plan_buffers
+from .routing_kernels import plan_and_gather, plan_arrays, plan_buffers
 from .token_order import combine_any
 
 
@@ -134,10 +134,10 @@ def route_and_permute(
     validate: bool = True,
 ) -> tuple[RoutingPlan, torch.Tensor, torch.Tensor]:
     """(plan, x_sorted, weights_sorted): :func:`route`, :func:`permute` and :func:`sorted_weights` in one
-    call, with the same results. Where Triton runs and the step has at most 64 slots (T * top_k, decode;
-    ``routing_kernels.GATHER_SLOTS``), the three are one launch
-    (:func:`moegemm.grouped.routing_kernels.plan_and_gather`; under torch.compile the same, as a custom op);
-    else they run in turn."""
+    call, with the same results. Where Triton runs and x's columns are unit stride, the plan's kernels move
+    the rows and weights as they place them (:func:`moegemm.grouped.routing_kernels.plan_and_gather`: one
+    launch up to 64 slots, T * top_k, ``routing_kernels.GATHER_SLOTS``, three past them; under
+    torch.compile the same, as a custom op); else (and where a gradient is recorded) the three in turn."""
     flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [T, K] tensor, got {getattr(x, 'shape', type(x).__name__)}")
@@ -149,9 +149,8 @@ def route_and_permute(
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
-    if not (0 < flat.numel() <= GATHER_SLOTS and triton_here(x) and x.stride(1) == 1) or records_grad(
-        x, topk_weights
-    ):  # (the one-launch kernel has no gradient: where one is recorded, the three in turn)
+    if not (flat.numel() and triton_here(x) and x.stride(1) == 1) or records_grad(x, topk_weights):
+        # (the gathering kernels have no gradient: where one is recorded, the three in turn)
         plan = _plan(flat, t, k, num_experts, on_device_check)
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
     flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
@@ -173,8 +172,8 @@ def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
 def gather_arrays(
     flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor, check: bool
 ):
-    """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the one-launch
-    kernel (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
+    """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the gathering
+    kernels (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
     *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
     _assert_ids(ok, num_experts, check)
     return (*arrays, xs, ws)

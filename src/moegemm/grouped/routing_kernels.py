@@ -13,7 +13,7 @@ The slots are cut into chunks of ``CHUNK``:
 
 Where every slot fits one chunk (decode), ``_small_kernel`` does all of it in one program; up to GATHER_SLOTS
 slots ``_small_gather_kernel`` does the same with the permutation of the token rows and gating weights it
-drives, in one launch. No atomics: the
+drives, in one launch; past them ``_place_gather_kernel`` is step 3 with that permutation. No atomics: the
 plan is the same on every run, equal to a stable sort by expert id. An id outside [0, E) counts as expert 0,
 so the plan stays a permutation, and the check's flag is 0 (the caller asserts it on the device).
 """
@@ -29,9 +29,11 @@ from .._triton_common import launch
 CHUNK = 128  # slots per program (the pairwise rank is CHUNK x CHUNK)
 EB = 128  # experts per step of the count and scan loops
 PB = 128  # chunks per step of the scan (its one program walks the chunks serially: few, long steps)
-# the most slots plan_and_gather takes: its one program per column block works the whole plan out, so past
-# 64 slots over many experts that serial plan costs more than the separate plan and two gathers save
+# the most slots plan_and_gather takes in one launch: its one program per column block works the whole plan
+# out, so past 64 slots over many experts that serial plan costs more than the count and scan launches save
 GATHER_SLOTS = 64
+# the columns of a token row each program of the placement copies (128 slots x 256 columns: 64 KB of bf16)
+PLACE_BLOCK_H = 256
 
 
 @triton.jit
@@ -115,6 +117,29 @@ def _place_kernel(ids_ptr, base_ptr, tok_ptr, slot_ptr, rows_ptr, N, E, TOP_K, C
     ex, _ = _experts_of(ids_ptr, s, live, E)
     row = tl.load(base_ptr + p * E + ex, mask=live, other=0) + _rank_in_chunk(ex, CHUNK)
     _store_rows(s, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+
+
+@triton.jit
+def _place_gather_kernel(
+    ids_ptr, base_ptr, x_ptr, w_ptr, xs_ptr, ws_ptr, tok_ptr, slot_ptr, rows_ptr,
+    N, E, TOP_K, H, stride_x,
+    CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """_place_kernel with the permutation it drives: program (chunk, column block) works out its chunk's
+    rows and copies its BLOCK_H columns of each slot's token row to the slot's row of ``xs``; the programs
+    of column block 0 also store the chunk's part of the plan and of the gating weights in row order."""
+    p = tl.program_id(0)
+    s = p * CHUNK + tl.arange(0, CHUNK)
+    live = s < N
+    ex, _ = _experts_of(ids_ptr, s, live, E)
+    row = tl.load(base_ptr + p * E + ex, mask=live, other=0) + _rank_in_chunk(ex, CHUNK)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = live[:, None] & (cols < H)[None, :]
+    v = tl.load(x_ptr + (s // TOP_K).to(tl.int64)[:, None] * stride_x + cols[None, :], mask=m)
+    tl.store(xs_ptr + row.to(tl.int64)[:, None] * H + cols[None, :], v, mask=m)
+    if tl.program_id(1) == 0:
+        _store_rows(s, row, live, tok_ptr, slot_ptr, rows_ptr, TOP_K)
+        tl.store(ws_ptr + row, tl.load(w_ptr + s, mask=live), mask=live)
 
 
 @triton.jit
@@ -230,7 +255,7 @@ def plan_buffers(flat_ids: torch.Tensor, num_experts: int):
 def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
     """(sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok) for the flat ids (any
     integer dtype, contiguous), all int32 but ok (bool [1]: every id in [0, num_experts))."""
-    n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
+    n, e = flat_ids.numel(), num_experts
     tok, slot, rows, sizes, offsets, ok = plan_buffers(flat_ids, e)
     if n <= CHUNK:
         chunk, eb = small_blocks(n, e)
@@ -241,36 +266,56 @@ def plan_arrays(flat_ids: torch.Tensor, num_experts: int, top_k: int):
             dict(CHUNK=chunk, EB=eb, num_warps=4 if chunk * max(chunk, eb) > 4096 else 1),
         )
         return tok, slot, rows, sizes, offsets, ok
+    base, p = _count_and_scan(flat_ids, e, sizes, offsets, ok)
+    launch(
+        _place_kernel,
+        (p,),
+        (flat_ids, base, tok, slot, rows, n, e, top_k),
+        dict(CHUNK=CHUNK, num_warps=4),
+    )
+    return tok, slot, rows, sizes, offsets, ok
+
+
+def _count_and_scan(flat_ids: torch.Tensor, e: int, sizes, offsets, ok) -> tuple[torch.Tensor, int]:
+    """Steps 1 and 2 of the module's plan for more than CHUNK slots: the experts' sizes and offsets and the
+    check's flag stored; returns (each (chunk, expert)'s first row [P * E], P chunks)."""
+    n = flat_ids.numel()
     p = triton.cdiv(n, CHUNK)
     if 2 * p * e + p >= 2**31:  # the kernels index the per-chunk counts with 32-bit offsets
         raise ValueError(
             f"topk_ids: {n} slots over {e} experts need {2 * p * e} per-chunk counts, more than "
             "the routing kernels' 32-bit offsets hold"
         )
-    scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=dev)
+    scratch = torch.empty(2 * p * e + p, dtype=torch.int32, device=flat_ids.device)
     hist, base, bad = scratch[: p * e], scratch[p * e : 2 * p * e], scratch[2 * p * e :]
     launch(_count_kernel, (p,), (flat_ids, hist, bad, n, e), dict(CHUNK=CHUNK, EB=EB, num_warps=4))
     launch(_scan_kernel, (1,), (hist, bad, base, sizes, offsets, ok, p, e), dict(PB=PB, EB=EB, num_warps=8))
-    launch(
-        _place_kernel, (p,), (flat_ids, base, tok, slot, rows, n, e, top_k), dict(CHUNK=CHUNK, num_warps=4)
-    )
-    return tok, slot, rows, sizes, offsets, ok
+    return base, p
 
 
 def plan_and_gather(
     flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor
 ):
-    """plan_arrays for at most GATHER_SLOTS slots, with x's rows permuted (``xs`` [n, H]: row i is token
-    sorted_token_ids[i]) and the gating weights in row order (``ws`` [n]), all in one launch:
-    (sorted_token_ids, sorted_slot, slot_rows, group_sizes, group_offsets, ok, xs, ws). x: [T, H] with unit
-    column stride; flat_weights: [n], contiguous."""
+    """plan_arrays with x's rows permuted (``xs`` [n, H]: row i is token sorted_token_ids[i]) and the gating
+    weights in row order (``ws`` [n]): (sorted_token_ids, sorted_slot, slot_rows, group_sizes,
+    group_offsets, ok, xs, ws). Up to GATHER_SLOTS slots in one launch; past them the count and the scan,
+    then the placement with the permutation it drives (three launches in all, where the plan and two
+    gathers would take five). x: [T, H] with unit column stride; flat_weights: [n], contiguous."""
     n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
-    if n > GATHER_SLOTS:
-        raise ValueError(f"topk_ids: {n} slots; the one-launch plan takes at most {GATHER_SLOTS}")
     h = x.shape[1]
     tok, slot, rows, sizes, offsets, ok = plan_buffers(flat_ids, e)
     xs = torch.empty(n, h, dtype=x.dtype, device=dev)
     ws = torch.empty(n, dtype=flat_weights.dtype, device=dev)
+    if n > GATHER_SLOTS:
+        base, p = _count_and_scan(flat_ids, e, sizes, offsets, ok)
+        block_h = min(max(16, triton.next_power_of_2(h)), PLACE_BLOCK_H)
+        launch(
+            _place_gather_kernel,
+            (p, max(1, triton.cdiv(h, block_h))),
+            (flat_ids, base, x, flat_weights, xs, ws, tok, slot, rows, n, e, top_k, h, x.stride(0)),
+            dict(CHUNK=CHUNK, BLOCK_H=block_h, num_warps=4),
+        )
+        return tok, slot, rows, sizes, offsets, ok, xs, ws
     chunk, eb = small_blocks(n, e)
     block_h = max(64, 8192 // chunk)
     launch(
