@@ -7,6 +7,8 @@ reference of the whole FFN, then side by side on both clocks, three interleaved 
 host cost per call (moe_layer.host_calls, the cpu_us column):
 - ``ours:moe_ffn``: moegemm.grouped.moe_ffn (SwiGLU fused into the gate/up GEMM; the default path);
 - ``ours:unfused-swiglu``: our grouped GEMMs with SwiGLU as a separate op (what the fusion saves);
+- ``ours:moe_ffn:no-gather``: moe_ffn with its gate/up form that reads x's rows by token id switched off
+  (what leaving out the permuted copy saves);
 - ``ours:hf-backend``: the same through transformers' experts interface (moegemm.integrations.transformers),
   on a transformers-style experts module; ``...:compiled`` under torch.compile(fullgraph=True) at the
   compiled token counts;
@@ -126,6 +128,21 @@ def unfused_ours(x, ids, wts, w_gu, w_dn, e: int):
     return unpermute(ys, plan, None)
 
 
+def without_gather(x, ids, wts, w_gu, w_dn):
+    """moe_ffn with its gathering gate/up form switched off (moegemm.grouped.ffn.GATHER): every gate/up on
+    the permuted copy of x (what reading x's rows inside the GEMM saves), as a zero-argument call."""
+    from moegemm.grouped import ffn
+
+    def call():
+        ffn.GATHER = False
+        try:
+            return moe_ffn(x, ids, wts, w_gu, w_dn)
+        finally:
+            ffn.GATHER = True
+
+    return call
+
+
 def torch_pipeline(x, ids, wts, w_gu, w_dn, e: int):
     """The same FFN on torch._grouped_mm (our routing and permutation, as moe_ffn's; no host sync)."""
     plan, xs, _ = route_and_permute(x, ids, wts, e, validate=False)
@@ -229,6 +246,7 @@ def contenders(
     cs = [
         Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
         Contender("ours:unfused-swiglu", lambda inp: lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)),
+        Contender("ours:moe_ffn:no-gather", lambda inp: without_gather(x, ids, wts, inp[0], inp[1])),
         hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
         hf_contender("hf:grouped_mm", "grouped_mm", x, ids, wts, False),
         Contender(

@@ -38,6 +38,7 @@ from moegemm.grouped.config import GROUP_M, swiglu_config  # noqa: E402
 from moegemm.grouped.fp8 import config as fp8_config  # noqa: E402
 from moegemm.grouped.fp8.kernels import _fp8_grouped_kernel  # noqa: E402
 from moegemm.grouped.fp8.quant import AMAX_FLOOR, E4M3_MAX, _quantize_rows_kernel  # noqa: E402
+from moegemm.grouped.gather import _gather_swiglu_kernel  # noqa: E402
 from moegemm.grouped.kernels import (  # noqa: E402
     _grouped_mm_kernel,
     _grouped_mm_swiglu_tma_kernel,
@@ -488,7 +489,7 @@ def tuner_variants():
             UPCAST=False,
         )
         yield name("grouped_masked_tune", c), _grouped_mm_masked_tma_kernel, mio, consts, opts(c)
-    for c in cover([c for c in configs if c.tma], _swiglu_facets):
+    for j, c in enumerate(cover([c for c in configs if c.tma], _swiglu_facets)):
         sw = swiglu_config(c)
         sio = {
             "a_desc": f"tensordesc<bf16[{sw.block_m},{sw.block_k}]>",
@@ -507,6 +508,18 @@ def tuner_variants():
             MIX=sw.mix,
         )
         yield name("grouped_swiglu_tune", c), _grouped_mm_swiglu_tma_kernel, sio, consts, opts(c)
+        # gate/up gathering x's rows by token id, on the same tiles (weight layouts and 16-bit dtypes in turn)
+        for layout_kn, dt in ((False, "bf16"), (True, "fp16"))[j % 2 : j % 2 + 1]:
+            box = [sw.block_k, sw.block_n] if layout_kn else [sw.block_n, sw.block_k]
+            gio = {
+                "x_ptr": TY[dt],
+                "tok_ptr": "*i32",
+                "w_desc": f"tensordesc<{dt}[{box[0]},{box[1]}]>",
+                "y_ptr": TY[dt],
+                "offsets_ptr": "*i32",
+            }
+            consts = dict(**_grouped_tiles(sw.block_m, sw.block_n, sw.block_k), W_KN=layout_kn, UPCAST=False)
+            yield name(f"grouped_gather_{dt}", c), _gather_swiglu_kernel, gio, consts, opts(c)
 
 
 def fp8_variants():

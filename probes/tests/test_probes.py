@@ -545,14 +545,13 @@ def test_dk_latency_ceiling_kernel_stores_a_split_partial_or_nothing(device):
 
 
 def test_gather_gate_up_probe_contenders_compute_their_products(device, monkeypatch):
-    """The gather probe's contenders: gate/up from the permuted copy and from x by token id (rows gathered
-    by pointer loads, weights by TMA, K not a multiple of BLOCK_K), unfused against the float64 product and
-    fused against SiLU(gate) * up of it, on fresh random data; a config without TMA leaves the gathering
-    kernel out."""
+    """The gather probe's contenders: gate/up with SwiGLU from the permuted copy, from rows already permuted
+    and from x by token id (K not a multiple of BLOCK_K), each against SiLU(gate) * up of the float64
+    product on fresh random data; tiles the gathering kernel cannot take leave it out."""
     import torch
 
+    import moegemm.grouped.config as api
     from experiments.e7_grouped_skew import ref_rows
-    from experiments.harness.correctness import check
     from moegemm.grouped import GroupedConfig, permute, route
     from probes import probe_gather_gate_up as probe
 
@@ -564,16 +563,17 @@ def test_gather_gate_up_probe_contenders_compute_their_products(device, monkeypa
     plan = route(ids, e)
     xs = permute(x, plan)
     ref = ref_rows(xs, w, plan.group_offsets)
-    tuned = GroupedConfig(16, 32, 32, num_stages=3, tma=True)
-    monkeypatch.setattr(probe, "choose_config", lambda *a: (tuned, "test"))
-    cs = probe.contenders_of(xs, plan, ref, w, t, e, k, n, {}, None, ws=[w], settings=None, x=x, ids=ids)
-    names = ["rows:unfused", "permute+unfused", "permute+fused", "gather:unfused", "gather:fused"]
-    assert [c.name for c in cs] == names
-    for c in cs:
-        out = c.bind((xs, w))()
-        assert out.shape == (xs.shape[0], n // 2 if "fused" in c.name and "unfused" not in c.name else n)
-        ok, rel, why = c.check(out) if c.check else check(out, ref, k)
-        assert ok, (c.name, why)
-    monkeypatch.setattr(probe, "choose_config", lambda *a: (GroupedConfig(16, 32, 32), "test"))
-    cs = probe.contenders_of(xs, plan, ref, w, t, e, k, n, {}, None, ws=[w], settings=None, x=x, ids=ids)
-    assert [c.name for c in cs] == names[:3]
+    names = ["rows+fused", "permute+fused", "gather+fused"]
+    for cfg, want in (
+        (GroupedConfig(16, 32, 32, num_stages=3, tma=True), names),
+        (GroupedConfig(), names[:2]),
+    ):
+        monkeypatch.setattr(api, "_tuned_table", lambda slug: {})
+        monkeypatch.setattr(api, "_default_table", lambda slug, c=cfg: ((c,),) * 4)
+        cs = probe.contenders_of(xs, plan, ref, w, t, e, k, n, {}, None, ws=[w], settings=None, x=x, ids=ids)
+        assert [c.name for c in cs] == want
+        for c in cs:
+            out = c.bind((xs, w))()
+            assert out.shape == (xs.shape[0], n // 2)
+            ok, rel, why = c.check(out)
+            assert ok, (c.name, why)

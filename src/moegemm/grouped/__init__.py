@@ -7,7 +7,8 @@ Triton kernels of each layout), ``checks`` (argument checks), ``tma`` (TMA descr
 spec of a grouped GEMM, and the custom ops' schemas generated from it), ``launch`` (one launch's arguments,
 the grid, plans), ``contiguous`` (the contiguous layout's launcher: plan cache, first calls, its custom
 op), ``masked`` (the masked layout's call, launch and custom op), ``routing`` with ``routing_kernels``,
-``token_order`` (the un-permute) and ``pointwise``, ``ffn`` (the expert FFN's forward),
+``token_order`` (the un-permute) and ``pointwise``, ``gather`` (gate/up reading x's rows by token id),
+``ffn`` (the expert FFN's forward),
 ``backward_kernels``, ``weight_grad`` (dW) and ``swiglu_bwd`` (the SwiGLU backward), ``backward`` (the
 training steps), ``autograd`` (autograd functions and the training ops), ``api`` (``grouped_mm``,
 ``grouped_mm_swiglu``, ``moe_ffn``: each builds its call spec and hands it to the launcher or to

@@ -161,6 +161,23 @@ def route_and_permute(
     return _plan_of(arrays, t, k), xs, ws
 
 
+def route_with_weights(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, validate: bool
+) -> tuple[RoutingPlan, torch.Tensor]:
+    """(plan, weights_sorted): :func:`route_and_permute` without the permuted rows, for a layer whose
+    gate/up reads x's rows by token id (moegemm.grouped.gather); the arguments checked as there. Where
+    Triton runs, x's columns are unit stride and no gradient is recorded, the gathering plan's kernels
+    with nothing copied; else :func:`route` and :func:`sorted_weights`."""
+    flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
+    if not (flat.numel() and triton_here(x) and x.stride(1) == 1) or records_grad(x, topk_weights):
+        plan = _plan(flat, t, k, num_experts, on_device_check)
+        return plan, sorted_weights(topk_weights, plan)
+    flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
+    *arrays, ok, _, ws = plan_and_gather(flat, num_experts, k, x, w, copy_x=False)
+    _assert_ids(ok, num_experts, on_device_check)
+    return _plan_of(arrays, t, k), ws
+
+
 def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
     """The plan's five arrays from the Triton routing kernels; ``check``: assert on the device that every id
     lies in [0, num_experts)."""

@@ -294,15 +294,21 @@ def _count_and_scan(flat_ids: torch.Tensor, e: int, sizes, offsets, ok) -> tuple
 
 
 def plan_and_gather(
-    flat_ids: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor
+    flat_ids: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    x: torch.Tensor,
+    flat_weights: torch.Tensor,
+    copy_x: bool = True,
 ):
     """plan_arrays with x's rows permuted (``xs`` [n, H]: row i is token sorted_token_ids[i]) and the gating
     weights in row order (``ws`` [n]): (sorted_token_ids, sorted_slot, slot_rows, group_sizes,
     group_offsets, ok, xs, ws). Up to GATHER_SLOTS slots in one launch; past them the count and the scan,
     then the placement with the permutation it drives (three launches in all, where the plan and two
-    gathers would take five). x: [T, H] with unit column stride; flat_weights: [n], contiguous."""
+    gathers would take five). x: [T, H] with unit column stride; flat_weights: [n], contiguous.
+    ``copy_x=False``: x's rows are not copied (``xs`` is [n, 0]; for a GEMM that gathers them itself)."""
     n, e, dev = flat_ids.numel(), num_experts, flat_ids.device
-    h = x.shape[1]
+    h = x.shape[1] if copy_x else 0
     tok, slot, rows, sizes, offsets, ok = plan_buffers(flat_ids, e)
     xs = torch.empty(n, h, dtype=x.dtype, device=dev)
     ws = torch.empty(n, dtype=flat_weights.dtype, device=dev)
