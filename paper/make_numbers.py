@@ -3,7 +3,7 @@
     python -m paper.make_numbers --results results/nvidia-h200 --out paper/generated
 
 Writes numbers.tex (one \\newcommand per number the paper or the README quotes, and no other) and table_*.tex.
-Each experiment's numbers live in its own module under paper/numbers/ (e1..e9, e7_heldout for E7's held-out
+Each experiment's numbers live in its own module under paper/numbers/ (e1..e10, e7_heldout for E7's held-out
 models, e7_tuner for E7's tuner, repro for the reproducibility table, readme for the README's block; common
 for the helpers, latex for the macros and tables), the probes' in paper/numbers/probes.py; this command runs
 them all.
@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from experiments._io import write_text
-from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, probes, repro
+from paper.numbers import e1, e2, e3, e4, e5, e6, e7, e7_heldout, e7_tuner, e8, e9, e10, probes, repro
 from paper.numbers.common import Numbers, provenance
 from paper.numbers.readme import headline, summary, update_readme
 from paper.numbers.runtime import runtime, runtime_block
@@ -33,7 +33,7 @@ def main():
     t, p = e7_tuner, probes
     n = Numbers()
     provenance(n, results)
-    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, e9.e9):
+    for f in (e1.e1, e2.e2, e3.e3, e4.e4, e5.e5, e6.e6, e7.e7, e7_heldout.e7_heldout, e8.e8, e9.e9, e10.e10):
         f(n, results, gen)
     for f in (
         e1.e1_against_e5,

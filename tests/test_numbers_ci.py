@@ -283,3 +283,79 @@ def test_repro_commands_break_at_spaces_to_keep_the_table_in_the_text_width():
     ]
     assert len(lines) == 3 and all(len(ln.replace("\\_", "_")) <= 38 for ln in lines)
     assert " ".join(ln.replace("\\_", "_") for ln in lines) == cmd
+
+
+def _fp8_csv(path) -> None:
+    """A synthetic E10 CSV: two held-out models and DeepSeek-V3, each GEMM and the layer, a decode and a
+    prefill T under two loads; vLLM 1.5x ours everywhere, DeepGEMM 0.8x at prefill, our bf16 path 2x at
+    prefill; DeepGEMM's masked GEMM 1.25x our masked one at decode; a peer that could not run."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for model, split in (("m1", "heldout"), ("m2", "heldout"), ("deepseek-v3", "tune")):
+        for proj in ("up", "down", "ffn"):
+            for t in (64, 4096):
+                for load in ("uniform", "zipf1.2"):
+                    if proj == "ffn":
+                        who = {
+                            "ours:moe_ffn-fp8": 1.0,
+                            "vllm:fused_experts-fp8": 1.5,
+                            "ours:moe_ffn-bf16": 2.0,
+                        }
+                    else:
+                        who = {
+                            "ours:fp8": 1.0,
+                            "vllm:fused_moe-fp8": 1.5,
+                            "deepgemm:contiguous": 0.8 if t >= 1024 else 1.1,
+                            "ours:bf16": 2.0 if t >= 1024 else 1.2,
+                        }
+                        if t <= 256:
+                            who |= {"ours:fp8-masked": 1.0, "deepgemm:masked": 1.25}
+                    for c, f in who.items():
+                        r = 100.0 * f * rng.uniform(0.97, 1.03, 3)
+                        rows.append(
+                            {"model": model, "split": split, "proj": proj, "tokens": t, "load": load,
+                             "contender": c, "status": "ok", "graph_us": float(np.median(r)),
+                             "launch_us": float(np.median(r)) + 10,
+                             "graph_round_us": ";".join(f"{v:.3f}" for v in r),
+                             "launch_round_us": ";".join(f"{v + 10:.3f}" for v in r), "note": ""}
+                        )  # fmt: skip
+                    if proj != "ffn":
+                        rows.append(
+                            {"model": model, "split": split, "proj": proj, "tokens": t, "load": load,
+                             "contender": "tk:matmul_ogs-fp8", "status": "not runnable",
+                             "note": "no MOEGEMM_TRITON_KERNELS_SOURCE"}
+                        )  # fmt: skip
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def test_e10_numbers_per_part_phase_split_and_peer(tmp_path):
+    """E10's numbers from a synthetic CSV: each peer's time over ours per part (GEMM, layer, masked GEMM),
+    phase and clock, held-out models and DeepSeek-V3 apart; the peer that could not run named with why;
+    our cells counted; the table written. No CSV: no numbers."""
+    from paper.numbers.common import Numbers
+    from paper.numbers.e10 import e10
+
+    n = Numbers()
+    e10(n, tmp_path, tmp_path)
+    assert n.items == {}
+    _fp8_csv(tmp_path / "fp8_grouped.csv")
+    e10(n, tmp_path, tmp_path)
+    it = n.items
+    # per model and load: each GEMM at decode (contiguous and masked) and prefill, the layer at both T
+    assert it["ETenOursCells"] == str(3 * 2 * (2 * (2 + 1) + 2)) == it["ETenOursPassed"]
+    assert it["ETenUnrunnable"] == "tk:matmul\\_ogs-fp8: no MOEGEMM\\_TRITON\\_KERNELS\\_SOURCE"
+
+    def point(name: str) -> float:
+        return float(it[name].removeprefix("parity (").split("x")[0])
+
+    assert point("ETenHeldGemmPrefillVsVllmGpu") == pytest.approx(1.5, rel=0.03)
+    assert point("ETenHeldGemmPrefillVsDeepgemmContiguousGpu") == pytest.approx(0.8, rel=0.03)
+    assert point("ETenHeldGemmPrefillVsBfGpu") == pytest.approx(2.0, rel=0.03)
+    assert point("ETenDsvLayerDecodeVsVllmGpu") == pytest.approx(1.5, rel=0.03)
+    assert "over 2 cells" in it["ETenDsvLayerDecodeVsVllmGpu"]  # one model, two loads: its cells named
+    assert point("ETenHeldMaskedDecodeVsDeepgemmMaskedGpu") == pytest.approx(1.25, rel=0.03)
+    assert "ETenHeldMaskedPrefillVsDeepgemmMaskedGpu" not in it  # the masked layout is decode's
+    assert not any("VsTk" in k for k in it)  # no row of a peer that did not run
+    assert point("ETenHeldGemmDecodeVsVllmLaunch") < point("ETenHeldGemmDecodeVsVllmGpu")
+    tex = (tmp_path / "table_e10.tex").read_text()
+    assert "DeepSeek-V3" in tex and "held-out models" in tex and "DeepGEMM masked" in tex
