@@ -362,3 +362,52 @@ def test_first_call_times_its_regimes_shortlist_once(monkeypatch, tmp_path):
     assert timed == short + fp8_config.shortlist(24 / 3, True) and h_q.shape == (24, n)
     other = fp8_config.choice_key(True, False, torch.bfloat16, 3, k, 2 * n, 24)
     assert fp8_config.chosen(x_q, other, 8.0, False) == (short[0], "default")
+
+
+@pytest.mark.gpu
+def test_masked_and_layer_capture_in_a_cuda_graph_with_no_host_sync():
+    """The masked FP8 GEMM with its default config (its first call times the shortlist, outside the capture)
+    and the FP8 layer at decode, each captured in one CUDA graph (a capture fails on any host sync), then
+    replayed with new values in the captured inputs: new rows, new masked_m, new routing; the GEMM right
+    against float64 after each replay, the layer equal to its eager call on the same inputs (which the
+    layer's own test holds to float64)."""
+    from tests.test_grouped_gpu import _captured
+
+    gen = torch.Generator().manual_seed(12)
+    e, m_max, n, k = 8, 32, 256, 512
+    x_q, x_s = quantize_fp8_rows((torch.randn(e * m_max, k, generator=gen) * 2).to("cuda"))
+    x_q, x_s = x_q.view(e, m_max, k), x_s.view(e, m_max, -1)
+    w_q, w_s = quantize_fp8_weights((torch.randn(e, n, k, generator=gen) * 0.05).to("cuda"))
+    masked_m = torch.tensor([3, 0, 32, 7, 1, 0, 16, 9], dtype=torch.int32, device="cuda")
+    graph, y = _captured(lambda: grouped_mm_fp8_masked(x_q, x_s, w_q, w_s, masked_m, out_dtype=torch.float32))
+    wd = dequantize_fp8_weights(w_q, w_s).cpu()
+    for r in range(2):
+        q, s = quantize_fp8_rows((torch.randn(e * m_max, k, generator=gen) * 2).to("cuda"))
+        x_q.copy_(q.view(e, m_max, k))
+        x_s.copy_(s.view(e, m_max, -1))
+        masked_m.copy_(torch.randint(0, m_max + 1, (e,), generator=gen, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        xd = dequantize_fp8_rows(x_q, x_s).cpu()
+        for i, mm in enumerate(masked_m.tolist()):
+            ref, bound = _gemm_bound(xd[i, :mm] @ wd[i].T, xd[i, :mm].abs() @ wd[i].abs().T, k, torch.float32)
+            _assert_within(y[i, :mm], ref, bound, f"replay {r} expert {i}")
+            assert (y[i, mm:] == 0).all(), f"replay {r} expert {i}: rows past masked_m not zeros"
+    # the layer at decode: routing, the fused gather and quantisation, gate/up with SwiGLU, down, combine
+    t, top_k, h, i = 4, 2, 256, 128
+    w_gu = (torch.randn(e, 2 * i, h, generator=gen) / h**0.5).to("cuda")
+    w_dn = (torch.randn(e, h, i, generator=gen) / i**0.5).to("cuda")
+    gu_q, gu_s = quantize_fp8_weights(w_gu)
+    dn_q, dn_s = quantize_fp8_weights(w_dn)
+    xt = torch.randn(t, h, generator=gen).to("cuda", torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(t)]).to("cuda")
+    wts = torch.softmax(torch.randn(t, top_k, generator=gen), -1).to("cuda")
+    with torch.no_grad():
+        graph, y = _captured(lambda: moe_ffn_fp8(xt, ids, wts, gu_q, gu_s, dn_q, dn_s))
+        for r in range(2):
+            xt.copy_(torch.randn(t, h, generator=gen))
+            ids.copy_(torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(t)]))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = moe_ffn_fp8(xt, ids, wts, gu_q, gu_s, dn_q, dn_s)
+            assert torch.equal(y, want), f"layer replay {r}: differs from the eager call on the same inputs"
