@@ -518,7 +518,12 @@ def tuner_variants():
                 "y_ptr": TY[dt],
                 "offsets_ptr": "*i32",
             }
-            consts = dict(**_grouped_tiles(sw.block_m, sw.block_n, sw.block_k), W_KN=layout_kn, UPCAST=False)
+            consts = dict(
+                **_grouped_tiles(sw.block_m, sw.block_n, sw.block_k),
+                W_KN=layout_kn,
+                EVEN_K=layout_kn,
+                UPCAST=False,
+            )
             yield name(f"grouped_gather_{dt}", c), _gather_swiglu_kernel, gio, consts, opts(c)
 
 

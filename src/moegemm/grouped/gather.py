@@ -29,11 +29,12 @@ def _gather_swiglu_kernel(
     x_ptr, tok_ptr, w_desc, y_ptr, offsets_ptr,
     N, K, E, M, T, stride_x, stride_y,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
-    GROUP_M: tl.constexpr, W_KN: tl.constexpr, UPCAST: tl.constexpr,
+    GROUP_M: tl.constexpr, W_KN: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """y[r] = silu(x[tok[r]] G_e) * (x[tok[r]] U_e) for the M permuted rows r of expert e (rows [off[e],
     off[e + 1])), y: [M, N]; w: the 2-D descriptor of the fused kernel over each expert's 2N columns (the
-    gate's first). A token id outside [0, T) reads row 0 or T - 1, never past x."""
+    gate's first). A token id outside [0, T) reads row 0 or T - 1, never past x. EVEN_K: K a multiple of
+    BLOCK_K (the row loads need no mask)."""
     e_offs, lo, hi, cum, total = _tile_plan(offsets_ptr, E, M, N, BLOCK_M, BLOCK_N, E_BLOCK, 0)
     kk = tl.arange(0, BLOCK_K)
     for tile in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -46,7 +47,10 @@ def _gather_swiglu_kernel(
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            a = tl.load(a_ptrs, mask=(kk + k)[None, :] < K, other=0.0)
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=(kk + k)[None, :] < K, other=0.0)
             gate = mma(a, _w_tile(w_desc, expert, k, col0, 2 * N, K, W_KN), gate, "tf32", UPCAST)
             up = mma(a, _w_tile(w_desc, expert, k, col0 + N, 2 * N, K, W_KN), up, "tf32", UPCAST)
             a_ptrs += BLOCK_K
@@ -121,6 +125,7 @@ _BOUND: dict = {}  # gather_swiglu's compiled launches, per shape, layout, align
 
 def _meta(x: torch.Tensor, e: int, w_layout: str, cfg: GroupedConfig) -> dict:
     return dict(
+        EVEN_K=x.shape[1] % cfg.block_k == 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
