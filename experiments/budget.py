@@ -157,16 +157,16 @@ def moe_layer_cells(cfg: dict) -> list[tuple[str, int, str]]:
 
 
 def moe_layer_work(cfg: dict) -> float:
-    """E8's contender-cells under ``cfg``: moe_ffn, it without its gathering gate/up, the unfused
-    composition, our transformers backend, transformers' grouped_mm, the torch._grouped_mm pipeline, vLLM's
-    fused_experts, triton_kernels, the per-expert loop, and the two compiled backends at the compiled token
-    counts."""
+    """E8's contender-cells under ``cfg``: moe_ffn, it without its gathering gate/up and without its decode
+    graphs, the unfused composition, our transformers backend, transformers' grouped_mm, the
+    torch._grouped_mm pipeline, vLLM's fused_experts, triton_kernels, the per-expert loop, and the two
+    compiled backends at the compiled token counts."""
     from experiments.e8_moe_layer import compiled_here, run_selection
 
     run = run_selection(cfg["moe_layer"])
     host = 0.5 if cfg["moe_layer"].get("host_calls") else 0.0  # the host-cost calls: half a contender's setup
     return sum(
-        (9 + 2 * compiled_here(run, m, t)) * (1 + host * (t >= 1024)) for m, t, _ in moe_layer_cells(cfg)
+        (10 + 2 * compiled_here(run, m, t)) * (1 + host * (t >= 1024)) for m, t, _ in moe_layer_cells(cfg)
     )
 
 

@@ -9,6 +9,8 @@ host cost per call (moe_layer.host_calls, the cpu_us column):
 - ``ours:unfused-swiglu``: our grouped GEMMs with SwiGLU as a separate op (what the fusion saves);
 - ``ours:moe_ffn:no-gather``: moe_ffn with its gate/up form that reads x's rows by token id switched off
   (what leaving out the permuted copy saves);
+- ``ours:moe_ffn:no-graph``: moe_ffn with its decode graphs switched off (what replaying a decode step
+  saves the host; under the GPU clock's own capture both run the same kernels);
 - ``ours:hf-backend``: the same through transformers' experts interface (moegemm.integrations.transformers),
   on a transformers-style experts module; ``...:compiled`` under torch.compile(fullgraph=True) at the
   compiled token counts;
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 import time
 
@@ -139,6 +142,25 @@ def without_gather(x, ids, wts, w_gu, w_dn):
             return moe_ffn(x, ids, wts, w_gu, w_dn)
         finally:
             ffn.GATHER = True
+
+    return call
+
+
+def without_graphs(x, ids, wts, w_gu, w_dn):
+    """moe_ffn with its decode graphs switched off (MOEGEMM_LAYER_GRAPHS=0, moegemm.grouped.layer_graphs):
+    every decode step launched eagerly (what the replay saves the host), as a zero-argument call."""
+    from moegemm.grouped import layer_graphs
+
+    def call():
+        before = os.environ.get(layer_graphs.ENV)
+        os.environ[layer_graphs.ENV] = "0"
+        try:
+            return moe_ffn(x, ids, wts, w_gu, w_dn)
+        finally:
+            if before is None:
+                del os.environ[layer_graphs.ENV]
+            else:
+                os.environ[layer_graphs.ENV] = before
 
     return call
 
@@ -247,6 +269,7 @@ def contenders(
         Contender("ours:moe_ffn", lambda inp: lambda: moe_ffn(x, ids, wts, inp[0], inp[1])),
         Contender("ours:unfused-swiglu", lambda inp: lambda: unfused_ours(x, ids, wts, inp[0], inp[1], e)),
         Contender("ours:moe_ffn:no-gather", lambda inp: without_gather(x, ids, wts, inp[0], inp[1])),
+        Contender("ours:moe_ffn:no-graph", lambda inp: without_graphs(x, ids, wts, inp[0], inp[1])),
         hf_contender("ours:hf-backend", "moegemm", x, ids, wts, False),
         hf_contender("hf:grouped_mm", "grouped_mm", x, ids, wts, False),
         Contender(

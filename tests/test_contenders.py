@@ -123,6 +123,7 @@ def test_e8_contenders_compute_the_expert_ffn(device, monkeypatch, tmp_path):
         "ours:moe_ffn",
         "ours:unfused-swiglu",
         "ours:moe_ffn:no-gather",
+        "ours:moe_ffn:no-graph",
         "ours:hf-backend",
         "hf:grouped_mm",
         "torch._grouped_mm pipeline",

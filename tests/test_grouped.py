@@ -1722,3 +1722,25 @@ def test_errors_name_the_callers_argument(call, exc, match, device):
     )
     with pytest.raises(exc, match=match):
         call(a)
+
+
+def test_layer_graphs_stay_out_of_the_way_off_the_gpu(monkeypatch, device):
+    """Off a GPU (the interpreter, or a CPU tensor) the decode graphs never apply: moe_ffn runs its eager
+    forward on every call and keeps no graph; MOEGEMM_LAYER_GRAPHS=0 switches them off anywhere."""
+    from moegemm.grouped import layer_graphs, moe_ffn
+
+    calls = []
+    monkeypatch.setattr(layer_graphs, "_capture", lambda *a: calls.append("capture"))
+    g = torch.Generator().manual_seed(2)
+    e, top_k, h, i, t = 4, 2, 32, 16, 3
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(device)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
+    wts = torch.rand(t, top_k, generator=g).to(device)
+    w_gu = (torch.randn(e, 2 * i, h, generator=g) / 6).to(torch.bfloat16).to(device)
+    w_dn = (torch.randn(e, h, i, generator=g) / 4).to(torch.bfloat16).to(device)
+    first = moe_ffn(x, ids, wts, w_gu, w_dn)
+    for _ in range(2):
+        assert torch.equal(moe_ffn(x, ids, wts, w_gu, w_dn), first)
+    assert calls == [] and not layer_graphs._GRAPHS
+    monkeypatch.setenv(layer_graphs.ENV, "0")
+    assert not layer_graphs.enabled()

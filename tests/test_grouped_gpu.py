@@ -711,3 +711,51 @@ def test_graph_timer_counts_the_gpu_time_of_a_call_not_the_hosts():
     before = x[0].item()
     us = timer.sample(3)
     assert x[0].item() == before + 30 and max(us) < 500.0
+
+
+def test_moe_ffn_decode_replays_one_graph_per_signature(monkeypatch):
+    """A decode step of a signature seen before replays the layer's graph: each call equal, bit for bit, to
+    the eager layer on the same inputs (new tokens, new routing, weights changed in place), the caller's
+    output its own (not the graph's buffer), one graph per signature, the least recently used dropped past
+    MAX_GRAPHS; a prefill step, a signature seen once, and MOEGEMM_LAYER_GRAPHS=0 run eagerly."""
+    from moegemm.grouped import layer_graphs, moe_ffn
+
+    layer_graphs.clear()
+    torch.manual_seed(5)
+    e, top_k, h, i = 64, 8, 256, 128
+    w_gu = (torch.randn(e, 2 * i, h, device="cuda") / h**0.5).to(torch.bfloat16)
+    w_dn = (torch.randn(e, h, i, device="cuda") / i**0.5).to(torch.bfloat16)
+
+    def inputs(t):
+        ids = torch.stack([torch.randperm(e, device="cuda")[:top_k] for _ in range(t)])
+        wts = torch.softmax(torch.randn(t, top_k, device="cuda"), -1)
+        return torch.randn(t, h, device="cuda").to(torch.bfloat16), ids, wts
+
+    def eager(*a):
+        monkeypatch.setenv(layer_graphs.ENV, "0")
+        try:
+            return moe_ffn(*a)
+        finally:
+            monkeypatch.delenv(layer_graphs.ENV)
+
+    outs = []
+    for step in range(4):
+        x, ids, wts = inputs(4)
+        if step == 3:
+            w_dn.mul_(0.5)  # new values in the weights: the graph reads them where they live
+        got = moe_ffn(x, ids, wts, w_gu, w_dn)
+        assert torch.equal(got, eager(x, ids, wts, w_gu, w_dn)), f"step {step}"
+        outs.append(got)
+        assert len(layer_graphs._GRAPHS) == (0 if step == 0 else 1)
+    assert len({o.data_ptr() for o in outs}) == 4  # each call's output its own
+    x, ids, wts = inputs(512 // top_k + 1)  # past GRAPH_ROWS: eager, no graph
+    for _ in range(2):
+        moe_ffn(x, ids, wts, w_gu, w_dn)
+    assert len(layer_graphs._GRAPHS) == 1
+    monkeypatch.setattr(layer_graphs, "MAX_GRAPHS", 2)
+    for t in (1, 2, 3):
+        x, ids, wts = inputs(t)
+        for _ in range(3):
+            assert torch.equal(moe_ffn(x, ids, wts, w_gu, w_dn), eager(x, ids, wts, w_gu, w_dn))
+    assert len(layer_graphs._GRAPHS) == 2
+    layer_graphs.clear()

@@ -9,7 +9,7 @@ import torch
 
 from .._runtime import records_grad
 from ..epilogue import Epilogue
-from . import autograd, contiguous
+from . import autograd, contiguous, layer_graphs
 from .call import FFNCall, GroupedCall
 from .config import GroupedConfig
 from .ffn import check_moe_ffn, moe_ffn_forward
@@ -116,6 +116,9 @@ def moe_ffn(
     torch.compile it traces with no graph break and runs the same kernels (custom ops). Gradients: for x,
     topk_weights (so the router learns), w_gate_up and w_down; deterministic, no host sync
     (:mod:`moegemm.grouped.autograd`).
+    At decode (at most 512 routed rows), from the second call of a signature on, the whole layer is one
+    CUDA-graph replay (:mod:`moegemm.grouped.layer_graphs`: the host's cost of a step a few copies and the
+    replay; ``MOEGEMM_LAYER_GRAPHS=0`` switches it off).
     ``save_gate_up`` (training only): keep the [rows, 2I] gate/up product for the backward, which writes its
     gradient over it (True, the faster: then the graph backs one backward; a second, with retain_graph,
     raises), or recompute it there (False: 2 * I * top_k bytes per token fewer kept, any number of
@@ -134,7 +137,7 @@ def moe_ffn(
     call = FFNCall.of(w_layout, validate, save_gate_up)
     if records_grad(x, topk_weights, w_gate_up, w_down):
         return autograd.moe_ffn_train(call, x, topk_ids, topk_weights, w_gate_up, w_down)
-    return moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down)
+    return layer_graphs.forward(moe_ffn_forward, call, x, topk_ids, topk_weights, w_gate_up, w_down)
 
 
 def _fp8_layer(

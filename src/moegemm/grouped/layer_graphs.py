@@ -1,0 +1,131 @@
+"""moe_ffn at decode as one CUDA-graph replay: the host's cost of a decode step is a dictionary lookup, three
+copies into the graph's inputs, the replay and a copy of its output, in place of the layer's launches and
+the Python around each.
+
+A decode step (at most GRAPH_ROWS routed rows, T * top_k) of a call signature seen before (the shapes,
+strides, dtypes and device of every tensor, the weights' addresses, the call's arguments) replays a graph
+of the whole layer captured at its second call (its first runs eagerly: its GEMMs' first calls time their
+configs there, outside any capture). The graph reads the weights where they live, so new values written
+into them are read; its inputs are copies made on each call, and its output is copied out, so the caller
+owns what it gets and can hold it across calls. Nothing is captured while the caller captures a graph of
+its own (its capture takes the layer's kernels), under torch.compile, under the interpreter, where a
+gradient is recorded, or with ``MOEGEMM_LAYER_GRAPHS=0``. At most MAX_GRAPHS graphs are kept, the least
+recently used dropped first (with the memory of its intermediates)."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import torch
+
+from .._runtime import INTERPRET
+
+GRAPH_ROWS = 512  # the most routed rows (T * top_k) a captured step holds: decode
+MAX_GRAPHS = 64
+ENV = "MOEGEMM_LAYER_GRAPHS"
+
+
+class _Graph:
+    """One captured layer: the graph, its static inputs and its output."""
+
+    __slots__ = ("graph", "x", "ids", "wts", "y")
+
+    def __init__(self, graph, x, ids, wts, y):
+        self.graph, self.x, self.ids, self.wts, self.y = graph, x, ids, wts, y
+
+
+_GRAPHS: collections.OrderedDict = collections.OrderedDict()  # key -> _Graph, least recently used first
+_SEEN: dict = {}  # key -> 1 after its eager first call; _FAILED where its capture failed
+_FAILED = -1
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def _key(call, x, ids, wts, w_gate_up, w_down) -> tuple:
+    return (
+        call.key,
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.device,
+        ids.shape,
+        ids.stride(),
+        ids.dtype,
+        wts.stride(),
+        wts.dtype,
+        w_gate_up.data_ptr(),
+        w_gate_up.shape,
+        w_gate_up.stride(),
+        w_down.data_ptr(),
+        w_down.shape,
+        w_down.stride(),
+    )
+
+
+def forward(forward_fn, call, x, ids, wts, w_gate_up, w_down) -> torch.Tensor:
+    """``forward_fn(call, x, ids, wts, w_gate_up, w_down)`` (the layer's eager forward, no gradient), or the
+    replay of its graph for this call signature where one applies (see the module's doc)."""
+    if (
+        ids.numel() > GRAPH_ROWS
+        or INTERPRET
+        or not x.is_cuda
+        or not enabled()
+        or torch.cuda.is_current_stream_capturing()
+        or torch.compiler.is_compiling()
+    ):
+        return forward_fn(call, x, ids, wts, w_gate_up, w_down)
+    key = _key(call, x, ids, wts, w_gate_up, w_down)
+    g = _GRAPHS.get(key)
+    if g is None:
+        seen = _SEEN.get(key, 0)
+        if seen == 0 or seen == _FAILED:  # the first call: eager (its GEMMs' first calls time their configs)
+            if len(_SEEN) >= 8 * MAX_GRAPHS:  # (signatures seen once and never again)
+                _SEEN.clear()
+            _SEEN[key] = seen or 1
+            return forward_fn(call, x, ids, wts, w_gate_up, w_down)
+        try:
+            g = _capture(forward_fn, call, x, ids, wts, w_gate_up, w_down)
+        except Exception:  # noqa: BLE001 - a step that cannot be captured here runs eagerly from now on
+            _SEEN[key] = _FAILED
+            return forward_fn(call, x, ids, wts, w_gate_up, w_down)
+        _SEEN.pop(key, None)
+        _GRAPHS[key] = g
+        while len(_GRAPHS) > MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
+    else:
+        _GRAPHS.move_to_end(key)
+    g.x.copy_(x)
+    g.ids.copy_(ids)
+    g.wts.copy_(wts)
+    g.graph.replay()
+    return g.y.clone()
+
+
+def _capture(forward_fn, call, x, ids, wts, w_gate_up, w_down) -> _Graph:
+    """The layer captured on inputs of this call's signature (a warm-up call on the capture's stream first,
+    as CUDA-graph capture asks)."""
+    sx, sids, swts = (
+        torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in (x, ids, wts)
+    )
+    sx.copy_(x)
+    sids.copy_(ids)
+    swts.copy_(wts)
+    current = torch.cuda.current_stream(x.device)
+    side = torch.cuda.Stream(x.device)
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        forward_fn(call, sx, sids, swts, w_gate_up, w_down)
+        with torch.cuda.graph(graph, stream=side):
+            y = forward_fn(call, sx, sids, swts, w_gate_up, w_down)
+    current.wait_stream(side)
+    return _Graph(graph, sx, sids, swts, y)
+
+
+def clear() -> None:
+    """Drop every captured layer (and the memory of its intermediates)."""
+    _GRAPHS.clear()
+    _SEEN.clear()
