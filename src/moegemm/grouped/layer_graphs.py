@@ -3,12 +3,12 @@ copies into the graph's inputs, the replay and a copy of its output, in place of
 the Python around each.
 
 A decode step (at most GRAPH_ROWS routed rows, T * top_k) of a call signature seen before (the shapes,
-strides, dtypes and device of every tensor, the weights' addresses, the call's arguments) replays a graph
-of the whole layer captured at its second call (its first runs eagerly: its GEMMs' first calls time their
-configs there, outside any capture). The graph reads the weights where they live, so new values written
-into them are read; its inputs are copies made on each call, and its output is copied out, so the caller
-owns what it gets and can hold it across calls. Nothing is captured while the caller captures a graph of
-its own (its capture takes the layer's kernels), under torch.compile, under the interpreter, where a
+strides, dtypes and device of every tensor, the weights' addresses, the call's arguments, the current stream)
+replays a graph of the whole layer captured at its second call (its first runs eagerly: its GEMMs' first calls
+time their configs there, outside any capture). The graph reads the weights where they live, so new values
+written into them are read; its inputs are copies made on each call, and its output is copied out, so the
+caller owns what it gets and can hold it across calls. Nothing is captured while the caller captures a graph
+of its own (its capture takes the layer's kernels), under torch.compile, under the interpreter, where a
 gradient is recorded, or with ``MOEGEMM_LAYER_GRAPHS=0``. At most MAX_GRAPHS graphs are kept, the least
 recently used dropped first (with the memory of its intermediates)."""
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 
 import torch
 
@@ -38,6 +39,7 @@ class _Graph:
 _GRAPHS: collections.OrderedDict = collections.OrderedDict()  # key -> _Graph, least recently used first
 _SEEN: dict = {}  # key -> 1 after its eager first call; _FAILED where its capture failed
 _FAILED = -1
+_LOCK = threading.RLock()
 
 
 def enabled() -> bool:
@@ -46,6 +48,7 @@ def enabled() -> bool:
 
 def _key(call, x, ids, wts, w_gate_up, w_down) -> tuple:
     return (
+        torch.cuda.current_stream(x.device).cuda_stream,  # (a graph's inputs are written on one stream)
         call.key,
         x.shape,
         x.stride(),
@@ -78,6 +81,11 @@ def forward(forward_fn, call, x, ids, wts, w_gate_up, w_down) -> torch.Tensor:
     ):
         return forward_fn(call, x, ids, wts, w_gate_up, w_down)
     key = _key(call, x, ids, wts, w_gate_up, w_down)
+    with _LOCK:  # (threads on one stream: each call's copies, replay and copy out enqueued together)
+        return _run(key, forward_fn, call, x, ids, wts, w_gate_up, w_down)
+
+
+def _run(key, forward_fn, call, x, ids, wts, w_gate_up, w_down) -> torch.Tensor:
     g = _GRAPHS.get(key)
     if g is None:
         seen = _SEEN.get(key, 0)
