@@ -72,12 +72,12 @@ def forward(forward_fn, call, x, ids, wts, w_gate_up, w_down) -> torch.Tensor:
     """``forward_fn(call, x, ids, wts, w_gate_up, w_down)`` (the layer's eager forward, no gradient), or the
     replay of its graph for this call signature where one applies (see the module's doc)."""
     if (
-        ids.numel() > GRAPH_ROWS
+        torch.compiler.is_compiling()  # (first: nothing after it is traced)
+        or ids.numel() > GRAPH_ROWS
         or INTERPRET
         or not x.is_cuda
         or not enabled()
         or torch.cuda.is_current_stream_capturing()
-        or torch.compiler.is_compiling()
     ):
         return forward_fn(call, x, ids, wts, w_gate_up, w_down)
     key = _key(call, x, ids, wts, w_gate_up, w_down)
