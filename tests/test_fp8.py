@@ -275,8 +275,14 @@ def test_moe_ffn_fp8_against_float64(t, top_k):
     _assert_within(y, ref, bound, f"moe_ffn_fp8 T={t} top_k={top_k}")
 
 
-def test_moe_ffn_fp8_traces_whole_under_torch_compile():
-    """fullgraph: routing, quantisation and both GEMMs trace as custom ops, and run the same kernels."""
+def test_moe_ffn_fp8_traces_whole_under_torch_compile(monkeypatch, tmp_path):
+    """fullgraph: routing, quantisation and both GEMMs trace as custom ops, and run the same kernels; a
+    trace that comes first in its process (the first-call choices not yet read from disk) traces too."""
+    from moegemm import autotune
+
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
     gen = torch.Generator().manual_seed(12)
     t, e, h, i, top_k = 6, 4, 128, 128, 2
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16).to(DEVICE)
@@ -284,10 +290,13 @@ def test_moe_ffn_fp8_traces_whole_under_torch_compile():
     gw = torch.rand(t, top_k, generator=gen).to(DEVICE)
     wgu = quantize_fp8_weights((torch.randn(e, 2 * i, h, generator=gen) * 0.1).to(DEVICE))
     wd = quantize_fp8_weights((torch.randn(e, h, i, generator=gen) * 0.1).to(DEVICE))
-    eager = moe_ffn_fp8(x, ids, gw, *wgu, *wd)
     torch._dynamo.reset()
     compiled = torch.compile(moe_ffn_fp8, fullgraph=True, backend="aot_eager")(x, ids, gw, *wgu, *wd)
-    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    eager = moe_ffn_fp8(x, ids, gw, *wgu, *wd)
+    if DEVICE == "cpu":  # (on a GPU the eager call may time its way to other tiles than the trace's start)
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(compiled.float(), eager.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_moe_ffn_takes_fp8_experts_with_their_scales():
@@ -365,14 +374,18 @@ def test_first_call_times_its_regimes_shortlist_once(monkeypatch, tmp_path):
 
 
 @pytest.mark.gpu
-def test_masked_and_layer_capture_in_a_cuda_graph_with_no_host_sync():
+def test_masked_and_layer_capture_in_a_cuda_graph_with_no_host_sync(monkeypatch, tmp_path):
     """The masked FP8 GEMM with its default config (its first call times the shortlist, outside the capture)
     and the FP8 layer at decode, each captured in one CUDA graph (a capture fails on any host sync), then
     replayed with new values in the captured inputs: new rows, new masked_m, new routing; the GEMM right
     against float64 after each replay, the layer equal to its eager call on the same inputs (which the
     layer's own test holds to float64)."""
+    from moegemm import autotune
     from tests.test_grouped_gpu import _captured
 
+    monkeypatch.setenv("MOEGEMM_CACHE_DIR", str(tmp_path))  # (a first call that times: no choice kept yet)
+    monkeypatch.setattr(autotune, "_MEMORY", {})
+    monkeypatch.setattr(autotune, "_LOADED", set())
     gen = torch.Generator().manual_seed(12)
     e, m_max, n, k = 8, 32, 256, 512
     x_q, x_s = quantize_fp8_rows((torch.randn(e * m_max, k, generator=gen) * 2).to("cuda"))

@@ -113,6 +113,7 @@ def test_layer_times_its_gate_up_forms_once_and_gathers_where_faster(fresh_choic
     from tests.test_grouped import _ffn_ref
 
     monkeypatch.setattr(ffn, "GATHER", gather_on)
+    monkeypatch.setenv("MOEGEMM_LAYER_GRAPHS", "0")  # (on a GPU: every call eager, its routing seen)
     x, ids, wts, w_gu, w_dn = _cell(11, 40, 6, 2, 64, 24)
     ref = _ffn_ref(x.cpu(), ids.cpu(), wts.cpu(), w_gu.cpu(), w_dn.cpu())
     timed: list = []

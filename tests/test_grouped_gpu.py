@@ -758,4 +758,13 @@ def test_moe_ffn_decode_replays_one_graph_per_signature(monkeypatch):
         for _ in range(3):
             assert torch.equal(moe_ffn(x, ids, wts, w_gu, w_dn), eager(x, ids, wts, w_gu, w_dn))
     assert len(layer_graphs._GRAPHS) == 2
+    # captured under inference_mode, replayed outside it: its static inputs are ordinary tensors
+    layer_graphs.clear()
+    x, ids, wts = inputs(2)
+    with torch.inference_mode():
+        for _ in range(2):
+            moe_ffn(x, ids, wts, w_gu, w_dn)
+    assert len(layer_graphs._GRAPHS) == 1
+    with torch.no_grad():
+        assert torch.equal(moe_ffn(x, ids, wts, w_gu, w_dn), eager(x, ids, wts, w_gu, w_dn))
     layer_graphs.clear()

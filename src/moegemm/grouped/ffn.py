@@ -117,9 +117,10 @@ def planned_form(x: torch.Tensor, rows: int, w_gate_up: torch.Tensor, w_layout: 
 
 def time_forms(x, tok, xs, w_gate_up, group_offsets, w_layout: str) -> str:
     """The first call of a shape above decode: each form timed on the call's own inputs (the two on the
-    permuted copy with that copy's gather of x's rows, which the routing makes for them; the gathering
-    form where its kernel serves these operands and GATHER is on), the fastest kept like a grouped config
-    (in memory and on disk); 'fused' where the call cannot time."""
+    permuted copy with a gather of x's rows in their time, which the routing makes for them, in its
+    placement kernel rather than in a launch of its own as here, so that their time is counted a launch
+    high; the gathering form where its kernel serves these operands and GATHER is on), the fastest kept like
+    a grouped config (in memory and on disk); 'fused' where the call cannot time."""
     if not autotune.can_time(x):
         return "fused"
     runs = {

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .. import autotune
 from .._runtime import INTERPRET, device_smem_per_block, gpu_slug
-from .._triton_common import BoundKernel, dot_meta, mma, raw_stream
+from .._triton_common import BoundKernel, _specialization, dot_meta, mma, raw_stream
 from .config import GROUP_M, GroupedConfig, autotune_key, choose, swiglu_config
 from .launch import _max_tiles, grid_size, per_sm
 from .tiles import _store_tile, _swiglu, _tile_coords, _tile_plan, _w_tile
@@ -27,7 +27,7 @@ from .tma import w_descriptor
 @triton.jit
 def _gather_swiglu_kernel(
     x_ptr, tok_ptr, w_desc, y_ptr, offsets_ptr,
-    N, K, E, M, T, stride_x, stride_y,
+    M, T, N, K, E, stride_x, stride_y,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_BLOCK: tl.constexpr,
     GROUP_M: tl.constexpr, W_KN: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
@@ -101,26 +101,32 @@ def gather_swiglu(
     out = torch.empty((rows, i), dtype=x.dtype, device=x.device)
     if rows == 0 or i == 0:
         return out
+    for name, t in (("tok", tok), ("group_offsets", group_offsets)):
+        if t.dtype != torch.int32 or t.data_ptr() % 16:
+            raise ValueError(f"{name}: expected int32 with a 16-byte aligned base (the routing plan's)")
     desc = w_descriptor(w_gate_up, w_layout, e, two_i, h, cfg)
-    args = (x, tok, desc, out, group_offsets, i, h, e, rows, x.shape[0], x.stride(0), out.stride(0))
-    key = (x.shape[0], x.stride(0), x.dtype, x.device, x.data_ptr() % 16, rows, e, h, two_i, w_layout, cfg)
-    bound = None if INTERPRET or not x.is_cuda else _BOUND.get(key)
-    if bound is None and (INTERPRET or not x.is_cuda or torch.cuda.is_current_stream_capturing()):
+    t = x.shape[0]
+    args = (x, tok, desc, out, group_offsets, rows, t, i, h, e, x.stride(0), out.stride(0))
+    work = _max_tiles(rows, e, i, cfg, "I")
+    # (rows and T change from call to call: leading arguments, keyed by what Triton specializes them on)
+    key = (_specialization(rows), _specialization(t), x.stride(0), x.dtype, x.device, x.data_ptr() % 16)
+    key += (e, h, two_i, w_layout, cfg)
+    hit = None if INTERPRET or not x.is_cuda else _BOUND.get(key)
+    if hit is None and (INTERPRET or not x.is_cuda or torch.cuda.is_current_stream_capturing()):
         # (Triton's own launch: no compiled launcher to bind here, or none to bind inside a capture)
-        grid = (grid_size(_max_tiles(rows, e, i, cfg, "I"), cfg, x),)
-        _gather_swiglu_kernel[grid](*args, **_meta(x, e, w_layout, cfg))
+        _gather_swiglu_kernel[(grid_size(work, cfg, x),)](*args, **_meta(x, e, w_layout, cfg))
         return out
-    if bound is None:
+    if hit is None:
         meta = _meta(x, e, w_layout, cfg)
-        work = _max_tiles(rows, e, i, cfg, "I")
         n_sm = per_sm(_gather_swiglu_kernel, cfg, x, args, meta) if cfg.persistent else 2
-        bound = BoundKernel(_gather_swiglu_kernel, (grid_size(work, cfg, x, n_sm),), args, meta, 5)
-        _BOUND[key] = bound
-    bound(raw_stream(x.device.index), x, tok, desc, out, group_offsets)
+        hit = BoundKernel(_gather_swiglu_kernel, (grid_size(work, cfg, x, n_sm),), args, meta, 7), n_sm
+        _BOUND[key] = hit
+    bound, n_sm = hit
+    bound.on_grid((grid_size(work, cfg, x, n_sm),), raw_stream(x.device.index), args[:7])
     return out
 
 
-_BOUND: dict = {}  # gather_swiglu's compiled launches, per shape, layout, alignment and config
+_BOUND: dict = {}  # gather_swiglu's compiled launches (and programs per SM), per specialization and config
 
 
 def _meta(x: torch.Tensor, e: int, w_layout: str, cfg: GroupedConfig) -> dict:

@@ -87,9 +87,9 @@ def _contiguous(x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype,
             x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, cfg, False, False, swiglu, e, n
         )
 
-    if config is None:  # (a call with nothing to compute has nothing to time)
+    if config is None:  # (a call with nothing to compute, or one being traced, has nothing to time)
         config = default_config(m / max(e, 1), swiglu)
-        if e and m and n and k:
+        if e and m and n and k and not torch.compiler.is_compiling():
             key = choice_key(False, swiglu, out_dtype, e, k, n, m)
             config = choose(x_q, key, m / max(e, 1), swiglu, launch)
     _check_config(config, swiglu)
@@ -118,7 +118,7 @@ def grouped_mm_fp8(
     K need not be a multiple of 128. ``validate`` checks the offsets' values (on a GPU on the device, no
     sync); the kernel bounds every row it derives from them into x_q's rows either way. With no ``config``,
     the first call of a shape times its regime's shortlist where it can (:mod:`moegemm.grouped.fp8.config`;
-    the three FP8 GEMMs alike)."""
+    the three FP8 GEMMs alike; a torch.compile trace takes the regime's untimed start)."""
     return _contiguous(
         x_q, x_scale, w_q, w_scale, group_offsets, row_scale, out_dtype, config, validate, False
     )
@@ -177,7 +177,7 @@ def grouped_mm_fp8_masked(
 
     if config is None:
         config = default_config(float(m_max), False)
-        if e and m_max and n and k:
+        if e and m_max and n and k and not torch.compiler.is_compiling():
             config = choose(x_q, choice_key(True, False, out_dtype, e, k, n, e * m_max), m_max, False, launch)
     _check_config(config, False)
     return launch(config)[0]
