@@ -218,7 +218,7 @@ def test_route_and_permute_matches_its_three_steps(t, k, e, h, device, monkeypat
         real = getattr(rk, name)
         monkeypatch.setattr(
             "moegemm.grouped.routing." + name,
-            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a),
+            lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw),
         )
     g = torch.Generator().manual_seed(t * 13 + e + h)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(device)

@@ -193,6 +193,14 @@ def autotune_key(
     return (*key, tuned.serving("grouped_default", slug) or "generic")
 
 
+def timed_key(
+    rows: int, k: int, dtype: torch.dtype, num_experts: int, n: int, w_layout: str, swiglu: bool, slug: str
+) -> tuple:
+    """The key a first call's timed config is kept under (:func:`autotune_key`): the fused SwiGLU kernel's
+    choices apart from the plain product's."""
+    return autotune_key(rows, k, dtype, num_experts, n, w_layout + ("+swiglu" if swiglu else ""), slug)
+
+
 def shared_bytes(cfg: GroupedConfig, itemsize: int) -> int:
     """The shared memory of a config's software pipeline, counted high: ``num_stages`` buffers of a row tile
     and a weight tile of ``block_k`` (the fused SwiGLU kernel's gate and up halves take as many columns in

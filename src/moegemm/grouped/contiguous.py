@@ -17,7 +17,7 @@ from .._triton_common import check_dtype
 from ..epilogue import Epilogue
 from .call import GroupedCall, register_op
 from .checks import check_offsets, check_w
-from .config import TIMED_SOURCES, GroupedConfig, autotune_key, choose, fitted_shortlist, swiglu_config
+from .config import TIMED_SOURCES, GroupedConfig, choose, fitted_shortlist, swiglu_config, timed_key
 from .launch import GroupedPlan, launch, launch_spec
 
 
@@ -141,8 +141,7 @@ def _first_call(call: GroupedCall, key, x_sorted, w, group_offsets, out, row_sca
             # The fused kernel's timed choices are its own (the unfused kernel's, choose has looked up
             # already). The tuned table holds unfused tiles, so on a tuned shape the fused kernel times that
             # entry's tiles against the regime's shortlist too.
-            layout_t = w_layout + ("+swiglu" if swiglu else "")
-            key_t = autotune_key(m_total, k, x_sorted.dtype, e, n_w, layout_t, slug)
+            key_t = timed_key(m_total, k, x_sorted.dtype, e, n_w, w_layout, swiglu, slug)
             timed = autotune.lookup(slug, key_t) if swiglu else None
             if timed is not None:
                 cfg = GroupedConfig.from_dict(timed)

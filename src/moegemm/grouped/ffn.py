@@ -45,19 +45,29 @@ def gate_up_act(
     kernel. Above it, the form the first call of the shape (dtype, E, H, 2I, layout, rows bucket) measured
     fastest on its own inputs (:func:`time_forms`, with ``x`` and ``tok``; no timing inside a capture, a
     trace or the interpreter, where a shape not yet timed takes the fused kernel)."""
-    rows, e = xs.shape[0], w_gate_up.shape[0]
-    if rows <= FUSE_ABOVE_ROWS_PER_EXPERT * e:
-        return _unfused(xs, w_gate_up, group_offsets, w_layout)
-    form = _kept_form(xs, rows, w_gate_up, w_layout)
+    return _act(
+        planned_form(xs, xs.shape[0], w_gate_up, w_layout), xs, w_gate_up, group_offsets, w_layout, x, tok
+    )
+
+
+def _act(form, xs, w_gate_up, group_offsets, w_layout, x, tok) -> torch.Tensor:
+    """gate_up_act in the form :func:`planned_form` gave (None: none kept yet, timed here where it can)."""
     if form is None and x is not None and triton_here(xs):
         form = time_forms(x, tok, xs, w_gate_up, group_offsets, w_layout)
     if form == "gather" and x is not None:
-        cfg = fused_config(rows, x, w_gate_up, w_layout)
-        if can_gather(x, w_gate_up, w_layout, cfg):
+        cfg = _gather_config(x, xs.shape[0], w_gate_up, w_layout)
+        if cfg is not None:
             return gather_swiglu(x, tok, w_gate_up, group_offsets, w_layout, cfg)
     if form == "unfused":
         return _unfused(xs, w_gate_up, group_offsets, w_layout)
     return contiguous.run(UNCHECKED[w_layout, True], xs, w_gate_up, group_offsets)
+
+
+def _gather_config(x, rows: int, w_gate_up, w_layout: str):
+    """The fused kernel's tiles for the gathering form, or None where its kernel cannot serve these
+    operands (:func:`moegemm.grouped.gather.can_gather`)."""
+    cfg = fused_config(rows, x, w_gate_up, w_layout)
+    return cfg if can_gather(x, w_gate_up, w_layout, cfg) else None
 
 
 @torch.library.custom_op("moegemm::gate_up_act", mutates_args=())
@@ -130,8 +140,8 @@ def time_forms(x, tok, xs, w_gate_up, group_offsets, w_layout: str) -> str:
         "unfused": lambda: _unfused(gather_rows(x, tok), w_gate_up, group_offsets, w_layout),
     }
     runs["fused"]()  # the fused kernel's own first call: its tiles, timed where untuned, which gather shares
-    cfg = fused_config(xs.shape[0], x, w_gate_up, w_layout)
-    if GATHER and can_gather(x, w_gate_up, w_layout, cfg):
+    cfg = _gather_config(x, xs.shape[0], w_gate_up, w_layout)
+    if GATHER and cfg is not None:
         runs["gather"] = lambda: gather_swiglu(x, tok, w_gate_up, group_offsets, w_layout, cfg)
     best, times = autotune.fastest(lambda c: runs[c](), list(runs))
     autotune.remember(*_form_key(x, xs.shape[0], w_gate_up, w_layout), {"form": best}, times)
@@ -206,19 +216,19 @@ def moe_ffn_forward(call, x, topk_ids, topk_weights, w_gate_up, w_down) -> torch
     the un-permute. Where the shape's gate/up reads x's rows itself (:func:`planned_form`), the routing
     writes no permuted copy."""
     e, w_layout = w_gate_up.shape[0], call.w_layout
-    compiling = torch.compiler.is_compiling()
-    if not compiling and planned_form(x, topk_ids.numel(), w_gate_up, w_layout) == "gather":
-        cfg = fused_config(topk_ids.numel(), x, w_gate_up, w_layout)
-        if can_gather(x, w_gate_up, w_layout, cfg):
-            plan, ws = route_with_weights(x, topk_ids, topk_weights, e, call.validate)
-            act = gather_swiglu(x, plan.sorted_token_ids, w_gate_up, plan.group_offsets, w_layout, cfg)
-            return _down(call, act, w_down, plan, ws)
-    plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=call.validate)
-    tok = plan.sorted_token_ids
-    if compiling and triton_here(xs):  # the same choice and kernels, as a custom op
-        act = gate_up_act_op(xs, w_gate_up, plan.group_offsets, w_layout, x, tok)
+    if torch.compiler.is_compiling():  # the same choice and kernels, as a custom op, on the permuted copy
+        plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=call.validate)
+        op = gate_up_act_op if triton_here(xs) else gate_up_act
+        act = op(xs, w_gate_up, plan.group_offsets, w_layout, x, plan.sorted_token_ids)
+        return _down(call, act, w_down, plan, ws)
+    form = planned_form(x, topk_ids.numel(), w_gate_up, w_layout)  # (looked up once per call)
+    cfg = _gather_config(x, topk_ids.numel(), w_gate_up, w_layout) if form == "gather" else None
+    if cfg is not None:
+        plan, ws = route_with_weights(x, topk_ids, topk_weights, e, call.validate)
+        act = gather_swiglu(x, plan.sorted_token_ids, w_gate_up, plan.group_offsets, w_layout, cfg)
     else:
-        act = gate_up_act(xs, w_gate_up, plan.group_offsets, w_layout, x, tok)
+        plan, xs, ws = route_and_permute(x, topk_ids, topk_weights, e, validate=call.validate)
+        act = _act(form, xs, w_gate_up, plan.group_offsets, w_layout, x, plan.sorted_token_ids)
     return _down(call, act, w_down, plan, ws)
 
 

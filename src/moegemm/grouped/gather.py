@@ -18,7 +18,7 @@ import triton.language as tl
 from .. import autotune
 from .._runtime import INTERPRET, device_smem_per_block, gpu_slug
 from .._triton_common import BoundKernel, _specialization, dot_meta, mma, raw_stream
-from .config import GROUP_M, GroupedConfig, autotune_key, choose, swiglu_config
+from .config import GROUP_M, GroupedConfig, choose, swiglu_config, timed_key
 from .launch import _max_tiles, grid_size, per_sm
 from .tiles import _store_tile, _swiglu, _tile_coords, _tile_plan, _w_tile
 from .tma import w_descriptor
@@ -65,7 +65,7 @@ def fused_config(rows: int, x: torch.Tensor, w_gate_up: torch.Tensor, w_layout: 
     e, h = w_gate_up.shape[0], x.shape[1]
     two_i = w_gate_up.shape[1] if w_layout == "nk" else w_gate_up.shape[2]
     slug = gpu_slug(x)
-    timed = autotune.lookup(slug, autotune_key(rows, h, x.dtype, e, two_i, w_layout + "+swiglu", slug))
+    timed = autotune.lookup(slug, timed_key(rows, h, x.dtype, e, two_i, w_layout, True, slug))
     if timed is not None:
         return swiglu_config(GroupedConfig.from_dict(timed))
     smem = device_smem_per_block(x) if x.is_cuda else None

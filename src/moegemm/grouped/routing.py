@@ -149,8 +149,7 @@ def route_and_permute(
     for name, v in (("x", x), ("topk_weights", topk_weights)):
         if v.device != flat.device:
             raise ValueError(f"{name}: on {v.device}, but topk_ids is on {flat.device}")
-    if not (flat.numel() and triton_here(x) and x.stride(1) == 1) or records_grad(x, topk_weights):
-        # (the gathering kernels have no gradient: where one is recorded, the three in turn)
+    if not _gathers(flat, x, topk_weights):
         plan = _plan(flat, t, k, num_experts, on_device_check)
         return plan, permute(x, plan), sorted_weights(topk_weights, plan)
     flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
@@ -169,13 +168,18 @@ def route_with_weights(
     Triton runs, x's columns are unit stride and no gradient is recorded, the gathering plan's kernels
     with nothing copied; else :func:`route` and :func:`sorted_weights`."""
     flat, t, k, on_device_check = _checked_flat(topk_ids, num_experts, validate)
-    if not (flat.numel() and triton_here(x) and x.stride(1) == 1) or records_grad(x, topk_weights):
+    if not _gathers(flat, x, topk_weights):
         plan = _plan(flat, t, k, num_experts, on_device_check)
         return plan, sorted_weights(topk_weights, plan)
-    flat, w = flat.contiguous(), topk_weights.reshape(-1).contiguous()
-    *arrays, ok, _, ws = plan_and_gather(flat, num_experts, k, x, w, copy_x=False)
-    _assert_ids(ok, num_experts, on_device_check)
+    w = topk_weights.reshape(-1).contiguous()
+    *arrays, _, ws = gather_arrays(flat.contiguous(), num_experts, k, x, w, on_device_check, copy_x=False)
     return _plan_of(arrays, t, k), ws
+
+
+def _gathers(flat: torch.Tensor, x: torch.Tensor, topk_weights: torch.Tensor) -> bool:
+    """Whether the gathering plan's kernels serve: slots to route, Triton running, x's columns unit stride,
+    and no gradient recorded (those kernels have none: where one is recorded, the steps in turn)."""
+    return bool(flat.numel() and triton_here(x) and x.stride(1) == 1) and not records_grad(x, topk_weights)
 
 
 def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
@@ -187,11 +191,18 @@ def route_arrays(flat: torch.Tensor, num_experts: int, top_k: int, check: bool):
 
 
 def gather_arrays(
-    flat: torch.Tensor, num_experts: int, top_k: int, x: torch.Tensor, flat_weights: torch.Tensor, check: bool
+    flat: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    x: torch.Tensor,
+    flat_weights: torch.Tensor,
+    check: bool,
+    copy_x: bool = True,
 ):
     """route_arrays' five arrays, the permuted rows of x and the weights in row order, from the gathering
-    kernels (:func:`moegemm.grouped.routing_kernels.plan_and_gather`); ``check`` as route_arrays'."""
-    *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights)
+    kernels (:func:`moegemm.grouped.routing_kernels.plan_and_gather`, ``copy_x`` as there); ``check`` as
+    route_arrays'."""
+    *arrays, ok, xs, ws = plan_and_gather(flat, num_experts, top_k, x, flat_weights, copy_x=copy_x)
     _assert_ids(ok, num_experts, check)
     return (*arrays, xs, ws)
 
